@@ -1,0 +1,23 @@
+//! proflow's configuration loading. Lives here: the located YAML tree ([`Node`]),
+//! a serde deserializer over it that reports the YAML path and line of every error
+//! ([`from_node`]), `${env:VAR}` expansion, [`Duration`] and [`ByteSize`] values,
+//! [`ComponentId`]s and the top-level [`Document`].
+//!
+//! This crate depends on no other proflow crate; `pipeline` and the components
+//! depend on it to read their typed configs.
+
+mod de;
+mod document;
+mod env;
+mod error;
+mod node;
+mod values;
+
+pub use de::{Located, from_node};
+pub use document::{
+    ComponentId, Document, LogFormat, PipelineConfig, PipelineId, ServiceConfig, TelemetryConfig,
+};
+pub use env::expand_env;
+pub use error::{Error, Errors};
+pub use node::{Node, NodeValue};
+pub use values::{ByteSize, Duration};

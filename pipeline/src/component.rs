@@ -1,0 +1,216 @@
+//! The component traits. A component is a config struct (serde,
+//! `deny_unknown_fields`, every field documented) implementing [`Validate`] and
+//! one of [`ReceiverConfig`], [`ProcessorConfig`], [`ExporterConfig`], whose
+//! `build` returns the running thing: a [`Receiver`], [`Processor`] or [`Exporter`].
+//!
+//! Components never talk to each other: receivers hand batches to a
+//! [`Consumer`] (the pipeline's fan-out), exporters are driven by their queue.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{Batch, Envelope};
+use crate::queue::{QueueSettings, RetrySettings};
+use crate::telemetry::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry, Telemetry};
+
+/// A problem found by [`Validate::validate`]: `path` is relative to the
+/// component's body, dotted, sequence items by index (`relabel_configs.1.regex`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub path: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Checks a config and reports every problem, not just the first.
+pub trait Validate {
+    fn validate(&self) -> Vec<FieldError>;
+}
+
+/// Something a component claims exclusively; two components claiming the same
+/// resource fail validation instead of failing at bind time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Resource {
+    /// A TCP listening address.
+    TcpListen(SocketAddr),
+    /// A directory written by one component only.
+    Directory(std::path::PathBuf),
+}
+
+/// Why a component could not be built or started.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BuildError(pub String);
+
+impl BuildError {
+    pub fn new(msg: impl Into<String>) -> Self {
+        BuildError(msg.into())
+    }
+}
+
+/// What every `build` gets.
+#[derive(Clone, Debug)]
+pub struct BuildContext {
+    /// The component id, such as `relabel/team`.
+    pub id: String,
+    pub telemetry: Arc<Telemetry>,
+}
+
+impl BuildContext {
+    pub fn receiver_telemetry(&self) -> ReceiverTelemetry {
+        self.telemetry.receiver(&self.id)
+    }
+    pub fn processor_telemetry(&self) -> ProcessorTelemetry {
+        self.telemetry.processor(&self.id)
+    }
+    pub fn exporter_telemetry(&self) -> ExporterTelemetry {
+        self.telemetry.exporter(&self.id)
+    }
+}
+
+// ---------------------------------------------------------------- receivers
+
+/// Why the pipeline did not take a batch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConsumeError {
+    /// An exporter queue with `when_full: block` is full: nothing was enqueued
+    /// anywhere; the sender should retry later.
+    #[error("exporter `{exporter}` is behind and its queue is full; retry after {retry_after:?}")]
+    Backpressure {
+        exporter: String,
+        retry_after: Duration,
+    },
+    /// The collector is stopping and takes no new data.
+    #[error("the collector is shutting down")]
+    ShuttingDown,
+}
+
+/// Where a receiver hands what it accepted. `Ok` means the batch is in every
+/// target exporter's queue (or was dropped there by a `drop_newest` policy, or
+/// filtered out by a processor): the receiver may acknowledge its sender.
+#[async_trait]
+pub trait Consumer: Send + Sync {
+    async fn consume(&self, batch: Batch) -> Result<(), ConsumeError>;
+}
+
+/// What a running receiver gets.
+pub struct ReceiverContext {
+    pub id: String,
+    /// The fan-out into every pipeline this receiver feeds.
+    pub consumer: Arc<dyn Consumer>,
+    pub telemetry: ReceiverTelemetry,
+    /// Cancelled when the receiver must stop accepting.
+    pub shutdown: CancellationToken,
+}
+
+/// The future a started receiver serves with.
+pub type ServeFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A running receiver.
+#[async_trait]
+pub trait Receiver: Send {
+    /// Claims resources (binds listeners) and returns the future that serves
+    /// until `ctx.shutdown` is cancelled. Returning `Ok` means it is ready.
+    async fn start(self: Box<Self>, ctx: ReceiverContext) -> Result<ServeFuture, BuildError>;
+}
+
+/// A receiver's config.
+pub trait ReceiverConfig: Validate + Debug + Send + Sync {
+    fn resources(&self) -> Vec<Resource> {
+        Vec::new()
+    }
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Receiver>, BuildError>;
+}
+
+// --------------------------------------------------------------- processors
+
+/// A running processor. It returns the batch to pass on; profiles it drops it
+/// counts through its [`ProcessorTelemetry`].
+#[async_trait]
+pub trait Processor: Send + Sync {
+    async fn process(&self, batch: Batch) -> Batch;
+}
+
+/// A processor's config.
+pub trait ProcessorConfig: Validate + Debug + Send + Sync {
+    fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Processor>, BuildError>;
+}
+
+// ---------------------------------------------------------------- exporters
+
+/// Whether a failed export may succeed when tried again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Try again after backoff (or after `retry_after` when the peer said so).
+    Retryable { retry_after: Option<Duration> },
+    /// The peer refused the data itself; retrying cannot help.
+    Permanent,
+}
+
+/// Why an export failed. `reason` is a short snake_case word for metrics.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ExportError {
+    pub class: ErrorClass,
+    pub reason: String,
+    pub message: String,
+}
+
+impl ExportError {
+    pub fn retryable(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        ExportError {
+            class: ErrorClass::Retryable { retry_after: None },
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+    pub fn permanent(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        ExportError {
+            class: ErrorClass::Permanent,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+    pub fn with_retry_after(mut self, d: Duration) -> Self {
+        if let ErrorClass::Retryable { retry_after } = &mut self.class {
+            *retry_after = Some(d);
+        }
+        self
+    }
+}
+
+/// A running exporter. Its queue calls `export` from `num_consumers` tasks at
+/// once, so it must be safe to call concurrently.
+#[async_trait]
+pub trait Exporter: Send + Sync {
+    async fn export(&self, batch: &[Envelope]) -> Result<(), ExportError>;
+
+    /// Called once after the queue has drained, before the process exits.
+    async fn shutdown(&self) {}
+}
+
+/// An exporter's config. Queue and retry settings come from its
+/// `sending_queue` and `retry_on_failure` blocks.
+pub trait ExporterConfig: Validate + Debug + Send + Sync {
+    fn queue(&self) -> QueueSettings;
+    fn retry(&self) -> RetrySettings;
+    fn resources(&self) -> Vec<Resource> {
+        Vec::new()
+    }
+    fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError>;
+}

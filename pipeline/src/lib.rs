@@ -1,0 +1,13 @@
+//! proflow's core: the profile [`model`] (envelope, labels, lazily decoded
+//! payload), the pprof messages ([`pprof`]), the component traits
+//! ([`component`]), exporter queues with retry ([`queue`]), the running graph
+//! ([`topology`]) and self-telemetry ([`telemetry`]).
+//!
+//! Only this crate knows how data moves between components. It depends on
+//! `proflow-config` for config values; components depend on it, never the reverse.
+
+pub mod component;
+pub mod model;
+pub mod pprof;
+pub mod queue;
+pub mod telemetry;

@@ -1,0 +1,391 @@
+//! Self-telemetry: the metrics every component reports, and the HTTP server for
+//! `/metrics` (Prometheus text), `/healthz` and `/readyz`.
+//!
+//! Components never register metrics themselves: they get a handle
+//! ([`ReceiverTelemetry`], [`ProcessorTelemetry`], [`ExporterTelemetry`]) whose
+//! methods update the shared families, so every component reports the same core
+//! metrics under the same names.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+type LabelSet = Vec<(&'static str, String)>;
+type Counters = Family<LabelSet, Counter>;
+type Gauges = Family<LabelSet, Gauge>;
+
+fn new_histograms() -> Family<LabelSet, Histogram, fn() -> Histogram> {
+    Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 16)))
+}
+
+/// All metric families of one running collector.
+pub struct Telemetry {
+    registry: Registry,
+    ready: AtomicBool,
+    receiver_accepted_profiles: Counters,
+    receiver_accepted_bytes: Counters,
+    receiver_refused_profiles: Counters,
+    receiver_refused_requests: Counters,
+    processor_received_profiles: Counters,
+    processor_dropped_profiles: Counters,
+    exporter_enqueued_profiles: Counters,
+    exporter_sent_profiles: Counters,
+    exporter_sent_bytes: Counters,
+    exporter_failed_profiles: Counters,
+    exporter_dropped_profiles: Counters,
+    exporter_retries: Counters,
+    exporter_queue_profiles: Gauges,
+    exporter_queue_bytes: Gauges,
+    exporter_send_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry").finish_non_exhaustive()
+    }
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Telemetry {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("proflow");
+        macro_rules! family {
+            ($name:literal, $help:literal, $ty:expr) => {{
+                let f = $ty;
+                registry.register($name, $help, f.clone());
+                f
+            }};
+        }
+        Telemetry {
+            receiver_accepted_profiles: family!(
+                "receiver_accepted_profiles",
+                "Profiles a receiver accepted into the pipeline.",
+                Counters::default()
+            ),
+            receiver_accepted_bytes: family!(
+                "receiver_accepted_bytes",
+                "Payload bytes a receiver accepted into the pipeline.",
+                Counters::default()
+            ),
+            receiver_refused_profiles: family!(
+                "receiver_refused_profiles",
+                "Profiles a receiver refused, by reason.",
+                Counters::default()
+            ),
+            receiver_refused_requests: family!(
+                "receiver_refused_requests",
+                "Requests a receiver refused, by reason.",
+                Counters::default()
+            ),
+            processor_received_profiles: family!(
+                "processor_received_profiles",
+                "Profiles a processor was given.",
+                Counters::default()
+            ),
+            processor_dropped_profiles: family!(
+                "processor_dropped_profiles",
+                "Profiles a processor dropped, by reason.",
+                Counters::default()
+            ),
+            exporter_enqueued_profiles: family!(
+                "exporter_enqueued_profiles",
+                "Profiles put into an exporter's queue.",
+                Counters::default()
+            ),
+            exporter_sent_profiles: family!(
+                "exporter_sent_profiles",
+                "Profiles an exporter delivered.",
+                Counters::default()
+            ),
+            exporter_sent_bytes: family!(
+                "exporter_sent_bytes",
+                "Payload bytes an exporter delivered.",
+                Counters::default()
+            ),
+            exporter_failed_profiles: family!(
+                "exporter_failed_profiles",
+                "Profiles an exporter failed to deliver and gave up on, by reason.",
+                Counters::default()
+            ),
+            exporter_dropped_profiles: family!(
+                "exporter_dropped_profiles",
+                "Profiles dropped before an exporter's queue or left in it at shutdown, by reason.",
+                Counters::default()
+            ),
+            exporter_retries: family!(
+                "exporter_retries",
+                "Send attempts an exporter retried after a retryable failure.",
+                Counters::default()
+            ),
+            exporter_queue_profiles: family!(
+                "exporter_queue_profiles",
+                "Profiles waiting in an exporter's queue.",
+                Gauges::default()
+            ),
+            exporter_queue_bytes: family!(
+                "exporter_queue_bytes",
+                "Payload bytes waiting in an exporter's queue.",
+                Gauges::default()
+            ),
+            exporter_send_duration: family!(
+                "exporter_send_duration_seconds",
+                "Time one export attempt took.",
+                new_histograms()
+            ),
+            registry,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    pub fn receiver(self: &Arc<Self>, id: &str) -> ReceiverTelemetry {
+        ReceiverTelemetry {
+            t: self.clone(),
+            id: vec![("receiver", id.to_string())],
+        }
+    }
+
+    pub fn processor(self: &Arc<Self>, id: &str) -> ProcessorTelemetry {
+        ProcessorTelemetry {
+            t: self.clone(),
+            id: vec![("processor", id.to_string())],
+        }
+    }
+
+    pub fn exporter(self: &Arc<Self>, id: &str) -> ExporterTelemetry {
+        ExporterTelemetry {
+            t: self.clone(),
+            id: vec![("exporter", id.to_string())],
+        }
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// The metrics in Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown`.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: CancellationToken,
+    ) {
+        let t = self.clone();
+        let t2 = self.clone();
+        let app = Router::new()
+            .route(
+                "/metrics",
+                get(move || {
+                    let t = t.clone();
+                    async move {
+                        (
+                            [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                            t.render(),
+                        )
+                    }
+                }),
+            )
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route(
+                "/readyz",
+                get(move || {
+                    let t = t2.clone();
+                    async move {
+                        if t.is_ready() {
+                            (StatusCode::OK, "ready\n").into_response()
+                        } else {
+                            (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+                        }
+                    }
+                }),
+            );
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "telemetry server stopped");
+        }
+    }
+}
+
+/// Binds the telemetry address; an error names the address.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+fn with(id: &LabelSet, k: &'static str, v: &str) -> LabelSet {
+    let mut l = id.clone();
+    l.push((k, v.to_string()));
+    l
+}
+
+/// Metric handle of one receiver.
+#[derive(Clone, Debug)]
+pub struct ReceiverTelemetry {
+    t: Arc<Telemetry>,
+    id: LabelSet,
+}
+
+impl ReceiverTelemetry {
+    pub fn accepted(&self, profiles: u64, bytes: u64) {
+        self.t
+            .receiver_accepted_profiles
+            .get_or_create(&self.id)
+            .inc_by(profiles);
+        self.t
+            .receiver_accepted_bytes
+            .get_or_create(&self.id)
+            .inc_by(bytes);
+    }
+
+    /// A request refused for `reason` (a short snake_case word such as `bad_request`,
+    /// `too_large`, `backpressure`), with the profiles it carried if known.
+    pub fn refused(&self, reason: &str, profiles: u64) {
+        self.t
+            .receiver_refused_requests
+            .get_or_create(&with(&self.id, "reason", reason))
+            .inc();
+        if profiles > 0 {
+            self.t
+                .receiver_refused_profiles
+                .get_or_create(&with(&self.id, "reason", reason))
+                .inc_by(profiles);
+        }
+    }
+}
+
+/// Metric handle of one processor.
+#[derive(Clone, Debug)]
+pub struct ProcessorTelemetry {
+    t: Arc<Telemetry>,
+    id: LabelSet,
+}
+
+impl ProcessorTelemetry {
+    pub fn received(&self, profiles: u64) {
+        self.t
+            .processor_received_profiles
+            .get_or_create(&self.id)
+            .inc_by(profiles);
+    }
+
+    pub fn dropped(&self, reason: &str, profiles: u64) {
+        self.t
+            .processor_dropped_profiles
+            .get_or_create(&with(&self.id, "reason", reason))
+            .inc_by(profiles);
+    }
+}
+
+/// Metric handle of one exporter (its queue reports through it too).
+#[derive(Clone, Debug)]
+pub struct ExporterTelemetry {
+    t: Arc<Telemetry>,
+    id: LabelSet,
+}
+
+impl ExporterTelemetry {
+    pub fn enqueued(&self, profiles: u64) {
+        self.t
+            .exporter_enqueued_profiles
+            .get_or_create(&self.id)
+            .inc_by(profiles);
+    }
+
+    pub fn sent(&self, profiles: u64, bytes: u64) {
+        self.t
+            .exporter_sent_profiles
+            .get_or_create(&self.id)
+            .inc_by(profiles);
+        self.t
+            .exporter_sent_bytes
+            .get_or_create(&self.id)
+            .inc_by(bytes);
+    }
+
+    pub fn failed(&self, reason: &str, profiles: u64) {
+        self.t
+            .exporter_failed_profiles
+            .get_or_create(&with(&self.id, "reason", reason))
+            .inc_by(profiles);
+    }
+
+    pub fn dropped(&self, reason: &str, profiles: u64) {
+        self.t
+            .exporter_dropped_profiles
+            .get_or_create(&with(&self.id, "reason", reason))
+            .inc_by(profiles);
+    }
+
+    pub fn retried(&self) {
+        self.t.exporter_retries.get_or_create(&self.id).inc();
+    }
+
+    pub fn queue_level(&self, profiles: usize, bytes: usize) {
+        self.t
+            .exporter_queue_profiles
+            .get_or_create(&self.id)
+            .set(profiles as i64);
+        self.t
+            .exporter_queue_bytes
+            .get_or_create(&self.id)
+            .set(bytes as i64);
+    }
+
+    pub fn send_duration(&self, seconds: f64) {
+        self.t
+            .exporter_send_duration
+            .get_or_create(&self.id)
+            .observe(seconds);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_component_metrics() {
+        let t = Arc::new(Telemetry::new());
+        t.receiver("pprof_push").accepted(2, 100);
+        t.receiver("pprof_push").refused("bad_request", 0);
+        t.exporter("file").queue_level(3, 300);
+        let text = t.render();
+        assert!(
+            text.contains(r#"proflow_receiver_accepted_profiles_total{receiver="pprof_push"} 2"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"proflow_receiver_refused_requests_total{receiver="pprof_push",reason="bad_request"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"proflow_exporter_queue_bytes{exporter="file"} 300"#),
+            "{text}"
+        );
+    }
+}
