@@ -10,4 +10,6 @@ pub mod component;
 pub mod model;
 pub mod pprof;
 pub mod queue;
+pub mod registry;
+pub mod relabel;
 pub mod telemetry;

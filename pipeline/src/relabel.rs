@@ -1,0 +1,1 @@
+//! Prometheus relabelling on series labels (placeholder; being written).
