@@ -13,3 +13,4 @@ pub mod queue;
 pub mod registry;
 pub mod relabel;
 pub mod telemetry;
+pub mod topology;

@@ -4,6 +4,16 @@
 
 use proflow_config::{ByteSize, Duration};
 use serde::Deserialize;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::component::{ErrorClass, Exporter};
+use crate::model::{Batch, batch_bytes};
+use crate::telemetry::ExporterTelemetry;
 
 /// What to do with a batch when an exporter's queue is full.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -68,4 +78,265 @@ impl Default for RetrySettings {
             multiplier: 1.5,
         }
     }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    items: VecDeque<Item>,
+    /// Profiles admitted and not yet finished (waiting, reserved or being sent).
+    profiles: usize,
+    /// Bytes admitted and not yet finished.
+    bytes: usize,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct Item {
+    batch: Batch,
+    bytes: usize,
+}
+
+/// A reservation of queue capacity, taken before any queue gets the batch so a
+/// batch goes to all its exporters or to none.
+#[derive(Debug)]
+#[must_use = "a reservation must be pushed or released"]
+pub struct Reservation {
+    profiles: usize,
+    bytes: usize,
+}
+
+/// Why [`ExporterQueue::reserve`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    Full,
+    Closed,
+}
+
+/// One exporter's queue and the tasks that drain it.
+pub struct ExporterQueue {
+    id: String,
+    settings: QueueSettings,
+    retry: RetrySettings,
+    state: Mutex<State>,
+    available: Notify,
+    telemetry: ExporterTelemetry,
+}
+
+impl std::fmt::Debug for ExporterQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExporterQueue")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExporterQueue {
+    pub fn new(
+        id: impl Into<String>,
+        settings: QueueSettings,
+        retry: RetrySettings,
+        telemetry: ExporterTelemetry,
+    ) -> Arc<Self> {
+        Arc::new(ExporterQueue {
+            id: id.into(),
+            settings,
+            retry,
+            state: Mutex::new(State::default()),
+            available: Notify::new(),
+            telemetry,
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn when_full(&self) -> WhenFull {
+        self.settings.when_full
+    }
+
+    pub fn telemetry(&self) -> &ExporterTelemetry {
+        &self.telemetry
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding this lock cannot leave the counters half-updated
+        // (every update is a single statement), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes capacity for a batch of `profiles` profiles and `bytes` bytes. A
+    /// batch larger than the whole queue is admitted when the queue is empty, so
+    /// an outsized profile is delivered alone rather than refused forever.
+    pub fn reserve(&self, profiles: usize, bytes: usize) -> Result<Reservation, Refusal> {
+        let mut s = self.lock();
+        if s.closed {
+            return Err(Refusal::Closed);
+        }
+        let fits = s.profiles + profiles <= self.settings.queue_size
+            && s.bytes + bytes <= self.settings.max_bytes.as_usize();
+        if !fits && s.profiles > 0 {
+            return Err(Refusal::Full);
+        }
+        s.profiles += profiles;
+        s.bytes += bytes;
+        Ok(Reservation { profiles, bytes })
+    }
+
+    /// Gives back a reservation that will not be used.
+    pub fn release(&self, r: Reservation) {
+        let mut s = self.lock();
+        s.profiles -= r.profiles;
+        s.bytes -= r.bytes;
+    }
+
+    /// Puts a batch into the queue under its reservation.
+    pub fn push(&self, r: Reservation, batch: Batch) {
+        let n = batch.len() as u64;
+        {
+            let mut s = self.lock();
+            // Sizes are counted by the reservation; the batch must be the one reserved for.
+            debug_assert_eq!(r.profiles, batch.len());
+            s.items.push_back(Item {
+                batch,
+                bytes: r.bytes,
+            });
+            self.telemetry.queue_level(s.profiles, s.bytes);
+        }
+        self.telemetry.enqueued(n);
+        self.available.notify_one();
+    }
+
+    /// Profiles and bytes admitted and not finished.
+    pub fn level(&self) -> (usize, usize) {
+        let s = self.lock();
+        (s.profiles, s.bytes)
+    }
+
+    /// Stops admitting; consumers drain what is queued and then end.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.available.notify_waiters();
+    }
+
+    async fn next(&self) -> Option<Item> {
+        loop {
+            let notified = self.available.notified();
+            {
+                let mut s = self.lock();
+                if let Some(item) = s.items.pop_front() {
+                    return Some(item);
+                }
+                if s.closed {
+                    return None;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn finish(&self, profiles: usize, bytes: usize) {
+        let mut s = self.lock();
+        s.profiles -= profiles;
+        s.bytes -= bytes;
+        self.telemetry.queue_level(s.profiles, s.bytes);
+    }
+
+    /// Starts `num_consumers` tasks that export until the queue is closed and
+    /// drained, or `abort` is cancelled (then in-flight retries stop).
+    pub fn spawn_consumers(
+        self: &Arc<Self>,
+        exporter: Arc<dyn Exporter>,
+        abort: CancellationToken,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        (0..self.settings.num_consumers.max(1))
+            .map(|_| {
+                let q = self.clone();
+                let exporter = exporter.clone();
+                let abort = abort.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let item = tokio::select! {
+                            item = q.next() => item,
+                            _ = abort.cancelled() => None,
+                        };
+                        let Some(item) = item else { break };
+                        let (profiles, bytes) = (item.batch.len(), item.bytes);
+                        let delivered = tokio::select! {
+                            r = q.send_with_retry(exporter.as_ref(), &item.batch) => r,
+                            _ = abort.cancelled() => {
+                                // Leave the counters as they are: the shutdown report
+                                // counts this batch as not delivered.
+                                break;
+                            }
+                        };
+                        if delivered {
+                            q.telemetry.sent(profiles as u64, bytes as u64);
+                        }
+                        q.finish(profiles, bytes);
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// Exports with retry; true when delivered. Failures are counted here.
+    async fn send_with_retry(&self, exporter: &dyn Exporter, batch: &Batch) -> bool {
+        let started = Instant::now();
+        let mut wait = self.retry.initial_interval.get();
+        loop {
+            let attempt = Instant::now();
+            let result = exporter.export(batch).await;
+            self.telemetry
+                .send_duration(attempt.elapsed().as_secs_f64());
+            let err = match result {
+                Ok(()) => return true,
+                Err(e) => e,
+            };
+            let retry_after = match err.class {
+                ErrorClass::Permanent => {
+                    tracing::warn!(exporter = %self.id, reason = %err.reason, error = %err, profiles = batch.len(), "dropping profiles the peer refused permanently");
+                    self.telemetry.failed(&err.reason, batch.len() as u64);
+                    return false;
+                }
+                ErrorClass::Retryable { retry_after } => retry_after,
+            };
+            if !self.retry.enabled {
+                tracing::warn!(exporter = %self.id, reason = %err.reason, error = %err, "export failed and retry_on_failure is disabled");
+                self.telemetry.failed(&err.reason, batch.len() as u64);
+                return false;
+            }
+            let delay = retry_after.unwrap_or_else(|| jitter(wait));
+            let max_elapsed = self.retry.max_elapsed_time.get();
+            if !max_elapsed.is_zero() && started.elapsed() + delay > max_elapsed {
+                tracing::warn!(exporter = %self.id, reason = %err.reason, error = %err, elapsed = ?started.elapsed(), "giving up after max_elapsed_time");
+                self.telemetry
+                    .failed("retries_exhausted", batch.len() as u64);
+                return false;
+            }
+            tracing::debug!(exporter = %self.id, error = %err, ?delay, "export failed; retrying");
+            self.telemetry.retried();
+            tokio::time::sleep(delay).await;
+            wait = std::cmp::min(
+                wait.mul_f64(self.retry.multiplier.max(1.0)),
+                self.retry.max_interval.get(),
+            );
+        }
+    }
+}
+
+/// Spreads retries: a wait in [0.5, 1.5) × `d`, from the clock's low bits
+/// (good enough to de-synchronise senders; no RNG dependency needed).
+fn jitter(d: std::time::Duration) -> std::time::Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.subsec_nanos())
+        .unwrap_or(0);
+    let factor = 0.5 + f64::from(nanos % 1000) / 1000.0;
+    d.mul_f64(factor)
+}
+
+/// Profiles and bytes of a batch, as queues count them.
+pub fn batch_size(batch: &Batch) -> (usize, usize) {
+    (batch.len(), batch_bytes(batch))
 }

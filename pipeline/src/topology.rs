@@ -1,0 +1,889 @@
+//! The running graph: [`plan`] turns a parsed config [`Document`] into a
+//! checked [`Plan`] (every problem reported at once), [`Plan::start`] builds
+//! and starts exporters, processors and receivers in that order, and
+//! [`Running::shutdown`] stops them in reverse: receivers, then queues drain
+//! up to `shutdown_timeout`, then exporters.
+//!
+//! A receiver's batches go through each of its pipelines' processors in order,
+//! then to every exporter queue of those pipelines. Admission is all or
+//! nothing across `block` queues, so a refused batch (429) leaves no copies
+//! behind and the sender's retry creates no duplicates.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use proflow_config::{ComponentId, Document, Error, Errors, Located, TelemetryConfig};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::component::{
+    BuildContext, BuildError, ConsumeError, Consumer, Exporter, Processor, ReceiverContext,
+    Resource,
+};
+use crate::model::Batch;
+use crate::queue::{ExporterQueue, Refusal, Reservation, WhenFull, batch_size};
+use crate::registry::{AnyConfig, Kind, Registry};
+use crate::telemetry::{ProcessorTelemetry, Telemetry};
+
+/// How long a refused sender is told to wait before retrying.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// One pipeline by component ids.
+#[derive(Debug, Clone)]
+pub struct PipelinePlan {
+    pub id: String,
+    pub receivers: Vec<String>,
+    pub processors: Vec<String>,
+    pub exporters: Vec<String>,
+}
+
+/// A checked configuration, ready to start.
+#[derive(Debug)]
+pub struct Plan {
+    receivers: BTreeMap<String, Arc<dyn crate::component::ReceiverConfig>>,
+    processors: BTreeMap<String, Arc<dyn crate::component::ProcessorConfig>>,
+    exporters: BTreeMap<String, Arc<dyn crate::component::ExporterConfig>>,
+    pub pipelines: Vec<PipelinePlan>,
+    pub telemetry: TelemetryConfig,
+    pub shutdown_timeout: Duration,
+    /// Things worth saying that do not stop the collector (unused components).
+    pub warnings: Vec<String>,
+}
+
+struct Defined {
+    kind: Kind,
+    line: usize,
+    column: usize,
+    path: String,
+}
+
+/// Reads every component through the registry, validates it, and checks the
+/// pipelines and claimed resources. Returns all problems at once.
+pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
+    let mut errors = Errors::default();
+    let mut receivers = BTreeMap::new();
+    let mut processors = BTreeMap::new();
+    let mut exporters = BTreeMap::new();
+    let mut defined: HashMap<(Kind, String), Defined> = HashMap::new();
+    let mut claims: HashMap<Resource, String> = HashMap::new();
+
+    if let Ok(Some(addr)) = doc.service.telemetry.socket_addr() {
+        claims.insert(Resource::TcpListen(addr), "service.telemetry".into());
+    }
+
+    for (kind, entries) in [
+        (Kind::Receiver, &doc.receivers),
+        (Kind::Processor, &doc.processors),
+        (Kind::Exporter, &doc.exporters),
+    ] {
+        for entry in entries {
+            let id = entry.id.to_string();
+            let Some(factory) = registry.get(kind, &entry.id.kind) else {
+                errors.push(
+                    Error::new(
+                        &entry.path,
+                        entry.line,
+                        entry.column,
+                        format!(
+                            "unknown {kind} type `{}`; known types: {}",
+                            entry.id.kind,
+                            registry.names(kind).join(", ")
+                        ),
+                    )
+                    .in_component(format!("{}::{id}", kind.section())),
+                );
+                continue;
+            };
+            defined.insert(
+                (kind, id.clone()),
+                Defined {
+                    kind,
+                    line: entry.line,
+                    column: entry.column,
+                    path: entry.path.clone(),
+                },
+            );
+            match factory.parse(&entry.body, &entry.path) {
+                Err(errs) => {
+                    for e in errs {
+                        errors.push(e.in_component(format!("{}::{id}", kind.section())));
+                    }
+                }
+                Ok(config) => {
+                    let resources = match &config {
+                        AnyConfig::Receiver(c) => c.resources(),
+                        AnyConfig::Exporter(c) => c.resources(),
+                        AnyConfig::Processor(_) => Vec::new(),
+                    };
+                    for r in resources {
+                        let owner = format!("{}::{id}", kind.section());
+                        if let Some(other) = claims.get(&conflict_key(&r)) {
+                            errors.push(
+                                Error::new(&entry.path, entry.line, entry.column, format!("{} is already used by {other}; give each component its own", describe(&r)))
+                                    .in_component(owner.clone()),
+                            );
+                        } else {
+                            claims.insert(conflict_key(&r), owner);
+                        }
+                    }
+                    match config {
+                        AnyConfig::Receiver(c) => {
+                            receivers.insert(id, c);
+                        }
+                        AnyConfig::Processor(c) => {
+                            processors.insert(id, c);
+                        }
+                        AnyConfig::Exporter(c) => {
+                            exporters.insert(id, c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    let mut used: HashSet<(Kind, String)> = HashSet::new();
+    let mut pipelines = Vec::new();
+    for (pid, p) in &doc.service.pipelines {
+        let mut check =
+            |kind: Kind, refs: &[Located<String>], errors: &mut Errors| -> Vec<String> {
+                let mut seen = HashSet::new();
+                let mut out = Vec::new();
+                for r in refs {
+                    if let Err(msg) = ComponentId::parse(&r.value) {
+                        errors.push(Error::new(&r.path, r.line, r.column, msg));
+                        continue;
+                    }
+                    if !defined.contains_key(&(kind, r.value.clone())) {
+                        errors.push(Error::new(
+                            &r.path,
+                            r.line,
+                            r.column,
+                            format!(
+                                "{kind} `{}` is not defined: add it under `{}:` or fix the name",
+                                r.value,
+                                kind.section()
+                            ),
+                        ));
+                        continue;
+                    }
+                    if !seen.insert(r.value.clone()) {
+                        errors.push(Error::new(
+                            &r.path,
+                            r.line,
+                            r.column,
+                            format!("{kind} `{}` is listed twice in this pipeline", r.value),
+                        ));
+                        continue;
+                    }
+                    used.insert((kind, r.value.clone()));
+                    out.push(r.value.clone());
+                }
+                out
+            };
+        let receivers_ = check(Kind::Receiver, &p.receivers, &mut errors);
+        let processors_ = check(Kind::Processor, &p.processors, &mut errors);
+        let exporters_ = check(Kind::Exporter, &p.exporters, &mut errors);
+        for (what, list) in [("receiver", &p.receivers), ("exporter", &p.exporters)] {
+            if list.is_empty() {
+                errors.push(Error::new(
+                    &pid.path,
+                    pid.line,
+                    pid.column,
+                    format!("pipeline `{}` needs at least one {what}", pid.value),
+                ));
+            }
+        }
+        pipelines.push(PipelinePlan {
+            id: pid.value.clone(),
+            receivers: receivers_,
+            processors: processors_,
+            exporters: exporters_,
+        });
+    }
+
+    let mut warnings = Vec::new();
+    let mut unused: Vec<_> = defined.iter().filter(|(k, _)| !used.contains(k)).collect();
+    unused.sort_by_key(|(_, d)| d.line);
+    for ((_, id), d) in unused {
+        warnings.push(format!(
+            "line {}:{}: {} `{id}` is defined at `{}` but used by no pipeline",
+            d.line, d.column, d.kind, d.path
+        ));
+    }
+
+    if !errors.is_empty() {
+        return Err(errors.sorted());
+    }
+    Ok(Plan {
+        receivers,
+        processors,
+        exporters,
+        pipelines,
+        telemetry: doc.service.telemetry.clone(),
+        shutdown_timeout: doc.service.shutdown_timeout.get(),
+        warnings,
+    })
+}
+
+/// Two listeners conflict on the same port when either binds the unspecified address.
+fn conflict_key(r: &Resource) -> Resource {
+    match r {
+        Resource::TcpListen(a) if a.ip().is_unspecified() => Resource::TcpListen(*a),
+        other => other.clone(),
+    }
+}
+
+fn describe(r: &Resource) -> String {
+    match r {
+        Resource::TcpListen(a) => format!("listen address {a}"),
+        Resource::Directory(d) => format!("directory {}", d.display()),
+    }
+}
+
+struct PipelineRuntime {
+    processors: Vec<(Arc<dyn Processor>, ProcessorTelemetry)>,
+    exporters: Vec<Arc<ExporterQueue>>,
+}
+
+/// The consumer a receiver gets: runs each of its pipelines, then admits the
+/// results to every exporter queue at once.
+struct Fanout {
+    pipelines: Vec<Arc<PipelineRuntime>>,
+}
+
+#[async_trait]
+impl Consumer for Fanout {
+    async fn consume(&self, batch: Batch) -> Result<(), ConsumeError> {
+        let mut targets: Vec<(Arc<ExporterQueue>, Batch)> = Vec::new();
+        let last = self.pipelines.len().saturating_sub(1);
+        let mut batch = Some(batch);
+        for (i, p) in self.pipelines.iter().enumerate() {
+            // Clone for all pipelines but the last: envelopes share payloads, so
+            // a clone copies only labels and a few integers.
+            let mut b = if i == last {
+                batch.take().unwrap_or_default()
+            } else {
+                batch.clone().unwrap_or_default()
+            };
+            for (proc, telemetry) in &p.processors {
+                if b.is_empty() {
+                    break;
+                }
+                telemetry.received(b.len() as u64);
+                b = proc.process(b).await;
+            }
+            if b.is_empty() {
+                continue;
+            }
+            let n = p.exporters.len();
+            for (j, q) in p.exporters.iter().enumerate() {
+                let copy = if j + 1 == n {
+                    std::mem::take(&mut b)
+                } else {
+                    b.clone()
+                };
+                targets.push((q.clone(), copy));
+            }
+        }
+        let mut admitted: Vec<(Arc<ExporterQueue>, Reservation, Batch)> =
+            Vec::with_capacity(targets.len());
+        for (q, b) in targets {
+            let (profiles, bytes) = batch_size(&b);
+            match q.reserve(profiles, bytes) {
+                Ok(r) => admitted.push((q, r, b)),
+                Err(Refusal::Full) if q.when_full() == WhenFull::DropNewest => {
+                    q.telemetry().dropped("queue_full", profiles as u64);
+                }
+                Err(refusal) => {
+                    for (q, r, _) in admitted {
+                        q.release(r);
+                    }
+                    return Err(match refusal {
+                        Refusal::Full => ConsumeError::Backpressure {
+                            exporter: q.id().to_owned(),
+                            retry_after: RETRY_AFTER,
+                        },
+                        Refusal::Closed => ConsumeError::ShuttingDown,
+                    });
+                }
+            }
+        }
+        for (q, r, b) in admitted {
+            q.push(r, b);
+        }
+        Ok(())
+    }
+}
+
+struct RunningExporter {
+    id: String,
+    queue: Arc<ExporterQueue>,
+    exporter: Arc<dyn Exporter>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// A started collector.
+pub struct Running {
+    receivers_stop: CancellationToken,
+    receiver_tasks: Vec<(String, JoinHandle<()>)>,
+    exporters: Vec<RunningExporter>,
+    abort: CancellationToken,
+    shutdown_timeout: Duration,
+    telemetry: Arc<Telemetry>,
+}
+
+/// What shutdown could not deliver.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Profiles left in queues (or in flight) when the drain deadline passed, per exporter.
+    pub undelivered: BTreeMap<String, usize>,
+}
+
+impl ShutdownReport {
+    pub fn total_undelivered(&self) -> usize {
+        self.undelivered.values().sum()
+    }
+}
+
+impl Plan {
+    /// The parsed config of an exporter (for tests and tools).
+    pub fn exporter_ids(&self) -> impl Iterator<Item = &String> {
+        self.exporters.keys()
+    }
+
+    /// Builds and starts everything. Exporters first, receivers last, so nothing
+    /// is accepted before there is somewhere to put it.
+    pub async fn start(self, telemetry: Arc<Telemetry>) -> Result<Running, BuildError> {
+        let abort = CancellationToken::new();
+        let receivers_stop = CancellationToken::new();
+        let ctx = |id: &str| BuildContext {
+            id: id.to_owned(),
+            telemetry: telemetry.clone(),
+        };
+
+        let mut queues: HashMap<String, Arc<ExporterQueue>> = HashMap::new();
+        let mut exporters = Vec::new();
+        for (id, config) in &self.exporters {
+            let c = ctx(id);
+            let exporter = config
+                .build(&c)
+                .map_err(|e| BuildError::new(format!("exporter `{id}`: {e}")))?;
+            let queue = ExporterQueue::new(
+                id.clone(),
+                config.queue(),
+                config.retry(),
+                c.exporter_telemetry(),
+            );
+            let tasks = queue.spawn_consumers(exporter.clone(), abort.clone());
+            queues.insert(id.clone(), queue.clone());
+            exporters.push(RunningExporter {
+                id: id.clone(),
+                queue,
+                exporter,
+                tasks,
+            });
+        }
+
+        let mut by_receiver: HashMap<String, Vec<Arc<PipelineRuntime>>> = HashMap::new();
+        for p in &self.pipelines {
+            let mut processors = Vec::new();
+            for pid in &p.processors {
+                let config = self
+                    .processors
+                    .get(pid)
+                    .ok_or_else(|| BuildError::new(format!("processor `{pid}` is not defined")))?;
+                let c = ctx(pid);
+                // One instance per pipeline, as the OpenTelemetry Collector does.
+                let proc = config
+                    .build(&c)
+                    .map_err(|e| BuildError::new(format!("processor `{pid}`: {e}")))?;
+                processors.push((proc, c.processor_telemetry()));
+            }
+            let runtime = Arc::new(PipelineRuntime {
+                processors,
+                exporters: p
+                    .exporters
+                    .iter()
+                    .filter_map(|e| queues.get(e).cloned())
+                    .collect(),
+            });
+            for r in &p.receivers {
+                by_receiver
+                    .entry(r.clone())
+                    .or_default()
+                    .push(runtime.clone());
+            }
+        }
+
+        let mut receiver_tasks = Vec::new();
+        for (id, config) in &self.receivers {
+            let Some(pipelines) = by_receiver.remove(id) else {
+                continue; // unused: warned about at plan time
+            };
+            let c = ctx(id);
+            let receiver = config
+                .build(&c)
+                .map_err(|e| BuildError::new(format!("receiver `{id}`: {e}")))?;
+            let serve = receiver
+                .start(ReceiverContext {
+                    id: id.clone(),
+                    consumer: Arc::new(Fanout { pipelines }),
+                    telemetry: c.receiver_telemetry(),
+                    shutdown: receivers_stop.clone(),
+                })
+                .await
+                .map_err(|e| BuildError::new(format!("receiver `{id}`: {e}")))?;
+            receiver_tasks.push((id.clone(), tokio::spawn(serve)));
+        }
+        telemetry.set_ready(true);
+        Ok(Running {
+            receivers_stop,
+            receiver_tasks,
+            exporters,
+            abort,
+            shutdown_timeout: self.shutdown_timeout,
+            telemetry,
+        })
+    }
+}
+
+impl Running {
+    /// Stops receivers, drains queues for up to `shutdown_timeout`, then stops
+    /// exporters. Reports what could not be delivered.
+    pub async fn shutdown(self) -> ShutdownReport {
+        self.telemetry.set_ready(false);
+        self.receivers_stop.cancel();
+        for (id, task) in self.receiver_tasks {
+            // Receivers finish in-flight requests; bound the wait so one stuck
+            // connection cannot eat the whole drain budget.
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
+                tracing::warn!(receiver = %id, "receiver did not stop within 5s");
+            }
+        }
+        for e in &self.exporters {
+            e.queue.close();
+        }
+        let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+        let mut report = ShutdownReport::default();
+        for e in self.exporters {
+            for task in e.tasks {
+                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if tokio::time::timeout(remaining, task).await.is_err() {
+                    // Deadline passed: stop every consumer where it is.
+                    self.abort.cancel();
+                }
+            }
+            let (left, _) = e.queue.level();
+            if left > 0 {
+                e.queue.telemetry().dropped("shutdown", left as u64);
+                report.undelivered.insert(e.id.clone(), left);
+            }
+            e.exporter.shutdown().await;
+        }
+        self.abort.cancel();
+        report
+    }
+
+    /// Profiles waiting per exporter (for tests).
+    pub fn queue_levels(&self) -> Vec<(String, usize, usize)> {
+        self.exporters
+            .iter()
+            .map(|e| {
+                let (p, b) = e.queue.level();
+                (e.id.clone(), p, b)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Mutex, OnceLock};
+
+    use serde::Deserialize;
+
+    use super::*;
+    use crate::component::{
+        ErrorClass, ExportError, ExporterConfig, FieldError, ProcessorConfig, Receiver,
+        ReceiverConfig, ServeFuture, Validate,
+    };
+    use crate::model::{Envelope, Labels, Payload};
+    use crate::queue::{QueueSettings, RetrySettings};
+    use crate::registry::{Factory, Stability};
+
+    type Consumers = Mutex<HashMap<String, Arc<dyn Consumer>>>;
+    fn consumers() -> &'static Consumers {
+        static C: OnceLock<Consumers> = OnceLock::new();
+        C.get_or_init(Default::default)
+    }
+
+    #[derive(Default)]
+    struct Record {
+        delivered: AtomicUsize,
+        attempts: AtomicUsize,
+    }
+    fn records() -> &'static Mutex<HashMap<String, Arc<Record>>> {
+        static R: OnceLock<Mutex<HashMap<String, Arc<Record>>>> = OnceLock::new();
+        R.get_or_init(Default::default)
+    }
+    fn record(key: &str) -> Arc<Record> {
+        records()
+            .lock()
+            .unwrap()
+            .entry(key.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// A receiver that publishes its consumer under `key` so the test can push.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct TestReceiverConfig {
+        key: String,
+        #[serde(default)]
+        endpoint: Option<String>,
+    }
+    impl Validate for TestReceiverConfig {
+        fn validate(&self) -> Vec<FieldError> {
+            match self.endpoint.as_deref() {
+                Some(e) if e.parse::<std::net::SocketAddr>().is_err() => {
+                    vec![FieldError::new("endpoint", "not host:port")]
+                }
+                _ => vec![],
+            }
+        }
+    }
+    struct TestReceiver(String);
+    #[async_trait]
+    impl Receiver for TestReceiver {
+        async fn start(self: Box<Self>, ctx: ReceiverContext) -> Result<ServeFuture, BuildError> {
+            consumers()
+                .lock()
+                .unwrap()
+                .insert(self.0.clone(), ctx.consumer);
+            Ok(Box::pin(async move { ctx.shutdown.cancelled().await }))
+        }
+    }
+    impl ReceiverConfig for TestReceiverConfig {
+        fn resources(&self) -> Vec<Resource> {
+            self.endpoint
+                .iter()
+                .filter_map(|e| e.parse().ok())
+                .map(Resource::TcpListen)
+                .collect()
+        }
+        fn build(&self, _: &BuildContext) -> Result<Box<dyn Receiver>, BuildError> {
+            Ok(Box::new(TestReceiver(self.key.clone())))
+        }
+    }
+
+    /// Keeps profiles whose `keep` label is not "no".
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct FilterConfig {}
+    impl Validate for FilterConfig {
+        fn validate(&self) -> Vec<FieldError> {
+            vec![]
+        }
+    }
+    struct Filter;
+    #[async_trait]
+    impl Processor for Filter {
+        async fn process(&self, mut batch: Batch) -> Batch {
+            batch.retain(|e| e.labels.get("keep") != Some("no"));
+            batch
+        }
+    }
+    impl ProcessorConfig for FilterConfig {
+        fn build(&self, _: &BuildContext) -> Result<Arc<dyn Processor>, BuildError> {
+            Ok(Arc::new(Filter))
+        }
+    }
+
+    #[derive(Debug, Deserialize, Clone, Copy, PartialEq)]
+    #[serde(rename_all = "snake_case")]
+    enum Behaviour {
+        Ok,
+        Hang,
+        FailTwice,
+        Permanent,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct TestExporterConfig {
+        key: String,
+        behaviour: Behaviour,
+        #[serde(default)]
+        sending_queue: QueueSettings,
+        #[serde(default)]
+        retry_on_failure: RetrySettings,
+    }
+    impl Validate for TestExporterConfig {
+        fn validate(&self) -> Vec<FieldError> {
+            vec![]
+        }
+    }
+    struct TestExporter(Behaviour, Arc<Record>);
+    #[async_trait]
+    impl Exporter for TestExporter {
+        async fn export(&self, batch: &[Envelope]) -> Result<(), ExportError> {
+            let attempt = self.1.attempts.fetch_add(1, Ordering::SeqCst);
+            match self.0 {
+                Behaviour::Ok => {}
+                Behaviour::Hang => std::future::pending::<()>().await,
+                Behaviour::FailTwice if attempt < 2 => {
+                    return Err(ExportError::retryable("flaky", "try again"));
+                }
+                Behaviour::FailTwice => {}
+                Behaviour::Permanent => return Err(ExportError::permanent("rejected", "no")),
+            }
+            self.1.delivered.fetch_add(batch.len(), Ordering::SeqCst);
+            Ok(())
+        }
+    }
+    impl ExporterConfig for TestExporterConfig {
+        fn queue(&self) -> QueueSettings {
+            self.sending_queue.clone()
+        }
+        fn retry(&self) -> RetrySettings {
+            self.retry_on_failure.clone()
+        }
+        fn build(&self, _: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError> {
+            Ok(Arc::new(TestExporter(self.behaviour, record(&self.key))))
+        }
+    }
+
+    fn registry() -> Registry {
+        Registry::new([
+            Factory::receiver::<TestReceiverConfig>(
+                "test",
+                Stability::Development,
+                "test receiver",
+            ),
+            Factory::processor::<FilterConfig>("filter", Stability::Development, "test filter"),
+            Factory::exporter::<TestExporterConfig>(
+                "test",
+                Stability::Development,
+                "test exporter",
+            ),
+        ])
+    }
+
+    fn envelope(keep: &str) -> Envelope {
+        let mut b = crate::pprof::ProfileBuilder::new();
+        b.sample_type("cpu", "nanoseconds");
+        b.sample_root_first(["main"], vec![1]);
+        Envelope {
+            labels: Labels::from_pairs([("service_name", "svc"), ("keep", keep)]),
+            start_unix_nanos: 0,
+            end_unix_nanos: 0,
+            sample_types: vec![],
+            period_type: None,
+            period: 0,
+            payload: Payload::from_bytes(
+                crate::pprof::gzip(&crate::pprof::encode(&b.build())),
+                1 << 20,
+            ),
+        }
+    }
+
+    async fn start(yaml: &str) -> (Running, Arc<Telemetry>) {
+        let doc = Document::parse_with_env(yaml, &|_| None).unwrap();
+        let plan = plan(&doc, &registry()).unwrap();
+        let t = Arc::new(Telemetry::new());
+        (plan.start(t.clone()).await.unwrap(), t)
+    }
+
+    fn consumer(key: &str) -> Arc<dyn Consumer> {
+        consumers().lock().unwrap().get(key).cloned().unwrap()
+    }
+
+    async fn eventually(what: &str, f: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out waiting for {what}");
+    }
+
+    #[test]
+    fn plan_reports_every_problem_with_lines_and_warns_unused() {
+        let yaml = "receivers:\n  test: {key: a, endpoint: '127.0.0.1:9'}\n  test/2: {key: b, endpoint: '127.0.0.1:9'}\n  test/3: {key: c, endpoint: nowhere}\n  nosuch: {}\nprocessors:\n  filter: {}\nexporters:\n  test: {key: d, behaviour: ok}\nservice:\n  pipelines:\n    profiles:\n      receivers: [test, test/2, test/3]\n      exporters: [test, missing]\n";
+        let doc = Document::parse_with_env(yaml, &|_| None).unwrap();
+        let errs = plan(&doc, &registry()).unwrap_err();
+        let text = errs.to_string();
+        assert!(text.contains("line 3:3: receivers::test/2: at `receivers.test/2`: listen address 127.0.0.1:9 is already used by receivers::test"), "{text}");
+        assert!(
+            text.contains(
+                "line 4:30: receivers::test/3: at `receivers.test/3.endpoint`: not host:port"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("unknown receiver type `nosuch`; known types: test"),
+            "{text}"
+        );
+        assert!(text.contains("line 14:25: at `service.pipelines.profiles.exporters.1`: exporter `missing` is not defined"), "{text}");
+        assert_eq!(errs.len(), 4, "{text}");
+
+        let ok = "receivers:\n  test: {key: a}\nprocessors:\n  filter: {}\nexporters:\n  test: {key: d, behaviour: ok}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let p = plan(
+            &Document::parse_with_env(ok, &|_| None).unwrap(),
+            &registry(),
+        )
+        .unwrap();
+        assert_eq!(p.warnings.len(), 1);
+        assert!(
+            p.warnings[0].contains(
+                "processor `filter` is defined at `processors.filter` but used by no pipeline"
+            ),
+            "{:?}",
+            p.warnings
+        );
+    }
+
+    #[tokio::test]
+    async fn block_backpressure_is_all_or_nothing_and_drop_newest_only_drops_there() {
+        let yaml = "receivers:\n  test: {key: bp}\nexporters:\n  test/hang: {key: bp-hang, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1}}\n  test/dropper: {key: bp-drop, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1, when_full: drop_newest}}\n  test/ok: {key: bp-ok, behaviour: ok}\nservice:\n  shutdown_timeout: 100ms\n  pipelines:\n    profiles/a: {receivers: [test], exporters: [test/hang, test/ok]}\n    profiles/b: {receivers: [test], exporters: [test/dropper, test/ok]}\n";
+        let (running, t) = start(yaml).await;
+        let c = consumer("bp");
+        c.consume(vec![envelope("yes")]).await.unwrap();
+        eventually("first batch delivered twice (two pipelines)", || {
+            record("bp-ok").delivered.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        // The hanging block queue is full now: the whole batch is refused and nobody gets a copy.
+        let err = c.consume(vec![envelope("yes")]).await.unwrap_err();
+        assert!(
+            matches!(err, ConsumeError::Backpressure { ref exporter, .. } if exporter == "test/hang"),
+            "{err:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            record("bp-ok").delivered.load(Ordering::SeqCst),
+            2,
+            "a refused batch must leave no copies"
+        );
+        let levels = running.queue_levels();
+        assert!(levels.contains(&(
+            "test/dropper".to_string(),
+            1,
+            levels.iter().find(|l| l.0 == "test/dropper").unwrap().2
+        )));
+        let report = running.shutdown().await;
+        assert_eq!(report.undelivered.get("test/hang"), Some(&1));
+        assert_eq!(report.undelivered.get("test/dropper"), Some(&1));
+        assert!(t.render().contains(
+            r#"proflow_exporter_dropped_profiles_total{exporter="test/hang",reason="shutdown"} 1"#
+        ));
+    }
+
+    #[tokio::test]
+    async fn drop_newest_exporter_never_stalls_the_others() {
+        let yaml = "receivers:\n  test: {key: dn}\nprocessors:\n  filter: {}\nexporters:\n  test/slow: {key: dn-slow, behaviour: hang, sending_queue: {queue_size: 2, num_consumers: 1, when_full: drop_newest}}\n  test/ok: {key: dn-ok, behaviour: ok}\nservice:\n  shutdown_timeout: 100ms\n  pipelines:\n    profiles: {receivers: [test], processors: [filter], exporters: [test/slow, test/ok]}\n";
+        let (running, t) = start(yaml).await;
+        let c = consumer("dn");
+        for i in 0..20 {
+            c.consume(vec![envelope(if i % 5 == 0 { "no" } else { "yes" })])
+                .await
+                .unwrap();
+        }
+        eventually("16 kept profiles at the healthy exporter", || {
+            record("dn-ok").delivered.load(Ordering::SeqCst) == 16
+        })
+        .await;
+        let text = t.render();
+        assert!(text.contains(r#"proflow_exporter_dropped_profiles_total{exporter="test/slow",reason="queue_full"} 14"#), "{text}");
+        assert!(
+            text.contains(r#"proflow_processor_received_profiles_total{processor="filter"} 20"#),
+            "{text}"
+        );
+        running.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn retryable_failures_are_retried_and_permanent_ones_are_not() {
+        let yaml = "receivers:\n  test: {key: rt}\nexporters:\n  test/flaky: {key: rt-flaky, behaviour: fail_twice, retry_on_failure: {initial_interval: 5ms, max_interval: 10ms}}\n  test/perm: {key: rt-perm, behaviour: permanent}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test/flaky, test/perm]}\n";
+        let (running, t) = start(yaml).await;
+        consumer("rt")
+            .consume(vec![envelope("yes"), envelope("yes")])
+            .await
+            .unwrap();
+        eventually("flaky delivery", || {
+            record("rt-flaky").delivered.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        eventually("permanent failure counted", || t.render().contains(r#"proflow_exporter_failed_profiles_total{exporter="test/perm",reason="rejected"} 2"#)).await;
+        assert_eq!(record("rt-flaky").attempts.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            record("rt-perm").attempts.load(Ordering::SeqCst),
+            1,
+            "permanent errors are not retried"
+        );
+        let text = t.render();
+        assert!(
+            text.contains(r#"proflow_exporter_retries_total{exporter="test/flaky"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"proflow_exporter_sent_profiles_total{exporter="test/flaky"} 2"#),
+            "{text}"
+        );
+        let report = running.shutdown().await;
+        assert_eq!(report.total_undelivered(), 0);
+    }
+
+    #[tokio::test]
+    async fn retries_give_up_after_max_elapsed_time() {
+        let yaml = "receivers:\n  test: {key: me}\nexporters:\n  test: {key: me-x, behaviour: fail_twice, retry_on_failure: {initial_interval: 50ms, max_elapsed_time: 20ms}}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, t) = start(yaml).await;
+        consumer("me").consume(vec![envelope("yes")]).await.unwrap();
+        eventually("retries exhausted", || {
+            t.render().contains(r#"reason="retries_exhausted"} 1"#)
+        })
+        .await;
+        assert_eq!(record("me-x").delivered.load(Ordering::SeqCst), 0);
+        running.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn shutdown_drains_queues_before_stopping() {
+        let yaml = "receivers:\n  test: {key: sd}\nexporters:\n  test: {key: sd-ok, behaviour: fail_twice, retry_on_failure: {initial_interval: 20ms}}\nservice:\n  shutdown_timeout: 5s\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, _) = start(yaml).await;
+        let c = consumer("sd");
+        c.consume(vec![envelope("yes")]).await.unwrap();
+        let report = running.shutdown().await;
+        assert_eq!(report.total_undelivered(), 0);
+        assert_eq!(
+            record("sd-ok").delivered.load(Ordering::SeqCst),
+            1,
+            "the retried batch was delivered during the drain"
+        );
+        assert_eq!(
+            c.consume(vec![envelope("yes")]).await,
+            Err(ConsumeError::ShuttingDown)
+        );
+    }
+
+    #[test]
+    fn error_class_helpers() {
+        let e = ExportError::retryable("http_503", "unavailable")
+            .with_retry_after(Duration::from_secs(3));
+        assert_eq!(
+            e.class,
+            ErrorClass::Retryable {
+                retry_after: Some(Duration::from_secs(3))
+            }
+        );
+    }
+}
