@@ -11,7 +11,7 @@ use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::component::{ErrorClass, Exporter};
+use crate::component::{ErrorClass, Exporter, FieldError};
 use crate::model::{Batch, batch_bytes};
 use crate::telemetry::ExporterTelemetry;
 
@@ -78,6 +78,55 @@ impl Default for RetrySettings {
             multiplier: 1.5,
         }
     }
+}
+
+/// Every problem in an exporter's queue and retry settings, with paths relative
+/// to the exporter's body.
+pub fn queue_problems(queue: &QueueSettings, retry: &RetrySettings) -> Vec<FieldError> {
+    let mut problems = Vec::new();
+    if queue.queue_size == 0 {
+        problems.push(FieldError::new(
+            "sending_queue.queue_size",
+            "must be at least 1: a queue that holds nothing refuses every profile",
+        ));
+    }
+    if queue.max_bytes.bytes() == 0 {
+        problems.push(FieldError::new(
+            "sending_queue.max_bytes",
+            "must be more than 0: a queue that holds no bytes refuses every profile",
+        ));
+    }
+    if queue.num_consumers == 0 {
+        problems.push(FieldError::new(
+            "sending_queue.num_consumers",
+            "must be at least 1: with no consumer nothing is ever exported",
+        ));
+    }
+    if !retry.multiplier.is_finite() || retry.multiplier < 1.0 {
+        problems.push(FieldError::new(
+            "retry_on_failure.multiplier",
+            format!(
+                "must be a number of at least 1 (got {}): the wait between retries must not shrink",
+                retry.multiplier
+            ),
+        ));
+    }
+    if retry.enabled && retry.initial_interval.is_zero() {
+        problems.push(FieldError::new(
+            "retry_on_failure.initial_interval",
+            "must be more than 0 when retries are enabled: retrying at once hammers a failing target",
+        ));
+    }
+    if retry.initial_interval > retry.max_interval {
+        problems.push(FieldError::new(
+            "retry_on_failure.max_interval",
+            format!(
+                "must be at least initial_interval ({}), got {}",
+                retry.initial_interval, retry.max_interval
+            ),
+        ));
+    }
+    problems
 }
 
 #[derive(Debug, Default)]

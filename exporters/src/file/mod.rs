@@ -1,0 +1,529 @@
+//! The `file` exporter: writes each profile under a local directory, for
+//! debugging, air-gapped sites and replay.
+//!
+//! Layout (see [`naming`] for the exact names):
+//! - `format: pprof` (default): `<directory>/<service>/<start>-<name>-<seq>.pb.gz`,
+//!   the gzip bytes exactly as they arrived (`Payload::gzipped`): the payload is
+//!   never decoded and never re-encoded.
+//! - `format: folded`: one `<start>-<name>-<seq>-<sample type>.folded` file per
+//!   sample type (a per-type header inside one file would break flame-graph
+//!   tools), made from the decoded profile.
+//! - `<directory>/index.jsonl`: one JSON object per written file:
+//!   `{"path": "<service>/<file>", "labels": {...}, "start": ns, "end": ns,
+//!   "sample_types": [{"type": "cpu", "unit": "nanoseconds"}]}`. The lines of one
+//!   export are appended with one write under one lock, so lines of concurrent
+//!   exports never interleave.
+//!
+//! Atomicity: each file is written to a hidden `.proflow-<seq>.tmp` in its final
+//! directory, optionally fsynced, then renamed, so a crash never leaves a
+//! partial `*.pb.gz`/`*.folded`; temporary files left by a crash are removed at
+//! start. A file is renamed before its index line is appended: a crash between
+//! the two leaves a profile without an index line (never a line without a file).
+//! If the append fails, the export's files are removed again and the error is
+//! retryable, so a retry writes no duplicates.
+//!
+//! Retention: `max_total_size` and `max_age` delete the oldest profile files
+//! after each export (and once at start), using an in-memory list built by one
+//! scan at start. Index lines of deleted files are dropped by rewriting the
+//! index once they outnumber the live ones (see [`book`]); until then readers
+//! must tolerate index lines whose file is gone.
+
+mod book;
+mod folded;
+mod naming;
+#[cfg(test)]
+mod tests;
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use proflow_config::{ByteSize, Duration};
+use proflow_pipeline::component::{
+    BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Resource, Validate,
+};
+use proflow_pipeline::model::{Envelope, Labels, NAME_LABEL, SERVICE_NAME_LABEL};
+use proflow_pipeline::queue::{QueueSettings, RetrySettings};
+use serde::{Deserialize, Serialize};
+
+use self::book::{Book, Retention, Written};
+use crate::error::Error;
+use proflow_pipeline::queue::queue_problems;
+
+/// Smallest non-zero `retention.max_total_size`: anything below one filesystem
+/// block is almost surely a missing unit (`512` meant `512MiB`).
+const MIN_MAX_TOTAL_SIZE: u64 = 4096;
+
+/// What the file exporter writes.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FileFormat {
+    /// Gzip pprof (`.pb.gz`), the bytes as they arrived; readable by `go tool pprof`.
+    #[default]
+    Pprof,
+    /// Folded stacks (`.folded`), one file per sample type; needs the payload decoded.
+    Folded,
+}
+
+/// `retention` of the file exporter.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionSettings {
+    /// Most bytes of profile files kept under `directory` (the index not
+    /// counted); the oldest files are deleted first, the newest always kept.
+    /// `0` (default) keeps everything.
+    pub max_total_size: ByteSize,
+    /// Profile files written longer ago than this are deleted (checked after
+    /// each export and at start). `0` (default) keeps them forever.
+    pub max_age: Duration,
+}
+
+/// Config of the `file` exporter.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileExporterConfig {
+    /// Directory to write under; created if missing. Each `file` exporter needs
+    /// its own: two exporters on one directory fail validation.
+    pub directory: PathBuf,
+    /// `pprof` (default): gzip pprof files as they arrived; `folded`: folded stacks.
+    #[serde(default)]
+    pub format: FileFormat,
+    /// Fsync each file, its directory and the index before an export counts as
+    /// done. Off (default): a process crash still never leaves a partial file
+    /// (writes are renamed into place), but a power loss or kernel crash can lose
+    /// or empty the files of the last seconds. On: they survive, at the cost of a
+    /// disk flush (milliseconds, more on busy disks) per export.
+    #[serde(default)]
+    pub fsync: bool,
+    /// Deletes the oldest profile files past a total size or an age.
+    #[serde(default)]
+    pub retention: RetentionSettings,
+    /// The queue in front of this exporter.
+    #[serde(default)]
+    pub sending_queue: QueueSettings,
+    /// Retry of failed writes (I/O errors are retryable).
+    #[serde(default)]
+    pub retry_on_failure: RetrySettings,
+}
+
+impl Validate for FileExporterConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        if self.directory.as_os_str().is_empty() {
+            problems.push(FieldError::new(
+                "directory",
+                "must not be empty: name the directory to write profiles under",
+            ));
+        }
+        let max_total = self.retention.max_total_size.bytes();
+        if max_total > 0 && max_total < MIN_MAX_TOTAL_SIZE {
+            problems.push(FieldError::new(
+                "retention.max_total_size",
+                format!(
+                    "{max_total} bytes is less than one filesystem block; write a unit (such as 512MiB), or 0 for no limit"
+                ),
+            ));
+        }
+        problems.extend(queue_problems(&self.sending_queue, &self.retry_on_failure));
+        problems
+    }
+}
+
+impl ExporterConfig for FileExporterConfig {
+    fn queue(&self) -> QueueSettings {
+        self.sending_queue.clone()
+    }
+
+    fn retry(&self) -> RetrySettings {
+        self.retry_on_failure.clone()
+    }
+
+    fn resources(&self) -> Vec<Resource> {
+        vec![Resource::Directory(normalize(&self.directory))]
+    }
+
+    fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError> {
+        let exporter = FileExporter::open(self, &ctx.id)
+            .map_err(|e| BuildError::new(format!("exporter `{}`: {e}", ctx.id)))?;
+        Ok(Arc::new(exporter))
+    }
+}
+
+/// `path` made absolute and lexically normalized (`.` and `..` resolved without
+/// touching the disk, which may not have it yet), so `out` and `./out` claim the
+/// same directory. Symlinks are not resolved.
+fn normalize(path: &Path) -> PathBuf {
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        match std::env::current_dir() {
+            Ok(cwd) => cwd.join(path),
+            Err(_) => path.to_path_buf(),
+        }
+    };
+    let mut out = PathBuf::new();
+    for part in absolute.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// The running `file` exporter. Cheap to call from many tasks at once: file
+/// writes run on the blocking pool and only the index append and retention run
+/// under the lock.
+#[derive(Debug)]
+pub struct FileExporter {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    id: String,
+    root: PathBuf,
+    format: FileFormat,
+    fsync: bool,
+    /// Sequence number of the next file; unique within the directory.
+    next_seq: AtomicU64,
+    book: Mutex<Book>,
+}
+
+/// A file rendered in memory, waiting to be written.
+struct Pending {
+    service_dir: String,
+    file_name: String,
+    seq: u64,
+    bytes: Bytes,
+    /// Its index line, newline included.
+    line: Vec<u8>,
+}
+
+/// A file written under its temporary name.
+struct Staged {
+    temp: PathBuf,
+    dest: PathBuf,
+    rel: String,
+    size: u64,
+    line: Vec<u8>,
+}
+
+impl FileExporter {
+    /// Creates the directory if needed, removes temporary files a crash left,
+    /// scans the existing profile files once and applies retention to them.
+    /// `id` names the exporter in logs and errors.
+    pub fn open(config: &FileExporterConfig, id: &str) -> Result<Self, Error> {
+        let root = config.directory.clone();
+        fs::create_dir_all(&root).map_err(|e| Error::io("create directory", &root, e))?;
+        let scan = book::scan(&root)?;
+        if scan.removed_temps > 0 {
+            tracing::info!(
+                exporter = id,
+                removed = scan.removed_temps,
+                "removed temporary files left by an earlier crash"
+            );
+        }
+        let next_seq = scan.next_seq;
+        let retention = Retention {
+            max_total_bytes: config.retention.max_total_size.bytes(),
+            max_age: Some(config.retention.max_age.get()).filter(|d| !d.is_zero()),
+        };
+        let book = Book::open(&root, scan, retention, config.fsync)?;
+        Ok(FileExporter {
+            shared: Arc::new(Shared {
+                id: id.to_owned(),
+                root,
+                format: config.format,
+                fsync: config.fsync,
+                next_seq: AtomicU64::new(next_seq),
+                book: Mutex::new(book),
+            }),
+        })
+    }
+
+    /// Writes a batch synchronously (what [`Exporter::export`] runs on the
+    /// blocking pool); for benchmarks and tools without a runtime.
+    pub fn write_batch(&self, batch: &[Envelope]) -> Result<(), Error> {
+        self.shared.write_batch(batch)
+    }
+}
+
+#[async_trait]
+impl Exporter for FileExporter {
+    async fn export(&self, batch: &[Envelope]) -> Result<(), ExportError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let shared = Arc::clone(&self.shared);
+        // Envelope clones share their payloads, so this copies no profile bytes.
+        let batch = batch.to_vec();
+        match tokio::task::spawn_blocking(move || shared.write_batch(&batch)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.into_export_error()),
+            Err(join) => Err(ExportError::retryable(
+                "io",
+                format!(
+                    "the write task of exporter `{}` did not finish ({join}); the batch will be retried",
+                    self.shared.id
+                ),
+            )),
+        }
+    }
+
+    async fn shutdown(&self) {
+        if self.shared.fsync {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let _ = tokio::task::spawn_blocking(move || shared.lock_book().sync_index()).await;
+    }
+}
+
+impl Shared {
+    fn lock_book(&self) -> MutexGuard<'_, Book> {
+        // No Book method panics; if one did, its state is still a valid (at
+        // worst slightly miscounted) book, better than failing every export.
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Writes what it can of `batch`. Profiles that cannot be rendered (folded
+    /// output of an undecodable payload) are skipped and reported after the
+    /// others are written, as a permanent error.
+    fn write_batch(&self, batch: &[Envelope]) -> Result<(), Error> {
+        let mut pending = Vec::new();
+        let mut rendered = 0;
+        let mut first_failure = None;
+        for envelope in batch {
+            match self.render(envelope) {
+                Ok(files) => {
+                    pending.extend(files);
+                    rendered += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(exporter = %self.id, error = %e, "dropping a profile that cannot be written");
+                    first_failure.get_or_insert(e);
+                }
+            }
+        }
+        self.write_files(pending)?;
+        match first_failure {
+            Some(Error::Decode { series, source, .. }) => Err(Error::Decode {
+                series,
+                source,
+                written: rendered,
+            }),
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The files one envelope becomes, with their index lines.
+    fn render(&self, envelope: &Envelope) -> Result<Vec<Pending>, Error> {
+        let labels = &envelope.labels;
+        let service_dir = naming::service_dir(labels.get(SERVICE_NAME_LABEL));
+        let name = labels.get(NAME_LABEL);
+        match self.format {
+            FileFormat::Pprof => {
+                let seq = self.take_seq();
+                let file_name = naming::profile_file(envelope.start_unix_nanos, name, seq, None);
+                let types = envelope
+                    .sample_types
+                    .iter()
+                    .map(|t| (t.r#type.as_str(), t.unit.as_str()));
+                let line = index_line(&service_dir, &file_name, envelope, types)?;
+                Ok(vec![Pending {
+                    service_dir,
+                    file_name,
+                    seq,
+                    // The gzip bytes as they arrived: never decoded, never re-encoded.
+                    bytes: envelope.payload.gzipped(),
+                    line,
+                }])
+            }
+            FileFormat::Folded => {
+                let profile = envelope.payload.decoded().map_err(|source| Error::Decode {
+                    series: labels.to_selector_string(),
+                    written: 0,
+                    source,
+                })?;
+                let mut files = Vec::new();
+                for text in folded::render(&profile) {
+                    let seq = self.take_seq();
+                    let file_name = naming::profile_file(
+                        envelope.start_unix_nanos,
+                        name,
+                        seq,
+                        Some(&text.sample_type),
+                    );
+                    let types = [(text.sample_type.as_str(), text.unit.as_str())];
+                    let line = index_line(&service_dir, &file_name, envelope, types)?;
+                    files.push(Pending {
+                        service_dir: service_dir.clone(),
+                        file_name,
+                        seq,
+                        bytes: Bytes::from(text.text),
+                        line,
+                    });
+                }
+                Ok(files)
+            }
+        }
+    }
+
+    /// Writes every pending file under a temporary name, renames them all into
+    /// place, then records them. On any error, the files of this call are
+    /// removed again, so a retry of the batch makes no duplicates.
+    fn write_files(&self, pending: Vec<Pending>) -> Result<(), Error> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let mut staged = Vec::with_capacity(pending.len());
+        for p in pending {
+            match self.stage(p) {
+                Ok(s) => staged.push(s),
+                Err(e) => {
+                    remove_all(staged.iter().map(|s| &s.temp));
+                    return Err(e);
+                }
+            }
+        }
+        for (i, s) in staged.iter().enumerate() {
+            if let Err(e) = fs::rename(&s.temp, &s.dest) {
+                remove_all(staged[..i].iter().map(|s| &s.dest));
+                remove_all(staged[i..].iter().map(|s| &s.temp));
+                return Err(Error::io("rename into place", &s.temp, e));
+            }
+        }
+        let dests: Vec<PathBuf> = staged.iter().map(|s| s.dest.clone()).collect();
+        if self.fsync {
+            let mut dirs: Vec<&Path> = dests.iter().filter_map(|d| d.parent()).collect();
+            dirs.sort();
+            dirs.dedup();
+            for dir in dirs {
+                if let Err(e) = book::sync_dir(dir) {
+                    remove_all(dests.iter());
+                    return Err(e);
+                }
+            }
+        }
+        let mut lines = Vec::new();
+        let mut written = Vec::with_capacity(staged.len());
+        for s in staged {
+            lines.extend_from_slice(&s.line);
+            written.push(Written {
+                rel: s.rel,
+                size: s.size,
+            });
+        }
+        let committed = self.lock_book().commit(written, &lines);
+        if committed.is_err() {
+            remove_all(dests.iter());
+        }
+        committed
+    }
+
+    /// Writes one file under its temporary name in its final directory (same
+    /// filesystem, so the rename is atomic).
+    fn stage(&self, p: Pending) -> Result<Staged, Error> {
+        let dir = self.root.join(&p.service_dir);
+        fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
+        let temp = dir.join(naming::temp_file(p.seq));
+        let written = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+            .and_then(|mut f| {
+                f.write_all(&p.bytes)?;
+                if self.fsync {
+                    f.sync_all()?;
+                }
+                Ok(())
+            });
+        if let Err(e) = written {
+            let _ = fs::remove_file(&temp);
+            return Err(Error::io("write", &temp, e));
+        }
+        Ok(Staged {
+            temp,
+            dest: dir.join(&p.file_name),
+            rel: format!("{}/{}", p.service_dir, p.file_name),
+            size: p.bytes.len() as u64,
+            line: p.line,
+        })
+    }
+}
+
+/// Best-effort removal while undoing a failed export; the original error is
+/// what gets reported.
+fn remove_all<'a>(paths: impl Iterator<Item = &'a PathBuf>) {
+    for path in paths {
+        if let Err(e) = fs::remove_file(path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove a file of a failed export");
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct IndexLine<'a> {
+    path: &'a str,
+    labels: LabelsObject<'a>,
+    start: i64,
+    end: i64,
+    sample_types: Vec<SampleTypeJson<'a>>,
+}
+
+/// Series labels as one JSON object, `{"name": "value", ...}`.
+struct LabelsObject<'a>(&'a Labels);
+
+impl Serialize for LabelsObject<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|l| (&l.name, &l.value)))
+    }
+}
+
+#[derive(Serialize)]
+struct SampleTypeJson<'a> {
+    #[serde(rename = "type")]
+    ty: &'a str,
+    unit: &'a str,
+}
+
+/// The index line of one written file, newline included.
+fn index_line<'a>(
+    service_dir: &str,
+    file_name: &str,
+    envelope: &Envelope,
+    sample_types: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<Vec<u8>, Error> {
+    let path = format!("{service_dir}/{file_name}");
+    let line = IndexLine {
+        path: &path,
+        labels: LabelsObject(&envelope.labels),
+        start: envelope.start_unix_nanos,
+        end: envelope.end_unix_nanos,
+        sample_types: sample_types
+            .into_iter()
+            .map(|(ty, unit)| SampleTypeJson { ty, unit })
+            .collect(),
+    };
+    let mut bytes = serde_json::to_vec(&line).map_err(|source| Error::Encode {
+        series: envelope.labels.to_selector_string(),
+        source,
+    })?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
