@@ -13,4 +13,5 @@ pub mod queue;
 pub mod registry;
 pub mod relabel;
 pub mod telemetry;
+pub mod testdata;
 pub mod topology;
