@@ -1,1 +1,186 @@
-fn main() {}
+//! The `proflow` binary: command line, logging, signals, and the table of
+//! every component type compiled in. How data moves lives in `proflow-pipeline`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use proflow_config::{Document, LogFormat};
+use proflow_pipeline::registry::Registry;
+use proflow_pipeline::telemetry::Telemetry;
+use proflow_pipeline::topology::{self, Plan};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser, Debug)]
+#[command(name = "proflow", version, about = "A continuous-profiling collector: receive, process and export profiles.")]
+struct Cli {
+    /// Config file (YAML). With no command, `proflow -c FILE` runs it.
+    #[arg(short, long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the collector.
+    Run,
+    /// Check the config and print every problem; exit 1 if there is any.
+    Validate,
+    /// List the component types compiled in, with kind and stability.
+    Components,
+}
+
+fn registry() -> Registry {
+    Registry::new(
+        proflow_receivers::factories()
+            .into_iter()
+            .chain(proflow_processors::factories())
+            .chain(proflow_exporters::factories()),
+    )
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Components => {
+            println!("{:<10} {:<14} {:<12} DESCRIPTION", "KIND", "TYPE", "STABILITY");
+            for f in registry().iter() {
+                println!("{:<10} {:<14} {:<12} {}", f.kind.to_string(), f.type_name, f.stability.to_string(), f.description);
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Validate => {
+            let Some(path) = cli.config else {
+                eprintln!("error: give the config file with -c FILE");
+                return ExitCode::from(2);
+            };
+            match load(&path) {
+                Ok(plan) => {
+                    for w in &plan.warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    println!("{}: valid", path.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Run => {
+            let Some(path) = cli.config else {
+                eprintln!("error: give the config file with -c FILE (for example: proflow run -c examples/sidecar.yaml)");
+                return ExitCode::from(2);
+            };
+            let plan = match load(&path) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    eprintln!("{e:#}");
+                    return ExitCode::from(1);
+                }
+            };
+            if let Err(e) = init_logging(&plan.telemetry.log_level, plan.telemetry.log_format) {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(1);
+            }
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match runtime.block_on(run(plan)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+/// Reads, parses and checks a config file; the error lists every problem.
+fn load(path: &Path) -> anyhow::Result<Plan> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+    let doc = Document::parse(&text).map_err(|e| anyhow::anyhow!("{}: {} problem(s):\n{e}", path.display(), e.len()))?;
+    topology::plan(&doc, &registry()).map_err(|e| anyhow::anyhow!("{}: {} problem(s):\n{e}", path.display(), e.len()))
+}
+
+fn init_logging(level: &str, format: LogFormat) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .with_context(|| format!("invalid service.telemetry.log_level {level:?}: use trace, debug, info, warn or error"))?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let result = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+    result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))
+}
+
+async fn run(plan: Plan) -> anyhow::Result<()> {
+    for w in &plan.warnings {
+        tracing::warn!("{w}");
+    }
+    let telemetry = Arc::new(Telemetry::new());
+    let stop_telemetry = CancellationToken::new();
+    let telemetry_task = match plan.telemetry.socket_addr().map_err(|e| anyhow::anyhow!("{e}"))? {
+        Some(addr) => {
+            let listener = proflow_pipeline::telemetry::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on service.telemetry.address {addr}: is another process using it?"))?;
+            tracing::info!(address = %listener.local_addr().unwrap_or(addr), "telemetry serving /metrics, /healthz, /readyz");
+            Some(tokio::spawn(telemetry.clone().serve(listener, stop_telemetry.clone())))
+        }
+        None => None,
+    };
+    let shutdown_timeout = plan.shutdown_timeout;
+    let running = plan.start(telemetry.clone()).await.context("cannot start")?;
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "proflow is running");
+
+    wait_for_signal().await;
+    tracing::info!(?shutdown_timeout, "stopping: receivers first, then draining exporter queues");
+    let report = running.shutdown().await;
+    if report.total_undelivered() == 0 {
+        tracing::info!("stopped; every accepted profile was delivered");
+    } else {
+        for (exporter, n) in &report.undelivered {
+            tracing::warn!(exporter = %exporter, undelivered = n, "profiles not delivered before shutdown_timeout");
+        }
+        tracing::warn!(undelivered = report.total_undelivered(), "stopped with {} profile(s) not delivered", report.total_undelivered());
+    }
+    stop_telemetry.cancel();
+    if let Some(t) = telemetry_task {
+        let _ = t.await;
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM received"),
+                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -309,11 +309,7 @@ fn parse_service(node: &Node, errors: &mut Errors) -> Option<ServiceConfig> {
         errors.push(e);
     }
     let mut pipelines = Vec::new();
-    let missing = Node {
-        value: NodeValue::Null,
-        line: node.line,
-        column: node.column,
-    };
+    let missing = Node::new(NodeValue::Null, node.line, node.column);
     let pipelines_node = node.get("pipelines").unwrap_or(&missing);
     match &pipelines_node.value {
         NodeValue::Map(m) if !m.is_empty() => {

@@ -12,6 +12,11 @@ pub struct Node {
     pub line: usize,
     /// 1-based; 0 when unknown.
     pub column: usize,
+    /// For numbers and booleans: the text as written (`1.10` stays `1.10`
+    /// when a string field reads it).
+    pub raw: Option<String>,
+    /// Byte offset and length in the source, when known.
+    span: Option<(usize, usize)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -28,21 +33,27 @@ pub enum NodeValue {
 }
 
 impl Node {
+    pub fn new(value: NodeValue, line: usize, column: usize) -> Self {
+        Node {
+            value,
+            line,
+            column,
+            raw: None,
+            span: None,
+        }
+    }
+
     /// Parses a YAML document. An empty document is an empty map.
     pub fn parse(text: &str) -> Result<Node, Error> {
         if text.trim().is_empty() {
-            return Ok(Node {
-                value: NodeValue::Map(Vec::new()),
-                line: 1,
-                column: 1,
-            });
+            return Ok(Node::new(NodeValue::Map(Vec::new()), 1, 1));
         }
         let options = serde_saphyr::options! {
             duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
             // YAML 1.2: `on`, `y`, `no` are strings, not booleans.
             strict_booleans: true,
         };
-        serde_saphyr::from_str_with_options::<Node>(text, options).map_err(|e| {
+        let mut node = serde_saphyr::from_str_with_options::<Node>(text, options).map_err(|e| {
             let (line, column) = e
                 .location()
                 .map(|l| (l.line() as usize, l.column() as usize))
@@ -53,7 +64,27 @@ impl Node {
                 column,
                 format!("invalid YAML: {}", e.without_snippet()),
             )
-        })
+        })?;
+        node.fill_raw(text);
+        Ok(node)
+    }
+
+    fn fill_raw(&mut self, source: &str) {
+        match &mut self.value {
+            NodeValue::Bool(_) | NodeValue::Int(_) | NodeValue::UInt(_) | NodeValue::Float(_) => {
+                if let Some((off, len)) = self.span
+                    && let Some(t) = source.get(off..off + len)
+                {
+                    self.raw = Some(t.trim().to_owned());
+                }
+            }
+            NodeValue::Seq(items) => items.iter_mut().for_each(|n| n.fill_raw(source)),
+            NodeValue::Map(entries) => entries.iter_mut().for_each(|(k, v)| {
+                k.fill_raw(source);
+                v.fill_raw(source);
+            }),
+            _ => {}
+        }
     }
 
     /// The string when this is a scalar string.
@@ -100,6 +131,9 @@ impl Node {
 
     /// The text of a scalar (numbers and booleans as written in YAML).
     pub fn scalar_text(&self) -> Option<String> {
+        if let Some(raw) = &self.raw {
+            return Some(raw.clone());
+        }
         match &self.value {
             NodeValue::Str(s) => Some(s.clone()),
             NodeValue::Bool(b) => Some(b.to_string()),
@@ -154,10 +188,17 @@ impl Node {
 impl<'de> Deserialize<'de> for Node {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let spanned: serde_saphyr::Spanned<NodeValue> = serde_saphyr::Spanned::deserialize(d)?;
+        let span = spanned.referenced.span();
+        let span = match (span.byte_offset(), span.byte_len()) {
+            (Some(o), Some(l)) => usize::try_from(o).ok().zip(usize::try_from(l).ok()),
+            _ => None,
+        };
         Ok(Node {
             value: spanned.value,
             line: spanned.referenced.line() as usize,
             column: spanned.referenced.column() as usize,
+            raw: None,
+            span,
         })
     }
 }
@@ -239,6 +280,14 @@ mod tests {
         let (k, _) = &n.as_map().unwrap()[1];
         assert_eq!(k.as_str(), Some("d"));
         assert_eq!(k.line, 4);
+    }
+
+    #[test]
+    fn numbers_keep_their_written_text() {
+        let n = Node::parse("a: 1.10\nb: 0x1F\nc: true\n").unwrap();
+        assert_eq!(n.lookup("a").scalar_text().as_deref(), Some("1.10"));
+        assert_eq!(n.lookup("b").scalar_text().as_deref(), Some("0x1F"));
+        assert_eq!(n.lookup("c").value, NodeValue::Bool(true));
     }
 
     #[test]

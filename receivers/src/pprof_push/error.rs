@@ -1,0 +1,160 @@
+//! Why a request was refused, and how that is told to the client: an HTTP
+//! status, a Connect error code and a message that says what to do, in the
+//! Connect JSON error form `{"code": "...", "message": "..."}` on every endpoint
+//! (Pyroscope's own clients only log the body; Connect clients read the code).
+
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use proflow_pipeline::pprof::DecodeError;
+
+/// Why a request was refused. The variant decides status, Connect code and the
+/// telemetry reason; the message is for the person reading the client's log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IngestError {
+    /// The request is malformed; sending it again cannot help.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body on the wire is larger than `max_request_body_size`.
+    #[error(
+        "request body exceeds max_request_body_size ({limit} bytes); send smaller requests or raise max_request_body_size"
+    )]
+    BodyTooLarge { limit: usize },
+    /// Something grew past `max_decompressed_size` when decompressed.
+    #[error(
+        "{what} exceeds max_decompressed_size ({limit} bytes) once decompressed; send smaller profiles or raise max_decompressed_size"
+    )]
+    DecompressedTooLarge { what: String, limit: usize },
+    /// A content type, content encoding or format this receiver does not read.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("method {method} is not allowed on {path}; send POST")]
+    MethodNotAllowed { method: String, path: String },
+    #[error(
+        "no endpoint at {path}; profiles go to POST /ingest, /pyroscope/ingest or /push.v1.PusherService/Push"
+    )]
+    NotFound { path: String },
+    /// The pipeline is full: retry after the given time.
+    #[error("{detail}; retry after {retry_after:?}")]
+    Backpressure {
+        retry_after: Duration,
+        detail: String,
+    },
+    #[error("the collector is shutting down and takes no new data; retry later")]
+    ShuttingDown,
+    /// A bug on our side (a decoding task died); the request may be retried.
+    #[error("internal error: {0}; please report it")]
+    Internal(String),
+}
+
+impl IngestError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        IngestError::BadRequest(message.into())
+    }
+
+    /// Maps a pprof decoding failure of `what` (such as "profile 2") to a refusal.
+    pub(crate) fn from_decode(what: &str, e: DecodeError) -> Self {
+        match e {
+            DecodeError::TooLarge { limit } => IngestError::DecompressedTooLarge {
+                what: what.to_owned(),
+                limit,
+            },
+            DecodeError::Gzip(detail) => IngestError::BadRequest(format!(
+                "{what}: corrupt gzip data ({detail}); send a valid gzip stream or uncompressed data"
+            )),
+            DecodeError::Protobuf(detail) => IngestError::BadRequest(format!(
+                "{what}: not a valid pprof protobuf ({detail}); send a pprof profile, plain or gzip-compressed"
+            )),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            IngestError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            IngestError::BodyTooLarge { .. } | IngestError::DecompressedTooLarge { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            IngestError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            IngestError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            IngestError::NotFound { .. } => StatusCode::NOT_FOUND,
+            IngestError::Backpressure { .. } => StatusCode::TOO_MANY_REQUESTS,
+            IngestError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            IngestError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The Connect error code. Connect derives the HTTP status from the code;
+    /// where HTTP has a more precise status (413, 415, 405) we send that status
+    /// and the closest code, which Connect clients read from the body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            IngestError::BadRequest(_) => "invalid_argument",
+            IngestError::BodyTooLarge { .. }
+            | IngestError::DecompressedTooLarge { .. }
+            | IngestError::Backpressure { .. } => "resource_exhausted",
+            IngestError::UnsupportedMediaType(_)
+            | IngestError::MethodNotAllowed { .. }
+            | IngestError::NotFound { .. } => "unimplemented",
+            IngestError::ShuttingDown => "unavailable",
+            IngestError::Internal(_) => "internal",
+        }
+    }
+
+    /// The `reason` label of the refused-requests metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            IngestError::BadRequest(_) => "bad_request",
+            IngestError::BodyTooLarge { .. } | IngestError::DecompressedTooLarge { .. } => {
+                "too_large"
+            }
+            IngestError::UnsupportedMediaType(_) => "unsupported_media_type",
+            IngestError::MethodNotAllowed { .. } => "method_not_allowed",
+            IngestError::NotFound { .. } => "not_found",
+            IngestError::Backpressure { .. } => "backpressure",
+            IngestError::ShuttingDown => "shutting_down",
+            IngestError::Internal(_) => "internal",
+        }
+    }
+}
+
+/// A refusal with the number of profiles the request carried, when known
+/// (0 when the request was refused before its profiles were counted).
+#[derive(Debug)]
+pub(crate) struct Refused {
+    pub error: IngestError,
+    pub profiles: u64,
+}
+
+impl From<IngestError> for Refused {
+    fn from(error: IngestError) -> Self {
+        Refused { error, profiles: 0 }
+    }
+}
+
+impl IntoResponse for IngestError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "code": self.code(), "message": self.to_string() });
+        let mut response = (self.status(), axum::Json(body)).into_response();
+        match &self {
+            IngestError::Backpressure { retry_after, .. } => {
+                // Whole seconds, rounded up and at least 1 so a client never
+                // retries in a tight loop.
+                let secs = retry_after
+                    .as_secs()
+                    .saturating_add(u64::from(retry_after.subsec_nanos() > 0))
+                    .max(1);
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            IngestError::MethodNotAllowed { .. } => {
+                response
+                    .headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            }
+            _ => {}
+        }
+        response
+    }
+}

@@ -1,0 +1,437 @@
+//! `POST /ingest` (and `/pyroscope/ingest`): the original Pyroscope API.
+//!
+//! The query says who sent what (`name`, `from`, `until`, `sampleRate`,
+//! `spyName`, `units`, `aggregationType`, `format`); the body is one profile:
+//! raw pprof, a multipart form holding pprof, or folded text. Which one follows
+//! Pyroscope: an explicit `format` first (`jfr`, `pprof`, `lines`, ...), then a
+//! multipart `Content-Type`, else folded text. We also read a multipart body
+//! sent with `format=pprof`, since its Content-Type leaves no doubt.
+
+use axum::http::Uri;
+use bytes::Bytes;
+use proflow_pipeline::model::{Batch, Envelope, Payload, ValueType};
+use proflow_pipeline::pprof;
+
+use super::error::{IngestError, Refused};
+use super::folded::{self, TextFormat};
+use super::labels::{ingest_folded_labels, ingest_pprof_labels};
+use super::multipart::is_multipart;
+use super::name::{AppName, parse_name};
+use super::profile_type::{SampleTypeConfigs, profile_name_from_sample_types, split_folded_app};
+use super::push::value_types;
+use super::timestamp::parse_unix_timestamp;
+
+/// Pyroscope's default sample rate (Hz) when `sampleRate` is absent.
+const DEFAULT_SAMPLE_RATE: u32 = 100;
+/// Pyroscope's `spyName` when the client sends none.
+const DEFAULT_SPY_NAME: &str = "unknown";
+
+/// What the query of an ingest request says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IngestParams {
+    pub name: AppName,
+    pub start_nanos: i64,
+    pub end_nanos: i64,
+    pub sample_rate: u32,
+    pub spy_name: String,
+    /// The `format` value as sent ("" when absent); see [`body_kind`].
+    pub format: String,
+    /// Read for completeness; like Pyroscope v2, nothing depends on them: the
+    /// profile type of text formats comes from the name's suffix.
+    pub units: Option<String>,
+    pub aggregation_type: Option<String>,
+}
+
+/// How the body is to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyKind {
+    /// The body is a pprof profile (plain or gzip).
+    Pprof,
+    /// A multipart form with a `profile` part.
+    Multipart,
+    Text(TextFormat),
+}
+
+fn first<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    // Go's url.Values.Get returns the first value; so do we.
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Reads the query of an ingest request.
+pub(crate) fn parse_params(uri: &Uri, now_nanos: i64) -> Result<IngestParams, IngestError> {
+    let axum::extract::Query(pairs) =
+        axum::extract::Query::<Vec<(String, String)>>::try_from_uri(uri)
+            .map_err(|e| IngestError::bad_request(format!("unreadable query string ({e})")))?;
+    let name = parse_name(first(&pairs, "name").unwrap_or(""))
+        .map_err(|e| IngestError::bad_request(format!("name: {e}")))?;
+    let time = |key: &str| -> Result<Option<i64>, IngestError> {
+        first(&pairs, key)
+            .filter(|v| !v.is_empty())
+            .map(|v| parse_unix_timestamp(v, now_nanos))
+            .transpose()
+            .map_err(|e| IngestError::bad_request(format!("{key}: {e}")))
+    };
+    let (from, until) = (time("from")?, time("until")?);
+    // A missing bound defaults to now, without ever putting from after until.
+    let (start_nanos, end_nanos) = match (from, until) {
+        (Some(f), Some(u)) => (f, u),
+        (Some(f), None) => (f, now_nanos.max(f)),
+        (None, Some(u)) => (now_nanos.min(u), u),
+        (None, None) => (now_nanos, now_nanos),
+    };
+    if end_nanos < start_nanos {
+        return Err(IngestError::bad_request(
+            "until is before from: send the start of the profiled interval as from and its end as until",
+        ));
+    }
+    let sample_rate = match first(&pairs, "sampleRate").filter(|v| !v.is_empty()) {
+        None => DEFAULT_SAMPLE_RATE,
+        Some(v) => v.trim().parse::<u32>().map_err(|_| {
+            IngestError::bad_request(format!(
+                "sampleRate: {v:?} is not a whole number of samples per second, such as 100"
+            ))
+        })?,
+    };
+    let spy_name = first(&pairs, "spyName")
+        .filter(|v| !v.is_empty())
+        .unwrap_or(DEFAULT_SPY_NAME)
+        .to_owned();
+    Ok(IngestParams {
+        name,
+        start_nanos,
+        end_nanos,
+        sample_rate,
+        spy_name,
+        format: first(&pairs, "format").unwrap_or("").to_owned(),
+        units: first(&pairs, "units").map(str::to_owned),
+        aggregation_type: first(&pairs, "aggregationType").map(str::to_owned),
+    })
+}
+
+/// How to read the body, from `format` and `Content-Type`. Formats Pyroscope
+/// knows and we do not yet read get 415, anything else 400.
+pub(crate) fn body_kind(format: &str, content_type: Option<&str>) -> Result<BodyKind, IngestError> {
+    let not_yet = |what: &str| {
+        IngestError::UnsupportedMediaType(format!(
+            "{what} is not supported yet; send pprof (format=pprof or a multipart `profile` part) or folded text (format=folded)"
+        ))
+    };
+    match format {
+        "jfr" => return Err(not_yet("JFR (format=jfr)")),
+        "trie" | "tree" | "speedscope" => return Err(not_yet(&format!("format={format}"))),
+        _ => {}
+    }
+    if is_multipart(content_type) {
+        return Ok(BodyKind::Multipart);
+    }
+    match format {
+        "pprof" => Ok(BodyKind::Pprof),
+        "lines" => Ok(BodyKind::Text(TextFormat::Lines)),
+        "" | "folded" | "groups" => {
+            match content_type
+                .map(|c| c.trim().to_ascii_lowercase())
+                .as_deref()
+            {
+                Some("binary/octet-stream+trie") => Err(not_yet("the trie format")),
+                Some("binary/octet-stream+tree") => Err(not_yet("the tree format")),
+                _ => Ok(BodyKind::Text(TextFormat::Folded)),
+            }
+        }
+        other => Err(IngestError::bad_request(format!(
+            "unknown format {other:?}: use pprof, folded or lines"
+        ))),
+    }
+}
+
+/// One pprof profile from /ingest as an envelope (or none for an empty body,
+/// which Pyroscope accepts as "nothing to store").
+pub(crate) fn pprof_batch(
+    params: &IngestParams,
+    profile: Bytes,
+    sample_type_config: Option<&[u8]>,
+    max_decompressed: usize,
+) -> Result<Batch, Refused> {
+    if profile.is_empty() {
+        return Ok(Vec::new());
+    }
+    let refuse = |error: IngestError| Refused { error, profiles: 1 };
+    let configs: Option<SampleTypeConfigs> = sample_type_config
+        .filter(|c| !c.is_empty())
+        .map(serde_json::from_slice)
+        .transpose()
+        .map_err(|e| {
+            refuse(IngestError::bad_request(format!(
+                "sample_type_config is not a JSON object of sample types ({e}); send {{\"<sample type>\": {{\"display-name\": \"...\"}}}}"
+            )))
+        })?;
+    let meta = pprof::scan_metadata(&profile, max_decompressed)
+        .map_err(|e| refuse(IngestError::from_decode("the profile", e)))?;
+    let profile_name = profile_name_from_sample_types(
+        meta.sample_types.iter().map(|(t, _)| t.as_str()),
+        configs.as_ref(),
+    )
+    .ok_or_else(|| {
+        refuse(IngestError::bad_request(
+            "the profile has no named sample types; send a pprof profile with at least one sample type",
+        ))
+    })?;
+    let labels = ingest_pprof_labels(
+        &params.name.app,
+        &params.name.tags,
+        &params.spy_name,
+        &profile_name,
+    )
+    .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
+    let (sample_types, period_type) = value_types(&meta);
+    Ok(vec![Envelope {
+        labels,
+        start_unix_nanos: params.start_nanos,
+        end_unix_nanos: params.end_nanos,
+        sample_types,
+        period_type,
+        period: meta.period,
+        payload: Payload::from_bytes(profile, max_decompressed),
+    }])
+}
+
+/// A folded or lines body converted to one pprof profile (or none when it
+/// holds no stacks).
+pub(crate) fn text_batch(
+    params: &IngestParams,
+    format: TextFormat,
+    body: Bytes,
+    max_decompressed: usize,
+) -> Result<Batch, Refused> {
+    let refuse = |error: IngestError| Refused { error, profiles: 1 };
+    let (app, ty) = split_folded_app(&params.name.app)
+        .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
+    let text = pprof::decompress(&body, max_decompressed)
+        .map_err(|e| refuse(IngestError::from_decode("the text body", e)))?;
+    let stacks = folded::parse_stacks(&text, format)
+        .map_err(|e| refuse(IngestError::bad_request(e.to_string())))?;
+    if stacks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let labels = ingest_folded_labels(app, &params.name.tags, &params.spy_name, ty.profile_name)
+        .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
+    let conv = folded::conversion(ty, params.sample_rate);
+    let profile = folded::to_profile(
+        &stacks,
+        &conv,
+        params.start_nanos,
+        params.end_nanos - params.start_nanos,
+    );
+    Ok(vec![Envelope {
+        labels,
+        start_unix_nanos: params.start_nanos,
+        end_unix_nanos: params.end_nanos,
+        sample_types: vec![ValueType::new(&conv.sample_type.0, &conv.sample_type.1)],
+        period_type: conv
+            .period
+            .as_ref()
+            .map(|((t, u), _)| ValueType::new(t.as_str(), u.as_str())),
+        period: conv.period.as_ref().map_or(0, |(_, p)| *p),
+        payload: Payload::from_profile(profile),
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proflow_pipeline::pprof::ProfileBuilder;
+
+    const NOW: i64 = 1_800_000_000_000_000_000;
+
+    fn params(query: &str) -> Result<IngestParams, IngestError> {
+        parse_params(&format!("/ingest?{query}").parse().unwrap(), NOW)
+    }
+
+    fn kind(query: &str, ct: Option<&str>) -> Result<BodyKind, IngestError> {
+        body_kind(&params(&format!("name=a&{query}")).unwrap().format, ct)
+    }
+
+    #[test]
+    fn query_like_the_clients_send_it() {
+        // @pyroscope/nodejs: seconds; pyroscope-go: nanoseconds.
+        let p = params("name=app%7Benv%3Dprod%7D&from=1700000000&until=1700000010&spyName=nodespy&sampleRate=97").unwrap();
+        assert_eq!(p.name.app, "app");
+        assert_eq!(p.name.tags, vec![("env".to_string(), "prod".to_string())]);
+        assert_eq!(p.start_nanos, 1_700_000_000_000_000_000);
+        assert_eq!(p.end_nanos, 1_700_000_010_000_000_000);
+        assert_eq!(p.sample_rate, 97);
+        assert_eq!(p.spy_name, "nodespy");
+        let p = params("name=a&from=1700000000000000000&until=1700000010000000000&units=samples&aggregationType=sum").unwrap();
+        assert_eq!(p.end_nanos - p.start_nanos, 10_000_000_000);
+        assert_eq!(p.units.as_deref(), Some("samples"));
+        // Defaults.
+        let p = params("name=a").unwrap();
+        assert_eq!((p.start_nanos, p.end_nanos), (NOW, NOW));
+        assert_eq!(p.sample_rate, 100);
+        assert_eq!(p.spy_name, "unknown");
+        let p = params("name=a&from=1700000000").unwrap();
+        assert_eq!(p.end_nanos, NOW);
+        // Repeated keys: the first wins, as in Go.
+        assert_eq!(params("name=a&name=b").unwrap().name.app, "a");
+    }
+
+    #[test]
+    fn bad_queries() {
+        for (q, needle) in [
+            ("", "name"),
+            ("name=a%7Bx", "name"),
+            ("name=a&from=yesterday", "from"),
+            ("name=a&from=1700000010&until=1700000000", "until"),
+            ("name=a&sampleRate=-1", "sampleRate"),
+        ] {
+            let err = params(q).unwrap_err();
+            assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST);
+            assert!(err.to_string().contains(needle), "{q}: {err}");
+        }
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(kind("format=pprof", None), Ok(BodyKind::Pprof));
+        assert_eq!(
+            kind("", Some("multipart/form-data; boundary=x")),
+            Ok(BodyKind::Multipart)
+        );
+        assert_eq!(
+            kind("format=pprof", Some("multipart/form-data; boundary=x")),
+            Ok(BodyKind::Multipart)
+        );
+        assert_eq!(kind("", None), Ok(BodyKind::Text(TextFormat::Folded)));
+        assert_eq!(
+            kind("format=folded", None),
+            Ok(BodyKind::Text(TextFormat::Folded))
+        );
+        assert_eq!(
+            kind("format=lines", None),
+            Ok(BodyKind::Text(TextFormat::Lines))
+        );
+        let jfr = kind("format=jfr", Some("multipart/form-data; boundary=x")).unwrap_err();
+        assert_eq!(jfr.status(), axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert!(jfr.to_string().contains("JFR"), "{jfr}");
+        assert_eq!(
+            kind("", Some("binary/octet-stream+trie"))
+                .unwrap_err()
+                .status(),
+            axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE
+        );
+        assert_eq!(
+            kind("format=xml", None).unwrap_err().status(),
+            axum::http::StatusCode::BAD_REQUEST
+        );
+    }
+
+    fn node_wall_profile() -> Bytes {
+        let mut b = ProfileBuilder::new();
+        b.sample_type("samples", "count")
+            .sample_type("wall", "microseconds")
+            .period("wall", "microseconds", 10_000);
+        b.sample_root_first(["(program)"], vec![3, 30_000]);
+        pprof::gzip(&pprof::encode(&b.build()))
+    }
+
+    #[test]
+    fn pprof_body_becomes_one_envelope() {
+        let p =
+            params("name=web%7Bregion%3Deu%7D&from=1700000000&until=1700000010&spyName=nodespy")
+                .unwrap();
+        let raw = node_wall_profile();
+        let batch = pprof_batch(&p, raw.clone(), None, 1 << 20).unwrap();
+        assert_eq!(batch.len(), 1);
+        let e = &batch[0];
+        assert_eq!(
+            e.labels.to_selector_string(),
+            r#"{__delta__="false", __name__="wall", pyroscope_spy="nodespy", region="eu", service_name="web"}"#
+        );
+        assert_eq!(e.start_unix_nanos, 1_700_000_000_000_000_000);
+        assert_eq!(e.sample_types[1], ValueType::new("wall", "microseconds"));
+        assert_eq!(e.period, 10_000);
+        assert_eq!(e.payload.encoded().bytes, raw);
+        assert!(!e.payload.is_decoded());
+        assert!(
+            pprof_batch(&p, Bytes::new(), None, 1 << 20)
+                .unwrap()
+                .is_empty()
+        );
+        let err = pprof_batch(&p, raw.clone(), Some(b"[1,2]"), 1 << 20).unwrap_err();
+        assert!(err.error.to_string().contains("sample_type_config"));
+        let err = pprof_batch(&p, Bytes::from_static(b"not pprof"), None, 1 << 20).unwrap_err();
+        assert_eq!(err.error.status(), axum::http::StatusCode::BAD_REQUEST);
+        assert_eq!(err.profiles, 1);
+    }
+
+    #[test]
+    fn folded_body_becomes_a_pprof_profile() {
+        let p = params("name=rb.app.cpu%7Benv%3Dstaging%7D&from=1700000000&until=1700000010&spyName=rbspy&sampleRate=100").unwrap();
+        let batch = text_batch(
+            &p,
+            TextFormat::Folded,
+            Bytes::from_static(b"main;work 3\nmain;idle 1\n"),
+            1 << 20,
+        )
+        .unwrap();
+        let e = &batch[0];
+        assert_eq!(
+            e.labels.to_selector_string(),
+            r#"{__delta__="false", __name__="process_cpu", env="staging", pyroscope_spy="rbspy", service_name="rb.app"}"#
+        );
+        assert_eq!(e.sample_types, vec![ValueType::new("cpu", "nanoseconds")]);
+        assert_eq!(e.period_type, Some(ValueType::new("cpu", "nanoseconds")));
+        assert_eq!(e.period, 10_000_000);
+        let profile = e.payload.decoded().unwrap();
+        assert_eq!(profile.sample[0].value, vec![30_000_000]);
+        assert_eq!(profile.duration_nanos, 10_000_000_000);
+        // Gzipped text is read too; an unknown suffix is refused.
+        let gz = pprof::gzip(b"a;b 1\n");
+        assert_eq!(
+            text_batch(&p, TextFormat::Folded, gz, 1 << 20)
+                .unwrap()
+                .len(),
+            1
+        );
+        let bad = params("name=my.app").unwrap();
+        let err = text_batch(
+            &bad,
+            TextFormat::Folded,
+            Bytes::from_static(b"a 1"),
+            1 << 20,
+        )
+        .unwrap_err();
+        assert!(err.error.to_string().contains(".app"), "{}", err.error);
+        let err =
+            text_batch(&p, TextFormat::Folded, Bytes::from_static(b"a x"), 1 << 20).unwrap_err();
+        assert!(err.error.to_string().contains("line 1"), "{}", err.error);
+        assert!(
+            text_batch(&p, TextFormat::Folded, Bytes::new(), 1 << 20)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decoders_never_panic(body in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let p = params("name=a.cpu&sampleRate=100").unwrap();
+            let body = Bytes::from(body);
+            let _ = pprof_batch(&p, body.clone(), None, 4096);
+            let _ = pprof_batch(&p, body.clone(), Some(&body), 4096);
+            let _ = text_batch(&p, TextFormat::Folded, body.clone(), 4096);
+            let _ = text_batch(&p, TextFormat::Lines, body, 4096);
+        }
+
+        #[test]
+        fn query_never_panics(q in "[a-zA-Z=&%{}0-9,._-]{0,60}") {
+            if let Ok(uri) = format!("/ingest?{q}").parse::<Uri>()
+                && let Ok(p) = parse_params(&uri, NOW)
+            {
+                let _ = body_kind(&p.format, None);
+            }
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! The `pprof_push` receiver: accepts profiles the way Grafana Pyroscope does, so
+//! Pyroscope clients (pyroscope-go, @pyroscope/nodejs, pyroscope-rs and the
+//! agents built on it) can point at proflow unchanged.
+//!
+//! Endpoints:
+//! - `POST /ingest` and `POST /pyroscope/ingest`: the original Pyroscope API.
+//!   Query `name=app{k=v,...}`, `from`/`until`, `sampleRate`, `spyName`,
+//!   `units`, `aggregationType`, `format`. Bodies: raw pprof (plain or gzip),
+//!   `multipart/form-data` with a `profile` part (pyroscope-go, newer nodejs),
+//!   folded text (`format=folded`, the default) and `format=lines`.
+//! - `POST /push.v1.PusherService/Push`: Connect unary, binary
+//!   (`application/proto`) or JSON (`application/json`), optionally gzipped.
+//!
+//! Each pprof profile becomes one [`Envelope`](proflow_pipeline::model::Envelope)
+//! whose payload keeps the bytes as they arrived; only the metadata is scanned.
+//! All profiles of one request go to the pipeline as one batch, and the client
+//! hears success only once the pipeline took it.
+//!
+//! Module map: `server` (listener, routes, responses), `ingest` and `push`
+//! (one per API), `name`, `timestamp`, `folded`, `multipart`, `labels` and
+//! `profile_type` (the parsers and Pyroscope's labelling rules), `error`.
+
+mod error;
+mod folded;
+mod ingest;
+mod labels;
+mod multipart;
+mod name;
+mod profile_type;
+mod push;
+mod server;
+mod timestamp;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use proflow_config::ByteSize;
+use proflow_pipeline::component::{
+    BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, Resource, Validate,
+};
+use serde::Deserialize;
+
+pub use error::IngestError;
+pub use push::{LabelPair, PushRequest, PushResponse, RawProfileSeries, RawSample};
+pub use server::{LocalAddr, PprofPushReceiver};
+
+/// The Pyroscope default port.
+const DEFAULT_ENDPOINT: &str = "0.0.0.0:4040";
+
+/// Config of a `pprof_push` receiver.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PprofPushConfig {
+    /// Address to listen on, as `ip:port` (`localhost` is accepted as a host).
+    /// Defaults to `0.0.0.0:4040`, Pyroscope's port. Port 0 picks a free port.
+    pub endpoint: String,
+    /// Largest request body accepted as it arrives on the wire (before any
+    /// decompression); larger requests get 413.
+    pub max_request_body_size: ByteSize,
+    /// Largest size a request or profile may reach once decompressed; gzip data
+    /// that would grow past it is refused with 413 before more memory is used.
+    pub max_decompressed_size: ByteSize,
+}
+
+impl Default for PprofPushConfig {
+    fn default() -> Self {
+        PprofPushConfig {
+            endpoint: DEFAULT_ENDPOINT.to_owned(),
+            max_request_body_size: ByteSize::mib(16),
+            max_decompressed_size: ByteSize::mib(64),
+        }
+    }
+}
+
+/// Parses `ip:port`, also accepting `localhost:port`. Host names are not
+/// resolved: resolution at validation time would make configs depend on DNS.
+pub(crate) fn parse_endpoint(endpoint: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = endpoint.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if let Some(port) = endpoint.strip_prefix("localhost:")
+        && let Ok(port) = port.parse::<u16>()
+    {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    Err(format!(
+        "invalid endpoint {endpoint:?}: write an IP address and port such as 0.0.0.0:4040, 127.0.0.1:4040 or [::]:4040"
+    ))
+}
+
+impl Validate for PprofPushConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        if let Err(message) = parse_endpoint(&self.endpoint) {
+            problems.push(FieldError::new("endpoint", message));
+        }
+        if self.max_request_body_size.bytes() == 0 {
+            problems.push(FieldError::new(
+                "max_request_body_size",
+                "must be more than 0, such as 16MiB",
+            ));
+        }
+        if self.max_decompressed_size.bytes() == 0 {
+            problems.push(FieldError::new(
+                "max_decompressed_size",
+                "must be more than 0, such as 64MiB",
+            ));
+        } else if self.max_decompressed_size < self.max_request_body_size {
+            // An uncompressed profile that fits the request limit would
+            // otherwise still be refused as too large once "decompressed".
+            problems.push(FieldError::new(
+                "max_decompressed_size",
+                format!(
+                    "must be at least max_request_body_size ({}); raise it or lower max_request_body_size",
+                    self.max_request_body_size
+                ),
+            ));
+        }
+        problems
+    }
+}
+
+impl PprofPushConfig {
+    /// Builds the concrete receiver. [`ReceiverConfig::build`] boxes this; tests
+    /// and embedders keep the concrete type to learn the bound address through
+    /// [`PprofPushReceiver::local_addr`].
+    pub fn build_receiver(&self, ctx: &BuildContext) -> Result<PprofPushReceiver, BuildError> {
+        let endpoint = parse_endpoint(&self.endpoint)
+            .map_err(|e| BuildError::new(format!("receiver `{}`: {e}", ctx.id)))?;
+        Ok(PprofPushReceiver::new(
+            endpoint,
+            server::Limits {
+                max_request_body: self.max_request_body_size.as_usize(),
+                max_decompressed: self.max_decompressed_size.as_usize(),
+            },
+        ))
+    }
+}
+
+impl ReceiverConfig for PprofPushConfig {
+    fn resources(&self) -> Vec<Resource> {
+        match parse_endpoint(&self.endpoint) {
+            // Port 0 asks the OS for a fresh port, so it can never collide with
+            // another component; claiming it would make two such receivers
+            // (common in tests) fail validation for nothing.
+            Ok(addr) if addr.port() != 0 => vec![Resource::TcpListen(addr)],
+            _ => Vec::new(),
+        }
+    }
+
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Receiver>, BuildError> {
+        Ok(Box::new(self.build_receiver(ctx)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proflow_config::Node;
+    use proflow_pipeline::registry::Kind;
+
+    /// Reads a config body the way the binary does (through the registered
+    /// factory, so validation runs), then returns the typed config.
+    fn parse(yaml: &str) -> Result<PprofPushConfig, Vec<String>> {
+        let factory = crate::factories()
+            .into_iter()
+            .find(|f| f.kind == Kind::Receiver && f.type_name == "pprof_push")
+            .expect("factory is registered");
+        let node = Node::parse(yaml).map_err(|e| vec![e.to_string()])?;
+        factory
+            .parse(&node, "receivers.pprof_push")
+            .map_err(|errors| {
+                errors
+                    .into_iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+            })?;
+        proflow_config::from_node(&node, "receivers.pprof_push").map_err(|e| vec![e.to_string()])
+    }
+
+    #[test]
+    fn defaults_match_pyroscope() {
+        let c = parse("{}").unwrap();
+        assert_eq!(c, PprofPushConfig::default());
+        assert_eq!(c.endpoint, "0.0.0.0:4040");
+        assert_eq!(c.max_request_body_size, ByteSize::mib(16));
+        assert_eq!(c.max_decompressed_size, ByteSize::mib(64));
+        assert_eq!(
+            c.resources(),
+            vec![Resource::TcpListen("0.0.0.0:4040".parse().unwrap())]
+        );
+    }
+
+    #[test]
+    fn fields_are_read_and_unknown_fields_refused() {
+        let c = parse(
+            "endpoint: localhost:5050\nmax_request_body_size: 1MiB\nmax_decompressed_size: 2MiB\n",
+        )
+        .unwrap();
+        assert_eq!(
+            parse_endpoint(&c.endpoint).unwrap().to_string(),
+            "127.0.0.1:5050"
+        );
+        assert_eq!(c.max_request_body_size, ByteSize::mib(1));
+        let errors = parse("endpoint: 0.0.0.0:4040\nmax_body: 1MiB\n").unwrap_err();
+        assert!(errors.iter().any(|e| e.contains("max_body")), "{errors:?}");
+    }
+
+    #[test]
+    fn validation_reports_every_problem() {
+        let errors =
+            parse("endpoint: example.com:80\nmax_request_body_size: 0\nmax_decompressed_size: 0\n")
+                .unwrap_err();
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(errors[0].contains("endpoint"), "{errors:?}");
+        let errors =
+            parse("max_request_body_size: 32MiB\nmax_decompressed_size: 16MiB\n").unwrap_err();
+        assert!(errors[0].contains("max_decompressed_size"), "{errors:?}");
+    }
+
+    #[test]
+    fn port_zero_claims_nothing() {
+        let c = PprofPushConfig {
+            endpoint: "127.0.0.1:0".into(),
+            ..PprofPushConfig::default()
+        };
+        assert!(c.validate().is_empty());
+        assert!(c.resources().is_empty());
+    }
+}

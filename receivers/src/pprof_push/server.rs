@@ -1,0 +1,363 @@
+//! The running `pprof_push` receiver: the listener, the routes and the path of
+//! every request: check method and headers, read the body within
+//! `max_request_body_size`, decode on a blocking thread (gunzip and protobuf
+//! scans are CPU work that must not stall the async workers), hand the batch
+//! to the pipeline once, answer.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use proflow_pipeline::component::{
+    BuildError, ConsumeError, Consumer, Receiver, ReceiverContext, ServeFuture,
+};
+use proflow_pipeline::model::{Batch, batch_bytes, now_unix_nanos};
+use proflow_pipeline::pprof;
+use proflow_pipeline::telemetry::ReceiverTelemetry;
+
+use super::error::{IngestError, Refused};
+use super::ingest::{self, BodyKind};
+use super::multipart::read_form;
+use super::push::{self, Codec};
+
+/// Size limits of one receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    pub max_request_body: usize,
+    pub max_decompressed: usize,
+}
+
+/// The address a receiver listens on, known once [`Receiver::start`] has
+/// bound it (which is when `start` returns `Ok`).
+///
+/// It exists because `start` consumes the receiver and the pipeline only sees
+/// `Box<dyn Receiver>`: whoever builds the concrete [`PprofPushReceiver`] takes
+/// this handle first and reads the real port afterwards, which is what tests
+/// with `endpoint: 127.0.0.1:0` need. The address is also logged at start.
+#[derive(Debug, Clone, Default)]
+pub struct LocalAddr(Arc<OnceLock<SocketAddr>>);
+
+impl LocalAddr {
+    /// The bound address, or `None` before the receiver started.
+    pub fn get(&self) -> Option<SocketAddr> {
+        self.0.get().copied()
+    }
+}
+
+/// A built, not yet started `pprof_push` receiver.
+#[derive(Debug)]
+pub struct PprofPushReceiver {
+    endpoint: SocketAddr,
+    limits: Limits,
+    local_addr: LocalAddr,
+}
+
+impl PprofPushReceiver {
+    pub(crate) fn new(endpoint: SocketAddr, limits: Limits) -> Self {
+        PprofPushReceiver {
+            endpoint,
+            limits,
+            local_addr: LocalAddr::default(),
+        }
+    }
+
+    /// A handle to the address this receiver will be bound to.
+    pub fn local_addr(&self) -> LocalAddr {
+        self.local_addr.clone()
+    }
+}
+
+#[async_trait]
+impl Receiver for PprofPushReceiver {
+    async fn start(self: Box<Self>, ctx: ReceiverContext) -> Result<ServeFuture, BuildError> {
+        let listener = tokio::net::TcpListener::bind(self.endpoint)
+            .await
+            .map_err(|e| {
+                BuildError::new(format!(
+                    "receiver `{}`: cannot listen on {}: {e}",
+                    ctx.id, self.endpoint
+                ))
+            })?;
+        let addr = listener.local_addr().map_err(|e| {
+            BuildError::new(format!(
+                "receiver `{}`: cannot read the address bound for {}: {e}",
+                ctx.id, self.endpoint
+            ))
+        })?;
+        let _ = self.local_addr.0.set(addr);
+        tracing::info!(receiver = %ctx.id, %addr, "pprof_push receiver listening");
+        let shared = Arc::new(Shared {
+            id: ctx.id.clone(),
+            limits: self.limits,
+            consumer: ctx.consumer,
+            telemetry: ctx.telemetry,
+        });
+        let app = router(shared);
+        let shutdown = ctx.shutdown;
+        let id = ctx.id;
+        Ok(Box::pin(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await;
+            match served {
+                Ok(()) => tracing::info!(receiver = %id, "pprof_push receiver stopped"),
+                Err(e) => tracing::error!(receiver = %id, error = %e, "pprof_push receiver failed"),
+            }
+        }))
+    }
+}
+
+/// What every request handler shares.
+struct Shared {
+    id: String,
+    limits: Limits,
+    consumer: Arc<dyn Consumer>,
+    telemetry: ReceiverTelemetry,
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    // `any` rather than `post`: a wrong method gets our JSON 405 and is counted.
+    Router::new()
+        .route("/ingest", any(ingest_handler))
+        .route("/pyroscope/ingest", any(ingest_handler))
+        .route("/push.v1.PusherService/Push", any(push_handler))
+        .fallback(not_found_handler)
+        .with_state(shared)
+}
+
+async fn ingest_handler(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let outcome = shared.ingest(req).await;
+    shared.answer(outcome)
+}
+
+async fn push_handler(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let outcome = shared.push(req).await;
+    shared.answer(outcome)
+}
+
+async fn not_found_handler(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let path = req.uri().path().to_owned();
+    shared.answer(Err(IngestError::NotFound { path }.into()))
+}
+
+/// The request's `Content-Encoding`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ContentEncoding {
+    Identity,
+    Gzip,
+}
+
+impl ContentEncoding {
+    fn from_headers(headers: &HeaderMap) -> Result<Self, IngestError> {
+        let Some(value) = headers.get(header::CONTENT_ENCODING) else {
+            return Ok(ContentEncoding::Identity);
+        };
+        let value = value.to_str().unwrap_or("").trim().to_ascii_lowercase();
+        match value.as_str() {
+            "" | "identity" => Ok(ContentEncoding::Identity),
+            "gzip" | "x-gzip" => Ok(ContentEncoding::Gzip),
+            other => Err(IngestError::UnsupportedMediaType(format!(
+                "unsupported Content-Encoding {other:?}: send gzip or uncompressed (identity) bodies"
+            ))),
+        }
+    }
+
+    /// Undoes the encoding; gzip is inflated up to `limit` bytes at most.
+    fn decode(self, body: Bytes, limit: usize) -> Result<Bytes, IngestError> {
+        match self {
+            ContentEncoding::Identity => Ok(body),
+            ContentEncoding::Gzip => {
+                let mut out = Vec::new();
+                pprof::gunzip_into(&body, limit, &mut out)
+                    .map_err(|e| IngestError::from_decode("the gzip request body", e))?;
+                Ok(Bytes::from(out))
+            }
+        }
+    }
+}
+
+fn header_text(headers: &HeaderMap, name: header::HeaderName) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+fn require_post(req: &Request) -> Result<(), IngestError> {
+    if req.method() == Method::POST {
+        Ok(())
+    } else {
+        Err(IngestError::MethodNotAllowed {
+            method: req.method().to_string(),
+            path: req.uri().path().to_owned(),
+        })
+    }
+}
+
+/// Runs CPU-bound decoding on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Refused> + Send + 'static,
+) -> Result<T, Refused> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        Refused::from(IngestError::Internal(format!(
+            "the decoding task failed: {e}"
+        )))
+    })?
+}
+
+impl Shared {
+    /// Reads the whole body, refusing as soon as it passes the limit: the
+    /// declared `Content-Length` is checked first, and the stream is cut at
+    /// the limit whatever it declared, so memory never exceeds the limit.
+    async fn read_body(&self, headers: &HeaderMap, body: Body) -> Result<Bytes, IngestError> {
+        let limit = self.limits.max_request_body;
+        let too_large = IngestError::BodyTooLarge { limit };
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > limit as u64) {
+            return Err(too_large);
+        }
+        match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large),
+            Err(e) => Err(IngestError::bad_request(format!(
+                "could not read the request body ({e}); send it again"
+            ))),
+        }
+    }
+
+    async fn ingest(&self, req: Request) -> Result<Response, Refused> {
+        require_post(&req)?;
+        let now = now_unix_nanos();
+        let (parts, body) = req.into_parts();
+        let content_type = header_text(&parts.headers, header::CONTENT_TYPE);
+        // Everything the query and headers can refuse is refused before the
+        // body is read.
+        let params = ingest::parse_params(&parts.uri, now)?;
+        let kind = ingest::body_kind(&params.format, content_type.as_deref())?;
+        let encoding = ContentEncoding::from_headers(&parts.headers)?;
+        let body = self.read_body(&parts.headers, body).await?;
+        let max = self.limits.max_decompressed;
+        let batch = match kind {
+            BodyKind::Multipart => {
+                let body = match encoding {
+                    ContentEncoding::Identity => body,
+                    encoding => blocking(move || Ok(encoding.decode(body, max)?)).await?,
+                };
+                let content_type = content_type.unwrap_or_default();
+                let form = read_form(&content_type, body, self.limits.max_request_body).await?;
+                let profile = form.profile.ok_or_else(|| {
+                    IngestError::bad_request(
+                        "the multipart body has no `profile` part; send the pprof bytes in a part named profile",
+                    )
+                })?;
+                blocking(move || {
+                    ingest::pprof_batch(&params, profile, form.sample_type_config.as_deref(), max)
+                })
+                .await?
+            }
+            BodyKind::Pprof => {
+                blocking(move || {
+                    let body = encoding.decode(body, max)?;
+                    ingest::pprof_batch(&params, body, None, max)
+                })
+                .await?
+            }
+            BodyKind::Text(format) => {
+                blocking(move || {
+                    let body = encoding.decode(body, max)?;
+                    ingest::text_batch(&params, format, body, max)
+                })
+                .await?
+            }
+        };
+        self.deliver(batch).await?;
+        Ok(StatusCode::OK.into_response())
+    }
+
+    async fn push(&self, req: Request) -> Result<Response, Refused> {
+        require_post(&req)?;
+        let (parts, body) = req.into_parts();
+        let codec =
+            Codec::from_content_type(header_text(&parts.headers, header::CONTENT_TYPE).as_deref())?;
+        let encoding = ContentEncoding::from_headers(&parts.headers)?;
+        let body = self.read_body(&parts.headers, body).await?;
+        let max = self.limits.max_decompressed;
+        let now = now_unix_nanos();
+        let batch = blocking(move || {
+            let plain = encoding.decode(body, max)?;
+            let request = push::decode_request(codec, plain)?;
+            push::to_batch(request, max, now)
+        })
+        .await?;
+        self.deliver(batch).await?;
+        Ok((
+            [(header::CONTENT_TYPE, codec.content_type())],
+            codec.empty_response(),
+        )
+            .into_response())
+    }
+
+    /// Hands one request's profiles to the pipeline, once.
+    async fn deliver(&self, batch: Batch) -> Result<(), Refused> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let profiles = batch.len() as u64;
+        let bytes = batch_bytes(&batch) as u64;
+        match self.consumer.consume(batch).await {
+            Ok(()) => {
+                self.telemetry.accepted(profiles, bytes);
+                Ok(())
+            }
+            Err(ConsumeError::Backpressure {
+                exporter,
+                retry_after,
+            }) => Err(Refused {
+                error: IngestError::Backpressure {
+                    retry_after,
+                    detail: format!(
+                        "the collector is busy: exporter `{exporter}` is behind and its queue is full"
+                    ),
+                },
+                profiles,
+            }),
+            Err(ConsumeError::ShuttingDown) => Err(Refused {
+                error: IngestError::ShuttingDown,
+                profiles,
+            }),
+        }
+    }
+
+    /// The response for an outcome; refusals are counted and logged.
+    fn answer(&self, outcome: Result<Response, Refused>) -> Response {
+        match outcome {
+            Ok(response) => response,
+            Err(Refused { error, profiles }) => {
+                self.telemetry.refused(error.reason(), profiles);
+                if matches!(error, IngestError::Internal(_)) {
+                    tracing::error!(receiver = %self.id, error = %error, "request failed");
+                } else {
+                    tracing::debug!(
+                        receiver = %self.id,
+                        status = error.status().as_u16(),
+                        reason = error.reason(),
+                        message = %error,
+                        "request refused"
+                    );
+                }
+                error.into_response()
+            }
+        }
+    }
+}
