@@ -116,7 +116,10 @@ fn load(path: &Path) -> anyhow::Result<Plan> {
 fn init_logging(level: &str, format: LogFormat) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .with_context(|| format!("invalid service.telemetry.log_level {level:?}: use trace, debug, info, warn or error"))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
     let result = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
