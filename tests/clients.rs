@@ -1,0 +1,218 @@
+//! The real Pyroscope clients (`pyroscope-io` for Python, `@pyroscope/nodejs`)
+//! push to proflow's `pprof_push` receiver; a `relabel` processor adds
+//! `team=core`; the `file` exporter writes the profiles. The files must carry
+//! the client's labels plus `team=core`, be readable by `go tool pprof`, and
+//! show the programs' hot function with more samples than the warm one.
+//!
+//! The client programs live in `tests/peers/apps/`; `tests/peers/install-clients`
+//! installs the client libraries (see `common::clients`).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{IndexEntry, Proflow};
+
+/// How long each client program burns CPU.
+const RUN_SECONDS: &str = "3";
+/// A client run must end well within this.
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The client (`python_client` or `node_client`) and Go, or `None` when
+/// missing and skipping is allowed.
+fn peers(client: fn() -> Result<PathBuf, String>, what: &str) -> Option<(PathBuf, PathBuf)> {
+    let client = match client() {
+        Ok(c) => c,
+        Err(why) => return common::missing_peer(&format!("{what}: {why}")),
+    };
+    let go = match common::go() {
+        Ok(go) => go,
+        Err(why) => return common::missing_peer(&why),
+    };
+    Some((client, go))
+}
+
+/// What one client's files must show.
+struct Expect<'a> {
+    app: &'a str,
+    /// The `peer` tag the program sets.
+    peer_tag: &'a str,
+    /// The `__name__` of its profiles.
+    name: &'a str,
+    /// Sample types (`type` of `sample_types` in the index) every file has.
+    sample_types: &'a [&'a str],
+    hot: &'a str,
+    warm: &'a str,
+}
+
+/// Checks what a client run produced: labels, readable files, hot > warm.
+fn check_files(proflow: &Proflow, go: &std::path::Path, want: Expect<'_>) {
+    let Expect {
+        app,
+        peer_tag,
+        name,
+        sample_types,
+        hot,
+        warm,
+    } = want;
+    let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
+    // The client flushed before it exited; give the pipeline a moment to write
+    // every profile it accepted, so the proportions use all of them.
+    let entries = settle(proflow, app, entries);
+
+    for e in &entries {
+        assert_eq!(
+            e.label("team"),
+            Some("core"),
+            "relabel should add team=core: {:?}",
+            e.raw
+        );
+        assert_eq!(e.label("__name__"), Some(name), "__name__: {:?}", e.raw);
+        let types: Vec<&str> = e
+            .raw
+            .get("sample_types")
+            .and_then(|t| t.as_array())
+            .map(|t| t.iter().filter_map(|t| t.get("type")?.as_str()).collect())
+            .unwrap_or_default();
+        for ty in sample_types {
+            assert!(
+                types.contains(ty),
+                "sample type {ty} missing from the index entry: {:?}",
+                e.raw
+            );
+        }
+        assert_eq!(
+            e.label("peer"),
+            Some(peer_tag),
+            "the client's own tag is kept: {:?}",
+            e.raw
+        );
+        assert!(
+            e.path.starts_with(&proflow.profiles),
+            "{} is outside the exporter directory",
+            e.path.display()
+        );
+        assert!(
+            e.path
+                .to_str()
+                .is_some_and(|p| p.ends_with(".pb.gz") && p.contains(&format!("/{app}/"))),
+            "files go to <dir>/<service_name>/*.pb.gz, got {}",
+            e.path.display()
+        );
+    }
+
+    let files: Vec<PathBuf> = entries.iter().map(|e| e.path.clone()).collect();
+    let (totals, traces) = common::pprof_trace_totals(go, &files, &[hot, warm]);
+    let (hot_total, warm_total) = (totals[0], totals[1]);
+    assert!(
+        hot_total > 0.0,
+        "{hot} does not appear in go tool pprof -traces:\n{traces}"
+    );
+    assert!(
+        warm_total > 0.0,
+        "{warm} does not appear in go tool pprof -traces:\n{traces}"
+    );
+    // The program spends about 75% in the hot function and 25% in the warm
+    // one; only the order is asserted, sampling is noisy.
+    assert!(
+        hot_total > warm_total,
+        "{hot} ({hot_total}) should have more samples than {warm} ({warm_total}):\n{traces}"
+    );
+    eprintln!(
+        "{app}: {} file(s), {hot}={hot_total:.0} {warm}={warm_total:.0} ({:.0}% hot)",
+        files.len(),
+        100.0 * hot_total / (hot_total + warm_total)
+    );
+}
+
+/// Waits (bounded) until the number of index entries for `app` has not grown
+/// for a second, then returns them.
+fn settle(proflow: &Proflow, app: &str, mut entries: Vec<IndexEntry>) -> Vec<IndexEntry> {
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = proflow.wait_for_files(entries.len(), |e| e.label("service_name") == Some(app));
+        if now.len() == entries.len() {
+            break;
+        }
+        entries = now;
+    }
+    entries
+}
+
+#[test]
+fn python_client_pushes_through_relabel_to_files() {
+    let Some((python, go)) = peers(common::python_client, "pyroscope-io") else {
+        return;
+    };
+    let proflow = Proflow::start_default("");
+    let app = common::unique_name("py-e2e");
+    let log = proflow.dir.path().join("python-client.log");
+    let (status, output) = common::run_bounded(
+        Command::new(&python)
+            .arg(common::peers_dir().join("apps/python/main.py"))
+            .args(["--server", &proflow.receiver_url("")])
+            .args(["--app-name", &app])
+            .arg(RUN_SECONDS),
+        &log,
+        RUN_TIMEOUT,
+    );
+    assert!(
+        status.success(),
+        "python client failed ({status}):\n{output}"
+    );
+    check_files(
+        &proflow,
+        &go,
+        Expect {
+            app: &app,
+            peer_tag: "python",
+            name: "process_cpu",
+            sample_types: &["cpu"],
+            hot: "py_hot_loop",
+            warm: "py_warm_loop",
+        },
+    );
+}
+
+#[test]
+fn node_client_pushes_through_relabel_to_files() {
+    let Some((node_modules, go)) = peers(common::node_client, "@pyroscope/nodejs") else {
+        return;
+    };
+    let proflow = Proflow::start_default("");
+    let app = common::unique_name("node-e2e");
+    let log = proflow.dir.path().join("node-client.log");
+    let node = std::env::var_os("NODE").unwrap_or_else(|| "node".into());
+    let (status, output) = common::run_bounded(
+        Command::new(node)
+            .env("NODE_PATH", &node_modules)
+            // Lets the client log failed uploads.
+            .env("DEBUG", "pyroscope")
+            .arg(common::peers_dir().join("apps/node/main.js"))
+            .args(["--server", &proflow.receiver_url("")])
+            .args(["--app-name", &app])
+            .arg(RUN_SECONDS),
+        &log,
+        RUN_TIMEOUT,
+    );
+    assert!(status.success(), "node client failed ({status}):\n{output}");
+    assert!(
+        !output.contains("rejected") && !output.contains("Error sending"),
+        "the node client reports failed uploads:\n{output}"
+    );
+    // Wall-clock profiles with CPU time collected: one profile, three types.
+    check_files(
+        &proflow,
+        &go,
+        Expect {
+            app: &app,
+            peer_tag: "node",
+            name: "wall",
+            sample_types: &["samples", "wall", "cpu"],
+            hot: "nodeHotLoop",
+            warm: "nodeWarmLoop",
+        },
+    );
+}

@@ -1,0 +1,952 @@
+//! Helpers shared by the end-to-end tests: start the real `proflow` binary on
+//! free loopback ports with a config in a temporary directory, wait until it is
+//! ready, talk HTTP to it, read what the file exporter wrote, and find the real
+//! peer programs (Pyroscope clients, `go tool pprof`).
+//!
+//! Every spawned process is killed when its guard is dropped. Waits are bounded.
+//! A missing peer fails the test; only `PROFLOW_SKIP_PEERS=1` outside CI turns
+//! that into a loud skip.
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read as _;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// How long the binary may take to report ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a pushed profile may take to appear as a file.
+pub const FILE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A free port on 127.0.0.1: bound, read, released. Another process could take
+/// it before proflow binds it; [`Proflow::start`] retries with fresh ports
+/// when the binary reports the address in use.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener
+        .local_addr()
+        .expect("local_addr of a bound listener")
+        .port()
+}
+
+/// The addresses and directories one proflow instance gets.
+#[derive(Debug, Clone)]
+pub struct Ports {
+    /// `receivers.pprof_push.endpoint`.
+    pub receiver: SocketAddr,
+    /// `service.telemetry.address`.
+    pub telemetry: SocketAddr,
+}
+
+impl Ports {
+    fn fresh() -> Self {
+        Ports {
+            receiver: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            telemetry: SocketAddr::from(([127, 0, 0, 1], free_port())),
+        }
+    }
+}
+
+/// The usual test pipeline: `pprof_push` → optional processors → `file`.
+/// `receiver_extra` is YAML spliced into the receiver's body (indented 4).
+pub fn file_pipeline_config(
+    ports: &Ports,
+    profiles_dir: &Path,
+    receiver_extra: &str,
+    relabel_team: bool,
+) -> String {
+    let mut yaml = format!(
+        "receivers:\n  pprof_push:\n    endpoint: {}\n",
+        ports.receiver
+    );
+    for line in receiver_extra.lines().filter(|l| !l.trim().is_empty()) {
+        yaml.push_str("    ");
+        yaml.push_str(line);
+        yaml.push('\n');
+    }
+    if relabel_team {
+        yaml.push_str(
+            "processors:\n  relabel/team:\n    relabel_configs:\n      - {action: replace, target_label: team, replacement: core}\n",
+        );
+    }
+    yaml.push_str(&format!(
+        "exporters:\n  file:\n    directory: {}\n",
+        profiles_dir.display()
+    ));
+    yaml.push_str(&format!(
+        "service:\n  telemetry:\n    address: {}\n    log_level: info\n  pipelines:\n    profiles:\n      receivers: [pprof_push]\n",
+        ports.telemetry
+    ));
+    if relabel_team {
+        yaml.push_str("      processors: [relabel/team]\n");
+    }
+    yaml.push_str("      exporters: [file]\n");
+    yaml
+}
+
+/// A running `proflow run -c FILE`, killed on drop.
+#[derive(Debug)]
+pub struct Proflow {
+    child: Child,
+    /// The test's own directory (config, log, profiles); removed on drop.
+    pub dir: TempDir,
+    pub ports: Ports,
+    /// Where the `file` exporter writes (`<dir>/profiles`).
+    pub profiles: PathBuf,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    http: reqwest::blocking::Client,
+    log_on_panic: bool,
+}
+
+impl Proflow {
+    /// The standard pipeline ([`file_pipeline_config`]) with the relabel
+    /// processor adding `team=core`.
+    pub fn start_default(receiver_extra: &str) -> Proflow {
+        Proflow::start(|ports, profiles| {
+            file_pipeline_config(ports, profiles, receiver_extra, true)
+        })
+    }
+
+    /// Writes the config `make_config(ports, profiles_dir)` returns into a fresh
+    /// temporary directory, starts the binary and waits until `/readyz` says
+    /// 200. Panics with the binary's log when it does not get ready in time.
+    pub fn start(make_config: impl FnMut(&Ports, &Path) -> String) -> Proflow {
+        Proflow::start_with_args(&["run"], make_config)
+    }
+
+    /// Like [`Proflow::start`], with `args` (e.g. `["run"]`, or none) before `-c FILE`.
+    pub fn start_with_args(
+        args: &[&str],
+        mut make_config: impl FnMut(&Ports, &Path) -> String,
+    ) -> Proflow {
+        let dir = tempfile::Builder::new()
+            .prefix("proflow-e2e-")
+            .tempdir()
+            .expect("create a temporary directory");
+        let profiles = dir.path().join("profiles");
+        let config = dir.path().join("proflow.yaml");
+        let mut dir = dir;
+        let mut last_log = String::new();
+        for attempt in 1..=3 {
+            let ports = Ports::fresh();
+            std::fs::write(&config, make_config(&ports, &profiles)).expect("write the config");
+            let log = dir.path().join(format!("proflow-{attempt}.log"));
+            let child = spawn_logged(
+                Command::new(env!("CARGO_BIN_EXE_proflow"))
+                    .args(args)
+                    .arg("-c")
+                    .arg(&config),
+                &log,
+            );
+            let mut proflow = Proflow {
+                child,
+                dir,
+                ports,
+                profiles: profiles.clone(),
+                config: config.clone(),
+                log,
+                http: http_client(),
+                log_on_panic: true,
+            };
+            match proflow.wait_ready() {
+                Ok(()) => return proflow,
+                Err(why) => {
+                    last_log = proflow.log_text();
+                    let port_taken = last_log.contains("in use");
+                    proflow.kill();
+                    if port_taken && attempt < 3 {
+                        eprintln!(
+                            "proflow could not bind its ports (attempt {attempt}), retrying with fresh ones"
+                        );
+                        dir = proflow.take_dir();
+                        continue;
+                    }
+                    proflow.log_on_panic = false;
+                    panic!(
+                        "proflow did not get ready: {why}\nconfig:\n{}\nlog:\n{last_log}",
+                        std::fs::read_to_string(&config).unwrap_or_default()
+                    );
+                }
+            }
+        }
+        unreachable!("the loop returns or panics; last log:\n{last_log}")
+    }
+
+    fn take_dir(mut self) -> TempDir {
+        // Move the directory out; Drop then has nothing left to kill.
+        let replacement = tempfile::tempdir().expect("create a temporary directory");
+        std::mem::replace(&mut self.dir, replacement)
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let url = format!("http://{}/readyz", self.ports.telemetry);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut last = String::from("no answer yet");
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("the binary exited with {status}"));
+            }
+            match self.http.get(&url).send() {
+                Ok(resp) if resp.status().as_u16() == 200 => return Ok(()),
+                Ok(resp) => last = format!("GET {url} answered {}", resp.status()),
+                Err(e) => last = format!("GET {url} failed: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(format!("not ready after {READY_TIMEOUT:?}; last: {last}"))
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Everything the binary wrote to stdout and stderr so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(cannot read log: {e})"))
+    }
+
+    /// `http://<receiver>` followed by `path_and_query`.
+    pub fn receiver_url(&self, path_and_query: &str) -> String {
+        format!("http://{}{path_and_query}", self.ports.receiver)
+    }
+
+    pub fn http(&self) -> &reqwest::blocking::Client {
+        &self.http
+    }
+
+    /// POSTs `body` to the receiver with the given headers.
+    pub fn post(&self, path_and_query: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
+        let url = self.receiver_url(path_and_query);
+        let mut req = self.http.post(&url).body(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req
+            .send()
+            .unwrap_or_else(|e| panic!("POST {url} failed: {e}\nlog:\n{}", self.log_text()));
+        Reply::read(resp)
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub fn metrics(&self) -> String {
+        let url = format!("http://{}/metrics", self.ports.telemetry);
+        let resp = self
+            .http
+            .get(&url)
+            .send()
+            .unwrap_or_else(|e| panic!("GET {url} failed: {e}"));
+        assert_eq!(resp.status().as_u16(), 200, "GET {url}");
+        resp.text().expect("read /metrics")
+    }
+
+    /// Waits until the file exporter's index has at least `min` entries
+    /// matching `pred` and their files exist; then returns them all (the
+    /// matching ones). Panics with the log and the index after [`FILE_TIMEOUT`].
+    pub fn wait_for_files(
+        &self,
+        min: usize,
+        pred: impl Fn(&IndexEntry) -> bool,
+    ) -> Vec<IndexEntry> {
+        let deadline = Instant::now() + FILE_TIMEOUT;
+        loop {
+            let entries: Vec<IndexEntry> = read_index(&self.profiles)
+                .into_iter()
+                .filter(|e| pred(e))
+                .collect();
+            if entries.len() >= min && entries.iter().all(|e| e.path.is_file()) {
+                return entries;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "after {FILE_TIMEOUT:?}, {} matching index entries (want {min}) under {}\nindex:\n{}\nfiles: {:?}\nlog:\n{}",
+                    entries.len(),
+                    self.profiles.display(),
+                    std::fs::read_to_string(self.profiles.join("index.jsonl")).unwrap_or_default(),
+                    list_files(&self.profiles),
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Proflow {
+    fn drop(&mut self) {
+        self.kill();
+        if self.log_on_panic && std::thread::panicking() {
+            eprintln!(
+                "---- proflow log ({}) ----\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+    }
+}
+
+/// A blocking HTTP client with a bounded timeout and no proxy.
+pub fn http_client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .no_proxy()
+        .build()
+        .expect("build the HTTP client")
+}
+
+/// An HTTP answer, read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    fn read(resp: reqwest::blocking::Response) -> Reply {
+        let status = resp.status().as_u16();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let body = resp.bytes().map(|b| b.to_vec()).unwrap_or_default();
+        Reply {
+            status,
+            content_type,
+            body,
+        }
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// Asserts the status; the message shows the body.
+    pub fn expect_status(&self, status: u16, what: &str) -> &Self {
+        assert_eq!(
+            self.status,
+            status,
+            "{what}: expected HTTP {status}, got {} with body {:?}",
+            self.status,
+            self.text()
+        );
+        self
+    }
+
+    /// Asserts the body is the JSON error `{"code": …, "message": …}` with a
+    /// non-empty code and message; returns them.
+    pub fn expect_json_error(&self, what: &str) -> (String, String) {
+        let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "{what}: error body is not JSON ({e}); content-type {:?}, body {:?}",
+                self.content_type,
+                self.text()
+            )
+        });
+        let code = match v.get("code") {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            other => panic!("{what}: error body has no code (got {other:?}): {v}"),
+        };
+        let message = match v.get("message") {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            other => panic!("{what}: error body has no message string (got {other:?}): {v}"),
+        };
+        assert!(!code.is_empty(), "{what}: empty code in {v}");
+        assert!(!message.is_empty(), "{what}: empty message in {v}");
+        assert!(
+            self.content_type.starts_with("application/json"),
+            "{what}: error content-type is {:?}, expected application/json",
+            self.content_type
+        );
+        (code, message)
+    }
+}
+
+/// One line of the file exporter's `index.jsonl`.
+#[derive(Debug, Clone)]
+pub struct IndexEntry {
+    /// The profile file, absolute.
+    pub path: PathBuf,
+    pub labels: BTreeMap<String, String>,
+    pub raw: serde_json::Value,
+}
+
+impl IndexEntry {
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels.get(name).map(String::as_str)
+    }
+}
+
+/// The entries of `<dir>/index.jsonl` (none if it does not exist yet). A
+/// trailing line still being written is ignored; any other bad line panics.
+pub fn read_index(dir: &Path) -> Vec<IndexEntry> {
+    let Ok(text) = std::fs::read_to_string(dir.join("index.jsonl")) else {
+        return Vec::new();
+    };
+    let complete = match text.rfind('\n') {
+        Some(i) => &text[..=i],
+        None => "",
+    };
+    complete
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let raw: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("index.jsonl line is not JSON ({e}): {line}"));
+            let path = raw
+                .get("path")
+                .and_then(|p| p.as_str())
+                .unwrap_or_else(|| panic!("index.jsonl line has no string `path`: {line}"));
+            let path = if Path::new(path).is_absolute() {
+                PathBuf::from(path)
+            } else {
+                dir.join(path)
+            };
+            let labels = labels_of(raw.get("labels"))
+                .unwrap_or_else(|| panic!("index.jsonl line has no readable `labels`: {line}"));
+            IndexEntry { path, labels, raw }
+        })
+        .collect()
+}
+
+/// Labels written as an object `{name: value}`, a list of `{name, value}`
+/// objects, or a list of `[name, value]` pairs.
+fn labels_of(v: Option<&serde_json::Value>) -> Option<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    match v? {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                out.insert(k.clone(), v.as_str()?.to_owned());
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                let (k, v) = match item {
+                    serde_json::Value::Object(o) => (o.get("name")?, o.get("value")?),
+                    serde_json::Value::Array(pair) if pair.len() == 2 => (&pair[0], &pair[1]),
+                    _ => return None,
+                };
+                out.insert(k.as_str()?.to_owned(), v.as_str()?.to_owned());
+            }
+        }
+        _ => return None,
+    }
+    Some(out)
+}
+
+/// Every file under `dir`, relative, for failure messages.
+pub fn list_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap_or(&p).display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Decodes a profile file the exporter wrote (gzipped pprof).
+pub fn read_profile(path: &Path) -> proflow_pipeline::pprof::Profile {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    assert!(
+        proflow_pipeline::pprof::is_gzip(&bytes),
+        "{} is not gzipped",
+        path.display()
+    );
+    proflow_pipeline::pprof::decode(&bytes.into(), 256 << 20)
+        .unwrap_or_else(|e| panic!("{} is not a pprof profile: {e}", path.display()))
+}
+
+/// The function names a profile's samples reference.
+pub fn function_names(profile: &proflow_pipeline::pprof::Profile) -> Vec<String> {
+    let mut names: Vec<String> = proflow_pipeline::pprof::stacks_root_first(profile)
+        .flat_map(|(frames, _)| frames.into_iter().map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Starts `cmd` with stdin closed and stdout and stderr appended to `log`.
+fn spawn_logged(cmd: &mut Command, log: &Path) -> Child {
+    let out = File::create(log).expect("create the log file");
+    let err = out.try_clone().expect("clone the log file handle");
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"))
+}
+
+/// A child process killed when dropped.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `cmd` to completion within `timeout`, stdout and stderr captured to
+/// `log`; kills it if it overruns. Returns its status and output.
+pub fn run_bounded(cmd: &mut Command, log: &Path, timeout: Duration) -> (ExitStatus, String) {
+    let mut child = KillOnDrop(spawn_logged(cmd, log));
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.0.try_wait().expect("wait for the child") {
+            let mut out = String::new();
+            if let Ok(mut f) = File::open(log) {
+                let _ = f.read_to_string(&mut out);
+            }
+            return (status, out);
+        }
+        if Instant::now() >= deadline {
+            drop(child);
+            panic!(
+                "{cmd:?} did not finish within {timeout:?}; output:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Reports a peer that is not available: fails under CI and by default; skips
+/// loudly (returns `None`) only when `PROFLOW_SKIP_PEERS=1` outside CI.
+pub fn missing_peer<T>(what: &str) -> Option<T> {
+    if std::env::var_os("CI").is_some() {
+        panic!("{what}\n(CI is set: a missing peer is a failure)");
+    }
+    if std::env::var("PROFLOW_SKIP_PEERS").as_deref() == Ok("1") {
+        eprintln!();
+        eprintln!("################################################################");
+        eprintln!("## SKIPPED (PROFLOW_SKIP_PEERS=1): {what}");
+        eprintln!("################################################################");
+        eprintln!();
+        return None;
+    }
+    panic!(
+        "{what}\nInstall the peers (tests/peers/install-clients) or, to skip tests that need them locally, set PROFLOW_SKIP_PEERS=1."
+    );
+}
+
+/// The Python with `pyroscope-io`: `PROFLOW_PYTHON`, else what
+/// `tests/peers/install-clients` prints. `Err` says why it is not available.
+pub fn python_client() -> Result<PathBuf, String> {
+    let python = client_path("PROFLOW_PYTHON")?;
+    if !python.is_file() {
+        return Err(format!(
+            "PROFLOW_PYTHON {} does not exist",
+            python.display()
+        ));
+    }
+    Ok(python)
+}
+
+/// The `node_modules` with `@pyroscope/nodejs` (used as `NODE_PATH`):
+/// `PROFLOW_NODE_MODULES`, else what `tests/peers/install-clients` prints.
+pub fn node_client() -> Result<PathBuf, String> {
+    let modules = client_path("PROFLOW_NODE_MODULES")?;
+    if !modules.join("@pyroscope/nodejs").is_dir() {
+        return Err(format!(
+            "PROFLOW_NODE_MODULES {} has no @pyroscope/nodejs",
+            modules.display()
+        ));
+    }
+    Ok(modules)
+}
+
+/// `key` from the environment, else from the `KEY=value` lines of
+/// `tests/peers/install-clients` (run once per test binary; a fast no-op once
+/// the clients are installed).
+fn client_path(key: &str) -> Result<PathBuf, String> {
+    if let Some(v) = std::env::var_os(key) {
+        return Ok(PathBuf::from(v));
+    }
+    static INSTALLED: OnceLock<Result<String, String>> = OnceLock::new();
+    let stdout = INSTALLED.get_or_init(install_clients).clone()?;
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("install-clients printed no {key}= line:\n{stdout}"))
+}
+
+fn install_clients() -> Result<String, String> {
+    let script = peers_dir().join("install-clients");
+    let out = Command::new(&script)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "{} failed ({}):\n{stdout}{}",
+            script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(stdout)
+}
+
+/// `tests/peers` of this repository.
+pub fn peers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("peers")
+}
+
+/// The `go` command: `PROFLOW_GO`, else `/usr/local/go/bin/go`, else `go` on `PATH`.
+pub fn go() -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = std::env::var_os("PROFLOW_GO")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([PathBuf::from("/usr/local/go/bin/go"), PathBuf::from("go")])
+        .collect();
+    for go in &candidates {
+        let ok = Command::new(go)
+            .arg("version")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ok {
+            return Ok(go.clone());
+        }
+    }
+    Err(format!(
+        "no working Go toolchain (tried {candidates:?}); `go tool pprof` is needed to check the profiles"
+    ))
+}
+
+/// Sums, over the `go tool pprof -traces` output of `files`, the values of the
+/// samples whose stack contains a frame mentioning each of `functions`
+/// (in the profile's default sample type). Also returns the raw output.
+pub fn pprof_trace_totals(go: &Path, files: &[PathBuf], functions: &[&str]) -> (Vec<f64>, String) {
+    let mut totals = vec![0.0; functions.len()];
+    let mut all = String::new();
+    for file in files {
+        let out = Command::new(go)
+            .args(["tool", "pprof", "-traces"])
+            .arg(file)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {} tool pprof: {e}", go.display()));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "go tool pprof -traces {} failed ({}):\n{}{}",
+            file.display(),
+            out.status,
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for (value, frames) in parse_traces(&stdout) {
+            for (i, f) in functions.iter().enumerate() {
+                if frames.iter().any(|fr| fr.contains(f)) {
+                    totals[i] += value;
+                }
+            }
+        }
+        all.push_str(&format!("==> {}\n{stdout}\n", file.display()));
+    }
+    (totals, all)
+}
+
+/// The samples of `go tool pprof -traces` output: value (in the unit's base,
+/// e.g. nanoseconds for times) and frame lines.
+fn parse_traces(text: &str) -> Vec<(f64, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut in_block = false;
+    let mut current: Option<(f64, Vec<String>)> = None;
+    for line in text.lines() {
+        if line.starts_with("-----------+") {
+            if let Some(block) = current.take() {
+                out.push(block);
+            }
+            in_block = true;
+            continue;
+        }
+        if !in_block || line.trim().is_empty() {
+            continue;
+        }
+        match current.as_mut() {
+            None => {
+                // "<value>   <leaf frame>"
+                let trimmed = line.trim_start();
+                let (value, frame) = trimmed
+                    .split_once(char::is_whitespace)
+                    .unwrap_or((trimmed, ""));
+                let Some(value) = parse_quantity(value) else {
+                    continue;
+                };
+                current = Some((value, vec![frame.trim().to_owned()]));
+            }
+            Some((_, frames)) => frames.push(line.trim().to_owned()),
+        }
+    }
+    if let Some(block) = current.take() {
+        out.push(block);
+    }
+    out
+}
+
+/// `620ms`, `1.05s`, `42`, `3.5kB`... as a number in the base unit.
+fn parse_quantity(s: &str) -> Option<f64> {
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == 'e'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let scale = match unit {
+        "" | "ns" | "B" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        "mins" | "min" => 60e9,
+        "hrs" | "h" => 3600e9,
+        "kB" | "KB" => 1024.0,
+        "MB" => 1024.0 * 1024.0,
+        "GB" => 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    Some(n * scale)
+}
+
+/// Parses the Prometheus text exposition: for each sample of `metric`, its
+/// labels and value.
+pub fn metric_samples(text: &str, metric: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(metric) else {
+            continue;
+        };
+        let (labels, value) = if let Some(rest) = rest.strip_prefix('{') {
+            let Some(end) = rest.rfind('}') else {
+                continue;
+            };
+            (parse_labels(&rest[..end]), rest[end + 1..].trim())
+        } else if rest.starts_with(' ') {
+            (BTreeMap::new(), rest.trim())
+        } else {
+            continue; // a longer metric name with this prefix
+        };
+        let value = value.split_whitespace().next().unwrap_or("");
+        if let Ok(v) = value.parse::<f64>() {
+            out.push((labels, v));
+        }
+    }
+    out
+}
+
+fn parse_labels(s: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
+            chars.next();
+        }
+        let name: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if name.is_empty() {
+            break;
+        }
+        if chars.next() != Some('"') {
+            break;
+        }
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => value.push('\n'),
+                    Some(other) => value.push(other),
+                    None => break,
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        out.insert(name.trim().to_owned(), value);
+    }
+    out
+}
+
+/// A name unique to this test run, usable as a service name.
+pub fn unique_name(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Unix time now, in nanoseconds.
+pub fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// Pyroscope's push messages (`push.v1.PushRequest` and what it holds), as the
+/// Connect endpoint `/push.v1.PusherService/Push` takes them.
+pub mod push {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PushRequest {
+        #[prost(message, repeated, tag = "1")]
+        pub series: Vec<RawProfileSeries>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RawProfileSeries {
+        #[prost(message, repeated, tag = "1")]
+        pub labels: Vec<LabelPair>,
+        #[prost(message, repeated, tag = "2")]
+        pub samples: Vec<RawSample>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LabelPair {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(string, tag = "2")]
+        pub value: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RawSample {
+        #[prost(bytes = "vec", tag = "1")]
+        pub raw_profile: Vec<u8>,
+        #[prost(string, tag = "2")]
+        pub id: String,
+    }
+
+    /// One series with `labels` and one sample of `raw_profile`.
+    pub fn request(labels: &[(&str, &str)], raw_profile: Vec<u8>) -> PushRequest {
+        PushRequest {
+            series: vec![RawProfileSeries {
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| LabelPair {
+                        name: (*k).to_owned(),
+                        value: (*v).to_owned(),
+                    })
+                    .collect(),
+                samples: vec![RawSample {
+                    raw_profile,
+                    id: String::new(),
+                }],
+            }],
+        }
+    }
+}
+
+/// Names of the functions in [`cpu_profile`].
+pub const HOT_FUNCTION: &str = "e2e_hot_function";
+pub const WARM_FUNCTION: &str = "e2e_warm_function";
+
+/// A small CPU profile (plain protobuf bytes) of the last 10 s: `main` calls
+/// [`HOT_FUNCTION`] (30 samples of 10 ms) and [`WARM_FUNCTION`] (10 samples).
+pub fn cpu_profile() -> Vec<u8> {
+    let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+    b.sample_type("cpu", "nanoseconds")
+        .period("cpu", "nanoseconds", 10_000_000)
+        .time(now_nanos() - 10_000_000_000, 10_000_000_000)
+        .sample_root_first(["main", HOT_FUNCTION], vec![300_000_000])
+        .sample_root_first(["main", WARM_FUNCTION], vec![100_000_000]);
+    proflow_pipeline::pprof::encode(&b.build()).to_vec()
+}
+
+/// Gzip-compresses `bytes`.
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
+    proflow_pipeline::pprof::gzip(bytes).to_vec()
+}
+
+/// `/ingest` query for a push of `name` (e.g. `app{k=v}`, percent-encoded here)
+/// in `format` covering the last 10 s, `from`/`until` in unix seconds.
+pub fn ingest_query(name: &str, format: Option<&str>) -> String {
+    let until = now_nanos() / 1_000_000_000;
+    let mut q = format!(
+        "/ingest?name={}&from={}&until={until}&spyName=e2e&sampleRate=100",
+        percent_encode(name),
+        until - 10
+    );
+    if let Some(f) = format {
+        q.push_str("&format=");
+        q.push_str(&percent_encode(f));
+    }
+    q
+}
+
+/// Percent-encodes everything but unreserved URL characters.
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Standard base64 with padding (what protobuf JSON uses for bytes).
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// A valid raw pprof push to `/ingest` for service `app`; panics unless 200.
+pub fn push_valid(proflow: &Proflow, app: &str) {
+    let reply = proflow.post(
+        &ingest_query(app, Some("pprof")),
+        &[("content-type", "application/octet-stream")],
+        gzip(&cpu_profile()),
+    );
+    reply.expect_status(200, "valid pprof push");
+}
