@@ -195,9 +195,11 @@ pub fn decompress(bytes: &Bytes, limit: usize) -> Result<Bytes, DecodeError> {
 /// decompression bomb costs at most `limit` bytes of memory.
 pub fn gunzip_into(bytes: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), DecodeError> {
     out.clear();
-    // Multi-member gzip is legal; GzDecoder reads the first member only, like Go's
-    // reader in single-stream mode is not; use MultiGzDecoder for Go parity.
-    let decoder = flate2::read::MultiGzDecoder::new(bytes);
+    // Multi-member gzip is legal and Go's reader accepts it, so read every
+    // member. The bufread decoder reads the slice in place (no copy into a
+    // BufReader); the first chunk's size hint avoids regrowing for typical sizes.
+    out.reserve(bytes.len().saturating_mul(4).min(limit.saturating_add(1)));
+    let decoder = flate2::bufread::MultiGzDecoder::new(bytes);
     let mut limited = decoder.take(limit as u64 + 1);
     limited
         .read_to_end(out)

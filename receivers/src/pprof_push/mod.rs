@@ -227,3 +227,41 @@ mod tests {
         assert!(c.resources().is_empty());
     }
 }
+
+/// Entry points for the fuzz targets in `fuzz/`: every decoder of untrusted
+/// bytes, run the way a request runs them. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use bytes::Bytes;
+
+    use super::ingest::{self, BodyKind};
+    use super::push::{self, Codec};
+
+    /// An `/ingest` request: query string and body (multipart is left to multer's own fuzzing).
+    pub fn ingest(query: &str, body: &[u8]) {
+        let Ok(uri) = format!("/ingest?{query}").parse::<axum::http::Uri>() else {
+            return;
+        };
+        let Ok(params) = ingest::parse_params(&uri, 1_700_000_000_000_000_000) else {
+            return;
+        };
+        let body = Bytes::copy_from_slice(body);
+        match ingest::body_kind(&params.format, None) {
+            Ok(BodyKind::Pprof) | Ok(BodyKind::Multipart) => {
+                let _ = ingest::pprof_batch(&params, body, None, 1 << 20);
+            }
+            Ok(BodyKind::Text(format)) => {
+                let _ = ingest::text_batch(&params, format, body, 1 << 20);
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// A Connect Push body, binary protobuf or JSON.
+    pub fn push(json: bool, body: &[u8]) {
+        let codec = if json { Codec::Json } else { Codec::Proto };
+        if let Ok(request) = push::decode_request(codec, Bytes::copy_from_slice(body)) {
+            let _ = push::to_batch(request, 1 << 20, 1_700_000_000_000_000_000);
+        }
+    }
+}
