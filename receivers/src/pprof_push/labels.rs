@@ -100,15 +100,7 @@ pub(crate) fn ingest_pprof_labels(
     spy_name: &str,
     profile_name: &str,
 ) -> Result<Labels, String> {
-    let mut b = LabelsBuilder::new();
-    add_ingest_tags(&mut b, tags)?;
-    if b.get(SERVICE_NAME_LABEL).is_none() {
-        b.set(SERVICE_NAME_LABEL, app);
-    }
-    b.set(NAME_LABEL, profile_name);
-    b.set(DELTA_LABEL, "false");
-    b.set(SPY_LABEL, spy_name);
-    Ok(b.build())
+    ingest_labels(app, tags, spy_name, profile_name, false)
 }
 
 /// Labels of a folded-text profile sent to /ingest. As Pyroscope does, the
@@ -120,11 +112,21 @@ pub(crate) fn ingest_folded_labels(
     spy_name: &str,
     profile_name: &str,
 ) -> Result<Labels, String> {
+    ingest_labels(app, tags, spy_name, profile_name, true)
+}
+
+fn ingest_labels(
+    app: &str,
+    tags: &[(String, String)],
+    spy_name: &str,
+    profile_name: &str,
+    app_name_when_service_tagged: bool,
+) -> Result<Labels, String> {
     let mut b = LabelsBuilder::new();
     add_ingest_tags(&mut b, tags)?;
     if b.get(SERVICE_NAME_LABEL).is_none() {
         b.set(SERVICE_NAME_LABEL, app);
-    } else if b.get(APP_NAME_LABEL).is_none() {
+    } else if app_name_when_service_tagged && b.get(APP_NAME_LABEL).is_none() {
         b.set(APP_NAME_LABEL, app);
     }
     b.set(NAME_LABEL, profile_name);
