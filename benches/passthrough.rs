@@ -16,14 +16,21 @@ use proflow_pipeline::telemetry::Telemetry;
 use proflow_pipeline::topology;
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free loopback port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
 }
 
 fn post(w: &mut TcpStream, r: &mut BufReader<TcpStream>, request: &[u8]) -> u16 {
     w.write_all(request).expect("write");
     let mut line = String::new();
     r.read_line(&mut line).expect("status line");
-    let status = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status");
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
     let mut len = 0usize;
     loop {
         line.clear();
@@ -54,12 +61,19 @@ fn passthrough(c: &mut Criterion) {
             .chain(proflow_processors::factories())
             .chain(proflow_exporters::factories()),
     );
-    let plan = topology::plan(&Document::parse(&yaml).expect("config parses"), &registry).expect("config is valid");
+    let plan = topology::plan(&Document::parse(&yaml).expect("config parses"), &registry)
+        .expect("config is valid");
     // One worker thread: the goal is stated per core.
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-    let running = rt.block_on(plan.start(Arc::new(Telemetry::new()))).expect("collector starts");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let running = rt
+        .block_on(plan.start(Arc::new(Telemetry::new())))
+        .expect("collector starts");
 
-    let body = proflow_pipeline::testdata::cpu_profile_gzip(60, 150);
+    let body = proflow_pipeline::testdata::typical_cpu_profile_gzip();
     let mut request = format!(
         "POST /ingest?name=bench.app%7Benv%3Dprod%7D&format=pprof&spyName=bench HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
         body.len()
@@ -68,10 +82,16 @@ fn passthrough(c: &mut Criterion) {
     request.extend_from_slice(&body);
     let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     stream.set_nodelay(true).expect("nodelay");
-    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     let mut reader = BufReader::new(stream.try_clone().expect("clone"));
     let mut writer = stream;
-    assert_eq!(post(&mut writer, &mut reader, &request), 200, "the receiver accepts the benchmark profile");
+    assert_eq!(
+        post(&mut writer, &mut reader, &request),
+        200,
+        "the receiver accepts the benchmark profile"
+    );
 
     let mut g = c.benchmark_group("passthrough");
     g.throughput(Throughput::Elements(1));

@@ -14,7 +14,11 @@ use proflow_pipeline::topology::{self, Plan};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
-#[command(name = "proflow", version, about = "A continuous-profiling collector: receive, process and export profiles.")]
+#[command(
+    name = "proflow",
+    version,
+    about = "A continuous-profiling collector: receive, process and export profiles."
+)]
 struct Cli {
     /// Config file (YAML). With no command, `proflow -c FILE` runs it.
     #[arg(short, long, global = true)]
@@ -46,9 +50,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
         Command::Components => {
-            println!("{:<10} {:<14} {:<12} DESCRIPTION", "KIND", "TYPE", "STABILITY");
+            println!(
+                "{:<10} {:<14} {:<12} DESCRIPTION",
+                "KIND", "TYPE", "STABILITY"
+            );
             for f in registry().iter() {
-                println!("{:<10} {:<14} {:<12} {}", f.kind.to_string(), f.type_name, f.stability.to_string(), f.description);
+                println!(
+                    "{:<10} {:<14} {:<12} {}",
+                    f.kind.to_string(),
+                    f.type_name,
+                    f.stability.to_string(),
+                    f.description
+                );
             }
             ExitCode::SUCCESS
         }
@@ -73,7 +86,9 @@ fn main() -> ExitCode {
         }
         Command::Run => {
             let Some(path) = cli.config else {
-                eprintln!("error: give the config file with -c FILE (for example: proflow run -c examples/sidecar.yaml)");
+                eprintln!(
+                    "error: give the config file with -c FILE (for example: proflow run -c examples/sidecar.yaml)"
+                );
                 return ExitCode::from(2);
             };
             let plan = match load(&path) {
@@ -87,7 +102,10 @@ fn main() -> ExitCode {
                 eprintln!("error: {e:#}");
                 return ExitCode::from(1);
             }
-            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("error: cannot start the async runtime: {e}");
@@ -108,14 +126,20 @@ fn main() -> ExitCode {
 
 /// Reads, parses and checks a config file; the error lists every problem.
 fn load(path: &Path) -> anyhow::Result<Plan> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
-    let doc = Document::parse(&text).map_err(|e| anyhow::anyhow!("{}: {} problem(s):\n{e}", path.display(), e.len()))?;
-    topology::plan(&doc, &registry()).map_err(|e| anyhow::anyhow!("{}: {} problem(s):\n{e}", path.display(), e.len()))
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let doc = Document::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {} problem(s):\n{e}", path.display(), e.len()))?;
+    topology::plan(&doc, &registry())
+        .map_err(|e| anyhow::anyhow!("{}: {} problem(s):\n{e}", path.display(), e.len()))
 }
 
 fn init_logging(level: &str, format: LogFormat) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .with_context(|| format!("invalid service.telemetry.log_level {level:?}: use trace, debug, info, warn or error"))?;
+    let filter = tracing_subscriber::EnvFilter::try_new(level).with_context(|| {
+        format!(
+            "invalid service.telemetry.log_level {level:?}: use trace, debug, info, warn or error"
+        )
+    })?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -133,22 +157,34 @@ async fn run(plan: Plan) -> anyhow::Result<()> {
     }
     let telemetry = Arc::new(Telemetry::new());
     let stop_telemetry = CancellationToken::new();
-    let telemetry_task = match plan.telemetry.socket_addr().map_err(|e| anyhow::anyhow!("{e}"))? {
+    let telemetry_task = match plan
+        .telemetry
+        .socket_addr()
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+    {
         Some(addr) => {
             let listener = proflow_pipeline::telemetry::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on service.telemetry.address {addr}: is another process using it?"))?;
             tracing::info!(address = %listener.local_addr().unwrap_or(addr), "telemetry serving /metrics, /healthz, /readyz");
-            Some(tokio::spawn(telemetry.clone().serve(listener, stop_telemetry.clone())))
+            Some(tokio::spawn(
+                telemetry.clone().serve(listener, stop_telemetry.clone()),
+            ))
         }
         None => None,
     };
     let shutdown_timeout = plan.shutdown_timeout;
-    let running = plan.start(telemetry.clone()).await.context("cannot start")?;
+    let running = plan
+        .start(telemetry.clone())
+        .await
+        .context("cannot start")?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "proflow is running");
 
     wait_for_signal().await;
-    tracing::info!(?shutdown_timeout, "stopping: receivers first, then draining exporter queues");
+    tracing::info!(
+        ?shutdown_timeout,
+        "stopping: receivers first, then draining exporter queues"
+    );
     let report = running.shutdown().await;
     if report.total_undelivered() == 0 {
         tracing::info!("stopped; every accepted profile was delivered");
@@ -156,7 +192,11 @@ async fn run(plan: Plan) -> anyhow::Result<()> {
         for (exporter, n) in &report.undelivered {
             tracing::warn!(exporter = %exporter, undelivered = n, "profiles not delivered before shutdown_timeout");
         }
-        tracing::warn!(undelivered = report.total_undelivered(), "stopped with {} profile(s) not delivered", report.total_undelivered());
+        tracing::warn!(
+            undelivered = report.total_undelivered(),
+            "stopped with {} profile(s) not delivered",
+            report.total_undelivered()
+        );
     }
     stop_telemetry.cancel();
     if let Some(t) = telemetry_task {

@@ -3,8 +3,13 @@
 
 use crate::pprof::{self, Profile, ProfileBuilder};
 
-/// A CPU profile with `samples` stacks over `functions` function names. With
-/// (60, 150) its gzip encoding is about 4 KB, a typical 10-second push.
+/// Samples of the typical profile: with [`TYPICAL_FUNCTIONS`] its gzip encoding
+/// is about 4 KB (8.5 KB plain), a typical 10-second CPU push.
+pub const TYPICAL_SAMPLES: usize = 60;
+/// Distinct functions of the typical profile.
+pub const TYPICAL_FUNCTIONS: usize = 100;
+
+/// A CPU profile with `samples` stacks over `functions` function names.
 pub fn cpu_profile(samples: usize, functions: usize) -> Profile {
     let mut b = ProfileBuilder::new();
     b.sample_type("samples", "count")
@@ -12,17 +17,27 @@ pub fn cpu_profile(samples: usize, functions: usize) -> Profile {
         .period("cpu", "nanoseconds", 10_000_000)
         .time(1_700_000_000_000_000_000, 10_000_000_000);
     let names: Vec<String> = (0..functions.max(1))
-        .map(|i| format!("github.com/acme/service/pkg{}.(*Handler).Method{}", i % 17, i))
+        .map(|i| {
+            format!(
+                "github.com/acme/service/pkg{}.(*Handler).Method{}",
+                i % 17,
+                i
+            )
+        })
         .collect();
     // A small LCG keeps the data deterministic without an RNG dependency.
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
     let mut next = |m: usize| {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (x >> 33) as usize % m
     };
     for _ in 0..samples {
         let depth = 8 + next(24);
-        let stack: Vec<&str> = (0..depth).map(|_| names[next(names.len())].as_str()).collect();
+        let stack: Vec<&str> = (0..depth)
+            .map(|_| names[next(names.len())].as_str())
+            .collect();
         let count = 1 + next(20) as i64;
         b.sample_root_first(stack, vec![count, count * 10_000_000]);
     }
@@ -32,4 +47,9 @@ pub fn cpu_profile(samples: usize, functions: usize) -> Profile {
 /// The gzip pprof bytes of [`cpu_profile`].
 pub fn cpu_profile_gzip(samples: usize, functions: usize) -> bytes::Bytes {
     pprof::gzip(&pprof::encode(&cpu_profile(samples, functions)))
+}
+
+/// The typical ~4 KB gzip CPU profile used by benchmarks and the load tool.
+pub fn typical_cpu_profile_gzip() -> bytes::Bytes {
+    cpu_profile_gzip(TYPICAL_SAMPLES, TYPICAL_FUNCTIONS)
 }

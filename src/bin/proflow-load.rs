@@ -15,13 +15,19 @@ use clap::Parser;
 use proflow_config::Duration as ConfigDuration;
 
 #[derive(Parser, Debug)]
-#[command(name = "proflow-load", about = "Push profiles at a pprof_push receiver and report throughput.")]
+#[command(
+    name = "proflow-load",
+    about = "Push profiles at a pprof_push receiver and report throughput."
+)]
 struct Args {
     /// host:port of the receiver.
     #[arg(long, default_value = "127.0.0.1:4040")]
     target: String,
     /// Request path and query.
-    #[arg(long, default_value = "/ingest?name=load.app%7Benv%3Dbench%7D&format=pprof&spyName=load")]
+    #[arg(
+        long,
+        default_value = "/ingest?name=load.app%7Benv%3Dbench%7D&format=pprof&spyName=load"
+    )]
     path: String,
     /// Concurrent keep-alive connections.
     #[arg(long, default_value_t = 4)]
@@ -29,8 +35,8 @@ struct Args {
     /// How long to push (bounded; the tool always stops by itself).
     #[arg(long, default_value = "10s")]
     duration: ConfigDuration,
-    /// Samples in the generated profile (60 makes a ~4 KB gzip CPU profile).
-    #[arg(long, default_value_t = 60)]
+    /// Samples in the generated profile (the default makes a ~4 KB gzip CPU profile).
+    #[arg(long, default_value_t = proflow_pipeline::testdata::TYPICAL_SAMPLES)]
     samples: usize,
     /// Process whose peak RSS to report (read from /proc/PID/status).
     #[arg(long)]
@@ -47,7 +53,10 @@ struct Stats {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let duration = args.duration.get().min(Duration::from_secs(600));
-    let body = proflow_pipeline::testdata::cpu_profile_gzip(args.samples, 150);
+    let body = proflow_pipeline::testdata::cpu_profile_gzip(
+        args.samples,
+        proflow_pipeline::testdata::TYPICAL_FUNCTIONS,
+    );
     let request = Arc::new({
         let mut r = format!(
             "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
@@ -68,8 +77,15 @@ fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut threads = Vec::new();
     for _ in 0..args.connections.max(1) {
-        let (target, request, stop, stats) = (args.target.clone(), request.clone(), stop.clone(), stats.clone());
-        threads.push(std::thread::spawn(move || worker(&target, &request, &stop, &stats)));
+        let (target, request, stop, stats) = (
+            args.target.clone(),
+            request.clone(),
+            stop.clone(),
+            stats.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            worker(&target, &request, &stop, &stats)
+        }));
     }
     while started.elapsed() < duration {
         std::thread::sleep(Duration::from_millis(100));
@@ -89,14 +105,39 @@ fn main() -> anyhow::Result<()> {
     let total: u64 = s.statuses.values().sum();
     let ok = s.statuses.get(&200).copied().unwrap_or(0);
     s.latencies_us.sort_unstable();
-    let pct = |p: f64| s.latencies_us.get(((s.latencies_us.len() as f64 * p) as usize).min(s.latencies_us.len().saturating_sub(1))).copied().unwrap_or(0);
+    let pct = |p: f64| {
+        s.latencies_us
+            .get(
+                ((s.latencies_us.len() as f64 * p) as usize)
+                    .min(s.latencies_us.len().saturating_sub(1)),
+            )
+            .copied()
+            .unwrap_or(0)
+    };
     println!("profile size: {} bytes gzip", body.len());
-    println!("requests: {total} in {elapsed:.1}s = {:.0} req/s; 200 OK: {ok} = {:.0} profiles/s", total as f64 / elapsed, ok as f64 / elapsed);
-    println!("statuses: {:?}; connection errors: {}", s.statuses, s.errors);
-    println!("latency: p50 {} µs, p99 {} µs, max {} µs", pct(0.5), pct(0.99), s.latencies_us.last().copied().unwrap_or(0));
+    println!(
+        "requests: {total} in {elapsed:.1}s = {:.0} req/s; 200 OK: {ok} = {:.0} profiles/s",
+        total as f64 / elapsed,
+        ok as f64 / elapsed
+    );
+    println!(
+        "statuses: {:?}; connection errors: {}",
+        s.statuses, s.errors
+    );
+    println!(
+        "latency: p50 {} µs, p99 {} µs, max {} µs",
+        pct(0.5),
+        pct(0.99),
+        s.latencies_us.last().copied().unwrap_or(0)
+    );
     if let Some(pid) = args.watch_pid {
         let p = peak_rss.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-        println!("collector RSS: {} KiB before, {} KiB peak, {} KiB after", p.0, p.1, rss_kib(pid).unwrap_or(0));
+        println!(
+            "collector RSS: {} KiB before, {} KiB peak, {} KiB after",
+            p.0,
+            p.1,
+            rss_kib(pid).unwrap_or(0)
+        );
     }
     Ok(())
 }
@@ -117,7 +158,9 @@ fn worker(target: &str, request: &[u8], stop: &AtomicBool, stats: &Mutex<Stats>)
         };
         let _ = stream.set_nodelay(true);
         let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-        let Ok(read_half) = stream.try_clone() else { continue };
+        let Ok(read_half) = stream.try_clone() else {
+            continue;
+        };
         let mut reader = BufReader::new(read_half);
         let mut writer = stream;
         while !stop.load(Ordering::Relaxed) {
@@ -147,11 +190,19 @@ fn worker(target: &str, request: &[u8], stop: &AtomicBool, stats: &Mutex<Stats>)
 }
 
 /// Sends one request and reads one response; returns (status, keep-alive).
-fn round_trip(w: &mut TcpStream, r: &mut BufReader<TcpStream>, request: &[u8]) -> std::io::Result<(u16, bool)> {
+fn round_trip(
+    w: &mut TcpStream,
+    r: &mut BufReader<TcpStream>,
+    request: &[u8],
+) -> std::io::Result<(u16, bool)> {
     w.write_all(request)?;
     let mut line = String::new();
     r.read_line(&mut line)?;
-    let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| std::io::Error::other("bad status line"))?;
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("bad status line"))?;
     let mut length = 0usize;
     let mut keep_alive = true;
     loop {
@@ -165,8 +216,12 @@ fn round_trip(w: &mut TcpStream, r: &mut BufReader<TcpStream>, request: &[u8]) -
         }
         if let Some((k, v)) = l.split_once(':') {
             if k.eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().map_err(|_| std::io::Error::other("bad content-length"))?;
-            } else if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close") {
+                length = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| std::io::Error::other("bad content-length"))?;
+            } else if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close")
+            {
                 keep_alive = false;
             }
         }
