@@ -1,0 +1,306 @@
+//! How an integration test gets a real peer (Pyroscope, Parca, Kafka, the
+//! OpenTelemetry Collector, debuginfod, the Go scrape target): through
+//! [`peer`], which returns the peer's endpoint lines.
+//!
+//! If the test command exported the endpoints (`PYROSCOPE_ENDPOINT=...`, as
+//! printed by `tests/peers/up`), those are used as they are. Otherwise the
+//! helper runs `tests/peers/up NAME` itself, which installs the peer once into
+//! `~/.cache/proflow-peers/`, starts it on 127.0.0.1 (or finds it running) and
+//! prints the lines. Peers are left running for the next test; `tests/peers/down`
+//! stops them.
+//!
+//! When a peer cannot be had: under `CI` the test fails with the peer's own
+//! error output, never skips. Locally it fails too, loudly, unless
+//! `PROFLOW_SKIP_PEERS=1`, in which case [`peer`] returns `None` after a loud
+//! notice and the test returns early.
+//!
+//! Also here: [`go_app`] (the Go client programs of `tests/peers/apps/`) and
+//! [`kafka_consume`] (reads a topic through `tests/peers/kafka/consume`).
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+/// The endpoint lines of one running peer, e.g. `PYROSCOPE_ENDPOINT`.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    name: String,
+    vars: BTreeMap<String, String>,
+}
+
+impl Peer {
+    /// `NAME_ENDPOINT` (host:port on 127.0.0.1).
+    pub fn endpoint(&self) -> &str {
+        self.var("ENDPOINT")
+    }
+
+    /// `http://` + [`Peer::endpoint`].
+    pub fn http_base(&self) -> String {
+        format!("http://{}", self.endpoint())
+    }
+
+    /// The value of `NAME_<suffix>`, e.g. `var("HTTP_ENDPOINT")` for otelcol.
+    /// Panics (naming what there is) if the peer did not report it.
+    pub fn var(&self, suffix: &str) -> &str {
+        let key = format!("{}_{suffix}", self.prefix());
+        match self.vars.get(&key) {
+            Some(v) => v,
+            None => panic!(
+                "peer {} reported no {key}; it reported: {:?}",
+                self.name, self.vars
+            ),
+        }
+    }
+
+    fn prefix(&self) -> String {
+        self.name.to_ascii_uppercase()
+    }
+}
+
+/// The repository root (where `tests/peers/up` lives).
+fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Returns the running peer `name` (`pyroscope`, `parca`, `kafka`, `otelcol`,
+/// `debuginfod`, `goscrape`), starting it if the test command did not export
+/// its endpoints. `None` only when the peer cannot be had and
+/// `PROFLOW_SKIP_PEERS=1` outside CI; otherwise that case panics.
+pub fn peer(name: &str) -> Option<Peer> {
+    static STARTED: OnceLock<Mutex<HashMap<String, Peer>>> = OnceLock::new();
+    let started = STARTED.get_or_init(|| Mutex::new(HashMap::new()));
+    // Held across `up`: tests of one binary asking for the same peer wait for
+    // one start instead of racing (up itself also locks per peer).
+    let mut started = started
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(p) = started.get(name) {
+        return Some(p.clone());
+    }
+    let peer = match from_environment(name) {
+        Some(p) => p,
+        None => match run_up(name) {
+            Ok(p) => p,
+            Err(report) => {
+                return unavailable(&format!("peer '{name}' is not available.\n{report}"));
+            }
+        },
+    };
+    started.insert(name.to_owned(), peer.clone());
+    Some(peer)
+}
+
+/// `NAME_*` variables, if `NAME_ENDPOINT` is among them.
+fn from_environment(name: &str) -> Option<Peer> {
+    let prefix = format!("{}_", name.to_ascii_uppercase());
+    let vars: BTreeMap<String, String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .collect();
+    vars.contains_key(&format!("{prefix}ENDPOINT"))
+        .then(|| Peer {
+            name: name.to_owned(),
+            vars,
+        })
+}
+
+/// Runs `tests/peers/up NAME` and parses its `KEY=VALUE` lines.
+fn run_up(name: &str) -> Result<Peer, String> {
+    let up = repo_root().join("tests/peers/up");
+    eprintln!(
+        "peer_env: running {} {name} (a cold install builds the peer; that takes minutes)",
+        up.display()
+    );
+    let output = Command::new(&up)
+        .arg(name)
+        .current_dir(repo_root())
+        .output()
+        .map_err(|e| format!("could not run {}: {e}", up.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        return Err(format!(
+            "`tests/peers/up {name}` failed ({}). Its output:\n{stderr}{stdout}",
+            output.status
+        ));
+    }
+    // Keep the install/start log with the test's captured output.
+    eprint!("{stderr}");
+    let prefix = format!("{}_", name.to_ascii_uppercase());
+    let vars: BTreeMap<String, String> = stdout
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    if !vars.contains_key(&format!("{prefix}ENDPOINT")) {
+        return Err(format!(
+            "`tests/peers/up {name}` succeeded but printed no {prefix}ENDPOINT line. stdout:\n{stdout}\nstderr:\n{stderr}"
+        ));
+    }
+    Ok(Peer {
+        name: name.to_owned(),
+        vars,
+    })
+}
+
+/// Reports a peer (or peer program) that cannot be had: panics under CI and by
+/// default; returns `None` after a loud notice only when `PROFLOW_SKIP_PEERS=1`
+/// and `CI` is not set.
+pub fn unavailable<T>(what: &str) -> Option<T> {
+    if std::env::var_os("CI").is_some() {
+        panic!("{what}\n(CI is set: a missing peer fails the run)");
+    }
+    if std::env::var("PROFLOW_SKIP_PEERS").as_deref() == Ok("1") {
+        // Written to the real stderr, not through eprintln!, which the test
+        // harness captures and hides for a test that passes.
+        let notice = format!(
+            "\n################################################################\n\
+             ## SKIPPED (PROFLOW_SKIP_PEERS=1): {what}\n\
+             ################################################################\n\n"
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), notice.as_bytes());
+        return None;
+    }
+    panic!(
+        "{what}\nThe peers are installed and started by tests/peers/up (see its header). \
+         To skip tests that need them locally, set PROFLOW_SKIP_PEERS=1."
+    );
+}
+
+/// The path of the Go client program `tests/peers/apps/NAME` (`goscrape`,
+/// `gopush`), built into the peer cache by `tests/peers/build-go-app`, or
+/// taken from `NAME_BIN` if the test command exported it.
+pub fn go_app(name: &str) -> Option<PathBuf> {
+    let key = format!("{}_BIN", name.to_ascii_uppercase());
+    if let Some(path) = std::env::var_os(&key) {
+        return Some(PathBuf::from(path));
+    }
+    let script = repo_root().join("tests/peers/build-go-app");
+    let output = match Command::new(&script)
+        .arg(name)
+        .current_dir(repo_root())
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => return unavailable(&format!("could not run {}: {e}", script.display())),
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")));
+    match (output.status.success(), line) {
+        (true, Some(path)) => Some(PathBuf::from(path)),
+        _ => unavailable(&format!(
+            "building Go app '{name}' failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )),
+    }
+}
+
+/// One Kafka record: key (None when null) and value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaRecord {
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+}
+
+/// Reads the first `count` records of `topic` from the broker at `broker`
+/// (host:port), waiting at most `timeout`. Panics with kcat's error output if
+/// fewer arrive.
+pub fn kafka_consume(
+    broker: &str,
+    topic: &str,
+    count: usize,
+    timeout: Duration,
+) -> Vec<KafkaRecord> {
+    let script = repo_root().join("tests/peers/kafka/consume");
+    let output = Command::new(&script)
+        .args([
+            broker,
+            topic,
+            &count.to_string(),
+            &timeout.as_secs().max(1).to_string(),
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {}: {e}", script.display()));
+    if !output.status.success() {
+        panic!(
+            "consuming {count} records from {topic} at {broker} failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let records = parse_consumed(&output.stdout)
+        .unwrap_or_else(|e| panic!("unreadable output of {}: {e}", script.display()));
+    assert_eq!(records.len(), count, "records read from {topic}");
+    records
+}
+
+/// Parses `<len>:<bytes><len>:<bytes>` pairs (key, value); length -1 is null.
+fn parse_consumed(mut buf: &[u8]) -> Result<Vec<KafkaRecord>, String> {
+    fn field<'a>(buf: &mut &'a [u8]) -> Result<Option<&'a [u8]>, String> {
+        let colon = buf
+            .iter()
+            .position(|&b| b == b':')
+            .ok_or("missing ':' after a length")?;
+        let len: i64 = std::str::from_utf8(&buf[..colon])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("bad length {:?}", String::from_utf8_lossy(&buf[..colon])))?;
+        *buf = &buf[colon + 1..];
+        if len < 0 {
+            return Ok(None);
+        }
+        let len = usize::try_from(len).map_err(|_| "length out of range")?;
+        if len > buf.len() {
+            return Err(format!("length {len} exceeds the {} bytes left", buf.len()));
+        }
+        let (bytes, rest) = buf.split_at(len);
+        *buf = rest;
+        Ok(Some(bytes))
+    }
+    let mut records = Vec::new();
+    while !buf.is_empty() {
+        let key = field(&mut buf)?.map(<[u8]>::to_vec);
+        let value = field(&mut buf)?.map(<[u8]>::to_vec).unwrap_or_default();
+        records.push(KafkaRecord { key, value });
+    }
+    Ok(records)
+}
+
+/// Polls `f` every 500 ms until it returns `Some`, for at most `timeout`.
+pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A name unique to this test run, so a reused peer's old data never matches.
+pub fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{prefix}{}x{nanos}", std::process::id())
+}
+
+/// Now in Unix nanoseconds.
+pub fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,3 @@
+module proflow.test/peers/apps/goscrape
+
+go 1.24

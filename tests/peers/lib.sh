@@ -1,0 +1,201 @@
+# shellcheck shell=bash
+# Shared by tests/peers/up and tests/peers/down: where things live, how a peer is
+# installed (once per version), started in the background, probed and stopped.
+#
+#   cache  ${PROFLOW_PEERS_CACHE:-${XDG_CACHE_HOME:-~/.cache}/proflow-peers}/<peer>-<version>/
+#          built binaries and jars; never inside the repository
+#   run    ${PROFLOW_PEERS_RUN:-${TMPDIR:-/tmp}/proflow-peers}/<peer>/
+#          pid, log, config, data and the endpoint lines of a running peer;
+#          `down` removes it
+#
+# Each peer is defined by tests/peers/<peer>/peer.sh with three functions:
+# install_<peer> (idempotent, run under a per-peer lock), start_<peer> (picks
+# free ports, writes config, launches with start_bg, writes the endpoint lines)
+# and ready_<peer> (one real probe; exit status only). Stopping is the same for
+# all: the peer runs in its own session, and its process group is killed.
+
+peers_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo_dir="$(cd "$peers_dir/../.." && pwd)"
+cache_root="$(realpath -m "${PROFLOW_PEERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/proflow-peers}")"
+run_root="$(realpath -m "${PROFLOW_PEERS_RUN:-${TMPDIR:-/tmp}/proflow-peers}")"
+
+known_peers=(pyroscope parca kafka otelcol debuginfod goscrape)
+
+log() { printf 'peers: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+case "$cache_root/" in
+  "$(realpath "$repo_dir")/"*) die "cache $cache_root is inside the repository; set PROFLOW_PEERS_CACHE elsewhere" ;;
+esac
+
+is_known_peer() {
+  local p
+  for p in "${known_peers[@]}"; do [[ "$p" == "$1" ]] && return 0; done
+  return 1
+}
+
+run_dir() { printf '%s/%s' "$run_root" "$1"; }
+
+# sha256 of the given files, to notice an edited pin or manifest.
+files_digest() { cat "$@" | sha256sum | cut -c1-16; }
+
+# free_ports N: N distinct free TCP ports on 127.0.0.1, space-separated. All
+# sockets are held open together so the ports differ.
+free_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+# with_install_lock PEER CMD...: one installer per peer per cache at a time.
+with_install_lock() {
+  local peer="$1"; shift
+  mkdir -p "$cache_root"
+  (
+    flock 8
+    "$@"
+  ) 8>"$cache_root/.install-$peer.lock"
+}
+
+# build_go_tool PEER DEST_DIR WRAPPER_DIR PKG BIN_NAME: builds PKG from the
+# wrapper module in WRAPPER_DIR into DEST_DIR/bin/BIN_NAME, unless the stamp
+# there says it was built from the same go.mod and go.sum.
+build_go_tool() {
+  local peer="$1" dest="$2" wrapper="$3" pkg="$4" bin="$5"
+  local stamp="$dest/.proflow-built" digest
+  digest="$(files_digest "$wrapper/go.mod" "$wrapper/go.sum")"
+  if [[ -x "$dest/bin/$bin" && "$(cat "$stamp" 2>/dev/null)" == "$digest" ]]; then
+    return 0
+  fi
+  command -v go >/dev/null || die "$peer: 'go' is not on PATH; it is needed to build $pkg"
+  log "$peer: building $pkg into $dest/bin (several minutes on a cold cache)"
+  mkdir -p "$dest/bin"
+  local started=$SECONDS buildlog="$dest/build.log"
+  # -mod=readonly: the committed go.sum is the pin; nothing is resolved anew.
+  if ! (cd "$wrapper" && nice -n "${PROFLOW_PEERS_NICE:-19}" env \
+        GOFLAGS="-mod=readonly -trimpath -buildvcs=false -p=${PROFLOW_PEERS_BUILD_JOBS:-2}" \
+        ${GONOSUMDB_EXTRA:+GONOSUMDB="$GONOSUMDB_EXTRA"} \
+        go build -o "$dest/bin/$bin.tmp" "$pkg") >"$buildlog" 2>&1; then
+    cat "$buildlog" >&2
+    die "$peer: go build $pkg failed (log above, also in $buildlog)"
+  fi
+  mv -f "$dest/bin/$bin.tmp" "$dest/bin/$bin"
+  printf '%s' "$digest" >"$stamp"
+  log "$peer: built in $((SECONDS - started))s"
+}
+
+# go_mod_version WRAPPER_DIR MODULE: the version of MODULE required in go.mod.
+go_mod_version() {
+  awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) { print ($1 == m ? $2 : $3); exit }' "$1/go.mod"
+}
+
+# start_bg PEER CMD...: runs CMD detached in its own session (so `down` can kill
+# its whole process group), in the peer's data dir, output to its log. No file
+# descriptor of ours is inherited: a caller reading our stdout must see EOF
+# when `up` exits, and our lock fds must not outlive us.
+start_bg() {
+  local peer="$1"; shift
+  local dir; dir="$(run_dir "$peer")"
+  (
+    cd "$dir/data"
+    exec setsid "$@" </dev/null >>"$dir/peer.log" 2>&1 8>&- 9>&-
+  ) &
+  printf '%s' "$!" >"$dir/pid"
+}
+
+peer_pid() { cat "$(run_dir "$1")/pid" 2>/dev/null; }
+
+# peer_alive PEER: its process exists and is not a zombie awaiting reaping.
+peer_alive() {
+  local pid state
+  pid="$(peer_pid "$1")"
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
+  state="$(ps -o stat= -p "$pid" 2>/dev/null)" || return 1
+  [[ "$state" != Z* ]]
+}
+
+# wait_ready PEER TIMEOUT_S [quiet]: polls ready_PEER until it succeeds; fails
+# early if the process died, and late after TIMEOUT_S, printing the log tail
+# either way.
+wait_ready() {
+  local peer="$1" timeout="$2" quiet="${3:-}" started=$SECONDS
+  while true; do
+    if ! peer_alive "$peer"; then
+      show_log_tail "$peer"
+      log "$peer: the process exited before it was ready (log above)"
+      return 1
+    fi
+    if "ready_$peer" 2>/dev/null; then
+      [[ -n "$quiet" ]] || log "$peer: ready after $((SECONDS - started))s"
+      return 0
+    fi
+    if (( SECONDS - started >= timeout )); then
+      show_log_tail "$peer"
+      log "$peer: not ready after ${timeout}s (log above)"
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+show_log_tail() {
+  local f; f="$(run_dir "$1")/peer.log"
+  {
+    printf -- '----- %s: last lines of %s -----\n' "$1" "$f"
+    tail -n "${PROFLOW_PEERS_LOG_LINES:-60}" "$f" 2>/dev/null || true
+    printf -- '----- end of %s log -----\n' "$1"
+  } >&2
+}
+
+# stop_peer PEER: kills the peer's process group (TERM, then KILL after a grace
+# period) and removes its run dir with all its data.
+stop_peer() {
+  local peer="$1" dir pid i
+  dir="$(run_dir "$peer")"
+  [[ -d "$dir" ]] || return 0
+  pid="$(peer_pid "$peer")"
+  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      log "$peer: did not stop within 10s of TERM; killing"
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -rf "$dir"
+}
+
+# endpoint PORT: "127.0.0.1:PORT" (every peer binds loopback only)
+endpoint() { printf '127.0.0.1:%s' "$1"; }
+
+# ---------------------------------------------------------------------------
+# Probes shared by several peers
+
+http_ok() { curl -fsS -o /dev/null --max-time 2 "$@"; }
+
+# go_app_bin NAME: builds tests/peers/apps/NAME (a small Go module of ours) into
+# the cache, keyed by a digest of its sources, and prints the binary's path.
+go_app_bin() {
+  local name="$1" src="$peers_dir/apps/$1" digest home
+  digest="$(cd "$src" && files_digest $(find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) | LC_ALL=C sort))"
+  home="$cache_root/go-app-$name-$digest"
+  if [[ ! -x "$home/$name" ]]; then
+    command -v go >/dev/null || die "$name: 'go' is not on PATH"
+    log "$name: building tests/peers/apps/$name"
+    mkdir -p "$home"
+    (cd "$src" && with_install_lock "go-app-$name" nice -n "${PROFLOW_PEERS_NICE:-19}" env \
+        GOFLAGS="-mod=readonly -trimpath -buildvcs=false" go build -o "$home/$name.tmp" .) >"$home/build.log" 2>&1 \
+      || { cat "$home/build.log" >&2; die "$name: go build failed (log above)"; }
+    mv -f "$home/$name.tmp" "$home/$name"
+  fi
+  printf '%s' "$home/$name"
+}
