@@ -60,9 +60,11 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 PROPS
+  # A base64url uuid may start with `-`, which the tool's argument parser takes
+  # for an option: pass it as --cluster-id=VALUE.
   cluster_id="$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
   if ! java -cp "$libs/*" -Dlog4j2.configurationFile="$kafka_dir/log4j2.properties" \
-      kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+      kafka.tools.StorageTool format --cluster-id="$cluster_id" -c "$dir/server.properties" \
       >"$dir/format.log" 2>&1; then
     cat "$dir/format.log" >&2
     die "kafka: formatting the KRaft storage failed (log above)"
