@@ -172,6 +172,8 @@ pub enum DecodeError {
     TooLarge { limit: usize },
     #[error("malformed pprof protobuf: {0}")]
     Protobuf(String),
+    #[error("the profile has more than {limit} {what}; send smaller profiles (split them by time)")]
+    TooManyElements { what: &'static str, limit: usize },
 }
 
 /// Default cap for decompressed profiles when no component set one.
@@ -213,6 +215,8 @@ pub fn gunzip_into(bytes: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), 
 /// Decodes a (possibly gzipped) pprof payload with a cap on the decompressed size.
 pub fn decode(bytes: &Bytes, limit: usize) -> Result<Profile, DecodeError> {
     let plain = decompress(bytes, limit)?;
+    // The scan bounds how many structs decoding creates before prost allocates them.
+    scan_plain(&plain)?;
     Profile::decode(plain).map_err(|e| DecodeError::Protobuf(e.to_string()))
 }
 
@@ -274,71 +278,89 @@ pub fn scan_metadata(bytes: &[u8], limit: usize) -> Result<Metadata, DecodeError
     }
 }
 
-fn scan_plain(mut buf: &[u8]) -> Result<Metadata, DecodeError> {
-    let plain_size = buf.len();
+/// Most sample types a profile may have (real profiles have one to four).
+pub const MAX_SAMPLE_TYPES: usize = 64;
+/// Most samples, locations, functions, mappings and strings a profile may
+/// have together. Decoding multiplies a 2-byte empty entry into a 48-72 byte
+/// struct, so this, not the byte size alone, bounds decoded memory (about
+/// 72 MB at most). Real profiles stay far below it (a large Go heap profile
+/// has some 100,000).
+pub const MAX_PROFILE_ELEMENTS: usize = 1_000_000;
+
+fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
+    let bad = |what: &str| DecodeError::Protobuf(what.to_string());
     let mut sample_types: Vec<(i64, i64)> = Vec::new();
     let mut period_type: Option<(i64, i64)> = None;
-    let mut strings: Vec<&[u8]> = Vec::new();
     let mut meta = Metadata {
-        plain_size,
+        plain_size: buf.len(),
         ..Metadata::default()
     };
-    let bad = |what: &str| DecodeError::Protobuf(what.to_string());
-    while buf.has_remaining() {
-        let key = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
-        let tag = key >> 3;
-        let wire = key & 7;
-        match wire {
-            0 => {
-                let v =
-                    prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
-                match tag {
-                    9 => meta.time_nanos = v as i64,
-                    10 => meta.duration_nanos = v as i64,
-                    12 => meta.period = v as i64,
-                    _ => {}
+    let mut elements = 0usize;
+    walk_fields(buf, |tag, field| {
+        match field {
+            Field::Varint(v) => match tag {
+                9 => meta.time_nanos = v as i64,
+                10 => meta.duration_nanos = v as i64,
+                12 => meta.period = v as i64,
+                _ => {}
+            },
+            Field::Bytes(bytes) => match tag {
+                1 => {
+                    if sample_types.len() == MAX_SAMPLE_TYPES {
+                        return Err(DecodeError::TooManyElements {
+                            what: "sample types",
+                            limit: MAX_SAMPLE_TYPES,
+                        });
+                    }
+                    sample_types.push(scan_value_type(bytes)?);
                 }
-            }
-            1 => {
-                if buf.len() < 8 {
-                    return Err(bad("truncated fixed64 field"));
+                11 => period_type = Some(scan_value_type(bytes)?),
+                2..=6 => {
+                    if tag == 2 {
+                        meta.sample_count += 1;
+                    }
+                    elements += 1;
+                    if elements > MAX_PROFILE_ELEMENTS {
+                        return Err(DecodeError::TooManyElements {
+                            what: "samples, locations, functions, mappings and strings",
+                            limit: MAX_PROFILE_ELEMENTS,
+                        });
+                    }
                 }
-                buf.advance(8);
-            }
-            5 => {
-                if buf.len() < 4 {
-                    return Err(bad("truncated fixed32 field"));
-                }
-                buf.advance(4);
-            }
-            2 => {
-                let len =
-                    prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
-                let len = usize::try_from(len).map_err(|_| bad("length overflows"))?;
-                if len > buf.len() {
-                    return Err(bad("field length runs past the end of the message"));
-                }
-                let (field, rest) = buf.split_at(len);
-                buf = rest;
-                match tag {
-                    1 => sample_types.push(scan_value_type(field)?),
-                    2 => meta.sample_count += 1,
-                    6 => strings.push(field),
-                    11 => period_type = Some(scan_value_type(field)?),
-                    // Packed repeated int64 comment (13) and the other messages are skipped.
-                    _ => {}
-                }
-            }
-            _ => return Err(bad(&format!("invalid wire type {wire} for field {tag}"))),
+                // Packed repeated int64 comment (13) and unknown fields are skipped.
+                _ => {}
+            },
+            Field::Fixed => {}
         }
+        Ok(())
+    })?;
+
+    // Only the strings the sample and period types name are read, in a second
+    // pass, so the string table is never collected.
+    let mut wanted: Vec<i64> = sample_types.iter().flat_map(|&(t, u)| [t, u]).collect();
+    if let Some((t, u)) = period_type {
+        wanted.extend([t, u]);
     }
+    if wanted.iter().any(|&i| i < 0) {
+        return Err(bad("negative string index"));
+    }
+    let mut found: Vec<(i64, String)> = Vec::with_capacity(wanted.len());
+    let mut index = 0i64;
+    walk_fields(buf, |tag, field| {
+        if let (6, Field::Bytes(bytes)) = (tag, field) {
+            if wanted.contains(&index) && !found.iter().any(|(i, _)| *i == index) {
+                let text = std::str::from_utf8(bytes)
+                    .map_err(|_| bad("string table entry is not UTF-8"))?;
+                found.push((index, text.to_owned()));
+            }
+            index += 1;
+        }
+        Ok(())
+    })?;
     let s = |i: i64| -> Result<String, DecodeError> {
-        let idx = usize::try_from(i).map_err(|_| bad("negative string index"))?;
-        match strings.get(idx) {
-            Some(b) => std::str::from_utf8(b)
-                .map(str::to_owned)
-                .map_err(|_| bad("string table entry is not UTF-8")),
-            None if idx == 0 => Ok(String::new()),
+        match found.iter().find(|(j, _)| *j == i) {
+            Some((_, text)) => Ok(text.clone()),
+            None if i == 0 => Ok(String::new()),
             None => Err(bad("string index out of range")),
         }
     };
@@ -349,6 +371,57 @@ fn scan_plain(mut buf: &[u8]) -> Result<Metadata, DecodeError> {
         meta.period_type = Some((s(t)?, s(u)?));
     }
     Ok(meta)
+}
+
+/// A top-level protobuf field as [`walk_fields`] sees it.
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Fixed,
+}
+
+/// Calls `f` with each top-level field of a protobuf message, checking the
+/// wire format as it goes (tag 0, bad wire types, lengths past the end).
+fn walk_fields<'a>(
+    mut buf: &'a [u8],
+    mut f: impl FnMut(u64, Field<'a>) -> Result<(), DecodeError>,
+) -> Result<(), DecodeError> {
+    let bad = |what: &str| DecodeError::Protobuf(what.to_string());
+    while buf.has_remaining() {
+        let key = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
+        let tag = key >> 3;
+        let wire = key & 7;
+        if tag == 0 {
+            return Err(bad("field number 0 is invalid"));
+        }
+        let field = match wire {
+            0 => Field::Varint(
+                prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?,
+            ),
+            1 | 5 => {
+                let n = if wire == 1 { 8 } else { 4 };
+                if buf.len() < n {
+                    return Err(bad("truncated fixed-size field"));
+                }
+                buf.advance(n);
+                Field::Fixed
+            }
+            2 => {
+                let len =
+                    prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
+                let len = usize::try_from(len).map_err(|_| bad("length overflows"))?;
+                if len > buf.len() {
+                    return Err(bad("field length runs past the end of the message"));
+                }
+                let (field, rest) = buf.split_at(len);
+                buf = rest;
+                Field::Bytes(field)
+            }
+            _ => return Err(bad(&format!("invalid wire type {wire} for field {tag}"))),
+        };
+        f(tag, field)?;
+    }
+    Ok(())
 }
 
 fn scan_value_type(mut buf: &[u8]) -> Result<(i64, i64), DecodeError> {
@@ -576,6 +649,33 @@ mod tests {
             scan_metadata(b"hello world", 1024),
             Err(DecodeError::Protobuf(_))
         ));
+    }
+
+    #[test]
+    fn element_counts_are_capped_before_decoding() {
+        // 2-byte empty samples: tiny on the wire, 72 bytes each once decoded.
+        let many = [0x12u8, 0x00].repeat(MAX_PROFILE_ELEMENTS + 1);
+        let expected = DecodeError::TooManyElements {
+            what: "samples, locations, functions, mappings and strings",
+            limit: MAX_PROFILE_ELEMENTS,
+        };
+        assert_eq!(scan_metadata(&many, 64 << 20), Err(expected.clone()));
+        assert_eq!(decode(&Bytes::from(many), 64 << 20), Err(expected));
+        let types = [0x0au8, 0x00].repeat(MAX_SAMPLE_TYPES + 1);
+        assert!(matches!(
+            scan_metadata(&types, 1 << 20),
+            Err(DecodeError::TooManyElements {
+                what: "sample types",
+                ..
+            })
+        ));
+        assert!(
+            matches!(
+                scan_metadata(&[0x00, 0x00], 1 << 20),
+                Err(DecodeError::Protobuf(_))
+            ),
+            "field number 0"
+        );
     }
 
     proptest::proptest! {

@@ -66,6 +66,9 @@ impl IngestError {
             DecodeError::Protobuf(detail) => IngestError::BadRequest(format!(
                 "{what}: not a valid pprof protobuf ({detail}); send a pprof profile, plain or gzip-compressed"
             )),
+            e @ DecodeError::TooManyElements { .. } => {
+                IngestError::BadRequest(format!("{what}: {e}"))
+            }
         }
     }
 
