@@ -132,9 +132,12 @@ impl TelemetryConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
+    /// Receiver ids feeding this pipeline (at least one).
     pub receivers: Vec<Located<String>>,
+    /// Processor ids, run in this order.
     #[serde(default)]
     pub processors: Vec<Located<String>>,
+    /// Exporter ids, each fed every profile that leaves the processors (at least one).
     pub exporters: Vec<Located<String>>,
 }
 
@@ -142,6 +145,7 @@ pub struct PipelineConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceConfig {
+    /// Logs and the `/metrics`, `/healthz`, `/readyz` server.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
     /// Pipelines by id (`profiles` or `profiles/<name>`), in file order.
@@ -153,6 +157,7 @@ pub struct ServiceConfig {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawService {
+    /// See [`ServiceConfig::telemetry`].
     #[serde(default)]
     telemetry: TelemetryConfig,
     /// Read separately (kept as a located node); present here so it is a known field.

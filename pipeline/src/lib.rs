@@ -13,5 +13,6 @@ pub mod queue;
 pub mod registry;
 pub mod relabel;
 pub mod telemetry;
+#[doc(hidden)]
 pub mod testdata;
 pub mod topology;

@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -102,11 +103,11 @@ pub fn queue_problems(queue: &QueueSettings, retry: &RetrySettings) -> Vec<Field
             "must be at least 1: with no consumer nothing is ever exported",
         ));
     }
-    if !retry.multiplier.is_finite() || retry.multiplier < 1.0 {
+    if !retry.multiplier.is_finite() || !(1.0..=10.0).contains(&retry.multiplier) {
         problems.push(FieldError::new(
             "retry_on_failure.multiplier",
             format!(
-                "must be a number of at least 1 (got {}): the wait between retries must not shrink",
+                "must be a number from 1 to 10 (got {}): the wait between retries must not shrink, nor jump past max_interval at once",
                 retry.multiplier
             ),
         ));
@@ -134,6 +135,10 @@ struct State {
     items: VecDeque<Item>,
     /// Profiles admitted and not yet finished (waiting, reserved or being sent).
     profiles: usize,
+    /// Reservations taken and not yet pushed or released: consumers must not
+    /// end while one is outstanding, or a batch the sender was told was
+    /// accepted could land in a queue nobody drains.
+    reservations: usize,
     /// Bytes admitted and not yet finished.
     bytes: usize,
     closed: bool,
@@ -215,8 +220,9 @@ impl ExporterQueue {
     }
 
     /// Takes capacity for a batch of `profiles` profiles and `bytes` bytes. A
-    /// batch larger than the whole queue is admitted when the queue is empty, so
-    /// an outsized profile is delivered alone rather than refused forever.
+    /// batch larger than the whole queue is admitted when nothing is waiting
+    /// (sends may be in flight), so an outsized profile is delivered alone
+    /// rather than refused forever under steady load.
     pub fn reserve(&self, profiles: usize, bytes: usize) -> Result<Reservation, Refusal> {
         let mut s = self.lock();
         if s.closed {
@@ -224,19 +230,29 @@ impl ExporterQueue {
         }
         let fits = s.profiles + profiles <= self.settings.queue_size
             && s.bytes + bytes <= self.settings.max_bytes.as_usize();
-        if !fits && s.profiles > 0 {
+        let oversized =
+            profiles > self.settings.queue_size || bytes > self.settings.max_bytes.as_usize();
+        let nothing_waiting = s.items.is_empty() && s.reservations == 0;
+        let admit = fits || (oversized && nothing_waiting);
+        if !admit {
             return Err(Refusal::Full);
         }
         s.profiles += profiles;
         s.bytes += bytes;
+        s.reservations += 1;
         Ok(Reservation { profiles, bytes })
     }
 
     /// Gives back a reservation that will not be used.
     pub fn release(&self, r: Reservation) {
-        let mut s = self.lock();
-        s.profiles -= r.profiles;
-        s.bytes -= r.bytes;
+        {
+            let mut s = self.lock();
+            s.profiles -= r.profiles;
+            s.bytes -= r.bytes;
+            s.reservations -= 1;
+        }
+        // A closed queue's consumers may be waiting for this last reservation.
+        self.available.notify_waiters();
     }
 
     /// Puts a batch into the queue under its reservation.
@@ -246,6 +262,7 @@ impl ExporterQueue {
             let mut s = self.lock();
             // Sizes are counted by the reservation; the batch must be the one reserved for.
             debug_assert_eq!(r.profiles, batch.len());
+            s.reservations -= 1;
             s.items.push_back(Item {
                 batch,
                 bytes: r.bytes,
@@ -276,7 +293,7 @@ impl ExporterQueue {
                 if let Some(item) = s.items.pop_front() {
                     return Some(item);
                 }
-                if s.closed {
+                if s.closed && s.reservations == 0 {
                     return None;
                 }
             }
@@ -311,8 +328,18 @@ impl ExporterQueue {
                         };
                         let Some(item) = item else { break };
                         let (profiles, bytes) = (item.batch.len(), item.bytes);
+                        // A panicking exporter must not kill the consumer without
+                        // finishing the item: its queue would stay full forever.
+                        let send = std::panic::AssertUnwindSafe(
+                            q.send_with_retry(exporter.as_ref(), &item.batch),
+                        )
+                        .catch_unwind();
                         let delivered = tokio::select! {
-                            r = q.send_with_retry(exporter.as_ref(), &item.batch) => r,
+                            r = send => r.unwrap_or_else(|_| {
+                                tracing::error!(exporter = %q.id, profiles = profiles, "the exporter panicked; dropping the batch");
+                                q.telemetry.failed("panic", profiles as u64);
+                                false
+                            }),
                             _ = abort.cancelled() => {
                                 // Leave the counters as they are: the shutdown report
                                 // counts this batch as not delivered.
@@ -357,7 +384,11 @@ impl ExporterQueue {
             }
             let delay = retry_after.unwrap_or_else(|| jitter(wait));
             let max_elapsed = self.retry.max_elapsed_time.get();
-            if !max_elapsed.is_zero() && started.elapsed() + delay > max_elapsed {
+            let past_deadline = started
+                .elapsed()
+                .checked_add(delay)
+                .is_none_or(|end| end > max_elapsed);
+            if !max_elapsed.is_zero() && past_deadline {
                 tracing::warn!(exporter = %self.id, reason = %err.reason, error = %err, elapsed = ?started.elapsed(), "giving up after max_elapsed_time");
                 self.telemetry
                     .failed("retries_exhausted", batch.len() as u64);
@@ -367,7 +398,10 @@ impl ExporterQueue {
             self.telemetry.retried();
             tokio::time::sleep(delay).await;
             wait = std::cmp::min(
-                wait.mul_f64(self.retry.multiplier.max(1.0)),
+                std::time::Duration::try_from_secs_f64(
+                    wait.as_secs_f64() * self.retry.multiplier.max(1.0),
+                )
+                .unwrap_or(std::time::Duration::MAX),
                 self.retry.max_interval.get(),
             );
         }
@@ -382,7 +416,7 @@ fn jitter(d: std::time::Duration) -> std::time::Duration {
         .map(|t| t.subsec_nanos())
         .unwrap_or(0);
     let factor = 0.5 + f64::from(nanos % 1000) / 1000.0;
-    d.mul_f64(factor)
+    std::time::Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(d)
 }
 
 /// Profiles and bytes of a batch, as queues count them.

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use proflow_config::{Error, Node, from_node};
 use serde::de::DeserializeOwned;
 
-use crate::component::{ExporterConfig, ProcessorConfig, ReceiverConfig, Validate};
+use crate::component::{ExporterConfig, FieldError, ProcessorConfig, ReceiverConfig, Validate};
+use crate::queue::queue_problems;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
@@ -88,9 +89,11 @@ impl fmt::Debug for Factory {
 fn parse_validated<C: DeserializeOwned + Validate>(
     node: &Node,
     path: &str,
+    shared_checks: impl Fn(&C) -> Vec<FieldError>,
 ) -> Result<C, Vec<Error>> {
     let config: C = from_node(node, path).map_err(|e| vec![e])?;
-    let problems = config.validate();
+    let mut problems = config.validate();
+    problems.extend(shared_checks(&config));
     if problems.is_empty() {
         return Ok(config);
     }
@@ -112,21 +115,24 @@ fn parse_receiver<C: ReceiverConfig + DeserializeOwned + 'static>(
     node: &Node,
     path: &str,
 ) -> Result<AnyConfig, Vec<Error>> {
-    parse_validated::<C>(node, path).map(|c| AnyConfig::Receiver(Arc::new(c)))
+    parse_validated::<C>(node, path, |_| Vec::new()).map(|c| AnyConfig::Receiver(Arc::new(c)))
 }
 
 fn parse_processor<C: ProcessorConfig + DeserializeOwned + 'static>(
     node: &Node,
     path: &str,
 ) -> Result<AnyConfig, Vec<Error>> {
-    parse_validated::<C>(node, path).map(|c| AnyConfig::Processor(Arc::new(c)))
+    parse_validated::<C>(node, path, |_| Vec::new()).map(|c| AnyConfig::Processor(Arc::new(c)))
 }
 
 fn parse_exporter<C: ExporterConfig + DeserializeOwned + 'static>(
     node: &Node,
     path: &str,
 ) -> Result<AnyConfig, Vec<Error>> {
-    parse_validated::<C>(node, path).map(|c| AnyConfig::Exporter(Arc::new(c)))
+    // Every exporter's `sending_queue` and `retry_on_failure` are checked here,
+    // so no exporter can forget to.
+    parse_validated::<C>(node, path, |c| queue_problems(&c.queue(), &c.retry()))
+        .map(|c| AnyConfig::Exporter(Arc::new(c)))
 }
 
 impl Factory {

@@ -29,6 +29,8 @@ use crate::telemetry::{ProcessorTelemetry, Telemetry};
 
 /// How long a refused sender is told to wait before retrying.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long receivers get to finish in-flight requests at shutdown.
+const RECEIVER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One pipeline by component ids.
 #[derive(Debug, Clone)]
@@ -67,10 +69,10 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
     let mut processors = BTreeMap::new();
     let mut exporters = BTreeMap::new();
     let mut defined: HashMap<(Kind, String), Defined> = HashMap::new();
-    let mut claims: HashMap<Resource, String> = HashMap::new();
+    let mut claims: Vec<(Resource, String)> = Vec::new();
 
     if let Ok(Some(addr)) = doc.service.telemetry.socket_addr() {
-        claims.insert(Resource::TcpListen(addr), "service.telemetry".into());
+        claims.push((Resource::TcpListen(addr), "service.telemetry".into()));
     }
 
     for (kind, entries) in [
@@ -119,13 +121,13 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
                     };
                     for r in resources {
                         let owner = format!("{}::{id}", kind.section());
-                        if let Some(other) = claims.get(&conflict_key(&r)) {
+                        if let Some((_, other)) = claims.iter().find(|(c, _)| conflicts(c, &r)) {
                             errors.push(
                                 Error::new(&entry.path, entry.line, entry.column, format!("{} is already used by {other}; give each component its own", describe(&r)))
                                     .in_component(owner.clone()),
                             );
                         } else {
-                            claims.insert(conflict_key(&r), owner);
+                            claims.push((r, owner));
                         }
                     }
                     match config {
@@ -228,11 +230,19 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
     })
 }
 
-/// Two listeners conflict on the same port when either binds the unspecified address.
-fn conflict_key(r: &Resource) -> Resource {
-    match r {
-        Resource::TcpListen(a) if a.ip().is_unspecified() => Resource::TcpListen(*a),
-        other => other.clone(),
+/// Two listeners conflict on the same port when their addresses are equal or
+/// either is the unspecified address (`0.0.0.0`, `[::]`); two directories
+/// conflict when one contains the other (one exporter's start-up clean-up
+/// would delete the other's temporary files).
+fn conflicts(a: &Resource, b: &Resource) -> bool {
+    match (a, b) {
+        (Resource::TcpListen(x), Resource::TcpListen(y)) => {
+            x.port() == y.port()
+                && x.port() != 0
+                && (x.ip() == y.ip() || x.ip().is_unspecified() || y.ip().is_unspecified())
+        }
+        (Resource::Directory(x), Resource::Directory(y)) => x.starts_with(y) || y.starts_with(x),
+        _ => false,
     }
 }
 
@@ -288,14 +298,27 @@ impl Consumer for Fanout {
                 targets.push((q.clone(), copy));
             }
         }
-        let mut admitted: Vec<(Arc<ExporterQueue>, Reservation, Batch)> =
-            Vec::with_capacity(targets.len());
+        // One reservation per queue: an exporter fed by two of these pipelines
+        // gets both copies as one batch (two reservations would count the
+        // first against the second and could refuse an idle queue forever).
+        let mut grouped: Vec<(Arc<ExporterQueue>, Batch)> = Vec::with_capacity(targets.len());
         for (q, b) in targets {
+            match grouped.iter_mut().find(|(g, _)| Arc::ptr_eq(g, &q)) {
+                Some((_, batch)) => batch.extend(b),
+                None => grouped.push((q, b)),
+            }
+        }
+        // `block` queues first: if one refuses, nothing was dropped anywhere.
+        grouped.sort_by_key(|(q, _)| q.when_full() == WhenFull::DropNewest);
+        let mut admitted: Vec<(Arc<ExporterQueue>, Reservation, Batch)> =
+            Vec::with_capacity(grouped.len());
+        let mut dropped: Vec<(Arc<ExporterQueue>, usize)> = Vec::new();
+        for (q, b) in grouped {
             let (profiles, bytes) = batch_size(&b);
             match q.reserve(profiles, bytes) {
                 Ok(r) => admitted.push((q, r, b)),
                 Err(Refusal::Full) if q.when_full() == WhenFull::DropNewest => {
-                    q.telemetry().dropped("queue_full", profiles as u64);
+                    dropped.push((q, profiles))
                 }
                 Err(refusal) => {
                     for (q, r, _) in admitted {
@@ -310,6 +333,10 @@ impl Consumer for Fanout {
                     });
                 }
             }
+        }
+        // Counted only now that the batch is accepted: a refused batch dropped nothing.
+        for (q, profiles) in dropped {
+            q.telemetry().dropped("queue_full", profiles as u64);
         }
         for (q, r, b) in admitted {
             q.push(r, b);
@@ -349,7 +376,7 @@ impl ShutdownReport {
 }
 
 impl Plan {
-    /// The parsed config of an exporter (for tests and tools).
+    /// The ids of the configured exporters (for tests and tools).
     pub fn exporter_ids(&self) -> impl Iterator<Item = &String> {
         self.exporters.keys()
     }
@@ -418,7 +445,9 @@ impl Plan {
             }
         }
 
-        let mut receiver_tasks = Vec::new();
+        // Every receiver binds before any serves: if one cannot start, none has
+        // accepted anything yet, so failing here loses nothing.
+        let mut serving = Vec::new();
         for (id, config) in &self.receivers {
             let Some(pipelines) = by_receiver.remove(id) else {
                 continue; // unused: warned about at plan time
@@ -436,8 +465,12 @@ impl Plan {
                 })
                 .await
                 .map_err(|e| BuildError::new(format!("receiver `{id}`: {e}")))?;
-            receiver_tasks.push((id.clone(), tokio::spawn(serve)));
+            serving.push((id.clone(), serve));
         }
+        let receiver_tasks = serving
+            .into_iter()
+            .map(|(id, serve)| (id, tokio::spawn(serve)))
+            .collect();
         telemetry.set_ready(true);
         Ok(Running {
             receivers_stop,
@@ -456,14 +489,17 @@ impl Running {
     pub async fn shutdown(self) -> ShutdownReport {
         self.telemetry.set_ready(false);
         self.receivers_stop.cancel();
-        for (id, task) in self.receiver_tasks {
-            // Receivers finish in-flight requests; bound the wait so one stuck
-            // connection cannot eat the whole drain budget.
-            if tokio::time::timeout(Duration::from_secs(5), task)
+        // Receivers finish in-flight requests under one shared bound, so a stuck
+        // connection cannot eat the drain budget; what is left is then aborted
+        // (a request still in flight gets no answer, so its sender retries).
+        let receivers_deadline = tokio::time::Instant::now() + RECEIVER_STOP_TIMEOUT;
+        for (id, mut task) in self.receiver_tasks {
+            if tokio::time::timeout_at(receivers_deadline, &mut task)
                 .await
                 .is_err()
             {
-                tracing::warn!(receiver = %id, "receiver did not stop within 5s");
+                tracing::warn!(receiver = %id, "receiver did not stop within {RECEIVER_STOP_TIMEOUT:?}; aborting it");
+                task.abort();
             }
         }
         for e in &self.exporters {
@@ -472,11 +508,12 @@ impl Running {
         let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
         let mut report = ShutdownReport::default();
         for e in self.exporters {
-            for task in e.tasks {
-                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-                if tokio::time::timeout(remaining, task).await.is_err() {
-                    // Deadline passed: stop every consumer where it is.
+            for mut task in e.tasks {
+                if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                    // Deadline passed: stop every consumer where it is, and let it
+                    // reach its next await point so the count below is final.
                     self.abort.cancel();
+                    let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
                 }
             }
             let (left, _) = e.queue.level();
@@ -614,6 +651,7 @@ mod tests {
         Hang,
         FailTwice,
         Permanent,
+        Panic,
     }
 
     #[derive(Debug, Deserialize)]
@@ -644,6 +682,7 @@ mod tests {
                 }
                 Behaviour::FailTwice => {}
                 Behaviour::Permanent => return Err(ExportError::permanent("rejected", "no")),
+                Behaviour::Panic => panic!("test exporter panics"),
             }
             self.1.delivered.fetch_add(batch.len(), Ordering::SeqCst);
             Ok(())
@@ -872,6 +911,103 @@ mod tests {
         assert_eq!(
             c.consume(vec![envelope("yes")]).await,
             Err(ConsumeError::ShuttingDown)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_exporter_fed_by_two_pipelines_gets_both_copies_in_one_admission() {
+        let yaml = "receivers:\n  test: {key: tw}\nexporters:\n  test: {key: tw-x, behaviour: ok, sending_queue: {queue_size: 3}}\nservice:\n  pipelines:\n    profiles/a: {receivers: [test], exporters: [test]}\n    profiles/b: {receivers: [test], exporters: [test]}\n";
+        let (running, _) = start(yaml).await;
+        // 2 profiles × 2 pipelines = 4 > queue_size 3, but the queue is idle: admitted whole.
+        consumer("tw")
+            .consume(vec![envelope("yes"), envelope("yes")])
+            .await
+            .unwrap();
+        eventually("both copies delivered", || {
+            record("tw-x").delivered.load(Ordering::SeqCst) == 4
+        })
+        .await;
+        running.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_refused_batch_counts_no_drops() {
+        let yaml = "receivers:\n  test: {key: rd}\nexporters:\n  test/drop: {key: rd-d, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1, when_full: drop_newest}}\n  test/block: {key: rd-b, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1}}\nservice:\n  shutdown_timeout: 50ms\n  pipelines:\n    profiles: {receivers: [test], exporters: [test/drop, test/block]}\n";
+        let (running, t) = start(yaml).await;
+        let c = consumer("rd");
+        c.consume(vec![envelope("yes")]).await.unwrap();
+        for _ in 0..3 {
+            assert!(matches!(
+                c.consume(vec![envelope("yes")]).await,
+                Err(ConsumeError::Backpressure { .. })
+            ));
+        }
+        let text = t.render();
+        assert!(
+            !text.contains("queue_full"),
+            "refused batches must not count as dropped: {text}"
+        );
+        running.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_panicking_exporter_fails_the_batch_and_keeps_its_queue_moving() {
+        let yaml = "receivers:\n  test: {key: pn}\nexporters:\n  test: {key: pn-x, behaviour: panic, sending_queue: {queue_size: 1, num_consumers: 1}}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, t) = start(yaml).await;
+        let c = consumer("pn");
+        for i in 1..=3 {
+            // Each batch fits only once the previous one was finished.
+            let mut accepted = false;
+            for _ in 0..200 {
+                if c.consume(vec![envelope("yes")]).await.is_ok() {
+                    accepted = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(accepted, "batch {i} was never admitted: the queue is stuck");
+        }
+        eventually("three panics counted", || {
+            t.render().contains(
+                r#"proflow_exporter_failed_profiles_total{exporter="test",reason="panic"} 3"#,
+            )
+        })
+        .await;
+        assert_eq!(running.shutdown().await.total_undelivered(), 0);
+    }
+
+    #[test]
+    fn listeners_conflict_by_port_and_directories_by_nesting() {
+        let l = |s: &str| Resource::TcpListen(s.parse().unwrap());
+        let d = |s: &str| Resource::Directory(s.into());
+        assert!(conflicts(&l("0.0.0.0:4040"), &l("127.0.0.1:4040")));
+        assert!(conflicts(&l("127.0.0.1:4040"), &l("127.0.0.1:4040")));
+        assert!(conflicts(&l("[::]:4040"), &l("0.0.0.0:4040")));
+        assert!(!conflicts(&l("127.0.0.1:4040"), &l("127.0.0.2:4040")));
+        assert!(
+            !conflicts(&l("127.0.0.1:0"), &l("127.0.0.1:0")),
+            "port 0 never collides"
+        );
+        assert!(conflicts(&d("/data"), &d("/data/svc")));
+        assert!(!conflicts(&d("/data/a"), &d("/data/ab")));
+    }
+
+    #[test]
+    fn queue_and_retry_blocks_are_validated_for_every_exporter() {
+        let yaml = "receivers:\n  test: {key: v}\nexporters:\n  test: {key: v, behaviour: ok, sending_queue: {num_consumers: 0}, retry_on_failure: {multiplier: 1e19}}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let errs = plan(
+            &Document::parse_with_env(yaml, &|_| None).unwrap(),
+            &registry(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            errs.contains("exporters.test.sending_queue.num_consumers"),
+            "{errs}"
+        );
+        assert!(
+            errs.contains("exporters.test.retry_on_failure.multiplier"),
+            "{errs}"
         );
     }
 

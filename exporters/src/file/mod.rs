@@ -52,7 +52,6 @@ use serde::{Deserialize, Serialize};
 
 use self::book::{Book, Retention, Written};
 use crate::error::Error;
-use proflow_pipeline::queue::queue_problems;
 
 /// Smallest non-zero `retention.max_total_size`: anything below one filesystem
 /// block is almost surely a missing unit (`512` meant `512MiB`).
@@ -128,7 +127,6 @@ impl Validate for FileExporterConfig {
                 ),
             ));
         }
-        problems.extend(queue_problems(&self.sending_queue, &self.retry_on_failure));
         problems
     }
 }
