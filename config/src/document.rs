@@ -114,7 +114,12 @@ impl TelemetryConfig {
         if self.address.value == "none" || self.address.value.is_empty() {
             return Ok(None);
         }
-        self.address.value.parse().map(Some).map_err(|_| {
+        // `localhost:PORT` as the receivers accept it; other names are not looked up.
+        let text = match self.address.value.strip_prefix("localhost:") {
+            Some(port) => format!("127.0.0.1:{port}"),
+            None => self.address.value.clone(),
+        };
+        text.parse().map(Some).map_err(|_| {
             Error::new(
                 &self.address.path,
                 self.address.line,
