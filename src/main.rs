@@ -180,7 +180,10 @@ async fn run(plan: Plan) -> anyhow::Result<()> {
         .context("cannot start")?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "proflow is running");
 
-    wait_for_signal().await;
+    let failed = tokio::select! {
+        _ = wait_for_signal() => false,
+        _ = running.receiver_failed() => true,
+    };
     tracing::info!(
         ?shutdown_timeout,
         "stopping: receivers first, then draining exporter queues"
@@ -201,6 +204,9 @@ async fn run(plan: Plan) -> anyhow::Result<()> {
     stop_telemetry.cancel();
     if let Some(t) = telemetry_task {
         let _ = t.await;
+    }
+    if failed {
+        anyhow::bail!("a receiver stopped on its own (see the log above); stopped the collector");
     }
     Ok(())
 }

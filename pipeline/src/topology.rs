@@ -355,6 +355,7 @@ struct RunningExporter {
 /// A started collector.
 pub struct Running {
     receivers_stop: CancellationToken,
+    receiver_failed: CancellationToken,
     receiver_tasks: Vec<(String, JoinHandle<()>)>,
     exporters: Vec<RunningExporter>,
     abort: CancellationToken,
@@ -467,13 +468,29 @@ impl Plan {
                 .map_err(|e| BuildError::new(format!("receiver `{id}`: {e}")))?;
             serving.push((id.clone(), serve));
         }
+        let receiver_failed = CancellationToken::new();
         let receiver_tasks = serving
             .into_iter()
-            .map(|(id, serve)| (id, tokio::spawn(serve)))
+            .map(|(id, serve)| {
+                let (stop, failed, name) =
+                    (receivers_stop.clone(), receiver_failed.clone(), id.clone());
+                let task = tokio::spawn(async move {
+                    serve.await;
+                    // A receiver that ends before it was told to can no longer
+                    // accept anything: say so, so the collector stops rather than
+                    // running deaf while /readyz says ready.
+                    if !stop.is_cancelled() {
+                        tracing::error!(receiver = %name, "receiver stopped on its own");
+                        failed.cancel();
+                    }
+                });
+                (id, task)
+            })
             .collect();
         telemetry.set_ready(true);
         Ok(Running {
             receivers_stop,
+            receiver_failed,
             receiver_tasks,
             exporters,
             abort,
@@ -525,6 +542,11 @@ impl Running {
         }
         self.abort.cancel();
         report
+    }
+
+    /// Completes when a receiver stopped before shutdown was asked for.
+    pub async fn receiver_failed(&self) {
+        self.receiver_failed.cancelled().await
     }
 
     /// Profiles waiting per exporter (for tests).
@@ -586,6 +608,9 @@ mod tests {
         key: String,
         #[serde(default)]
         endpoint: Option<String>,
+        /// Stop serving at once (a receiver that fails on its own).
+        #[serde(default)]
+        die: bool,
     }
     impl Validate for TestReceiverConfig {
         fn validate(&self) -> Vec<FieldError> {
@@ -597,7 +622,7 @@ mod tests {
             }
         }
     }
-    struct TestReceiver(String);
+    struct TestReceiver(String, bool);
     #[async_trait]
     impl Receiver for TestReceiver {
         async fn start(self: Box<Self>, ctx: ReceiverContext) -> Result<ServeFuture, BuildError> {
@@ -605,7 +630,12 @@ mod tests {
                 .lock()
                 .unwrap()
                 .insert(self.0.clone(), ctx.consumer);
-            Ok(Box::pin(async move { ctx.shutdown.cancelled().await }))
+            let die = self.1;
+            Ok(Box::pin(async move {
+                if !die {
+                    ctx.shutdown.cancelled().await
+                }
+            }))
         }
     }
     impl ReceiverConfig for TestReceiverConfig {
@@ -617,7 +647,7 @@ mod tests {
                 .collect()
         }
         fn build(&self, _: &BuildContext) -> Result<Box<dyn Receiver>, BuildError> {
-            Ok(Box::new(TestReceiver(self.key.clone())))
+            Ok(Box::new(TestReceiver(self.key.clone(), self.die)))
         }
     }
 
@@ -974,6 +1004,16 @@ mod tests {
         })
         .await;
         assert_eq!(running.shutdown().await.total_undelivered(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_receiver_that_stops_on_its_own_is_reported() {
+        let yaml = "receivers:\n  test: {key: die, die: true}\nexporters:\n  test: {key: die-x, behaviour: ok}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, _) = start(yaml).await;
+        tokio::time::timeout(Duration::from_secs(5), running.receiver_failed())
+            .await
+            .expect("receiver_failed completes when a receiver ends by itself");
+        running.shutdown().await;
     }
 
     #[test]
