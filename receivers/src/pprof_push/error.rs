@@ -23,7 +23,7 @@ pub enum IngestError {
     BodyTooLarge { limit: usize },
     /// Something grew past `max_decompressed_size` when decompressed.
     #[error(
-        "{what} exceeds max_decompressed_size ({limit} bytes) once decompressed; send smaller profiles or raise max_decompressed_size"
+        "{what} exceeds max_decompressed_size ({limit} bytes) once decompressed (the limit covers everything one request decompresses); send smaller or fewer profiles per request or raise max_decompressed_size"
     )]
     DecompressedTooLarge { what: String, limit: usize },
     /// A content type, content encoding or format this receiver does not read.

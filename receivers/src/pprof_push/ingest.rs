@@ -12,6 +12,7 @@ use bytes::Bytes;
 use proflow_pipeline::model::{Batch, Envelope, Payload, ValueType};
 use proflow_pipeline::pprof;
 
+use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
 use super::folded::{self, TextFormat};
 use super::labels::{ingest_folded_labels, ingest_pprof_labels};
@@ -23,6 +24,9 @@ use super::timestamp::parse_unix_timestamp;
 
 /// Pyroscope's default sample rate (Hz) when `sampleRate` is absent.
 const DEFAULT_SAMPLE_RATE: u32 = 100;
+/// Highest `sampleRate` (Hz) accepted: one sample per nanosecond. Above it
+/// the sampling period, 1e9 / rate nanoseconds, would round to 0.
+const MAX_SAMPLE_RATE: u32 = 1_000_000_000;
 /// Pyroscope's `spyName` when the client sends none.
 const DEFAULT_SPY_NAME: &str = "unknown";
 
@@ -89,11 +93,19 @@ pub(crate) fn parse_params(uri: &Uri, now_nanos: i64) -> Result<IngestParams, In
     }
     let sample_rate = match first(&pairs, "sampleRate").filter(|v| !v.is_empty()) {
         None => DEFAULT_SAMPLE_RATE,
-        Some(v) => v.trim().parse::<u32>().map_err(|_| {
-            IngestError::bad_request(format!(
-                "sampleRate: {v:?} is not a whole number of samples per second, such as 100"
-            ))
-        })?,
+        Some(v) => {
+            let rate = v.trim().parse::<u32>().map_err(|_| {
+                IngestError::bad_request(format!(
+                    "sampleRate: {v:?} is not a whole number of samples per second, such as 100"
+                ))
+            })?;
+            if rate > MAX_SAMPLE_RATE {
+                return Err(IngestError::bad_request(format!(
+                    "sampleRate: {rate} is above {MAX_SAMPLE_RATE} samples per second (one per nanosecond); send the real sampling frequency, such as 100"
+                )));
+            }
+            rate
+        }
     };
     let spy_name = first(&pairs, "spyName")
         .filter(|v| !v.is_empty())
@@ -147,12 +159,13 @@ pub(crate) fn body_kind(format: &str, content_type: Option<&str>) -> Result<Body
 }
 
 /// One pprof profile from /ingest as an envelope (or none for an empty body,
-/// which Pyroscope accepts as "nothing to store").
+/// which Pyroscope accepts as "nothing to store"). A gzipped profile is
+/// inflated within what is left of the request's decompression `budget`.
 pub(crate) fn pprof_batch(
     params: &IngestParams,
     profile: Bytes,
     sample_type_config: Option<&[u8]>,
-    max_decompressed: usize,
+    budget: &mut DecompressBudget,
 ) -> Result<Batch, Refused> {
     if profile.is_empty() {
         return Ok(Vec::new());
@@ -167,8 +180,11 @@ pub(crate) fn pprof_batch(
                 "sample_type_config is not a JSON object of sample types ({e}); send {{\"<sample type>\": {{\"display-name\": \"...\"}}}}"
             )))
         })?;
-    let meta = pprof::scan_metadata(&profile, max_decompressed)
-        .map_err(|e| refuse(IngestError::from_decode("the profile", e)))?;
+    let meta = pprof::scan_metadata(&profile, budget.limit_for(&profile))
+        .map_err(|e| refuse(budget.decode_error("the profile", e)))?;
+    budget
+        .charge(|| "the profile".to_owned(), &profile, meta.plain_size)
+        .map_err(refuse)?;
     let profile_name = profile_name_from_sample_types(
         meta.sample_types.iter().map(|(t, _)| t.as_str()),
         configs.as_ref(),
@@ -185,31 +201,36 @@ pub(crate) fn pprof_batch(
         &profile_name,
     )
     .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
-    let (sample_types, period_type) = value_types(&meta);
+    let period = meta.period;
+    let (sample_types, period_type) = value_types(meta.sample_types, meta.period_type);
     Ok(vec![Envelope {
         labels,
         start_unix_nanos: params.start_nanos,
         end_unix_nanos: params.end_nanos,
         sample_types,
         period_type,
-        period: meta.period,
-        payload: Payload::from_bytes(profile, max_decompressed),
+        period,
+        payload: Payload::from_bytes(profile, budget.setting()),
     }])
 }
 
 /// A folded or lines body converted to one pprof profile (or none when it
-/// holds no stacks).
+/// holds no stacks). A gzipped body is inflated within what is left of the
+/// request's decompression `budget`.
 pub(crate) fn text_batch(
     params: &IngestParams,
     format: TextFormat,
     body: Bytes,
-    max_decompressed: usize,
+    budget: &mut DecompressBudget,
 ) -> Result<Batch, Refused> {
     let refuse = |error: IngestError| Refused { error, profiles: 1 };
     let (app, ty) = split_folded_app(&params.name.app)
         .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
-    let text = pprof::decompress(&body, max_decompressed)
-        .map_err(|e| refuse(IngestError::from_decode("the text body", e)))?;
+    let text = pprof::decompress(&body, budget.limit_for(&body))
+        .map_err(|e| refuse(budget.decode_error("the text body", e)))?;
+    budget
+        .charge(|| "the text body".to_owned(), &body, text.len())
+        .map_err(refuse)?;
     let stacks = folded::parse_stacks(&text, format)
         .map_err(|e| refuse(IngestError::bad_request(e.to_string())))?;
     if stacks.is_empty() {
@@ -285,11 +306,65 @@ mod tests {
             ("name=a&from=yesterday", "from"),
             ("name=a&from=1700000010&until=1700000000", "until"),
             ("name=a&sampleRate=-1", "sampleRate"),
+            ("name=a&sampleRate=1000000001", "1000000000"),
         ] {
             let err = params(q).unwrap_err();
             assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST);
             assert!(err.to_string().contains(needle), "{q}: {err}");
         }
+    }
+
+    #[test]
+    fn limits_on_the_query() {
+        assert_eq!(
+            params("name=a&sampleRate=1000000000").unwrap().sample_rate,
+            MAX_SAMPLE_RATE
+        );
+        let tags = |n: usize| {
+            let body: Vec<String> = (0..n).map(|i| format!("k{i}%3Dv")).collect();
+            format!("name=a%7B{}%7D", body.join("%2C"))
+        };
+        assert_eq!(params(&tags(128)).unwrap().name.tags.len(), 128);
+        let err = params(&tags(129)).unwrap_err();
+        assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST);
+        assert!(err.to_string().contains("more than 128 tags"), "{err}");
+    }
+
+    #[test]
+    fn gzipped_bodies_spend_the_request_budget() {
+        let p = params("name=a.cpu").unwrap();
+        let raw = node_wall_profile();
+        let plain_size = pprof::scan_metadata(&raw, 1 << 20).unwrap().plain_size;
+        let mut budget = DecompressBudget::new(1 << 20);
+        pprof_batch(&p, raw.clone(), None, &mut budget).unwrap();
+        assert_eq!(budget.remaining(), (1 << 20) - plain_size);
+        // What the transport encoding used is gone for the profile.
+        let mut budget = DecompressBudget::new(plain_size + 10);
+        budget.charge_inflated(|| "body".into(), 11).unwrap();
+        let err = pprof_batch(&p, raw.clone(), None, &mut budget).unwrap_err();
+        assert_eq!(
+            err.error.status(),
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert!(
+            err.error.to_string().contains(&format!(
+                "max_decompressed_size ({} bytes)",
+                plain_size + 10
+            )),
+            "{}",
+            err.error
+        );
+        // Plain bodies inflate nothing.
+        let mut budget = DecompressBudget::new(64);
+        let text = Bytes::from_static(b"a;b 1\n");
+        text_batch(&p, TextFormat::Folded, text, &mut budget).unwrap();
+        assert_eq!(budget.remaining(), 64);
+        let gz = pprof::gzip(&[b'x'; 100]);
+        let err = text_batch(&p, TextFormat::Folded, gz, &mut budget).unwrap_err();
+        assert_eq!(
+            err.error.status(),
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE
+        );
     }
 
     #[test]
@@ -342,7 +417,8 @@ mod tests {
             params("name=web%7Bregion%3Deu%7D&from=1700000000&until=1700000010&spyName=nodespy")
                 .unwrap();
         let raw = node_wall_profile();
-        let batch = pprof_batch(&p, raw.clone(), None, 1 << 20).unwrap();
+        let batch =
+            pprof_batch(&p, raw.clone(), None, &mut DecompressBudget::new(1 << 20)).unwrap();
         assert_eq!(batch.len(), 1);
         let e = &batch[0];
         assert_eq!(
@@ -355,13 +431,25 @@ mod tests {
         assert_eq!(e.payload.encoded().bytes, raw);
         assert!(!e.payload.is_decoded());
         assert!(
-            pprof_batch(&p, Bytes::new(), None, 1 << 20)
+            pprof_batch(&p, Bytes::new(), None, &mut DecompressBudget::new(1 << 20))
                 .unwrap()
                 .is_empty()
         );
-        let err = pprof_batch(&p, raw.clone(), Some(b"[1,2]"), 1 << 20).unwrap_err();
+        let err = pprof_batch(
+            &p,
+            raw.clone(),
+            Some(b"[1,2]"),
+            &mut DecompressBudget::new(1 << 20),
+        )
+        .unwrap_err();
         assert!(err.error.to_string().contains("sample_type_config"));
-        let err = pprof_batch(&p, Bytes::from_static(b"not pprof"), None, 1 << 20).unwrap_err();
+        let err = pprof_batch(
+            &p,
+            Bytes::from_static(b"not pprof"),
+            None,
+            &mut DecompressBudget::new(1 << 20),
+        )
+        .unwrap_err();
         assert_eq!(err.error.status(), axum::http::StatusCode::BAD_REQUEST);
         assert_eq!(err.profiles, 1);
     }
@@ -373,7 +461,7 @@ mod tests {
             &p,
             TextFormat::Folded,
             Bytes::from_static(b"main;work 3\nmain;idle 1\n"),
-            1 << 20,
+            &mut DecompressBudget::new(1 << 20),
         )
         .unwrap();
         let e = &batch[0];
@@ -390,9 +478,14 @@ mod tests {
         // Gzipped text is read too; an unknown suffix is refused.
         let gz = pprof::gzip(b"a;b 1\n");
         assert_eq!(
-            text_batch(&p, TextFormat::Folded, gz, 1 << 20)
-                .unwrap()
-                .len(),
+            text_batch(
+                &p,
+                TextFormat::Folded,
+                gz,
+                &mut DecompressBudget::new(1 << 20)
+            )
+            .unwrap()
+            .len(),
             1
         );
         let bad = params("name=my.app").unwrap();
@@ -400,17 +493,27 @@ mod tests {
             &bad,
             TextFormat::Folded,
             Bytes::from_static(b"a 1"),
-            1 << 20,
+            &mut DecompressBudget::new(1 << 20),
         )
         .unwrap_err();
         assert!(err.error.to_string().contains(".app"), "{}", err.error);
-        let err =
-            text_batch(&p, TextFormat::Folded, Bytes::from_static(b"a x"), 1 << 20).unwrap_err();
+        let err = text_batch(
+            &p,
+            TextFormat::Folded,
+            Bytes::from_static(b"a x"),
+            &mut DecompressBudget::new(1 << 20),
+        )
+        .unwrap_err();
         assert!(err.error.to_string().contains("line 1"), "{}", err.error);
         assert!(
-            text_batch(&p, TextFormat::Folded, Bytes::new(), 1 << 20)
-                .unwrap()
-                .is_empty()
+            text_batch(
+                &p,
+                TextFormat::Folded,
+                Bytes::new(),
+                &mut DecompressBudget::new(1 << 20)
+            )
+            .unwrap()
+            .is_empty()
         );
     }
 
@@ -419,10 +522,10 @@ mod tests {
         fn decoders_never_panic(body in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
             let p = params("name=a.cpu&sampleRate=100").unwrap();
             let body = Bytes::from(body);
-            let _ = pprof_batch(&p, body.clone(), None, 4096);
-            let _ = pprof_batch(&p, body.clone(), Some(&body), 4096);
-            let _ = text_batch(&p, TextFormat::Folded, body.clone(), 4096);
-            let _ = text_batch(&p, TextFormat::Lines, body, 4096);
+            let _ = pprof_batch(&p, body.clone(), None, &mut DecompressBudget::new(4096));
+            let _ = pprof_batch(&p, body.clone(), Some(&body), &mut DecompressBudget::new(4096));
+            let _ = text_batch(&p, TextFormat::Folded, body.clone(), &mut DecompressBudget::new(4096));
+            let _ = text_batch(&p, TextFormat::Lines, body, &mut DecompressBudget::new(4096));
         }
 
         #[test]

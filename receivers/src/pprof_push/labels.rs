@@ -18,6 +18,10 @@ pub(crate) const DELTA_LABEL: &str = "__delta__";
 pub(crate) const SPY_LABEL: &str = "pyroscope_spy";
 /// The application name when `service_name` came from a tag (folded formats).
 pub(crate) const APP_NAME_LABEL: &str = "app_name";
+/// Most labels one series may carry from a client: Push `labels` of a series
+/// and /ingest `name` tags alike. Real clients send about ten; the cap keeps a
+/// request from making thousands of label strings per profile.
+pub(crate) const MAX_LABELS_PER_SERIES: usize = 128;
 /// The one `__`-prefixed tag Pyroscope keeps from an /ingest `name`.
 const SESSION_ID_LABEL: &str = "__session_id__";
 

@@ -18,8 +18,10 @@
 //!
 //! Module map: `server` (listener, routes, responses), `ingest` and `push`
 //! (one per API), `name`, `timestamp`, `folded`, `multipart`, `labels` and
-//! `profile_type` (the parsers and Pyroscope's labelling rules), `error`.
+//! `profile_type` (the parsers and Pyroscope's labelling rules), `budget` (the
+//! per-request decompression budget), `error`.
 
+mod budget;
 mod error;
 mod folded;
 mod ingest;
@@ -56,7 +58,8 @@ pub struct PprofPushConfig {
     /// Largest request body accepted as it arrives on the wire (before any
     /// decompression); larger requests get 413.
     pub max_request_body_size: ByteSize,
-    /// Largest size a request or profile may reach once decompressed; gzip data
+    /// Largest total one request may reach once decompressed: a gzipped body
+    /// and every gzipped profile in it share this one budget, and a request
     /// that would grow past it is refused with 413 before more memory is used.
     pub max_decompressed_size: ByteSize,
 }
@@ -234,6 +237,7 @@ mod tests {
 pub mod fuzzing {
     use bytes::Bytes;
 
+    use super::budget::DecompressBudget;
     use super::ingest::{self, BodyKind};
     use super::push::{self, Codec};
 
@@ -248,10 +252,12 @@ pub mod fuzzing {
         let body = Bytes::copy_from_slice(body);
         match ingest::body_kind(&params.format, None) {
             Ok(BodyKind::Pprof) | Ok(BodyKind::Multipart) => {
-                let _ = ingest::pprof_batch(&params, body, None, 1 << 20);
+                let _ =
+                    ingest::pprof_batch(&params, body, None, &mut DecompressBudget::new(1 << 20));
             }
             Ok(BodyKind::Text(format)) => {
-                let _ = ingest::text_batch(&params, format, body, 1 << 20);
+                let _ =
+                    ingest::text_batch(&params, format, body, &mut DecompressBudget::new(1 << 20));
             }
             Err(_) => {}
         }
@@ -261,7 +267,8 @@ pub mod fuzzing {
     pub fn push(json: bool, body: &[u8]) {
         let codec = if json { Codec::Json } else { Codec::Proto };
         if let Ok(request) = push::decode_request(codec, Bytes::copy_from_slice(body)) {
-            let _ = push::to_batch(request, 1 << 20, 1_700_000_000_000_000_000);
+            let mut budget = DecompressBudget::new(1 << 20);
+            let _ = push::to_batch(request, &mut budget, 1_700_000_000_000_000_000);
         }
     }
 }

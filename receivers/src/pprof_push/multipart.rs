@@ -22,6 +22,36 @@ pub(crate) struct IngestForm {
     pub sample_type_config: Option<Bytes>,
 }
 
+/// How large one part may be, and which setting says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PartLimit {
+    /// The body arrived uncompressed: no part can outgrow
+    /// `max_request_body_size` (this many bytes).
+    RequestBody(usize),
+    /// The body was decompressed: a part may take no more than `remaining`,
+    /// what is left of the request's `max_decompressed_size` (`setting`).
+    Decompressed { remaining: usize, setting: usize },
+}
+
+impl PartLimit {
+    fn bytes(self) -> usize {
+        match self {
+            PartLimit::RequestBody(limit) => limit,
+            PartLimit::Decompressed { remaining, .. } => remaining,
+        }
+    }
+
+    fn exceeded(self) -> IngestError {
+        match self {
+            PartLimit::RequestBody(limit) => IngestError::BodyTooLarge { limit },
+            PartLimit::Decompressed { setting, .. } => IngestError::DecompressedTooLarge {
+                what: "a multipart part, with the decompressed request body,".to_owned(),
+                limit: setting,
+            },
+        }
+    }
+}
+
 /// True when `content_type` is `multipart/form-data` (any parameters).
 pub(crate) fn is_multipart(content_type: Option<&str>) -> bool {
     content_type.is_some_and(|ct| {
@@ -36,7 +66,7 @@ pub(crate) fn is_multipart(content_type: Option<&str>) -> bool {
 pub(crate) async fn read_form(
     content_type: &str,
     body: Bytes,
-    part_limit: usize,
+    part_limit: PartLimit,
 ) -> Result<IngestForm, IngestError> {
     let boundary = multer::parse_boundary(content_type).map_err(|e| {
         IngestError::bad_request(format!(
@@ -47,17 +77,14 @@ pub(crate) async fn read_form(
     let constraints = multer::Constraints::new().size_limit(
         multer::SizeLimit::new()
             .whole_stream(whole)
-            .per_field(part_limit as u64),
+            .per_field(part_limit.bytes() as u64),
     );
     let stream = futures_util::stream::once(async move { Ok::<Bytes, Infallible>(body) });
     let mut multipart = multer::Multipart::with_constraints(stream, boundary, constraints);
     let mut form = IngestForm::default();
     let bad = |e: multer::Error| match e {
         multer::Error::FieldSizeExceeded { .. } | multer::Error::StreamSizeExceeded { .. } => {
-            IngestError::DecompressedTooLarge {
-                what: "a multipart part".to_owned(),
-                limit: part_limit,
-            }
+            part_limit.exceeded()
         }
         e => IngestError::bad_request(format!(
             "malformed multipart body ({e}); send multipart/form-data with a `profile` part"
@@ -123,7 +150,12 @@ pub(crate) mod tests {
                 ("sample_type_config", b"{}"),
             ],
         );
-        let form = run(read_form(CT, Bytes::from(body), 1 << 20)).unwrap();
+        let form = run(read_form(
+            CT,
+            Bytes::from(body),
+            PartLimit::RequestBody(1 << 20),
+        ))
+        .unwrap();
         assert_eq!(form.profile.as_deref(), Some(&b"\x1f\x8bpprof"[..]));
         assert_eq!(form.sample_type_config.as_deref(), Some(&b"{}"[..]));
     }
@@ -134,22 +166,57 @@ pub(crate) mod tests {
         assert!(is_multipart(Some("Multipart/Form-Data")));
         assert!(!is_multipart(Some("application/octet-stream")));
         assert!(!is_multipart(None));
-        let err = run(read_form("multipart/form-data", Bytes::new(), 10)).unwrap_err();
+        let err = run(read_form(
+            "multipart/form-data",
+            Bytes::new(),
+            PartLimit::RequestBody(10),
+        ))
+        .unwrap_err();
         assert!(err.to_string().contains("boundary"), "{err}");
         let prev = form_body("XyZ", &[("profile", b"a"), ("prev_profile", b"b")]);
-        let err = run(read_form(CT, Bytes::from(prev), 1 << 20)).unwrap_err();
+        let err = run(read_form(
+            CT,
+            Bytes::from(prev),
+            PartLimit::RequestBody(1 << 20),
+        ))
+        .unwrap_err();
         assert!(err.to_string().contains("pyroscope-go"), "{err}");
         let big = form_body("XyZ", &[("profile", &[7u8; 100])]);
-        let err = run(read_form(CT, Bytes::from(big), 50)).unwrap_err();
+        let err = run(read_form(
+            CT,
+            Bytes::from(big.clone()),
+            PartLimit::RequestBody(50),
+        ))
+        .unwrap_err();
         assert_eq!(err.status(), axum::http::StatusCode::PAYLOAD_TOO_LARGE);
-        let err = run(read_form(CT, Bytes::from_static(b"--XyZ\r\ngarbage"), 50)).unwrap_err();
+        assert!(
+            err.to_string().contains("max_request_body_size (50 bytes)"),
+            "{err}"
+        );
+        let limit = PartLimit::Decompressed {
+            remaining: 50,
+            setting: 4096,
+        };
+        let err = run(read_form(CT, Bytes::from(big), limit)).unwrap_err();
+        assert_eq!(err.status(), axum::http::StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(
+            err.to_string()
+                .contains("max_decompressed_size (4096 bytes)"),
+            "{err}"
+        );
+        let err = run(read_form(
+            CT,
+            Bytes::from_static(b"--XyZ\r\ngarbage"),
+            PartLimit::RequestBody(50),
+        ))
+        .unwrap_err();
         assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST);
     }
 
     proptest::proptest! {
         #[test]
         fn never_panics(body in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
-            let _ = run(read_form(CT, Bytes::from(body), 256));
+            let _ = run(read_form(CT, Bytes::from(body), PartLimit::RequestBody(256)));
         }
 
         #[test]
@@ -159,7 +226,7 @@ pub(crate) mod tests {
         ) {
             let mut body = form_body("XyZ", &[("profile", &data)]);
             body.truncate(cut.min(body.len()));
-            let _ = run(read_form(CT, Bytes::from(body), 256));
+            let _ = run(read_form(CT, Bytes::from(body), PartLimit::RequestBody(256)));
         }
     }
 }

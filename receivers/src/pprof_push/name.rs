@@ -9,6 +9,8 @@
 //! unclosed `{`, a tag without `=`, text after `}`) we refuse it, so a client
 //! bug shows up as a 400 instead of missing labels.
 
+use super::labels::MAX_LABELS_PER_SERIES;
+
 /// The application name and tags of a `name` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AppName {
@@ -42,6 +44,8 @@ pub(crate) enum NameError {
     InvalidKeyChar { key: String, ch: char },
     #[error("tag key __name__ is reserved: put the application name before the '{{'")]
     ReservedKey,
+    #[error("more than {limit} tags: send at most {limit} key=value tags in name")]
+    TooManyTags { limit: usize },
 }
 
 fn is_app_char(c: char) -> bool {
@@ -95,6 +99,11 @@ pub(crate) fn parse_name(name: &str) -> Result<AppName, NameError> {
             }
             if key == "__name__" {
                 return Err(NameError::ReservedKey);
+            }
+            if tags.len() == MAX_LABELS_PER_SERIES {
+                return Err(NameError::TooManyTags {
+                    limit: MAX_LABELS_PER_SERIES,
+                });
             }
             tags.push((key.to_owned(), value.trim().to_owned()));
         }
@@ -184,6 +193,26 @@ mod tests {
             Err(NameError::InvalidKeyChar { ch: '-', .. })
         ));
         assert_eq!(parse_name("a{__name__=b}"), Err(NameError::ReservedKey));
+    }
+
+    #[test]
+    fn tags_are_capped() {
+        let tags_of = |n: usize| {
+            let body: Vec<String> = (0..n).map(|i| format!("k{i}=v")).collect();
+            format!("a{{{}}}", body.join(","))
+        };
+        assert_eq!(
+            parse_name(&tags_of(MAX_LABELS_PER_SERIES)).map(|n| n.tags.len()),
+            Ok(MAX_LABELS_PER_SERIES)
+        );
+        let err = parse_name(&tags_of(MAX_LABELS_PER_SERIES + 1)).unwrap_err();
+        assert_eq!(
+            err,
+            NameError::TooManyTags {
+                limit: MAX_LABELS_PER_SERIES
+            }
+        );
+        assert!(err.to_string().contains("128"), "{err}");
     }
 
     proptest::proptest! {

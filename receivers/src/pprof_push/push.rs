@@ -8,17 +8,22 @@
 //! in base64, `null` meaning the default), optionally gzip-compressed
 //! (`Content-Encoding: gzip`, as pyroscope-rs sends).
 
+use std::cell::Cell;
+use std::fmt;
+
 use base64::Engine;
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use proflow_pipeline::model::{
     Batch, Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL, ValueType,
 };
 use proflow_pipeline::pprof::{self, Metadata};
 use prost::Message;
 use serde::Deserialize;
+use serde::de::{self, SeqAccess, Visitor};
 
+use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
-use super::labels::{LabelsBuilder, UNKNOWN_SERVICE};
+use super::labels::{LabelsBuilder, MAX_LABELS_PER_SERIES, UNKNOWN_SERVICE};
 use super::profile_type::profile_name_from_sample_types;
 
 /// `push.v1.PushRequest`.
@@ -111,6 +116,137 @@ impl Codec {
     }
 }
 
+// ------------------------------------------------------------- limits
+
+/// Most series one PushRequest may hold (pyroscope-rs sends one or a few).
+pub(crate) const MAX_SERIES_PER_REQUEST: usize = 1_000;
+/// Most samples (profiles) one series may hold.
+pub(crate) const MAX_SAMPLES_PER_SERIES: usize = 1_000;
+/// Most samples (profiles) one PushRequest may hold in all its series.
+pub(crate) const MAX_SAMPLES_PER_REQUEST: usize = 10_000;
+
+// These caps exist because decoding amplifies: an empty RawSample is 2 bytes
+// on the wire and ~56 once decoded, so a 64 MiB body could otherwise make
+// ~2 GB of structs. They are checked before anything is allocated per item:
+// by a walk over the protobuf wire format, and while JSON is deserialized.
+
+fn too_many_series() -> IngestError {
+    IngestError::bad_request(format!(
+        "the PushRequest has more than {MAX_SERIES_PER_REQUEST} series (the limit per request); send the series in several requests"
+    ))
+}
+
+fn too_many_samples_in_series(series: usize) -> IngestError {
+    IngestError::bad_request(format!(
+        "series {series} has more than {MAX_SAMPLES_PER_SERIES} samples (the limit per series); send its profiles in several requests"
+    ))
+}
+
+fn too_many_samples() -> IngestError {
+    IngestError::bad_request(format!(
+        "the PushRequest has more than {MAX_SAMPLES_PER_REQUEST} samples in all its series (the limit per request); send the profiles in several requests"
+    ))
+}
+
+fn too_many_labels(series: usize) -> IngestError {
+    IngestError::bad_request(format!(
+        "series {series} has more than {MAX_LABELS_PER_SERIES} labels (the limit per series); send fewer labels"
+    ))
+}
+
+/// Counts series, labels and samples of a binary PushRequest from the wire
+/// format alone (nothing is allocated) and refuses it past the limits.
+/// Malformed framing is refused too, with the same message prost would give
+/// cause to.
+fn check_proto_counts(body: &[u8]) -> Result<(), IngestError> {
+    let mut series = 0usize;
+    let mut total_samples = 0usize;
+    walk_wire(body, |tag, series_bytes| {
+        if tag != 1 {
+            return Ok(());
+        }
+        if series == MAX_SERIES_PER_REQUEST {
+            return Err(too_many_series());
+        }
+        let (mut labels, mut samples) = (0usize, 0usize);
+        walk_wire(series_bytes, |tag, _| {
+            match tag {
+                1 => {
+                    labels += 1;
+                    if labels > MAX_LABELS_PER_SERIES {
+                        return Err(too_many_labels(series));
+                    }
+                }
+                2 => {
+                    samples += 1;
+                    if samples > MAX_SAMPLES_PER_SERIES {
+                        return Err(too_many_samples_in_series(series));
+                    }
+                    total_samples += 1;
+                    if total_samples > MAX_SAMPLES_PER_REQUEST {
+                        return Err(too_many_samples());
+                    }
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+        series += 1;
+        Ok(())
+    })
+}
+
+fn malformed_proto(detail: impl fmt::Display) -> IngestError {
+    IngestError::bad_request(format!(
+        "malformed PushRequest protobuf ({detail}); send a push.v1.PushRequest in binary protobuf, or use Content-Type: application/json for JSON"
+    ))
+}
+
+/// Calls `f` with the field number and contents of every length-delimited
+/// field of one message; other fields are skipped. Groups (wire types 3 and
+/// 4, long deprecated and absent from this API) are refused.
+fn walk_wire<'a>(
+    mut buf: &'a [u8],
+    mut f: impl FnMut(u64, &'a [u8]) -> Result<(), IngestError>,
+) -> Result<(), IngestError> {
+    use prost::encoding::decode_varint;
+    while buf.has_remaining() {
+        let key = decode_varint(&mut buf).map_err(malformed_proto)?;
+        let (tag, wire) = (key >> 3, key & 7);
+        if tag == 0 {
+            return Err(malformed_proto("field number 0"));
+        }
+        match wire {
+            0 => {
+                decode_varint(&mut buf).map_err(malformed_proto)?;
+            }
+            1 | 5 => {
+                let n = if wire == 1 { 8 } else { 4 };
+                if buf.len() < n {
+                    return Err(malformed_proto("truncated fixed-size field"));
+                }
+                buf.advance(n);
+            }
+            2 => {
+                let len = decode_varint(&mut buf).map_err(malformed_proto)?;
+                let len = usize::try_from(len)
+                    .ok()
+                    .filter(|&len| len <= buf.len())
+                    .ok_or_else(|| malformed_proto("field length runs past the end"))?;
+                let (field, rest) = buf.split_at(len);
+                buf = rest;
+                f(tag, field)?;
+            }
+            _ => {
+                return Err(malformed_proto(format_args!(
+                    "unsupported wire type {wire} for field {tag}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 // ------------------------------------------------------------- JSON form
 
 /// proto3 JSON: `null` stands for the default value of any field.
@@ -122,17 +258,116 @@ where
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
+thread_local! {
+    /// Samples the JSON request being deserialized on this thread may still
+    /// hold. Serde's derive cannot pass state into a field's deserializer, and
+    /// a request is deserialized start to end on one thread, so the running
+    /// total lives here ([`decode_json`] resets it) and the total cap holds
+    /// while arrays are read, not only after 1,000 × 1,000 samples are built.
+    static JSON_SAMPLES_LEFT: Cell<usize> = const { Cell::new(MAX_SAMPLES_PER_REQUEST) };
+}
+
+/// Deserializes a proto3 JSON array (`null` is empty) of at most `max`
+/// elements, failing with `too_many()` as soon as one more arrives, so memory
+/// follows the cap and not what the body claims. `count_samples` also charges
+/// every element to [`JSON_SAMPLES_LEFT`].
+fn bounded_seq<'de, D, T>(
+    d: D,
+    max: usize,
+    count_samples: bool,
+    too_many: fn() -> String,
+) -> Result<Vec<T>, D::Error>
+where
+    D: de::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Bounded<T> {
+        max: usize,
+        count_samples: bool,
+        too_many: fn() -> String,
+        marker: std::marker::PhantomData<T>,
+    }
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Bounded<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "an array of at most {} elements, or null", self.max)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Vec<T>, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Vec<T>, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<Vec<T>, D::Error> {
+            d.deserialize_seq(self)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            // No size hint is trusted: the Vec grows with what was really read.
+            let mut out = Vec::new();
+            while let Some(item) = seq.next_element::<T>()? {
+                if out.len() == self.max {
+                    return Err(de::Error::custom((self.too_many)()));
+                }
+                if self.count_samples {
+                    let left = JSON_SAMPLES_LEFT.get();
+                    if left == 0 {
+                        return Err(de::Error::custom(too_many_samples()));
+                    }
+                    JSON_SAMPLES_LEFT.set(left - 1);
+                }
+                out.push(item);
+            }
+            Ok(out)
+        }
+    }
+
+    d.deserialize_option(Bounded {
+        max,
+        count_samples,
+        too_many,
+        marker: std::marker::PhantomData,
+    })
+}
+
+fn json_series<'de, D: de::Deserializer<'de>>(d: D) -> Result<Vec<JsonSeries>, D::Error> {
+    bounded_seq(d, MAX_SERIES_PER_REQUEST, false, || {
+        too_many_series().to_string()
+    })
+}
+
+fn json_labels<'de, D: de::Deserializer<'de>>(d: D) -> Result<Vec<JsonLabelPair>, D::Error> {
+    bounded_seq(d, MAX_LABELS_PER_SERIES, false, || {
+        format!(
+            "a series has more than {MAX_LABELS_PER_SERIES} labels (the limit per series); send fewer labels"
+        )
+    })
+}
+
+fn json_samples<'de, D: de::Deserializer<'de>>(d: D) -> Result<Vec<JsonSample>, D::Error> {
+    bounded_seq(d, MAX_SAMPLES_PER_SERIES, true, || {
+        format!(
+            "a series has more than {MAX_SAMPLES_PER_SERIES} samples (the limit per series); send its profiles in several requests"
+        )
+    })
+}
+
 #[derive(Deserialize)]
 struct JsonPushRequest {
-    #[serde(default, deserialize_with = "null_default")]
+    #[serde(default, deserialize_with = "json_series")]
     series: Vec<JsonSeries>,
 }
 
 #[derive(Deserialize)]
 struct JsonSeries {
-    #[serde(default, deserialize_with = "null_default")]
+    #[serde(default, deserialize_with = "json_labels")]
     labels: Vec<JsonLabelPair>,
-    #[serde(default, deserialize_with = "null_default")]
+    #[serde(default, deserialize_with = "json_samples")]
     samples: Vec<JsonSample>,
 }
 
@@ -168,6 +403,7 @@ fn decode_base64(text: &str) -> Result<Vec<u8>, base64::DecodeError> {
 }
 
 fn decode_json(body: &[u8]) -> Result<PushRequest, IngestError> {
+    JSON_SAMPLES_LEFT.set(MAX_SAMPLES_PER_REQUEST);
     let parsed: JsonPushRequest = serde_json::from_slice(body).map_err(|e| {
         IngestError::bad_request(format!(
             "malformed JSON PushRequest ({e}); send {{\"series\":[{{\"labels\":[{{\"name\":..,\"value\":..}}],\"samples\":[{{\"rawProfile\":\"<base64>\"}}]}}]}}"
@@ -200,16 +436,41 @@ fn decode_json(body: &[u8]) -> Result<PushRequest, IngestError> {
     Ok(PushRequest { series })
 }
 
-/// Decodes a PushRequest (already decompressed) in the given codec.
+/// Decodes a PushRequest (already decompressed) in the given codec, refusing
+/// it before decoding allocates when it holds more series, labels or samples
+/// than the limits above allow.
 pub(crate) fn decode_request(codec: Codec, body: Bytes) -> Result<PushRequest, IngestError> {
-    match codec {
-        Codec::Proto => PushRequest::decode(body).map_err(|e| {
-            IngestError::bad_request(format!(
-                "malformed PushRequest protobuf ({e}); send a push.v1.PushRequest in binary protobuf, or use Content-Type: application/json for JSON"
-            ))
-        }),
-        Codec::Json => decode_json(&body),
+    let request = match codec {
+        Codec::Proto => {
+            check_proto_counts(&body)?;
+            PushRequest::decode(body).map_err(malformed_proto)?
+        }
+        Codec::Json => decode_json(&body)?,
+    };
+    check_counts(&request)?;
+    Ok(request)
+}
+
+/// The limits on a decoded request: already enforced while decoding, checked
+/// again for requests built any other way (and as a net under the JSON path).
+fn check_counts(request: &PushRequest) -> Result<(), IngestError> {
+    if request.series.len() > MAX_SERIES_PER_REQUEST {
+        return Err(too_many_series());
     }
+    let mut total = 0usize;
+    for (si, series) in request.series.iter().enumerate() {
+        if series.labels.len() > MAX_LABELS_PER_SERIES {
+            return Err(too_many_labels(si));
+        }
+        if series.samples.len() > MAX_SAMPLES_PER_SERIES {
+            return Err(too_many_samples_in_series(si));
+        }
+        total += series.samples.len();
+    }
+    if total > MAX_SAMPLES_PER_REQUEST {
+        return Err(too_many_samples());
+    }
+    Ok(())
 }
 
 // ------------------------------------------------------------- envelopes
@@ -229,34 +490,39 @@ pub(crate) fn profile_times(meta: &Metadata, now_nanos: i64) -> (i64, i64) {
     (start, start.saturating_add(meta.duration_nanos.max(0)))
 }
 
-/// An envelope's value types from a scan.
-pub(crate) fn value_types(meta: &Metadata) -> (Vec<ValueType>, Option<ValueType>) {
+/// An envelope's value types from a scan's, moving the strings.
+pub(crate) fn value_types(
+    sample_types: Vec<(String, String)>,
+    period_type: Option<(String, String)>,
+) -> (Vec<ValueType>, Option<ValueType>) {
     (
-        meta.sample_types
-            .iter()
-            .map(|(t, u)| ValueType::new(t.as_str(), u.as_str()))
+        sample_types
+            .into_iter()
+            .map(|(t, u)| ValueType::new(t, u))
             .collect(),
-        meta.period_type
-            .as_ref()
-            .map(|(t, u)| ValueType::new(t.as_str(), u.as_str())),
+        period_type.map(|(t, u)| ValueType::new(t, u)),
     )
 }
 
 /// Turns every profile of a request into an envelope; any invalid profile or
 /// label refuses the whole request, so a retry never duplicates profiles.
+/// Gzipped profiles are inflated within what is left of the request's
+/// decompression `budget`.
 pub(crate) fn to_batch(
     request: PushRequest,
-    max_decompressed: usize,
+    budget: &mut DecompressBudget,
     now_nanos: i64,
 ) -> Result<Batch, Refused> {
     let total: usize = request.series.iter().map(|s| s.samples.len()).sum();
     let profiles = total as u64;
     let refuse = |error: IngestError| Refused { error, profiles };
+    check_counts(&request).map_err(refuse)?;
     if total == 0 {
         return Err(refuse(IngestError::bad_request(
             "no profiles received: the PushRequest has no series with samples",
         )));
     }
+    // `total` is at most MAX_SAMPLES_PER_REQUEST here.
     let mut batch = Vec::with_capacity(total);
     for (si, series) in request.series.into_iter().enumerate() {
         let mut builder = LabelsBuilder::new();
@@ -271,12 +537,16 @@ pub(crate) fn to_batch(
         }
         let labels = builder.build();
         for (pi, sample) in series.samples.into_iter().enumerate() {
-            let what = format!("series {si} profile {pi}");
-            let meta = pprof::scan_metadata(&sample.raw_profile, max_decompressed)
-                .map_err(|e| refuse(IngestError::from_decode(&what, e)))?;
+            // Formatted only when a refusal needs it.
+            let what = || format!("series {si} profile {pi}");
+            let raw = sample.raw_profile;
+            let meta = pprof::scan_metadata(&raw, budget.limit_for(&raw))
+                .map_err(|e| refuse(budget.decode_error(&what(), e)))?;
+            budget.charge(what, &raw, meta.plain_size).map_err(refuse)?;
             if meta.sample_types.is_empty() {
                 return Err(refuse(IngestError::bad_request(format!(
-                    "{what}: the profile has no sample types; send a pprof profile with at least one sample type"
+                    "{}: the profile has no sample types; send a pprof profile with at least one sample type",
+                    what()
                 ))));
             }
             let mut labels = labels.clone();
@@ -289,21 +559,23 @@ pub(crate) fn to_batch(
                 )
                 .ok_or_else(|| {
                     refuse(IngestError::bad_request(format!(
-                        "{what}: the profile type cannot be told from its unnamed sample types; send a __name__ label such as process_cpu"
+                        "{}: the profile type cannot be told from its unnamed sample types; send a __name__ label such as process_cpu",
+                        what()
                     )))
                 })?;
                 labels.set(NAME_LABEL, name);
             }
             let (start, end) = profile_times(&meta, now_nanos);
-            let (sample_types, period_type) = value_types(&meta);
+            let period = meta.period;
+            let (sample_types, period_type) = value_types(meta.sample_types, meta.period_type);
             batch.push(Envelope {
                 labels,
                 start_unix_nanos: start,
                 end_unix_nanos: end,
                 sample_types,
                 period_type,
-                period: meta.period,
-                payload: Payload::from_bytes(sample.raw_profile, max_decompressed),
+                period,
+                payload: Payload::from_bytes(raw, budget.setting()),
             });
         }
     }
@@ -410,7 +682,7 @@ mod tests {
             ],
             vec![raw.clone(), raw.clone()],
         );
-        let batch = to_batch(req, 1 << 20, 7).unwrap();
+        let batch = to_batch(req, &mut DecompressBudget::new(1 << 20), 7).unwrap();
         assert_eq!(batch.len(), 2);
         let e = &batch[0];
         assert_eq!(
@@ -431,7 +703,12 @@ mod tests {
 
     #[test]
     fn missing_labels_are_inferred() {
-        let batch = to_batch(request(&[], vec![cpu_profile(0)]), 1 << 20, 7).unwrap();
+        let batch = to_batch(
+            request(&[], vec![cpu_profile(0)]),
+            &mut DecompressBudget::new(1 << 20),
+            7,
+        )
+        .unwrap();
         let e = &batch[0];
         assert_eq!(e.labels.get("service_name"), Some("unknown_service"));
         assert_eq!(e.labels.get("__name__"), Some("process_cpu"));
@@ -442,7 +719,7 @@ mod tests {
         // Old pyroscope-rs: microseconds in time_nanos.
         let batch = to_batch(
             request(&[], vec![cpu_profile(1_700_000_000_000_000)]),
-            1 << 20,
+            &mut DecompressBudget::new(1 << 20),
             7,
         )
         .unwrap();
@@ -451,11 +728,16 @@ mod tests {
 
     #[test]
     fn bad_requests() {
-        let err = to_batch(PushRequest { series: vec![] }, 1 << 20, 0).unwrap_err();
+        let err = to_batch(
+            PushRequest { series: vec![] },
+            &mut DecompressBudget::new(1 << 20),
+            0,
+        )
+        .unwrap_err();
         assert!(err.error.to_string().contains("no profiles"));
         let err = to_batch(
             request(&[("bad-name", "x")], vec![cpu_profile(T)]),
-            1 << 20,
+            &mut DecompressBudget::new(1 << 20),
             0,
         )
         .unwrap_err();
@@ -463,7 +745,7 @@ mod tests {
         assert_eq!(err.profiles, 1);
         let err = to_batch(
             request(&[], vec![Bytes::from_static(b"\xff\xff")]),
-            1 << 20,
+            &mut DecompressBudget::new(1 << 20),
             0,
         )
         .unwrap_err();
@@ -472,14 +754,24 @@ mod tests {
             "{}",
             err.error
         );
-        let err = to_batch(request(&[], vec![Bytes::new()]), 1 << 20, 0).unwrap_err();
+        let err = to_batch(
+            request(&[], vec![Bytes::new()]),
+            &mut DecompressBudget::new(1 << 20),
+            0,
+        )
+        .unwrap_err();
         assert!(
             err.error.to_string().contains("no sample types"),
             "{}",
             err.error
         );
         let bomb = pprof::gzip(&vec![0u8; 1 << 16]);
-        let err = to_batch(request(&[], vec![bomb]), 1 << 10, 0).unwrap_err();
+        let err = to_batch(
+            request(&[], vec![bomb]),
+            &mut DecompressBudget::new(1 << 10),
+            0,
+        )
+        .unwrap_err();
         assert_eq!(
             err.error.status(),
             axum::http::StatusCode::PAYLOAD_TOO_LARGE
@@ -497,12 +789,143 @@ mod tests {
         ));
     }
 
+    /// A PushRequest of `series` series, each with `labels` labels and
+    /// `samples` empty samples (2 bytes each on the wire).
+    fn shaped(series: usize, labels: usize, samples: usize) -> PushRequest {
+        PushRequest {
+            series: (0..series)
+                .map(|_| RawProfileSeries {
+                    labels: (0..labels)
+                        .map(|i| LabelPair {
+                            name: format!("l{i}"),
+                            value: "v".into(),
+                        })
+                        .collect(),
+                    samples: vec![RawSample::default(); samples],
+                })
+                .collect(),
+        }
+    }
+
+    /// The same shape in proto3 JSON, with `{}` for every element.
+    fn shaped_json(series: usize, labels: usize, samples: usize) -> Bytes {
+        let list = |item: &str, n: usize| vec![item; n].join(",");
+        let one = format!(
+            r#"{{"labels":[{}],"samples":[{}]}}"#,
+            list("{}", labels),
+            list("{}", samples)
+        );
+        Bytes::from(format!(r#"{{"series":[{}]}}"#, list(&one, series)))
+    }
+
+    fn refused_with(codec: Codec, body: Bytes, needle: &str) {
+        let err = decode_request(codec, body).unwrap_err();
+        assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST, "{err}");
+        assert!(err.to_string().contains(needle), "{codec:?}: {err}");
+    }
+
+    #[test]
+    fn item_counts_are_capped_in_both_codecs() {
+        let cases = [
+            // (series, labels, samples), what the refusal names
+            ((MAX_SERIES_PER_REQUEST + 1, 0, 0), "more than 1000 series"),
+            ((1, 0, MAX_SAMPLES_PER_SERIES + 1), "more than 1000 samples"),
+            ((11, 0, 1_000), "more than 10000 samples"),
+            ((1, MAX_LABELS_PER_SERIES + 1, 1), "more than 128 labels"),
+        ];
+        for ((series, labels, samples), needle) in cases {
+            let proto = Bytes::from(shaped(series, labels, samples).encode_to_vec());
+            refused_with(Codec::Proto, proto, needle);
+            refused_with(Codec::Json, shaped_json(series, labels, samples), needle);
+        }
+        // Right at the limits both codecs decode.
+        for (series, labels, samples) in [
+            (MAX_SERIES_PER_REQUEST, 0, 0),
+            (10, MAX_LABELS_PER_SERIES, MAX_SAMPLES_PER_SERIES),
+        ] {
+            let want = shaped(series, labels, samples);
+            let proto = Bytes::from(want.encode_to_vec());
+            assert_eq!(decode_request(Codec::Proto, proto).unwrap(), want);
+            let json = decode_request(Codec::Json, shaped_json(series, labels, samples)).unwrap();
+            assert_eq!(json.series.len(), series);
+            assert_eq!(json.series[0].labels.len(), labels);
+            assert_eq!(json.series[0].samples.len(), samples);
+        }
+        // A request built by hand is held to the same limits.
+        let err = to_batch(
+            shaped(1, 0, MAX_SAMPLES_PER_SERIES + 1),
+            &mut DecompressBudget::new(1 << 20),
+            0,
+        )
+        .unwrap_err();
+        assert!(
+            err.error.to_string().contains("1000 samples"),
+            "{}",
+            err.error
+        );
+    }
+
+    #[test]
+    fn the_wire_walk_refuses_before_decoding() {
+        // 2-byte empty series past the cap, then framing prost would reject.
+        let mut wire = [0x0a, 0x00].repeat(MAX_SERIES_PER_REQUEST + 1);
+        wire.extend_from_slice(&[0x0a, 0xff]);
+        refused_with(Codec::Proto, Bytes::from(wire), "1000 series");
+        // Unknown fields of every wire type are skipped, not counted.
+        let mut wire = vec![0x10, 0x01, 0x19, 0, 0, 0, 0, 0, 0, 0, 0, 0x25, 0, 0, 0, 0];
+        wire.extend_from_slice(&[0x0a, 0x04, 0x1a, 0x02, 0x0a, 0x00]);
+        let req = decode_request(Codec::Proto, Bytes::from(wire)).unwrap();
+        assert_eq!(req.series.len(), 1);
+        assert!(req.series[0].samples.is_empty());
+        for bad in [&b"\x00\x00"[..], b"\x0b", b"\x0a\x05\x01", b"\x11\x00"] {
+            refused_with(
+                Codec::Proto,
+                Bytes::copy_from_slice(bad),
+                "malformed PushRequest",
+            );
+        }
+        // JSON arrays that are neither arrays nor null are refused.
+        refused_with(
+            Codec::Json,
+            Bytes::from_static(br#"{"series":{"labels":[]}}"#),
+            "malformed JSON",
+        );
+    }
+
+    #[test]
+    fn profiles_share_the_request_budget() {
+        let raw = pprof::gzip(&cpu_profile(T));
+        let plain = pprof::scan_metadata(&raw, 1 << 20).unwrap().plain_size;
+        let mut budget = DecompressBudget::new(2 * plain);
+        to_batch(request(&[], vec![raw.clone(), raw.clone()]), &mut budget, 0).unwrap();
+        assert_eq!(budget.remaining(), 0);
+        let mut budget = DecompressBudget::new(2 * plain + plain / 2);
+        let err = to_batch(request(&[], vec![raw.clone(); 3]), &mut budget, 0).unwrap_err();
+        assert_eq!(
+            err.error.status(),
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE
+        );
+        let message = err.error.to_string();
+        assert!(message.contains("series 0 profile 2"), "{message}");
+        assert!(
+            message.contains(&format!(
+                "max_decompressed_size ({} bytes)",
+                2 * plain + plain / 2
+            )),
+            "{message}"
+        );
+        // Plain profiles inflate nothing.
+        let mut budget = DecompressBudget::new(1 << 20);
+        to_batch(request(&[], vec![cpu_profile(T); 3]), &mut budget, 0).unwrap();
+        assert_eq!(budget.remaining(), 1 << 20);
+    }
+
     proptest::proptest! {
         #[test]
         fn never_panics(body in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
             for codec in [Codec::Proto, Codec::Json] {
                 if let Ok(req) = decode_request(codec, Bytes::from(body.clone())) {
-                    let _ = to_batch(req, 4096, 0);
+                    let _ = to_batch(req, &mut DecompressBudget::new(4096), 0);
                 }
             }
         }
@@ -511,7 +934,7 @@ mod tests {
         fn never_panics_on_random_profiles(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
             let wire = request(&[("service_name", "s")], vec![Bytes::from(raw)]).encode_to_vec();
             if let Ok(req) = decode_request(Codec::Proto, Bytes::from(wire)) {
-                let _ = to_batch(req, 4096, 0);
+                let _ = to_batch(req, &mut DecompressBudget::new(4096), 0);
             }
         }
     }

@@ -1,8 +1,9 @@
 //! The running `pprof_push` receiver: the listener, the routes and the path of
 //! every request: check method and headers, read the body within
 //! `max_request_body_size`, decode on a blocking thread (gunzip and protobuf
-//! scans are CPU work that must not stall the async workers), hand the batch
-//! to the pipeline once, answer.
+//! scans are CPU work that must not stall the async workers) within one
+//! `max_decompressed_size` budget for the whole request, hand the batch to the
+//! pipeline once, answer.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -23,9 +24,10 @@ use proflow_pipeline::model::{Batch, batch_bytes, now_unix_nanos};
 use proflow_pipeline::pprof;
 use proflow_pipeline::telemetry::ReceiverTelemetry;
 
+use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
 use super::ingest::{self, BodyKind};
-use super::multipart::read_form;
+use super::multipart::{PartLimit, read_form};
 use super::push::{self, Codec};
 
 /// Size limits of one receiver.
@@ -160,7 +162,15 @@ impl ContentEncoding {
         let Some(value) = headers.get(header::CONTENT_ENCODING) else {
             return Ok(ContentEncoding::Identity);
         };
-        let value = value.to_str().unwrap_or("").trim().to_ascii_lowercase();
+        let value = value
+            .to_str()
+            .map_err(|_| {
+                IngestError::UnsupportedMediaType(
+                    "the Content-Encoding header is not ASCII text: send gzip or uncompressed (identity) bodies".to_owned(),
+                )
+            })?
+            .trim()
+            .to_ascii_lowercase();
         match value.as_str() {
             "" | "identity" => Ok(ContentEncoding::Identity),
             "gzip" | "x-gzip" => Ok(ContentEncoding::Gzip),
@@ -170,14 +180,17 @@ impl ContentEncoding {
         }
     }
 
-    /// Undoes the encoding; gzip is inflated up to `limit` bytes at most.
-    fn decode(self, body: Bytes, limit: usize) -> Result<Bytes, IngestError> {
+    /// Undoes the encoding; gzip inflates within the request's budget and
+    /// spends what it produced.
+    fn decode(self, body: Bytes, budget: &mut DecompressBudget) -> Result<Bytes, IngestError> {
+        const WHAT: &str = "the gzip request body";
         match self {
             ContentEncoding::Identity => Ok(body),
             ContentEncoding::Gzip => {
                 let mut out = Vec::new();
-                pprof::gunzip_into(&body, limit, &mut out)
-                    .map_err(|e| IngestError::from_decode("the gzip request body", e))?;
+                pprof::gunzip_into(&body, budget.remaining(), &mut out)
+                    .map_err(|e| budget.decode_error(WHAT, e))?;
+                budget.charge_inflated(|| WHAT.to_owned(), out.len())?;
                 Ok(Bytes::from(out))
             }
         }
@@ -202,20 +215,30 @@ fn require_post(req: &Request) -> Result<(), IngestError> {
     }
 }
 
-/// Bodies up to this size are decoded on the async worker itself. Handing a
+/// Bodies up to this size may be decoded on the async worker itself. Handing a
 /// typical 4-10 KB profile to the blocking pool costs two thread switches,
 /// more than the ~20 µs the decode takes (measured: it halved throughput on
-/// one core). A body this small inflates to at most ~16 MiB (deflate's
-/// ~1000:1 limit), a few milliseconds of work even when it is a bomb.
+/// one core).
 const DECODE_INLINE_MAX: usize = 16 << 10;
 
-/// Runs CPU-bound decoding of a `size`-byte body: inline when small, on the
+/// Whether a request's decoding may run on the async worker: only when the
+/// body has no Content-Encoding (identity) and is at most
+/// [`DECODE_INLINE_MAX`] bytes. Then the only inflation left is of gzipped
+/// profiles inside those 16 KiB, which deflate's ~1000:1 ratio bounds to about
+/// 16 MiB in all, a few milliseconds of work even for a bomb. A gzip body
+/// (which may hold gzipped profiles, ~1000 × 1000) or a larger body always
+/// goes to the blocking pool.
+fn decode_inline(encoding: ContentEncoding, wire_len: usize) -> bool {
+    encoding == ContentEncoding::Identity && wire_len <= DECODE_INLINE_MAX
+}
+
+/// Runs CPU-bound decoding: inline when [`decode_inline`] allows it, on the
 /// blocking pool otherwise so large bodies never stall the async workers.
 async fn blocking<T: Send + 'static>(
-    size: usize,
+    inline: bool,
     work: impl FnOnce() -> Result<T, Refused> + Send + 'static,
 ) -> Result<T, Refused> {
-    if size <= DECODE_INLINE_MAX {
+    if inline {
         return work();
     }
     tokio::task::spawn_blocking(work).await.map_err(|e| {
@@ -259,38 +282,61 @@ impl Shared {
         let kind = ingest::body_kind(&params.format, content_type.as_deref())?;
         let encoding = ContentEncoding::from_headers(&parts.headers)?;
         let body = self.read_body(&parts.headers, body).await?;
-        let max = self.limits.max_decompressed;
+        let inline = decode_inline(encoding, body.len());
+        // One budget for everything this request inflates.
+        let mut budget = DecompressBudget::new(self.limits.max_decompressed);
         let batch = match kind {
             BodyKind::Multipart => {
-                let body = match encoding {
-                    ContentEncoding::Identity => body,
+                let (body, part_limit, budget) = match encoding {
+                    ContentEncoding::Identity => (
+                        body,
+                        PartLimit::RequestBody(self.limits.max_request_body),
+                        budget,
+                    ),
                     encoding => {
-                        blocking(body.len(), move || Ok(encoding.decode(body, max)?)).await?
+                        blocking(false, move || {
+                            let body = encoding.decode(body, &mut budget)?;
+                            // A part is a slice of the body already decoded (and
+                            // charged); copying it decompresses nothing, so it may be
+                            // as large as the setting allows.
+                            let limit = PartLimit::Decompressed {
+                                remaining: budget.setting(),
+                                setting: budget.setting(),
+                            };
+                            Ok((body, limit, budget))
+                        })
+                        .await?
                     }
                 };
                 let content_type = content_type.unwrap_or_default();
-                let form = read_form(&content_type, body, self.limits.max_request_body).await?;
+                let form = read_form(&content_type, body, part_limit).await?;
                 let profile = form.profile.ok_or_else(|| {
                     IngestError::bad_request(
                         "the multipart body has no `profile` part; send the pprof bytes in a part named profile",
                     )
                 })?;
-                blocking(profile.len(), move || {
-                    ingest::pprof_batch(&params, profile, form.sample_type_config.as_deref(), max)
+                let mut budget = budget;
+                blocking(inline, move || {
+                    ingest::pprof_batch(
+                        &params,
+                        profile,
+                        form.sample_type_config.as_deref(),
+                        &mut budget,
+                    )
                 })
                 .await?
             }
             BodyKind::Pprof => {
-                blocking(body.len(), move || {
-                    let body = encoding.decode(body, max)?;
-                    ingest::pprof_batch(&params, body, None, max)
+                blocking(inline, move || {
+                    let body = encoding.decode(body, &mut budget)?;
+                    ingest::pprof_batch(&params, body, None, &mut budget)
                 })
                 .await?
             }
             BodyKind::Text(format) => {
-                blocking(body.len(), move || {
-                    let body = encoding.decode(body, max)?;
-                    ingest::text_batch(&params, format, body, max)
+                blocking(inline, move || {
+                    let body = encoding.decode(body, &mut budget)?;
+                    ingest::text_batch(&params, format, body, &mut budget)
                 })
                 .await?
             }
@@ -306,12 +352,14 @@ impl Shared {
             Codec::from_content_type(header_text(&parts.headers, header::CONTENT_TYPE).as_deref())?;
         let encoding = ContentEncoding::from_headers(&parts.headers)?;
         let body = self.read_body(&parts.headers, body).await?;
-        let max = self.limits.max_decompressed;
+        let inline = decode_inline(encoding, body.len());
+        // One budget for the body and every profile in it.
+        let mut budget = DecompressBudget::new(self.limits.max_decompressed);
         let now = now_unix_nanos();
-        let batch = blocking(body.len(), move || {
-            let plain = encoding.decode(body, max)?;
+        let batch = blocking(inline, move || {
+            let plain = encoding.decode(body, &mut budget)?;
             let request = push::decode_request(codec, plain)?;
-            push::to_batch(request, max, now)
+            push::to_batch(request, &mut budget, now)
         })
         .await?;
         self.deliver(batch).await?;
@@ -373,5 +421,63 @@ impl Shared {
                 error.into_response()
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn encoding(value: HeaderValue) -> Result<ContentEncoding, IngestError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_ENCODING, value);
+        ContentEncoding::from_headers(&headers)
+    }
+
+    #[test]
+    fn content_encodings() {
+        assert_eq!(
+            ContentEncoding::from_headers(&HeaderMap::new()),
+            Ok(ContentEncoding::Identity)
+        );
+        assert_eq!(
+            encoding(HeaderValue::from_static(" GZIP ")),
+            Ok(ContentEncoding::Gzip)
+        );
+        for bad in [
+            HeaderValue::from_static("br"),
+            HeaderValue::from_bytes(b"gzip\xff").unwrap(),
+        ] {
+            let err = encoding(bad).unwrap_err();
+            assert_eq!(err.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE, "{err}");
+        }
+    }
+
+    #[test]
+    fn only_small_identity_bodies_decode_inline() {
+        assert!(decode_inline(ContentEncoding::Identity, DECODE_INLINE_MAX));
+        assert!(!decode_inline(
+            ContentEncoding::Identity,
+            DECODE_INLINE_MAX + 1
+        ));
+        assert!(!decode_inline(ContentEncoding::Gzip, 100));
+    }
+
+    #[test]
+    fn the_transport_decode_spends_the_budget() {
+        let body = pprof::gzip(&[0u8; 1000]);
+        let mut budget = DecompressBudget::new(1500);
+        let plain = ContentEncoding::Gzip
+            .decode(body.clone(), &mut budget)
+            .unwrap();
+        assert_eq!((plain.len(), budget.remaining()), (1000, 500));
+        let err = ContentEncoding::Gzip.decode(body, &mut budget).unwrap_err();
+        assert_eq!(err.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(
+            err.to_string()
+                .contains("max_decompressed_size (1500 bytes)"),
+            "{err}"
+        );
     }
 }
