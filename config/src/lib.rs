@@ -20,4 +20,4 @@ pub use document::{
 pub use env::expand_env;
 pub use error::{Error, Errors};
 pub use node::{Node, NodeValue};
-pub use values::{ByteSize, Duration};
+pub use values::{ByteSize, Duration, null_as_default};

@@ -5,6 +5,17 @@ use std::str::FromStr;
 
 use serde::de::{self, Deserialize, Deserializer};
 
+/// Serde helper: reads an explicit `null` (YAML `key:` with nothing after it,
+/// JSON `null`) as the type's default, as Prometheus and proto3 JSON do. Use as
+/// `#[serde(default, deserialize_with = "proflow_config::null_as_default")]`.
+pub fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
+}
+
 /// A duration written as Go and Prometheus write them: `300ms`, `1.5h`, `2h45m`, `0`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Duration(pub std::time::Duration);

@@ -147,28 +147,37 @@ pub struct RelabelConfig {
     /// the value the rule works on; a missing label counts as the empty string.
     /// Any non-empty name is accepted (Prometheus's UTF-8 rule), so a label such
     /// as `service.name` can be read and copied to a valid name.
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "proflow_config::null_as_default")]
     pub source_labels: Vec<String>,
     /// Put between the source values when joining them. Default `;`.
-    #[serde(default = "default_separator", deserialize_with = "null_as_default")]
+    #[serde(
+        default = "default_separator",
+        deserialize_with = "proflow_config::null_as_default"
+    )]
     pub separator: String,
     /// Regular expression (RE2/Rust syntax) matched against the joined value, or
     /// against each label name for `labelmap`, `labeldrop` and `labelkeep`.
     /// Always fully anchored. Default `(.*)`.
-    #[serde(default = "default_regex", deserialize_with = "null_as_default")]
+    #[serde(
+        default = "default_regex",
+        deserialize_with = "proflow_config::null_as_default"
+    )]
     pub regex: String,
     /// Divisor for `hashmod`; required and greater than 0 for that action.
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "proflow_config::null_as_default")]
     pub modulus: u64,
     /// The label the rule writes (`replace`, `hashmod`, `lowercase`,
     /// `uppercase`) or compares with (`keepequal`, `dropequal`). For `replace` it
     /// may use capture references such as `$1` or `${name}`.
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "proflow_config::null_as_default")]
     pub target_label: String,
     /// Template for the value written by `replace`, or for the new label name by
     /// `labelmap`: `$1`, `${1}`, `$name`, `${name}` refer to capture groups and
     /// `$$` is a literal `$`. Default `$1`.
-    #[serde(default = "default_replacement", deserialize_with = "null_as_default")]
+    #[serde(
+        default = "default_replacement",
+        deserialize_with = "proflow_config::null_as_default"
+    )]
     pub replacement: String,
     /// What the rule does: replace, keep, drop, keepequal, dropequal, hashmod,
     /// labelmap, labeldrop, labelkeep, lowercase or uppercase. Default `replace`.
@@ -200,16 +209,6 @@ fn default_regex() -> String {
 
 fn default_replacement() -> String {
     DEFAULT_REPLACEMENT.to_owned()
-}
-
-/// Reads an explicit null as the type's empty value (Prometheus's YAML decoder
-/// zeroes a field written as null instead of keeping its default).
-fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de> + Default,
-{
-    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
 }
 
 /// Checks `configs` the way Prometheus does and returns every problem. Paths are

@@ -249,15 +249,6 @@ fn walk_wire<'a>(
 
 // ------------------------------------------------------------- JSON form
 
-/// proto3 JSON: `null` stands for the default value of any field.
-fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de> + Default,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
-
 thread_local! {
     /// Samples the JSON request being deserialized on this thread may still
     /// hold. Serde's derive cannot pass state into a field's deserializer, and
@@ -373,9 +364,9 @@ struct JsonSeries {
 
 #[derive(Deserialize)]
 struct JsonLabelPair {
-    #[serde(default, deserialize_with = "null_default")]
+    #[serde(default, deserialize_with = "proflow_config::null_as_default")]
     name: String,
-    #[serde(default, deserialize_with = "null_default")]
+    #[serde(default, deserialize_with = "proflow_config::null_as_default")]
     value: String,
 }
 
@@ -385,10 +376,14 @@ struct JsonSample {
         rename = "rawProfile",
         alias = "raw_profile",
         default,
-        deserialize_with = "null_default"
+        deserialize_with = "proflow_config::null_as_default"
     )]
     raw_profile: String,
-    #[serde(rename = "ID", default, deserialize_with = "null_default")]
+    #[serde(
+        rename = "ID",
+        default,
+        deserialize_with = "proflow_config::null_as_default"
+    )]
     id: String,
 }
 
