@@ -22,13 +22,18 @@ pub enum Error {
     /// A payload could not be decoded for an output format that needs the decoded form.
     #[error(
         "profile {series} could not be decoded for folded output ({source}); it was dropped \
-         because retrying cannot help ({written} other profile(s) of the batch were written); \
-         fix the sender or use `format: pprof`, which writes the bytes as they arrived"
+         because retrying cannot help ({} profile(s) in all could not be decoded, \
+         {written} other(s) of the batch were written); \
+         fix the sender or use `format: pprof`, which writes the bytes as they arrived",
+        .refused.len()
     )]
     Decode {
         /// The series labels, for finding the sender.
         series: String,
         written: usize,
+        /// Indexes (in the exported batch) of every profile that could not be
+        /// decoded; the others were written.
+        refused: Vec<usize>,
         #[source]
         source: DecodeError,
     },
@@ -63,7 +68,8 @@ impl Error {
                 }
                 _ => ExportError::retryable("io", message),
             },
-            Error::Decode { .. } => ExportError::permanent("decode", message),
+            // The rest of the batch was written: only these failed.
+            Error::Decode { refused, .. } => ExportError::partial(refused, "decode", message),
             Error::Encode { .. } => ExportError::permanent("encode", message),
         }
     }

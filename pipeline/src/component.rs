@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::model::{Batch, Envelope};
+use crate::model::{Batch, Envelope, ExportBatch};
 use crate::queue::{QueueSettings, RetrySettings};
 use crate::telemetry::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry, Telemetry};
 
@@ -100,12 +100,26 @@ pub enum ConsumeError {
     ShuttingDown,
 }
 
+/// How a receiver wants to be held back when an exporter queue with
+/// `when_full: block` is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Refuse the batch at once ([`ConsumeError::Backpressure`]): for push
+    /// receivers, whose clients retry on 429 / `RESOURCE_EXHAUSTED`.
+    Refuse,
+    /// Wait until every such queue has room: for receivers that can hold
+    /// their source (scrape, Kafka). Only shutdown ends the wait.
+    Wait,
+}
+
 /// Where a receiver hands what it accepted. `Ok` means the batch is in every
 /// target exporter's queue (or was dropped there by a `drop_newest` policy, or
 /// filtered out by a processor): the receiver may acknowledge its sender.
+/// What then became of it is reported through the batch's
+/// [`Ack`](crate::delivery::Ack), if the receiver made a tracked one.
 #[async_trait]
 pub trait Consumer: Send + Sync {
-    async fn consume(&self, batch: Batch) -> Result<(), ConsumeError>;
+    async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError>;
 }
 
 /// What a running receiver gets.
@@ -139,11 +153,12 @@ pub trait ReceiverConfig: Validate + Debug + Send + Sync {
 
 // --------------------------------------------------------------- processors
 
-/// A running processor. It returns the batch to pass on; profiles it drops it
-/// counts through its [`ProcessorTelemetry`].
+/// A running processor. It returns the profiles to pass on; profiles it drops
+/// it counts through its [`ProcessorTelemetry`] (the pipeline reports them as
+/// filtered to the batch's acknowledgement).
 #[async_trait]
 pub trait Processor: Send + Sync {
-    async fn process(&self, batch: Batch) -> Batch;
+    async fn process(&self, envelopes: Vec<Envelope>) -> Vec<Envelope>;
 }
 
 /// A processor's config.
@@ -163,12 +178,18 @@ pub enum ErrorClass {
 }
 
 /// Why an export failed. `reason` is a short snake_case word for metrics.
+///
+/// A partial failure ([`ExportError::partial`]) names the profiles the peer
+/// refused for good; the others of the batch count as delivered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ExportError {
     pub class: ErrorClass,
     pub reason: String,
     pub message: String,
+    /// For a partial failure: indexes into the exported batch of the profiles
+    /// that failed; `None` when the whole batch failed.
+    pub refused: Option<Vec<usize>>,
 }
 
 impl ExportError {
@@ -177,6 +198,7 @@ impl ExportError {
             class: ErrorClass::Retryable { retry_after: None },
             reason: reason.into(),
             message: message.into(),
+            refused: None,
         }
     }
     pub fn permanent(reason: impl Into<String>, message: impl Into<String>) -> Self {
@@ -184,6 +206,19 @@ impl ExportError {
             class: ErrorClass::Permanent,
             reason: reason.into(),
             message: message.into(),
+            refused: None,
+        }
+    }
+    /// Some profiles were refused for good (indexes into the batch); the rest
+    /// were delivered. Partial failures are never retried.
+    pub fn partial(
+        refused: Vec<usize>,
+        reason: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        ExportError {
+            refused: Some(refused),
+            ..ExportError::permanent(reason, message)
         }
     }
     pub fn with_retry_after(mut self, d: Duration) -> Self {
@@ -195,12 +230,19 @@ impl ExportError {
 }
 
 /// A running exporter. Its queue calls `export` from `num_consumers` tasks at
-/// once, so it must be safe to call concurrently.
+/// once, so it must be safe to call concurrently. Each call gets what the
+/// queue gathered (see `sending_queue.batch`): the profiles of one or more
+/// received batches, in arrival order.
+///
+/// `Ok` means every profile was delivered. A retryable error retries the
+/// whole batch, so an exporter must not leave part of a failed batch
+/// delivered (or must report it as a partial failure, which is not retried).
 #[async_trait]
 pub trait Exporter: Send + Sync {
-    async fn export(&self, batch: &[Envelope]) -> Result<(), ExportError>;
+    async fn export(&self, batch: &ExportBatch) -> Result<(), ExportError>;
 
-    /// Called once after the queue has drained, before the process exits.
+    /// Called once after the queue has drained, before the process exits,
+    /// bounded by what is left of `service.shutdown_timeout`.
     async fn shutdown(&self) {}
 }
 

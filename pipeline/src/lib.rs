@@ -1,5 +1,6 @@
 //! proflow's core: the profile [`model`] (envelope, labels, lazily decoded
-//! payload), the pprof messages ([`pprof`]), the component traits
+//! payload, batches), delivery acknowledgement ([`delivery`]), the pprof
+//! messages ([`pprof`]), the component traits
 //! ([`component`]), exporter queues with retry ([`queue`]), the running graph
 //! ([`topology`]) and self-telemetry ([`telemetry`]).
 //!
@@ -7,6 +8,7 @@
 //! `proflow-config` for config values; components depend on it, never the reverse.
 
 pub mod component;
+pub mod delivery;
 pub mod model;
 pub mod pprof;
 pub mod queue;

@@ -2,10 +2,12 @@
 //! period and the payload. The payload keeps the bytes that arrived and decodes
 //! them only when asked; clones share everything through `Arc`/`Bytes`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
+use crate::delivery::{Ack, Delivery};
 use crate::pprof::{self, DecodeError};
 
 /// The label holding the profile type (`process_cpu`, `memory`, ...).
@@ -171,15 +173,29 @@ pub struct Encoded {
     pub gzipped: bool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct PayloadInner {
+    /// The bytes as they arrived; for a payload made from a profile, encoded
+    /// on first use and kept (counted in [`Payload::size_bytes`] from the start).
     encoded: OnceLock<Encoded>,
-    gzipped: OnceLock<Bytes>,
-    decoded: OnceLock<Result<Arc<pprof::Profile>, DecodeError>>,
+    /// The profile, for a payload made from one.
+    profile: Option<Arc<pprof::Profile>>,
+    /// What this payload keeps alive, fixed at construction so queue
+    /// accounting never changes while the payload waits.
+    size: usize,
+    /// Set once anything decoded the bytes (tests and benchmarks check that
+    /// pass-through never decodes).
+    decoded_once: AtomicBool,
 }
 
-/// A pprof profile, held as bytes and/or decoded, each form made on first use
-/// and cached. Cloning is an `Arc` clone: fan-out copies no payload.
+/// A pprof profile, held as bytes or as a decoded profile. Cloning is an
+/// `Arc` clone: fan-out copies no payload.
+///
+/// Nothing derived from the bytes is cached: a decoded profile is several
+/// times larger than its bytes, and a cache filled by one exporter after the
+/// payload was admitted would pin memory no queue counted. So
+/// [`Payload::decoded`] and [`Payload::gzipped`] (of plain bytes) make a fresh
+/// value each call, and the caller drops it when done.
 #[derive(Debug, Clone)]
 pub struct Payload {
     inner: Arc<PayloadInner>,
@@ -189,80 +205,137 @@ pub struct Payload {
 
 impl Payload {
     /// A payload from pprof bytes as they arrived (gzip detected by magic bytes).
+    ///
+    /// The payload keeps `bytes` alive, and with them the whole buffer they
+    /// are a slice of: a receiver that cut several profiles out of one request
+    /// buffer should [`Payload::detach`] them so each pins only itself.
     pub fn from_bytes(bytes: Bytes, decode_limit: usize) -> Self {
-        let inner = PayloadInner::default();
         let gzipped = pprof::is_gzip(&bytes);
-        if gzipped {
-            let _ = inner.gzipped.set(bytes.clone());
-        }
-        let _ = inner.encoded.set(Encoded { bytes, gzipped });
+        let size = bytes.len();
+        let encoded = OnceLock::new();
+        let _ = encoded.set(Encoded { bytes, gzipped });
         Payload {
-            inner: Arc::new(inner),
+            inner: Arc::new(PayloadInner {
+                encoded,
+                profile: None,
+                size,
+                decoded_once: AtomicBool::new(false),
+            }),
             decode_limit,
         }
     }
 
     /// A payload from a decoded profile (for example converted from folded text
-    /// or changed by a processor). Bytes are made when first needed.
+    /// or changed by a processor). Bytes are made when first needed and kept;
+    /// the size counts both.
     pub fn from_profile(profile: pprof::Profile) -> Self {
-        let inner = PayloadInner::default();
-        let _ = inner.decoded.set(Ok(Arc::new(profile)));
+        let size = heap_size(&profile) + prost::Message::encoded_len(&profile);
         Payload {
-            inner: Arc::new(inner),
+            inner: Arc::new(PayloadInner {
+                encoded: OnceLock::new(),
+                profile: Some(Arc::new(profile)),
+                size,
+                decoded_once: AtomicBool::new(true),
+            }),
             decode_limit: pprof::DEFAULT_MAX_DECOMPRESSED,
         }
     }
 
-    /// The encoded bytes (encoding the decoded form once, if that is all we have).
+    /// The same payload holding its own copy of the bytes, so it no longer
+    /// keeps a larger buffer (a whole request) alive. A payload made from a
+    /// profile is returned as it is.
+    pub fn detach(&self) -> Payload {
+        match (&self.inner.profile, self.inner.encoded.get()) {
+            (None, Some(e)) => {
+                Payload::from_bytes(Bytes::copy_from_slice(&e.bytes), self.decode_limit)
+            }
+            _ => self.clone(),
+        }
+    }
+
+    /// The encoded bytes (encoding the profile once, if that is all we have).
     pub fn encoded(&self) -> &Encoded {
         self.inner
             .encoded
-            .get_or_init(|| match self.inner.decoded.get() {
-                Some(Ok(p)) => Encoded {
+            .get_or_init(|| match &self.inner.profile {
+                Some(p) => Encoded {
                     bytes: pprof::encode(p),
                     gzipped: false,
                 },
-                // Unreachable by construction: every constructor sets one of the two.
-                _ => Encoded {
+                // Unreachable by construction: a payload without a profile was
+                // made from bytes, which set `encoded`.
+                None => Encoded {
                     bytes: Bytes::new(),
                     gzipped: false,
                 },
             })
     }
 
-    /// Gzipped pprof bytes: the arrived bytes when they were gzipped, else compressed once.
+    /// Gzipped pprof bytes: the arrived bytes when they were gzipped (shared,
+    /// no copy), else compressed now.
     pub fn gzipped(&self) -> Bytes {
-        self.inner
-            .gzipped
-            .get_or_init(|| pprof::gzip(&self.encoded().bytes))
-            .clone()
+        let e = self.encoded();
+        if e.gzipped {
+            e.bytes.clone()
+        } else {
+            pprof::gzip(&e.bytes)
+        }
     }
 
-    /// The decoded profile, decoding once on first use.
+    /// The decoded profile: the payload's own for one made from a profile,
+    /// else decoded now from the bytes (not cached; see the type's docs).
     pub fn decoded(&self) -> Result<Arc<pprof::Profile>, DecodeError> {
-        self.inner
-            .decoded
-            .get_or_init(|| pprof::decode(&self.encoded().bytes, self.decode_limit).map(Arc::new))
-            .clone()
+        if let Some(p) = &self.inner.profile {
+            return Ok(p.clone());
+        }
+        self.inner.decoded_once.store(true, Ordering::Relaxed);
+        pprof::decode(&self.encoded().bytes, self.decode_limit).map(Arc::new)
     }
 
-    /// True when the decoded form has been made (for tests and benchmarks that
-    /// check the pass-through path never decodes).
+    /// True when the payload holds a decoded profile or was ever decoded (for
+    /// tests and benchmarks that check the pass-through path never decodes).
     pub fn is_decoded(&self) -> bool {
-        self.inner.decoded.get().is_some()
+        self.inner.decoded_once.load(Ordering::Relaxed)
     }
 
-    /// Bytes this payload accounts for in queues: the encoded size if known,
-    /// otherwise an estimate from the decoded form.
+    /// Bytes of memory this payload keeps alive, as queues account them: the
+    /// bytes' length, or for a payload made from a profile an estimate of the
+    /// profile's heap plus its encoding.
     pub fn size_bytes(&self) -> usize {
-        if let Some(e) = self.inner.encoded.get() {
-            return e.bytes.len();
-        }
-        match self.inner.decoded.get() {
-            Some(Ok(p)) => prost::Message::encoded_len(p.as_ref()),
-            _ => 0,
-        }
+        self.inner.size
     }
+}
+
+/// The heap a decoded profile holds: every vector's capacity and string's
+/// capacity (a close estimate; allocator overhead is not counted).
+fn heap_size(p: &pprof::Profile) -> usize {
+    use std::mem::size_of;
+    let samples: usize = p
+        .sample
+        .iter()
+        .map(|s| {
+            s.location_id.capacity() * size_of::<u64>()
+                + s.value.capacity() * size_of::<i64>()
+                + s.label.capacity() * size_of::<pprof::Label>()
+        })
+        .sum();
+    let locations: usize = p
+        .location
+        .iter()
+        .map(|l| l.line.capacity() * size_of::<pprof::Line>())
+        .sum();
+    let strings: usize = p.string_table.iter().map(String::capacity).sum();
+    size_of::<pprof::Profile>()
+        + p.sample_type.capacity() * size_of::<pprof::ValueType>()
+        + p.sample.capacity() * size_of::<pprof::Sample>()
+        + samples
+        + p.mapping.capacity() * size_of::<pprof::Mapping>()
+        + p.location.capacity() * size_of::<pprof::Location>()
+        + locations
+        + p.function.capacity() * size_of::<pprof::Function>()
+        + p.string_table.capacity() * size_of::<String>()
+        + strings
+        + p.comment.capacity() * size_of::<i64>()
 }
 
 /// A profile in flight: series labels, times, value types and the payload.
@@ -286,10 +359,133 @@ impl Envelope {
     }
 }
 
-/// The unit that moves through the pipeline: the profiles of one request.
-pub type Batch = Vec<Envelope>;
+/// Where a batch came from: what exporters and logs may need to know about
+/// its sender. Shared by every copy of the batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchMeta {
+    /// The receiver's component id (`pprof_push`, `kafka/eu`).
+    pub receiver: Arc<str>,
+    /// The tenant the sender named (Pyroscope's `X-Scope-OrgID`), if any.
+    pub tenant: Option<String>,
+    /// The sender's address, for receivers that have one.
+    pub client: Option<std::net::SocketAddr>,
+}
 
-/// Bytes a batch accounts for.
+/// The unit that moves through the pipeline: the profiles of one request (or
+/// one Kafka record, one scrape), where they came from, and the share of the
+/// acknowledgement that reports what became of them.
+#[derive(Debug)]
+pub struct Batch {
+    pub envelopes: Vec<Envelope>,
+    pub meta: Arc<BatchMeta>,
+    pub ack: Ack,
+}
+
+impl Batch {
+    /// A batch nobody awaits the delivery of.
+    pub fn new(envelopes: Vec<Envelope>, meta: Arc<BatchMeta>) -> Self {
+        Batch {
+            envelopes,
+            meta,
+            ack: Ack::none(),
+        }
+    }
+
+    /// A batch whose delivery the sender can await.
+    pub fn tracked(envelopes: Vec<Envelope>, meta: Arc<BatchMeta>) -> (Self, Delivery) {
+        let (ack, delivery) = Ack::new(envelopes.len());
+        (
+            Batch {
+                envelopes,
+                meta,
+                ack,
+            },
+            delivery,
+        )
+    }
+
+    /// Profiles in the batch.
+    pub fn len(&self) -> usize {
+        self.envelopes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.envelopes.is_empty()
+    }
+
+    /// Bytes the batch accounts for in queues.
+    pub fn size_bytes(&self) -> usize {
+        batch_bytes(&self.envelopes)
+    }
+}
+
+/// What an exporter is asked to send: the profiles of one or more batches in
+/// arrival order, each run with the [`BatchMeta`] of the batch it came from.
+#[derive(Debug, Clone, Default)]
+pub struct ExportBatch {
+    envelopes: Vec<Envelope>,
+    /// `(end, meta)`: envelopes before `end` (and after the previous end)
+    /// came from the batch described by `meta`.
+    sources: Vec<(usize, Arc<BatchMeta>)>,
+}
+
+impl ExportBatch {
+    pub fn new() -> Self {
+        ExportBatch::default()
+    }
+
+    /// Appends the profiles of one batch.
+    pub fn push(&mut self, envelopes: Vec<Envelope>, meta: Arc<BatchMeta>) {
+        if envelopes.is_empty() {
+            return;
+        }
+        if self.envelopes.is_empty() {
+            self.envelopes = envelopes;
+        } else {
+            self.envelopes.extend(envelopes);
+        }
+        match self.sources.last_mut() {
+            // Consecutive batches from the same source stay one run.
+            Some((end, m)) if Arc::ptr_eq(m, &meta) || **m == *meta => *end = self.envelopes.len(),
+            _ => self.sources.push((self.envelopes.len(), meta)),
+        }
+    }
+
+    /// Every profile, in order.
+    pub fn envelopes(&self) -> &[Envelope] {
+        &self.envelopes
+    }
+
+    pub fn len(&self) -> usize {
+        self.envelopes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.envelopes.is_empty()
+    }
+
+    /// Runs of profiles with where they came from (exporters that send per
+    /// tenant group by this).
+    pub fn sources(&self) -> impl Iterator<Item = (&BatchMeta, &[Envelope])> {
+        let mut start = 0;
+        self.sources.iter().map(move |(end, meta)| {
+            let run = &self.envelopes[start..*end];
+            start = *end;
+            (meta.as_ref(), run)
+        })
+    }
+}
+
+impl From<Vec<Envelope>> for ExportBatch {
+    /// Profiles from one unnamed source (tests, benchmarks, tools).
+    fn from(envelopes: Vec<Envelope>) -> Self {
+        let mut b = ExportBatch::new();
+        b.push(envelopes, Arc::new(BatchMeta::default()));
+        b
+    }
+}
+
+/// Bytes some envelopes account for.
 pub fn batch_bytes(batch: &[Envelope]) -> usize {
     batch.iter().map(Envelope::size_bytes).sum()
 }
@@ -347,7 +543,11 @@ mod tests {
         );
         assert!(!p.is_decoded());
         assert_eq!(p.decoded().unwrap().sample.len(), 1);
-        assert!(clone.is_decoded(), "clones share the decoded cache");
+        assert!(clone.is_decoded(), "clones share the payload");
+        assert_eq!(p.size_bytes(), gz.len());
+        let detached = p.detach();
+        assert_ne!(detached.gzipped().as_ptr(), gz.as_ptr(), "detach copies");
+        assert_eq!(detached.gzipped(), gz);
     }
 
     #[test]
@@ -359,6 +559,10 @@ mod tests {
         let gz = p.gzipped();
         assert!(pprof::is_gzip(&gz));
         assert_eq!(pprof::decode(&gz, 1 << 20).unwrap(), *p.decoded().unwrap());
-        assert!(p.size_bytes() > 0);
+        assert!(
+            p.size_bytes() > p.encoded().bytes.len(),
+            "the decoded profile is counted too"
+        );
+        assert!(std::ptr::eq(p.encoded(), p.encoded()), "encoded once");
     }
 }

@@ -1,6 +1,12 @@
-//! Exporter queues: bounded in profiles and bytes, `when_full: block | drop_newest`,
-//! drained by `num_consumers` tasks that export with exponential-backoff retry.
-//! One queue per exporter, so a slow exporter never delays the others' sends.
+//! Exporter queues: bounded in profiles and bytes, `when_full: drop_newest |
+//! block`, drained by `num_consumers` tasks that gather batches on dequeue
+//! (`batch`: up to `max_profiles` / `max_bytes`, waiting up to `flush_timeout`
+//! for more) and export them with exponential-backoff retry. One queue per
+//! exporter, so a slow exporter never delays the others' sends.
+//!
+//! Every queued batch carries its share of the acknowledgement
+//! ([`Ack`]); the consumer resolves it with the export's outcome, per profile
+//! when the exporter reports a partial failure.
 
 use proflow_config::{ByteSize, Duration};
 use serde::Deserialize;
@@ -12,20 +18,48 @@ use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::component::{ErrorClass, Exporter, FieldError};
-use crate::model::{Batch, batch_bytes};
+use crate::component::{ErrorClass, ExportError, Exporter, FieldError};
+use crate::delivery::{Ack, Outcome};
+use crate::model::{BatchMeta, Envelope, ExportBatch};
 use crate::telemetry::ExporterTelemetry;
 
 /// What to do with a batch when an exporter's queue is full.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum WhenFull {
-    /// Refuse the batch everywhere (the receiver answers 429 / RESOURCE_EXHAUSTED)
-    /// so the sender retries: no data loss, backpressure reaches the client.
+    /// Drop the batch for this exporter only, count it (logged once per
+    /// episode), and deliver it to the other exporters: one dead backend never
+    /// stops delivery to the healthy ones. The OpenTelemetry Collector's default.
     #[default]
-    Block,
-    /// Drop the batch for this exporter only, count it, and accept it elsewhere.
     DropNewest,
+    /// Hold the sender back: push receivers refuse the whole batch everywhere
+    /// (429 / `RESOURCE_EXHAUSTED`) so the client retries, and receivers that
+    /// can wait (scrape, Kafka) wait for room. For senders that retry.
+    Block,
+}
+
+/// `sending_queue.batch`: how a consumer gathers what it sends at once.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchSettings {
+    /// How long to wait for more profiles after the first one, before sending
+    /// what was gathered. `0` sends what is queued at once, without waiting.
+    pub flush_timeout: Duration,
+    /// Most profiles in one send. A single received batch larger than this is
+    /// sent whole, never split.
+    pub max_profiles: usize,
+    /// Most bytes in one send (same rule for a larger single batch).
+    pub max_bytes: ByteSize,
+}
+
+impl Default for BatchSettings {
+    fn default() -> Self {
+        BatchSettings {
+            flush_timeout: Duration::from_secs(0),
+            max_profiles: 500,
+            max_bytes: ByteSize::mib(16),
+        }
+    }
 }
 
 /// `sending_queue` of an exporter.
@@ -36,10 +70,12 @@ pub struct QueueSettings {
     pub queue_size: usize,
     /// Most payload bytes waiting in the queue (including those being sent).
     pub max_bytes: ByteSize,
-    /// `block` (default) or `drop_newest`.
+    /// `drop_newest` (default) or `block`.
     pub when_full: WhenFull,
     /// How many sends run at once.
     pub num_consumers: usize,
+    /// How each send is gathered from the queue.
+    pub batch: BatchSettings,
 }
 
 impl Default for QueueSettings {
@@ -47,8 +83,9 @@ impl Default for QueueSettings {
         QueueSettings {
             queue_size: 1000,
             max_bytes: ByteSize::mib(256),
-            when_full: WhenFull::Block,
+            when_full: WhenFull::DropNewest,
             num_consumers: 4,
+            batch: BatchSettings::default(),
         }
     }
 }
@@ -118,6 +155,27 @@ pub fn queue_problems(queue: &QueueSettings, retry: &RetrySettings) -> Vec<Field
             "must be more than 0 when retries are enabled: retrying at once hammers a failing target",
         ));
     }
+    if queue.batch.max_profiles == 0 {
+        problems.push(FieldError::new(
+            "sending_queue.batch.max_profiles",
+            "must be at least 1: a send of no profiles sends nothing",
+        ));
+    }
+    if queue.batch.max_bytes.bytes() == 0 {
+        problems.push(FieldError::new(
+            "sending_queue.batch.max_bytes",
+            "must be more than 0, such as 16MiB",
+        ));
+    }
+    if queue.batch.flush_timeout.get() > std::time::Duration::from_secs(60) {
+        problems.push(FieldError::new(
+            "sending_queue.batch.flush_timeout",
+            format!(
+                "{} holds profiles back for too long; use at most 60s (typical: 200ms)",
+                queue.batch.flush_timeout
+            ),
+        ));
+    }
     if retry.initial_interval > retry.max_interval {
         problems.push(FieldError::new(
             "retry_on_failure.max_interval",
@@ -142,12 +200,42 @@ struct State {
     /// Bytes admitted and not yet finished.
     bytes: usize,
     closed: bool,
+    /// Profiles dropped since the queue last had room: a drop episode is
+    /// logged once when it starts and once when it ends.
+    dropping: Option<u64>,
 }
 
 #[derive(Debug)]
 struct Item {
-    batch: Batch,
+    envelopes: Vec<Envelope>,
+    meta: Arc<BatchMeta>,
+    ack: Ack,
     bytes: usize,
+}
+
+/// What one consumer took from the queue for one send.
+struct Taken {
+    batch: ExportBatch,
+    /// The ack share of each gathered item, with how many profiles it covers,
+    /// in batch order.
+    acks: Vec<(usize, Ack)>,
+    bytes: usize,
+}
+
+impl Taken {
+    fn new() -> Self {
+        Taken {
+            batch: ExportBatch::new(),
+            acks: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    fn add(&mut self, item: Item) {
+        self.acks.push((item.envelopes.len(), item.ack));
+        self.bytes += item.bytes;
+        self.batch.push(item.envelopes, item.meta);
+    }
 }
 
 /// A reservation of queue capacity, taken before any queue gets the batch so a
@@ -166,13 +254,29 @@ pub enum Refusal {
     Closed,
 }
 
+/// How a send ended, for counting and acknowledging.
+enum Sent {
+    All,
+    /// The whole batch failed, counted under this reason.
+    Failed(String),
+    /// These indexes failed (under this reason); the rest were delivered.
+    Partial(Vec<usize>, String),
+}
+
 /// One exporter's queue and the tasks that drain it.
 pub struct ExporterQueue {
     id: String,
     settings: QueueSettings,
     retry: RetrySettings,
     state: Mutex<State>,
+    /// Signalled when an item is pushed or the queue closes (consumers wait).
     available: Notify,
+    /// Signalled when capacity is given back (waiting admissions wait).
+    space: Notify,
+    /// Only one consumer gathers a batch at a time, so a trickle of profiles
+    /// fills one batch instead of being spread over every consumer, and the
+    /// one that waits is the only one a push must wake.
+    gathering: tokio::sync::Mutex<()>,
     telemetry: ExporterTelemetry,
 }
 
@@ -197,6 +301,8 @@ impl ExporterQueue {
             retry,
             state: Mutex::new(State::default()),
             available: Notify::new(),
+            space: Notify::new(),
+            gathering: tokio::sync::Mutex::new(()),
             telemetry,
         })
     }
@@ -228,19 +334,40 @@ impl ExporterQueue {
         if s.closed {
             return Err(Refusal::Closed);
         }
-        let fits = s.profiles + profiles <= self.settings.queue_size
-            && s.bytes + bytes <= self.settings.max_bytes.as_usize();
-        let oversized =
-            profiles > self.settings.queue_size || bytes > self.settings.max_bytes.as_usize();
-        let nothing_waiting = s.items.is_empty() && s.reservations == 0;
-        let admit = fits || (oversized && nothing_waiting);
-        if !admit {
+        if !self.admits(&s, profiles, bytes) {
             return Err(Refusal::Full);
         }
         s.profiles += profiles;
         s.bytes += bytes;
         s.reservations += 1;
+        if let Some(dropped) = s.dropping.take() {
+            tracing::info!(exporter = %self.id, dropped, "exporter queue has room again; the profiles dropped while it was full are lost for this exporter");
+        }
         Ok(Reservation { profiles, bytes })
+    }
+
+    /// Whether a batch of `profiles` and `bytes` may be admitted now: it fits,
+    /// or it is larger than the whole queue and nothing is waiting.
+    fn admits(&self, s: &State, profiles: usize, bytes: usize) -> bool {
+        let fits = s.profiles + profiles <= self.settings.queue_size
+            && s.bytes + bytes <= self.settings.max_bytes.as_usize();
+        let oversized =
+            profiles > self.settings.queue_size || bytes > self.settings.max_bytes.as_usize();
+        fits || (oversized && s.items.is_empty() && s.reservations == 0)
+    }
+
+    /// Counts `profiles` dropped because the queue was full (`drop_newest`),
+    /// logging once per episode.
+    pub fn dropped_full(&self, profiles: usize) {
+        self.telemetry.dropped("queue_full", profiles as u64);
+        let mut s = self.lock();
+        match &mut s.dropping {
+            Some(n) => *n += profiles as u64,
+            None => {
+                s.dropping = Some(profiles as u64);
+                tracing::warn!(exporter = %self.id, queue_profiles = s.profiles, queue_bytes = s.bytes, "exporter queue is full: dropping new profiles for this exporter until it catches up (counted in proflow_exporter_dropped_profiles_total{{reason=\"queue_full\"}})");
+            }
+        }
     }
 
     /// Gives back a reservation that will not be used.
@@ -251,26 +378,46 @@ impl ExporterQueue {
             s.bytes -= r.bytes;
             s.reservations -= 1;
         }
-        // A closed queue's consumers may be waiting for this last reservation.
-        self.available.notify_waiters();
+        // A closed queue's consumer may be waiting for this last reservation.
+        self.available.notify_one();
+        self.space.notify_waiters();
     }
 
     /// Puts a batch into the queue under its reservation.
-    pub fn push(&self, r: Reservation, batch: Batch) {
-        let n = batch.len() as u64;
+    pub fn push(&self, r: Reservation, envelopes: Vec<Envelope>, meta: Arc<BatchMeta>, ack: Ack) {
+        let n = envelopes.len() as u64;
         {
             let mut s = self.lock();
             // Sizes are counted by the reservation; the batch must be the one reserved for.
-            debug_assert_eq!(r.profiles, batch.len());
+            debug_assert_eq!(r.profiles, envelopes.len());
             s.reservations -= 1;
             s.items.push_back(Item {
-                batch,
+                envelopes,
+                meta,
+                ack,
                 bytes: r.bytes,
             });
             self.telemetry.queue_level(s.profiles, s.bytes);
         }
         self.telemetry.enqueued(n);
+        // Only the gathering consumer waits here (see `gathering`), so one
+        // permit always reaches the consumer that needs it.
         self.available.notify_one();
+    }
+
+    /// Waits until `profiles`/`bytes` might fit: returns after capacity was
+    /// given back or the queue closed (the caller tries `reserve` again).
+    pub async fn wait_for_space(&self, profiles: usize, bytes: usize) {
+        let notified = self.space.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let s = self.lock();
+            if s.closed || self.admits(&s, profiles, bytes) {
+                return;
+            }
+        }
+        notified.await;
     }
 
     /// Profiles and bytes admitted and not finished.
@@ -282,34 +429,130 @@ impl ExporterQueue {
     /// Stops admitting; consumers drain what is queued and then end.
     pub fn close(&self) {
         self.lock().closed = true;
-        self.available.notify_waiters();
+        self.available.notify_one();
+        self.space.notify_waiters();
     }
 
-    async fn next(&self) -> Option<Item> {
+    /// Removes what is still queued after the consumers stopped; each item's
+    /// ack reports it abandoned. Returns the profiles removed.
+    fn abandon_queued(&self) -> usize {
+        let items: Vec<Item> = self.lock().items.drain(..).collect();
+        let n = items.iter().map(|i| i.envelopes.len()).sum();
+        for item in items {
+            item.ack.resolve(Outcome::Abandoned);
+        }
+        n
+    }
+
+    /// Gathers the next send: waits for a first item, then takes following
+    /// items while they fit `batch.max_profiles` / `batch.max_bytes`, waiting
+    /// up to `batch.flush_timeout` for more. `None` once the queue is closed,
+    /// drained and no reservation is outstanding.
+    async fn next_batch(&self) -> Option<Taken> {
+        let _gathering = self.gathering.lock().await;
+        let batch = &self.settings.batch;
+        let mut taken = Taken::new();
+        let mut deadline = None;
         loop {
             let notified = self.available.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             {
                 let mut s = self.lock();
-                if let Some(item) = s.items.pop_front() {
-                    return Some(item);
+                while let Some(front) = s.items.front() {
+                    let full = taken.batch.len() + front.envelopes.len() > batch.max_profiles
+                        || taken.bytes + front.bytes > batch.max_bytes.as_usize();
+                    if full && !taken.batch.is_empty() {
+                        return Some(taken);
+                    }
+                    let Some(item) = s.items.pop_front() else {
+                        break;
+                    };
+                    taken.add(item);
                 }
-                if s.closed && s.reservations == 0 {
+                if !taken.batch.is_empty() {
+                    let full = taken.batch.len() >= batch.max_profiles
+                        || taken.bytes >= batch.max_bytes.as_usize();
+                    if full || s.closed || batch.flush_timeout.is_zero() {
+                        return Some(taken);
+                    }
+                } else if s.closed && s.reservations == 0 {
+                    // Let the next consumer see the end too.
+                    drop(s);
+                    self.available.notify_one();
                     return None;
                 }
             }
-            notified.await;
+            if taken.batch.is_empty() {
+                notified.await;
+                continue;
+            }
+            let until = *deadline
+                .get_or_insert_with(|| tokio::time::Instant::now() + batch.flush_timeout.get());
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(until) => return Some(taken),
+            }
         }
     }
 
-    fn finish(&self, profiles: usize, bytes: usize) {
-        let mut s = self.lock();
-        s.profiles -= profiles;
-        s.bytes -= bytes;
-        self.telemetry.queue_level(s.profiles, s.bytes);
+    /// Counts a finished send, resolves its acks and frees its capacity.
+    fn finish(&self, taken: Taken, sent: Sent) {
+        let Taken {
+            batch,
+            mut acks,
+            bytes,
+        } = taken;
+        let profiles = batch.len();
+        match sent {
+            Sent::All => {
+                self.telemetry.sent(profiles as u64, bytes as u64);
+                for (_, ack) in acks {
+                    ack.resolve(Outcome::Delivered);
+                }
+            }
+            Sent::Failed(reason) => {
+                self.telemetry.failed(&reason, profiles as u64);
+                for (_, ack) in acks {
+                    ack.resolve(Outcome::Failed);
+                }
+            }
+            Sent::Partial(mut refused, reason) => {
+                refused.sort_unstable();
+                refused.dedup();
+                refused.retain(|&i| i < profiles);
+                let delivered_bytes: usize = batch
+                    .envelopes()
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| refused.binary_search(i).is_err())
+                    .map(|(_, e)| e.size_bytes())
+                    .sum();
+                self.telemetry.failed(&reason, refused.len() as u64);
+                self.telemetry
+                    .sent((profiles - refused.len()) as u64, delivered_bytes as u64);
+                let mut start = 0;
+                for (len, ack) in &mut acks {
+                    let end = start + *len;
+                    let failed = refused.iter().filter(|&&i| i >= start && i < end).count();
+                    ack.report(Outcome::Failed, failed);
+                    ack.report(Outcome::Delivered, *len - failed);
+                    start = end;
+                }
+            }
+        }
+        {
+            let mut s = self.lock();
+            s.profiles -= profiles;
+            s.bytes -= bytes;
+            self.telemetry.queue_level(s.profiles, s.bytes);
+        }
+        self.space.notify_waiters();
     }
 
     /// Starts `num_consumers` tasks that export until the queue is closed and
-    /// drained, or `abort` is cancelled (then in-flight retries stop).
+    /// drained, or `abort` is cancelled (then in-flight retries stop, and
+    /// what they held is reported abandoned).
     pub fn spawn_consumers(
         self: &Arc<Self>,
         exporter: Arc<dyn Exporter>,
@@ -322,42 +565,37 @@ impl ExporterQueue {
                 let abort = abort.clone();
                 tokio::spawn(async move {
                     loop {
-                        let item = tokio::select! {
-                            item = q.next() => item,
+                        let taken = tokio::select! {
+                            taken = q.next_batch() => taken,
                             _ = abort.cancelled() => None,
                         };
-                        let Some(item) = item else { break };
-                        let (profiles, bytes) = (item.batch.len(), item.bytes);
+                        let Some(taken) = taken else { break };
                         // A panicking exporter must not kill the consumer without
-                        // finishing the item: its queue would stay full forever.
-                        let send = std::panic::AssertUnwindSafe(
-                            q.send_with_retry(exporter.as_ref(), &item.batch),
-                        )
-                        .catch_unwind();
-                        let delivered = tokio::select! {
+                        // finishing the batch: its queue would stay full forever.
+                        let send =
+                            std::panic::AssertUnwindSafe(q.send_with_retry(exporter.as_ref(), &taken.batch))
+                                .catch_unwind();
+                        let sent = tokio::select! {
                             r = send => r.unwrap_or_else(|_| {
-                                tracing::error!(exporter = %q.id, profiles = profiles, "the exporter panicked; dropping the batch");
-                                q.telemetry.failed("panic", profiles as u64);
-                                false
+                                tracing::error!(exporter = %q.id, profiles = taken.batch.len(), "the exporter panicked; dropping the batch");
+                                Sent::Failed("panic".to_owned())
                             }),
                             _ = abort.cancelled() => {
                                 // Leave the counters as they are: the shutdown report
-                                // counts this batch as not delivered.
+                                // counts this batch as not delivered, and dropping
+                                // `taken` reports its acks abandoned.
                                 break;
                             }
                         };
-                        if delivered {
-                            q.telemetry.sent(profiles as u64, bytes as u64);
-                        }
-                        q.finish(profiles, bytes);
+                        q.finish(taken, sent);
                     }
                 })
             })
             .collect()
     }
 
-    /// Exports with retry; true when delivered. Failures are counted here.
-    async fn send_with_retry(&self, exporter: &dyn Exporter, batch: &Batch) -> bool {
+    /// Exports with retry. Logs failures; the caller counts them.
+    async fn send_with_retry(&self, exporter: &dyn Exporter, batch: &ExportBatch) -> Sent {
         let started = Instant::now();
         let mut wait = self.retry.initial_interval.get();
         loop {
@@ -365,22 +603,28 @@ impl ExporterQueue {
             let result = exporter.export(batch).await;
             self.telemetry
                 .send_duration(attempt.elapsed().as_secs_f64());
-            let err = match result {
-                Ok(()) => return true,
+            let err: ExportError = match result {
+                Ok(()) => return Sent::All,
                 Err(e) => e,
             };
             let retry_after = match err.class {
                 ErrorClass::Permanent => {
-                    tracing::warn!(exporter = %self.id, reason = %err.reason, error = %err, profiles = batch.len(), "dropping profiles the peer refused permanently");
-                    self.telemetry.failed(&err.reason, batch.len() as u64);
-                    return false;
+                    return match err.refused.clone() {
+                        Some(refused) => {
+                            tracing::warn!(exporter = %self.id, reason = %err.reason, error = %err, refused = refused.len(), profiles = batch.len(), "the peer refused some profiles permanently; the others were delivered");
+                            Sent::Partial(refused, err.reason)
+                        }
+                        None => {
+                            tracing::warn!(exporter = %self.id, reason = %err.reason, error = %err, profiles = batch.len(), "dropping profiles the peer refused permanently");
+                            Sent::Failed(err.reason)
+                        }
+                    };
                 }
                 ErrorClass::Retryable { retry_after } => retry_after,
             };
             if !self.retry.enabled {
                 tracing::warn!(exporter = %self.id, reason = %err.reason, error = %err, "export failed and retry_on_failure is disabled");
-                self.telemetry.failed(&err.reason, batch.len() as u64);
-                return false;
+                return Sent::Failed(err.reason);
             }
             let delay = retry_after.unwrap_or_else(|| jitter(wait));
             let max_elapsed = self.retry.max_elapsed_time.get();
@@ -390,9 +634,7 @@ impl ExporterQueue {
                 .is_none_or(|end| end > max_elapsed);
             if !max_elapsed.is_zero() && past_deadline {
                 tracing::warn!(exporter = %self.id, reason = %err.reason, error = %err, elapsed = ?started.elapsed(), "giving up after max_elapsed_time");
-                self.telemetry
-                    .failed("retries_exhausted", batch.len() as u64);
-                return false;
+                return Sent::Failed("retries_exhausted".to_owned());
             }
             tracing::debug!(exporter = %self.id, error = %err, ?delay, "export failed; retrying");
             self.telemetry.retried();
@@ -419,7 +661,17 @@ fn jitter(d: std::time::Duration) -> std::time::Duration {
     std::time::Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(d)
 }
 
-/// Profiles and bytes of a batch, as queues count them.
-pub fn batch_size(batch: &Batch) -> (usize, usize) {
-    (batch.len(), batch_bytes(batch))
+/// The shutdown half of a queue, for the topology: what could not be sent.
+impl ExporterQueue {
+    /// After the consumers ended (drained or aborted): removes what is left,
+    /// reports it abandoned and counted, and returns how many profiles were not
+    /// delivered (queued, or in flight when the consumers were aborted).
+    pub fn abandon(&self) -> usize {
+        self.abandon_queued();
+        let (left, _) = self.level();
+        if left > 0 {
+            self.telemetry.dropped("shutdown", left as u64);
+        }
+        left
+    }
 }

@@ -19,11 +19,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::component::{
-    BuildContext, BuildError, ConsumeError, Consumer, Exporter, Processor, ReceiverContext,
-    Resource,
+    Admission, BuildContext, BuildError, ConsumeError, Consumer, Exporter, Processor,
+    ReceiverContext, Resource,
 };
-use crate::model::Batch;
-use crate::queue::{ExporterQueue, Refusal, Reservation, WhenFull, batch_size};
+use crate::delivery::Outcome;
+use crate::model::{Batch, Envelope, batch_bytes};
+use crate::queue::{ExporterQueue, Refusal, Reservation, WhenFull};
 use crate::registry::{AnyConfig, Kind, Registry};
 use crate::telemetry::{ProcessorTelemetry, Telemetry};
 
@@ -31,6 +32,9 @@ use crate::telemetry::{ProcessorTelemetry, Telemetry};
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How long receivers get to finish in-flight requests at shutdown.
 const RECEIVER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The least time exporters get to close after the drain, even when the
+/// drain used all of `shutdown_timeout`.
+const EXPORTER_SHUTDOWN_MIN: Duration = Duration::from_secs(1);
 
 /// One pipeline by component ids.
 #[derive(Debug, Clone)]
@@ -264,20 +268,65 @@ struct Fanout {
     pipelines: Vec<Arc<PipelineRuntime>>,
 }
 
+/// One exporter queue's part of a fan-out.
+struct Target {
+    queue: Arc<ExporterQueue>,
+    envelopes: Vec<Envelope>,
+    bytes: usize,
+}
+
+impl Fanout {
+    /// Tries to reserve room in every target queue at once. On a full `block`
+    /// queue nothing stays reserved and the error names it; full
+    /// `drop_newest` queues are listed in `dropped` instead.
+    fn reserve_all(
+        targets: &[Target],
+        dropped: &mut Vec<usize>,
+    ) -> Result<Vec<Option<Reservation>>, (usize, Refusal)> {
+        dropped.clear();
+        let mut reserved: Vec<Option<Reservation>> = Vec::with_capacity(targets.len());
+        for (i, t) in targets.iter().enumerate() {
+            match t.queue.reserve(t.envelopes.len(), t.bytes) {
+                Ok(r) => reserved.push(Some(r)),
+                Err(Refusal::Full) if t.queue.when_full() == WhenFull::DropNewest => {
+                    dropped.push(i);
+                    reserved.push(None);
+                }
+                Err(refusal) => {
+                    for (t, r) in targets.iter().zip(reserved) {
+                        if let Some(r) = r {
+                            t.queue.release(r);
+                        }
+                    }
+                    return Err((i, refusal));
+                }
+            }
+        }
+        Ok(reserved)
+    }
+}
+
 #[async_trait]
 impl Consumer for Fanout {
-    async fn consume(&self, batch: Batch) -> Result<(), ConsumeError> {
-        let mut targets: Vec<(Arc<ExporterQueue>, Batch)> = Vec::new();
+    async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError> {
+        let Batch {
+            envelopes,
+            meta,
+            ack,
+        } = batch;
+        let mut targets: Vec<Target> = Vec::new();
+        let mut filtered = 0;
         let last = self.pipelines.len().saturating_sub(1);
-        let mut batch = Some(batch);
+        let mut envelopes = Some(envelopes);
         for (i, p) in self.pipelines.iter().enumerate() {
             // Clone for all pipelines but the last: envelopes share payloads, so
             // a clone copies only labels and a few integers.
             let mut b = if i == last {
-                batch.take().unwrap_or_default()
+                envelopes.take().unwrap_or_default()
             } else {
-                batch.clone().unwrap_or_default()
+                envelopes.clone().unwrap_or_default()
             };
+            let before = b.len();
             for (proc, telemetry) in &p.processors {
                 if b.is_empty() {
                     break;
@@ -285,6 +334,7 @@ impl Consumer for Fanout {
                 telemetry.received(b.len() as u64);
                 b = proc.process(b).await;
             }
+            filtered += before.saturating_sub(b.len());
             if b.is_empty() {
                 continue;
             }
@@ -295,52 +345,59 @@ impl Consumer for Fanout {
                 } else {
                     b.clone()
                 };
-                targets.push((q.clone(), copy));
+                // One reservation per queue: an exporter fed by two of these
+                // pipelines gets both copies as one batch (two reservations
+                // would count the first against the second and could refuse
+                // an idle queue forever).
+                match targets.iter_mut().find(|t| Arc::ptr_eq(&t.queue, q)) {
+                    Some(t) => t.envelopes.extend(copy),
+                    None => targets.push(Target {
+                        queue: q.clone(),
+                        envelopes: copy,
+                        bytes: 0,
+                    }),
+                }
             }
         }
-        // One reservation per queue: an exporter fed by two of these pipelines
-        // gets both copies as one batch (two reservations would count the
-        // first against the second and could refuse an idle queue forever).
-        let mut grouped: Vec<(Arc<ExporterQueue>, Batch)> = Vec::with_capacity(targets.len());
-        for (q, b) in targets {
-            match grouped.iter_mut().find(|(g, _)| Arc::ptr_eq(g, &q)) {
-                Some((_, batch)) => batch.extend(b),
-                None => grouped.push((q, b)),
-            }
+        for t in &mut targets {
+            t.bytes = batch_bytes(&t.envelopes);
         }
         // `block` queues first: if one refuses, nothing was dropped anywhere.
-        grouped.sort_by_key(|(q, _)| q.when_full() == WhenFull::DropNewest);
-        let mut admitted: Vec<(Arc<ExporterQueue>, Reservation, Batch)> =
-            Vec::with_capacity(grouped.len());
-        let mut dropped: Vec<(Arc<ExporterQueue>, usize)> = Vec::new();
-        for (q, b) in grouped {
-            let (profiles, bytes) = batch_size(&b);
-            match q.reserve(profiles, bytes) {
-                Ok(r) => admitted.push((q, r, b)),
-                Err(Refusal::Full) if q.when_full() == WhenFull::DropNewest => {
-                    dropped.push((q, profiles))
-                }
-                Err(refusal) => {
-                    for (q, r, _) in admitted {
-                        q.release(r);
-                    }
-                    return Err(match refusal {
-                        Refusal::Full => ConsumeError::Backpressure {
-                            exporter: q.id().to_owned(),
+        targets.sort_by_key(|t| t.queue.when_full() == WhenFull::DropNewest);
+        let mut dropped = Vec::new();
+        let reserved = loop {
+            match Fanout::reserve_all(&targets, &mut dropped) {
+                Ok(reserved) => break reserved,
+                Err((_, Refusal::Closed)) => return Err(ConsumeError::ShuttingDown),
+                Err((i, Refusal::Full)) => match admission {
+                    Admission::Refuse => {
+                        return Err(ConsumeError::Backpressure {
+                            exporter: targets[i].queue.id().to_owned(),
                             retry_after: RETRY_AFTER,
-                        },
-                        Refusal::Closed => ConsumeError::ShuttingDown,
-                    });
+                        });
+                    }
+                    Admission::Wait => {
+                        let t = &targets[i];
+                        t.queue.wait_for_space(t.envelopes.len(), t.bytes).await;
+                    }
+                },
+            }
+        };
+        // Counted only now that the batch is accepted: a refused batch dropped nothing.
+        let mut filtered_share = ack.share(filtered);
+        filtered_share.report(Outcome::Filtered, filtered);
+        for (i, (t, r)) in targets.into_iter().zip(reserved).enumerate() {
+            let share = ack.share(t.envelopes.len());
+            match r {
+                Some(r) => t.queue.push(r, t.envelopes, meta.clone(), share),
+                None => {
+                    debug_assert!(dropped.contains(&i));
+                    t.queue.dropped_full(t.envelopes.len());
+                    share.resolve(Outcome::Dropped);
                 }
             }
         }
-        // Counted only now that the batch is accepted: a refused batch dropped nothing.
-        for (q, profiles) in dropped {
-            q.telemetry().dropped("queue_full", profiles as u64);
-        }
-        for (q, r, b) in admitted {
-            q.push(r, b);
-        }
+        ack.retire();
         Ok(())
     }
 }
@@ -394,7 +451,11 @@ impl Plan {
 
         let mut queues: HashMap<String, Arc<ExporterQueue>> = HashMap::new();
         let mut exporters = Vec::new();
+        let used: HashSet<&String> = self.pipelines.iter().flat_map(|p| &p.exporters).collect();
         for (id, config) in &self.exporters {
+            if !used.contains(id) {
+                continue; // unused: warned about at plan time; never built or run
+            }
             let c = ctx(id);
             let exporter = config
                 .build(&c)
@@ -524,22 +585,45 @@ impl Running {
         }
         let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
         let mut report = ShutdownReport::default();
-        for e in self.exporters {
-            for mut task in e.tasks {
-                if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
-                    // Deadline passed: stop every consumer where it is, and let it
-                    // reach its next await point so the count below is final.
-                    self.abort.cancel();
-                    let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
-                }
-            }
-            let (left, _) = e.queue.level();
+        let mut pending: Vec<JoinHandle<()>> = Vec::new();
+        let mut exporters = Vec::with_capacity(self.exporters.len());
+        for mut e in self.exporters {
+            pending.append(&mut e.tasks);
+            exporters.push(e);
+        }
+        let drained =
+            tokio::time::timeout_at(deadline, futures_util::future::join_all(&mut pending))
+                .await
+                .is_ok();
+        if !drained {
+            // Deadline passed: stop every consumer where it is, and let each
+            // reach its next await point so the counts below are final.
+            self.abort.cancel();
+            pending.retain(|t| !t.is_finished());
+            let _ = tokio::time::timeout(
+                Duration::from_secs(1),
+                futures_util::future::join_all(&mut pending),
+            )
+            .await;
+        }
+        for e in &exporters {
+            let left = e.queue.abandon();
             if left > 0 {
-                e.queue.telemetry().dropped("shutdown", left as u64);
                 report.undelivered.insert(e.id.clone(), left);
             }
-            e.exporter.shutdown().await;
         }
+        // Exporters flush and close within what is left of the deadline (at
+        // least a moment, so a drain that used it all still lets them close).
+        let shutdown_until = deadline.max(tokio::time::Instant::now() + EXPORTER_SHUTDOWN_MIN);
+        let closes = exporters.iter().map(|e| async move {
+            if tokio::time::timeout_at(shutdown_until, e.exporter.shutdown())
+                .await
+                .is_err()
+            {
+                tracing::warn!(exporter = %e.id, "exporter did not shut down in time; leaving it");
+            }
+        });
+        futures_util::future::join_all(closes).await;
         self.abort.cancel();
         report
     }
@@ -573,7 +657,8 @@ mod tests {
         ErrorClass, ExportError, ExporterConfig, FieldError, ProcessorConfig, Receiver,
         ReceiverConfig, ServeFuture, Validate,
     };
-    use crate::model::{Envelope, Labels, Payload};
+    use crate::delivery::DeliveryReport;
+    use crate::model::{BatchMeta, Envelope, ExportBatch, Labels, Payload};
     use crate::queue::{QueueSettings, RetrySettings};
     use crate::registry::{Factory, Stability};
 
@@ -587,6 +672,10 @@ mod tests {
     struct Record {
         delivered: AtomicUsize,
         attempts: AtomicUsize,
+        batches: AtomicUsize,
+        /// For `behaviour: down`: fail (retryably) while this is 0.
+        up: AtomicUsize,
+        built: AtomicUsize,
     }
     fn records() -> &'static Mutex<HashMap<String, Arc<Record>>> {
         static R: OnceLock<Mutex<HashMap<String, Arc<Record>>>> = OnceLock::new();
@@ -663,7 +752,7 @@ mod tests {
     struct Filter;
     #[async_trait]
     impl Processor for Filter {
-        async fn process(&self, mut batch: Batch) -> Batch {
+        async fn process(&self, mut batch: Vec<Envelope>) -> Vec<Envelope> {
             batch.retain(|e| e.labels.get("keep") != Some("no"));
             batch
         }
@@ -682,6 +771,10 @@ mod tests {
         FailTwice,
         Permanent,
         Panic,
+        /// Retryable failures until the test sets `up`.
+        Down,
+        /// Refuses every second profile of a batch (a partial failure).
+        RefuseOdd,
     }
 
     #[derive(Debug, Deserialize)]
@@ -693,17 +786,21 @@ mod tests {
         sending_queue: QueueSettings,
         #[serde(default)]
         retry_on_failure: RetrySettings,
+        /// `shutdown` never returns.
+        #[serde(default)]
+        hang_on_shutdown: bool,
     }
     impl Validate for TestExporterConfig {
         fn validate(&self) -> Vec<FieldError> {
             vec![]
         }
     }
-    struct TestExporter(Behaviour, Arc<Record>);
+    struct TestExporter(Behaviour, Arc<Record>, bool);
     #[async_trait]
     impl Exporter for TestExporter {
-        async fn export(&self, batch: &[Envelope]) -> Result<(), ExportError> {
+        async fn export(&self, batch: &ExportBatch) -> Result<(), ExportError> {
             let attempt = self.1.attempts.fetch_add(1, Ordering::SeqCst);
+            self.1.batches.fetch_add(1, Ordering::SeqCst);
             match self.0 {
                 Behaviour::Ok => {}
                 Behaviour::Hang => std::future::pending::<()>().await,
@@ -713,9 +810,28 @@ mod tests {
                 Behaviour::FailTwice => {}
                 Behaviour::Permanent => return Err(ExportError::permanent("rejected", "no")),
                 Behaviour::Panic => panic!("test exporter panics"),
+                Behaviour::Down if self.1.up.load(Ordering::SeqCst) == 0 => {
+                    return Err(ExportError::retryable("unavailable", "the backend is down"));
+                }
+                Behaviour::Down => {}
+                Behaviour::RefuseOdd => {
+                    let refused: Vec<usize> = (0..batch.len()).filter(|i| i % 2 == 1).collect();
+                    let n = batch.len() - refused.len();
+                    self.1.delivered.fetch_add(n, Ordering::SeqCst);
+                    if refused.is_empty() {
+                        return Ok(());
+                    }
+                    return Err(ExportError::partial(refused, "invalid", "odd ones refused"));
+                }
             }
             self.1.delivered.fetch_add(batch.len(), Ordering::SeqCst);
             Ok(())
+        }
+
+        async fn shutdown(&self) {
+            if self.2 {
+                std::future::pending::<()>().await
+            }
         }
     }
     impl ExporterConfig for TestExporterConfig {
@@ -726,7 +842,13 @@ mod tests {
             self.retry_on_failure.clone()
         }
         fn build(&self, _: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError> {
-            Ok(Arc::new(TestExporter(self.behaviour, record(&self.key))))
+            let r = record(&self.key);
+            r.built.fetch_add(1, Ordering::SeqCst);
+            Ok(Arc::new(TestExporter(
+                self.behaviour,
+                r,
+                self.hang_on_shutdown,
+            )))
         }
     }
 
@@ -762,6 +884,10 @@ mod tests {
                 1 << 20,
             ),
         }
+    }
+
+    fn batch(envelopes: Vec<Envelope>) -> Batch {
+        Batch::new(envelopes, Arc::new(BatchMeta::default()))
     }
 
     async fn start(yaml: &str) -> (Running, Arc<Telemetry>) {
@@ -823,16 +949,21 @@ mod tests {
 
     #[tokio::test]
     async fn block_backpressure_is_all_or_nothing_and_drop_newest_only_drops_there() {
-        let yaml = "receivers:\n  test: {key: bp}\nexporters:\n  test/hang: {key: bp-hang, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1}}\n  test/dropper: {key: bp-drop, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1, when_full: drop_newest}}\n  test/ok: {key: bp-ok, behaviour: ok}\nservice:\n  shutdown_timeout: 100ms\n  pipelines:\n    profiles/a: {receivers: [test], exporters: [test/hang, test/ok]}\n    profiles/b: {receivers: [test], exporters: [test/dropper, test/ok]}\n";
+        let yaml = "receivers:\n  test: {key: bp}\nexporters:\n  test/hang: {key: bp-hang, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1, when_full: block}}\n  test/dropper: {key: bp-drop, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1, when_full: drop_newest}}\n  test/ok: {key: bp-ok, behaviour: ok}\nservice:\n  shutdown_timeout: 100ms\n  pipelines:\n    profiles/a: {receivers: [test], exporters: [test/hang, test/ok]}\n    profiles/b: {receivers: [test], exporters: [test/dropper, test/ok]}\n";
         let (running, t) = start(yaml).await;
         let c = consumer("bp");
-        c.consume(vec![envelope("yes")]).await.unwrap();
+        c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+            .await
+            .unwrap();
         eventually("first batch delivered twice (two pipelines)", || {
             record("bp-ok").delivered.load(Ordering::SeqCst) == 2
         })
         .await;
         // The hanging block queue is full now: the whole batch is refused and nobody gets a copy.
-        let err = c.consume(vec![envelope("yes")]).await.unwrap_err();
+        let err = c
+            .consume(batch(vec![envelope("yes")]), Admission::Refuse)
+            .await
+            .unwrap_err();
         assert!(
             matches!(err, ConsumeError::Backpressure { ref exporter, .. } if exporter == "test/hang"),
             "{err:?}"
@@ -863,9 +994,12 @@ mod tests {
         let (running, t) = start(yaml).await;
         let c = consumer("dn");
         for i in 0..20 {
-            c.consume(vec![envelope(if i % 5 == 0 { "no" } else { "yes" })])
-                .await
-                .unwrap();
+            c.consume(
+                batch(vec![envelope(if i % 5 == 0 { "no" } else { "yes" })]),
+                Admission::Refuse,
+            )
+            .await
+            .unwrap();
         }
         eventually("16 kept profiles at the healthy exporter", || {
             record("dn-ok").delivered.load(Ordering::SeqCst) == 16
@@ -885,7 +1019,10 @@ mod tests {
         let yaml = "receivers:\n  test: {key: rt}\nexporters:\n  test/flaky: {key: rt-flaky, behaviour: fail_twice, retry_on_failure: {initial_interval: 5ms, max_interval: 10ms}}\n  test/perm: {key: rt-perm, behaviour: permanent}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test/flaky, test/perm]}\n";
         let (running, t) = start(yaml).await;
         consumer("rt")
-            .consume(vec![envelope("yes"), envelope("yes")])
+            .consume(
+                batch(vec![envelope("yes"), envelope("yes")]),
+                Admission::Refuse,
+            )
             .await
             .unwrap();
         eventually("flaky delivery", || {
@@ -916,7 +1053,10 @@ mod tests {
     async fn retries_give_up_after_max_elapsed_time() {
         let yaml = "receivers:\n  test: {key: me}\nexporters:\n  test: {key: me-x, behaviour: fail_twice, retry_on_failure: {initial_interval: 50ms, max_elapsed_time: 20ms}}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
         let (running, t) = start(yaml).await;
-        consumer("me").consume(vec![envelope("yes")]).await.unwrap();
+        consumer("me")
+            .consume(batch(vec![envelope("yes")]), Admission::Refuse)
+            .await
+            .unwrap();
         eventually("retries exhausted", || {
             t.render().contains(r#"reason="retries_exhausted"} 1"#)
         })
@@ -930,7 +1070,9 @@ mod tests {
         let yaml = "receivers:\n  test: {key: sd}\nexporters:\n  test: {key: sd-ok, behaviour: fail_twice, retry_on_failure: {initial_interval: 20ms}}\nservice:\n  shutdown_timeout: 5s\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
         let (running, _) = start(yaml).await;
         let c = consumer("sd");
-        c.consume(vec![envelope("yes")]).await.unwrap();
+        c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+            .await
+            .unwrap();
         let report = running.shutdown().await;
         assert_eq!(report.total_undelivered(), 0);
         assert_eq!(
@@ -939,7 +1081,8 @@ mod tests {
             "the retried batch was delivered during the drain"
         );
         assert_eq!(
-            c.consume(vec![envelope("yes")]).await,
+            c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+                .await,
             Err(ConsumeError::ShuttingDown)
         );
     }
@@ -950,7 +1093,10 @@ mod tests {
         let (running, _) = start(yaml).await;
         // 2 profiles × 2 pipelines = 4 > queue_size 3, but the queue is idle: admitted whole.
         consumer("tw")
-            .consume(vec![envelope("yes"), envelope("yes")])
+            .consume(
+                batch(vec![envelope("yes"), envelope("yes")]),
+                Admission::Refuse,
+            )
             .await
             .unwrap();
         eventually("both copies delivered", || {
@@ -962,13 +1108,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_batch_counts_no_drops() {
-        let yaml = "receivers:\n  test: {key: rd}\nexporters:\n  test/drop: {key: rd-d, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1, when_full: drop_newest}}\n  test/block: {key: rd-b, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1}}\nservice:\n  shutdown_timeout: 50ms\n  pipelines:\n    profiles: {receivers: [test], exporters: [test/drop, test/block]}\n";
+        let yaml = "receivers:\n  test: {key: rd}\nexporters:\n  test/drop: {key: rd-d, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1, when_full: drop_newest}}\n  test/block: {key: rd-b, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1, when_full: block}}\nservice:\n  shutdown_timeout: 50ms\n  pipelines:\n    profiles: {receivers: [test], exporters: [test/drop, test/block]}\n";
         let (running, t) = start(yaml).await;
         let c = consumer("rd");
-        c.consume(vec![envelope("yes")]).await.unwrap();
+        c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+            .await
+            .unwrap();
         for _ in 0..3 {
             assert!(matches!(
-                c.consume(vec![envelope("yes")]).await,
+                c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+                    .await,
                 Err(ConsumeError::Backpressure { .. })
             ));
         }
@@ -982,14 +1131,17 @@ mod tests {
 
     #[tokio::test]
     async fn a_panicking_exporter_fails_the_batch_and_keeps_its_queue_moving() {
-        let yaml = "receivers:\n  test: {key: pn}\nexporters:\n  test: {key: pn-x, behaviour: panic, sending_queue: {queue_size: 1, num_consumers: 1}}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let yaml = "receivers:\n  test: {key: pn}\nexporters:\n  test: {key: pn-x, behaviour: panic, sending_queue: {queue_size: 1, num_consumers: 1, when_full: block}}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
         let (running, t) = start(yaml).await;
         let c = consumer("pn");
         for i in 1..=3 {
             // Each batch fits only once the previous one was finished.
             let mut accepted = false;
             for _ in 0..200 {
-                if c.consume(vec![envelope("yes")]).await.is_ok() {
+                if c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+                    .await
+                    .is_ok()
+                {
                     accepted = true;
                     break;
                 }
@@ -1013,6 +1165,237 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), running.receiver_failed())
             .await
             .expect("receiver_failed completes when a receiver ends by itself");
+        running.shutdown().await;
+    }
+
+    fn tracked(envelopes: Vec<Envelope>) -> (Batch, crate::delivery::Delivery) {
+        Batch::tracked(envelopes, Arc::new(BatchMeta::default()))
+    }
+
+    #[tokio::test]
+    async fn acks_report_delivered_filtered_failed_and_dropped_copies() {
+        let yaml = "receivers:\n  test: {key: ack}\nprocessors:\n  filter: {}\nexporters:\n  test/ok: {key: ack-ok, behaviour: ok}\n  test/perm: {key: ack-perm, behaviour: permanent}\n  test/hang: {key: ack-hang, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1}}\nservice:\n  shutdown_timeout: 50ms\n  pipelines:\n    profiles/a: {receivers: [test], processors: [filter], exporters: [test/ok, test/perm]}\n    profiles/b: {receivers: [test], exporters: [test/hang]}\n";
+        let (running, _) = start(yaml).await;
+        let c = consumer("ack");
+        // Fills test/hang's queue (1 profile), so the next batch is dropped there.
+        c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+            .await
+            .unwrap();
+        let (b, delivery) = tracked(vec![envelope("yes"), envelope("no"), envelope("yes")]);
+        c.consume(b, Admission::Refuse).await.unwrap();
+        let report = tokio::time::timeout(Duration::from_secs(5), delivery.wait())
+            .await
+            .expect("the delivery resolves");
+        assert_eq!(
+            report,
+            DeliveryReport {
+                delivered: 2,
+                failed: 2,
+                dropped: 3,
+                filtered: 1,
+                abandoned: 0
+            },
+            "pipeline a: 1 filtered, 2 to ok and 2 to perm; pipeline b: 3 dropped"
+        );
+        running.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn acks_of_profiles_left_at_shutdown_report_abandoned() {
+        let yaml = "receivers:\n  test: {key: ab}\nexporters:\n  test: {key: ab-x, behaviour: hang, sending_queue: {num_consumers: 1}}\nservice:\n  shutdown_timeout: 50ms\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, _) = start(yaml).await;
+        let c = consumer("ab");
+        let (in_flight, d1) = tracked(vec![envelope("yes")]);
+        c.consume(in_flight, Admission::Refuse).await.unwrap();
+        eventually("the first batch is being sent", || {
+            record("ab-x").attempts.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        let (queued, d2) = tracked(vec![envelope("yes"), envelope("yes")]);
+        c.consume(queued, Admission::Refuse).await.unwrap();
+        let report = running.shutdown().await;
+        assert_eq!(report.undelivered.get("test"), Some(&3));
+        assert_eq!(d1.wait().await.abandoned, 1, "in flight when aborted");
+        assert_eq!(d2.wait().await.abandoned, 2, "still queued");
+    }
+
+    #[tokio::test]
+    async fn a_partial_failure_counts_each_profile_once() {
+        let yaml = "receivers:\n  test: {key: pf}\nexporters:\n  test: {key: pf-x, behaviour: refuse_odd}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, t) = start(yaml).await;
+        let (b, delivery) = tracked(vec![envelope("yes"), envelope("yes"), envelope("yes")]);
+        consumer("pf").consume(b, Admission::Refuse).await.unwrap();
+        let report = delivery.wait().await;
+        assert_eq!((report.delivered, report.failed), (2, 1));
+        let text = t.render();
+        assert!(
+            text.contains(r#"proflow_exporter_sent_profiles_total{exporter="test"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"proflow_exporter_failed_profiles_total{exporter="test",reason="invalid"} 1"#
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            record("pf-x").attempts.load(Ordering::SeqCst),
+            1,
+            "never retried"
+        );
+        running.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn consumers_gather_batches_up_to_the_limits() {
+        let yaml = "receivers:\n  test: {key: bt}\nexporters:\n  test: {key: bt-x, behaviour: ok, sending_queue: {num_consumers: 2, batch: {flush_timeout: 200ms, max_profiles: 10}}}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, _) = start(yaml).await;
+        let c = consumer("bt");
+        for _ in 0..25 {
+            c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+                .await
+                .unwrap();
+        }
+        eventually("all 25 delivered", || {
+            record("bt-x").delivered.load(Ordering::SeqCst) == 25
+        })
+        .await;
+        let batches = record("bt-x").batches.load(Ordering::SeqCst);
+        assert!(
+            (3..=6).contains(&batches),
+            "25 profiles pushed at once go out in a few batches of at most 10, not one by one: {batches}"
+        );
+        running.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn one_dead_backend_does_not_stop_the_healthy_one_by_default() {
+        let yaml = "receivers:\n  test: {key: dd}\nexporters:\n  test/down: {key: dd-down, behaviour: down, sending_queue: {queue_size: 5, num_consumers: 1}, retry_on_failure: {initial_interval: 10ms, max_interval: 10ms, max_elapsed_time: 0s}}\n  test/ok: {key: dd-ok, behaviour: ok}\nservice:\n  shutdown_timeout: 50ms\n  pipelines:\n    profiles: {receivers: [test], exporters: [test/down, test/ok]}\n";
+        let (running, t) = start(yaml).await;
+        let c = consumer("dd");
+        for _ in 0..50 {
+            c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+                .await
+                .expect("a full drop_newest queue never refuses the sender");
+        }
+        eventually("the healthy exporter got every profile", || {
+            record("dd-ok").delivered.load(Ordering::SeqCst) == 50
+        })
+        .await;
+        // The dead one kept 5 (its queue) and dropped the rest, counted.
+        let text = t.render();
+        assert!(text.contains(r#"proflow_exporter_dropped_profiles_total{exporter="test/down",reason="queue_full"} 45"#), "{text}");
+        // It comes back: what it kept is delivered.
+        record("dd-down").up.store(1, Ordering::SeqCst);
+        eventually("the recovered exporter sent its queue", || {
+            record("dd-down").delivered.load(Ordering::SeqCst) == 5
+        })
+        .await;
+        assert_eq!(running.shutdown().await.total_undelivered(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_receiver_waits_for_room_instead_of_being_refused() {
+        let yaml = "receivers:\n  test: {key: wa}\nexporters:\n  test: {key: wa-x, behaviour: down, sending_queue: {queue_size: 1, num_consumers: 1, when_full: block}, retry_on_failure: {initial_interval: 10ms, max_interval: 10ms, max_elapsed_time: 0s}}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, _) = start(yaml).await;
+        let c = consumer("wa");
+        c.consume(batch(vec![envelope("yes")]), Admission::Wait)
+            .await
+            .unwrap();
+        assert!(matches!(
+            c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+                .await,
+            Err(ConsumeError::Backpressure { .. })
+        ));
+        let waiting = tokio::spawn({
+            let c = c.clone();
+            async move {
+                c.consume(batch(vec![envelope("yes")]), Admission::Wait)
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !waiting.is_finished(),
+            "the queue is full: the sender waits"
+        );
+        record("wa-x").up.store(1, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("admitted once the backend recovered")
+            .unwrap()
+            .unwrap();
+        eventually("both delivered", || {
+            record("wa-x").delivered.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        assert_eq!(running.shutdown().await.total_undelivered(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_receiver_is_released_by_shutdown() {
+        let yaml = "receivers:\n  test: {key: ws}\nexporters:\n  test: {key: ws-x, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1, when_full: block}}\nservice:\n  shutdown_timeout: 50ms\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, _) = start(yaml).await;
+        let c = consumer("ws");
+        c.consume(batch(vec![envelope("yes")]), Admission::Wait)
+            .await
+            .unwrap();
+        let waiting = tokio::spawn({
+            let c = c.clone();
+            async move {
+                c.consume(batch(vec![envelope("yes")]), Admission::Wait)
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        running.shutdown().await;
+        let result = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("shutdown ends the wait")
+            .unwrap();
+        assert_eq!(result, Err(ConsumeError::ShuttingDown));
+    }
+
+    #[tokio::test]
+    async fn shutdown_ends_idle_consumers_at_once() {
+        // Four idle consumers must all end when the queue closes: a lost
+        // wakeup would leave three asleep until the 30 s deadline.
+        let yaml = "receivers:\n  test: {key: sh}\nexporters:\n  test: {key: sh-x, behaviour: ok, sending_queue: {num_consumers: 4}}\nservice:\n  shutdown_timeout: 30s\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, _) = start(yaml).await;
+        let c = consumer("sh");
+        c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+            .await
+            .unwrap();
+        let report = tokio::time::timeout(Duration::from_secs(10), running.shutdown())
+            .await
+            .expect("idle consumers end when the queue closes, not at the deadline");
+        assert_eq!(report.total_undelivered(), 0);
+        assert_eq!(record("sh-x").delivered.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_hanging_exporter_shutdown_is_bounded_by_the_deadline() {
+        let yaml = "receivers:\n  test: {key: hs}\nexporters:\n  test: {key: hs-x, behaviour: ok, hang_on_shutdown: true}\nservice:\n  shutdown_timeout: 1500ms\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, _) = start(yaml).await;
+        let shutdown = tokio::spawn(running.shutdown());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !shutdown.is_finished(),
+            "the exporter's shutdown is given what is left of the deadline"
+        );
+        tokio::time::timeout(Duration::from_secs(10), shutdown)
+            .await
+            .expect("a hanging exporter shutdown is left after shutdown_timeout")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn exporters_no_pipeline_uses_are_never_built() {
+        let yaml = "receivers:\n  test: {key: un}\nexporters:\n  test/used: {key: un-used, behaviour: ok}\n  test/unused: {key: un-unused, behaviour: ok}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test/used]}\n";
+        let (running, _) = start(yaml).await;
+        assert_eq!(record("un-used").built.load(Ordering::SeqCst), 1);
+        assert_eq!(record("un-unused").built.load(Ordering::SeqCst), 0);
+        assert_eq!(running.queue_levels().len(), 1);
         running.shutdown().await;
     }
 

@@ -15,9 +15,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use proflow_config::ByteSize;
 use proflow_pipeline::component::{
-    BuildContext, ConsumeError, Consumer, Receiver, ReceiverConfig, ReceiverContext,
+    Admission, BuildContext, ConsumeError, Consumer, Receiver, ReceiverConfig, ReceiverContext,
 };
-use proflow_pipeline::model::{Batch, ValueType};
+use proflow_pipeline::model::{Batch, BatchMeta, Envelope, ValueType};
 use proflow_pipeline::pprof::{self, ProfileBuilder};
 use proflow_pipeline::telemetry::Telemetry;
 use proflow_receivers::pprof_push::{
@@ -38,17 +38,20 @@ enum Answer {
 
 /// Records every batch it is given and answers as told.
 struct Recorder {
-    batches: Mutex<Vec<Batch>>,
+    batches: Mutex<Vec<Vec<Envelope>>>,
+    metas: Mutex<Vec<Arc<BatchMeta>>>,
     answer: Mutex<Answer>,
 }
 
 #[async_trait]
 impl Consumer for Recorder {
-    async fn consume(&self, batch: Batch) -> Result<(), ConsumeError> {
+    async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError> {
+        assert_eq!(admission, Admission::Refuse, "a push receiver cannot wait");
         let answer = self.answer.lock().unwrap().clone();
         match answer {
             Answer::Accept => {
-                self.batches.lock().unwrap().push(batch);
+                self.metas.lock().unwrap().push(batch.meta.clone());
+                self.batches.lock().unwrap().push(batch.envelopes);
                 Ok(())
             }
             Answer::Backpressure(retry_after) => Err(ConsumeError::Backpressure {
@@ -85,6 +88,7 @@ impl Harness {
         assert_eq!(local_addr.get(), None, "not bound before start");
         let recorder = Arc::new(Recorder {
             batches: Mutex::new(Vec::new()),
+            metas: Mutex::new(Vec::new()),
             answer: Mutex::new(Answer::Accept),
         });
         let shutdown = CancellationToken::new();
@@ -112,8 +116,12 @@ impl Harness {
         *self.recorder.answer.lock().unwrap() = answer;
     }
 
-    fn batches(&self) -> Vec<Batch> {
+    fn batches(&self) -> Vec<Vec<Envelope>> {
         self.recorder.batches.lock().unwrap().clone()
+    }
+
+    fn metas(&self) -> Vec<Arc<BatchMeta>> {
+        self.recorder.metas.lock().unwrap().clone()
     }
 
     fn metric(&self, needle: &str) -> bool {
@@ -452,6 +460,7 @@ async fn push_proto_gzip_like_pyroscope_rs() {
                 ("content-type", "application/proto"),
                 ("content-encoding", "gzip"),
                 ("user-agent", "pyroscope-rs/pyspy/0.5 reqwest"),
+                ("x-scope-orgid", "team-a"),
             ],
             gzip(&req.encode_to_vec()),
         )
@@ -473,6 +482,13 @@ async fn push_proto_gzip_like_pyroscope_rs() {
     assert_eq!(batches[0][0].payload.encoded().bytes, cpu);
     assert_eq!(batches[0][1].labels.get("__name__"), Some("process_cpu"));
     assert_eq!(batches[0][2].labels.get("service_name"), Some("other"));
+    let meta = &h.metas()[0];
+    assert_eq!(
+        meta.tenant.as_deref(),
+        Some("team-a"),
+        "X-Scope-OrgID names the tenant"
+    );
+    assert_eq!(&*meta.receiver, "pprof_push");
 
     // Plain proto, no __name__ and no service_name.
     let req = push_request(&[(&[], vec![pprof::encode(&block_profile())])]);
@@ -485,6 +501,7 @@ async fn push_proto_gzip_like_pyroscope_rs() {
         .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     let e = &h.batches()[1][0];
+    assert_eq!(h.metas()[1].tenant, None);
     assert_eq!(e.labels.get("service_name"), Some("unknown_service"));
     assert_eq!(e.labels.get("__name__"), Some("mutex"));
     h.stop().await;
@@ -899,6 +916,7 @@ async fn bind_errors_name_the_address() {
     let receiver = config.build(&build).unwrap();
     let recorder = Arc::new(Recorder {
         batches: Mutex::new(Vec::new()),
+        metas: Mutex::new(Vec::new()),
         answer: Mutex::new(Answer::Accept),
     });
     let err = match receiver

@@ -46,7 +46,7 @@ use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::{
     BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Resource, Validate,
 };
-use proflow_pipeline::model::{Envelope, Labels, NAME_LABEL, SERVICE_NAME_LABEL};
+use proflow_pipeline::model::{Envelope, ExportBatch, Labels, NAME_LABEL, SERVICE_NAME_LABEL};
 use proflow_pipeline::queue::{QueueSettings, RetrySettings};
 use serde::{Deserialize, Serialize};
 
@@ -256,13 +256,13 @@ impl FileExporter {
 
 #[async_trait]
 impl Exporter for FileExporter {
-    async fn export(&self, batch: &[Envelope]) -> Result<(), ExportError> {
+    async fn export(&self, batch: &ExportBatch) -> Result<(), ExportError> {
         if batch.is_empty() {
             return Ok(());
         }
         let shared = Arc::clone(&self.shared);
         // Envelope clones share their payloads, so this copies no profile bytes.
-        let batch = batch.to_vec();
+        let batch = batch.envelopes().to_vec();
         match tokio::task::spawn_blocking(move || shared.write_batch(&batch)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.into_export_error()),
@@ -302,8 +302,9 @@ impl Shared {
     fn write_batch(&self, batch: &[Envelope]) -> Result<(), Error> {
         let mut pending = Vec::new();
         let mut rendered = 0;
+        let mut refused = Vec::new();
         let mut first_failure = None;
-        for envelope in batch {
+        for (i, envelope) in batch.iter().enumerate() {
             match self.render(envelope) {
                 Ok(files) => {
                     pending.extend(files);
@@ -311,6 +312,7 @@ impl Shared {
                 }
                 Err(e) => {
                     tracing::warn!(exporter = %self.id, error = %e, "dropping a profile that cannot be written");
+                    refused.push(i);
                     first_failure.get_or_insert(e);
                 }
             }
@@ -321,6 +323,7 @@ impl Shared {
                 series,
                 source,
                 written: rendered,
+                refused,
             }),
             Some(e) => Err(e),
             None => Ok(()),
@@ -354,6 +357,7 @@ impl Shared {
                 let profile = envelope.payload.decoded().map_err(|source| Error::Decode {
                     series: labels.to_selector_string(),
                     written: 0,
+                    refused: Vec::new(),
                     source,
                 })?;
                 let mut files = Vec::new();

@@ -9,7 +9,7 @@ use std::time::{Duration as StdDuration, SystemTime};
 use bytes::Bytes;
 use proflow_config::Node;
 use proflow_pipeline::component::{BuildContext, ErrorClass, Exporter, ExporterConfig, Resource};
-use proflow_pipeline::model::{Envelope, Labels, Payload, ValueType};
+use proflow_pipeline::model::{Envelope, ExportBatch, Labels, Payload, ValueType};
 use proflow_pipeline::pprof::{self, ProfileBuilder};
 use proflow_pipeline::registry::{AnyConfig, Factory};
 use proflow_pipeline::telemetry::Telemetry;
@@ -127,7 +127,9 @@ async fn pprof_files_are_the_arrived_gzip_bytes_and_are_indexed() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let exp = exporter(tmp.path(), "");
     let batch = vec![envelope(Some("checkout"), "hot"), envelope(None, "other")];
-    exp.export(&batch).await.expect("export succeeds");
+    exp.export(&ExportBatch::from(batch.clone()))
+        .await
+        .expect("export succeeds");
 
     for e in &batch {
         assert!(!e.payload.is_decoded(), "pprof output must not decode");
@@ -181,9 +183,12 @@ async fn fsync_mode_writes_the_same_files() {
         "fsync: true\nretention:\n  max_total_size: 4KiB\n",
     );
     for i in 0..40 {
-        exp.export(&[envelope(Some("svc"), &format!("f{i}"))])
-            .await
-            .expect("export succeeds");
+        exp.export(&ExportBatch::from(vec![envelope(
+            Some("svc"),
+            &format!("f{i}"),
+        )]))
+        .await
+        .expect("export succeeds");
     }
     exp.shutdown().await;
     let files = profile_files(tmp.path());
@@ -202,7 +207,9 @@ async fn hostile_service_names_stay_inside_the_directory() {
         envelope(Some("../../escape"), "hot"),
         envelope(Some("/etc"), "hot"),
     ];
-    exp.export(&batch).await.expect("export succeeds");
+    exp.export(&ExportBatch::from(batch.clone()))
+        .await
+        .expect("export succeeds");
     assert_eq!(
         files_under(tmp.path()).len(),
         3,
@@ -220,7 +227,7 @@ async fn hostile_service_names_stay_inside_the_directory() {
 async fn folded_output_has_one_file_per_sample_type() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let exp = exporter(tmp.path(), "format: folded\n");
-    exp.export(&[envelope(Some("api"), "hot")])
+    exp.export(&ExportBatch::from(vec![envelope(Some("api"), "hot")]))
         .await
         .expect("export succeeds");
     let files = profile_files(tmp.path());
@@ -251,17 +258,22 @@ async fn folded_output_has_one_file_per_sample_type() {
 }
 
 #[tokio::test]
-async fn undecodable_payload_is_a_permanent_error_and_the_rest_is_written() {
+async fn undecodable_payload_is_a_partial_failure_and_the_rest_is_written() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let exp = exporter(tmp.path(), "format: folded\n");
     let corrupt = Payload::from_bytes(Bytes::from_static(&[0x1f, 0x8b, 1, 2, 3]), 1 << 20);
     let bad = envelope_from(&[("service_name", "bad")], START, corrupt);
     let err = exp
-        .export(&[bad, envelope(Some("good"), "hot")])
+        .export(&ExportBatch::from(vec![bad, envelope(Some("good"), "hot")]))
         .await
         .expect_err("corrupt payload fails");
     assert_eq!(err.class, ErrorClass::Permanent);
     assert_eq!(err.reason, "decode");
+    assert_eq!(
+        err.refused,
+        Some(vec![0]),
+        "only the corrupt profile failed; the queue counts the other as delivered"
+    );
     assert!(
         err.message.contains("service_name=\"bad\""),
         "{}",
@@ -283,7 +295,9 @@ async fn concurrent_exports_never_collide_or_interleave() {
         let exp = Arc::clone(&exp);
         tasks.spawn(async move {
             let batch = vec![envelope(Some("svc"), &format!("hot{i}")); 1 + i % 3];
-            exp.export(&batch).await.map(|()| batch.len())
+            exp.export(&ExportBatch::from(batch.clone()))
+                .await
+                .map(|()| batch.len())
         });
     }
     let mut expected = 0;
@@ -308,9 +322,12 @@ async fn size_retention_deletes_the_oldest_and_compacts_the_index() {
     let exp = exporter(tmp.path(), "retention:\n  max_total_size: 4KiB\n");
     let mut written = Vec::new();
     for i in 0..120 {
-        exp.export(&[envelope(Some("svc"), &format!("hot{i}"))])
-            .await
-            .expect("export succeeds");
+        exp.export(&ExportBatch::from(vec![envelope(
+            Some("svc"),
+            &format!("hot{i}"),
+        )]))
+        .await
+        .expect("export succeeds");
         let newest = index_lines(tmp.path())
             .last()
             .and_then(|l| l["path"].as_str().map(str::to_owned))
@@ -361,7 +378,10 @@ async fn age_retention_applies_at_start_and_after_writes() {
     {
         let first = exporter(tmp.path(), "");
         first
-            .export(&[envelope(Some("a"), "x"), envelope(Some("b"), "y")])
+            .export(&ExportBatch::from(vec![
+                envelope(Some("a"), "x"),
+                envelope(Some("b"), "y"),
+            ]))
             .await
             .expect("export succeeds");
     }
@@ -370,7 +390,7 @@ async fn age_retention_applies_at_start_and_after_writes() {
     age(tmp.path(), &old, StdDuration::from_secs(7200));
     let exp = exporter(tmp.path(), "retention:\n  max_age: 1h\n");
     assert!(profile_files(tmp.path()).is_empty(), "expired at start");
-    exp.export(&[envelope(Some("a"), "z")])
+    exp.export(&ExportBatch::from(vec![envelope(Some("a"), "z")]))
         .await
         .expect("export succeeds");
     assert_eq!(profile_files(tmp.path()).len(), 1);
@@ -382,7 +402,7 @@ async fn start_removes_stale_temp_files_repairs_the_index_and_never_reuses_names
     let first_name = {
         let first = exporter(tmp.path(), "");
         first
-            .export(&[envelope(Some("svc"), "x")])
+            .export(&ExportBatch::from(vec![envelope(Some("svc"), "x")]))
             .await
             .expect("export succeeds");
         profile_files(tmp.path()).remove(0)
@@ -404,7 +424,7 @@ async fn start_removes_stale_temp_files_repairs_the_index_and_never_reuses_names
         left.contains(&"svc/notes.txt".to_owned()),
         "other files are left alone"
     );
-    exp.export(&[envelope(Some("svc"), "x")])
+    exp.export(&ExportBatch::from(vec![envelope(Some("svc"), "x")]))
         .await
         .expect("export succeeds");
     let files = profile_files(root);
@@ -430,7 +450,7 @@ async fn io_errors_are_retryable_with_advice() {
     // someone fixes it, which is what retry is for.
     std::fs::write(root.join("svc"), b"in the way").expect("write");
     let err = exp
-        .export(&[envelope(Some("svc"), "x")])
+        .export(&ExportBatch::from(vec![envelope(Some("svc"), "x")]))
         .await
         .expect_err("cannot write under a file");
     assert!(matches!(err.class, ErrorClass::Retryable { .. }), "{err:?}");
@@ -530,9 +550,12 @@ async fn go_tool_pprof_reads_the_written_file() {
     };
     let tmp = tempfile::tempdir().expect("tempdir");
     let exp = exporter(tmp.path(), "");
-    exp.export(&[envelope(Some("svc"), "very_hot_function")])
-        .await
-        .expect("export succeeds");
+    exp.export(&ExportBatch::from(vec![envelope(
+        Some("svc"),
+        "very_hot_function",
+    )]))
+    .await
+    .expect("export succeeds");
     let file = tmp.path().join(profile_files(tmp.path()).remove(0));
     let mut cmd = std::process::Command::new(&go);
     cmd.args(["tool", "pprof", "-raw", "-symbolize=none"])

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use proflow_pipeline::component::{
     BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Validate,
 };
-use proflow_pipeline::model::Envelope;
+use proflow_pipeline::model::{Envelope, ExportBatch};
 use proflow_pipeline::queue::{QueueSettings, RetrySettings};
 use serde::Deserialize;
 
@@ -90,8 +90,8 @@ impl NopExporter {
 
 #[async_trait]
 impl Exporter for NopExporter {
-    async fn export(&self, batch: &[Envelope]) -> Result<(), ExportError> {
-        let bytes: usize = batch.iter().map(Envelope::size_bytes).sum();
+    async fn export(&self, batch: &ExportBatch) -> Result<(), ExportError> {
+        let bytes: usize = batch.envelopes().iter().map(Envelope::size_bytes).sum();
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.profiles
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -157,9 +157,9 @@ mod tests {
             telemetry: Arc::new(Telemetry::new()),
         };
         let exporter = config.build(&ctx).expect("nop builds");
-        let batch = vec![envelope(), envelope()];
+        let batch = ExportBatch::from(vec![envelope(), envelope()]);
         exporter.export(&batch).await.expect("nop never fails");
-        assert!(!batch[0].payload.is_decoded());
+        assert!(!batch.envelopes()[0].payload.is_decoded());
     }
 
     #[tokio::test]
@@ -167,8 +167,12 @@ mod tests {
         let nop = NopExporterConfig::default().build_nop();
         let batch = vec![envelope(), envelope(), envelope()];
         let size = batch[0].size_bytes() as u64;
-        nop.export(&batch).await.expect("nop never fails");
-        nop.export(&batch[..1]).await.expect("nop never fails");
+        nop.export(&ExportBatch::from(batch.clone()))
+            .await
+            .expect("nop never fails");
+        nop.export(&ExportBatch::from(batch[..1].to_vec()))
+            .await
+            .expect("nop never fails");
         assert_eq!(
             nop.seen(),
             NopSeen {

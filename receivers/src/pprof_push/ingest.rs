@@ -9,7 +9,7 @@
 
 use axum::http::Uri;
 use bytes::Bytes;
-use proflow_pipeline::model::{Batch, Envelope, Payload, ValueType};
+use proflow_pipeline::model::{Envelope, Payload, ValueType};
 use proflow_pipeline::pprof;
 
 use super::budget::DecompressBudget;
@@ -166,7 +166,7 @@ pub(crate) fn pprof_batch(
     profile: Bytes,
     sample_type_config: Option<&[u8]>,
     budget: &mut DecompressBudget,
-) -> Result<Batch, Refused> {
+) -> Result<Vec<Envelope>, Refused> {
     if profile.is_empty() {
         return Ok(Vec::new());
     }
@@ -222,7 +222,7 @@ pub(crate) fn text_batch(
     format: TextFormat,
     body: Bytes,
     budget: &mut DecompressBudget,
-) -> Result<Batch, Refused> {
+) -> Result<Vec<Envelope>, Refused> {
     let refuse = |error: IngestError| Refused { error, profiles: 1 };
     let (app, ty) = split_folded_app(&params.name.app)
         .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;

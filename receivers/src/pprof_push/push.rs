@@ -13,9 +13,7 @@ use std::fmt;
 
 use base64::Engine;
 use bytes::{Buf, Bytes};
-use proflow_pipeline::model::{
-    Batch, Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL, ValueType,
-};
+use proflow_pipeline::model::{Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL, ValueType};
 use proflow_pipeline::pprof::{self, Metadata};
 use prost::Message;
 use serde::Deserialize;
@@ -507,7 +505,7 @@ pub(crate) fn to_batch(
     request: PushRequest,
     budget: &mut DecompressBudget,
     now_nanos: i64,
-) -> Result<Batch, Refused> {
+) -> Result<Vec<Envelope>, Refused> {
     let total: usize = request.series.iter().map(|s| s.samples.len()).sum();
     let profiles = total as u64;
     let refuse = |error: IngestError| Refused { error, profiles };

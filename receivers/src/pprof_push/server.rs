@@ -18,9 +18,9 @@ use axum::routing::any;
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use proflow_pipeline::component::{
-    BuildError, ConsumeError, Consumer, Receiver, ReceiverContext, ServeFuture,
+    Admission, BuildError, ConsumeError, Consumer, Receiver, ReceiverContext, ServeFuture,
 };
-use proflow_pipeline::model::{Batch, batch_bytes, now_unix_nanos};
+use proflow_pipeline::model::{Batch, BatchMeta, Envelope, batch_bytes, now_unix_nanos};
 use proflow_pipeline::pprof;
 use proflow_pipeline::telemetry::ReceiverTelemetry;
 
@@ -98,6 +98,7 @@ impl Receiver for PprofPushReceiver {
         tracing::info!(receiver = %ctx.id, %addr, "pprof_push receiver listening");
         let shared = Arc::new(Shared {
             id: ctx.id.clone(),
+            receiver: Arc::from(ctx.id.as_str()),
             limits: self.limits,
             consumer: ctx.consumer,
             telemetry: ctx.telemetry,
@@ -117,9 +118,14 @@ impl Receiver for PprofPushReceiver {
     }
 }
 
+/// The header Pyroscope (and Grafana's multi-tenant servers) read the tenant from.
+static TENANT_HEADER: header::HeaderName = header::HeaderName::from_static("x-scope-orgid");
+
 /// What every request handler shares.
 struct Shared {
     id: String,
+    /// The id again, shared by every batch's metadata.
+    receiver: Arc<str>,
     limits: Limits,
     consumer: Arc<dyn Consumer>,
     telemetry: ReceiverTelemetry,
@@ -341,7 +347,7 @@ impl Shared {
                 .await?
             }
         };
-        self.deliver(batch).await?;
+        self.deliver(&parts.headers, batch).await?;
         Ok(StatusCode::OK.into_response())
     }
 
@@ -362,7 +368,7 @@ impl Shared {
             push::to_batch(request, &mut budget, now)
         })
         .await?;
-        self.deliver(batch).await?;
+        self.deliver(&parts.headers, batch).await?;
         Ok((
             [(header::CONTENT_TYPE, codec.content_type())],
             codec.empty_response(),
@@ -371,13 +377,36 @@ impl Shared {
     }
 
     /// Hands one request's profiles to the pipeline, once.
-    async fn deliver(&self, batch: Batch) -> Result<(), Refused> {
-        if batch.is_empty() {
+    async fn deliver(&self, headers: &HeaderMap, envelopes: Vec<Envelope>) -> Result<(), Refused> {
+        if envelopes.is_empty() {
             return Ok(());
         }
-        let profiles = batch.len() as u64;
-        let bytes = batch_bytes(&batch) as u64;
-        match self.consumer.consume(batch).await {
+        // Profiles cut out of one request buffer (Push with several series)
+        // would each keep the whole buffer alive while queued: give each its
+        // own bytes, so queue `max_bytes` counts what is really held.
+        let envelopes = if envelopes.len() > 1 {
+            envelopes
+                .into_iter()
+                .map(|mut e| {
+                    e.payload = e.payload.detach();
+                    e
+                })
+                .collect()
+        } else {
+            envelopes
+        };
+        let profiles = envelopes.len() as u64;
+        let bytes = batch_bytes(&envelopes) as u64;
+        let meta = Arc::new(BatchMeta {
+            receiver: self.receiver.clone(),
+            tenant: header_text(headers, TENANT_HEADER.clone()).filter(|t| !t.is_empty()),
+            client: None,
+        });
+        match self
+            .consumer
+            .consume(Batch::new(envelopes, meta), Admission::Refuse)
+            .await
+        {
             Ok(()) => {
                 self.telemetry.accepted(profiles, bytes);
                 Ok(())
