@@ -196,3 +196,27 @@ fn config_flag_alone_runs_the_collector() {
         "no relabel in this pipeline"
     );
 }
+
+#[test]
+fn validate_refuses_an_in_flight_budget_smaller_than_one_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        "receivers:\n  pprof_push:\n    endpoint: 127.0.0.1:0\nexporters:\n  nop: {}\nservice:\n  limits:\n    max_in_flight_bytes: 32MiB\n  pipelines:\n    profiles: {receivers: [pprof_push], exporters: [nop]}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_proflow"))
+        .args(["validate", "-c"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("service.limits.max_in_flight_bytes")
+            && stderr.contains("receiver `pprof_push`")
+            && stderr.contains("83886080 bytes"),
+        "{stderr}"
+    );
+}

@@ -146,6 +146,26 @@ pub struct PipelineConfig {
     pub exporters: Vec<Located<String>>,
 }
 
+/// `service.limits`: bounds on what the collector holds at once.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Most bytes of request bodies being read and data decompressed from
+    /// them, summed over every receiver and request. A request that would go
+    /// past it waits briefly, then is refused (429 / `RESOURCE_EXHAUSTED`).
+    /// Requests over 1 MiB may use three quarters of it, so small pushes are
+    /// still served while large uploads crowd in.
+    pub max_in_flight_bytes: crate::ByteSize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_in_flight_bytes: crate::ByteSize::mib(256),
+        }
+    }
+}
+
 /// `service`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -157,6 +177,8 @@ pub struct ServiceConfig {
     pub pipelines: Vec<(Located<String>, PipelineConfig)>,
     /// How long to drain exporter queues on SIGTERM/SIGINT.
     pub shutdown_timeout: Duration,
+    /// Memory bounds.
+    pub limits: LimitsConfig,
 }
 
 #[derive(Deserialize)]
@@ -170,6 +192,9 @@ struct RawService {
     _pipelines: serde::de::IgnoredAny,
     #[serde(default = "default_shutdown")]
     shutdown_timeout: Duration,
+    /// See [`ServiceConfig::limits`].
+    #[serde(default)]
+    limits: LimitsConfig,
 }
 
 fn default_shutdown() -> Duration {
@@ -360,6 +385,7 @@ fn parse_service(node: &Node, errors: &mut Errors) -> Option<ServiceConfig> {
         telemetry: raw.telemetry,
         pipelines,
         shutdown_timeout: raw.shutdown_timeout,
+        limits: raw.limits,
     })
 }
 

@@ -15,7 +15,8 @@ mod values;
 
 pub use de::{Located, from_node};
 pub use document::{
-    ComponentId, Document, LogFormat, PipelineConfig, PipelineId, ServiceConfig, TelemetryConfig,
+    ComponentId, Document, LimitsConfig, LogFormat, PipelineConfig, PipelineId, ServiceConfig,
+    TelemetryConfig,
 };
 pub use env::expand_env;
 pub use error::{Error, Errors};

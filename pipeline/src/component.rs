@@ -16,6 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use crate::memory::MemoryBudget;
 use crate::model::{Batch, Envelope, ExportBatch};
 use crate::queue::{QueueSettings, RetrySettings};
 use crate::telemetry::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry, Telemetry};
@@ -130,6 +131,9 @@ pub struct ReceiverContext {
     pub telemetry: ReceiverTelemetry,
     /// Cancelled when the receiver must stop accepting.
     pub shutdown: CancellationToken,
+    /// The collector-wide budget for request bodies and what is decompressed
+    /// from them: take a grant before reading, grow it before allocating.
+    pub memory: MemoryBudget,
 }
 
 /// The future a started receiver serves with.
@@ -147,6 +151,12 @@ pub trait Receiver: Send {
 pub trait ReceiverConfig: Validate + Debug + Send + Sync {
     fn resources(&self) -> Vec<Resource> {
         Vec::new()
+    }
+    /// The most memory one request may need (its body plus what it may
+    /// decompress), so the plan can check `service.limits.max_in_flight_bytes`
+    /// leaves room for it. `0` for receivers that take no requests.
+    fn max_request_memory(&self) -> usize {
+        0
     }
     fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Receiver>, BuildError>;
 }

@@ -1,7 +1,8 @@
 //! proflow's core: the profile [`model`] (envelope, labels, lazily decoded
 //! payload, batches), delivery acknowledgement ([`delivery`]), the pprof
 //! messages ([`pprof`]), the component traits
-//! ([`component`]), exporter queues with retry ([`queue`]), the running graph
+//! ([`component`]), the in-flight memory budget ([`memory`]), exporter queues
+//! with retry ([`queue`]), the running graph
 //! ([`topology`]) and self-telemetry ([`telemetry`]).
 //!
 //! Only this crate knows how data moves between components. It depends on
@@ -9,6 +10,7 @@
 
 pub mod component;
 pub mod delivery;
+pub mod memory;
 pub mod model;
 pub mod pprof;
 pub mod queue;

@@ -49,6 +49,8 @@ pub struct Telemetry {
     exporter_queue_profiles: Gauges,
     exporter_queue_bytes: Gauges,
     exporter_send_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
+    memory_in_flight_bytes: Gauge,
+    memory_limit_bytes: Gauge,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -149,9 +151,26 @@ impl Telemetry {
                 "Time one export attempt took.",
                 new_histograms()
             ),
+            memory_in_flight_bytes: family!(
+                "memory_in_flight_bytes",
+                "Bytes of request bodies and decompressed data receivers hold now (bounded by service.limits.max_in_flight_bytes).",
+                Gauge::default()
+            ),
+            memory_limit_bytes: family!(
+                "memory_limit_bytes",
+                "service.limits.max_in_flight_bytes.",
+                Gauge::default()
+            ),
             registry,
             ready: AtomicBool::new(false),
         }
+    }
+
+    /// The collector's in-flight memory budget, reporting through
+    /// `proflow_memory_in_flight_bytes` and `proflow_memory_limit_bytes`.
+    pub fn memory_budget(&self, limit: usize) -> crate::memory::MemoryBudget {
+        self.memory_limit_bytes.set(limit as i64);
+        crate::memory::MemoryBudget::with_gauge(limit, self.memory_in_flight_bytes.clone())
     }
 
     pub fn receiver(self: &Arc<Self>, id: &str) -> ReceiverTelemetry {

@@ -54,6 +54,8 @@ pub struct Plan {
     pub pipelines: Vec<PipelinePlan>,
     pub telemetry: TelemetryConfig,
     pub shutdown_timeout: Duration,
+    /// `service.limits.max_in_flight_bytes`.
+    pub max_in_flight_bytes: usize,
     /// Things worth saying that do not stop the collector (unused components).
     pub warnings: Vec<String>,
 }
@@ -220,6 +222,29 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
         ));
     }
 
+    let max_in_flight = doc.service.limits.max_in_flight_bytes.as_usize();
+    let largest = receivers
+        .iter()
+        .map(|(id, c)| (id, c.max_request_memory()))
+        .max_by_key(|(_, m)| *m);
+    if max_in_flight == 0 {
+        errors.push(Error::new(
+            "service.limits.max_in_flight_bytes",
+            0,
+            0,
+            "must be more than 0, such as 256MiB",
+        ));
+    } else if let Some((id, need)) = largest.filter(|(_, need)| *need > max_in_flight) {
+        errors.push(Error::new(
+            "service.limits.max_in_flight_bytes",
+            0,
+            0,
+            format!(
+                "is {max_in_flight} bytes, less than one request of receiver `{id}` may need ({need} bytes: its max_request_body_size plus max_decompressed_size); raise it or lower those"
+            ),
+        ));
+    }
+
     if !errors.is_empty() {
         return Err(errors.sorted());
     }
@@ -230,6 +255,7 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
         pipelines,
         telemetry: doc.service.telemetry.clone(),
         shutdown_timeout: doc.service.shutdown_timeout.get(),
+        max_in_flight_bytes: max_in_flight,
         warnings,
     })
 }
@@ -507,6 +533,7 @@ impl Plan {
             }
         }
 
+        let memory = telemetry.memory_budget(self.max_in_flight_bytes);
         // Every receiver binds before any serves: if one cannot start, none has
         // accepted anything yet, so failing here loses nothing.
         let mut serving = Vec::new();
@@ -524,6 +551,7 @@ impl Plan {
                     consumer: Arc::new(Fanout { pipelines }),
                     telemetry: c.receiver_telemetry(),
                     shutdown: receivers_stop.clone(),
+                    memory: memory.clone(),
                 })
                 .await
                 .map_err(|e| BuildError::new(format!("receiver `{id}`: {e}")))?;
@@ -1413,6 +1441,28 @@ mod tests {
         );
         assert!(conflicts(&d("/data"), &d("/data/svc")));
         assert!(!conflicts(&d("/data/a"), &d("/data/ab")));
+    }
+
+    #[test]
+    fn the_in_flight_budget_must_be_positive() {
+        let yaml = "receivers:\n  test: {key: lim}\nexporters:\n  test: {key: lim, behaviour: ok}\nservice:\n  limits: {max_in_flight_bytes: 0}\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let errs = plan(
+            &Document::parse_with_env(yaml, &|_| None).unwrap(),
+            &registry(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            errs.contains("service.limits.max_in_flight_bytes"),
+            "{errs}"
+        );
+        let ok = yaml.replace("max_in_flight_bytes: 0", "max_in_flight_bytes: 1MiB");
+        let p = plan(
+            &Document::parse_with_env(&ok, &|_| None).unwrap(),
+            &registry(),
+        )
+        .unwrap();
+        assert_eq!(p.max_in_flight_bytes, 1 << 20);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use proflow_config::ByteSize;
 use proflow_pipeline::component::{
     Admission, BuildContext, ConsumeError, Consumer, Receiver, ReceiverConfig, ReceiverContext,
 };
+use proflow_pipeline::memory::MemoryBudget;
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope, ValueType};
 use proflow_pipeline::pprof::{self, ProfileBuilder};
 use proflow_pipeline::telemetry::Telemetry;
@@ -77,6 +78,7 @@ impl Harness {
             endpoint: "127.0.0.1:0".into(),
             max_request_body_size: ByteSize::kib(64),
             max_decompressed_size: ByteSize::kib(256),
+            ..PprofPushConfig::default()
         };
         let telemetry = Arc::new(Telemetry::new());
         let build = BuildContext {
@@ -98,6 +100,7 @@ impl Harness {
                 consumer: recorder.clone(),
                 telemetry: build.receiver_telemetry(),
                 shutdown: shutdown.clone(),
+                memory: MemoryBudget::new(64 << 20),
             })
             .await
             .unwrap();
@@ -925,6 +928,7 @@ async fn bind_errors_name_the_address() {
             consumer: recorder,
             telemetry: build.receiver_telemetry(),
             shutdown: CancellationToken::new(),
+            memory: MemoryBudget::new(64 << 20),
         })
         .await
     {

@@ -210,6 +210,22 @@ impl Proflow {
         let _ = self.child.wait();
     }
 
+    /// The collector's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The collector's resident set size now, in bytes (Linux `/proc`).
+    pub fn rss_bytes(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024)
+    }
+
     /// Everything the binary wrote to stdout and stderr so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(cannot read log: {e})"))

@@ -3,10 +3,22 @@
 //! it) shares one `max_decompressed_size`, so a request of 256 gzipped
 //! profiles, or a gzipped body of gzipped profiles, cannot inflate more than a
 //! single limit's worth of memory.
+//!
+//! The budget also holds the request's grant of the collector-wide in-flight
+//! memory budget (`service.limits.max_in_flight_bytes`): [`DecompressBudget::inflate`]
+//! grows the grant before every allocation it makes, so the sum over all
+//! concurrent requests stays bounded too, not just each one.
 
-use proflow_pipeline::pprof::{self, DecodeError};
+use std::io::Read;
+
+use bytes::Bytes;
+use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
+use proflow_pipeline::pprof::{self, DecodeError, Metadata};
 
 use super::error::IngestError;
+
+/// How much [`DecompressBudget::inflate`] reads at a time.
+const INFLATE_STEP: usize = 32 << 10;
 
 /// What one request may still decompress.
 #[derive(Debug)]
@@ -15,15 +27,87 @@ pub(crate) struct DecompressBudget {
     setting: usize,
     /// Bytes this request has already inflated.
     used: usize,
+    /// The request's share of the in-flight memory budget.
+    grant: MemoryGrant,
 }
 
 impl DecompressBudget {
-    /// A fresh budget of `max_decompressed_size` bytes.
-    pub fn new(max_decompressed: usize) -> Self {
+    /// A fresh budget of `max_decompressed_size` bytes, whose allocations
+    /// grow `grant`.
+    pub fn with_grant(max_decompressed: usize, grant: MemoryGrant) -> Self {
         DecompressBudget {
             setting: max_decompressed,
             used: 0,
+            grant,
         }
+    }
+
+    /// A budget with an in-flight grant of its own, large enough for
+    /// everything it may decompress (fuzzing, tests).
+    pub fn new(max_decompressed: usize) -> Self {
+        let memory = MemoryBudget::new(max_decompressed.saturating_mul(4).max(1 << 20));
+        DecompressBudget::with_grant(max_decompressed, memory.grant())
+    }
+
+    /// Inflates gzipped `compressed` within what the request may still
+    /// decompress, growing the memory grant by every byte the output buffer
+    /// allocates. Refuses `what()` past `max_decompressed_size` (413) or when
+    /// the collector's in-flight budget has no room (429).
+    pub fn inflate(
+        &mut self,
+        what: impl Fn() -> String,
+        compressed: &[u8],
+    ) -> Result<Vec<u8>, IngestError> {
+        let limit = self.remaining();
+        let mut out: Vec<u8> = Vec::new();
+        let mut decoder = flate2::bufread::MultiGzDecoder::new(compressed);
+        let mut step = [0u8; INFLATE_STEP];
+        loop {
+            let n = match decoder.read(&mut step) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.grant.shrink(out.capacity());
+                    return Err(self.decode_error(&what(), DecodeError::Gzip(e.to_string())));
+                }
+            };
+            let len = out.len() + n;
+            if len > limit {
+                self.grant.shrink(out.capacity());
+                return Err(self.too_large(&what()));
+            }
+            if len > out.capacity() {
+                // Double (at least 4x the compressed size at first), never
+                // past the limit; the grant grows before the allocation.
+                let want = (out.capacity() * 2)
+                    .max(compressed.len().saturating_mul(4))
+                    .max(len)
+                    .min(limit);
+                if let Err(e) = self.grant.try_grow(want - out.capacity()) {
+                    self.grant.shrink(out.capacity());
+                    return Err(IngestError::MemoryLimit(format!("{}: {e}", what())));
+                }
+                out.reserve_exact(want - out.len());
+            }
+            out.extend_from_slice(&step[..n]);
+        }
+        self.used += out.len();
+        Ok(out)
+    }
+
+    /// Grants `bytes` more of in-flight memory for a copy the request is
+    /// about to make (429 when the collector has no room).
+    pub fn reserve(&mut self, bytes: usize) -> Result<(), IngestError> {
+        self.grant
+            .try_grow(bytes)
+            .map_err(|e| IngestError::MemoryLimit(e.to_string()))
+    }
+
+    /// Gives back the memory of a buffer [`DecompressBudget::inflate`] made
+    /// that the request no longer holds (what it decompressed stays spent).
+    pub fn release(&mut self, buffer: Vec<u8>) {
+        self.grant.shrink(buffer.capacity());
     }
 
     /// `max_decompressed_size`.
@@ -36,44 +120,38 @@ impl DecompressBudget {
         self.setting.saturating_sub(self.used)
     }
 
-    /// The limit to decompress `bytes` with: the remaining budget when they are
-    /// gzipped. Plain bytes already sit in the request's memory and inflate
-    /// nothing, so they are held only to the setting itself (which a body that
-    /// passed the request limits never exceeds).
-    pub fn limit_for(&self, bytes: &[u8]) -> usize {
-        if pprof::is_gzip(bytes) {
-            self.remaining()
+    /// `bytes` decompressed if gzipped (held by the request from now on),
+    /// else as they are.
+    pub fn decompress(
+        &mut self,
+        what: impl Fn() -> String,
+        bytes: Bytes,
+    ) -> Result<Bytes, IngestError> {
+        if pprof::is_gzip(&bytes) {
+            self.inflate(what, &bytes).map(Bytes::from)
         } else {
-            self.setting
+            Ok(bytes)
         }
     }
 
-    /// Records that `compressed` was inflated to `inflated` bytes (nothing when
-    /// it was not gzipped); refuses `what()` when that passes the budget.
-    pub fn charge(
+    /// Reads a pprof profile's metadata; a gzipped one is inflated within
+    /// the budget into a buffer given back once read.
+    pub fn scan(
         &mut self,
-        what: impl FnOnce() -> String,
-        compressed: &[u8],
-        inflated: usize,
-    ) -> Result<(), IngestError> {
-        if !pprof::is_gzip(compressed) {
-            return Ok(());
+        what: impl Fn() -> String,
+        profile: &[u8],
+    ) -> Result<Metadata, IngestError> {
+        if !pprof::is_gzip(profile) {
+            // Plain bytes already sit in the request's memory: the setting
+            // alone bounds them (a body that passed the request limits never
+            // exceeds it).
+            return pprof::scan_metadata(profile, self.setting)
+                .map_err(|e| self.decode_error(&what(), e));
         }
-        self.charge_inflated(what, inflated)
-    }
-
-    /// Records `inflated` bytes of decompressed data; refuses `what()` past
-    /// the budget.
-    pub fn charge_inflated(
-        &mut self,
-        what: impl FnOnce() -> String,
-        inflated: usize,
-    ) -> Result<(), IngestError> {
-        if inflated > self.remaining() {
-            return Err(self.too_large(&what()));
-        }
-        self.used += inflated;
-        Ok(())
+        let plain = self.inflate(&what, profile)?;
+        let scanned = pprof::scan_metadata(&plain, plain.len());
+        self.release(plain);
+        scanned.map_err(|e| self.decode_error(&what(), e))
     }
 
     /// Maps a failure to decompress or read `what` under this budget: running
@@ -110,14 +188,15 @@ mod tests {
     fn gzipped_data_shares_one_budget() {
         let mut budget = DecompressBudget::new(100);
         let gz = pprof::gzip(&[1u8; 60]);
-        assert_eq!(budget.limit_for(&gz), 100);
-        budget.charge(|| "first".into(), &gz, 60).unwrap();
-        assert_eq!(budget.limit_for(&gz), 40);
-        // Plain bytes inflate nothing and cost nothing.
-        assert_eq!(budget.limit_for(b"plain"), 100);
-        budget.charge(|| "plain".into(), b"plain", 5).unwrap();
+        assert_eq!(budget.inflate(|| "first".into(), &gz).unwrap().len(), 60);
         assert_eq!(budget.remaining(), 40);
-        let err = budget.charge(|| "second".into(), &gz, 60).unwrap_err();
+        // Plain bytes inflate nothing and cost nothing.
+        let plain = budget
+            .decompress(|| "plain".into(), Bytes::from_static(b"plain"))
+            .unwrap();
+        assert_eq!(&plain[..], b"plain");
+        assert_eq!(budget.remaining(), 40);
+        let err = budget.inflate(|| "second".into(), &gz).unwrap_err();
         assert_eq!(
             err,
             IngestError::DecompressedTooLarge {
@@ -131,5 +210,48 @@ mod tests {
         );
         let err = budget.decode_error("third", DecodeError::TooLarge { limit: 40 });
         assert!(err.to_string().contains("(100 bytes)"), "{err}");
+        let err = budget
+            .inflate(|| "corrupt".into(), &[0x1f, 0x8b, 1, 2, 3])
+            .unwrap_err();
+        assert_eq!(err.reason(), "bad_request", "{err}");
+    }
+
+    #[test]
+    fn inflating_grows_the_memory_grant_and_is_refused_past_it() {
+        let memory = MemoryBudget::new(1 << 20);
+        let mut budget = DecompressBudget::with_grant(64 << 20, memory.grant());
+        let small = pprof::gzip(&vec![7u8; 100 << 10]);
+        let out = budget.inflate(|| "small".into(), &small).unwrap();
+        assert_eq!(out.len(), 100 << 10);
+        assert!(
+            memory.in_flight() >= out.capacity(),
+            "the buffer is counted: {} < {}",
+            memory.in_flight(),
+            out.capacity()
+        );
+        budget.release(out);
+        assert_eq!(memory.in_flight(), 0);
+        // 4 MiB of zeros gzip to a few KiB but do not fit a 1 MiB budget:
+        // refused with 429, and nothing stays held.
+        let bomb = pprof::gzip(&vec![0u8; 4 << 20]);
+        let err = budget.inflate(|| "the bomb".into(), &bomb).unwrap_err();
+        assert_eq!(err.reason(), "memory_limit", "{err}");
+        assert!(err.to_string().contains("max_in_flight_bytes"), "{err}");
+        assert_eq!(memory.in_flight(), 0);
+        drop(budget);
+    }
+
+    #[test]
+    fn scanning_a_gzipped_profile_gives_its_buffer_back() {
+        let mut b = pprof::ProfileBuilder::new();
+        b.sample_type("cpu", "nanoseconds");
+        b.sample_root_first(["main", "hot"], vec![5]);
+        let gz = pprof::gzip(&pprof::encode(&b.build()));
+        let memory = MemoryBudget::new(1 << 20);
+        let mut budget = DecompressBudget::with_grant(1 << 20, memory.grant());
+        let meta = budget.scan(|| "p".into(), &gz).unwrap();
+        assert_eq!(meta.sample_types.len(), 1);
+        assert_eq!(memory.in_flight(), 0);
+        assert!(budget.remaining() < 1 << 20, "what it inflated stays spent");
     }
 }

@@ -41,6 +41,14 @@ pub enum IngestError {
         retry_after: Duration,
         detail: String,
     },
+    /// The collector's in-flight memory budget is spent: retry later.
+    #[error("{0}")]
+    MemoryLimit(String),
+    /// The body did not arrive within `read_timeout`.
+    #[error(
+        "the request body did not arrive within read_timeout ({0:?}); send it faster or in smaller requests"
+    )]
+    Timeout(Duration),
     #[error("the collector is shutting down and takes no new data; retry later")]
     ShuttingDown,
     /// A bug on our side (a decoding task died); the request may be retried.
@@ -81,7 +89,10 @@ impl IngestError {
             IngestError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             IngestError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             IngestError::NotFound { .. } => StatusCode::NOT_FOUND,
-            IngestError::Backpressure { .. } => StatusCode::TOO_MANY_REQUESTS,
+            IngestError::Backpressure { .. } | IngestError::MemoryLimit(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            IngestError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             IngestError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             IngestError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -95,7 +106,9 @@ impl IngestError {
             IngestError::BadRequest(_) => "invalid_argument",
             IngestError::BodyTooLarge { .. }
             | IngestError::DecompressedTooLarge { .. }
-            | IngestError::Backpressure { .. } => "resource_exhausted",
+            | IngestError::Backpressure { .. }
+            | IngestError::MemoryLimit(_) => "resource_exhausted",
+            IngestError::Timeout(_) => "deadline_exceeded",
             IngestError::UnsupportedMediaType(_)
             | IngestError::MethodNotAllowed { .. }
             | IngestError::NotFound { .. } => "unimplemented",
@@ -115,11 +128,16 @@ impl IngestError {
             IngestError::MethodNotAllowed { .. } => "method_not_allowed",
             IngestError::NotFound { .. } => "not_found",
             IngestError::Backpressure { .. } => "backpressure",
+            IngestError::MemoryLimit(_) => "memory_limit",
+            IngestError::Timeout(_) => "timeout",
             IngestError::ShuttingDown => "shutting_down",
             IngestError::Internal(_) => "internal",
         }
     }
 }
+
+/// What a client refused for memory is told to wait.
+const MEMORY_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// A refusal with the number of profiles the request carried, when known
 /// (0 when the request was refused before its profiles were counted).
@@ -139,24 +157,26 @@ impl IntoResponse for IngestError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "code": self.code(), "message": self.to_string() });
         let mut response = (self.status(), axum::Json(body)).into_response();
-        match &self {
-            IngestError::Backpressure { retry_after, .. } => {
-                // Whole seconds, rounded up and at least 1 so a client never
-                // retries in a tight loop.
-                let secs = retry_after
-                    .as_secs()
-                    .saturating_add(u64::from(retry_after.subsec_nanos() > 0))
-                    .max(1);
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-            }
-            IngestError::MethodNotAllowed { .. } => {
-                response
-                    .headers_mut()
-                    .insert(header::ALLOW, HeaderValue::from_static("POST"));
-            }
-            _ => {}
+        let retry_after = match &self {
+            IngestError::Backpressure { retry_after, .. } => Some(*retry_after),
+            IngestError::MemoryLimit(_) => Some(MEMORY_RETRY_AFTER),
+            _ => None,
+        };
+        if let Some(retry_after) = retry_after {
+            // Whole seconds, rounded up and at least 1 so a client never
+            // retries in a tight loop.
+            let secs = retry_after
+                .as_secs()
+                .saturating_add(u64::from(retry_after.subsec_nanos() > 0))
+                .max(1);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if matches!(self, IngestError::MethodNotAllowed { .. }) {
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
         }
         response
     }

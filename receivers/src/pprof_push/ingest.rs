@@ -10,7 +10,6 @@
 use axum::http::Uri;
 use bytes::Bytes;
 use proflow_pipeline::model::{Envelope, Payload, ValueType};
-use proflow_pipeline::pprof;
 
 use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
@@ -180,10 +179,8 @@ pub(crate) fn pprof_batch(
                 "sample_type_config is not a JSON object of sample types ({e}); send {{\"<sample type>\": {{\"display-name\": \"...\"}}}}"
             )))
         })?;
-    let meta = pprof::scan_metadata(&profile, budget.limit_for(&profile))
-        .map_err(|e| refuse(budget.decode_error("the profile", e)))?;
-    budget
-        .charge(|| "the profile".to_owned(), &profile, meta.plain_size)
+    let meta = budget
+        .scan(|| "the profile".to_owned(), &profile)
         .map_err(refuse)?;
     let profile_name = profile_name_from_sample_types(
         meta.sample_types.iter().map(|(t, _)| t.as_str()),
@@ -226,10 +223,8 @@ pub(crate) fn text_batch(
     let refuse = |error: IngestError| Refused { error, profiles: 1 };
     let (app, ty) = split_folded_app(&params.name.app)
         .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
-    let text = pprof::decompress(&body, budget.limit_for(&body))
-        .map_err(|e| refuse(budget.decode_error("the text body", e)))?;
-    budget
-        .charge(|| "the text body".to_owned(), &body, text.len())
+    let text = budget
+        .decompress(|| "the text body".to_owned(), body)
         .map_err(refuse)?;
     let stacks = folded::parse_stacks(&text, format)
         .map_err(|e| refuse(IngestError::bad_request(e.to_string())))?;
@@ -262,7 +257,7 @@ pub(crate) fn text_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proflow_pipeline::pprof::ProfileBuilder;
+    use proflow_pipeline::pprof::{self, ProfileBuilder};
 
     const NOW: i64 = 1_800_000_000_000_000_000;
 
@@ -340,7 +335,9 @@ mod tests {
         assert_eq!(budget.remaining(), (1 << 20) - plain_size);
         // What the transport encoding used is gone for the profile.
         let mut budget = DecompressBudget::new(plain_size + 10);
-        budget.charge_inflated(|| "body".into(), 11).unwrap();
+        budget
+            .inflate(|| "body".into(), &pprof::gzip(&[0u8; 11]))
+            .unwrap();
         let err = pprof_batch(&p, raw.clone(), None, &mut budget).unwrap_err();
         assert_eq!(
             err.error.status(),

@@ -35,7 +35,7 @@ mod timestamp;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use proflow_config::ByteSize;
+use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, Resource, Validate,
 };
@@ -62,6 +62,15 @@ pub struct PprofPushConfig {
     /// and every gzipped profile in it share this one budget, and a request
     /// that would grow past it is refused with 413 before more memory is used.
     pub max_decompressed_size: ByteSize,
+    /// How long a client may take to send a request's headers (the
+    /// OpenTelemetry Collector's name); a slower one is disconnected.
+    pub read_header_timeout: Duration,
+    /// How long a client may take to send a request's body; a slower one
+    /// gets 408, so slow clients cannot hold memory for long.
+    pub read_timeout: Duration,
+    /// Most connections served at once; more wait in the kernel's listen
+    /// backlog until one closes.
+    pub max_connections: usize,
 }
 
 impl Default for PprofPushConfig {
@@ -70,6 +79,9 @@ impl Default for PprofPushConfig {
             endpoint: DEFAULT_ENDPOINT.to_owned(),
             max_request_body_size: ByteSize::mib(16),
             max_decompressed_size: ByteSize::mib(64),
+            read_header_timeout: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(30),
+            max_connections: 1024,
         }
     }
 }
@@ -118,6 +130,23 @@ impl Validate for PprofPushConfig {
                 ),
             ));
         }
+        for (name, value) in [
+            ("read_header_timeout", self.read_header_timeout),
+            ("read_timeout", self.read_timeout),
+        ] {
+            if value.is_zero() {
+                problems.push(FieldError::new(
+                    name,
+                    "must be more than 0, such as 10s: without it a client that stops sending holds its connection and memory forever",
+                ));
+            }
+        }
+        if self.max_connections == 0 {
+            problems.push(FieldError::new(
+                "max_connections",
+                "must be at least 1, such as 1024",
+            ));
+        }
         problems
     }
 }
@@ -134,6 +163,9 @@ impl PprofPushConfig {
             server::Limits {
                 max_request_body: self.max_request_body_size.as_usize(),
                 max_decompressed: self.max_decompressed_size.as_usize(),
+                read_header_timeout: self.read_header_timeout.get(),
+                read_timeout: self.read_timeout.get(),
+                max_connections: self.max_connections,
             },
         ))
     }
@@ -148,6 +180,12 @@ impl ReceiverConfig for PprofPushConfig {
             Ok(addr) if addr.port() != 0 => vec![Resource::TcpListen(addr)],
             _ => Vec::new(),
         }
+    }
+
+    fn max_request_memory(&self) -> usize {
+        self.max_request_body_size
+            .as_usize()
+            .saturating_add(self.max_decompressed_size.as_usize())
     }
 
     fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Receiver>, BuildError> {
@@ -187,6 +225,10 @@ mod tests {
         assert_eq!(c.endpoint, "0.0.0.0:4040");
         assert_eq!(c.max_request_body_size, ByteSize::mib(16));
         assert_eq!(c.max_decompressed_size, ByteSize::mib(64));
+        assert_eq!(c.read_header_timeout, Duration::from_secs(10));
+        assert_eq!(c.read_timeout, Duration::from_secs(30));
+        assert_eq!(c.max_connections, 1024);
+        assert_eq!(c.max_request_memory(), 80 << 20);
         assert_eq!(
             c.resources(),
             vec![Resource::TcpListen("0.0.0.0:4040".parse().unwrap())]

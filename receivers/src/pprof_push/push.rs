@@ -14,7 +14,7 @@ use std::fmt;
 use base64::Engine;
 use bytes::{Buf, Bytes};
 use proflow_pipeline::model::{Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL, ValueType};
-use proflow_pipeline::pprof::{self, Metadata};
+use proflow_pipeline::pprof::Metadata;
 use prost::Message;
 use serde::Deserialize;
 use serde::de::{self, SeqAccess, Visitor};
@@ -533,9 +533,7 @@ pub(crate) fn to_batch(
             // Formatted only when a refusal needs it.
             let what = || format!("series {si} profile {pi}");
             let raw = sample.raw_profile;
-            let meta = pprof::scan_metadata(&raw, budget.limit_for(&raw))
-                .map_err(|e| refuse(budget.decode_error(&what(), e)))?;
-            budget.charge(what, &raw, meta.plain_size).map_err(refuse)?;
+            let meta = budget.scan(what, &raw).map_err(refuse)?;
             if meta.sample_types.is_empty() {
                 return Err(refuse(IngestError::bad_request(format!(
                     "{}: the profile has no sample types; send a pprof profile with at least one sample type",
@@ -578,7 +576,7 @@ pub(crate) fn to_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proflow_pipeline::pprof::ProfileBuilder;
+    use proflow_pipeline::pprof::{self, ProfileBuilder};
 
     fn cpu_profile(time_nanos: i64) -> Bytes {
         let mut b = ProfileBuilder::new();

@@ -7,21 +7,31 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use proflow_pipeline::component::{
     Admission, BuildError, ConsumeError, Consumer, Receiver, ReceiverContext, ServeFuture,
 };
+use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant, OverBudget};
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope, batch_bytes, now_unix_nanos};
-use proflow_pipeline::pprof;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tower::Service;
+
 use proflow_pipeline::telemetry::ReceiverTelemetry;
 
 use super::budget::DecompressBudget;
@@ -35,6 +45,12 @@ use super::push::{self, Codec};
 pub(crate) struct Limits {
     pub max_request_body: usize,
     pub max_decompressed: usize,
+    /// How long a client may take to send a request's headers.
+    pub read_header_timeout: Duration,
+    /// How long a client may take to send a request's body.
+    pub read_timeout: Duration,
+    /// Most connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
 }
 
 /// The address a receiver listens on, known once [`Receiver::start`] has
@@ -102,20 +118,83 @@ impl Receiver for PprofPushReceiver {
             limits: self.limits,
             consumer: ctx.consumer,
             telemetry: ctx.telemetry,
+            memory: ctx.memory,
         });
         let app = router(shared);
-        let shutdown = ctx.shutdown;
-        let id = ctx.id;
-        Ok(Box::pin(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await;
-            match served {
-                Ok(()) => tracing::info!(receiver = %id, "pprof_push receiver stopped"),
-                Err(e) => tracing::error!(receiver = %id, error = %e, "pprof_push receiver failed"),
-            }
-        }))
+        let limits = self.limits;
+        Ok(Box::pin(serve(listener, app, limits, ctx.shutdown, ctx.id)))
     }
+}
+
+/// The client's address, put into each request's extensions by [`serve`].
+#[derive(Debug, Clone, Copy)]
+struct ClientAddr(SocketAddr);
+
+/// Accepts connections until `shutdown`, at most `max_connections` at once
+/// (the rest wait in the kernel's backlog, costing us nothing), with
+/// `read_header_timeout` on every request's headers; then lets the open
+/// connections finish their requests.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+    id: String,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.read_header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(None);
+    let graceful = GracefulShutdown::new();
+    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => permit,
+            _ = shutdown.cancelled() => break,
+        };
+        let Ok(permit) = permit else { break };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.cancelled() => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors and the like: wait a moment rather
+                // than spin on the error.
+                tracing::warn!(receiver = %id, error = %e, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut req: axum::http::Request<Incoming>| {
+            req.extensions_mut().insert(ClientAddr(peer));
+            let mut app = app.clone();
+            async move { app.call(req.map(Body::new)).await }
+        });
+        let connection = graceful.watch(
+            builder
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned(),
+        );
+        tokio::spawn(async move {
+            // Errors are the client's doing (reset, timeout, bad framing).
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, client = %peer, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    tracing::info!(receiver = %id, "pprof_push receiver stopped");
 }
 
 /// The header Pyroscope (and Grafana's multi-tenant servers) read the tenant from.
@@ -129,6 +208,7 @@ struct Shared {
     limits: Limits,
     consumer: Arc<dyn Consumer>,
     telemetry: ReceiverTelemetry,
+    memory: MemoryBudget,
 }
 
 fn router(shared: Arc<Shared>) -> Router {
@@ -192,13 +272,7 @@ impl ContentEncoding {
         const WHAT: &str = "the gzip request body";
         match self {
             ContentEncoding::Identity => Ok(body),
-            ContentEncoding::Gzip => {
-                let mut out = Vec::new();
-                pprof::gunzip_into(&body, budget.remaining(), &mut out)
-                    .map_err(|e| budget.decode_error(WHAT, e))?;
-                budget.charge_inflated(|| WHAT.to_owned(), out.len())?;
-                Ok(Bytes::from(out))
-            }
+            ContentEncoding::Gzip => budget.inflate(|| WHAT.to_owned(), &body).map(Bytes::from),
         }
     }
 }
@@ -255,10 +329,17 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Shared {
-    /// Reads the whole body, refusing as soon as it passes the limit: the
-    /// declared `Content-Length` is checked first, and the stream is cut at
-    /// the limit whatever it declared, so memory never exceeds the limit.
-    async fn read_body(&self, headers: &HeaderMap, body: Body) -> Result<Bytes, IngestError> {
+    /// Reads the whole body within `read_timeout`, refusing as soon as it
+    /// passes the limit: the declared `Content-Length` is checked first, and
+    /// the stream is cut at the limit whatever it declared. Every byte of the
+    /// buffer is granted from the in-flight memory budget before it is
+    /// allocated; the grant comes back with the body and is held until the
+    /// request's profiles are queued.
+    async fn read_body(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+    ) -> Result<(Bytes, MemoryGrant), IngestError> {
         let limit = self.limits.max_request_body;
         let too_large = IngestError::BodyTooLarge { limit };
         let declared = headers
@@ -268,12 +349,46 @@ impl Shared {
         if declared.is_some_and(|len| len > limit as u64) {
             return Err(too_large);
         }
-        match Limited::new(body, limit).collect().await {
-            Ok(collected) => Ok(collected.to_bytes()),
-            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large),
-            Err(e) => Err(IngestError::bad_request(format!(
-                "could not read the request body ({e}); send it again"
-            ))),
+        let declared = declared.unwrap_or(0) as usize;
+        let memory_error = |e: OverBudget| IngestError::MemoryLimit(e.to_string());
+        let mut grant = self
+            .memory
+            .acquire(declared, memory::DEFAULT_WAIT)
+            .await
+            .map_err(memory_error)?;
+        let read = async {
+            let mut body = body;
+            let mut buf: Vec<u8> = Vec::with_capacity(declared);
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| {
+                    IngestError::bad_request(format!(
+                        "could not read the request body ({e}); send it again"
+                    ))
+                })?;
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers
+                };
+                let len = buf.len() + data.len();
+                if len > limit {
+                    return Err(too_large.clone());
+                }
+                if len > buf.capacity() {
+                    // The body is longer than declared (or chunked): grow by
+                    // doubling, granted before allocating.
+                    let want = (buf.capacity() * 2).max(len).max(16 << 10).min(limit);
+                    grant
+                        .grow(want - buf.capacity(), memory::DEFAULT_WAIT)
+                        .await
+                        .map_err(memory_error)?;
+                    buf.reserve_exact(want - buf.len());
+                }
+                buf.extend_from_slice(&data);
+            }
+            Ok(Bytes::from(buf))
+        };
+        match tokio::time::timeout(self.limits.read_timeout, read).await {
+            Ok(body) => Ok((body?, grant)),
+            Err(_) => Err(IngestError::Timeout(self.limits.read_timeout)),
         }
     }
 
@@ -287,11 +402,11 @@ impl Shared {
         let params = ingest::parse_params(&parts.uri, now)?;
         let kind = ingest::body_kind(&params.format, content_type.as_deref())?;
         let encoding = ContentEncoding::from_headers(&parts.headers)?;
-        let body = self.read_body(&parts.headers, body).await?;
+        let (body, grant) = self.read_body(&parts.headers, body).await?;
         let inline = decode_inline(encoding, body.len());
         // One budget for everything this request inflates.
-        let mut budget = DecompressBudget::new(self.limits.max_decompressed);
-        let batch = match kind {
+        let mut budget = DecompressBudget::with_grant(self.limits.max_decompressed, grant);
+        let (batch, budget) = match kind {
             BodyKind::Multipart => {
                 let (body, part_limit, budget) = match encoding {
                     ContentEncoding::Identity => (
@@ -315,39 +430,47 @@ impl Shared {
                     }
                 };
                 let content_type = content_type.unwrap_or_default();
+                let mut budget = budget;
+                // The parts are copied out of the body: grant their memory.
+                budget.reserve(body.len())?;
                 let form = read_form(&content_type, body, part_limit).await?;
                 let profile = form.profile.ok_or_else(|| {
                     IngestError::bad_request(
                         "the multipart body has no `profile` part; send the pprof bytes in a part named profile",
                     )
                 })?;
-                let mut budget = budget;
                 blocking(inline, move || {
-                    ingest::pprof_batch(
+                    let batch = ingest::pprof_batch(
                         &params,
                         profile,
                         form.sample_type_config.as_deref(),
                         &mut budget,
-                    )
+                    )?;
+                    Ok((batch, budget))
                 })
                 .await?
             }
             BodyKind::Pprof => {
                 blocking(inline, move || {
                     let body = encoding.decode(body, &mut budget)?;
-                    ingest::pprof_batch(&params, body, None, &mut budget)
+                    let batch = ingest::pprof_batch(&params, body, None, &mut budget)?;
+                    Ok((batch, budget))
                 })
                 .await?
             }
             BodyKind::Text(format) => {
                 blocking(inline, move || {
                     let body = encoding.decode(body, &mut budget)?;
-                    ingest::text_batch(&params, format, body, &mut budget)
+                    let batch = ingest::text_batch(&params, format, body, &mut budget)?;
+                    Ok((batch, budget))
                 })
                 .await?
             }
         };
-        self.deliver(&parts.headers, batch).await?;
+        self.deliver(&parts, batch).await?;
+        // The profiles are queued (and counted there): the request's memory
+        // grant goes back.
+        drop(budget);
         Ok(StatusCode::OK.into_response())
     }
 
@@ -357,18 +480,20 @@ impl Shared {
         let codec =
             Codec::from_content_type(header_text(&parts.headers, header::CONTENT_TYPE).as_deref())?;
         let encoding = ContentEncoding::from_headers(&parts.headers)?;
-        let body = self.read_body(&parts.headers, body).await?;
+        let (body, grant) = self.read_body(&parts.headers, body).await?;
         let inline = decode_inline(encoding, body.len());
         // One budget for the body and every profile in it.
-        let mut budget = DecompressBudget::new(self.limits.max_decompressed);
+        let mut budget = DecompressBudget::with_grant(self.limits.max_decompressed, grant);
         let now = now_unix_nanos();
-        let batch = blocking(inline, move || {
+        let (batch, budget) = blocking(inline, move || {
             let plain = encoding.decode(body, &mut budget)?;
             let request = push::decode_request(codec, plain)?;
-            push::to_batch(request, &mut budget, now)
+            let batch = push::to_batch(request, &mut budget, now)?;
+            Ok((batch, budget))
         })
         .await?;
-        self.deliver(&parts.headers, batch).await?;
+        self.deliver(&parts, batch).await?;
+        drop(budget);
         Ok((
             [(header::CONTENT_TYPE, codec.content_type())],
             codec.empty_response(),
@@ -377,7 +502,7 @@ impl Shared {
     }
 
     /// Hands one request's profiles to the pipeline, once.
-    async fn deliver(&self, headers: &HeaderMap, envelopes: Vec<Envelope>) -> Result<(), Refused> {
+    async fn deliver(&self, parts: &Parts, envelopes: Vec<Envelope>) -> Result<(), Refused> {
         if envelopes.is_empty() {
             return Ok(());
         }
@@ -399,8 +524,8 @@ impl Shared {
         let bytes = batch_bytes(&envelopes) as u64;
         let meta = Arc::new(BatchMeta {
             receiver: self.receiver.clone(),
-            tenant: header_text(headers, TENANT_HEADER.clone()).filter(|t| !t.is_empty()),
-            client: None,
+            tenant: header_text(&parts.headers, TENANT_HEADER.clone()).filter(|t| !t.is_empty()),
+            client: parts.extensions.get::<ClientAddr>().map(|c| c.0),
         });
         match self
             .consumer
@@ -457,6 +582,7 @@ impl Shared {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+    use proflow_pipeline::pprof;
 
     fn encoding(value: HeaderValue) -> Result<ContentEncoding, IngestError> {
         let mut headers = HeaderMap::new();

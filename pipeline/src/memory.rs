@@ -1,0 +1,313 @@
+//! The collector-wide memory budget for data in flight through receivers
+//! (`service.limits.max_in_flight_bytes`): request bodies being read and
+//! everything decompressed from them, until the batch is handed to the
+//! pipeline (queues account for it from then on, with their `max_bytes`).
+//!
+//! A receiver takes a [`MemoryGrant`] before it reads a body and grows it
+//! before every allocation the request makes; a grant that cannot grow within
+//! a short wait is refused, and the receiver answers 429 (or
+//! `RESOURCE_EXHAUSTED`). Dropping the grant gives the bytes back.
+//!
+//! Large requests may not take the whole budget: grants above
+//! [`SMALL_REQUEST`] draw only from the first three quarters, so a crowd of
+//! large or slow uploads cannot stop the small pushes that make up almost all
+//! of the traffic.
+//!
+//! What may depend on this: receivers (take grants), the topology (makes the
+//! budget), telemetry (reports it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::Semaphore;
+
+/// Requests whose grant stays at or below this are small: they may use the
+/// whole budget.
+pub const SMALL_REQUEST: usize = 1 << 20;
+
+/// How long a request may wait for memory before it is refused.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(1);
+
+/// Why memory could not be had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the collector is at its in-flight memory limit (service.limits.max_in_flight_bytes = {limit} bytes, {wanted} more bytes wanted); retry later"
+)]
+pub struct OverBudget {
+    pub limit: usize,
+    pub wanted: usize,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Every grant draws from this: the whole budget.
+    all: Semaphore,
+    /// Grants above [`SMALL_REQUEST`] also draw from this: three quarters.
+    large: Semaphore,
+    limit: usize,
+    large_limit: usize,
+    in_flight: Gauge,
+}
+
+/// The budget: cheap to clone, shared by every receiver.
+#[derive(Debug, Clone)]
+pub struct MemoryBudget {
+    inner: Arc<Inner>,
+}
+
+impl MemoryBudget {
+    /// A budget of `limit` bytes (at most `u32::MAX` bytes per grant step).
+    pub fn new(limit: usize) -> Self {
+        MemoryBudget::with_gauge(limit, Gauge::default())
+    }
+
+    /// A budget that reports what is in flight through `in_flight`.
+    pub fn with_gauge(limit: usize, in_flight: Gauge) -> Self {
+        let limit = limit.min(Semaphore::MAX_PERMITS);
+        let large_limit = limit - limit / 4;
+        MemoryBudget {
+            inner: Arc::new(Inner {
+                all: Semaphore::new(limit),
+                large: Semaphore::new(large_limit),
+                limit,
+                large_limit,
+                in_flight,
+            }),
+        }
+    }
+
+    /// The configured limit.
+    pub fn limit(&self) -> usize {
+        self.inner.limit
+    }
+
+    /// Bytes held by grants now.
+    pub fn in_flight(&self) -> usize {
+        self.inner.limit - self.inner.all.available_permits()
+    }
+
+    /// An empty grant, to grow as the request needs.
+    pub fn grant(&self) -> MemoryGrant {
+        MemoryGrant {
+            budget: self.clone(),
+            held: 0,
+            large: false,
+        }
+    }
+
+    /// A grant of `bytes`, waiting up to `wait` for them.
+    pub async fn acquire(&self, bytes: usize, wait: Duration) -> Result<MemoryGrant, OverBudget> {
+        let mut grant = self.grant();
+        grant.grow(bytes, wait).await?;
+        Ok(grant)
+    }
+}
+
+/// Memory one request holds; given back when dropped.
+#[derive(Debug)]
+pub struct MemoryGrant {
+    budget: MemoryBudget,
+    held: usize,
+    /// Holds `held` permits of `large` too.
+    large: bool,
+}
+
+impl MemoryGrant {
+    /// Bytes held.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// The permits to take from each semaphore to grow by `bytes`: from the
+    /// whole budget always, and from the large share when the grant is or
+    /// becomes large (all it holds, the first time).
+    fn need(&self, bytes: usize) -> Result<(u32, u32), OverBudget> {
+        let inner = &self.budget.inner;
+        let total = self.held.saturating_add(bytes);
+        let over = || OverBudget {
+            limit: inner.limit,
+            wanted: bytes,
+        };
+        let large_need = if self.large {
+            bytes
+        } else if total > SMALL_REQUEST {
+            total
+        } else {
+            0
+        };
+        if total > inner.limit || (large_need > 0 && total > inner.large_limit) {
+            // Could never be had, however long it waited.
+            return Err(over());
+        }
+        let all = u32::try_from(bytes).map_err(|_| over())?;
+        let large = u32::try_from(large_need).map_err(|_| over())?;
+        Ok((all, large))
+    }
+
+    fn take(&mut self, bytes: usize, large: u32) {
+        self.held += bytes;
+        if large > 0 {
+            self.large = true;
+        }
+        self.budget.inner.in_flight.inc_by(bytes as i64);
+    }
+
+    /// Grows by `bytes` if the budget has them now.
+    pub fn try_grow(&mut self, bytes: usize) -> Result<(), OverBudget> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (all, large) = self.need(bytes)?;
+        let inner = self.budget.inner.clone();
+        let over = OverBudget {
+            limit: inner.limit,
+            wanted: bytes,
+        };
+        let large_permit = match large {
+            0 => None,
+            n => Some(inner.large.try_acquire_many(n).map_err(|_| over.clone())?),
+        };
+        let all_permit = inner.all.try_acquire_many(all).map_err(|_| over)?;
+        all_permit.forget();
+        if let Some(p) = large_permit {
+            p.forget();
+        }
+        self.take(bytes, large);
+        Ok(())
+    }
+
+    /// Grows by `bytes`, waiting up to `wait` for them.
+    pub async fn grow(&mut self, bytes: usize, wait: Duration) -> Result<(), OverBudget> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (all, large) = self.need(bytes)?;
+        let inner = self.budget.inner.clone();
+        let over = OverBudget {
+            limit: inner.limit,
+            wanted: bytes,
+        };
+        let acquired = tokio::time::timeout(wait, async {
+            let large_permit = match large {
+                0 => None,
+                n => Some(inner.large.acquire_many(n).await),
+            };
+            let all_permit = inner.all.acquire_many(all).await;
+            (large_permit, all_permit)
+        })
+        .await;
+        match acquired {
+            Ok((large_permit, Ok(all_permit))) => {
+                all_permit.forget();
+                if let Some(Ok(p)) = large_permit {
+                    p.forget();
+                }
+                self.take(bytes, large);
+                Ok(())
+            }
+            // Timed out (permits taken so far go back as they drop), or the
+            // semaphore was closed (never done).
+            _ => Err(over),
+        }
+    }
+
+    /// Gives back `bytes` of what is held (a buffer the request freed).
+    pub fn shrink(&mut self, bytes: usize) {
+        let n = bytes.min(self.held);
+        if n == 0 {
+            return;
+        }
+        self.held -= n;
+        let inner = &self.budget.inner;
+        inner.all.add_permits(n);
+        if self.large {
+            inner.large.add_permits(n);
+        }
+        inner.in_flight.dec_by(n as i64);
+    }
+}
+
+impl Drop for MemoryGrant {
+    fn drop(&mut self) {
+        let held = self.held;
+        self.shrink(held);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn grants_are_bounded_and_given_back() {
+        let budget = MemoryBudget::new(8 << 20);
+        let mut a = budget.acquire(1000, DEFAULT_WAIT).await.unwrap();
+        assert_eq!(budget.in_flight(), 1000);
+        a.try_grow(24).unwrap();
+        assert_eq!(a.held(), 1024);
+        a.shrink(24);
+        assert_eq!(budget.in_flight(), 1000);
+        drop(a);
+        assert_eq!(budget.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn large_grants_leave_a_quarter_for_small_ones() {
+        let budget = MemoryBudget::new(8 << 20);
+        // Large requests take the 6 MiB they may have.
+        let big1 = budget.acquire(3 << 20, DEFAULT_WAIT).await.unwrap();
+        let big2 = budget.acquire(3 << 20, DEFAULT_WAIT).await.unwrap();
+        let err = budget
+            .acquire(2 << 20, Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        assert_eq!(err.wanted, 2 << 20);
+        assert!(err.to_string().contains("max_in_flight_bytes"), "{err}");
+        // Small ones still get the last quarter.
+        let small: Vec<_> = (0..2)
+            .map(|_| budget.grant())
+            .map(|mut g| {
+                g.try_grow(SMALL_REQUEST).unwrap();
+                g
+            })
+            .collect();
+        assert_eq!(budget.in_flight(), 8 << 20);
+        assert!(budget.grant().try_grow(1).is_err(), "the budget is spent");
+        // A small grant that grows large competes for the large share.
+        let mut growing = budget.grant();
+        drop(small);
+        growing.try_grow(SMALL_REQUEST).unwrap();
+        assert!(
+            growing.try_grow(1).is_err(),
+            "the large share is held by big1 and big2"
+        );
+        drop(big1);
+        growing.try_grow(1).unwrap();
+        drop((big2, growing));
+        assert_eq!(budget.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_grant_gets_memory_given_back_in_time() {
+        let budget = MemoryBudget::new(4 << 20);
+        let held = budget.acquire(3 << 20, DEFAULT_WAIT).await.unwrap();
+        let waiter = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.acquire(3 << 20, Duration::from_secs(5)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished());
+        drop(held);
+        let got = waiter.await.unwrap().unwrap();
+        assert_eq!(got.held(), 3 << 20);
+    }
+
+    #[test]
+    fn a_grant_larger_than_the_budget_fails_at_once() {
+        let budget = MemoryBudget::new(1 << 20);
+        let mut g = budget.grant();
+        assert!(g.try_grow(2 << 20).is_err());
+        assert_eq!(budget.in_flight(), 0);
+    }
+}

@@ -1,0 +1,299 @@
+//! Overload against the real binary: many concurrent large uploads (slow
+//! ones, and gzip bodies that inflate to many megabytes) while a small client
+//! keeps pushing. The collector's resident memory must stay under
+//! `service.limits.max_in_flight_bytes` plus a stated margin, every small push
+//! must succeed, and every large request that was refused must have got 429
+//! with `Retry-After` (never a reset, a 5xx or a hang).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Proflow, cpu_profile, gzip, ingest_query, metric_samples};
+
+/// The budget under test.
+const BUDGET: u64 = 64 << 20;
+/// What the process may hold beside the budget: its own baseline (~10 MiB),
+/// accepted profiles waiting in the exporter queue (bounded by its
+/// `max_bytes: 16MiB`), and allocator slack (freed blocks glibc keeps).
+const MARGIN: u64 = 64 << 20;
+
+/// A valid pprof profile of about `size` bytes (long function names).
+fn large_profile(size: usize) -> Vec<u8> {
+    let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+    b.sample_type("cpu", "nanoseconds");
+    let name_len = 200;
+    for i in 0..size / (name_len + 40) {
+        let name = format!("{i:0>width$}", width = name_len);
+        b.sample_root_first(["main", name.as_str()], vec![1]);
+    }
+    proflow_pipeline::pprof::encode(&b.build()).to_vec()
+}
+
+/// What one large upload ended with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    Status {
+        code: u16,
+        retry_after: bool,
+    },
+    /// The connection failed before a status line arrived.
+    Broken(String),
+}
+
+/// One upload the way curl sends large bodies: headers with
+/// `Expect: 100-continue`, the body only once the server asks for it, in
+/// chunks `delay` apart.
+fn upload(
+    addr: SocketAddr,
+    path: &str,
+    extra_headers: &str,
+    body: &[u8],
+    delay: Duration,
+) -> Outcome {
+    let broken = |what: &str, e: std::io::Error| Outcome::Broken(format!("{what}: {e}"));
+    let mut stream = match TcpStream::connect(addr) {
+        Ok(s) => s,
+        Err(e) => return broken("connect", e),
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/octet-stream\r\n{extra_headers}Content-Length: {}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if let Err(e) = stream.write_all(head.as_bytes()) {
+        return broken("write headers", e);
+    }
+    let mut reader = BufReader::new(match stream.try_clone() {
+        Ok(s) => s,
+        Err(e) => return broken("clone", e),
+    });
+    let mut status = read_status(&mut reader);
+    if matches!(status, Ok((100, _))) {
+        for chunk in body.chunks(1 << 20) {
+            if let Err(e) = stream.write_all(chunk) {
+                return broken("write body", e);
+            }
+            thread::sleep(delay);
+        }
+        status = read_status(&mut reader);
+    }
+    match status {
+        Ok((code, retry_after)) => Outcome::Status { code, retry_after },
+        Err(e) => broken("read response", e),
+    }
+}
+
+/// Reads one response head: its status and whether it had `Retry-After`.
+fn read_status(reader: &mut impl BufRead) -> std::io::Result<(u16, bool)> {
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let code = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not a status line: {line:?}")))?;
+    let mut retry_after = false;
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header)? == 0 || header == "\r\n" {
+            break;
+        }
+        retry_after |= header.to_ascii_lowercase().starts_with("retry-after:");
+    }
+    Ok((code, retry_after))
+}
+
+#[test]
+fn overload_is_refused_with_429_and_memory_stays_bounded() {
+    let proflow = Proflow::start(|ports, _| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\n    max_request_body_size: 16MiB\n    max_decompressed_size: 16MiB\n    read_timeout: 20s\nexporters:\n  nop:\n    sending_queue: {{max_bytes: 16MiB}}\nservice:\n  limits:\n    max_in_flight_bytes: 64MiB\n  telemetry:\n    address: {}\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [nop]}}\n",
+            ports.receiver, ports.telemetry
+        )
+    });
+    let addr = proflow.ports.receiver;
+    let big = Arc::new(large_profile(12 << 20));
+    let bomb = Arc::new(gzip(&big));
+    assert!(big.len() > 11 << 20 && bomb.len() < 4 << 20);
+    let idle_rss = proflow.rss_bytes();
+
+    let done = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = thread::spawn({
+        let (done, peak, pid) = (done.clone(), peak.clone(), proflow.pid());
+        move || {
+            while !done.load(Ordering::SeqCst) {
+                let status =
+                    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                let rss = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                    .map_or(0, |kib| kib * 1024);
+                peak.fetch_max(rss, Ordering::SeqCst);
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+    });
+
+    // Small pushes all through the overload, each expected to succeed.
+    let small = thread::spawn({
+        let done = done.clone();
+        let url = proflow.receiver_url(&ingest_query("small.app", Some("pprof")));
+        let http = common::http_client();
+        move || {
+            let body = gzip(&cpu_profile());
+            let mut statuses = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let status = http
+                    .post(&url)
+                    .body(body.clone())
+                    .send()
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0);
+                statuses.push(status);
+                thread::sleep(Duration::from_millis(25));
+            }
+            statuses
+        }
+    });
+
+    // 20 slow large uploads (12 MiB in 1 MiB steps 100 ms apart) and 10 fast
+    // gzip bodies that inflate to 12 MiB each, all at once.
+    let path = ingest_query("big.app", Some("pprof"));
+    let mut uploads = Vec::new();
+    for i in 0..30 {
+        let (big, bomb, path) = (big.clone(), bomb.clone(), path.clone());
+        uploads.push(thread::spawn(move || {
+            if i % 3 == 2 {
+                upload(
+                    addr,
+                    &path,
+                    "Content-Encoding: gzip\r\n",
+                    &bomb,
+                    Duration::ZERO,
+                )
+            } else {
+                upload(addr, &path, "", &big, Duration::from_millis(100))
+            }
+        }));
+    }
+    let started = Instant::now();
+    let outcomes: Vec<Outcome> = uploads.into_iter().map(|t| t.join().unwrap()).collect();
+    let overload_took = started.elapsed();
+    // Keep the small client going a moment after the storm.
+    thread::sleep(Duration::from_millis(300));
+    done.store(true, Ordering::SeqCst);
+    let small_statuses = small.join().unwrap();
+    sampler.join().unwrap();
+    let peak = peak.load(Ordering::SeqCst);
+
+    let accepted = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Status { code: 200, .. }))
+        .count();
+    let refused = outcomes
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                Outcome::Status {
+                    code: 429,
+                    retry_after: true
+                }
+            )
+        })
+        .count();
+    let report = format!(
+        "{accepted} accepted, {refused} refused in {overload_took:?}; RSS idle {} MiB, peak {} MiB; outcomes: {outcomes:?}",
+        idle_rss >> 20,
+        peak >> 20
+    );
+    eprintln!("overload: {report}");
+    assert_eq!(
+        accepted + refused,
+        outcomes.len(),
+        "every large upload got 200 or 429 with Retry-After: {report}"
+    );
+    assert!(
+        accepted >= 3,
+        "the budget admits some large uploads: {report}"
+    );
+    assert!(
+        refused >= 1,
+        "30 large uploads at once overload a 64 MiB budget: {report}"
+    );
+    assert!(
+        peak < BUDGET + MARGIN,
+        "peak RSS {} MiB must stay under the budget (64 MiB) + margin (64 MiB): {report}",
+        peak >> 20
+    );
+    assert!(
+        small_statuses.len() >= 10 && small_statuses.iter().all(|&s| s == 200),
+        "every small push is served during the overload: {small_statuses:?}"
+    );
+
+    let metrics = proflow.metrics();
+    let refused_metric: f64 = metric_samples(&metrics, "proflow_receiver_refused_requests_total")
+        .into_iter()
+        .filter(|(l, _)| l.get("reason").map(String::as_str) == Some("memory_limit"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(
+        refused_metric, refused as f64,
+        "each refusal is counted: {metrics}"
+    );
+    let in_flight = metric_samples(&metrics, "proflow_memory_in_flight_bytes");
+    assert_eq!(
+        in_flight.first().map(|(_, v)| *v),
+        Some(0.0),
+        "every grant was given back: {metrics}"
+    );
+}
+
+#[test]
+fn a_client_that_stops_sending_gets_408_and_its_memory_back() {
+    let proflow = Proflow::start(|ports, _| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\n    read_timeout: 1s\nexporters:\n  nop: {{}}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [nop]}}\n",
+            ports.receiver, ports.telemetry
+        )
+    });
+    let mut stream = TcpStream::connect(proflow.ports.receiver).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n",
+        ingest_query("slow.app", Some("pprof"))
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&[0u8; 100]).unwrap();
+    // ...and nothing more.
+    let started = Instant::now();
+    let (code, _) = read_status(&mut BufReader::new(stream)).expect("a response, not a hang");
+    assert_eq!(code, 408);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let metrics = proflow.metrics();
+    let timeouts: f64 = metric_samples(&metrics, "proflow_receiver_refused_requests_total")
+        .into_iter()
+        .filter(|(l, _)| l.get("reason").map(String::as_str) == Some("timeout"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(timeouts, 1.0, "{metrics}");
+    let in_flight = metric_samples(&metrics, "proflow_memory_in_flight_bytes");
+    assert_eq!(in_flight.first().map(|(_, v)| *v), Some(0.0), "{metrics}");
+    // The server still serves.
+    let reply = proflow.post(
+        &ingest_query("after.app", Some("pprof")),
+        &[],
+        gzip(&cpu_profile()),
+    );
+    assert_eq!(reply.status, 200);
+}
