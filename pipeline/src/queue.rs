@@ -261,7 +261,13 @@ enum Sent {
     Failed(String),
     /// These indexes failed (under this reason); the rest were delivered.
     Partial(Vec<usize>, String),
+    /// Shutdown stopped the send before it ended.
+    Abandoned,
 }
+
+/// How long an export attempt in progress may still take once shutdown's
+/// deadline has passed.
+pub const ABORT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One exporter's queue and the tasks that drain it.
 pub struct ExporterQueue {
@@ -505,6 +511,9 @@ impl ExporterQueue {
         } = taken;
         let profiles = batch.len();
         match sent {
+            // Not finished: it stays counted for the shutdown report, and
+            // dropping `acks` reports it abandoned.
+            Sent::Abandoned => return,
             Sent::All => {
                 self.telemetry.sent(profiles as u64, bytes as u64);
                 for (_, ack) in acks {
@@ -551,8 +560,9 @@ impl ExporterQueue {
     }
 
     /// Starts `num_consumers` tasks that export until the queue is closed and
-    /// drained, or `abort` is cancelled (then in-flight retries stop, and
-    /// what they held is reported abandoned).
+    /// drained, or `abort` is cancelled (then retries stop, an attempt in
+    /// progress gets [`ABORT_GRACE`], and what was not sent is reported
+    /// abandoned).
     pub fn spawn_consumers(
         self: &Arc<Self>,
         exporter: Arc<dyn Exporter>,
@@ -572,21 +582,22 @@ impl ExporterQueue {
                         let Some(taken) = taken else { break };
                         // A panicking exporter must not kill the consumer without
                         // finishing the batch: its queue would stay full forever.
-                        let send =
-                            std::panic::AssertUnwindSafe(q.send_with_retry(exporter.as_ref(), &taken.batch))
-                                .catch_unwind();
-                        let sent = tokio::select! {
-                            r = send => r.unwrap_or_else(|_| {
-                                tracing::error!(exporter = %q.id, profiles = taken.batch.len(), "the exporter panicked; dropping the batch");
-                                Sent::Failed("panic".to_owned())
-                            }),
-                            _ = abort.cancelled() => {
-                                // Leave the counters as they are: the shutdown report
-                                // counts this batch as not delivered, and dropping
-                                // `taken` reports its acks abandoned.
-                                break;
-                            }
-                        };
+                        let send = std::panic::AssertUnwindSafe(q.send_with_retry(
+                            exporter.as_ref(),
+                            &taken.batch,
+                            &abort,
+                        ))
+                        .catch_unwind();
+                        let sent = send.await.unwrap_or_else(|_| {
+                            tracing::error!(exporter = %q.id, profiles = taken.batch.len(), "the exporter panicked; dropping the batch");
+                            Sent::Failed("panic".to_owned())
+                        });
+                        if matches!(sent, Sent::Abandoned) {
+                            // Leave the counters as they are: the shutdown report
+                            // counts this batch as not delivered, and dropping
+                            // `taken` reports its acks abandoned.
+                            break;
+                        }
                         q.finish(taken, sent);
                     }
                 })
@@ -594,13 +605,31 @@ impl ExporterQueue {
             .collect()
     }
 
-    /// Exports with retry. Logs failures; the caller counts them.
-    async fn send_with_retry(&self, exporter: &dyn Exporter, batch: &ExportBatch) -> Sent {
+    /// Exports with retry. Logs failures; the caller counts them. Once
+    /// `abort` is cancelled, no new attempt starts and a retry wait ends at
+    /// once; an attempt in progress gets [`ABORT_GRACE`] to finish, so its
+    /// real outcome is counted (a file write, for one, completes anyway).
+    async fn send_with_retry(
+        &self,
+        exporter: &dyn Exporter,
+        batch: &ExportBatch,
+        abort: &CancellationToken,
+    ) -> Sent {
         let started = Instant::now();
         let mut wait = self.retry.initial_interval.get();
         loop {
+            if abort.is_cancelled() {
+                return Sent::Abandoned;
+            }
             let attempt = Instant::now();
-            let result = exporter.export(batch).await;
+            let grace_over = async {
+                abort.cancelled().await;
+                tokio::time::sleep(ABORT_GRACE).await;
+            };
+            let result = tokio::select! {
+                result = exporter.export(batch) => result,
+                _ = grace_over => return Sent::Abandoned,
+            };
             self.telemetry
                 .send_duration(attempt.elapsed().as_secs_f64());
             let err: ExportError = match result {
@@ -638,7 +667,10 @@ impl ExporterQueue {
             }
             tracing::debug!(exporter = %self.id, error = %err, ?delay, "export failed; retrying");
             self.telemetry.retried();
-            tokio::time::sleep(delay).await;
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = abort.cancelled() => return Sent::Abandoned,
+            }
             wait = std::cmp::min(
                 std::time::Duration::try_from_secs_f64(
                     wait.as_secs_f64() * self.retry.multiplier.max(1.0),

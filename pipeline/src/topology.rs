@@ -624,12 +624,12 @@ impl Running {
                 .await
                 .is_ok();
         if !drained {
-            // Deadline passed: stop every consumer where it is, and let each
-            // reach its next await point so the counts below are final.
+            // Deadline passed: stop every consumer (an export attempt in
+            // progress gets a short grace to end), so the counts below are final.
             self.abort.cancel();
             pending.retain(|t| !t.is_finished());
             let _ = tokio::time::timeout(
-                Duration::from_secs(1),
+                crate::queue::ABORT_GRACE + Duration::from_millis(500),
                 futures_util::future::join_all(&mut pending),
             )
             .await;

@@ -210,6 +210,29 @@ impl Proflow {
         let _ = self.child.wait();
     }
 
+    /// Sends SIGTERM and waits up to `timeout` for the process to exit;
+    /// returns its exit code (panics with the log if it does not exit).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM failed");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for proflow") {
+                return status.code();
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "proflow did not exit within {timeout:?} of SIGTERM\nlog:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The collector's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

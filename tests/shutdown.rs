@@ -1,0 +1,149 @@
+//! SIGTERM while clients push, against the real binary: every push answered
+//! 200 is written by the `file` exporter unless the log's undelivered count
+//! says otherwise, and that count is exact; nothing is written that was not
+//! accepted.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use common::{Proflow, cpu_profile, gzip, ingest_query, read_index};
+
+/// Pushes until the collector stops answering; returns the sequence numbers
+/// answered 200, and those whose request got no answer at all (cut off).
+fn pusher(
+    proflow_url: impl Fn(u64) -> String,
+    client: u64,
+    stop: Arc<AtomicBool>,
+) -> (Vec<u64>, Vec<u64>) {
+    let http = common::http_client();
+    let body = gzip(&cpu_profile());
+    let (mut ok, mut unanswered) = (Vec::new(), Vec::new());
+    for i in 0.. {
+        let seq = client * 1_000_000 + i;
+        match http.post(proflow_url(seq)).body(body.clone()).send() {
+            Ok(r) if r.status().as_u16() == 200 => ok.push(seq),
+            Ok(r) => {
+                // 503 while stopping, then connection refused: done.
+                assert!(
+                    matches!(r.status().as_u16(), 503 | 429),
+                    "unexpected status {}",
+                    r.status()
+                );
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+            Err(e) => {
+                if e.is_connect() {
+                    break;
+                }
+                unanswered.push(seq);
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+        }
+    }
+    (ok, unanswered)
+}
+
+/// The undelivered count the collector logged when it stopped.
+fn logged_undelivered(log: &str) -> Option<usize> {
+    if log.contains("every accepted profile was delivered") {
+        return Some(0);
+    }
+    let line = log
+        .lines()
+        .find(|l| l.contains("profile(s) not delivered"))?;
+    let rest = &line[line.find("stopped with ")? + "stopped with ".len()..];
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn sigterm_while_clients_push_drains_everything_in_time() {
+    let undelivered = sigterm_while_pushing("fsync: false", "10s");
+    assert_eq!(undelivered, 0, "a 10 s drain is plenty for a fast exporter");
+}
+
+#[test]
+fn sigterm_with_a_backlog_reports_exactly_what_was_left() {
+    // One consumer that fsyncs every file and batch, and a drain far too
+    // short for the backlog four fast clients build.
+    let undelivered = sigterm_while_pushing("fsync: true", "1ms");
+    assert!(undelivered > 0, "a backlog was left and reported");
+}
+
+/// Pushes from four clients, sends SIGTERM, and checks the accounting;
+/// returns the undelivered count the log reported.
+fn sigterm_while_pushing(fsync: &str, shutdown_timeout: &str) -> usize {
+    let mut proflow = Proflow::start(|ports, profiles| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\nexporters:\n  file:\n    directory: {}\n    {fsync}\n    sending_queue: {{queue_size: 100000, num_consumers: 1, batch: {{max_profiles: 20}}}}\nservice:\n  shutdown_timeout: {shutdown_timeout}\n  telemetry:\n    address: {}\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [file]}}\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry
+        )
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (1..=4)
+        .map(|c| {
+            let base = proflow.receiver_url("");
+            let stop = stop.clone();
+            thread::spawn(move || {
+                pusher(
+                    move |seq| {
+                        format!(
+                            "{base}{}",
+                            ingest_query(&format!("sig.app{{seq={seq}}}"), Some("pprof"))
+                        )
+                    },
+                    c,
+                    stop,
+                )
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::SeqCst);
+    let code = proflow.terminate(Duration::from_secs(30));
+    let mut ok = BTreeSet::new();
+    let mut unanswered = BTreeSet::new();
+    for c in clients {
+        let (o, u) = c.join().unwrap();
+        ok.extend(o);
+        unanswered.extend(u);
+    }
+    let log = proflow.log_text();
+    assert_eq!(code, Some(0), "clean exit after SIGTERM\nlog:\n{log}");
+    let undelivered = logged_undelivered(&log)
+        .unwrap_or_else(|| panic!("the log states what was not delivered\n{log}"));
+    let written: BTreeSet<u64> = read_index(&proflow.profiles)
+        .iter()
+        .filter(|e| e.path.is_file())
+        .filter_map(|e| e.label("seq").and_then(|s| s.parse().ok()))
+        .collect();
+    let missing: Vec<_> = ok.difference(&written).collect();
+    let extra: Vec<_> = written
+        .difference(&ok)
+        .filter(|s| !unanswered.contains(s))
+        .collect();
+    eprintln!(
+        "shutdown: {} answered 200, {} written, {} unanswered, {undelivered} reported undelivered",
+        ok.len(),
+        written.len(),
+        unanswered.len()
+    );
+    assert!(ok.len() > 100, "the clients pushed for real: {}", ok.len());
+    assert!(extra.is_empty(), "written but never accepted: {extra:?}");
+    assert_eq!(
+        missing.len(),
+        undelivered,
+        "the log's undelivered count is exact: answered 200 but not written: {missing:?}\nlog:\n{log}"
+    );
+    undelivered
+}
