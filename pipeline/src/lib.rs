@@ -1,7 +1,8 @@
 //! proflow's core: the profile [`model`] (envelope, labels, lazily decoded
 //! payload), the pprof messages ([`pprof`]), the component traits
 //! ([`component`]), exporter queues with retry ([`queue`]), the running graph
-//! ([`topology`]) and self-telemetry ([`telemetry`]).
+//! ([`topology`]) and self-telemetry ([`telemetry`]), plus the protobuf wire
+//! walker ([`wire`]) that bounds untrusted messages before they are decoded.
 //!
 //! Only this crate knows how data moves between components. It depends on
 //! `proflow-config` for config values; components depend on it, never the reverse.
@@ -16,3 +17,4 @@ pub mod telemetry;
 #[doc(hidden)]
 pub mod testdata;
 pub mod topology;
+pub mod wire;

@@ -6,10 +6,12 @@
 
 use std::io::Read;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use prost::Message;
+
+use crate::wire::{self, Value, WireError};
 
 /// A pprof profile: the decoded form of a payload.
 #[derive(Clone, PartialEq, Message)]
@@ -176,6 +178,12 @@ pub enum DecodeError {
     TooManyElements { what: &'static str, limit: usize },
 }
 
+impl From<WireError> for DecodeError {
+    fn from(e: WireError) -> Self {
+        DecodeError::Protobuf(e.to_string())
+    }
+}
+
 /// Default cap for decompressed profiles when no component set one.
 pub const DEFAULT_MAX_DECOMPRESSED: usize = 64 << 20;
 
@@ -298,13 +306,13 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
     let mut elements = 0usize;
     walk_fields(buf, |tag, field| {
         match field {
-            Field::Varint(v) => match tag {
+            Value::Varint(v) => match tag {
                 9 => meta.time_nanos = v as i64,
                 10 => meta.duration_nanos = v as i64,
                 12 => meta.period = v as i64,
                 _ => {}
             },
-            Field::Bytes(bytes) => match tag {
+            Value::Bytes(bytes) => match tag {
                 1 => {
                     if sample_types.len() == MAX_SAMPLE_TYPES {
                         return Err(DecodeError::TooManyElements {
@@ -330,7 +338,7 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
                 // Packed repeated int64 comment (13) and unknown fields are skipped.
                 _ => {}
             },
-            Field::Fixed => {}
+            Value::Fixed64(_) | Value::Fixed32(_) => {}
         }
         Ok(())
     })?;
@@ -347,7 +355,7 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
     let mut found: Vec<(i64, String)> = Vec::with_capacity(wanted.len());
     let mut index = 0i64;
     walk_fields(buf, |tag, field| {
-        if let (6, Field::Bytes(bytes)) = (tag, field) {
+        if let (6, Value::Bytes(bytes)) = (tag, field) {
             if wanted.contains(&index) && !found.iter().any(|(i, _)| *i == index) {
                 let text = std::str::from_utf8(bytes)
                     .map_err(|_| bad("string table entry is not UTF-8"))?;
@@ -373,77 +381,34 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
     Ok(meta)
 }
 
-/// A top-level protobuf field as [`walk_fields`] sees it.
-enum Field<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-    Fixed,
-}
-
-/// Calls `f` with each top-level field of a protobuf message, checking the
-/// wire format as it goes (tag 0, bad wire types, lengths past the end).
+/// Calls `f` with each top-level field of a protobuf message; the wire walk
+/// checks the framing as it goes (tag 0, bad wire types, lengths past the end).
 fn walk_fields<'a>(
-    mut buf: &'a [u8],
-    mut f: impl FnMut(u64, Field<'a>) -> Result<(), DecodeError>,
+    buf: &'a [u8],
+    mut f: impl FnMut(u32, Value<'a>) -> Result<(), DecodeError>,
 ) -> Result<(), DecodeError> {
-    let bad = |what: &str| DecodeError::Protobuf(what.to_string());
-    while buf.has_remaining() {
-        let key = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
-        let tag = key >> 3;
-        let wire = key & 7;
-        if tag == 0 {
-            return Err(bad("field number 0 is invalid"));
-        }
-        let field = match wire {
-            0 => Field::Varint(
-                prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?,
-            ),
-            1 | 5 => {
-                let n = if wire == 1 { 8 } else { 4 };
-                if buf.len() < n {
-                    return Err(bad("truncated fixed-size field"));
-                }
-                buf.advance(n);
-                Field::Fixed
-            }
-            2 => {
-                let len =
-                    prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
-                let len = usize::try_from(len).map_err(|_| bad("length overflows"))?;
-                if len > buf.len() {
-                    return Err(bad("field length runs past the end of the message"));
-                }
-                let (field, rest) = buf.split_at(len);
-                buf = rest;
-                Field::Bytes(field)
-            }
-            _ => return Err(bad(&format!("invalid wire type {wire} for field {tag}"))),
-        };
-        f(tag, field)?;
+    for field in wire::fields(buf) {
+        let (tag, value) = field?;
+        f(tag, value)?;
     }
     Ok(())
 }
 
-fn scan_value_type(mut buf: &[u8]) -> Result<(i64, i64), DecodeError> {
-    let bad = |what: &str| DecodeError::Protobuf(what.to_string());
+fn scan_value_type(buf: &[u8]) -> Result<(i64, i64), DecodeError> {
     let (mut t, mut u) = (0i64, 0i64);
-    while buf.has_remaining() {
-        let key = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
-        match (key >> 3, key & 7) {
-            (1, 0) => {
-                t = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?
-                    as i64
+    walk_fields(buf, |tag, value| {
+        match (tag, value) {
+            (1, Value::Varint(v)) => t = v as i64,
+            (2, Value::Varint(v)) => u = v as i64,
+            (_, Value::Varint(_)) => {}
+            _ => {
+                return Err(DecodeError::Protobuf(
+                    "unexpected field in ValueType".to_owned(),
+                ));
             }
-            (2, 0) => {
-                u = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?
-                    as i64
-            }
-            (_, 0) => {
-                prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
-            }
-            _ => return Err(bad("unexpected field in ValueType")),
         }
-    }
+        Ok(())
+    })?;
     Ok((t, u))
 }
 

@@ -12,11 +12,12 @@ use std::cell::Cell;
 use std::fmt;
 
 use base64::Engine;
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use proflow_pipeline::model::{
     Batch, Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL, ValueType,
 };
 use proflow_pipeline::pprof::{self, Metadata};
+use proflow_pipeline::wire;
 use prost::Message;
 use serde::Deserialize;
 use serde::de::{self, SeqAccess, Visitor};
@@ -203,45 +204,15 @@ fn malformed_proto(detail: impl fmt::Display) -> IngestError {
 }
 
 /// Calls `f` with the field number and contents of every length-delimited
-/// field of one message; other fields are skipped. Groups (wire types 3 and
-/// 4, long deprecated and absent from this API) are refused.
+/// field of one message; other fields are skipped. The wire walk refuses bad
+/// framing, groups included (long deprecated and absent from this API).
 fn walk_wire<'a>(
-    mut buf: &'a [u8],
-    mut f: impl FnMut(u64, &'a [u8]) -> Result<(), IngestError>,
+    buf: &'a [u8],
+    mut f: impl FnMut(u32, &'a [u8]) -> Result<(), IngestError>,
 ) -> Result<(), IngestError> {
-    use prost::encoding::decode_varint;
-    while buf.has_remaining() {
-        let key = decode_varint(&mut buf).map_err(malformed_proto)?;
-        let (tag, wire) = (key >> 3, key & 7);
-        if tag == 0 {
-            return Err(malformed_proto("field number 0"));
-        }
-        match wire {
-            0 => {
-                decode_varint(&mut buf).map_err(malformed_proto)?;
-            }
-            1 | 5 => {
-                let n = if wire == 1 { 8 } else { 4 };
-                if buf.len() < n {
-                    return Err(malformed_proto("truncated fixed-size field"));
-                }
-                buf.advance(n);
-            }
-            2 => {
-                let len = decode_varint(&mut buf).map_err(malformed_proto)?;
-                let len = usize::try_from(len)
-                    .ok()
-                    .filter(|&len| len <= buf.len())
-                    .ok_or_else(|| malformed_proto("field length runs past the end"))?;
-                let (field, rest) = buf.split_at(len);
-                buf = rest;
-                f(tag, field)?;
-            }
-            _ => {
-                return Err(malformed_proto(format_args!(
-                    "unsupported wire type {wire} for field {tag}"
-                )));
-            }
+    for field in wire::fields(buf) {
+        if let (tag, wire::Value::Bytes(bytes)) = field.map_err(malformed_proto)? {
+            f(tag, bytes)?;
         }
     }
     Ok(())
