@@ -1,5 +1,6 @@
 //! proflow's core: the profile [`model`] (envelope, labels, lazily decoded
-//! payload), the pprof messages ([`pprof`]), the component traits
+//! payload), the pprof messages ([`pprof`]), Pyroscope's push messages
+//! ([`push_v1`]), the component traits
 //! ([`component`]), exporter queues with retry ([`queue`]), the running graph
 //! ([`topology`]) and self-telemetry ([`telemetry`]), plus the protobuf wire
 //! walker ([`wire`]) that bounds untrusted messages before they are decoded.
@@ -10,6 +11,7 @@
 pub mod component;
 pub mod model;
 pub mod pprof;
+pub mod push_v1;
 pub mod queue;
 pub mod registry;
 pub mod relabel;

@@ -19,10 +19,9 @@ use proflow_pipeline::component::{
 };
 use proflow_pipeline::model::{Batch, ValueType};
 use proflow_pipeline::pprof::{self, ProfileBuilder};
+use proflow_pipeline::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
 use proflow_pipeline::telemetry::Telemetry;
-use proflow_receivers::pprof_push::{
-    LabelPair, PprofPushConfig, PushRequest, RawProfileSeries, RawSample,
-};
+use proflow_receivers::pprof_push::PprofPushConfig;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;

@@ -818,55 +818,19 @@ pub fn now_nanos() -> i64 {
         .unwrap_or(0)
 }
 
-/// Pyroscope's push messages (`push.v1.PushRequest` and what it holds), as the
-/// Connect endpoint `/push.v1.PusherService/Push` takes them.
+/// Pyroscope's push messages as the Connect endpoint
+/// `/push.v1.PusherService/Push` takes them: the pipeline's own definitions.
 pub mod push {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct PushRequest {
-        #[prost(message, repeated, tag = "1")]
-        pub series: Vec<RawProfileSeries>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RawProfileSeries {
-        #[prost(message, repeated, tag = "1")]
-        pub labels: Vec<LabelPair>,
-        #[prost(message, repeated, tag = "2")]
-        pub samples: Vec<RawSample>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LabelPair {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(string, tag = "2")]
-        pub value: String,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RawSample {
-        #[prost(bytes = "vec", tag = "1")]
-        pub raw_profile: Vec<u8>,
-        #[prost(string, tag = "2")]
-        pub id: String,
-    }
+    pub use proflow_pipeline::push_v1::PushRequest;
+    use proflow_pipeline::push_v1::RawProfileSeries;
 
     /// One series with `labels` and one sample of `raw_profile`.
     pub fn request(labels: &[(&str, &str)], raw_profile: Vec<u8>) -> PushRequest {
         PushRequest {
-            series: vec![RawProfileSeries {
-                labels: labels
-                    .iter()
-                    .map(|(k, v)| LabelPair {
-                        name: (*k).to_owned(),
-                        value: (*v).to_owned(),
-                    })
-                    .collect(),
-                samples: vec![RawSample {
-                    raw_profile,
-                    id: String::new(),
-                }],
-            }],
+            series: vec![RawProfileSeries::new(
+                labels.iter().copied(),
+                [raw_profile.into()],
+            )],
         }
     }
 }

@@ -1,9 +1,7 @@
 //! `POST /push.v1.PusherService/Push`: Pyroscope's Connect unary push API.
 //!
-//! The messages are written here from their field numbers (shared/formats.md):
-//! PushRequest{series=1}, RawProfileSeries{labels=1, samples=2},
-//! RawSample{raw_profile=1, ID=2}, LabelPair{name=1, value=2}. Connect carries
-//! them as binary protobuf (`application/proto`) or proto3 JSON
+//! The messages are [`proflow_pipeline::push_v1`]'s. Connect carries them as
+//! binary protobuf (`application/proto`) or proto3 JSON
 //! (`application/json`: camelCase names, original names also accepted, bytes
 //! in base64, `null` meaning the default), optionally gzip-compressed
 //! (`Content-Encoding: gzip`, as pyroscope-rs sends).
@@ -17,6 +15,9 @@ use proflow_pipeline::model::{
     Batch, Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL, ValueType,
 };
 use proflow_pipeline::pprof::{self, Metadata};
+use proflow_pipeline::push_v1::{
+    LabelPair, PushRequest, PushResponse, RawProfileSeries, RawSample,
+};
 use proflow_pipeline::wire;
 use prost::Message;
 use serde::Deserialize;
@@ -26,46 +27,6 @@ use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
 use super::labels::{LabelsBuilder, MAX_LABELS_PER_SERIES, UNKNOWN_SERVICE};
 use super::profile_type::profile_name_from_sample_types;
-
-/// `push.v1.PushRequest`.
-#[derive(Clone, PartialEq, Message)]
-pub struct PushRequest {
-    #[prost(message, repeated, tag = "1")]
-    pub series: Vec<RawProfileSeries>,
-}
-
-/// `push.v1.PushResponse`: empty.
-#[derive(Clone, PartialEq, Message)]
-pub struct PushResponse {}
-
-/// `push.v1.RawProfileSeries`: one label set and its profiles.
-#[derive(Clone, PartialEq, Message)]
-pub struct RawProfileSeries {
-    #[prost(message, repeated, tag = "1")]
-    pub labels: Vec<LabelPair>,
-    #[prost(message, repeated, tag = "2")]
-    pub samples: Vec<RawSample>,
-}
-
-/// `push.v1.RawSample`: one pprof profile, plain or gzipped.
-#[derive(Clone, PartialEq, Message)]
-pub struct RawSample {
-    /// Decoded from a `Bytes` buffer this shares the request's memory.
-    #[prost(bytes = "bytes", tag = "1")]
-    pub raw_profile: Bytes,
-    /// A client-chosen id (pyroscope-rs sends a UUID).
-    #[prost(string, tag = "2")]
-    pub id: String,
-}
-
-/// `types.v1.LabelPair`.
-#[derive(Clone, PartialEq, Message)]
-pub struct LabelPair {
-    #[prost(string, tag = "1")]
-    pub name: String,
-    #[prost(string, tag = "2")]
-    pub value: String,
-}
 
 /// How the message is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
