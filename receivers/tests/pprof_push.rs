@@ -539,6 +539,13 @@ async fn bad_input_gets_4xx_json_and_the_server_keeps_serving() {
     let bomb = gzip(&vec![0u8; 4 << 20]);
     assert!(bomb.len() < 64 << 10, "the bomb fits the request limit");
     let too_big = vec![b'a'; (64 << 10) + 1];
+    // 60,000 samples with one empty label each: 240 KB that would decode to
+    // 12 MB, over 32 times its size.
+    let decodes_too_large = [0x12, 0x02, 0x1a, 0x00].repeat(60_000);
+    let decoded_limit = format!(
+        "once decoded, more than its limit of {} bytes",
+        pprof::decoded_budget(decodes_too_large.len())
+    );
     let push = "/push.v1.PusherService/Push";
     let proto = ("content-type", "application/proto");
     // method, path, headers, body, status, Connect code, a word the message has.
@@ -650,6 +657,15 @@ async fn bad_input_gets_4xx_json_and_the_server_keeps_serving() {
             400,
             "invalid_argument",
             "pprof",
+        ),
+        (
+            "POST",
+            "/ingest?name=a&format=pprof",
+            vec![],
+            gzip(&decodes_too_large),
+            400,
+            "invalid_argument",
+            &decoded_limit,
         ),
         (
             "POST",

@@ -820,6 +820,26 @@ mod tests {
     }
 
     #[test]
+    fn profiles_that_would_decode_too_large_are_refused() {
+        // Samples with one empty label each decode to some 50 times their size.
+        let crafted = Bytes::from([0x12, 0x02, 0x1a, 0x00].repeat(100_000));
+        let err = to_batch(
+            request(&[], vec![pprof::gzip(&crafted)]),
+            &mut DecompressBudget::new(1 << 20),
+            0,
+        )
+        .unwrap_err();
+        assert_eq!(err.error.status(), axum::http::StatusCode::BAD_REQUEST);
+        let message = err.error.to_string();
+        assert!(message.starts_with("series 0 profile 0: "), "{message}");
+        let limit = pprof::decoded_budget(crafted.len());
+        assert!(
+            message.contains(&format!("more than its limit of {limit} bytes")),
+            "{message}"
+        );
+    }
+
+    #[test]
     fn profiles_share_the_request_budget() {
         let raw = pprof::gzip(&cpu_profile(T));
         let plain = pprof::scan_metadata(&raw, 1 << 20).unwrap().plain_size;
