@@ -5,10 +5,13 @@
 //!
 //! Every spawned process is killed when its guard is dropped. Waits are bounded.
 //! A missing peer fails the test; only `PROFLOW_SKIP_PEERS=1` outside CI turns
-//! that into a loud skip.
+//! that into a skip, shown and recorded by [`peer_skip`].
 
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
+
+#[path = "../peer_skip/mod.rs"]
+pub mod peer_skip;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -535,22 +538,13 @@ pub fn run_bounded(cmd: &mut Command, log: &Path, timeout: Duration) -> (ExitSta
 }
 
 /// Reports a peer that is not available: fails under CI and by default; skips
-/// loudly (returns `None`) only when `PROFLOW_SKIP_PEERS=1` outside CI.
+/// visibly (returns `None`) only when `PROFLOW_SKIP_PEERS=1` outside CI. See
+/// [`peer_skip`].
 pub fn missing_peer<T>(what: &str) -> Option<T> {
-    if std::env::var_os("CI").is_some() {
-        panic!("{what}\n(CI is set: a missing peer is a failure)");
-    }
-    if std::env::var("PROFLOW_SKIP_PEERS").as_deref() == Ok("1") {
-        eprintln!();
-        eprintln!("################################################################");
-        eprintln!("## SKIPPED (PROFLOW_SKIP_PEERS=1): {what}");
-        eprintln!("################################################################");
-        eprintln!();
-        return None;
-    }
-    panic!(
-        "{what}\nInstall the peers (tests/peers/install-clients) or, to skip tests that need them locally, set PROFLOW_SKIP_PEERS=1."
-    );
+    peer_skip::unavailable(
+        what,
+        "Install the peers with tests/peers/install-clients (scripts/test does).",
+    )
 }
 
 /// The Python with `pyroscope-io`: `PROFLOW_PYTHON`, else what
