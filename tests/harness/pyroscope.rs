@@ -1,14 +1,14 @@
-//! Smoke test of the real Grafana Pyroscope peer: push a pprof built in Rust
-//! through Pyroscope's Connect push API, then find its function again through
+//! The real Grafana Pyroscope peer: push a pprof built in Rust through
+//! Pyroscope's Connect push API, then find its function again through
 //! `/querier.v1.QuerierService/SelectMergeStacktraces`.
-
-mod peer_env;
 
 use std::time::Duration;
 
 use proflow_pipeline::pprof::{self, ProfileBuilder};
 use proflow_pipeline::push_v1::{PushRequest, RawProfileSeries};
 use prost::Message;
+
+use crate::peer_env;
 
 #[test]
 fn pushed_pprof_is_found_by_select_merge_stacktraces() {
