@@ -233,3 +233,28 @@ async fn wait_for_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The registry holds exactly the components whose features this build
+    /// has, named `<kind>-<type>` like the features.
+    #[test]
+    fn registry_lists_exactly_the_compiled_components() {
+        let compiled: Vec<String> = super::registry()
+            .iter()
+            .map(|f| format!("{}-{}", f.kind, f.type_name))
+            .collect();
+        let features = [
+            (cfg!(feature = "receiver-pprof_push"), "receiver-pprof_push"),
+            (cfg!(feature = "processor-relabel"), "processor-relabel"),
+            (cfg!(feature = "exporter-file"), "exporter-file"),
+            (cfg!(feature = "exporter-nop"), "exporter-nop"),
+        ];
+        let enabled: Vec<&str> = features
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, name)| *name)
+            .collect();
+        assert_eq!(compiled, enabled);
+    }
+}

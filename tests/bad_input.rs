@@ -117,6 +117,20 @@ fn malformed_connect_push_request() {
 }
 
 #[test]
+fn profile_that_would_decode_too_large() {
+    // 200,000 samples with one empty label each: 800 KB that would decode to
+    // some 44 MB, over 32 times its size.
+    let body = common::gzip(&[0x12, 0x02, 0x1a, 0x00].repeat(200_000));
+    refused_then_served(
+        "profile over its decoded-size budget",
+        pprof_query,
+        &OCTET,
+        body,
+        BAD_REQUEST,
+    );
+}
+
+#[test]
 fn corrupt_gzip() {
     let mut body = common::gzip(&common::cpu_profile());
     // Keep the gzip header, garble the deflate stream and the trailer.

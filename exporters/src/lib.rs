@@ -6,23 +6,39 @@
 //! This crate depends only on `proflow-pipeline` and `proflow-config`, never on
 //! another component crate: exporters are driven by the pipeline's queue and
 //! implement nothing but [`Exporter::export`](proflow_pipeline::component::Exporter::export).
+//!
+//! Each exporter is behind a Cargo feature named after its config type
+//! (`file`, `nop`), all on by default. Its own dependencies are optional and
+//! enabled by that feature only, so a build without the exporter does not
+//! compile them: a Kafka exporter brings `rdkafka` behind `kafka`, an OTLP one
+//! `tonic` behind `otlp`. [`factories`] lists only what was compiled; the
+//! `proflow` binary forwards each feature as `exporter-<type>`.
 
+// The errors of exporters that touch files and encode data; `nop` has none.
+#[cfg(feature = "file")]
 mod error;
+#[cfg(feature = "file")]
 pub mod file;
+#[cfg(feature = "nop")]
 pub mod nop;
 
+#[cfg(feature = "file")]
 pub use error::Error;
 
-use proflow_pipeline::registry::{Factory, Stability};
+use proflow_pipeline::registry::Factory;
+#[cfg(any(feature = "file", feature = "nop"))]
+use proflow_pipeline::registry::Stability;
 
-/// The exporter types of this crate, for the binary's registry.
+/// The exporter types compiled into this crate, for the binary's registry.
 pub fn factories() -> Vec<Factory> {
     vec![
+        #[cfg(feature = "file")]
         Factory::exporter::<file::FileExporterConfig>(
             "file",
             Stability::Alpha,
             "Writes profiles as gzip pprof or folded stacks under a local directory, with a JSON-lines index and size/age retention.",
         ),
+        #[cfg(feature = "nop")]
         Factory::exporter::<nop::NopExporterConfig>(
             "nop",
             Stability::Stable,

@@ -1,9 +1,10 @@
 //! proflow's core: the profile [`model`] (envelope, labels, lazily decoded
 //! payload, batches), delivery acknowledgement ([`delivery`]), the pprof
-//! messages ([`pprof`]), the component traits
-//! ([`component`]), the in-flight memory budget ([`memory`]), exporter queues
-//! with retry ([`queue`]), the running graph
-//! ([`topology`]) and self-telemetry ([`telemetry`]).
+//! messages ([`pprof`]), Pyroscope's push messages ([`push_v1`]), the
+//! component traits ([`component`]), the in-flight memory budget
+//! ([`memory`]), exporter queues with retry ([`queue`]), the running graph
+//! ([`topology`]) and self-telemetry ([`telemetry`]), plus the protobuf wire
+//! walker ([`wire`]) that bounds untrusted messages before they are decoded.
 //!
 //! Only this crate knows how data moves between components. It depends on
 //! `proflow-config` for config values; components depend on it, never the reverse.
@@ -13,6 +14,7 @@ pub mod delivery;
 pub mod memory;
 pub mod model;
 pub mod pprof;
+pub mod push_v1;
 pub mod queue;
 pub mod registry;
 pub mod relabel;
@@ -20,3 +22,4 @@ pub mod telemetry;
 #[doc(hidden)]
 pub mod testdata;
 pub mod topology;
+pub mod wire;

@@ -2,14 +2,18 @@
 //! shared/formats.md, plus bounded decoding, encoding and a cheap metadata scan.
 //!
 //! Decoding untrusted bytes always goes through [`decode`] (or [`scan_metadata`]),
-//! which cap the decompressed size before allocating anything sized by input.
+//! which cap the decompressed size, the element counts and the estimated heap
+//! of the decoded profile ([`decoded_budget`]) before allocating anything
+//! sized by input.
 
 use std::io::Read;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use prost::Message;
+
+use crate::wire::{self, Value, WireError};
 
 /// A pprof profile: the decoded form of a payload.
 #[derive(Clone, PartialEq, Message)]
@@ -174,6 +178,18 @@ pub enum DecodeError {
     Protobuf(String),
     #[error("the profile has more than {limit} {what}; send smaller profiles (split them by time)")]
     TooManyElements { what: &'static str, limit: usize },
+    /// The scan's estimate of the decoded heap ([`Metadata::decoded_size`])
+    /// exceeds [`decoded_budget`].
+    #[error(
+        "the profile would take about {estimate} bytes of memory once decoded, more than its limit of {limit} bytes ({MAX_DECODED_BYTES_PER_BYTE} times its plain size, at most {MAX_DECODED_SIZE}): it holds too many samples, labels, location ids, values, lines or strings; send smaller profiles (split them by time)"
+    )]
+    DecodedTooLarge { estimate: usize, limit: usize },
+}
+
+impl From<WireError> for DecodeError {
+    fn from(e: WireError) -> Self {
+        DecodeError::Protobuf(e.to_string())
+    }
 }
 
 /// Default cap for decompressed profiles when no component set one.
@@ -212,7 +228,9 @@ pub fn gunzip_into(bytes: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), 
     Ok(())
 }
 
-/// Decodes a (possibly gzipped) pprof payload with a cap on the decompressed size.
+/// Decodes a (possibly gzipped) pprof payload with a cap on the decompressed
+/// size. The scan runs first, so a profile that would decode to more than its
+/// [`decoded_budget`] is refused before prost allocates anything.
 pub fn decode(bytes: &Bytes, limit: usize) -> Result<Profile, DecodeError> {
     let plain = decompress(bytes, limit)?;
     // The scan bounds how many structs decoding creates before prost allocates them.
@@ -249,6 +267,10 @@ pub struct Metadata {
     /// Size of the plain (decompressed) protobuf.
     pub plain_size: usize,
     pub sample_count: usize,
+    /// The heap [`decode`] would allocate for this profile, estimated from the
+    /// wire (see [`MAX_DECODED_BYTES_PER_BYTE`]); an upper bound of what the
+    /// decoded [`Profile`] holds.
+    pub decoded_size: usize,
 }
 
 thread_local! {
@@ -256,8 +278,9 @@ thread_local! {
 }
 
 /// Reads sample types, period and times from a (possibly gzipped) pprof payload
-/// while skipping samples, locations and functions. Also checks that the
-/// top-level protobuf structure is well formed. Cheap compared to [`decode`].
+/// while counting, not decoding, samples, locations and the rest. Checks the
+/// protobuf framing of the profile and of its samples and locations, the
+/// element caps and the [`decoded_budget`]. Cheap compared to [`decode`].
 pub fn scan_metadata(bytes: &[u8], limit: usize) -> Result<Metadata, DecodeError> {
     if is_gzip(bytes) {
         SCAN_BUF.with(|buf| {
@@ -281,11 +304,143 @@ pub fn scan_metadata(bytes: &[u8], limit: usize) -> Result<Metadata, DecodeError
 /// Most sample types a profile may have (real profiles have one to four).
 pub const MAX_SAMPLE_TYPES: usize = 64;
 /// Most samples, locations, functions, mappings and strings a profile may
-/// have together. Decoding multiplies a 2-byte empty entry into a 48-72 byte
-/// struct, so this, not the byte size alone, bounds decoded memory (about
-/// 72 MB at most). Real profiles stay far below it (a large Go heap profile
-/// has some 100,000).
+/// have together. Real profiles stay far below it (a large Go heap profile
+/// has some 100,000). What they decode to is bounded by
+/// [`MAX_DECODED_BYTES_PER_BYTE`].
 pub const MAX_PROFILE_ELEMENTS: usize = 1_000_000;
+
+/// Most heap a decoded profile may take per byte of its plain protobuf, as
+/// the scan estimates it ([`Metadata::decoded_size`]) before anything is
+/// decoded. Decoding amplifies: every repeated element becomes a struct, a
+/// `Vec` holds at least 4 elements and, grown push by push, up to twice its
+/// length. Per wire byte: an empty Sample (2 bytes) becomes a 72-byte struct,
+/// 36 to 72 bytes per byte with slack; a sample with one empty label (4
+/// bytes) 200 bytes; a location with one empty line (4 bytes) 152; an empty
+/// Label or Line inside a sample or location (2 bytes) 32 or 24, so 12 to 32
+/// per byte; a 1-byte varint of a packed `location_id`, `value` or `comment`
+/// an 8-byte integer, 8 to 16 per byte. Real profiles (Go heap and CPU, Java
+/// through JFR, .NET, fgprof) decode to 4 to 13 bytes per byte, profiles of
+/// one-frame stacks up to about 21 with slack, so this refuses only crafted
+/// shapes. Shapes that amplify no more than real profiles do (labels, packed
+/// varints) are bounded by [`MAX_DECODED_SIZE`].
+pub const MAX_DECODED_BYTES_PER_BYTE: usize = 32;
+
+/// Most heap any decoded profile may take, whatever its size: a profile of
+/// the default `max_decompressed_size` (64 MiB) decoding at 8 bytes per byte,
+/// as real Go heap profiles do (Pyroscope's 43 MB test profile decodes to
+/// 347 MB).
+pub const MAX_DECODED_SIZE: usize = 512 << 20;
+
+/// The budget below which any profile may decode, whatever its ratio: tiny
+/// profiles carry more `Vec` slack per byte and are harmless.
+pub const MIN_DECODED_BUDGET: usize = 1 << 20;
+
+/// The decoded-size budget of a profile of `plain_size` bytes:
+/// [`MAX_DECODED_BYTES_PER_BYTE`] times its size, at least
+/// [`MIN_DECODED_BUDGET`] and at most [`MAX_DECODED_SIZE`]. It bounds what
+/// the decoded profile holds; while decoding, a `Vec` being regrown briefly
+/// holds its old and new buffers.
+pub fn decoded_budget(plain_size: usize) -> usize {
+    plain_size
+        .saturating_mul(MAX_DECODED_BYTES_PER_BYTE)
+        .clamp(MIN_DECODED_BUDGET, MAX_DECODED_SIZE)
+}
+
+/// The heap a `Vec<T>` of `len` elements of `elem` bytes holds when it was
+/// grown one push at a time, as prost grows repeated fields: std's amortized
+/// growth starts at 4 elements (8 for bytes) and doubles.
+fn vec_heap(len: usize, elem: usize) -> usize {
+    if len == 0 {
+        return 0;
+    }
+    let min_capacity = if elem == 1 { 8 } else { 4 };
+    len.checked_next_power_of_two()
+        .unwrap_or(usize::MAX)
+        .max(min_capacity)
+        .saturating_mul(elem)
+}
+
+/// The heap of a string of `len` bytes copied out of the wire (prost reserves
+/// exactly the length, at least 8).
+fn string_heap(len: usize) -> usize {
+    if len == 0 { 0 } else { len.max(8) }
+}
+
+/// Counts repeated elements of a profile on the wire to estimate the heap its
+/// decoded form takes, including the nested ones (sample location ids,
+/// values and labels, location lines) and `Vec` growth slack.
+#[derive(Debug, Default)]
+struct DecodedSize {
+    sample_types: usize,
+    samples: usize,
+    mappings: usize,
+    locations: usize,
+    functions: usize,
+    strings: usize,
+    comments: usize,
+    /// The heap of the Vecs and strings inside elements, summed as they are met.
+    inner: usize,
+}
+
+impl DecodedSize {
+    /// Counts a Sample's location ids, values (packed or not) and labels.
+    fn sample(&mut self, sample: &[u8]) -> Result<(), DecodeError> {
+        let (mut ids, mut values, mut labels) = (0usize, 0usize, 0usize);
+        for field in wire::fields(sample) {
+            match field? {
+                (1, Value::Bytes(packed)) => ids += wire::count_varints(packed),
+                (1, _) => ids += 1,
+                (2, Value::Bytes(packed)) => values += wire::count_varints(packed),
+                (2, _) => values += 1,
+                (3, _) => labels += 1,
+                _ => {}
+            }
+        }
+        self.samples += 1;
+        self.add_inner(vec_heap(ids, size_of::<u64>()));
+        self.add_inner(vec_heap(values, size_of::<i64>()));
+        self.add_inner(vec_heap(labels, size_of::<Label>()));
+        Ok(())
+    }
+
+    /// Counts a Location's lines.
+    fn location(&mut self, location: &[u8]) -> Result<(), DecodeError> {
+        let mut lines = 0usize;
+        for field in wire::fields(location) {
+            if field?.0 == 4 {
+                lines += 1;
+            }
+        }
+        self.locations += 1;
+        self.add_inner(vec_heap(lines, size_of::<Line>()));
+        Ok(())
+    }
+
+    fn string(&mut self, len: usize) {
+        self.strings += 1;
+        self.add_inner(string_heap(len));
+    }
+
+    fn add_inner(&mut self, bytes: usize) {
+        self.inner = self.inner.saturating_add(bytes);
+    }
+
+    fn total(&self) -> usize {
+        [
+            size_of::<Profile>(),
+            vec_heap(self.sample_types, size_of::<ValueType>()),
+            vec_heap(self.samples, size_of::<Sample>()),
+            vec_heap(self.mappings, size_of::<Mapping>()),
+            vec_heap(self.locations, size_of::<Location>()),
+            vec_heap(self.functions, size_of::<Function>()),
+            vec_heap(self.strings, size_of::<String>()),
+            vec_heap(self.comments, size_of::<i64>()),
+            self.inner,
+        ]
+        .into_iter()
+        .fold(0, usize::saturating_add)
+    }
+}
 
 fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
     let bad = |what: &str| DecodeError::Protobuf(what.to_string());
@@ -296,15 +451,17 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
         ..Metadata::default()
     };
     let mut elements = 0usize;
+    let mut size = DecodedSize::default();
     walk_fields(buf, |tag, field| {
         match field {
-            Field::Varint(v) => match tag {
+            Value::Varint(v) => match tag {
                 9 => meta.time_nanos = v as i64,
                 10 => meta.duration_nanos = v as i64,
                 12 => meta.period = v as i64,
+                13 => size.comments += 1,
                 _ => {}
             },
-            Field::Bytes(bytes) => match tag {
+            Value::Bytes(bytes) => match tag {
                 1 => {
                     if sample_types.len() == MAX_SAMPLE_TYPES {
                         return Err(DecodeError::TooManyElements {
@@ -313,12 +470,10 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
                         });
                     }
                     sample_types.push(scan_value_type(bytes)?);
+                    size.sample_types += 1;
                 }
                 11 => period_type = Some(scan_value_type(bytes)?),
                 2..=6 => {
-                    if tag == 2 {
-                        meta.sample_count += 1;
-                    }
                     elements += 1;
                     if elements > MAX_PROFILE_ELEMENTS {
                         return Err(DecodeError::TooManyElements {
@@ -326,14 +481,34 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
                             limit: MAX_PROFILE_ELEMENTS,
                         });
                     }
+                    match tag {
+                        2 => {
+                            meta.sample_count += 1;
+                            size.sample(bytes)?;
+                        }
+                        3 => size.mappings += 1,
+                        4 => size.location(bytes)?,
+                        5 => size.functions += 1,
+                        _ => size.string(bytes.len()),
+                    }
                 }
-                // Packed repeated int64 comment (13) and unknown fields are skipped.
+                // Packed repeated int64.
+                13 => size.comments += wire::count_varints(bytes),
+                // Unknown fields are skipped by prost: nothing is allocated.
                 _ => {}
             },
-            Field::Fixed => {}
+            Value::Fixed64(_) | Value::Fixed32(_) => {}
         }
         Ok(())
     })?;
+    meta.decoded_size = size.total();
+    let budget = decoded_budget(buf.len());
+    if meta.decoded_size > budget {
+        return Err(DecodeError::DecodedTooLarge {
+            estimate: meta.decoded_size,
+            limit: budget,
+        });
+    }
 
     // Only the strings the sample and period types name are read, in a second
     // pass, so the string table is never collected.
@@ -347,7 +522,7 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
     let mut found: Vec<(i64, String)> = Vec::with_capacity(wanted.len());
     let mut index = 0i64;
     walk_fields(buf, |tag, field| {
-        if let (6, Field::Bytes(bytes)) = (tag, field) {
+        if let (6, Value::Bytes(bytes)) = (tag, field) {
             if wanted.contains(&index) && !found.iter().any(|(i, _)| *i == index) {
                 let text = std::str::from_utf8(bytes)
                     .map_err(|_| bad("string table entry is not UTF-8"))?;
@@ -373,77 +548,34 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
     Ok(meta)
 }
 
-/// A top-level protobuf field as [`walk_fields`] sees it.
-enum Field<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-    Fixed,
-}
-
-/// Calls `f` with each top-level field of a protobuf message, checking the
-/// wire format as it goes (tag 0, bad wire types, lengths past the end).
+/// Calls `f` with each top-level field of a protobuf message; the wire walk
+/// checks the framing as it goes (tag 0, bad wire types, lengths past the end).
 fn walk_fields<'a>(
-    mut buf: &'a [u8],
-    mut f: impl FnMut(u64, Field<'a>) -> Result<(), DecodeError>,
+    buf: &'a [u8],
+    mut f: impl FnMut(u32, Value<'a>) -> Result<(), DecodeError>,
 ) -> Result<(), DecodeError> {
-    let bad = |what: &str| DecodeError::Protobuf(what.to_string());
-    while buf.has_remaining() {
-        let key = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
-        let tag = key >> 3;
-        let wire = key & 7;
-        if tag == 0 {
-            return Err(bad("field number 0 is invalid"));
-        }
-        let field = match wire {
-            0 => Field::Varint(
-                prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?,
-            ),
-            1 | 5 => {
-                let n = if wire == 1 { 8 } else { 4 };
-                if buf.len() < n {
-                    return Err(bad("truncated fixed-size field"));
-                }
-                buf.advance(n);
-                Field::Fixed
-            }
-            2 => {
-                let len =
-                    prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
-                let len = usize::try_from(len).map_err(|_| bad("length overflows"))?;
-                if len > buf.len() {
-                    return Err(bad("field length runs past the end of the message"));
-                }
-                let (field, rest) = buf.split_at(len);
-                buf = rest;
-                Field::Bytes(field)
-            }
-            _ => return Err(bad(&format!("invalid wire type {wire} for field {tag}"))),
-        };
-        f(tag, field)?;
+    for field in wire::fields(buf) {
+        let (tag, value) = field?;
+        f(tag, value)?;
     }
     Ok(())
 }
 
-fn scan_value_type(mut buf: &[u8]) -> Result<(i64, i64), DecodeError> {
-    let bad = |what: &str| DecodeError::Protobuf(what.to_string());
+fn scan_value_type(buf: &[u8]) -> Result<(i64, i64), DecodeError> {
     let (mut t, mut u) = (0i64, 0i64);
-    while buf.has_remaining() {
-        let key = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
-        match (key >> 3, key & 7) {
-            (1, 0) => {
-                t = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?
-                    as i64
+    walk_fields(buf, |tag, value| {
+        match (tag, value) {
+            (1, Value::Varint(v)) => t = v as i64,
+            (2, Value::Varint(v)) => u = v as i64,
+            (_, Value::Varint(_)) => {}
+            _ => {
+                return Err(DecodeError::Protobuf(
+                    "unexpected field in ValueType".to_owned(),
+                ));
             }
-            (2, 0) => {
-                u = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?
-                    as i64
-            }
-            (_, 0) => {
-                prost::encoding::decode_varint(&mut buf).map_err(|e| bad(&e.to_string()))?;
-            }
-            _ => return Err(bad("unexpected field in ValueType")),
         }
-    }
+        Ok(())
+    })?;
     Ok((t, u))
 }
 
@@ -676,6 +808,95 @@ mod tests {
             ),
             "field number 0"
         );
+    }
+
+    /// A profile holding only `samples`, each `sample` bytes long.
+    fn profile_of_samples(samples: usize, sample: &[u8]) -> Vec<u8> {
+        let mut one = vec![0x12];
+        prost::encoding::encode_varint(sample.len() as u64, &mut one);
+        one.extend_from_slice(sample);
+        one.repeat(samples)
+    }
+
+    /// A length-delimited field `tag` holding `body`.
+    fn field(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag << 3 | 2];
+        prost::encoding::encode_varint(body.len() as u64, &mut out);
+        out.extend_from_slice(body);
+        out
+    }
+
+    fn assert_over_budget(plain: Vec<u8>, limit: usize) {
+        let budget = decoded_budget(plain.len());
+        let refused = |e: Result<_, DecodeError>| match e {
+            Err(e @ DecodeError::DecodedTooLarge { estimate, limit }) => {
+                assert_eq!(limit, budget);
+                assert!(estimate > limit);
+                let message = e.to_string();
+                assert!(
+                    message.contains(&format!("limit of {budget} bytes")),
+                    "{message}"
+                );
+                assert!(message.contains("once decoded"), "{message}");
+            }
+            other => panic!("expected DecodedTooLarge, got {other:?}"),
+        };
+        refused(scan_metadata(&plain, limit).map(|_| ()));
+        refused(decode(&Bytes::from(plain), limit).map(|_| ()));
+    }
+
+    #[test]
+    fn amplifying_shapes_are_refused_by_the_ratio() {
+        // Samples with one empty label each: 4 bytes become 72 + 4 × 32.
+        let plain = profile_of_samples(500_000, &[0x1a, 0x00]);
+        assert_over_budget(plain, 64 << 20);
+        // Locations with one empty line each: 4 bytes become 56 + 4 × 24.
+        assert_over_budget(field(4, &[0x22, 0x00]).repeat(500_000), 64 << 20);
+        // Empty samples: 2 bytes become 72 (96 with slack at 700,000).
+        assert_over_budget([0x12, 0x00].repeat(700_000), 64 << 20);
+    }
+
+    #[test]
+    fn millions_of_nested_elements_are_refused_by_the_cap() {
+        // One sample with 2^24 + 1 empty labels: 32 MiB on the wire, a Vec of
+        // 2^25 Labels (1 GiB) once decoded.
+        let labels = [0x1au8, 0x00].repeat((1 << 24) + 1);
+        let plain = field(2, &labels);
+        drop(labels);
+        assert_eq!(decoded_budget(plain.len()), MAX_DECODED_SIZE);
+        assert_over_budget(plain, 128 << 20);
+        // One sample whose packed location_id holds 2^26 + 1 one-byte
+        // varints: 64 MiB on the wire, a Vec<u64> of 1 GiB once decoded.
+        let ids = vec![1u8; (1 << 26) + 1];
+        assert_over_budget(field(2, &field(1, &ids)), 128 << 20);
+        // The same as packed comments at the top level.
+        assert_over_budget(field(13, &ids), 128 << 20);
+    }
+
+    #[test]
+    fn ordinary_profiles_fit_their_budget() {
+        let p = crate::testdata::cpu_profile(2_000, 300);
+        let plain = encode(&p);
+        let meta = scan_metadata(&plain, 64 << 20).unwrap();
+        assert!(meta.decoded_size > plain.len());
+        assert!(meta.decoded_size < decoded_budget(plain.len()) / 4);
+        // One-frame stacks with 1-byte ids and values, the shape that
+        // amplifies most among real ones, stay under the ratio.
+        let plain = profile_of_samples(600_000, &[0x0a, 1, 1, 0x12, 1, 1]);
+        let meta = scan_metadata(&plain, 64 << 20).unwrap();
+        assert!(meta.decoded_size <= decoded_budget(plain.len()));
+    }
+
+    #[test]
+    fn budget_is_clamped() {
+        assert_eq!(decoded_budget(0), MIN_DECODED_BUDGET);
+        assert_eq!(decoded_budget(1 << 20), 32 << 20);
+        assert_eq!(decoded_budget(usize::MAX), MAX_DECODED_SIZE);
+        assert_eq!(vec_heap(0, 8), 0);
+        assert_eq!(vec_heap(1, 8), 32);
+        assert_eq!(vec_heap(5, 8), 64);
+        assert_eq!(vec_heap(3, 1), 8);
+        assert_eq!(vec_heap(usize::MAX, 8), usize::MAX);
     }
 
     proptest::proptest! {

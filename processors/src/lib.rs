@@ -5,18 +5,30 @@
 //! This crate may depend on `proflow-pipeline` (envelope, component traits,
 //! telemetry, the relabel engine) and `proflow-config` only, never on the
 //! receiver or exporter crates. The binary registers what [`factories`] returns.
+//!
+//! Each processor is behind a Cargo feature named after its config type
+//! (`relabel`), on by default; a processor's own dependencies are optional
+//! and enabled by that feature only. [`factories`] lists only what was
+//! compiled; the `proflow` binary forwards each feature as `processor-<type>`.
 
+#[cfg(feature = "relabel")]
 mod relabel;
 
-use proflow_pipeline::registry::{Factory, Stability};
+use proflow_pipeline::registry::Factory;
+#[cfg(feature = "relabel")]
+use proflow_pipeline::registry::Stability;
 
+#[cfg(feature = "relabel")]
 pub use relabel::{RELABEL_DROP_REASON, RelabelProcessor, RelabelProcessorConfig};
 
-/// Every processor type this crate provides.
+/// Every processor type compiled into this crate.
 pub fn factories() -> Vec<Factory> {
-    vec![Factory::processor::<RelabelProcessorConfig>(
-        "relabel",
-        Stability::Beta,
-        "Rewrites and filters series labels with Prometheus relabel_configs, without decoding profiles.",
-    )]
+    vec![
+        #[cfg(feature = "relabel")]
+        Factory::processor::<RelabelProcessorConfig>(
+            "relabel",
+            Stability::Beta,
+            "Rewrites and filters series labels with Prometheus relabel_configs, without decoding profiles.",
+        ),
+    ]
 }

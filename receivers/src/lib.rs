@@ -8,16 +8,29 @@
 //! This crate may depend only on `proflow-pipeline` (envelope, component traits,
 //! telemetry, pprof helpers) and `proflow-config`; never on another component
 //! crate, so receivers, processors and exporters stay independent.
+//!
+//! Each receiver is behind a Cargo feature named after its config type
+//! (`pprof_push`), on by default. Its own dependencies are optional and
+//! enabled by that feature only, so a build without the receiver does not
+//! compile them: a Kafka receiver brings `rdkafka` behind `kafka`, an OTLP one
+//! `tonic` behind `otlp`. [`factories`] lists only what was compiled; the
+//! `proflow` binary forwards each feature as `receiver-<type>`.
 
+#[cfg(feature = "pprof_push")]
 pub mod pprof_push;
 
-use proflow_pipeline::registry::{Factory, Stability};
+use proflow_pipeline::registry::Factory;
+#[cfg(feature = "pprof_push")]
+use proflow_pipeline::registry::Stability;
 
-/// Every receiver type this crate provides.
+/// Every receiver type compiled into this crate.
 pub fn factories() -> Vec<Factory> {
-    vec![Factory::receiver::<pprof_push::PprofPushConfig>(
-        "pprof_push",
-        Stability::Alpha,
-        "Accepts profiles pushed the way Pyroscope clients send them: POST /ingest (pprof, multipart, folded text) and the push.v1 Connect Push API.",
-    )]
+    vec![
+        #[cfg(feature = "pprof_push")]
+        Factory::receiver::<pprof_push::PprofPushConfig>(
+            "pprof_push",
+            Stability::Alpha,
+            "Accepts profiles pushed the way Pyroscope clients send them: POST /ingest (pprof, multipart, folded text) and the push.v1 Connect Push API.",
+        ),
+    ]
 }

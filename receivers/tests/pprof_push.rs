@@ -20,10 +20,9 @@ use proflow_pipeline::component::{
 use proflow_pipeline::memory::MemoryBudget;
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope, ValueType};
 use proflow_pipeline::pprof::{self, ProfileBuilder};
+use proflow_pipeline::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
 use proflow_pipeline::telemetry::Telemetry;
-use proflow_receivers::pprof_push::{
-    LabelPair, PprofPushConfig, PushRequest, RawProfileSeries, RawSample,
-};
+use proflow_receivers::pprof_push::PprofPushConfig;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -560,6 +559,13 @@ async fn bad_input_gets_4xx_json_and_the_server_keeps_serving() {
     let bomb = gzip(&vec![0u8; 4 << 20]);
     assert!(bomb.len() < 64 << 10, "the bomb fits the request limit");
     let too_big = vec![b'a'; (64 << 10) + 1];
+    // 60,000 samples with one empty label each: 240 KB that would decode to
+    // 12 MB, over 32 times its size.
+    let decodes_too_large = [0x12, 0x02, 0x1a, 0x00].repeat(60_000);
+    let decoded_limit = format!(
+        "once decoded, more than its limit of {} bytes",
+        pprof::decoded_budget(decodes_too_large.len())
+    );
     let push = "/push.v1.PusherService/Push";
     let proto = ("content-type", "application/proto");
     // method, path, headers, body, status, Connect code, a word the message has.
@@ -671,6 +677,15 @@ async fn bad_input_gets_4xx_json_and_the_server_keeps_serving() {
             400,
             "invalid_argument",
             "pprof",
+        ),
+        (
+            "POST",
+            "/ingest?name=a&format=pprof",
+            vec![],
+            gzip(&decodes_too_large),
+            400,
+            "invalid_argument",
+            &decoded_limit,
         ),
         (
             "POST",

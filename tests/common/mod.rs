@@ -5,10 +5,13 @@
 //!
 //! Every spawned process is killed when its guard is dropped. Waits are bounded.
 //! A missing peer fails the test; only `PROFLOW_SKIP_PEERS=1` outside CI turns
-//! that into a loud skip.
+//! that into a skip, shown and recorded by [`peer_skip`].
 
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
+
+#[path = "../peer_skip/mod.rs"]
+pub mod peer_skip;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -574,22 +577,13 @@ pub fn run_bounded(cmd: &mut Command, log: &Path, timeout: Duration) -> (ExitSta
 }
 
 /// Reports a peer that is not available: fails under CI and by default; skips
-/// loudly (returns `None`) only when `PROFLOW_SKIP_PEERS=1` outside CI.
+/// visibly (returns `None`) only when `PROFLOW_SKIP_PEERS=1` outside CI. See
+/// [`peer_skip`].
 pub fn missing_peer<T>(what: &str) -> Option<T> {
-    if std::env::var_os("CI").is_some() {
-        panic!("{what}\n(CI is set: a missing peer is a failure)");
-    }
-    if std::env::var("PROFLOW_SKIP_PEERS").as_deref() == Ok("1") {
-        eprintln!();
-        eprintln!("################################################################");
-        eprintln!("## SKIPPED (PROFLOW_SKIP_PEERS=1): {what}");
-        eprintln!("################################################################");
-        eprintln!();
-        return None;
-    }
-    panic!(
-        "{what}\nInstall the peers (tests/peers/install-clients) or, to skip tests that need them locally, set PROFLOW_SKIP_PEERS=1."
-    );
+    peer_skip::unavailable(
+        what,
+        "Install the peers with tests/peers/install-clients (scripts/test does).",
+    )
 }
 
 /// The Python with `pyroscope-io`: `PROFLOW_PYTHON`, else what
@@ -857,55 +851,19 @@ pub fn now_nanos() -> i64 {
         .unwrap_or(0)
 }
 
-/// Pyroscope's push messages (`push.v1.PushRequest` and what it holds), as the
-/// Connect endpoint `/push.v1.PusherService/Push` takes them.
+/// Pyroscope's push messages as the Connect endpoint
+/// `/push.v1.PusherService/Push` takes them: the pipeline's own definitions.
 pub mod push {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct PushRequest {
-        #[prost(message, repeated, tag = "1")]
-        pub series: Vec<RawProfileSeries>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RawProfileSeries {
-        #[prost(message, repeated, tag = "1")]
-        pub labels: Vec<LabelPair>,
-        #[prost(message, repeated, tag = "2")]
-        pub samples: Vec<RawSample>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LabelPair {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(string, tag = "2")]
-        pub value: String,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RawSample {
-        #[prost(bytes = "vec", tag = "1")]
-        pub raw_profile: Vec<u8>,
-        #[prost(string, tag = "2")]
-        pub id: String,
-    }
+    pub use proflow_pipeline::push_v1::PushRequest;
+    use proflow_pipeline::push_v1::RawProfileSeries;
 
     /// One series with `labels` and one sample of `raw_profile`.
     pub fn request(labels: &[(&str, &str)], raw_profile: Vec<u8>) -> PushRequest {
         PushRequest {
-            series: vec![RawProfileSeries {
-                labels: labels
-                    .iter()
-                    .map(|(k, v)| LabelPair {
-                        name: (*k).to_owned(),
-                        value: (*v).to_owned(),
-                    })
-                    .collect(),
-                samples: vec![RawSample {
-                    raw_profile,
-                    id: String::new(),
-                }],
-            }],
+            series: vec![RawProfileSeries::new(
+                labels.iter().copied(),
+                [raw_profile.into()],
+            )],
         }
     }
 }

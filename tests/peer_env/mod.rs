@@ -11,14 +11,18 @@
 //!
 //! When a peer cannot be had: under `CI` the test fails with the peer's own
 //! error output, never skips. Locally it fails too, loudly, unless
-//! `PROFLOW_SKIP_PEERS=1`, in which case [`peer`] returns `None` after a loud
-//! notice and the test returns early.
+//! `PROFLOW_SKIP_PEERS=1`, in which case [`peer`] returns `None` and the test
+//! returns early; [`peer_skip`] shows the skip and records it for
+//! `scripts/test`.
 //!
 //! Also here: [`go_app`] (the Go client programs of `tests/peers/apps/`) and
 //! [`kafka_consume`] (reads a topic through `tests/peers/kafka/consume`).
 
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
+
+#[path = "../peer_skip/mod.rs"]
+pub mod peer_skip;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -149,27 +153,13 @@ fn run_up(name: &str) -> Result<Peer, String> {
 }
 
 /// Reports a peer (or peer program) that cannot be had: panics under CI and by
-/// default; returns `None` after a loud notice only when `PROFLOW_SKIP_PEERS=1`
-/// and `CI` is not set.
+/// default; returns `None` after a visible, recorded notice only when
+/// `PROFLOW_SKIP_PEERS=1` and `CI` is not set. See [`peer_skip`].
 pub fn unavailable<T>(what: &str) -> Option<T> {
-    if std::env::var_os("CI").is_some() {
-        panic!("{what}\n(CI is set: a missing peer fails the run)");
-    }
-    if std::env::var("PROFLOW_SKIP_PEERS").as_deref() == Ok("1") {
-        // Written to the real stderr, not through eprintln!, which the test
-        // harness captures and hides for a test that passes.
-        let notice = format!(
-            "\n################################################################\n\
-             ## SKIPPED (PROFLOW_SKIP_PEERS=1): {what}\n\
-             ################################################################\n\n"
-        );
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), notice.as_bytes());
-        return None;
-    }
-    panic!(
-        "{what}\nThe peers are installed and started by tests/peers/up (see its header). \
-         To skip tests that need them locally, set PROFLOW_SKIP_PEERS=1."
-    );
+    peer_skip::unavailable(
+        what,
+        "The peers are installed and started by tests/peers/up (see its header).",
+    )
 }
 
 /// The path of the Go client program `tests/peers/apps/NAME` (`goscrape`,

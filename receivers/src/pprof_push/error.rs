@@ -74,7 +74,7 @@ impl IngestError {
             DecodeError::Protobuf(detail) => IngestError::BadRequest(format!(
                 "{what}: not a valid pprof protobuf ({detail}); send a pprof profile, plain or gzip-compressed"
             )),
-            e @ DecodeError::TooManyElements { .. } => {
+            e @ (DecodeError::TooManyElements { .. } | DecodeError::DecodedTooLarge { .. }) => {
                 IngestError::BadRequest(format!("{what}: {e}"))
             }
         }

@@ -42,7 +42,6 @@ use proflow_pipeline::component::{
 use serde::Deserialize;
 
 pub use error::IngestError;
-pub use push::{LabelPair, PushRequest, PushResponse, RawProfileSeries, RawSample};
 pub use server::{LocalAddr, PprofPushReceiver};
 
 /// The Pyroscope default port.

@@ -1,9 +1,7 @@
 //! `POST /push.v1.PusherService/Push`: Pyroscope's Connect unary push API.
 //!
-//! The messages are written here from their field numbers (shared/formats.md):
-//! PushRequest{series=1}, RawProfileSeries{labels=1, samples=2},
-//! RawSample{raw_profile=1, ID=2}, LabelPair{name=1, value=2}. Connect carries
-//! them as binary protobuf (`application/proto`) or proto3 JSON
+//! The messages are [`proflow_pipeline::push_v1`]'s. Connect carries them as
+//! binary protobuf (`application/proto`) or proto3 JSON
 //! (`application/json`: camelCase names, original names also accepted, bytes
 //! in base64, `null` meaning the default), optionally gzip-compressed
 //! (`Content-Encoding: gzip`, as pyroscope-rs sends).
@@ -12,9 +10,13 @@ use std::cell::Cell;
 use std::fmt;
 
 use base64::Engine;
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use proflow_pipeline::model::{Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL, ValueType};
 use proflow_pipeline::pprof::Metadata;
+use proflow_pipeline::push_v1::{
+    LabelPair, PushRequest, PushResponse, RawProfileSeries, RawSample,
+};
+use proflow_pipeline::wire;
 use prost::Message;
 use serde::Deserialize;
 use serde::de::{self, SeqAccess, Visitor};
@@ -23,46 +25,6 @@ use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
 use super::labels::{LabelsBuilder, MAX_LABELS_PER_SERIES, UNKNOWN_SERVICE};
 use super::profile_type::profile_name_from_sample_types;
-
-/// `push.v1.PushRequest`.
-#[derive(Clone, PartialEq, Message)]
-pub struct PushRequest {
-    #[prost(message, repeated, tag = "1")]
-    pub series: Vec<RawProfileSeries>,
-}
-
-/// `push.v1.PushResponse`: empty.
-#[derive(Clone, PartialEq, Message)]
-pub struct PushResponse {}
-
-/// `push.v1.RawProfileSeries`: one label set and its profiles.
-#[derive(Clone, PartialEq, Message)]
-pub struct RawProfileSeries {
-    #[prost(message, repeated, tag = "1")]
-    pub labels: Vec<LabelPair>,
-    #[prost(message, repeated, tag = "2")]
-    pub samples: Vec<RawSample>,
-}
-
-/// `push.v1.RawSample`: one pprof profile, plain or gzipped.
-#[derive(Clone, PartialEq, Message)]
-pub struct RawSample {
-    /// Decoded from a `Bytes` buffer this shares the request's memory.
-    #[prost(bytes = "bytes", tag = "1")]
-    pub raw_profile: Bytes,
-    /// A client-chosen id (pyroscope-rs sends a UUID).
-    #[prost(string, tag = "2")]
-    pub id: String,
-}
-
-/// `types.v1.LabelPair`.
-#[derive(Clone, PartialEq, Message)]
-pub struct LabelPair {
-    #[prost(string, tag = "1")]
-    pub name: String,
-    #[prost(string, tag = "2")]
-    pub value: String,
-}
 
 /// How the message is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,45 +163,15 @@ fn malformed_proto(detail: impl fmt::Display) -> IngestError {
 }
 
 /// Calls `f` with the field number and contents of every length-delimited
-/// field of one message; other fields are skipped. Groups (wire types 3 and
-/// 4, long deprecated and absent from this API) are refused.
+/// field of one message; other fields are skipped. The wire walk refuses bad
+/// framing, groups included (long deprecated and absent from this API).
 fn walk_wire<'a>(
-    mut buf: &'a [u8],
-    mut f: impl FnMut(u64, &'a [u8]) -> Result<(), IngestError>,
+    buf: &'a [u8],
+    mut f: impl FnMut(u32, &'a [u8]) -> Result<(), IngestError>,
 ) -> Result<(), IngestError> {
-    use prost::encoding::decode_varint;
-    while buf.has_remaining() {
-        let key = decode_varint(&mut buf).map_err(malformed_proto)?;
-        let (tag, wire) = (key >> 3, key & 7);
-        if tag == 0 {
-            return Err(malformed_proto("field number 0"));
-        }
-        match wire {
-            0 => {
-                decode_varint(&mut buf).map_err(malformed_proto)?;
-            }
-            1 | 5 => {
-                let n = if wire == 1 { 8 } else { 4 };
-                if buf.len() < n {
-                    return Err(malformed_proto("truncated fixed-size field"));
-                }
-                buf.advance(n);
-            }
-            2 => {
-                let len = decode_varint(&mut buf).map_err(malformed_proto)?;
-                let len = usize::try_from(len)
-                    .ok()
-                    .filter(|&len| len <= buf.len())
-                    .ok_or_else(|| malformed_proto("field length runs past the end"))?;
-                let (field, rest) = buf.split_at(len);
-                buf = rest;
-                f(tag, field)?;
-            }
-            _ => {
-                return Err(malformed_proto(format_args!(
-                    "unsupported wire type {wire} for field {tag}"
-                )));
-            }
+    for field in wire::fields(buf) {
+        if let (tag, wire::Value::Bytes(bytes)) = field.map_err(malformed_proto)? {
+            f(tag, bytes)?;
         }
     }
     Ok(())
@@ -880,6 +812,26 @@ mod tests {
             Codec::Json,
             Bytes::from_static(br#"{"series":{"labels":[]}}"#),
             "malformed JSON",
+        );
+    }
+
+    #[test]
+    fn profiles_that_would_decode_too_large_are_refused() {
+        // Samples with one empty label each decode to some 50 times their size.
+        let crafted = Bytes::from([0x12, 0x02, 0x1a, 0x00].repeat(100_000));
+        let err = to_batch(
+            request(&[], vec![pprof::gzip(&crafted)]),
+            &mut DecompressBudget::new(1 << 20),
+            0,
+        )
+        .unwrap_err();
+        assert_eq!(err.error.status(), axum::http::StatusCode::BAD_REQUEST);
+        let message = err.error.to_string();
+        assert!(message.starts_with("series 0 profile 0: "), "{message}");
+        let limit = pprof::decoded_budget(crafted.len());
+        assert!(
+            message.contains(&format!("more than its limit of {limit} bytes")),
+            "{message}"
         );
     }
 

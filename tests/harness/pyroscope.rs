@@ -1,51 +1,14 @@
-//! Smoke test of the real Grafana Pyroscope peer: push a pprof built in Rust
-//! through Pyroscope's Connect push API, then find its function again through
+//! The real Grafana Pyroscope peer: push a pprof built in Rust through
+//! Pyroscope's Connect push API, then find its function again through
 //! `/querier.v1.QuerierService/SelectMergeStacktraces`.
-
-mod peer_env;
 
 use std::time::Duration;
 
 use proflow_pipeline::pprof::{self, ProfileBuilder};
+use proflow_pipeline::push_v1::{PushRequest, RawProfileSeries};
 use prost::Message;
 
-/// push.v1.PushRequest, written from the field numbers Pyroscope documents.
-#[derive(Clone, PartialEq, Message)]
-struct PushRequest {
-    #[prost(message, repeated, tag = "1")]
-    series: Vec<RawProfileSeries>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct RawProfileSeries {
-    #[prost(message, repeated, tag = "1")]
-    labels: Vec<LabelPair>,
-    #[prost(message, repeated, tag = "2")]
-    samples: Vec<RawSample>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct RawSample {
-    #[prost(bytes = "vec", tag = "1")]
-    raw_profile: Vec<u8>,
-    #[prost(string, tag = "2")]
-    id: String,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct LabelPair {
-    #[prost(string, tag = "1")]
-    name: String,
-    #[prost(string, tag = "2")]
-    value: String,
-}
-
-fn label(name: &str, value: &str) -> LabelPair {
-    LabelPair {
-        name: name.to_owned(),
-        value: value.to_owned(),
-    }
-}
+use crate::peer_env;
 
 #[test]
 fn pushed_pprof_is_found_by_select_merge_stacktraces() {
@@ -67,16 +30,10 @@ fn pushed_pprof_is_found_by_select_merge_stacktraces() {
     let raw = pprof::gzip(&pprof::encode(&b.build()));
 
     let request = PushRequest {
-        series: vec![RawProfileSeries {
-            labels: vec![
-                label("__name__", "process_cpu"),
-                label("service_name", &service),
-            ],
-            samples: vec![RawSample {
-                raw_profile: raw.to_vec(),
-                id: String::new(),
-            }],
-        }],
+        series: vec![RawProfileSeries::new(
+            [("__name__", "process_cpu"), ("service_name", &service)],
+            [raw],
+        )],
     };
     let http = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(10))

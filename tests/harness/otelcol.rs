@@ -1,11 +1,10 @@
-//! Smoke test of the real OpenTelemetry Collector peer (profiles enabled):
-//! export one OTLP profile (OTLP 1.10 JSON: a request-level dictionary and
-//! index-based samples) to its OTLP/HTTP receiver and find it again in what
-//! its file exporter wrote.
-
-mod peer_env;
+//! The real OpenTelemetry Collector peer (profiles enabled): export one OTLP
+//! profile (OTLP 1.10 JSON: a request-level dictionary and index-based samples)
+//! to its OTLP/HTTP receiver and find it again in what its file exporter wrote.
 
 use std::time::Duration;
+
+use crate::peer_env;
 
 #[test]
 fn exported_profile_reaches_the_file_exporter() {

@@ -1,14 +1,14 @@
-//! Smoke test of the real Kafka peer (KRaft, single node): produce a binary
-//! message (a gzipped pprof) with a key through kcat, consume it back through
-//! the tests' consumer helper, and compare bytes.
-
-mod peer_env;
+//! The real Kafka peer (KRaft, single node): produce a binary message (a
+//! gzipped pprof) with a key through kcat, consume it back through the tests'
+//! consumer helper, and compare bytes.
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use proflow_pipeline::pprof::{self, ProfileBuilder};
+
+use crate::peer_env;
 
 #[test]
 fn produced_message_is_consumed_byte_for_byte() {

@@ -1,5 +1,5 @@
-//! Smoke test of the real Parca peer: WriteRaw a pprof built in Rust, then
-//! query it back (merged, as a pprof report) and find its function.
+//! The real Parca peer: WriteRaw a pprof built in Rust, then query it back
+//! (merged, as a pprof report) and find its function.
 //!
 //! Parca serves gRPC, gRPC-Web and a REST gateway (grpc-gateway, JSON with
 //! proto field names in lowerCamelCase, bytes as base64) on one port; this
@@ -7,13 +7,13 @@
 //! `ProfileStoreService/WriteRaw`, `GET /api/profiles/query` is
 //! `QueryService/Query`, `GET /api/profiles/types` is `QueryService/ProfileTypes`.
 
-mod peer_env;
-
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use proflow_pipeline::pprof::{self, ProfileBuilder};
+
+use crate::peer_env;
 
 #[test]
 fn write_raw_pprof_then_query_it_back() {

@@ -1,0 +1,20 @@
+//! Checks of the real-peer harness, not of proflow: each module drives one
+//! peer that `tests/peers/up` installs and starts (Pyroscope, Parca, Kafka,
+//! the OpenTelemetry Collector) with the peer's own API, and reads back what
+//! it stored, so that a broken install, version or start script shows up here
+//! and not as a puzzling failure of a proflow test. proflow's own tests
+//! against these peers come with the exporters that talk to them.
+//!
+//! Peers are had through `peer_env`; when one cannot be had these checks fail,
+//! except locally with `PROFLOW_SKIP_PEERS=1` (see `peer_skip`).
+
+mod peer_env;
+
+#[path = "harness/kafka.rs"]
+mod kafka;
+#[path = "harness/otelcol.rs"]
+mod otelcol;
+#[path = "harness/parca.rs"]
+mod parca;
+#[path = "harness/pyroscope.rs"]
+mod pyroscope;
