@@ -350,6 +350,8 @@ pub fn http_client() -> reqwest::blocking::Client {
 pub struct Reply {
     pub status: u16,
     pub content_type: String,
+    /// `Retry-After`, if the answer had one.
+    pub retry_after: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -362,10 +364,16 @@ impl Reply {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = resp.bytes().map(|b| b.to_vec()).unwrap_or_default();
         Reply {
             status,
             content_type,
+            retry_after,
             body,
         }
     }
