@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// Requests whose grant stays at or below this are small: they may use the
 /// whole budget.
@@ -48,6 +48,15 @@ struct Inner {
     limit: usize,
     large_limit: usize,
     in_flight: Gauge,
+}
+
+impl Inner {
+    fn over(&self, wanted: usize) -> OverBudget {
+        OverBudget {
+            limit: self.limit,
+            wanted,
+        }
+    }
 }
 
 /// The budget: cheap to clone, shared by every receiver.
@@ -125,10 +134,7 @@ impl MemoryGrant {
     fn need(&self, bytes: usize) -> Result<(u32, u32), OverBudget> {
         let inner = &self.budget.inner;
         let total = self.held.saturating_add(bytes);
-        let over = || OverBudget {
-            limit: inner.limit,
-            wanted: bytes,
-        };
+        let over = || inner.over(bytes);
         let large_need = if self.large {
             bytes
         } else if total > SMALL_REQUEST {
@@ -145,11 +151,14 @@ impl MemoryGrant {
         Ok((all, large))
     }
 
-    fn take(&mut self, bytes: usize, large: u32) {
-        self.held += bytes;
-        if large > 0 {
+    /// Keeps the permits just acquired (they come back through `shrink`).
+    fn take(&mut self, bytes: usize, all: SemaphorePermit<'_>, large: Option<SemaphorePermit<'_>>) {
+        all.forget();
+        if let Some(large) = large {
+            large.forget();
             self.large = true;
         }
+        self.held += bytes;
         self.budget.inner.in_flight.inc_by(bytes as i64);
     }
 
@@ -160,20 +169,20 @@ impl MemoryGrant {
         }
         let (all, large) = self.need(bytes)?;
         let inner = self.budget.inner.clone();
-        let over = OverBudget {
-            limit: inner.limit,
-            wanted: bytes,
-        };
         let large_permit = match large {
             0 => None,
-            n => Some(inner.large.try_acquire_many(n).map_err(|_| over.clone())?),
+            n => Some(
+                inner
+                    .large
+                    .try_acquire_many(n)
+                    .map_err(|_| inner.over(bytes))?,
+            ),
         };
-        let all_permit = inner.all.try_acquire_many(all).map_err(|_| over)?;
-        all_permit.forget();
-        if let Some(p) = large_permit {
-            p.forget();
-        }
-        self.take(bytes, large);
+        let all_permit = inner
+            .all
+            .try_acquire_many(all)
+            .map_err(|_| inner.over(bytes))?;
+        self.take(bytes, all_permit, large_permit);
         Ok(())
     }
 
@@ -184,31 +193,23 @@ impl MemoryGrant {
         }
         let (all, large) = self.need(bytes)?;
         let inner = self.budget.inner.clone();
-        let over = OverBudget {
-            limit: inner.limit,
-            wanted: bytes,
-        };
         let acquired = tokio::time::timeout(wait, async {
             let large_permit = match large {
                 0 => None,
-                n => Some(inner.large.acquire_many(n).await),
+                n => Some(inner.large.acquire_many(n).await.ok()?),
             };
-            let all_permit = inner.all.acquire_many(all).await;
-            (large_permit, all_permit)
+            let all_permit = inner.all.acquire_many(all).await.ok()?;
+            Some((all_permit, large_permit))
         })
         .await;
         match acquired {
-            Ok((large_permit, Ok(all_permit))) => {
-                all_permit.forget();
-                if let Some(Ok(p)) = large_permit {
-                    p.forget();
-                }
-                self.take(bytes, large);
+            Ok(Some((all_permit, large_permit))) => {
+                self.take(bytes, all_permit, large_permit);
                 Ok(())
             }
-            // Timed out (permits taken so far go back as they drop), or the
+            // Timed out (permits taken so far go back as they drop), or a
             // semaphore was closed (never done).
-            _ => Err(over),
+            _ => Err(inner.over(bytes)),
         }
     }
 
