@@ -15,7 +15,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Proflow, cpu_profile, gzip, ingest_query, metric_samples, read_index};
+use common::{Proflow, cpu_profile, gzip, ingest_query, metric_sum, read_index};
 
 const SERVICE: &str = "deadtest";
 
@@ -49,15 +49,6 @@ fn wait_for(what: &str, proflow: &Proflow, f: impl Fn() -> bool) {
     panic!("timed out waiting for {what}\nlog:\n{}", proflow.log_text());
 }
 
-fn metric(proflow: &Proflow, name: &str, exporter: &str, reason: Option<&str>) -> f64 {
-    metric_samples(&proflow.metrics(), name)
-        .into_iter()
-        .filter(|(l, _)| l.get("exporter").map(String::as_str) == Some(exporter))
-        .filter(|(l, _)| reason.is_none() || l.get("reason").map(String::as_str) == reason)
-        .map(|(_, v)| v)
-        .sum()
-}
-
 #[test]
 fn with_drop_newest_the_healthy_exporter_gets_every_profile() {
     let proflow = start("drop_newest");
@@ -74,7 +65,11 @@ fn with_drop_newest_the_healthy_exporter_gets_every_profile() {
     });
     assert_eq!(files(&down_dir), 0, "the dead exporter wrote nothing yet");
     assert_eq!(
-        metric(&proflow, "proflow_exporter_dropped_profiles_total", "file/down", Some("queue_full")),
+        metric_sum(
+            &proflow.metrics(),
+            "proflow_exporter_dropped_profiles_total",
+            &[("exporter", "file/down"), ("reason", "queue_full")]
+        ),
         35.0,
         "5 kept in its queue, 35 dropped"
     );
@@ -94,7 +89,9 @@ fn with_drop_newest_the_healthy_exporter_gets_every_profile() {
     wait_for("the end of the episode logged", &proflow, || {
         proflow.log_text().contains("exporter queue has room again")
     });
-    wait_for("41 at the healthy exporter", &proflow, || files(&ok_dir) == 41);
+    wait_for("41 at the healthy exporter", &proflow, || {
+        files(&ok_dir) == 41
+    });
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Proflow, cpu_profile, gzip, ingest_query, metric_samples};
+use common::{Proflow, cpu_profile, gzip, ingest_query, metric_samples, metric_sum};
 
 /// The budget under test.
 const BUDGET: u64 = 64 << 20;
@@ -129,14 +129,7 @@ fn overload_is_refused_with_429_and_memory_stays_bounded() {
         let (done, peak, pid) = (done.clone(), peak.clone(), proflow.pid());
         move || {
             while !done.load(Ordering::SeqCst) {
-                let status =
-                    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-                let rss = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                    .map_or(0, |kib| kib * 1024);
-                peak.fetch_max(rss, Ordering::SeqCst);
+                peak.fetch_max(common::rss_bytes(pid), Ordering::SeqCst);
                 thread::sleep(Duration::from_millis(10));
             }
         }
@@ -240,11 +233,11 @@ fn overload_is_refused_with_429_and_memory_stays_bounded() {
     );
 
     let metrics = proflow.metrics();
-    let refused_metric: f64 = metric_samples(&metrics, "proflow_receiver_refused_requests_total")
-        .into_iter()
-        .filter(|(l, _)| l.get("reason").map(String::as_str) == Some("memory_limit"))
-        .map(|(_, v)| v)
-        .sum();
+    let refused_metric = metric_sum(
+        &metrics,
+        "proflow_receiver_refused_requests_total",
+        &[("reason", "memory_limit")],
+    );
     assert_eq!(
         refused_metric, refused as f64,
         "each refusal is counted: {metrics}"
@@ -281,11 +274,11 @@ fn a_client_that_stops_sending_gets_408_and_its_memory_back() {
     assert_eq!(code, 408);
     assert!(started.elapsed() < Duration::from_secs(5));
     let metrics = proflow.metrics();
-    let timeouts: f64 = metric_samples(&metrics, "proflow_receiver_refused_requests_total")
-        .into_iter()
-        .filter(|(l, _)| l.get("reason").map(String::as_str) == Some("timeout"))
-        .map(|(_, v)| v)
-        .sum();
+    let timeouts = metric_sum(
+        &metrics,
+        "proflow_receiver_refused_requests_total",
+        &[("reason", "timeout")],
+    );
     assert_eq!(timeouts, 1.0, "{metrics}");
     let in_flight = metric_samples(&metrics, "proflow_memory_in_flight_bytes");
     assert_eq!(in_flight.first().map(|(_, v)| *v), Some(0.0), "{metrics}");

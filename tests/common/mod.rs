@@ -345,6 +345,29 @@ pub fn http_client() -> reqwest::blocking::Client {
         .expect("build the HTTP client")
 }
 
+/// A process's resident set size now, in bytes (Linux `/proc`); 0 once it is gone.
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The sum of `metric`'s samples whose labels include every pair of `labels`.
+pub fn metric_sum(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_samples(text, metric)
+        .into_iter()
+        .filter(|(l, _)| {
+            labels
+                .iter()
+                .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, v)| v)
+        .sum()
+}
+
 /// An HTTP answer, read whole.
 #[derive(Debug)]
 pub struct Reply {
