@@ -452,7 +452,17 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
     };
     let mut elements = 0usize;
     let mut size = DecodedSize::default();
-    walk_fields(buf, |tag, field| {
+    // Where the string table starts, so the second pass skips the rest
+    // (writers put it after the samples and locations).
+    let mut first_string_at = None;
+    let mut fields = wire::fields(buf);
+    loop {
+        let at = buf.len() - fields.rest().len();
+        let Some(field) = fields.next() else { break };
+        let (tag, field) = field?;
+        if tag == 6 && first_string_at.is_none() {
+            first_string_at = Some(at);
+        }
         match field {
             Value::Varint(v) => match tag {
                 9 => meta.time_nanos = v as i64,
@@ -499,8 +509,7 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
             },
             Value::Fixed64(_) | Value::Fixed32(_) => {}
         }
-        Ok(())
-    })?;
+    }
     meta.decoded_size = size.total();
     let budget = decoded_budget(buf.len());
     if meta.decoded_size > budget {
@@ -521,7 +530,9 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
     }
     let mut found: Vec<(i64, String)> = Vec::with_capacity(wanted.len());
     let mut index = 0i64;
-    walk_fields(buf, |tag, field| {
+    // Fields before the first string were walked (and checked) above.
+    let strings = &buf[first_string_at.unwrap_or(buf.len())..];
+    walk_fields(strings, |tag, field| {
         if let (6, Value::Bytes(bytes)) = (tag, field) {
             if wanted.contains(&index) && !found.iter().any(|(i, _)| *i == index) {
                 let text = std::str::from_utf8(bytes)

@@ -49,7 +49,20 @@ pub enum WireError {
 pub const MAX_VARINT_LEN: usize = 10;
 
 /// Reads one varint from the front of `buf` and advances past it.
+#[inline]
 pub fn read_varint(buf: &mut &[u8]) -> Result<u64, WireError> {
+    // Most varints of a profile (keys, small ids, lengths) are one byte.
+    if let Some((&byte, rest)) = buf.split_first()
+        && byte < 0x80
+    {
+        *buf = rest;
+        return Ok(u64::from(byte));
+    }
+    read_long_varint(buf)
+}
+
+#[cold]
+fn read_long_varint(buf: &mut &[u8]) -> Result<u64, WireError> {
     let mut value = 0u64;
     for (i, &byte) in buf.iter().enumerate().take(MAX_VARINT_LEN) {
         // The tenth byte holds only bit 63: anything above 1 overflows.
@@ -91,6 +104,12 @@ pub struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
+    /// The bytes not yet walked: the next field starts here.
+    pub fn rest(&self) -> &'a [u8] {
+        self.rest
+    }
+
+    #[inline]
     fn next_field(&mut self) -> Result<(u32, Value<'a>), WireError> {
         let key = read_varint(&mut self.rest)?;
         let key = u32::try_from(key).map_err(|_| WireError::KeyOutOfRange { key })?;
@@ -133,6 +152,7 @@ impl<'a> Fields<'a> {
 impl<'a> Iterator for Fields<'a> {
     type Item = Result<(u32, Value<'a>), WireError>;
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         if self.failed || self.rest.is_empty() {
             return None;
