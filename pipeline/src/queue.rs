@@ -68,7 +68,9 @@ impl Default for BatchSettings {
 pub struct QueueSettings {
     /// Most profiles waiting in the queue (including those being sent).
     pub queue_size: usize,
-    /// Most payload bytes waiting in the queue (including those being sent).
+    /// Most bytes of memory the waiting profiles keep alive (including those
+    /// being sent): their bytes, and for a profile a processor rebuilt its
+    /// decoded form too.
     pub max_bytes: ByteSize,
     /// `drop_newest` (default) or `block`.
     pub when_full: WhenFull,
