@@ -864,6 +864,10 @@ async fn chunked_body_over_the_limit_is_cut_off() {
     let text = String::from_utf8_lossy(&response);
     assert!(text.starts_with("HTTP/1.1 413"), "{text}");
     assert!(text.contains("max_request_body_size"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "a refusal before the body was read closes the connection, and says so: {text}"
+    );
     h.assert_still_serving().await;
     h.stop().await;
 }
@@ -890,6 +894,7 @@ async fn backpressure_is_429_with_retry_after() {
         .await;
     assert_eq!(reply.status, 429, "{}", reply.text());
     assert_eq!(reply.headers.get("retry-after").unwrap(), "2", "rounded up");
+    assert_eq!(reply.headers.get("connection").unwrap(), "close");
     let (code, message) = reply.error();
     assert_eq!(code, "resource_exhausted");
     assert!(message.contains("slow"), "{message}");

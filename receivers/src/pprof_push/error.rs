@@ -173,6 +173,12 @@ impl IntoResponse for IngestError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        // A refusal may come before the body was read (size, memory, method,
+        // query); the server then cannot reuse the connection, so say so, or a
+        // client's next request on it races the close and fails.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
         if matches!(self, IngestError::MethodNotAllowed { .. }) {
             response
                 .headers_mut()
