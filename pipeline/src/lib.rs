@@ -13,6 +13,7 @@ pub mod component;
 pub mod delivery;
 pub mod memory;
 pub mod model;
+pub mod otlp;
 pub mod pprof;
 pub mod push_v1;
 pub mod queue;

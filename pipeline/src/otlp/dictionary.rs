@@ -1,0 +1,173 @@
+//! [`DictionaryBuilder`]: one deduplicated `ProfilesDictionary` for the
+//! profiles of one OTLP request.
+
+use std::collections::HashMap;
+
+use super::common::{AnyValue, any_value};
+use super::{index, proto};
+
+/// An attribute value as the builder writes them (what pprof labels hold).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum AttrValue {
+    Str(String),
+    Int(i64),
+}
+
+/// A location by value: mapping, address, lines (function, line, column).
+type LocationKey = (i32, u64, Vec<(i32, i64, i64)>);
+
+/// Builds a `ProfilesDictionary` whose tables hold each distinct entry once,
+/// entry 0 of every table being the zero value.
+#[derive(Debug)]
+pub struct DictionaryBuilder {
+    dict: proto::ProfilesDictionary,
+    strings: HashMap<String, i32>,
+    mappings: HashMap<(u64, u64, u64, i32, Vec<i32>), i32>,
+    functions: HashMap<(i32, i32, i32, i64), i32>,
+    locations: HashMap<LocationKey, i32>,
+    stacks: HashMap<Vec<i32>, i32>,
+    attributes: HashMap<(i32, AttrValue, i32), i32>,
+    links: HashMap<(Vec<u8>, Vec<u8>), i32>,
+}
+
+impl Default for DictionaryBuilder {
+    fn default() -> Self {
+        DictionaryBuilder::new()
+    }
+}
+
+impl DictionaryBuilder {
+    pub fn new() -> Self {
+        let dict = proto::ProfilesDictionary {
+            mapping_table: vec![proto::Mapping::default()],
+            location_table: vec![proto::Location::default()],
+            function_table: vec![proto::Function::default()],
+            link_table: vec![proto::Link::default()],
+            string_table: vec![String::new()],
+            attribute_table: vec![proto::KeyValueAndUnit::default()],
+            stack_table: vec![proto::Stack::default()],
+        };
+        let mut strings = HashMap::new();
+        strings.insert(String::new(), 0);
+        DictionaryBuilder {
+            dict,
+            strings,
+            mappings: HashMap::new(),
+            functions: HashMap::new(),
+            locations: HashMap::new(),
+            stacks: HashMap::new(),
+            attributes: HashMap::new(),
+            links: HashMap::new(),
+        }
+    }
+
+    pub fn string(&mut self, s: &str) -> i32 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = index(self.dict.string_table.len());
+        self.dict.string_table.push(s.to_owned());
+        self.strings.insert(s.to_owned(), i);
+        i
+    }
+
+    pub fn mapping(&mut self, m: proto::Mapping) -> i32 {
+        let key = (
+            m.memory_start,
+            m.memory_limit,
+            m.file_offset,
+            m.filename_strindex,
+            m.attribute_indices.clone(),
+        );
+        let table = &mut self.dict.mapping_table;
+        *self.mappings.entry(key).or_insert_with(|| {
+            table.push(m);
+            index(table.len() - 1)
+        })
+    }
+
+    pub fn function(&mut self, f: proto::Function) -> i32 {
+        let key = (
+            f.name_strindex,
+            f.system_name_strindex,
+            f.filename_strindex,
+            f.start_line,
+        );
+        let table = &mut self.dict.function_table;
+        *self.functions.entry(key).or_insert_with(|| {
+            table.push(f);
+            index(table.len() - 1)
+        })
+    }
+
+    /// A location without attributes (pprof locations have none).
+    pub fn location(&mut self, l: proto::Location) -> i32 {
+        let lines = l
+            .lines
+            .iter()
+            .map(|line| (line.function_index, line.line, line.column))
+            .collect();
+        let key = (l.mapping_index, l.address, lines);
+        let table = &mut self.dict.location_table;
+        *self.locations.entry(key).or_insert_with(|| {
+            table.push(l);
+            index(table.len() - 1)
+        })
+    }
+
+    pub fn stack(&mut self, location_indices: Vec<i32>) -> i32 {
+        let table = &mut self.dict.stack_table;
+        *self
+            .stacks
+            .entry(location_indices.clone())
+            .or_insert_with(|| {
+                table.push(proto::Stack { location_indices });
+                index(table.len() - 1)
+            })
+    }
+
+    pub fn string_attribute(&mut self, key: &str, value: &str, unit: &str) -> i32 {
+        self.attribute(key, AttrValue::Str(value.to_owned()), unit)
+    }
+
+    pub fn int_attribute(&mut self, key: &str, value: i64, unit: &str) -> i32 {
+        self.attribute(key, AttrValue::Int(value), unit)
+    }
+
+    fn attribute(&mut self, key: &str, value: AttrValue, unit: &str) -> i32 {
+        let key_strindex = self.string(key);
+        let unit_strindex = self.string(unit);
+        let table = &mut self.dict.attribute_table;
+        *self
+            .attributes
+            .entry((key_strindex, value.clone(), unit_strindex))
+            .or_insert_with(|| {
+                let value = match value {
+                    AttrValue::Str(s) => any_value::Value::StringValue(s),
+                    AttrValue::Int(n) => any_value::Value::IntValue(n),
+                };
+                table.push(proto::KeyValueAndUnit {
+                    key_strindex,
+                    value: Some(AnyValue { value: Some(value) }),
+                    unit_strindex,
+                });
+                index(table.len() - 1)
+            })
+    }
+
+    pub fn link(&mut self, trace_id: Vec<u8>, span_id: Vec<u8>) -> i32 {
+        let table = &mut self.dict.link_table;
+        *self
+            .links
+            .entry((trace_id.clone(), span_id.clone()))
+            .or_insert_with(|| {
+                table.push(proto::Link { trace_id, span_id });
+                index(table.len() - 1)
+            })
+    }
+
+    /// The dictionary built so far.
+    pub fn finish(self) -> proto::ProfilesDictionary {
+        self.dict
+    }
+}

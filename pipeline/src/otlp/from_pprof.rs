@@ -1,0 +1,181 @@
+//! pprof → OTLP: one OTLP profile per pprof sample type, all referring to one
+//! shared dictionary.
+
+use std::collections::HashMap;
+
+use super::{BUILD_ID_KEY, ConvertError, DictionaryBuilder, Lost, proto};
+use crate::pprof;
+
+/// Converts one decoded pprof profile into OTLP profiles (one per sample
+/// type, in order) whose tables are added to `dict`. Fields OTLP has no place
+/// for (`drop_frames`, `keep_frames`, comments, `default_sample_type`,
+/// `doc_url`, mapping `has_*` flags, `is_folded`) are counted in `lost`.
+pub fn pprof_to_otlp(
+    p: &pprof::Profile,
+    dict: &mut DictionaryBuilder,
+    lost: &mut Lost,
+) -> Result<Vec<proto::Profile>, ConvertError> {
+    let string = |i: i64| -> Result<&str, ConvertError> {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| p.string_table.get(i))
+            .map(String::as_str)
+            .ok_or_else(|| {
+                ConvertError::new(format!(
+                    "string index {i} is out of range (the string table has {} entries)",
+                    p.string_table.len()
+                ))
+            })
+    };
+
+    let mut mappings: HashMap<u64, i32> = HashMap::with_capacity(p.mapping.len());
+    for m in &p.mapping {
+        let mut attribute_indices = Vec::new();
+        if m.build_id != 0 {
+            attribute_indices.push(dict.string_attribute(BUILD_ID_KEY, string(m.build_id)?, ""));
+        }
+        let filename_strindex = dict.string(string(m.filename)?);
+        let index = dict.mapping(proto::Mapping {
+            memory_start: m.memory_start,
+            memory_limit: m.memory_limit,
+            file_offset: m.file_offset,
+            filename_strindex,
+            attribute_indices,
+        });
+        mappings.insert(m.id, index);
+        let flags = [
+            m.has_functions,
+            m.has_filenames,
+            m.has_line_numbers,
+            m.has_inline_frames,
+        ];
+        lost.add("mapping has_* flags", flags.iter().filter(|&&f| f).count());
+    }
+
+    let mut functions: HashMap<u64, i32> = HashMap::with_capacity(p.function.len());
+    for f in &p.function {
+        let function = proto::Function {
+            name_strindex: dict.string(string(f.name)?),
+            system_name_strindex: dict.string(string(f.system_name)?),
+            filename_strindex: dict.string(string(f.filename)?),
+            start_line: f.start_line,
+        };
+        functions.insert(f.id, dict.function(function));
+    }
+
+    let mut locations: HashMap<u64, i32> = HashMap::with_capacity(p.location.len());
+    for l in &p.location {
+        let mapping_index = match l.mapping_id {
+            0 => 0,
+            id => *mappings.get(&id).ok_or_else(|| {
+                ConvertError::new(format!(
+                    "location {} names mapping {id}, which does not exist",
+                    l.id
+                ))
+            })?,
+        };
+        let mut lines = Vec::with_capacity(l.line.len());
+        for line in &l.line {
+            let function_index = match line.function_id {
+                0 => 0,
+                id => *functions.get(&id).ok_or_else(|| {
+                    ConvertError::new(format!(
+                        "location {} names function {id}, which does not exist",
+                        l.id
+                    ))
+                })?,
+            };
+            lines.push(proto::Line {
+                function_index,
+                line: line.line,
+                column: line.column,
+            });
+        }
+        if l.is_folded {
+            lost.add("location is_folded flags", 1);
+        }
+        let index = dict.location(proto::Location {
+            mapping_index,
+            address: l.address,
+            lines,
+            attribute_indices: Vec::new(),
+        });
+        locations.insert(l.id, index);
+    }
+
+    // Each sample's stack and attributes, shared by every sample type.
+    let types = p.sample_type.len();
+    let mut samples = Vec::with_capacity(p.sample.len());
+    for (i, s) in p.sample.iter().enumerate() {
+        if s.value.len() != types {
+            return Err(ConvertError::new(format!(
+                "sample {i} has {} values for {types} sample types",
+                s.value.len()
+            )));
+        }
+        let mut stack = Vec::with_capacity(s.location_id.len());
+        for id in &s.location_id {
+            stack.push(*locations.get(id).ok_or_else(|| {
+                ConvertError::new(format!(
+                    "sample {i} names location {id}, which does not exist"
+                ))
+            })?);
+        }
+        let stack_index = dict.stack(stack);
+        let mut attribute_indices = Vec::with_capacity(s.label.len());
+        for label in &s.label {
+            let key = string(label.key)?;
+            attribute_indices.push(if label.str != 0 {
+                dict.string_attribute(key, string(label.str)?, "")
+            } else {
+                dict.int_attribute(key, label.num, string(label.num_unit)?)
+            });
+        }
+        samples.push((stack_index, attribute_indices));
+    }
+
+    let period_type = match &p.period_type {
+        Some(t) => Some(proto::ValueType {
+            type_strindex: dict.string(string(t.r#type)?),
+            unit_strindex: dict.string(string(t.unit)?),
+        }),
+        None => None,
+    };
+    let mut profiles = Vec::with_capacity(types);
+    for (t, sample_type) in p.sample_type.iter().enumerate() {
+        let sample_type = proto::ValueType {
+            type_strindex: dict.string(string(sample_type.r#type)?),
+            unit_strindex: dict.string(string(sample_type.unit)?),
+        };
+        profiles.push(proto::Profile {
+            sample_type: Some(sample_type),
+            samples: p
+                .sample
+                .iter()
+                .zip(&samples)
+                .map(|(s, (stack_index, attribute_indices))| proto::Sample {
+                    stack_index: *stack_index,
+                    attribute_indices: attribute_indices.clone(),
+                    link_index: 0,
+                    values: vec![s.value[t]],
+                    timestamps_unix_nano: Vec::new(),
+                })
+                .collect(),
+            time_unix_nano: u64::try_from(p.time_nanos).unwrap_or(0),
+            duration_nano: u64::try_from(p.duration_nanos).unwrap_or(0),
+            period_type,
+            period: p.period,
+            ..proto::Profile::default()
+        });
+    }
+
+    lost.add("drop_frames", usize::from(p.drop_frames != 0));
+    lost.add("keep_frames", usize::from(p.keep_frames != 0));
+    lost.add("comments", p.comment.len());
+    lost.add(
+        "default_sample_type",
+        usize::from(p.default_sample_type != 0),
+    );
+    lost.add("doc_url", usize::from(p.doc_url != 0));
+    Ok(profiles)
+}

@@ -1,0 +1,81 @@
+//! OTLP profiles (proto 1.10, `v1development`): the messages, through the
+//! `opentelemetry-proto` crate, and the conversions between them and pprof.
+//!
+//! - [`DictionaryBuilder`] builds the deduplicated dictionary one OTLP
+//!   request shares across all its profiles (every table's entry 0 is the
+//!   zero value, as the spec requires).
+//! - [`pprof_to_otlp`]: one OTLP profile per pprof sample type, all sharing
+//!   the dictionary; sample labels become attributes (numeric ones keep their
+//!   unit); a mapping's build id becomes `process.executable.build_id.gnu`.
+//! - [`otlp_to_pprof`]: profiles of one time window and period merge into one
+//!   pprof with a sample type per profile (samples with the same stack,
+//!   attributes and link add up); links become `trace_id`/`span_id` labels.
+//!   Indexes are checked against their tables first: a request from a sender
+//!   on an older OTLP profiles version decodes into nonsense without any
+//!   protobuf error, and must be refused, not converted.
+//!
+//! Whatever one form cannot carry is counted in [`Lost`], never dropped
+//! silently. What may depend on this: receivers, processors and exporters.
+
+mod dictionary;
+mod from_pprof;
+#[cfg(test)]
+mod tests;
+mod to_pprof;
+
+use std::collections::BTreeMap;
+
+pub use opentelemetry_proto::tonic::collector::profiles::v1development as collector;
+pub use opentelemetry_proto::tonic::common::v1 as common;
+pub use opentelemetry_proto::tonic::profiles::v1development as proto;
+
+pub use dictionary::DictionaryBuilder;
+pub use from_pprof::pprof_to_otlp;
+pub use to_pprof::otlp_to_pprof;
+
+/// The attribute a mapping's build id is written under (Go's pprof writer
+/// records the ELF GNU build id).
+pub const BUILD_ID_KEY: &str = "process.executable.build_id.gnu";
+
+/// Every build id attribute read back into a pprof mapping, preferred first.
+pub const BUILD_ID_KEYS: [&str; 4] = [
+    BUILD_ID_KEY,
+    "process.executable.build_id.go",
+    "process.executable.build_id.htlhash",
+    "process.executable.build_id.profiling",
+];
+
+/// Why a profile cannot be converted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConvertError(pub String);
+
+impl ConvertError {
+    fn new(message: impl Into<String>) -> Self {
+        ConvertError(message.into())
+    }
+}
+
+/// What a conversion could not carry over, counted by what it was.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lost {
+    pub counts: BTreeMap<&'static str, usize>,
+}
+
+impl Lost {
+    pub(crate) fn add(&mut self, what: &'static str, n: usize) {
+        if n > 0 {
+            *self.counts.entry(what).or_default() += n;
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+}
+
+/// A table index as OTLP writes it; tables are bounded far below `i32::MAX`
+/// by the element caps every decoder applies first.
+fn index(len: usize) -> i32 {
+    i32::try_from(len).unwrap_or(i32::MAX)
+}
