@@ -68,6 +68,7 @@ impl Default for Telemetry {
 impl Telemetry {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("proflow");
+        // Help texts end without a period: the encoder adds one.
         macro_rules! family {
             ($name:literal, $help:literal, $ty:expr) => {{
                 let f = $ty;
@@ -78,87 +79,87 @@ impl Telemetry {
         Telemetry {
             receiver_accepted_profiles: family!(
                 "receiver_accepted_profiles",
-                "Profiles a receiver accepted into the pipeline.",
+                "Profiles a receiver accepted into the pipeline",
                 Counters::default()
             ),
             receiver_accepted_bytes: family!(
                 "receiver_accepted_bytes",
-                "Payload bytes a receiver accepted into the pipeline.",
+                "Payload bytes a receiver accepted into the pipeline",
                 Counters::default()
             ),
             receiver_refused_profiles: family!(
                 "receiver_refused_profiles",
-                "Profiles a receiver refused, by reason.",
+                "Profiles a receiver refused, by reason",
                 Counters::default()
             ),
             receiver_refused_requests: family!(
                 "receiver_refused_requests",
-                "Requests a receiver refused, by reason.",
+                "Requests a receiver refused, by reason",
                 Counters::default()
             ),
             processor_received_profiles: family!(
                 "processor_received_profiles",
-                "Profiles a processor was given.",
+                "Profiles a processor was given",
                 Counters::default()
             ),
             processor_dropped_profiles: family!(
                 "processor_dropped_profiles",
-                "Profiles a processor dropped, by reason.",
+                "Profiles a processor dropped, by reason",
                 Counters::default()
             ),
             exporter_enqueued_profiles: family!(
                 "exporter_enqueued_profiles",
-                "Profiles put into an exporter's queue.",
+                "Profiles put into an exporter's queue",
                 Counters::default()
             ),
             exporter_sent_profiles: family!(
                 "exporter_sent_profiles",
-                "Profiles an exporter delivered.",
+                "Profiles an exporter delivered",
                 Counters::default()
             ),
             exporter_sent_bytes: family!(
                 "exporter_sent_bytes",
-                "Payload bytes an exporter delivered.",
+                "Payload bytes an exporter delivered",
                 Counters::default()
             ),
             exporter_failed_profiles: family!(
                 "exporter_failed_profiles",
-                "Profiles an exporter failed to deliver and gave up on, by reason.",
+                "Profiles an exporter failed to deliver and gave up on, by reason",
                 Counters::default()
             ),
             exporter_dropped_profiles: family!(
                 "exporter_dropped_profiles",
-                "Profiles dropped before an exporter's queue or left in it at shutdown, by reason.",
+                "Profiles dropped before an exporter's queue or left in it at shutdown, by reason",
                 Counters::default()
             ),
             exporter_retries: family!(
                 "exporter_retries",
-                "Send attempts an exporter retried after a retryable failure.",
+                "Send attempts an exporter retried after a retryable failure",
                 Counters::default()
             ),
             exporter_queue_profiles: family!(
                 "exporter_queue_profiles",
-                "Profiles waiting in an exporter's queue.",
+                "Profiles waiting in an exporter's queue",
                 Gauges::default()
             ),
             exporter_queue_bytes: family!(
                 "exporter_queue_bytes",
-                "Payload bytes waiting in an exporter's queue.",
+                "Payload bytes waiting in an exporter's queue",
                 Gauges::default()
             ),
             exporter_send_duration: family!(
                 "exporter_send_duration_seconds",
-                "Time one export attempt took.",
+                "Time one export attempt took",
                 new_histograms()
             ),
             memory_in_flight_bytes: family!(
                 "memory_in_flight_bytes",
-                "Bytes of request bodies and decompressed data receivers hold now (bounded by service.limits.max_in_flight_bytes).",
+                "Bytes of request bodies and decompressed data receivers hold now (bounded by service.limits.max_in_flight_bytes)",
                 Gauge::default()
             ),
             memory_limit_bytes: family!(
                 "memory_limit_bytes",
-                "service.limits.max_in_flight_bytes.",
+                "service.limits.max_in_flight_bytes",
                 Gauge::default()
             ),
             registry,
@@ -406,5 +407,13 @@ mod tests {
             text.contains(r#"proflow_exporter_queue_bytes{exporter="file"} 300"#),
             "{text}"
         );
+        let help: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP")).collect();
+        assert!(!help.is_empty(), "{text}");
+        for line in help {
+            assert!(
+                line.ends_with('.') && !line.ends_with(".."),
+                "one period per help text: {line}"
+            );
+        }
     }
 }
