@@ -303,19 +303,14 @@ struct Target {
 
 impl Fanout {
     /// Tries to reserve room in every target queue at once. On a full `block`
-    /// queue nothing stays reserved and the error names it; full
-    /// `drop_newest` queues are listed in `dropped` instead.
-    fn reserve_all(
-        targets: &[Target],
-        dropped: &mut Vec<usize>,
-    ) -> Result<Vec<Option<Reservation>>, (usize, Refusal)> {
-        dropped.clear();
+    /// queue nothing stays reserved and the error names it; a full
+    /// `drop_newest` queue gets `None` (its copy is dropped).
+    fn reserve_all(targets: &[Target]) -> Result<Vec<Option<Reservation>>, (usize, Refusal)> {
         let mut reserved: Vec<Option<Reservation>> = Vec::with_capacity(targets.len());
         for (i, t) in targets.iter().enumerate() {
             match t.queue.reserve(t.envelopes.len(), t.bytes) {
                 Ok(r) => reserved.push(Some(r)),
                 Err(Refusal::Full) if t.queue.when_full() == WhenFull::DropNewest => {
-                    dropped.push(i);
                     reserved.push(None);
                 }
                 Err(refusal) => {
@@ -390,9 +385,8 @@ impl Consumer for Fanout {
         }
         // `block` queues first: if one refuses, nothing was dropped anywhere.
         targets.sort_by_key(|t| t.queue.when_full() == WhenFull::DropNewest);
-        let mut dropped = Vec::new();
         let reserved = loop {
-            match Fanout::reserve_all(&targets, &mut dropped) {
+            match Fanout::reserve_all(&targets) {
                 Ok(reserved) => break reserved,
                 Err((_, Refusal::Closed)) => return Err(ConsumeError::ShuttingDown),
                 Err((i, Refusal::Full)) => match admission {
@@ -412,12 +406,11 @@ impl Consumer for Fanout {
         // Counted only now that the batch is accepted: a refused batch dropped nothing.
         let mut filtered_share = ack.share(filtered);
         filtered_share.report(Outcome::Filtered, filtered);
-        for (i, (t, r)) in targets.into_iter().zip(reserved).enumerate() {
+        for (t, r) in targets.into_iter().zip(reserved) {
             let share = ack.share(t.envelopes.len());
             match r {
                 Some(r) => t.queue.push(r, t.envelopes, meta.clone(), share),
                 None => {
-                    debug_assert!(dropped.contains(&i));
                     t.queue.dropped_full(t.envelopes.len());
                     share.resolve(Outcome::Dropped);
                 }
