@@ -14,11 +14,14 @@
 //!   on an older OTLP profiles version decodes into nonsense without any
 //!   protobuf error, and must be refused, not converted.
 //!
+//! - [`json`]: OTLP JSON for requests (the crate's serde is not OTLP JSON).
+//!
 //! Whatever one form cannot carry is counted in [`Lost`], never dropped
 //! silently. What may depend on this: receivers, processors and exporters.
 
 mod dictionary;
 mod from_pprof;
+pub mod json;
 #[cfg(test)]
 mod tests;
 mod to_pprof;

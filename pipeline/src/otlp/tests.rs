@@ -372,6 +372,17 @@ fn indexes_out_of_range_are_refused() {
     bad.string_table[0] = "x".into();
     let err = one_profile(&bad, vec![]).unwrap_err();
     assert!(err.0.contains("string_table"), "{err}");
+    // An empty value in entry 0 (how the collector writes it) is the zero value.
+    let mut empty_value = small_dictionary();
+    empty_value.attribute_table[0].value = Some(common::AnyValue { value: None });
+    assert!(one_profile(&empty_value, vec![]).is_ok());
+    empty_value.attribute_table[0].key_strindex = 1;
+    assert!(
+        one_profile(&empty_value, vec![])
+            .unwrap_err()
+            .0
+            .contains("attribute_table")
+    );
 }
 
 #[test]
@@ -499,5 +510,90 @@ fn the_dictionary_holds_each_entry_once_with_zero_values_first() {
         d.stack_table[1].location_indices.len(),
         2,
         "leaf first, as in pprof"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+
+    #[test]
+    fn otlp_json_round_trips_exactly(m in model(), link in any::<bool>(), trace in any::<[u8; 16]>()) {
+        let mut dict = DictionaryBuilder::new();
+        let mut profiles = pprof_to_otlp(&build(&m), &mut dict, &mut Lost::default()).unwrap();
+        if link && !profiles.is_empty() && !profiles[0].samples.is_empty() {
+            profiles[0].samples[0].link_index = dict.link(trace.to_vec(), trace[..8].to_vec());
+            profiles[0].profile_id = trace.to_vec();
+        }
+        let request = collector::ExportProfilesServiceRequest {
+            resource_profiles: vec![proto::ResourceProfiles {
+                resource: Some(opentelemetry_proto::tonic::resource::v1::Resource {
+                    attributes: vec![common::KeyValue {
+                        key: "service.name".into(),
+                        value: Some(common::AnyValue { value: Some(common::any_value::Value::StringValue("svc".into())) }),
+                        key_strindex: 0,
+                    }],
+                    ..Default::default()
+                }),
+                scope_profiles: vec![proto::ScopeProfiles { profiles, ..Default::default() }],
+                ..Default::default()
+            }],
+            dictionary: Some(dict.finish()),
+        };
+        let text = json::encode_request(&request);
+        prop_assert_eq!(json::decode_request(&text).unwrap(), request);
+    }
+}
+
+#[test]
+fn otlp_json_follows_the_otlp_mapping() {
+    let mut dict = DictionaryBuilder::new();
+    let link = dict.link(vec![0xab; 16], vec![0x01; 8]);
+    let profile = proto::Profile {
+        samples: vec![proto::Sample {
+            stack_index: 1,
+            link_index: link,
+            values: vec![-5, 1 << 40],
+            ..Default::default()
+        }],
+        time_unix_nano: 1_700_000_000_000_000_000,
+        ..Default::default()
+    };
+    let request = collector::ExportProfilesServiceRequest {
+        resource_profiles: vec![proto::ResourceProfiles {
+            scope_profiles: vec![proto::ScopeProfiles {
+                profiles: vec![profile],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        dictionary: Some(dict.finish()),
+    };
+    let text = String::from_utf8(json::encode_request(&request)).unwrap();
+    for expected in [
+        r#""values":["-5","1099511627776"]"#,
+        r#""timeUnixNano":"1700000000000000000""#,
+        r#""traceId":"abababababababababababababababab""#,
+        r#""spanId":"0101010101010101""#,
+        r#""mappingTable":[{}]"#,
+    ] {
+        assert!(text.contains(expected), "{expected} in {text}");
+    }
+    assert!(
+        !text.contains("durationNano"),
+        "zero values are omitted: {text}"
+    );
+    // Numbers, snake_case names and nulls are read too; unknown fields ignored.
+    let other = br#"{"resource_profiles":[{"scopeProfiles":[{"profiles":[{"samples":[{"stackIndex":1,"values":[3, "4"]}],"time_unix_nano":12,"period":null,"futureField":1}]}]}],"dictionary":{"stringTable":[""]}}"#;
+    let r = json::decode_request(other).unwrap();
+    let p = &r.resource_profiles[0].scope_profiles[0].profiles[0];
+    assert_eq!(
+        (p.samples[0].values.clone(), p.time_unix_nano),
+        (vec![3, 4], 12)
+    );
+    let err = json::decode_request(br#"{"resourceProfiles":[{"scopeProfiles":[{"profiles":[{"samples":[{"values":["x"]}]}]}]}]}"#).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("resourceProfiles[0].scopeProfiles[0].profiles[0].samples[0].values[0]"),
+        "{err}"
     );
 }

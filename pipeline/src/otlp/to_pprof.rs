@@ -67,11 +67,15 @@ fn check_dictionary(d: &proto::ProfilesDictionary) -> Result<(), ConvertError> {
             .first()
             .is_none_or(|s| *s == proto::Stack::default()),
     )?;
+    // An empty value (`{"value": {}}`, as the collector writes entry 0) is
+    // the zero value too.
     zero(
         "attribute_table",
-        d.attribute_table
-            .first()
-            .is_none_or(|a| *a == proto::KeyValueAndUnit::default()),
+        d.attribute_table.first().is_none_or(|a| {
+            a.key_strindex == 0
+                && a.unit_strindex == 0
+                && a.value.as_ref().is_none_or(|v| v.value.is_none())
+        }),
     )
 }
 

@@ -1,0 +1,179 @@
+//! proflow's pprof → OTLP conversion and OTLP JSON codec against the real
+//! OpenTelemetry Collector: a profile converted by proflow is sent to the
+//! collector's OTLP/HTTP receiver (as OTLP JSON and as protobuf), the
+//! collector accepts it without rejecting anything, and what its file exporter
+//! writes (OTLP JSON, resource attributes by reference into the string table)
+//! is read back with proflow's decoder and converted to pprof with the same
+//! totals per stack and sample type as the source.
+
+mod peer_env;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proflow_pipeline::otlp::{self, DictionaryBuilder, Lost, collector, common, json, proto};
+use proflow_pipeline::pprof;
+use proflow_pipeline::testdata::{TYPICAL_FUNCTIONS, TYPICAL_SAMPLES, cpu_profile};
+use prost::Message;
+
+/// Totals per (sample type, stack of function names, leaf first).
+fn totals(p: &pprof::Profile) -> BTreeMap<(String, String), i64> {
+    let s = |i: i64| p.string_table[i as usize].clone();
+    let mut out = BTreeMap::new();
+    for sample in &p.sample {
+        let stack: Vec<String> = sample
+            .location_id
+            .iter()
+            .flat_map(|id| {
+                let l = p.location.iter().find(|l| l.id == *id).unwrap();
+                l.line.iter().map(|line| {
+                    let f = p
+                        .function
+                        .iter()
+                        .find(|f| f.id == line.function_id)
+                        .unwrap();
+                    s(f.name)
+                })
+            })
+            .collect();
+        for (t, st) in p.sample_type.iter().enumerate() {
+            *out.entry((s(st.r#type), stack.join(";"))).or_default() += sample.value[t];
+        }
+    }
+    out
+}
+
+/// A key's or string value's text, inline or by reference into the strings.
+fn text(inline: &str, strindex: i32, strings: &[String]) -> String {
+    if inline.is_empty() {
+        strings.get(strindex as usize).cloned().unwrap_or_default()
+    } else {
+        inline.to_owned()
+    }
+}
+
+fn service_name(rp: &proto::ResourceProfiles, strings: &[String]) -> Option<String> {
+    rp.resource.as_ref()?.attributes.iter().find_map(|kv| {
+        (text(&kv.key, kv.key_strindex, strings) == "service.name").then(|| {
+            match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(common::any_value::Value::StringValue(s)) => s.clone(),
+                Some(common::any_value::Value::StringValueStrindex(i)) => text("", *i, strings),
+                _ => String::new(),
+            }
+        })
+    })
+}
+
+fn send_and_read_back(content_type: &str) {
+    let Some(otelcol) = peer_env::peer("otelcol") else {
+        return;
+    };
+    let source = cpu_profile(TYPICAL_SAMPLES, TYPICAL_FUNCTIONS);
+    let service = peer_env::unique("proflow-otlp-");
+    let mut dict = DictionaryBuilder::new();
+    let mut lost = Lost::default();
+    let profiles = otlp::pprof_to_otlp(&source, &mut dict, &mut lost).unwrap();
+    let request = collector::ExportProfilesServiceRequest {
+        resource_profiles: vec![proto::ResourceProfiles {
+            resource: Some(opentelemetry_proto_resource(&service)),
+            scope_profiles: vec![proto::ScopeProfiles {
+                scope: Some(common::InstrumentationScope {
+                    name: "proflow".into(),
+                    ..Default::default()
+                }),
+                profiles,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        dictionary: Some(dict.finish()),
+    };
+    let body = if content_type == "application/json" {
+        json::encode_request(&request)
+    } else {
+        request.encode_to_vec()
+    };
+    let url = format!(
+        "http://{}/v1development/profiles",
+        otelcol.var("HTTP_ENDPOINT")
+    );
+    let response = reqwest::blocking::Client::new()
+        .post(&url)
+        .header("Content-Type", content_type)
+        .body(body)
+        .send()
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    let status = response.status();
+    let answer = response.bytes().unwrap_or_default();
+    assert!(status.is_success(), "{content_type}: {status} {answer:?}");
+    if content_type != "application/json" {
+        let answer = collector::ExportProfilesServiceResponse::decode(answer.as_ref()).unwrap();
+        assert_eq!(
+            answer.partial_success.map_or(0, |p| p.rejected_profiles),
+            0,
+            "the collector rejected profiles"
+        );
+    } else {
+        let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+        let rejected = &answer["partialSuccess"]["rejectedProfiles"];
+        assert!(
+            rejected.is_null() || rejected == "0",
+            "the collector rejected profiles: {answer}"
+        );
+    }
+
+    let file = otelcol.var("FILE_PATH").to_owned();
+    let line = peer_env::poll(Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(&file).ok()?;
+        text.lines()
+            .find(|l| l.contains(&service))
+            .map(str::to_owned)
+    })
+    .unwrap_or_else(|| panic!("no line with {service} in the collector's file export {file}"));
+    let written =
+        json::decode_request(line.as_bytes()).expect("proflow reads the collector's OTLP JSON");
+    let dict = written.dictionary.as_ref().expect("a dictionary");
+    let rp = written
+        .resource_profiles
+        .iter()
+        .find(|rp| service_name(rp, &dict.string_table).as_deref() == Some(service.as_str()))
+        .unwrap_or_else(|| panic!("no resource with service.name={service}: {line}"));
+    let profiles: Vec<proto::Profile> = rp
+        .scope_profiles
+        .iter()
+        .flat_map(|sp| sp.profiles.iter().cloned())
+        .collect();
+    let back = otlp::otlp_to_pprof(dict, &profiles, &mut lost).expect("converts back");
+    assert!(lost.is_empty(), "{lost:?}");
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(
+        totals(&back[0]),
+        totals(&source),
+        "the same totals per stack and sample type came back through the collector"
+    );
+}
+
+fn opentelemetry_proto_resource(
+    service: &str,
+) -> opentelemetry_proto::tonic::resource::v1::Resource {
+    opentelemetry_proto::tonic::resource::v1::Resource {
+        attributes: vec![common::KeyValue {
+            key: "service.name".into(),
+            value: Some(common::AnyValue {
+                value: Some(common::any_value::Value::StringValue(service.to_owned())),
+            }),
+            key_strindex: 0,
+        }],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn otlp_json_from_proflow_goes_through_the_collector_unchanged() {
+    send_and_read_back("application/json");
+}
+
+#[test]
+fn otlp_protobuf_from_proflow_goes_through_the_collector_unchanged() {
+    send_and_read_back("application/x-protobuf");
+}
