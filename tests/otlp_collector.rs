@@ -177,3 +177,86 @@ fn otlp_json_from_proflow_goes_through_the_collector_unchanged() {
 fn otlp_protobuf_from_proflow_goes_through_the_collector_unchanged() {
     send_and_read_back("application/x-protobuf");
 }
+
+/// The `file` exporter's `format: otlp_json` output is what the collector's
+/// OTLP/HTTP receiver takes: a file written by proflow is posted as it is,
+/// accepted, and comes out of the collector with the same totals.
+#[test]
+fn a_file_written_as_otlp_json_is_taken_by_the_collector() {
+    use proflow_exporters::file::{FileExporter, FileExporterConfig};
+    use proflow_pipeline::model::{Envelope, Labels, Payload, ValueType};
+
+    let Some(otelcol) = peer_env::peer("otelcol") else {
+        return;
+    };
+    let service = peer_env::unique("proflow-file-otlp-");
+    let source = cpu_profile(TYPICAL_SAMPLES, TYPICAL_FUNCTIONS);
+    let dir = tempfile::tempdir().unwrap();
+    let config: FileExporterConfig = serde_json::from_value(serde_json::json!({
+        "directory": dir.path(),
+        "format": "otlp_json",
+    }))
+    .unwrap();
+    let exporter = FileExporter::open(&config, "file").unwrap();
+    exporter
+        .write_batch(&[Envelope {
+            labels: Labels::from_pairs([
+                ("service_name", service.as_str()),
+                ("__name__", "process_cpu"),
+            ]),
+            start_unix_nanos: source.time_nanos,
+            end_unix_nanos: source.time_nanos + source.duration_nanos,
+            sample_types: vec![
+                ValueType::new("samples", "count"),
+                ValueType::new("cpu", "nanoseconds"),
+            ],
+            period_type: Some(ValueType::new("cpu", "nanoseconds")),
+            period: source.period,
+            payload: Payload::from_bytes(pprof::encode(&source), 64 << 20),
+        }])
+        .unwrap();
+    let written = std::fs::read_dir(dir.path().join(&service))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".otlp.json"))
+        .expect("an .otlp.json file");
+    let url = format!(
+        "http://{}/v1development/profiles",
+        otelcol.var("HTTP_ENDPOINT")
+    );
+    let response = reqwest::blocking::Client::new()
+        .post(&url)
+        .header("Content-Type", "application/json")
+        .body(std::fs::read(&written).unwrap())
+        .send()
+        .unwrap();
+    let status = response.status();
+    let answer: serde_json::Value =
+        serde_json::from_slice(&response.bytes().unwrap_or_default()).unwrap_or_default();
+    assert!(status.is_success(), "{status} {answer}");
+    let rejected = &answer["partialSuccess"]["rejectedProfiles"];
+    assert!(rejected.is_null() || rejected == "0", "{answer}");
+
+    let file = otelcol.var("FILE_PATH").to_owned();
+    let line = peer_env::poll(Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(&file).ok()?;
+        text.lines()
+            .find(|l| l.contains(&service))
+            .map(str::to_owned)
+    })
+    .unwrap_or_else(|| panic!("no line with {service} in {file}"));
+    let out = json::decode_request(line.as_bytes()).unwrap();
+    let dict = out.dictionary.as_ref().unwrap();
+    let rp = out
+        .resource_profiles
+        .iter()
+        .find(|rp| service_name(rp, &dict.string_table).as_deref() == Some(service.as_str()))
+        .expect("our resource");
+    let profiles: Vec<proto::Profile> = rp
+        .scope_profiles
+        .iter()
+        .flat_map(|sp| sp.profiles.clone())
+        .collect();
+    let back = otlp::otlp_to_pprof(dict, &profiles, &mut Lost::default()).unwrap();
+    assert_eq!(totals(&back[0]), totals(&source));
+}

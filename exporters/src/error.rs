@@ -21,7 +21,7 @@ pub enum Error {
     },
     /// A payload could not be decoded for an output format that needs the decoded form.
     #[error(
-        "profile {series} could not be decoded for folded output ({source}); it was dropped \
+        "profile {series} could not be decoded for {format} output ({source}); it was dropped \
          because retrying cannot help ({} profile(s) in all could not be decoded, \
          {written} other(s) of the batch were written); \
          fix the sender or use `format: pprof`, which writes the bytes as they arrived",
@@ -30,6 +30,8 @@ pub enum Error {
     Decode {
         /// The series labels, for finding the sender.
         series: String,
+        /// The output format that needed the decoded form (`folded`, `otlp_json`).
+        format: &'static str,
         written: usize,
         /// Indexes (in the exported batch) of every profile that could not be
         /// decoded; the others were written.
@@ -37,6 +39,7 @@ pub enum Error {
         #[source]
         source: DecodeError,
     },
+
     /// An index line could not be encoded (cannot happen for string labels; kept
     /// as an error instead of a panic).
     #[error("could not encode the index line for {series}: {source}")]

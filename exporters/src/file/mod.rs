@@ -8,6 +8,9 @@
 //! - `format: folded`: one `<start>-<name>-<seq>-<sample type>.folded` file per
 //!   sample type (a per-type header inside one file would break flame-graph
 //!   tools), made from the decoded profile.
+//! - `format: otlp_json`: one `<start>-<name>-<seq>.otlp.json` per profile,
+//!   an OTLP profiles JSON `ExportProfilesServiceRequest` made from the
+//!   decoded profile (series labels as resource attributes).
 //! - `<directory>/index.jsonl`: one JSON object per written file:
 //!   `{"path": "<service>/<file>", "labels": {...}, "start": ns, "end": ns,
 //!   "sample_types": [{"type": "cpu", "unit": "nanoseconds"}]}`. The lines of one
@@ -47,6 +50,7 @@ use proflow_pipeline::component::{
     BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Resource, Validate,
 };
 use proflow_pipeline::model::{Envelope, ExportBatch, Labels, NAME_LABEL, SERVICE_NAME_LABEL};
+use proflow_pipeline::otlp;
 use proflow_pipeline::queue::{QueueSettings, RetrySettings};
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +70,11 @@ pub enum FileFormat {
     Pprof,
     /// Folded stacks (`.folded`), one file per sample type; needs the payload decoded.
     Folded,
+    /// OTLP profiles JSON (`.otlp.json`): one `ExportProfilesServiceRequest`
+    /// per file, one OTLP profile per sample type, series labels as resource
+    /// attributes (`service_name` as `service.name`); what the OpenTelemetry
+    /// Collector's OTLP/HTTP receiver takes. Needs the payload decoded.
+    OtlpJson,
 }
 
 /// `retention` of the file exporter.
@@ -319,8 +328,14 @@ impl Shared {
         }
         self.write_files(pending)?;
         match first_failure {
-            Some(Error::Decode { series, source, .. }) => Err(Error::Decode {
+            Some(Error::Decode {
                 series,
+                format,
+                source,
+                ..
+            }) => Err(Error::Decode {
+                series,
+                format,
                 source,
                 written: rendered,
                 refused,
@@ -353,9 +368,37 @@ impl Shared {
                     line,
                 }])
             }
+            FileFormat::OtlpJson => {
+                let decode_error = |source| Error::Decode {
+                    series: labels.to_selector_string(),
+                    format: "otlp_json",
+                    written: 0,
+                    refused: Vec::new(),
+                    source,
+                };
+                let profile = envelope.payload.decoded().map_err(decode_error)?;
+                let bytes = otlp_json(envelope, &profile).map_err(|e| {
+                    decode_error(proflow_pipeline::pprof::DecodeError::Protobuf(e.0))
+                })?;
+                let seq = self.take_seq();
+                let file_name = naming::otlp_json_file(envelope.start_unix_nanos, name, seq);
+                let types = envelope
+                    .sample_types
+                    .iter()
+                    .map(|t| (t.r#type.as_str(), t.unit.as_str()));
+                let line = index_line(&service_dir, &file_name, envelope, types)?;
+                Ok(vec![Pending {
+                    service_dir,
+                    file_name,
+                    seq,
+                    bytes: Bytes::from(bytes),
+                    line,
+                }])
+            }
             FileFormat::Folded => {
                 let profile = envelope.payload.decoded().map_err(|source| Error::Decode {
                     series: labels.to_selector_string(),
+                    format: "folded",
                     written: 0,
                     refused: Vec::new(),
                     source,
@@ -465,6 +508,54 @@ impl Shared {
             line: p.line,
         })
     }
+}
+
+/// One profile as an OTLP JSON `ExportProfilesServiceRequest`: its series
+/// labels become resource attributes (`service_name` → `service.name`; labels
+/// starting with `__` are proflow's own and are left out).
+fn otlp_json(
+    envelope: &Envelope,
+    profile: &proflow_pipeline::pprof::Profile,
+) -> Result<Vec<u8>, otlp::ConvertError> {
+    let mut dict = otlp::DictionaryBuilder::new();
+    let mut lost = otlp::Lost::default();
+    let profiles = otlp::pprof_to_otlp(profile, &mut dict, &mut lost)?;
+    let attributes = envelope
+        .labels
+        .iter()
+        .filter(|l| !l.name.starts_with("__"))
+        .map(|l| otlp::common::KeyValue {
+            key: if l.name == SERVICE_NAME_LABEL {
+                "service.name".to_owned()
+            } else {
+                l.name.clone()
+            },
+            value: Some(otlp::common::AnyValue {
+                value: Some(otlp::common::any_value::Value::StringValue(l.value.clone())),
+            }),
+            key_strindex: 0,
+        })
+        .collect();
+    let request = otlp::collector::ExportProfilesServiceRequest {
+        resource_profiles: vec![otlp::proto::ResourceProfiles {
+            resource: Some(otlp::Resource {
+                attributes,
+                ..otlp::Resource::default()
+            }),
+            scope_profiles: vec![otlp::proto::ScopeProfiles {
+                scope: Some(otlp::common::InstrumentationScope {
+                    name: "proflow".to_owned(),
+                    version: env!("CARGO_PKG_VERSION").to_owned(),
+                    ..Default::default()
+                }),
+                profiles,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        dictionary: Some(dict.finish()),
+    };
+    Ok(otlp::json::encode_request(&request))
 }
 
 /// Best-effort removal while undoing a failed export; the original error is

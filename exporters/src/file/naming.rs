@@ -4,6 +4,7 @@
 //! <directory>/index.jsonl                                   one JSON line per profile file
 //! <directory>/<service>/<start>-<name>-<seq>.pb.gz          format: pprof
 //! <directory>/<service>/<start>-<name>-<seq>-<type>.folded  format: folded, one per sample type
+//! <directory>/<service>/<start>-<name>-<seq>.otlp.json      format: otlp_json
 //! <directory>/**/.proflow-<seq>.tmp                         being written; removed at start
 //! ```
 //!
@@ -18,6 +19,7 @@ pub(crate) const INDEX_FILE: &str = "index.jsonl";
 pub(crate) const INDEX_TEMP_FILE: &str = ".proflow-index.tmp";
 pub(crate) const PPROF_SUFFIX: &str = ".pb.gz";
 pub(crate) const FOLDED_SUFFIX: &str = ".folded";
+pub(crate) const OTLP_JSON_SUFFIX: &str = ".otlp.json";
 /// Temporary files start with a dot (hidden, never a service directory name,
 /// which [`service_dir`] guarantees) and never end in a profile suffix, so a
 /// reader globbing `*.pb.gz` never sees a partial file.
@@ -85,12 +87,20 @@ pub(crate) fn profile_file(
     }
 }
 
+/// The name of an OTLP JSON file (`format: otlp_json`).
+pub(crate) fn otlp_json_file(start_unix_nanos: i64, name: Option<&str>, seq: u64) -> String {
+    let pprof = profile_file(start_unix_nanos, name, seq, None);
+    let stem = pprof.strip_suffix(PPROF_SUFFIX).unwrap_or(&pprof);
+    format!("{stem}{OTLP_JSON_SUFFIX}")
+}
+
 /// The sequence number of a profile file this exporter wrote, `None` for any
 /// other name.
 pub(crate) fn profile_seq(file_name: &str) -> Option<u64> {
     let stem = file_name
         .strip_suffix(PPROF_SUFFIX)
-        .or_else(|| file_name.strip_suffix(FOLDED_SUFFIX))?;
+        .or_else(|| file_name.strip_suffix(FOLDED_SUFFIX))
+        .or_else(|| file_name.strip_suffix(OTLP_JSON_SUFFIX))?;
     let mut parts = stem.split('-');
     let start = parts.next()?;
     let _name = parts.next()?;
@@ -158,6 +168,9 @@ mod tests {
         assert_eq!(n, "0-go_mem-7-alloc_space.folded");
         assert_eq!(profile_seq(&n), Some(7));
         assert_eq!(profile_file(1, None, 0, None), "1-profile-0.pb.gz");
+        let otlp = otlp_json_file(5, Some("process_cpu"), 9);
+        assert_eq!(otlp, "5-process_cpu-9.otlp.json");
+        assert_eq!(profile_seq(&otlp), Some(9));
         for other in [
             "notes.txt",
             "x.pb.gz",

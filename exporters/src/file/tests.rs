@@ -118,7 +118,7 @@ fn files_under(dir: &Path) -> Vec<String> {
 fn profile_files(dir: &Path) -> Vec<String> {
     files_under(dir)
         .into_iter()
-        .filter(|f| f.ends_with(".pb.gz") || f.ends_with(".folded"))
+        .filter(|f| f.ends_with(".pb.gz") || f.ends_with(".folded") || f.ends_with(".otlp.json"))
         .collect()
 }
 
@@ -583,4 +583,70 @@ fn find_go() -> Option<PathBuf> {
         let fallback = PathBuf::from("/usr/local/go/bin/go");
         fallback.is_file().then_some(fallback)
     })
+}
+
+#[tokio::test]
+async fn otlp_json_files_hold_one_request_with_the_profile_and_its_labels() {
+    use proflow_pipeline::otlp;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let exp = exporter(tmp.path(), "format: otlp_json\n");
+    let e = envelope(Some("checkout"), "hot_fn");
+    exp.export(&ExportBatch::from(vec![e.clone()]))
+        .await
+        .expect("export succeeds");
+    let files = profile_files(tmp.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(
+        files[0].starts_with("checkout/") && files[0].ends_with(".otlp.json"),
+        "{files:?}"
+    );
+    let index = index_lines(tmp.path());
+    assert_eq!(index[0]["path"], files[0].as_str());
+
+    let bytes = std::fs::read(tmp.path().join(&files[0])).expect("read");
+    let request = otlp::json::decode_request(&bytes).expect("OTLP JSON");
+    let rp = &request.resource_profiles[0];
+    let attrs: Vec<(String, String)> = rp
+        .resource
+        .as_ref()
+        .unwrap()
+        .attributes
+        .iter()
+        .map(|kv| {
+            let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(otlp::common::any_value::Value::StringValue(s)) => s.clone(),
+                other => panic!("{other:?}"),
+            };
+            (kv.key.clone(), v)
+        })
+        .collect();
+    assert_eq!(
+        attrs,
+        vec![
+            ("env".into(), "prod".into()),
+            ("service.name".into(), "checkout".into())
+        ],
+        "labels become resource attributes; __name__ stays proflow's"
+    );
+    let profiles = &rp.scope_profiles[0].profiles;
+    assert_eq!(profiles.len(), 2, "one OTLP profile per sample type");
+    let dict = request.dictionary.as_ref().unwrap();
+    let back =
+        otlp::otlp_to_pprof(dict, profiles, &mut otlp::Lost::default()).expect("converts back");
+    let original = e.payload.decoded().unwrap();
+    let totals = |p: &pprof::Profile| -> Vec<i64> {
+        (0..p.sample_type.len())
+            .map(|t| p.sample.iter().map(|s| s.value[t]).sum())
+            .collect()
+    };
+    assert_eq!(totals(&back[0]), totals(&original));
+    let names: std::collections::BTreeSet<&str> = back[0]
+        .function
+        .iter()
+        .map(|f| back[0].string_table[f.name as usize].as_str())
+        .collect();
+    assert!(
+        names.contains("hot_fn") && names.contains("main"),
+        "{names:?}"
+    );
 }

@@ -31,6 +31,7 @@ use std::collections::BTreeMap;
 pub use opentelemetry_proto::tonic::collector::profiles::v1development as collector;
 pub use opentelemetry_proto::tonic::common::v1 as common;
 pub use opentelemetry_proto::tonic::profiles::v1development as proto;
+pub use opentelemetry_proto::tonic::resource::v1::Resource;
 
 pub use dictionary::DictionaryBuilder;
 pub use from_pprof::pprof_to_otlp;
