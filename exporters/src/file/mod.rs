@@ -345,29 +345,44 @@ impl Shared {
         }
     }
 
+    /// One file holding the whole envelope (every sample type), named by
+    /// `file_name(start, seq)`, with its index line.
+    fn whole_file(
+        &self,
+        envelope: &Envelope,
+        service_dir: String,
+        bytes: Bytes,
+        file_name: impl FnOnce(i64, u64) -> String,
+    ) -> Result<Vec<Pending>, Error> {
+        let seq = self.take_seq();
+        let file_name = file_name(envelope.start_unix_nanos, seq);
+        let types = envelope
+            .sample_types
+            .iter()
+            .map(|t| (t.r#type.as_str(), t.unit.as_str()));
+        let line = index_line(&service_dir, &file_name, envelope, types)?;
+        Ok(vec![Pending {
+            service_dir,
+            file_name,
+            seq,
+            bytes,
+            line,
+        }])
+    }
+
     /// The files one envelope becomes, with their index lines.
     fn render(&self, envelope: &Envelope) -> Result<Vec<Pending>, Error> {
         let labels = &envelope.labels;
         let service_dir = naming::service_dir(labels.get(SERVICE_NAME_LABEL));
         let name = labels.get(NAME_LABEL);
         match self.format {
-            FileFormat::Pprof => {
-                let seq = self.take_seq();
-                let file_name = naming::profile_file(envelope.start_unix_nanos, name, seq, None);
-                let types = envelope
-                    .sample_types
-                    .iter()
-                    .map(|t| (t.r#type.as_str(), t.unit.as_str()));
-                let line = index_line(&service_dir, &file_name, envelope, types)?;
-                Ok(vec![Pending {
-                    service_dir,
-                    file_name,
-                    seq,
-                    // The gzip bytes as they arrived: never decoded, never re-encoded.
-                    bytes: envelope.payload.gzipped(),
-                    line,
-                }])
-            }
+            // The gzip bytes as they arrived: never decoded, never re-encoded.
+            FileFormat::Pprof => self.whole_file(
+                envelope,
+                service_dir,
+                envelope.payload.gzipped(),
+                |start, seq| naming::profile_file(start, name, seq, None),
+            ),
             FileFormat::OtlpJson => {
                 let decode_error = |source| Error::Decode {
                     series: labels.to_selector_string(),
@@ -380,20 +395,9 @@ impl Shared {
                 let bytes = otlp_json(envelope, &profile).map_err(|e| {
                     decode_error(proflow_pipeline::pprof::DecodeError::Protobuf(e.0))
                 })?;
-                let seq = self.take_seq();
-                let file_name = naming::otlp_json_file(envelope.start_unix_nanos, name, seq);
-                let types = envelope
-                    .sample_types
-                    .iter()
-                    .map(|t| (t.r#type.as_str(), t.unit.as_str()));
-                let line = index_line(&service_dir, &file_name, envelope, types)?;
-                Ok(vec![Pending {
-                    service_dir,
-                    file_name,
-                    seq,
-                    bytes: Bytes::from(bytes),
-                    line,
-                }])
+                self.whole_file(envelope, service_dir, Bytes::from(bytes), |start, seq| {
+                    naming::otlp_json_file(start, name, seq)
+                })
             }
             FileFormat::Folded => {
                 let profile = envelope.payload.decoded().map_err(|source| Error::Decode {

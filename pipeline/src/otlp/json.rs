@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 use super::common::{
     AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList, any_value,
 };
-use super::{collector, proto};
+use super::{collector, hex, proto};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
 /// Why a JSON document is not an OTLP profiles request; `path` says where.
@@ -442,10 +442,6 @@ impl Obj {
     fn done(self) -> Value {
         Value::Object(self.0)
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn ints32(v: &[i32]) -> Vec<Value> {

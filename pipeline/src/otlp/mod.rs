@@ -78,6 +78,11 @@ impl Lost {
     }
 }
 
+/// Lower-case hex, as OTLP writes trace, span and profile ids.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A table index as OTLP writes it; tables are bounded far below `i32::MAX`
 /// by the element caps every decoder applies first.
 fn index(len: usize) -> i32 {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::common::any_value;
-use super::{BUILD_ID_KEYS, ConvertError, Lost, proto};
+use super::{BUILD_ID_KEYS, ConvertError, Lost, hex, proto};
 use crate::pprof;
 
 /// Where an index was found out of range: the message names the likely cause.
@@ -316,10 +316,9 @@ impl<'d> Builder<'d> {
                 for (name, id) in [("trace_id", &link.trace_id), ("span_id", &link.span_id)] {
                     if !id.is_empty() {
                         let key = self.intern(name);
-                        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
                         label.push(pprof::Label {
                             key,
-                            str: self.intern(&hex),
+                            str: self.intern(&hex(id)),
                             ..pprof::Label::default()
                         });
                     }
