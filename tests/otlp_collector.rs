@@ -93,6 +93,18 @@ fn send_and_read_back(content_type: &str) {
     } else {
         request.encode_to_vec()
     };
+    post_accepted(&otelcol, content_type, body);
+    assert!(lost.is_empty(), "{lost:?}");
+    assert_eq!(
+        totals(&read_back(&otelcol, &service)),
+        totals(&source),
+        "the same totals per stack and sample type came back through the collector"
+    );
+}
+
+/// POSTs an OTLP request to the collector's OTLP/HTTP receiver; it must be
+/// accepted with no profile rejected.
+fn post_accepted(otelcol: &peer_env::Peer, content_type: &str, body: Vec<u8>) {
     let url = format!(
         "http://{}/v1development/profiles",
         otelcol.var("HTTP_ENDPOINT")
@@ -121,12 +133,17 @@ fn send_and_read_back(content_type: &str) {
             "the collector rejected profiles: {answer}"
         );
     }
+}
 
+/// What the collector's file exporter wrote for `service`, read with
+/// proflow's OTLP JSON decoder and converted to one pprof profile with
+/// nothing lost.
+fn read_back(otelcol: &peer_env::Peer, service: &str) -> pprof::Profile {
     let file = otelcol.var("FILE_PATH").to_owned();
     let line = peer_env::poll(Duration::from_secs(20), || {
         let text = std::fs::read_to_string(&file).ok()?;
         text.lines()
-            .find(|l| l.contains(&service))
+            .find(|l| l.contains(service))
             .map(str::to_owned)
     })
     .unwrap_or_else(|| panic!("no line with {service} in the collector's file export {file}"));
@@ -136,21 +153,18 @@ fn send_and_read_back(content_type: &str) {
     let rp = written
         .resource_profiles
         .iter()
-        .find(|rp| service_name(rp, &dict.string_table).as_deref() == Some(service.as_str()))
+        .find(|rp| service_name(rp, &dict.string_table).as_deref() == Some(service))
         .unwrap_or_else(|| panic!("no resource with service.name={service}: {line}"));
     let profiles: Vec<proto::Profile> = rp
         .scope_profiles
         .iter()
         .flat_map(|sp| sp.profiles.iter().cloned())
         .collect();
-    let back = otlp::otlp_to_pprof(dict, &profiles, &mut lost).expect("converts back");
+    let mut lost = Lost::default();
+    let mut back = otlp::otlp_to_pprof(dict, &profiles, &mut lost).expect("converts back");
     assert!(lost.is_empty(), "{lost:?}");
     assert_eq!(back.len(), 1, "{back:?}");
-    assert_eq!(
-        totals(&back[0]),
-        totals(&source),
-        "the same totals per stack and sample type came back through the collector"
-    );
+    back.remove(0)
 }
 
 fn opentelemetry_proto_resource(
@@ -220,43 +234,10 @@ fn a_file_written_as_otlp_json_is_taken_by_the_collector() {
         .map(|e| e.unwrap().path())
         .find(|p| p.to_string_lossy().ends_with(".otlp.json"))
         .expect("an .otlp.json file");
-    let url = format!(
-        "http://{}/v1development/profiles",
-        otelcol.var("HTTP_ENDPOINT")
+    post_accepted(
+        &otelcol,
+        "application/json",
+        std::fs::read(&written).unwrap(),
     );
-    let response = reqwest::blocking::Client::new()
-        .post(&url)
-        .header("Content-Type", "application/json")
-        .body(std::fs::read(&written).unwrap())
-        .send()
-        .unwrap();
-    let status = response.status();
-    let answer: serde_json::Value =
-        serde_json::from_slice(&response.bytes().unwrap_or_default()).unwrap_or_default();
-    assert!(status.is_success(), "{status} {answer}");
-    let rejected = &answer["partialSuccess"]["rejectedProfiles"];
-    assert!(rejected.is_null() || rejected == "0", "{answer}");
-
-    let file = otelcol.var("FILE_PATH").to_owned();
-    let line = peer_env::poll(Duration::from_secs(20), || {
-        let text = std::fs::read_to_string(&file).ok()?;
-        text.lines()
-            .find(|l| l.contains(&service))
-            .map(str::to_owned)
-    })
-    .unwrap_or_else(|| panic!("no line with {service} in {file}"));
-    let out = json::decode_request(line.as_bytes()).unwrap();
-    let dict = out.dictionary.as_ref().unwrap();
-    let rp = out
-        .resource_profiles
-        .iter()
-        .find(|rp| service_name(rp, &dict.string_table).as_deref() == Some(service.as_str()))
-        .expect("our resource");
-    let profiles: Vec<proto::Profile> = rp
-        .scope_profiles
-        .iter()
-        .flat_map(|sp| sp.profiles.clone())
-        .collect();
-    let back = otlp::otlp_to_pprof(dict, &profiles, &mut Lost::default()).unwrap();
-    assert_eq!(totals(&back[0]), totals(&source));
+    assert_eq!(totals(&read_back(&otelcol, &service)), totals(&source));
 }
