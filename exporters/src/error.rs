@@ -5,7 +5,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use proflow_pipeline::component::{BuildError, ExportError};
-use proflow_pipeline::pprof::DecodeError;
+use proflow_pipeline::model::PayloadError;
 
 /// Why an exporter could not start or could not write a profile.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +37,7 @@ pub enum Error {
         /// decoded; the others were written.
         refused: Vec<usize>,
         #[source]
-        source: DecodeError,
+        source: PayloadError,
     },
 
     /// An index line could not be encoded (cannot happen for string labels; kept

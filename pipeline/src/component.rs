@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::memory::MemoryBudget;
-use crate::model::{Batch, Envelope, ExportBatch};
+use crate::model::{Batch, Envelope, ExportBatch, Format};
 use crate::queue::{QueueSettings, RetrySettings};
 use crate::telemetry::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry, Telemetry};
 
@@ -263,6 +263,14 @@ pub trait ExporterConfig: Validate + Debug + Send + Sync {
     fn retry(&self) -> RetrySettings;
     fn resources(&self) -> Vec<Resource> {
         Vec::new()
+    }
+    /// The payload form this exporter sends, if it needs one. The pipeline
+    /// gives every profile this form before it enters the exporter's queue
+    /// (converting once, shared with every other exporter that wants it, and
+    /// counted in the queue's bytes). `None`: the exporter takes either form
+    /// as it is.
+    fn wants(&self) -> Option<Format> {
+        None
     }
     fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError>;
 }

@@ -1,6 +1,7 @@
 //! proflow's core: the profile [`model`] (envelope, labels, lazily decoded
 //! payload, batches), delivery acknowledgement ([`delivery`]), the pprof
-//! messages ([`pprof`]), Pyroscope's push messages ([`push_v1`]), the
+//! messages ([`pprof`]), OTLP profiles and the conversions ([`otlp`]), the
+//! profile type rules ([`profile_type`]), Pyroscope's push messages ([`push_v1`]), the
 //! component traits ([`component`]), the in-flight memory budget
 //! ([`memory`]), exporter queues with retry ([`queue`]), the running graph
 //! ([`topology`]) and self-telemetry ([`telemetry`]), plus the protobuf wire
@@ -15,6 +16,7 @@ pub mod memory;
 pub mod model;
 pub mod otlp;
 pub mod pprof;
+pub mod profile_type;
 pub mod push_v1;
 pub mod queue;
 pub mod registry;

@@ -1,6 +1,7 @@
 //! The envelope a profile travels in: series labels, time range, sample types,
-//! period and the payload. The payload keeps the bytes that arrived and decodes
-//! them only when asked; clones share everything through `Arc`/`Bytes`.
+//! period and the payload. The payload keeps the form the profile arrived in
+//! (pprof bytes, or OTLP sharing its request's dictionary), decodes and
+//! converts only when asked, and clones share everything through `Arc`/`Bytes`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -8,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 
 use crate::delivery::{Ack, Delivery};
+use crate::otlp::{self, ConvertError, Lost, OtlpProfiles};
 use crate::pprof::{self, DecodeError};
 
 /// The label holding the profile type (`process_cpu`, `memory`, ...).
@@ -173,29 +175,101 @@ pub struct Encoded {
     pub gzipped: bool,
 }
 
+/// The two forms a profile travels in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// pprof (`perftools.profiles`), as bytes or decoded.
+    Pprof,
+    /// OTLP profiles ([`OtlpProfiles`]): decoded, sharing the dictionary of
+    /// the request they came in.
+    Otlp,
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Format::Pprof => "pprof",
+            Format::Otlp => "otlp",
+        })
+    }
+}
+
+/// Why a payload could not give the form asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    #[error("{0}")]
+    Decode(#[from] DecodeError),
+    #[error("{0}")]
+    Convert(#[from] ConvertError),
+}
+
+/// The pprof form: bytes, a decoded profile, or both.
+#[derive(Debug)]
+struct PprofForm {
+    /// The bytes as they arrived; for a form made from a profile, encoded on
+    /// first use and kept (counted in the payload's size from the start).
+    encoded: OnceLock<Encoded>,
+    /// The profile, for a form made from one.
+    profile: Option<Arc<pprof::Profile>>,
+}
+
+impl PprofForm {
+    fn from_encoded(e: Encoded) -> Self {
+        let encoded = OnceLock::new();
+        let _ = encoded.set(e);
+        PprofForm {
+            encoded,
+            profile: None,
+        }
+    }
+
+    fn encoded(&self) -> &Encoded {
+        self.encoded.get_or_init(|| match &self.profile {
+            Some(p) => Encoded {
+                bytes: pprof::encode(p),
+                gzipped: false,
+            },
+            // Unreachable by construction: a form without a profile was made
+            // from bytes, which set `encoded`.
+            None => Encoded {
+                bytes: Bytes::new(),
+                gzipped: false,
+            },
+        })
+    }
+}
+
 #[derive(Debug)]
 struct PayloadInner {
-    /// The bytes as they arrived; for a payload made from a profile, encoded
-    /// on first use and kept (counted in [`Payload::size_bytes`] from the start).
-    encoded: OnceLock<Encoded>,
-    /// The profile, for a payload made from one.
-    profile: Option<Arc<pprof::Profile>>,
+    arrived: Format,
+    /// Set when the payload arrived as pprof or was given that form.
+    pprof: Option<PprofForm>,
+    /// Set when the payload arrived as OTLP or was given that form.
+    otlp: Option<Arc<OtlpProfiles>>,
     /// What this payload keeps alive, fixed at construction so queue
     /// accounting never changes while the payload waits.
     size: usize,
-    /// Set once anything decoded the bytes (tests and benchmarks check that
-    /// pass-through never decodes).
+    /// Set once anything decoded the pprof bytes (tests and benchmarks check
+    /// that pass-through never decodes).
     decoded_once: AtomicBool,
+    /// Set once anything converted between the forms.
+    converted_once: AtomicBool,
 }
 
-/// A pprof profile, held as bytes or as a decoded profile. Cloning is an
-/// `Arc` clone: fan-out copies no payload.
+/// A profile in the form it arrived in (pprof bytes, a decoded pprof profile,
+/// or OTLP), plus any other form the pipeline gave it. Cloning is an `Arc`
+/// clone: fan-out copies no payload.
 ///
-/// Nothing derived from the bytes is cached: a decoded profile is several
-/// times larger than its bytes, and a cache filled by one exporter after the
-/// payload was admitted would pin memory no queue counted. So
-/// [`Payload::decoded`] and [`Payload::gzipped`] (of plain bytes) make a fresh
-/// value each call, and the caller drops it when done.
+/// A form is added only by [`Payload::with_form`], which makes a new payload
+/// holding both forms and counting both in its size: the pipeline calls it
+/// once per profile, before the profile enters any exporter queue, for the
+/// forms the pipeline's exporters declared they want, so every queue counts
+/// what it holds and every exporter shares the one conversion.
+///
+/// Everything else derived is made afresh on each call and never cached (a
+/// decoded profile is several times larger than its bytes, and a cache filled
+/// after admission would pin memory no queue counted): [`Payload::decoded`],
+/// [`Payload::gzipped`] of plain bytes, and a form the payload lacks.
 #[derive(Debug, Clone)]
 pub struct Payload {
     inner: Arc<PayloadInner>,
@@ -204,6 +278,27 @@ pub struct Payload {
 }
 
 impl Payload {
+    fn new(
+        arrived: Format,
+        pprof: Option<PprofForm>,
+        otlp: Option<Arc<OtlpProfiles>>,
+        size: usize,
+        decoded: bool,
+        decode_limit: usize,
+    ) -> Self {
+        Payload {
+            inner: Arc::new(PayloadInner {
+                arrived,
+                pprof,
+                otlp,
+                size,
+                decoded_once: AtomicBool::new(decoded),
+                converted_once: AtomicBool::new(false),
+            }),
+            decode_limit,
+        }
+    }
+
     /// A payload from pprof bytes as they arrived (gzip detected by magic bytes).
     ///
     /// The payload keeps `bytes` alive, and with them the whole buffer they
@@ -212,17 +307,8 @@ impl Payload {
     pub fn from_bytes(bytes: Bytes, decode_limit: usize) -> Self {
         let gzipped = pprof::is_gzip(&bytes);
         let size = bytes.len();
-        let encoded = OnceLock::new();
-        let _ = encoded.set(Encoded { bytes, gzipped });
-        Payload {
-            inner: Arc::new(PayloadInner {
-                encoded,
-                profile: None,
-                size,
-                decoded_once: AtomicBool::new(false),
-            }),
-            decode_limit,
-        }
+        let form = PprofForm::from_encoded(Encoded { bytes, gzipped });
+        Payload::new(Format::Pprof, Some(form), None, size, false, decode_limit)
     }
 
     /// A payload from a decoded profile (for example converted from folded text
@@ -230,66 +316,178 @@ impl Payload {
     /// the size counts both.
     pub fn from_profile(profile: pprof::Profile) -> Self {
         let size = heap_size(&profile) + prost::Message::encoded_len(&profile);
-        Payload {
-            inner: Arc::new(PayloadInner {
-                encoded: OnceLock::new(),
-                profile: Some(Arc::new(profile)),
-                size,
-                decoded_once: AtomicBool::new(true),
-            }),
-            decode_limit: pprof::DEFAULT_MAX_DECOMPRESSED,
+        let form = PprofForm {
+            encoded: OnceLock::new(),
+            profile: Some(Arc::new(profile)),
+        };
+        Payload::new(
+            Format::Pprof,
+            Some(form),
+            None,
+            size,
+            true,
+            pprof::DEFAULT_MAX_DECOMPRESSED,
+        )
+    }
+
+    /// A payload that arrived as OTLP.
+    pub fn from_otlp(otlp: OtlpProfiles) -> Self {
+        let size = otlp.size_bytes();
+        Payload::new(
+            Format::Otlp,
+            None,
+            Some(Arc::new(otlp)),
+            size,
+            false,
+            pprof::DEFAULT_MAX_DECOMPRESSED,
+        )
+    }
+
+    /// The form the payload arrived in.
+    pub fn arrived_as(&self) -> Format {
+        self.inner.arrived
+    }
+
+    /// True when the payload holds `format` without converting.
+    pub fn has(&self, format: Format) -> bool {
+        match format {
+            Format::Pprof => self.inner.pprof.is_some(),
+            Format::Otlp => self.inner.otlp.is_some(),
         }
+    }
+
+    /// This payload with `format` added (converted once, now), or this
+    /// payload itself when it has that form already. The new payload's size
+    /// counts both forms. Whatever the conversion could not carry is added
+    /// to `lost`.
+    pub fn with_form(&self, format: Format, lost: &mut Lost) -> Result<Payload, PayloadError> {
+        if self.has(format) {
+            return Ok(self.clone());
+        }
+        let inner = &self.inner;
+        let decoded = inner.decoded_once.load(Ordering::Relaxed);
+        let payload = match format {
+            Format::Otlp => {
+                let otlp = self.convert_to_otlp(lost)?;
+                let size = inner.size + otlp.size_bytes();
+                let pprof = inner.pprof.as_ref().map(|f| PprofForm {
+                    encoded: f.encoded.clone(),
+                    profile: f.profile.clone(),
+                });
+                Payload::new(
+                    inner.arrived,
+                    pprof,
+                    Some(Arc::new(otlp)),
+                    size,
+                    true,
+                    self.decode_limit,
+                )
+            }
+            Format::Pprof => {
+                let encoded = self.convert_to_pprof(lost)?;
+                let size = inner.size + encoded.bytes.len();
+                Payload::new(
+                    inner.arrived,
+                    Some(PprofForm::from_encoded(encoded)),
+                    inner.otlp.clone(),
+                    size,
+                    decoded,
+                    self.decode_limit,
+                )
+            }
+        };
+        payload.inner.converted_once.store(true, Ordering::Relaxed);
+        self.inner.converted_once.store(true, Ordering::Relaxed);
+        Ok(payload)
     }
 
     /// The same payload holding its own copy of the bytes, so it no longer
     /// keeps a larger buffer (a whole request) alive. A payload made from a
-    /// profile is returned as it is.
+    /// profile or holding OTLP is returned as it is.
     pub fn detach(&self) -> Payload {
-        match (&self.inner.profile, self.inner.encoded.get()) {
-            (None, Some(e)) => {
-                Payload::from_bytes(Bytes::copy_from_slice(&e.bytes), self.decode_limit)
-            }
+        match (&self.inner.pprof, &self.inner.otlp) {
+            (Some(f), None) if f.profile.is_none() => Payload::from_bytes(
+                Bytes::copy_from_slice(&f.encoded().bytes),
+                self.decode_limit,
+            ),
             _ => self.clone(),
         }
     }
 
-    /// The encoded bytes (encoding the profile once, if that is all we have).
-    pub fn encoded(&self) -> &Encoded {
-        self.inner
-            .encoded
-            .get_or_init(|| match &self.inner.profile {
-                Some(p) => Encoded {
-                    bytes: pprof::encode(p),
-                    gzipped: false,
-                },
-                // Unreachable by construction: a payload without a profile was
-                // made from bytes, which set `encoded`.
-                None => Encoded {
-                    bytes: Bytes::new(),
-                    gzipped: false,
-                },
-            })
+    /// The pprof bytes: as they arrived, encoded once from the payload's
+    /// profile, or converted now from OTLP (not cached).
+    pub fn encoded(&self) -> Result<Encoded, PayloadError> {
+        match &self.inner.pprof {
+            Some(f) => Ok(f.encoded().clone()),
+            None => self.convert_to_pprof(&mut Lost::default()),
+        }
     }
 
     /// Gzipped pprof bytes: the arrived bytes when they were gzipped (shared,
     /// no copy), else compressed now.
-    pub fn gzipped(&self) -> Bytes {
-        let e = self.encoded();
-        if e.gzipped {
-            e.bytes.clone()
+    pub fn gzipped(&self) -> Result<Bytes, PayloadError> {
+        let e = self.encoded()?;
+        Ok(if e.gzipped {
+            e.bytes
         } else {
             pprof::gzip(&e.bytes)
+        })
+    }
+
+    /// The decoded pprof profile: the payload's own for one made from a
+    /// profile, else decoded (or converted) now (not cached; see the type's docs).
+    pub fn decoded(&self) -> Result<Arc<pprof::Profile>, PayloadError> {
+        if let Some(p) = self.inner.pprof.as_ref().and_then(|f| f.profile.as_ref()) {
+            return Ok(p.clone());
+        }
+        let e = self.encoded()?;
+        self.inner.decoded_once.store(true, Ordering::Relaxed);
+        Ok(pprof::decode(&e.bytes, self.decode_limit).map(Arc::new)?)
+    }
+
+    /// The OTLP form: the payload's own, or converted now (not cached).
+    pub fn otlp(&self) -> Result<Arc<OtlpProfiles>, PayloadError> {
+        match &self.inner.otlp {
+            Some(o) => Ok(o.clone()),
+            None => Ok(Arc::new(self.convert_to_otlp(&mut Lost::default())?)),
         }
     }
 
-    /// The decoded profile: the payload's own for one made from a profile,
-    /// else decoded now from the bytes (not cached; see the type's docs).
-    pub fn decoded(&self) -> Result<Arc<pprof::Profile>, DecodeError> {
-        if let Some(p) = &self.inner.profile {
-            return Ok(p.clone());
-        }
-        self.inner.decoded_once.store(true, Ordering::Relaxed);
-        pprof::decode(&self.encoded().bytes, self.decode_limit).map(Arc::new)
+    fn convert_to_otlp(&self, lost: &mut Lost) -> Result<OtlpProfiles, PayloadError> {
+        self.inner.converted_once.store(true, Ordering::Relaxed);
+        let profile = self.decoded()?;
+        let mut dict = otlp::DictionaryBuilder::new();
+        let profiles = otlp::pprof_to_otlp(&profile, &mut dict, lost)?;
+        let dictionary = dict.finish();
+        let shared = otlp::dictionary_heap_size(&dictionary);
+        Ok(OtlpProfiles::new(
+            Arc::new(dictionary),
+            None,
+            profiles,
+            shared,
+        ))
+    }
+
+    fn convert_to_pprof(&self, lost: &mut Lost) -> Result<Encoded, PayloadError> {
+        self.inner.converted_once.store(true, Ordering::Relaxed);
+        let Some(o) = &self.inner.otlp else {
+            return Err(ConvertError("the payload holds no profile".to_owned()).into());
+        };
+        let mut profiles = otlp::otlp_to_pprof(&o.dictionary, &o.profiles, lost)?.into_iter();
+        let profile = match (profiles.next(), profiles.next()) {
+            (Some(p), None) => p,
+            _ => {
+                return Err(ConvertError(format!(
+                    "these {} OTLP profiles do not share one time window, so they do not make one pprof profile",
+                    o.profiles.len()
+                ))
+                .into());
+            }
+        };
+        Ok(Encoded {
+            bytes: pprof::encode(&profile),
+            gzipped: false,
+        })
     }
 
     /// True when the payload holds a decoded profile or was ever decoded (for
@@ -298,9 +496,21 @@ impl Payload {
         self.inner.decoded_once.load(Ordering::Relaxed)
     }
 
+    /// An identity for this payload's shared contents: equal for clones,
+    /// different for payloads alive at the same time with other contents.
+    pub fn identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// True when anything converted this payload between pprof and OTLP.
+    pub fn is_converted(&self) -> bool {
+        self.inner.converted_once.load(Ordering::Relaxed)
+    }
+
     /// Bytes of memory this payload keeps alive, as queues account them: the
-    /// bytes' length, or for a payload made from a profile an estimate of the
-    /// profile's heap plus its encoding.
+    /// bytes' length, an estimate of a decoded profile's heap plus its
+    /// encoding, or the OTLP form's estimate; for a payload holding two
+    /// forms, both.
     pub fn size_bytes(&self) -> usize {
         self.inner.size
     }
@@ -537,7 +747,7 @@ mod tests {
         let clone = p.clone();
         assert!(!p.is_decoded());
         assert_eq!(
-            clone.gzipped().as_ptr(),
+            clone.gzipped().unwrap().as_ptr(),
             gz.as_ptr(),
             "gzip bytes are shared, not copied"
         );
@@ -546,8 +756,12 @@ mod tests {
         assert!(clone.is_decoded(), "clones share the payload");
         assert_eq!(p.size_bytes(), gz.len());
         let detached = p.detach();
-        assert_ne!(detached.gzipped().as_ptr(), gz.as_ptr(), "detach copies");
-        assert_eq!(detached.gzipped(), gz);
+        assert_ne!(
+            detached.gzipped().unwrap().as_ptr(),
+            gz.as_ptr(),
+            "detach copies"
+        );
+        assert_eq!(detached.gzipped().unwrap(), gz);
     }
 
     #[test]
@@ -556,13 +770,76 @@ mod tests {
         b.sample_type("samples", "count");
         b.sample_root_first(["a"], vec![1]);
         let p = Payload::from_profile(b.build());
-        let gz = p.gzipped();
+        let gz = p.gzipped().unwrap();
         assert!(pprof::is_gzip(&gz));
         assert_eq!(pprof::decode(&gz, 1 << 20).unwrap(), *p.decoded().unwrap());
         assert!(
-            p.size_bytes() > p.encoded().bytes.len(),
+            p.size_bytes() > p.encoded().unwrap().bytes.len(),
             "the decoded profile is counted too"
         );
-        assert!(std::ptr::eq(p.encoded(), p.encoded()), "encoded once");
+        assert_eq!(
+            p.encoded().unwrap().bytes.as_ptr(),
+            p.encoded().unwrap().bytes.as_ptr(),
+            "encoded once"
+        );
+    }
+
+    fn cpu_gzip() -> Bytes {
+        let mut b = pprof::ProfileBuilder::new();
+        b.sample_type("cpu", "nanoseconds");
+        b.sample_root_first(["main", "hot"], vec![5]);
+        pprof::gzip(&pprof::encode(&b.build()))
+    }
+
+    #[test]
+    fn a_form_is_added_once_and_counted() {
+        let p = Payload::from_bytes(cpu_gzip(), 1 << 20);
+        assert_eq!(p.arrived_as(), Format::Pprof);
+        assert!(!p.has(Format::Otlp));
+        let mut lost = Lost::default();
+        let both = p.with_form(Format::Otlp, &mut lost).unwrap();
+        assert!(both.has(Format::Otlp) && both.has(Format::Pprof));
+        assert!(both.size_bytes() > p.size_bytes(), "both forms are counted");
+        assert!(both.is_converted() && p.is_converted());
+        let o = both.otlp().unwrap();
+        assert!(
+            Arc::ptr_eq(&o, &both.otlp().unwrap()),
+            "the form is shared, not made again"
+        );
+        assert_eq!(
+            both.gzipped().unwrap(),
+            p.gzipped().unwrap(),
+            "pprof bytes kept as they arrived"
+        );
+        let again = both.with_form(Format::Otlp, &mut lost).unwrap();
+        assert!(
+            Arc::ptr_eq(&again.inner, &both.inner),
+            "no second conversion"
+        );
+    }
+
+    #[test]
+    fn an_otlp_payload_converts_to_pprof_only_when_asked() {
+        let p = Payload::from_bytes(cpu_gzip(), 1 << 20);
+        let o = p.otlp().unwrap();
+        let arrived = Payload::from_otlp(OtlpProfiles::new(
+            o.dictionary.clone(),
+            None,
+            o.profiles.clone(),
+            0,
+        ));
+        assert_eq!(arrived.arrived_as(), Format::Otlp);
+        assert!(!arrived.is_converted());
+        let both = arrived
+            .with_form(Format::Pprof, &mut Lost::default())
+            .unwrap();
+        assert!(both.has(Format::Pprof));
+        assert!(!both.is_decoded(), "converting is not decoding pprof bytes");
+        let back = both.decoded().unwrap();
+        assert_eq!(back.sample[0].value, vec![5]);
+        assert_eq!(
+            both.size_bytes(),
+            arrived.size_bytes() + both.encoded().unwrap().bytes.len()
+        );
     }
 }

@@ -51,6 +51,11 @@ pub struct Telemetry {
     exporter_send_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
     memory_in_flight_bytes: Gauge,
     memory_limit_bytes: Gauge,
+    conversions: Counters,
+    conversion_failures: Counters,
+    conversion_lost: Counters,
+    /// What conversions lost that was logged already (logged once each).
+    lost_logged: std::sync::Mutex<std::collections::HashSet<&'static str>>,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -162,9 +167,57 @@ impl Telemetry {
                 "service.limits.max_in_flight_bytes",
                 Gauge::default()
             ),
+            conversions: family!(
+                "conversions",
+                "Profiles converted between pprof and OTLP for the exporters that need the other form, by target format",
+                Counters::default()
+            ),
+            conversion_failures: family!(
+                "conversion_failures",
+                "Profiles that could not be converted to the form an exporter needs, by target format",
+                Counters::default()
+            ),
+            conversion_lost: family!(
+                "conversion_lost",
+                "Things a conversion between pprof and OTLP could not carry over, by what they were",
+                Counters::default()
+            ),
+            lost_logged: Default::default(),
             registry,
             ready: AtomicBool::new(false),
         }
+    }
+
+    /// Counts one conversion to `to` and what it lost; each kind of loss is
+    /// logged once.
+    pub fn converted(&self, to: crate::model::Format, lost: &crate::otlp::Lost) {
+        self.conversions
+            .get_or_create(&vec![("to", to.to_string())])
+            .inc();
+        for (what, n) in &lost.counts {
+            self.conversion_lost
+                .get_or_create(&vec![("what", (*what).to_owned())])
+                .inc_by(*n as u64);
+            let first = self
+                .lost_logged
+                .lock()
+                .map(|mut l| l.insert(*what))
+                .unwrap_or(false);
+            if first {
+                tracing::warn!(
+                    what,
+                    to = %to,
+                    "converting profiles to {to} loses {what}: the other format has no place for them (counted in proflow_conversion_lost_total; logged once)"
+                );
+            }
+        }
+    }
+
+    /// Counts a profile that could not be converted to `to`.
+    pub fn conversion_failed(&self, to: crate::model::Format) {
+        self.conversion_failures
+            .get_or_create(&vec![("to", to.to_string())])
+            .inc();
     }
 
     /// The collector's in-flight memory budget, reporting through

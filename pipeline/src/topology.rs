@@ -23,7 +23,8 @@ use crate::component::{
     ReceiverContext, Resource,
 };
 use crate::delivery::Outcome;
-use crate::model::{Batch, Envelope, batch_bytes};
+use crate::model::{Batch, Envelope, Format, Payload, batch_bytes};
+use crate::otlp::Lost;
 use crate::queue::{ExporterQueue, Refusal, Reservation, WhenFull};
 use crate::registry::{AnyConfig, Kind, Registry};
 use crate::telemetry::{ProcessorTelemetry, Telemetry};
@@ -286,12 +287,54 @@ fn describe(r: &Resource) -> String {
 struct PipelineRuntime {
     processors: Vec<(Arc<dyn Processor>, ProcessorTelemetry)>,
     exporters: Vec<Arc<ExporterQueue>>,
+    /// The payload forms this pipeline's exporters want.
+    forms: Vec<Format>,
 }
 
 /// The consumer a receiver gets: runs each of its pipelines, then admits the
 /// results to every exporter queue at once.
 struct Fanout {
     pipelines: Vec<Arc<PipelineRuntime>>,
+    telemetry: Arc<Telemetry>,
+}
+
+impl Fanout {
+    /// Gives every profile the forms the pipeline's exporters want, before
+    /// any queue counts it: each payload is converted once per consume call
+    /// (`done` holds what other pipelines already converted) and shared by
+    /// every exporter. A profile that cannot be converted keeps its form;
+    /// the exporter that needs the other one reports it as failed.
+    fn prepare(
+        &self,
+        forms: &[Format],
+        envelopes: &mut [Envelope],
+        done: &mut HashMap<(usize, Format), Payload>,
+    ) {
+        for form in forms {
+            for e in envelopes.iter_mut() {
+                if e.payload.has(*form) {
+                    continue;
+                }
+                let key = (e.payload.identity(), *form);
+                if let Some(p) = done.get(&key) {
+                    e.payload = p.clone();
+                    continue;
+                }
+                let mut lost = Lost::default();
+                match e.payload.with_form(*form, &mut lost) {
+                    Ok(p) => {
+                        self.telemetry.converted(*form, &lost);
+                        done.insert(key, p.clone());
+                        e.payload = p;
+                    }
+                    Err(err) => {
+                        self.telemetry.conversion_failed(*form);
+                        tracing::debug!(error = %err, series = %e.labels.to_selector_string(), "profile not converted to {form}");
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// One exporter queue's part of a fan-out.
@@ -339,6 +382,7 @@ impl Consumer for Fanout {
         let mut filtered = 0;
         let last = self.pipelines.len().saturating_sub(1);
         let mut envelopes = Some(envelopes);
+        let mut converted = HashMap::new();
         for (i, p) in self.pipelines.iter().enumerate() {
             // Clone for all pipelines but the last: envelopes share payloads, so
             // a clone copies only labels and a few integers.
@@ -359,6 +403,7 @@ impl Consumer for Fanout {
             if b.is_empty() {
                 continue;
             }
+            self.prepare(&p.forms, &mut b, &mut converted);
             let n = p.exporters.len();
             for (j, q) in p.exporters.iter().enumerate() {
                 let copy = if j + 1 == n {
@@ -510,6 +555,14 @@ impl Plan {
                     .map_err(|e| BuildError::new(format!("processor `{pid}`: {e}")))?;
                 processors.push((proc, c.processor_telemetry()));
             }
+            let mut forms = Vec::new();
+            for e in &p.exporters {
+                if let Some(f) = self.exporters.get(e).and_then(|c| c.wants())
+                    && !forms.contains(&f)
+                {
+                    forms.push(f);
+                }
+            }
             let runtime = Arc::new(PipelineRuntime {
                 processors,
                 exporters: p
@@ -517,6 +570,7 @@ impl Plan {
                     .iter()
                     .filter_map(|e| queues.get(e).cloned())
                     .collect(),
+                forms,
             });
             for r in &p.receivers {
                 by_receiver
@@ -541,7 +595,10 @@ impl Plan {
             let serve = receiver
                 .start(ReceiverContext {
                     id: id.clone(),
-                    consumer: Arc::new(Fanout { pipelines }),
+                    consumer: Arc::new(Fanout {
+                        pipelines,
+                        telemetry: telemetry.clone(),
+                    }),
                     telemetry: c.receiver_telemetry(),
                     shutdown: receivers_stop.clone(),
                     memory: memory.clone(),

@@ -329,14 +329,14 @@ async fn raw_pprof_plain_and_gzip() {
     );
     assert_eq!(e.period, 10_000_000);
     assert_eq!(
-        e.payload.encoded().bytes,
+        e.payload.encoded().unwrap().bytes,
         plain,
         "bytes kept as they arrived"
     );
     let e = &batches[1][0];
     assert_eq!(e.labels.get("service_name"), Some("web"));
-    assert_eq!(e.payload.encoded().bytes, gz);
-    assert!(e.payload.encoded().gzipped);
+    assert_eq!(e.payload.encoded().unwrap().bytes, gz);
+    assert!(e.payload.encoded().unwrap().gzipped);
     assert!(!e.payload.is_decoded(), "pass-through never decodes");
     assert!(h.metric(r#"proflow_receiver_accepted_profiles_total{receiver="pprof_push"} 2"#));
     h.stop().await;
@@ -366,7 +366,10 @@ async fn multipart_like_pyroscope_go() {
         r#"{__delta__="false", __name__="block", __session_id__="abc", otel_scope_name="com.grafana.pyroscope/godeltaprof", pyroscope_spy="gospy", service_name="svc"}"#
     );
     assert_eq!(e.end_unix_nanos - e.start_unix_nanos, 15_000_000_000);
-    assert_eq!(e.payload.encoded().bytes.as_ref(), profile.as_slice());
+    assert_eq!(
+        e.payload.encoded().unwrap().bytes.as_ref(),
+        profile.as_slice()
+    );
 
     // Without sample_type_config Go's contentions/delay read as mutex.
     let body = multipart("x", &[("profile", &profile)]);
@@ -481,7 +484,7 @@ async fn push_proto_gzip_like_pyroscope_rs() {
         r#"{__name__="process_cpu", otel_scope_name="com.grafana.pyroscope/rust", service_name="rs-app"}"#
     );
     assert_eq!(batches[0][0].start_unix_nanos, T);
-    assert_eq!(batches[0][0].payload.encoded().bytes, cpu);
+    assert_eq!(batches[0][0].payload.encoded().unwrap().bytes, cpu);
     assert_eq!(batches[0][1].labels.get("__name__"), Some("process_cpu"));
     assert_eq!(batches[0][2].labels.get("service_name"), Some("other"));
     let meta = &h.metas()[0];
@@ -545,7 +548,7 @@ async fn push_json_plain_and_gzip() {
     assert_eq!(batches.len(), 2);
     for b in &batches {
         assert_eq!(b[0].labels.get("service_name"), Some("js"));
-        assert_eq!(b[0].payload.encoded().bytes, raw);
+        assert_eq!(b[0].payload.encoded().unwrap().bytes, raw);
     }
     h.stop().await;
 }

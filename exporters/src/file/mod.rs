@@ -49,7 +49,9 @@ use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::{
     BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Resource, Validate,
 };
-use proflow_pipeline::model::{Envelope, ExportBatch, Labels, NAME_LABEL, SERVICE_NAME_LABEL};
+use proflow_pipeline::model::{
+    Envelope, ExportBatch, Format, Labels, NAME_LABEL, PayloadError, SERVICE_NAME_LABEL,
+};
 use proflow_pipeline::otlp;
 use proflow_pipeline::queue::{QueueSettings, RetrySettings};
 use serde::{Deserialize, Serialize};
@@ -151,6 +153,13 @@ impl ExporterConfig for FileExporterConfig {
 
     fn resources(&self) -> Vec<Resource> {
         vec![Resource::Directory(normalize(&self.directory))]
+    }
+
+    fn wants(&self) -> Option<Format> {
+        Some(match self.format {
+            FileFormat::Pprof | FileFormat::Folded => Format::Pprof,
+            FileFormat::OtlpJson => Format::Otlp,
+        })
     }
 
     fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError> {
@@ -375,38 +384,33 @@ impl Shared {
         let labels = &envelope.labels;
         let service_dir = naming::service_dir(labels.get(SERVICE_NAME_LABEL));
         let name = labels.get(NAME_LABEL);
+        let decode_error = |format: &'static str| {
+            move |source| Error::Decode {
+                series: labels.to_selector_string(),
+                format,
+                written: 0,
+                refused: Vec::new(),
+                source,
+            }
+        };
         match self.format {
             // The gzip bytes as they arrived: never decoded, never re-encoded.
-            FileFormat::Pprof => self.whole_file(
-                envelope,
-                service_dir,
-                envelope.payload.gzipped(),
-                |start, seq| naming::profile_file(start, name, seq, None),
-            ),
+            FileFormat::Pprof => {
+                let bytes = envelope.payload.gzipped().map_err(decode_error("pprof"))?;
+                self.whole_file(envelope, service_dir, bytes, |start, seq| {
+                    naming::profile_file(start, name, seq, None)
+                })
+            }
             FileFormat::OtlpJson => {
-                let decode_error = |source| Error::Decode {
-                    series: labels.to_selector_string(),
-                    format: "otlp_json",
-                    written: 0,
-                    refused: Vec::new(),
-                    source,
-                };
-                let profile = envelope.payload.decoded().map_err(decode_error)?;
-                let bytes = otlp_json(envelope, &profile).map_err(|e| {
-                    decode_error(proflow_pipeline::pprof::DecodeError::Protobuf(e.0))
-                })?;
+                let o = envelope.payload.otlp().map_err(decode_error("otlp_json"))?;
+                let bytes = otlp_json(&envelope.labels, &o)
+                    .map_err(|e| decode_error("otlp_json")(PayloadError::Convert(e)))?;
                 self.whole_file(envelope, service_dir, Bytes::from(bytes), |start, seq| {
                     naming::otlp_json_file(start, name, seq)
                 })
             }
             FileFormat::Folded => {
-                let profile = envelope.payload.decoded().map_err(|source| Error::Decode {
-                    series: labels.to_selector_string(),
-                    format: "folded",
-                    written: 0,
-                    refused: Vec::new(),
-                    source,
-                })?;
+                let profile = envelope.payload.decoded().map_err(decode_error("folded"))?;
                 let mut files = Vec::new();
                 for text in folded::render(&profile) {
                     let seq = self.take_seq();
@@ -514,52 +518,13 @@ impl Shared {
     }
 }
 
-/// One profile as an OTLP JSON `ExportProfilesServiceRequest`: its series
-/// labels become resource attributes (`service_name` → `service.name`; labels
-/// starting with `__` are proflow's own and are left out).
-fn otlp_json(
-    envelope: &Envelope,
-    profile: &proflow_pipeline::pprof::Profile,
-) -> Result<Vec<u8>, otlp::ConvertError> {
-    let mut dict = otlp::DictionaryBuilder::new();
-    let mut lost = otlp::Lost::default();
-    let profiles = otlp::pprof_to_otlp(profile, &mut dict, &mut lost)?;
-    let attributes = envelope
-        .labels
-        .iter()
-        .filter(|l| !l.name.starts_with("__"))
-        .map(|l| otlp::common::KeyValue {
-            key: if l.name == SERVICE_NAME_LABEL {
-                "service.name".to_owned()
-            } else {
-                l.name.clone()
-            },
-            value: Some(otlp::common::AnyValue {
-                value: Some(otlp::common::any_value::Value::StringValue(l.value.clone())),
-            }),
-            key_strindex: 0,
-        })
-        .collect();
-    let request = otlp::collector::ExportProfilesServiceRequest {
-        resource_profiles: vec![otlp::proto::ResourceProfiles {
-            resource: Some(otlp::Resource {
-                attributes,
-                ..otlp::Resource::default()
-            }),
-            scope_profiles: vec![otlp::proto::ScopeProfiles {
-                scope: Some(otlp::common::InstrumentationScope {
-                    name: "proflow".to_owned(),
-                    version: env!("CARGO_PKG_VERSION").to_owned(),
-                    ..Default::default()
-                }),
-                profiles,
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-        dictionary: Some(dict.finish()),
-    };
-    Ok(otlp::json::encode_request(&request))
+/// One payload's profiles as an OTLP JSON `ExportProfilesServiceRequest`
+/// whose dictionary holds only what they use; resource and scope as
+/// [`otlp::OtlpProfiles::resource_and_scope`] makes them from the labels.
+fn otlp_json(labels: &Labels, o: &otlp::OtlpProfiles) -> Result<Vec<u8>, otlp::ConvertError> {
+    let mut request = otlp::RequestBuilder::new().compact();
+    request.push(labels, o);
+    Ok(otlp::json::encode_request(&request.build()?.to_message()))
 }
 
 /// Best-effort removal while undoing a failed export; the original error is

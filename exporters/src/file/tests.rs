@@ -151,7 +151,7 @@ async fn pprof_files_are_the_arrived_gzip_bytes_and_are_indexed() {
         let written = std::fs::read(tmp.path().join(path)).expect("indexed file exists");
         assert_eq!(
             written,
-            e.payload.gzipped().as_ref(),
+            e.payload.gzipped().unwrap().as_ref(),
             "bytes are exactly the gzip that arrived"
         );
         assert_eq!(line["labels"]["__name__"], "process_cpu");

@@ -11,10 +11,12 @@ use super::{index, proto};
 enum AttrValue {
     Str(String),
     Int(i64),
+    /// Any other value, by its protobuf encoding (kept as it came).
+    Other(Vec<u8>),
 }
 
-/// A location by value: mapping, address, lines (function, line, column).
-type LocationKey = (i32, u64, Vec<(i32, i64, i64)>);
+/// A location by value: mapping, address, lines (function, line, column), attributes.
+type LocationKey = (i32, u64, Vec<(i32, i64, i64)>, Vec<i32>);
 
 /// Builds a `ProfilesDictionary` whose tables hold each distinct entry once,
 /// entry 0 of every table being the zero value.
@@ -100,14 +102,18 @@ impl DictionaryBuilder {
         })
     }
 
-    /// A location without attributes (pprof locations have none).
     pub fn location(&mut self, l: proto::Location) -> i32 {
         let lines = l
             .lines
             .iter()
             .map(|line| (line.function_index, line.line, line.column))
             .collect();
-        let key = (l.mapping_index, l.address, lines);
+        let key = (
+            l.mapping_index,
+            l.address,
+            lines,
+            l.attribute_indices.clone(),
+        );
         let table = &mut self.dict.location_table;
         *self.locations.entry(key).or_insert_with(|| {
             table.push(l);
@@ -134,6 +140,17 @@ impl DictionaryBuilder {
         self.attribute(key, AttrValue::Int(value), unit)
     }
 
+    /// An attribute with any value. A string value is written inline, as is
+    /// every other kind; a value given by reference must be resolved first.
+    pub fn any_attribute(&mut self, key: &str, value: Option<AnyValue>, unit: &str) -> i32 {
+        let value = match value.and_then(|v| v.value) {
+            Some(any_value::Value::StringValue(s)) => AttrValue::Str(s),
+            Some(any_value::Value::IntValue(n)) => AttrValue::Int(n),
+            v => AttrValue::Other(prost::Message::encode_to_vec(&AnyValue { value: v })),
+        };
+        self.attribute(key, value, unit)
+    }
+
     fn attribute(&mut self, key: &str, value: AttrValue, unit: &str) -> i32 {
         let key_strindex = self.string(key);
         let unit_strindex = self.string(unit);
@@ -143,12 +160,20 @@ impl DictionaryBuilder {
             .entry((key_strindex, value.clone(), unit_strindex))
             .or_insert_with(|| {
                 let value = match value {
-                    AttrValue::Str(s) => any_value::Value::StringValue(s),
-                    AttrValue::Int(n) => any_value::Value::IntValue(n),
+                    AttrValue::Str(s) => AnyValue {
+                        value: Some(any_value::Value::StringValue(s)),
+                    },
+                    AttrValue::Int(n) => AnyValue {
+                        value: Some(any_value::Value::IntValue(n)),
+                    },
+                    // Decoding what was just encoded from a valid value cannot fail.
+                    AttrValue::Other(bytes) => {
+                        <AnyValue as prost::Message>::decode(bytes.as_slice()).unwrap_or_default()
+                    }
                 };
                 table.push(proto::KeyValueAndUnit {
                     key_strindex,
-                    value: Some(AnyValue { value: Some(value) }),
+                    value: Some(value),
                     unit_strindex,
                 });
                 index(table.len() - 1)

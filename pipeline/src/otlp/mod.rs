@@ -14,14 +14,23 @@
 //!   on an older OTLP profiles version decodes into nonsense without any
 //!   protobuf error, and must be refused, not converted.
 //!
+//! - [`OtlpProfiles`]: the OTLP form of a payload, and the one mapping
+//!   between attributes and series labels ([`AttributeLabels`]).
+//! - [`check_dictionary`], [`check_dictionary_references`], [`check_profile`]:
+//!   the structural checks a receiver makes before accepting a profile.
+//! - [`RequestBuilder`]: one request from many payloads' OTLP forms, sharing
+//!   one deduplicated dictionary (written by reference when they share one).
 //! - [`json`]: OTLP JSON for requests (the crate's serde is not OTLP JSON).
 //!
 //! Whatever one form cannot carry is counted in [`Lost`], never dropped
 //! silently. What may depend on this: receivers, processors and exporters.
 
+mod check;
 mod dictionary;
+mod form;
 mod from_pprof;
 pub mod json;
+mod request;
 #[cfg(test)]
 mod tests;
 mod to_pprof;
@@ -33,8 +42,14 @@ pub use opentelemetry_proto::tonic::common::v1 as common;
 pub use opentelemetry_proto::tonic::profiles::v1development as proto;
 pub use opentelemetry_proto::tonic::resource::v1::Resource;
 
+pub use check::{check_dictionary, check_dictionary_references, check_profile};
 pub use dictionary::DictionaryBuilder;
+pub use form::{
+    AttributeLabels, OtlpContext, OtlpProfiles, SERVICE_NAME_KEY, context_heap_size,
+    dictionary_heap_size, inline_attributes, label_name, profile_heap_size,
+};
 pub use from_pprof::pprof_to_otlp;
+pub use request::{Request, RequestBuilder};
 pub use to_pprof::otlp_to_pprof;
 
 /// The attribute a mapping's build id is written under (Go's pprof writer

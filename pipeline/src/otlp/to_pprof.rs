@@ -3,81 +3,10 @@
 
 use std::collections::HashMap;
 
+use super::check::{check_dictionary, get};
 use super::common::any_value;
 use super::{BUILD_ID_KEYS, ConvertError, Lost, hex, proto};
 use crate::pprof;
-
-/// Where an index was found out of range: the message names the likely cause.
-fn out_of_range(what: &str, i: i32, len: usize) -> ConvertError {
-    ConvertError::new(format!(
-        "{what} index {i} is out of range (its table has {len} entries); is the sender on OTLP profiles 1.10 (v1development)? Earlier versions numbered Sample's fields differently, which decodes without error into wrong indexes"
-    ))
-}
-
-fn get<'a, T>(table: &'a [T], what: &str, i: i32) -> Result<&'a T, ConvertError> {
-    usize::try_from(i)
-        .ok()
-        .and_then(|i| table.get(i))
-        .ok_or_else(|| out_of_range(what, i, table.len()))
-}
-
-/// Checks what the spec requires of every table before anything is
-/// converted: entry 0 present and the zero value wherever a table is used.
-fn check_dictionary(d: &proto::ProfilesDictionary) -> Result<(), ConvertError> {
-    let zero = |what: &str, ok: bool| {
-        if ok {
-            Ok(())
-        } else {
-            Err(ConvertError::new(format!(
-                "entry 0 of the dictionary's {what} is not the zero value, as OTLP profiles 1.10 requires; is the sender on another version?"
-            )))
-        }
-    };
-    zero(
-        "string_table",
-        d.string_table.first().is_none_or(String::is_empty),
-    )?;
-    zero(
-        "mapping_table",
-        d.mapping_table
-            .first()
-            .is_none_or(|m| *m == proto::Mapping::default()),
-    )?;
-    zero(
-        "location_table",
-        d.location_table
-            .first()
-            .is_none_or(|l| *l == proto::Location::default()),
-    )?;
-    zero(
-        "function_table",
-        d.function_table
-            .first()
-            .is_none_or(|f| *f == proto::Function::default()),
-    )?;
-    zero(
-        "link_table",
-        d.link_table
-            .first()
-            .is_none_or(|l| *l == proto::Link::default()),
-    )?;
-    zero(
-        "stack_table",
-        d.stack_table
-            .first()
-            .is_none_or(|s| *s == proto::Stack::default()),
-    )?;
-    // An empty value (`{"value": {}}`, as the collector writes entry 0) is
-    // the zero value too.
-    zero(
-        "attribute_table",
-        d.attribute_table.first().is_none_or(|a| {
-            a.key_strindex == 0
-                && a.unit_strindex == 0
-                && a.value.as_ref().is_none_or(|v| v.value.is_none())
-        }),
-    )
-}
 
 /// Builds one pprof profile, adding only what samples reference.
 struct Builder<'d> {

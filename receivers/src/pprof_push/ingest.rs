@@ -425,7 +425,7 @@ mod tests {
         assert_eq!(e.start_unix_nanos, 1_700_000_000_000_000_000);
         assert_eq!(e.sample_types[1], ValueType::new("wall", "microseconds"));
         assert_eq!(e.period, 10_000);
-        assert_eq!(e.payload.encoded().bytes, raw);
+        assert_eq!(e.payload.encoded().unwrap().bytes, raw);
         assert!(!e.payload.is_decoded());
         assert!(
             pprof_batch(&p, Bytes::new(), None, &mut DecompressBudget::new(1 << 20))

@@ -619,8 +619,8 @@ mod tests {
         assert_eq!(e.sample_types[1], ValueType::new("cpu", "nanoseconds"));
         assert_eq!(e.period_type, Some(ValueType::new("cpu", "nanoseconds")));
         assert_eq!(e.period, 10_000_000);
-        assert_eq!(e.payload.encoded().bytes, raw);
-        assert!(e.payload.encoded().gzipped);
+        assert_eq!(e.payload.encoded().unwrap().bytes, raw);
+        assert!(e.payload.encoded().unwrap().gzipped);
         assert!(!e.payload.is_decoded());
     }
 
