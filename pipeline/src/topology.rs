@@ -736,7 +736,7 @@ mod tests {
         ReceiverConfig, ServeFuture, Validate,
     };
     use crate::delivery::DeliveryReport;
-    use crate::model::{BatchMeta, Envelope, ExportBatch, Labels, Payload};
+    use crate::model::{BatchMeta, Envelope, ExportBatch, Format, Labels, Payload};
     use crate::queue::{QueueSettings, RetrySettings};
     use crate::registry::{Factory, Stability};
 
@@ -754,6 +754,8 @@ mod tests {
         /// For `behaviour: down`: fail (retryably) while this is 0.
         up: AtomicUsize,
         built: AtomicUsize,
+        /// Every payload exported, as the exporter got it.
+        payloads: Mutex<Vec<Payload>>,
     }
     fn records() -> &'static Mutex<HashMap<String, Arc<Record>>> {
         static R: OnceLock<Mutex<HashMap<String, Arc<Record>>>> = OnceLock::new();
@@ -867,6 +869,9 @@ mod tests {
         /// `shutdown` never returns.
         #[serde(default)]
         hang_on_shutdown: bool,
+        /// The payload form the exporter declares it wants.
+        #[serde(default)]
+        wants: Option<String>,
     }
     impl Validate for TestExporterConfig {
         fn validate(&self) -> Vec<FieldError> {
@@ -879,6 +884,11 @@ mod tests {
         async fn export(&self, batch: &ExportBatch) -> Result<(), ExportError> {
             let attempt = self.1.attempts.fetch_add(1, Ordering::SeqCst);
             self.1.batches.fetch_add(1, Ordering::SeqCst);
+            self.1
+                .payloads
+                .lock()
+                .unwrap()
+                .extend(batch.envelopes().iter().map(|e| e.payload.clone()));
             match self.0 {
                 Behaviour::Ok => {}
                 Behaviour::Hang => std::future::pending::<()>().await,
@@ -918,6 +928,13 @@ mod tests {
         }
         fn retry(&self) -> RetrySettings {
             self.retry_on_failure.clone()
+        }
+        fn wants(&self) -> Option<Format> {
+            match self.wants.as_deref() {
+                Some("otlp") => Some(Format::Otlp),
+                Some("pprof") => Some(Format::Pprof),
+                _ => None,
+            }
         }
         fn build(&self, _: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError> {
             let r = record(&self.key);
@@ -1182,6 +1199,99 @@ mod tests {
         })
         .await;
         running.shutdown().await;
+    }
+
+    fn otlp_envelope() -> Envelope {
+        let mut e = envelope("yes");
+        let o = e.payload.otlp().unwrap();
+        e.payload = Payload::from_otlp(crate::otlp::OtlpProfiles::new(
+            o.dictionary.clone(),
+            None,
+            o.profiles.clone(),
+            0,
+        ));
+        e
+    }
+
+    #[tokio::test]
+    async fn exporters_get_the_form_they_want_converted_once_and_counted() {
+        // Two pipelines, three exporters: two want OTLP, one takes any form.
+        let yaml = "receivers:\n  test: {key: fm}\nexporters:\n  test/o1: {key: fm-o1, behaviour: ok, wants: otlp}\n  test/o2: {key: fm-o2, behaviour: ok, wants: otlp}\n  test/any: {key: fm-any, behaviour: ok}\nservice:\n  pipelines:\n    profiles/a: {receivers: [test], exporters: [test/o1, test/any]}\n    profiles/b: {receivers: [test], exporters: [test/o2]}\n";
+        let (running, t) = start(yaml).await;
+        let e = envelope("yes");
+        let arrived = e.payload.clone();
+        consumer("fm")
+            .consume(batch(vec![e]), Admission::Refuse)
+            .await
+            .unwrap();
+        eventually("all three delivered", || {
+            ["fm-o1", "fm-o2", "fm-any"]
+                .iter()
+                .all(|k| record(k).delivered.load(Ordering::SeqCst) == 1)
+        })
+        .await;
+        let got = |k: &str| record(k).payloads.lock().unwrap()[0].clone();
+        let (o1, o2, any) = (got("fm-o1"), got("fm-o2"), got("fm-any"));
+        assert!(o1.has(Format::Otlp) && o2.has(Format::Otlp));
+        assert!(
+            Arc::ptr_eq(&o1.otlp().unwrap(), &o2.otlp().unwrap()),
+            "one conversion shared by both pipelines"
+        );
+        assert_eq!(
+            any.identity(),
+            o1.identity(),
+            "the converted payload goes to every exporter of the pipeline"
+        );
+        assert!(
+            o1.size_bytes() > arrived.size_bytes(),
+            "the queue counted both forms"
+        );
+        assert_eq!(
+            o1.gzipped().unwrap().as_ptr(),
+            arrived.gzipped().unwrap().as_ptr(),
+            "the pprof bytes are the ones that arrived"
+        );
+        let text = t.render();
+        assert!(
+            text.contains("proflow_conversions_total{to=\"otlp\"} 1"),
+            "{text}"
+        );
+        running.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn otlp_to_otlp_never_converts_and_pprof_to_pprof_never_decodes() {
+        for (key, wants, e) in [
+            ("pt-o", "otlp", otlp_envelope()),
+            ("pt-p", "pprof", envelope("yes")),
+        ] {
+            let yaml = format!(
+                "receivers:\n  test: {{key: {key}}}\nprocessors:\n  filter: {{}}\nexporters:\n  test: {{key: {key}-x, behaviour: ok, wants: {wants}}}\nservice:\n  pipelines:\n    profiles: {{receivers: [test], processors: [filter], exporters: [test]}}\n"
+            );
+            let (running, t) = start(&yaml).await;
+            let arrived = e.payload.clone();
+            consumer(key)
+                .consume(batch(vec![e]), Admission::Refuse)
+                .await
+                .unwrap();
+            eventually("delivered", || {
+                record(&format!("{key}-x")).delivered.load(Ordering::SeqCst) == 1
+            })
+            .await;
+            let got = record(&format!("{key}-x")).payloads.lock().unwrap()[0].clone();
+            assert_eq!(
+                got.identity(),
+                arrived.identity(),
+                "{wants}: the payload as it arrived"
+            );
+            assert!(!arrived.is_converted(), "{wants}: never converted");
+            assert!(!arrived.is_decoded(), "{wants}: never decoded");
+            assert!(
+                !t.render().contains("proflow_conversions_total{"),
+                "{wants}"
+            );
+            running.shutdown().await;
+        }
     }
 
     #[tokio::test]
