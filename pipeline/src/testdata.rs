@@ -53,3 +53,65 @@ pub fn cpu_profile_gzip(samples: usize, functions: usize) -> bytes::Bytes {
 pub fn typical_cpu_profile_gzip() -> bytes::Bytes {
     cpu_profile_gzip(TYPICAL_SAMPLES, TYPICAL_FUNCTIONS)
 }
+
+/// A CPU profile like [`cpu_profile`] whose stacks and values come from `seed`
+/// (profiles of several services in one OTLP request differ this way).
+pub fn cpu_profile_seeded(samples: usize, functions: usize, seed: u64) -> Profile {
+    let mut p = cpu_profile(samples, functions);
+    // Rotate the samples' values and stacks by the seed: same functions,
+    // different totals per stack.
+    let n = p.sample.len().max(1);
+    let shift = (seed as usize) % n;
+    p.sample.rotate_left(shift);
+    for (i, s) in p.sample.iter_mut().enumerate() {
+        let f = 1 + ((i as u64 + seed) % 7) as i64;
+        for v in &mut s.value {
+            *v *= f;
+        }
+    }
+    p
+}
+
+/// An OTLP profiles request shaped like a real one: `services` resources
+/// (`service.name` = `load-<i>`), each with one scope holding the two OTLP
+/// profiles (samples/count and cpu/nanoseconds) of a synthetic CPU profile,
+/// all sharing one dictionary.
+pub fn otlp_request(
+    services: usize,
+    samples: usize,
+    functions: usize,
+) -> crate::otlp::collector::ExportProfilesServiceRequest {
+    use crate::otlp::{self, common, proto};
+    let mut dict = otlp::DictionaryBuilder::new();
+    let mut lost = otlp::Lost::default();
+    let mut resource_profiles = Vec::new();
+    for i in 0..services.max(1) {
+        let profile = cpu_profile_seeded(samples, functions, i as u64);
+        let profiles = otlp::pprof_to_otlp(&profile, &mut dict, &mut lost).unwrap_or_default();
+        resource_profiles.push(proto::ResourceProfiles {
+            resource: Some(otlp::Resource {
+                attributes: vec![common::KeyValue {
+                    key: "service.name".to_owned(),
+                    value: Some(common::AnyValue {
+                        value: Some(common::any_value::Value::StringValue(format!("load-{i}"))),
+                    }),
+                    key_strindex: 0,
+                }],
+                ..Default::default()
+            }),
+            scope_profiles: vec![proto::ScopeProfiles {
+                scope: Some(common::InstrumentationScope {
+                    name: "proflow-load".to_owned(),
+                    ..Default::default()
+                }),
+                profiles,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        });
+    }
+    otlp::collector::ExportProfilesServiceRequest {
+        resource_profiles,
+        dictionary: Some(dict.finish()),
+    }
+}

@@ -1,8 +1,19 @@
-//! `proflow-load`: pushes a typical gzip pprof to a receiver over keep-alive
-//! HTTP/1.1 connections for a fixed time and reports throughput, status codes,
-//! latency and (with `--watch-pid`) the peak RSS of the collector.
+//! `proflow-load`: pushes profiles at a receiver for a fixed time and reports
+//! throughput, status codes, latency and (with `--watch-pid`) the peak RSS of
+//! the collector. Three protocols:
+//! - `pprof` (default): a typical gzip pprof to a `pprof_push` receiver over
+//!   keep-alive HTTP/1.1 connections;
+//! - `otlp-http`: an OTLP profiles request (`--services` resources, two
+//!   profiles each, one shared dictionary; gzip unless `--compression none`)
+//!   to `POST /v1development/profiles` over keep-alive HTTP/1.1;
+//! - `otlp-grpc`: the same request to `ProfilesService/Export` over HTTP/2
+//!   (one connection per `--connections`, one request in flight on each).
 //!
-//! Example: `proflow-load --target 127.0.0.1:4040 --connections 4 --duration 10s --watch-pid $(pidof proflow)`
+//! The request is built and compressed once; the tool only sends bytes.
+//!
+//! Examples:
+//! `proflow-load --target 127.0.0.1:4040 --connections 4 --duration 10s --watch-pid $(pidof proflow)`
+//! `proflow-load --protocol otlp-grpc --target 127.0.0.1:4317 --services 4`
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -14,21 +25,48 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use proflow_config::Duration as ConfigDuration;
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Protocol {
+    Pprof,
+    OtlpHttp,
+    OtlpGrpc,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Compression {
+    Gzip,
+    None,
+}
+
+const OTLP_GRPC_PATH: &str =
+    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "proflow-load",
-    about = "Push profiles at a pprof_push receiver and report throughput."
+    about = "Push profiles at a receiver (pprof_push or OTLP) and report throughput."
 )]
 struct Args {
+    /// What to send: pprof (to pprof_push), otlp-http or otlp-grpc.
+    #[arg(long, value_enum, default_value = "pprof")]
+    protocol: Protocol,
     /// host:port of the receiver.
     #[arg(long, default_value = "127.0.0.1:4040")]
     target: String,
-    /// Request path and query.
-    #[arg(
-        long,
-        default_value = "/ingest?name=load.app%7Benv%3Dbench%7D&format=pprof&spyName=load"
-    )]
-    path: String,
+    /// Request path and query (HTTP protocols). Default: the pprof_push
+    /// ingest path, or /v1development/profiles for otlp-http.
+    #[arg(long)]
+    path: Option<String>,
+    /// OTLP: resources (services) per request; each brings two profiles
+    /// (samples/count and cpu/nanoseconds), all sharing one dictionary.
+    #[arg(long, default_value_t = 1)]
+    services: usize,
+    /// Distinct functions in the generated profiles.
+    #[arg(long, default_value_t = proflow_pipeline::testdata::TYPICAL_FUNCTIONS)]
+    functions: usize,
+    /// OTLP: compress the request (pprof bodies are always gzip, as clients send them).
+    #[arg(long, value_enum, default_value = "gzip")]
+    compression: Compression,
     /// Concurrent keep-alive connections.
     #[arg(long, default_value_t = 4)]
     connections: usize,
@@ -50,17 +88,62 @@ struct Stats {
     latencies_us: Vec<u64>,
 }
 
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    // Writing to a Vec cannot fail.
+    let _ = e.write_all(bytes);
+    e.finish().unwrap_or_default()
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let duration = args.duration.get().min(Duration::from_secs(600));
-    let body = proflow_pipeline::testdata::cpu_profile_gzip(
-        args.samples,
-        proflow_pipeline::testdata::TYPICAL_FUNCTIONS,
-    );
+    let gz = args.compression == Compression::Gzip;
+    // (body, plain size, profiles per request)
+    let (body, plain, per_request) = match args.protocol {
+        Protocol::Pprof => {
+            let body = proflow_pipeline::testdata::cpu_profile_gzip(args.samples, args.functions);
+            (body.to_vec(), 0, 1)
+        }
+        Protocol::OtlpHttp | Protocol::OtlpGrpc => {
+            let r = proflow_pipeline::testdata::otlp_request(
+                args.services,
+                args.samples,
+                args.functions,
+            );
+            let profiles: usize = r
+                .resource_profiles
+                .iter()
+                .flat_map(|r| &r.scope_profiles)
+                .map(|s| s.profiles.len())
+                .sum();
+            let plain = prost::Message::encode_to_vec(&r);
+            let body = if gz { gzip(&plain) } else { plain.clone() };
+            (body, plain.len(), profiles as u64)
+        }
+    };
+    if args.protocol == Protocol::OtlpGrpc {
+        return grpc_main(&args, duration, body, plain, per_request);
+    }
+    let (path, content_type, encoding) = match args.protocol {
+        Protocol::Pprof => (
+            args.path.clone().unwrap_or_else(|| {
+                "/ingest?name=load.app%7Benv%3Dbench%7D&format=pprof&spyName=load".to_owned()
+            }),
+            "application/octet-stream",
+            "",
+        ),
+        _ => (
+            args.path
+                .clone()
+                .unwrap_or_else(|| "/v1development/profiles".to_owned()),
+            "application/x-protobuf",
+            if gz { "Content-Encoding: gzip\r\n" } else { "" },
+        ),
+    };
     let request = Arc::new({
         let mut r = format!(
-            "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
-            args.path,
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: {content_type}\r\n{encoding}Content-Length: {}\r\n\r\n",
             args.target,
             body.len()
         )
@@ -101,9 +184,38 @@ fn main() -> anyhow::Result<()> {
         let _ = t.join();
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let mut s = stats.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    let s = stats.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    report(
+        &args,
+        elapsed,
+        &s,
+        200,
+        body.len(),
+        plain,
+        per_request,
+        &peak_rss,
+    )
+}
+
+/// Prints what a run did; `ok_status` is the status that means accepted.
+#[allow(clippy::too_many_arguments)]
+fn report(
+    args: &Args,
+    elapsed: f64,
+    s: &Stats,
+    ok_status: u16,
+    body: usize,
+    plain: usize,
+    per_request: u64,
+    peak_rss: &Mutex<(u64, u64)>,
+) -> anyhow::Result<()> {
+    let mut s = Stats {
+        statuses: s.statuses.clone(),
+        errors: s.errors,
+        latencies_us: s.latencies_us.clone(),
+    };
     let total: u64 = s.statuses.values().sum();
-    let ok = s.statuses.get(&200).copied().unwrap_or(0);
+    let ok = s.statuses.get(&ok_status).copied().unwrap_or(0);
     s.latencies_us.sort_unstable();
     let pct = |p: f64| {
         s.latencies_us
@@ -114,11 +226,22 @@ fn main() -> anyhow::Result<()> {
             .copied()
             .unwrap_or(0)
     };
-    println!("profile size: {} bytes gzip", body.len());
+    match args.protocol {
+        Protocol::Pprof => println!("profile size: {body} bytes gzip"),
+        _ => println!(
+            "request: {per_request} profiles, {plain} bytes protobuf, {body} bytes on the wire ({:?})",
+            args.compression
+        ),
+    }
+    let ok_name = if args.protocol == Protocol::OtlpGrpc {
+        "grpc-status 0"
+    } else {
+        "200 OK"
+    };
     println!(
-        "requests: {total} in {elapsed:.1}s = {:.0} req/s; 200 OK: {ok} = {:.0} profiles/s",
+        "requests: {total} in {elapsed:.1}s = {:.0} req/s; {ok_name}: {ok} = {:.0} profiles/s",
         total as f64 / elapsed,
-        ok as f64 / elapsed
+        (ok * per_request) as f64 / elapsed
     );
     println!(
         "statuses: {:?}; connection errors: {}",
@@ -132,6 +255,7 @@ fn main() -> anyhow::Result<()> {
     );
     if let Some(pid) = args.watch_pid {
         let p = peak_rss.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let p = *p;
         println!(
             "collector RSS: {} KiB before, {} KiB peak, {} KiB after",
             p.0,
@@ -140,6 +264,156 @@ fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// OTLP over gRPC: `--connections` HTTP/2 connections, one request in
+/// flight on each, the length-prefixed message built once.
+fn grpc_main(
+    args: &Args,
+    duration: Duration,
+    body: Vec<u8>,
+    plain: usize,
+    per_request: u64,
+) -> anyhow::Result<()> {
+    let gz = args.compression == Compression::Gzip;
+    let mut frame = Vec::with_capacity(body.len() + 5);
+    frame.push(u8::from(gz));
+    frame.extend_from_slice(&u32::try_from(body.len())?.to_be_bytes());
+    frame.extend_from_slice(&body);
+    let frame = bytes::Bytes::from(frame);
+    let stop = Arc::new(AtomicBool::new(false));
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    let peak_rss = Arc::new(Mutex::new((0u64, 0u64)));
+    if let Some(pid) = args.watch_pid {
+        peak_rss.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.0 = rss_kib(pid).unwrap_or(0);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..args.connections.max(1) {
+        let (target, frame, stop, stats) = (
+            args.target.clone(),
+            frame.clone(),
+            stop.clone(),
+            stats.clone(),
+        );
+        tasks.push(rt.spawn(async move { grpc_worker(&target, frame, gz, &stop, &stats).await }));
+    }
+    while started.elapsed() < duration {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Some(pid) = args.watch_pid
+            && let Some(rss) = rss_kib(pid)
+            && let Ok(mut p) = peak_rss.lock()
+        {
+            p.1 = p.1.max(rss);
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    rt.block_on(async {
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let s = stats.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    // gRPC statuses are reported as themselves; 0 is OK.
+    report(
+        args,
+        elapsed,
+        &s,
+        0,
+        body.len(),
+        plain,
+        per_request,
+        &peak_rss,
+    )
+}
+
+async fn grpc_worker(
+    target: &str,
+    frame: bytes::Bytes,
+    gz: bool,
+    stop: &AtomicBool,
+    stats: &Mutex<Stats>,
+) {
+    let mut local = Stats::default();
+    while !stop.load(Ordering::Relaxed) {
+        let conn = async {
+            let tcp = tokio::net::TcpStream::connect(target).await?;
+            tcp.set_nodelay(true)?;
+            let (client, connection) = h2::client::handshake(tcp)
+                .await
+                .map_err(std::io::Error::other)?;
+            tokio::spawn(connection);
+            Ok::<_, std::io::Error>(client)
+        };
+        let Ok(mut client) = conn.await else {
+            local.errors += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        while !stop.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            match grpc_call(&mut client, target, frame.clone(), gz).await {
+                Ok(status) => {
+                    local.latencies_us.push(t.elapsed().as_micros() as u64);
+                    *local.statuses.entry(status).or_default() += 1;
+                }
+                Err(_) => {
+                    local.errors += 1;
+                    break;
+                }
+            }
+        }
+    }
+    if let Ok(mut s) = stats.lock() {
+        for (k, v) in local.statuses {
+            *s.statuses.entry(k).or_default() += v;
+        }
+        s.errors += local.errors;
+        s.latencies_us.extend(local.latencies_us);
+    }
+}
+
+/// One unary call; returns the grpc-status (from trailers, or from the
+/// headers of a trailers-only response).
+async fn grpc_call(
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    target: &str,
+    frame: bytes::Bytes,
+    gz: bool,
+) -> Result<u16, Box<dyn std::error::Error + Send + Sync>> {
+    let mut request = http::Request::post(format!("http://{target}{OTLP_GRPC_PATH}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if gz {
+        request = request.header("grpc-encoding", "gzip");
+    }
+    let request = request.body(())?;
+    let ready = client.clone().ready().await?;
+    *client = ready;
+    let (response, mut send) = client.send_request(request, false)?;
+    send.reserve_capacity(frame.len());
+    send.send_data(frame, true)?;
+    let response = response.await?;
+    let status_of = |h: &http::HeaderMap| {
+        h.get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u16>().ok())
+    };
+    if let Some(s) = status_of(response.headers()) {
+        return Ok(s);
+    }
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = body.trailers().await?.unwrap_or_default();
+    Ok(status_of(&trailers).unwrap_or(2))
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {
