@@ -4,13 +4,16 @@
 //! Layout (see [`naming`] for the exact names):
 //! - `format: pprof` (default): `<directory>/<service>/<start>-<name>-<seq>.pb.gz`,
 //!   the gzip bytes exactly as they arrived (`Payload::gzipped`): the payload is
-//!   never decoded and never re-encoded.
+//!   never decoded and never re-encoded. A profile that arrived as OTLP was
+//!   converted once by the pipeline (the exporter wants pprof).
 //! - `format: folded`: one `<start>-<name>-<seq>-<sample type>.folded` file per
 //!   sample type (a per-type header inside one file would break flame-graph
 //!   tools), made from the decoded profile.
 //! - `format: otlp_json`: one `<start>-<name>-<seq>.otlp.json` per profile,
-//!   an OTLP profiles JSON `ExportProfilesServiceRequest` made from the
-//!   decoded profile (series labels as resource attributes).
+//!   an OTLP profiles JSON `ExportProfilesServiceRequest` from the payload's
+//!   OTLP form (the exporter wants OTLP, so the pipeline converted a pprof
+//!   profile once), with a dictionary of only what the profile uses and the
+//!   resource and scope of `OtlpProfiles::resource_and_scope`.
 //! - `<directory>/index.jsonl`: one JSON object per written file:
 //!   `{"path": "<service>/<file>", "labels": {...}, "start": ns, "end": ns,
 //!   "sample_types": [{"type": "cpu", "unit": "nanoseconds"}]}`. The lines of one
@@ -73,9 +76,10 @@ pub enum FileFormat {
     /// Folded stacks (`.folded`), one file per sample type; needs the payload decoded.
     Folded,
     /// OTLP profiles JSON (`.otlp.json`): one `ExportProfilesServiceRequest`
-    /// per file, one OTLP profile per sample type, series labels as resource
-    /// attributes (`service_name` as `service.name`); what the OpenTelemetry
-    /// Collector's OTLP/HTTP receiver takes. Needs the payload decoded.
+    /// per file, one OTLP profile per sample type; an OTLP profile's own
+    /// attributes (changed where its labels changed), a pprof profile's series
+    /// labels as resource attributes (`service_name` as `service.name`); what
+    /// the OpenTelemetry Collector's OTLP/HTTP receiver takes.
     OtlpJson,
 }
 
