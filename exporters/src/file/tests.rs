@@ -650,3 +650,72 @@ async fn otlp_json_files_hold_one_request_with_the_profile_and_its_labels() {
         "{names:?}"
     );
 }
+
+#[tokio::test]
+async fn an_otlp_profile_is_written_with_its_own_attributes_and_never_converted() {
+    use proflow_pipeline::otlp::{self, OtlpContext, OtlpProfiles, common};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let exp = exporter(tmp.path(), "format: otlp_json\n");
+    // An OTLP profile as a receiver makes it: its resource has an int and an
+    // array attribute, which labels cannot carry.
+    let pprof_form = envelope(Some("checkout"), "hot_fn").payload.otlp().unwrap();
+    let kv = |k: &str, v: common::any_value::Value| common::KeyValue {
+        key: k.into(),
+        value: Some(common::AnyValue { value: Some(v) }),
+        key_strindex: 0,
+    };
+    let resource = otlp::Resource {
+        attributes: vec![
+            kv(
+                "service.name",
+                common::any_value::Value::StringValue("checkout".into()),
+            ),
+            kv("process.pid", common::any_value::Value::IntValue(42)),
+            kv(
+                "host.ids",
+                common::any_value::Value::ArrayValue(common::ArrayValue {
+                    values: vec![common::AnyValue {
+                        value: Some(common::any_value::Value::StringValue("a".into())),
+                    }],
+                }),
+            ),
+        ],
+        ..Default::default()
+    };
+    let scope = common::InstrumentationScope {
+        name: "ebpf-profiler".into(),
+        version: "1.0".into(),
+        ..Default::default()
+    };
+    let labels = otlp::AttributeLabels::default().labels(&resource, &scope);
+    let ctx = std::sync::Arc::new(OtlpContext {
+        resource: resource.clone(),
+        scope: scope.clone(),
+        labels: labels.clone(),
+        ..Default::default()
+    });
+    let payload = Payload::from_otlp(OtlpProfiles::new(
+        pprof_form.dictionary.clone(),
+        Some(ctx),
+        pprof_form.profiles[..1].to_vec(),
+        0,
+    ));
+    let mut e = envelope(Some("checkout"), "hot_fn");
+    e.labels = labels;
+    e.payload = payload.clone();
+    exp.export(&ExportBatch::from(vec![e]))
+        .await
+        .expect("export succeeds");
+    let files = profile_files(tmp.path());
+    let bytes = std::fs::read(tmp.path().join(&files[0])).expect("read");
+    let request = otlp::json::decode_request(&bytes).expect("OTLP JSON");
+    let rp = &request.resource_profiles[0];
+    assert_eq!(
+        rp.resource.as_ref(),
+        Some(&resource),
+        "every attribute as it arrived"
+    );
+    assert_eq!(rp.scope_profiles[0].scope.as_ref(), Some(&scope));
+    assert_eq!(rp.scope_profiles[0].profiles.len(), 1);
+    assert!(!payload.is_converted(), "OTLP to OTLP never converts");
+}
