@@ -29,5 +29,55 @@ fn convert(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, convert);
+/// One request out of the profiles of received requests (the `otlp`
+/// exporter's work): profiles sharing one dictionary are written by
+/// reference; profiles of several requests are re-indexed into one.
+fn request(c: &mut Criterion) {
+    use proflow_pipeline::model::Labels;
+    use proflow_pipeline::otlp::{OtlpProfiles, RequestBuilder};
+    use proflow_pipeline::testdata::otlp_request;
+    use std::sync::Arc;
+    // The load tool's large request: 4 services, 8 profiles, ~61 KB.
+    let received = |n: usize| -> Vec<OtlpProfiles> {
+        (0..n)
+            .flat_map(|_| {
+                let mut r = otlp_request(4, 140, 700);
+                let dict = Arc::new(r.dictionary.take().unwrap_or_default());
+                r.resource_profiles
+                    .into_iter()
+                    .flat_map(|rp| rp.scope_profiles)
+                    .flat_map(|sp| sp.profiles)
+                    .map(|p| OtlpProfiles::new(dict.clone(), None, vec![p], 0))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let labels = Labels::from_pairs([("service_name", "load")]);
+    let one = received(1);
+    let four = received(4);
+    let mut g = c.benchmark_group("otlp_request");
+    g.throughput(Throughput::Elements(one.len() as u64));
+    g.bench_function("one_request_shared_dictionary_8_profiles", |b| {
+        b.iter(|| {
+            let mut rb = RequestBuilder::new();
+            for o in &one {
+                rb.push(&labels, o);
+            }
+            rb.build().map(|r| r.encode().len())
+        })
+    });
+    g.throughput(Throughput::Elements(four.len() as u64));
+    g.bench_function("four_requests_merged_32_profiles", |b| {
+        b.iter(|| {
+            let mut rb = RequestBuilder::new();
+            for o in &four {
+                rb.push(&labels, o);
+            }
+            rb.build().map(|r| r.encode().len())
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, convert, request);
 criterion_main!(benches);

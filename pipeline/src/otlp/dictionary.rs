@@ -1,10 +1,76 @@
 //! [`DictionaryBuilder`]: one deduplicated `ProfilesDictionary` for the
 //! profiles of one OTLP request.
 
-use std::collections::HashMap;
+use std::collections::HashMap as StdHashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::common::{AnyValue, any_value};
 use super::{index, proto};
+
+/// A fast, non-cryptographic hasher for the builder's tables (keys are small
+/// integers, short vectors and strings from one process; SipHash's defence
+/// against chosen collisions costs more than it buys here, as the inputs are
+/// bounded by the receivers' element caps): the multiply-rotate scheme rustc
+/// uses, a word at a time.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FastHasher(u64);
+
+const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+impl FastHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(SEED);
+    }
+}
+
+impl Hasher for FastHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 56));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+    #[inline]
+    fn write_i32(&mut self, i: i32) {
+        self.add(i as u32 as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    #[inline]
+    fn write_i64(&mut self, i: i64) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub(crate) type HashMap<K, V> = StdHashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// An attribute value as the builder writes them (what pprof labels hold).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -49,17 +115,17 @@ impl DictionaryBuilder {
             attribute_table: vec![proto::KeyValueAndUnit::default()],
             stack_table: vec![proto::Stack::default()],
         };
-        let mut strings = HashMap::new();
+        let mut strings = HashMap::default();
         strings.insert(String::new(), 0);
         DictionaryBuilder {
             dict,
             strings,
-            mappings: HashMap::new(),
-            functions: HashMap::new(),
-            locations: HashMap::new(),
-            stacks: HashMap::new(),
-            attributes: HashMap::new(),
-            links: HashMap::new(),
+            mappings: HashMap::default(),
+            functions: HashMap::default(),
+            locations: HashMap::default(),
+            stacks: HashMap::default(),
+            attributes: HashMap::default(),
+            links: HashMap::default(),
         }
     }
 

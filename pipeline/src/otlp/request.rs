@@ -95,7 +95,9 @@ impl<'a> RequestBuilder<'a> {
         for (labels, o) in self.items {
             let ctx_ptr = o.context.as_ref().map_or(std::ptr::null(), Arc::as_ptr);
             let (r, s) = match last {
-                Some((p, l, r, s)) if !ctx_ptr.is_null() && p == ctx_ptr && l == labels => (r, s),
+                Some((p, l, r, s)) if p == ctx_ptr && (std::ptr::eq(l, labels) || l == labels) => {
+                    (r, s)
+                }
                 _ => {
                     let (resource, scope) = o.resource_and_scope(labels);
                     let (rs, ss) = o
