@@ -1,7 +1,7 @@
 //! pprof → OTLP: one OTLP profile per pprof sample type, all referring to one
 //! shared dictionary.
 
-use std::collections::HashMap;
+use super::dictionary::HashMap;
 
 use super::{BUILD_ID_KEY, ConvertError, DictionaryBuilder, Lost, proto};
 use crate::pprof;
@@ -28,7 +28,8 @@ pub fn pprof_to_otlp(
             })
     };
 
-    let mut mappings: HashMap<u64, i32> = HashMap::with_capacity(p.mapping.len());
+    let mut mappings: HashMap<u64, i32> =
+        HashMap::with_capacity_and_hasher(p.mapping.len(), Default::default());
     for m in &p.mapping {
         let mut attribute_indices = Vec::new();
         if m.build_id != 0 {
@@ -52,7 +53,8 @@ pub fn pprof_to_otlp(
         lost.add("mapping has_* flags", flags.iter().filter(|&&f| f).count());
     }
 
-    let mut functions: HashMap<u64, i32> = HashMap::with_capacity(p.function.len());
+    let mut functions: HashMap<u64, i32> =
+        HashMap::with_capacity_and_hasher(p.function.len(), Default::default());
     for f in &p.function {
         let function = proto::Function {
             name_strindex: dict.string(string(f.name)?),
@@ -63,7 +65,8 @@ pub fn pprof_to_otlp(
         functions.insert(f.id, dict.function(function));
     }
 
-    let mut locations: HashMap<u64, i32> = HashMap::with_capacity(p.location.len());
+    let mut locations: HashMap<u64, i32> =
+        HashMap::with_capacity_and_hasher(p.location.len(), Default::default());
     for l in &p.location {
         let mapping_index = match l.mapping_id {
             0 => 0,

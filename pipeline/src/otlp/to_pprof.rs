@@ -1,7 +1,7 @@
 //! OTLP → pprof: profiles of one time window and period merge into one pprof
 //! profile with one sample type per OTLP profile.
 
-use std::collections::HashMap;
+use super::dictionary::HashMap;
 
 use super::check::{check_dictionary, get};
 use super::common::any_value;
@@ -24,11 +24,11 @@ impl<'d> Builder<'d> {
         let mut b = Builder {
             dict,
             profile: pprof::Profile::default(),
-            strings: HashMap::new(),
-            mappings: HashMap::new(),
-            functions: HashMap::new(),
-            locations: HashMap::new(),
-            samples: HashMap::new(),
+            strings: HashMap::default(),
+            mappings: HashMap::default(),
+            functions: HashMap::default(),
+            locations: HashMap::default(),
+            samples: HashMap::default(),
         };
         b.intern("");
         b
