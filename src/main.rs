@@ -246,6 +246,7 @@ mod tests {
             .collect();
         let features = [
             (cfg!(feature = "receiver-pprof_push"), "receiver-pprof_push"),
+            (cfg!(feature = "receiver-otlp"), "receiver-otlp"),
             (cfg!(feature = "processor-relabel"), "processor-relabel"),
             (cfg!(feature = "exporter-file"), "exporter-file"),
             (cfg!(feature = "exporter-nop"), "exporter-nop"),
