@@ -7,7 +7,8 @@
 //!    before decoding.
 //! 2. Decode; check the dictionary (a broken one refuses the whole request),
 //!    then each profile (a broken one is refused alone and reported in
-//!    `partial_success`).
+//!    `partial_success`; when every profile is broken the request is refused
+//!    as invalid, 400 / `INVALID_ARGUMENT`).
 //! 3. One envelope per (resource, scope, profile), all sharing the request's
 //!    dictionary (one `Arc`) and their scope's [`OtlpContext`].
 //! 4. The grant is trued up to what the batch holds and kept until the
@@ -221,7 +222,7 @@ pub(crate) fn decode(
 pub(crate) fn build(
     request: collector::ExportProfilesServiceRequest,
     mapping: &AttributeLabels,
-) -> Result<Built, OtlpError> {
+) -> Result<Built, Refused> {
     let count: usize = request
         .resource_profiles
         .iter()
@@ -231,14 +232,18 @@ pub(crate) fn build(
     if count == 0 {
         return Ok(Built::default());
     }
+    let refuse_all = |message: String| Refused {
+        error: OtlpError::BadRequest(message),
+        profiles: count as u64,
+    };
     let Some(dictionary) = request.dictionary else {
-        return Err(OtlpError::bad_request(format!(
+        return Err(refuse_all(format!(
             "the request carries {count} profiles but no dictionary; OTLP profiles 1.10 (v1development) puts the tables every profile refers to in ExportProfilesServiceRequest.dictionary: is the sender on an earlier version?"
         )));
     };
     otlp::check_dictionary(&dictionary)
         .and_then(|()| otlp::check_dictionary_references(&dictionary))
-        .map_err(|e| OtlpError::bad_request(format!("the request's dictionary is invalid: {e}")))?;
+        .map_err(|e| refuse_all(format!("the request's dictionary is invalid: {e}")))?;
     let dictionary = Arc::new(dictionary);
 
     let mut rejected = 0u64;
@@ -286,6 +291,11 @@ pub(crate) fn build(
         Some(first) => format!("{rejected} of {count} profiles were refused; the first: {first}"),
         None => String::new(),
     };
+    if valid.is_empty() {
+        // Nothing of the request can be used: a permanent error, not a
+        // partial success (the sender must not count any of it delivered).
+        return Err(refuse_all(error_message));
+    }
 
     // Each envelope's share of the dictionary and contexts, so the shares
     // add up to the whole once.
