@@ -274,10 +274,16 @@ fn forward_and_check(exporter_type: &str, exporter: impl Fn(&Proflow, u16) -> St
     let http_port = free_port();
     let proflow = start_proflow(http_port);
     let otelcol = Otelcol::start(&bin, exporter_type, &exporter(&proflow, http_port));
+    post_and_check(&proflow, &otelcol.url());
+}
+
+/// Posts a request to `url` (which leads to `proflow`), waits for proflow's
+/// file and checks it against what was sent.
+fn post_and_check(proflow: &Proflow, url: &str) {
     let service = peer_env::unique("proflow-otlp-in-");
     let sent = request(&service);
     let reply = http_client()
-        .post(otelcol.url())
+        .post(url)
         .header("content-type", "application/x-protobuf")
         .body(sent.encode_to_vec())
         .send()
@@ -295,6 +301,18 @@ fn forward_and_check(exporter_type: &str, exporter: impl Fn(&Proflow, u16) -> St
     );
     assert_eq!(entries[0].label("__name__"), Some("process_cpu"));
     assert_eq!(entries[0].label("host_name"), Some("box-1"));
+}
+
+/// The proflow half alone (no peer): what proflow's own OTLP/HTTP endpoint
+/// takes is what its file exporter writes.
+#[test]
+fn proflow_writes_what_its_otlp_receiver_took() {
+    let http_port = free_port();
+    let proflow = start_proflow(http_port);
+    post_and_check(
+        &proflow,
+        &format!("http://127.0.0.1:{http_port}/v1development/profiles"),
+    );
 }
 
 #[test]
