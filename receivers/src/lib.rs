@@ -2,7 +2,8 @@
 //! and hand each request's profiles to the pipeline as one batch.
 //!
 //! Lives here: one module per receiver type, named after its config `type`
-//! ([`pprof_push`]: Pyroscope-compatible `/ingest` and `push.v1` Push), and
+//! ([`pprof_push`]: Pyroscope-compatible `/ingest` and `push.v1` Push;
+//! [`otlp`]: OTLP profiles over gRPC and HTTP), and
 //! [`factories`], the table the binary joins into its registry.
 //!
 //! This crate may depend only on `proflow-pipeline` (envelope, component traits,
@@ -16,11 +17,15 @@
 //! `tonic` behind `otlp`. [`factories`] lists only what was compiled; the
 //! `proflow` binary forwards each feature as `receiver-<type>`.
 
+#[cfg(any(feature = "pprof_push", feature = "otlp"))]
+mod endpoint;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 #[cfg(feature = "pprof_push")]
 pub mod pprof_push;
 
 use proflow_pipeline::registry::Factory;
-#[cfg(feature = "pprof_push")]
+#[cfg(any(feature = "pprof_push", feature = "otlp"))]
 use proflow_pipeline::registry::Stability;
 
 /// Every receiver type compiled into this crate.
@@ -31,6 +36,12 @@ pub fn factories() -> Vec<Factory> {
             "pprof_push",
             Stability::Alpha,
             "Accepts profiles pushed the way Pyroscope clients send them: POST /ingest (pprof, multipart, folded text) and the push.v1 Connect Push API.",
+        ),
+        #[cfg(feature = "otlp")]
+        Factory::receiver::<otlp::OtlpConfig>(
+            "otlp",
+            Stability::Alpha,
+            "Accepts OTLP profiles (v1development, proto 1.10) over gRPC and HTTP, as the OpenTelemetry Collector's otlp receiver does.",
         ),
     ]
 }

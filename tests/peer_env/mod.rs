@@ -61,6 +61,13 @@ impl Peer {
         }
     }
 
+    /// The value of `NAME_<suffix>`, if the peer reported it.
+    pub fn get(&self, suffix: &str) -> Option<&str> {
+        self.vars
+            .get(&format!("{}_{suffix}", self.prefix()))
+            .map(String::as_str)
+    }
+
     fn prefix(&self) -> String {
         self.name.to_ascii_uppercase()
     }

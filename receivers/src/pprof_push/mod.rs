@@ -33,8 +33,6 @@ mod push;
 mod server;
 mod timestamp;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-
 use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, Resource, Validate,
@@ -85,21 +83,7 @@ impl Default for PprofPushConfig {
     }
 }
 
-/// Parses `ip:port`, also accepting `localhost:port`. Host names are not
-/// resolved: resolution at validation time would make configs depend on DNS.
-pub(crate) fn parse_endpoint(endpoint: &str) -> Result<SocketAddr, String> {
-    if let Ok(addr) = endpoint.parse::<SocketAddr>() {
-        return Ok(addr);
-    }
-    if let Some(port) = endpoint.strip_prefix("localhost:")
-        && let Ok(port) = port.parse::<u16>()
-    {
-        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
-    }
-    Err(format!(
-        "invalid endpoint {endpoint:?}: write an IP address and port such as 0.0.0.0:4040, 127.0.0.1:4040 or [::]:4040"
-    ))
-}
+pub(crate) use crate::endpoint::parse_endpoint;
 
 impl Validate for PprofPushConfig {
     fn validate(&self) -> Vec<FieldError> {

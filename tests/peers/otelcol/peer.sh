@@ -2,7 +2,8 @@
 # OpenTelemetry Collector built with the collector builder (ocb) from
 # builder-config.yaml beside this file, run with config.yaml and profiles on.
 # Prints OTELCOL_ENDPOINT (OTLP gRPC), OTELCOL_HTTP_ENDPOINT (OTLP HTTP) and
-# OTELCOL_FILE_PATH (the file exporter's output, OTLP JSON lines).
+# OTELCOL_FILE_PATH (the file exporter's output, OTLP JSON lines) and
+# OTELCOL_BIN (the collector binary, for tests that run one of their own).
 
 otelcol_dir="$peers_dir/otelcol"
 otelcol_version() { sed -n 's/^ *version: *\([0-9][0-9.]*\)-proflow.*/v\1/p' "$otelcol_dir/builder-config.yaml"; }
@@ -57,6 +58,7 @@ start_otelcol() {
     printf 'OTELCOL_ENDPOINT=%s\n' "$(endpoint "$grpc")"
     printf 'OTELCOL_HTTP_ENDPOINT=%s\n' "$(endpoint "$http")"
     printf 'OTELCOL_FILE_PATH=%s\n' "$dir/data/profiles.jsonl"
+    printf 'OTELCOL_BIN=%s\n' "$(otelcol_home)/src/otelcol-proflow"
   } >"$dir/endpoints"
 }
 

@@ -1,0 +1,145 @@
+//! Why a request was refused, and how each protocol says so: an HTTP status
+//! and a gRPC code (as the OpenTelemetry Collector maps them), the telemetry
+//! reason, and a message that says what to do.
+
+use std::time::Duration;
+
+use hyper::StatusCode;
+
+/// What a client refused for memory is told to wait.
+pub(crate) const MEMORY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OtlpError {
+    /// The request is malformed (undecodable, or its dictionary is broken);
+    /// sending it again cannot help.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The request is larger than a configured limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// A content type or encoding this receiver does not read.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("method {0} is not allowed on /v1development/profiles; send POST")]
+    MethodNotAllowed(String),
+    #[error("no endpoint at {0}; OTLP profiles go to POST /v1development/profiles")]
+    NotFound(String),
+    /// The pipeline is full: retry after the given time.
+    #[error("{detail}; retry after {retry_after:?}")]
+    Backpressure {
+        retry_after: Duration,
+        detail: String,
+    },
+    /// The collector's in-flight memory budget is spent: retry later.
+    #[error("{0}")]
+    MemoryLimit(String),
+    /// The request did not arrive within `read_timeout`.
+    #[error(
+        "the request did not arrive within read_timeout ({0:?}); send it faster or in smaller requests"
+    )]
+    Timeout(Duration),
+    #[error("the collector is shutting down and takes no new data; retry later")]
+    ShuttingDown,
+    /// A bug on our side (a decoding task died); the request may be retried.
+    #[error("internal error: {0}; please report it")]
+    Internal(String),
+}
+
+impl OtlpError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        OtlpError::BadRequest(message.into())
+    }
+
+    pub fn http_status(&self) -> StatusCode {
+        match self {
+            OtlpError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            OtlpError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            OtlpError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            OtlpError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            OtlpError::NotFound(_) => StatusCode::NOT_FOUND,
+            OtlpError::Backpressure { .. } | OtlpError::MemoryLimit(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            OtlpError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            OtlpError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            OtlpError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn grpc_code(&self) -> tonic::Code {
+        match self {
+            OtlpError::BadRequest(_) => tonic::Code::InvalidArgument,
+            OtlpError::TooLarge(_) | OtlpError::Backpressure { .. } | OtlpError::MemoryLimit(_) => {
+                tonic::Code::ResourceExhausted
+            }
+            OtlpError::UnsupportedMediaType(_)
+            | OtlpError::MethodNotAllowed(_)
+            | OtlpError::NotFound(_) => tonic::Code::Unimplemented,
+            OtlpError::Timeout(_) => tonic::Code::DeadlineExceeded,
+            OtlpError::ShuttingDown => tonic::Code::Unavailable,
+            OtlpError::Internal(_) => tonic::Code::Internal,
+        }
+    }
+
+    /// When the client should try again, for refusals that say so.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            OtlpError::Backpressure { retry_after, .. } => Some(*retry_after),
+            OtlpError::MemoryLimit(_) => Some(MEMORY_RETRY_AFTER),
+            _ => None,
+        }
+    }
+
+    /// The `reason` label of the refused-requests metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            OtlpError::BadRequest(_) => "bad_request",
+            OtlpError::TooLarge(_) => "too_large",
+            OtlpError::UnsupportedMediaType(_) => "unsupported_media_type",
+            OtlpError::MethodNotAllowed(_) => "method_not_allowed",
+            OtlpError::NotFound(_) => "not_found",
+            OtlpError::Backpressure { .. } => "backpressure",
+            OtlpError::MemoryLimit(_) => "memory_limit",
+            OtlpError::Timeout(_) => "timeout",
+            OtlpError::ShuttingDown => "shutting_down",
+            OtlpError::Internal(_) => "internal",
+        }
+    }
+
+    /// The `google.rpc.Status` both protocols send.
+    pub(crate) fn rpc_status(&self) -> super::status::RpcStatus {
+        super::status::RpcStatus::new(
+            self.grpc_code() as i32,
+            self.to_string(),
+            self.retry_after(),
+        )
+    }
+
+    /// The gRPC status, with a `RetryInfo` detail when the client should
+    /// retry later.
+    pub(crate) fn to_grpc(&self) -> tonic::Status {
+        let status = self.rpc_status();
+        if status.details.is_empty() {
+            tonic::Status::new(self.grpc_code(), status.message)
+        } else {
+            let details = prost::Message::encode_to_vec(&status);
+            tonic::Status::with_details(self.grpc_code(), status.message, details.into())
+        }
+    }
+}
+
+/// A refusal with the number of profiles the request carried, when known
+/// (0 when it was refused before its profiles were counted).
+#[derive(Debug)]
+pub(crate) struct Refused {
+    pub error: OtlpError,
+    pub profiles: u64,
+}
+
+impl From<OtlpError> for Refused {
+    fn from(error: OtlpError) -> Self {
+        Refused { error, profiles: 0 }
+    }
+}

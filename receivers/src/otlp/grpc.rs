@@ -1,0 +1,324 @@
+//! OTLP/gRPC: `ProfilesService/Export` through tonic's server machinery
+//! (framing, gzip, status trailers) with a codec of our own that hands the
+//! handler the raw message bytes, so the request is decoded under the memory
+//! budget by [`Handler::export`], not by tonic before anyone counted it.
+//!
+//! tonic bounds the message (`max_recv_msg_size`, compressed and
+//! decompressed); the codec grants its bytes from the memory budget before
+//! copying them out. A refusal tonic makes itself (a message too large, a
+//! corrupt frame) is counted here; tonic's `OUT_OF_RANGE` for an oversized
+//! message is answered as gRPC-Go and the collector answer it,
+//! `RESOURCE_EXHAUSTED`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::{Request, Response};
+use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
+use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
+use prost::Message;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::{Code, Status};
+
+use super::error::{OtlpError, Refused};
+use super::export::{Encoding, Handler, Origin};
+use super::http::TENANT_HEADER;
+use super::serve::{Listen, accept_loop};
+
+/// The one method served.
+pub(crate) const EXPORT_PATH: &str =
+    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+
+/// The gRPC protocol's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Settings {
+    pub endpoint: SocketAddr,
+    pub max_message: usize,
+    pub max_decoded: usize,
+    pub read_timeout: Duration,
+    pub max_connections: usize,
+}
+
+struct Grpc {
+    settings: Settings,
+    handler: Arc<Handler>,
+}
+
+/// Serves OTLP/gRPC on `listener` until `shutdown`.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    settings: Settings,
+    handler: Arc<Handler>,
+    shutdown: CancellationToken,
+) {
+    let id = handler.id.clone();
+    let grpc = Arc::new(Grpc { settings, handler });
+    let listen = Listen {
+        max_connections: settings.max_connections,
+        read_header_timeout: None,
+        http2_only: true,
+    };
+    accept_loop(listener, listen, shutdown, id, move |req, peer| {
+        let grpc = grpc.clone();
+        async move { grpc.handle(req, peer).await }
+    })
+    .await;
+}
+
+/// What became of a request before the handler saw it: set once, by the
+/// codec (refused for memory), the body (timed out) or the handler (which
+/// counts its own refusals).
+type Outcome = Arc<OnceLock<Stage>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Handled,
+    MemoryLimit,
+    TimedOut,
+}
+
+impl Grpc {
+    async fn handle(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<tonic::body::Body> {
+        if req.uri().path() != EXPORT_PATH {
+            let error = OtlpError::NotFound(req.uri().path().to_owned());
+            self.handler.refused(&Refused::from(error));
+            return Status::unimplemented(format!(
+                "unknown method {}; this server serves {EXPORT_PATH}",
+                req.uri().path()
+            ))
+            .into_http();
+        }
+        let outcome: Outcome = Arc::new(OnceLock::new());
+        let codec = RawCodec {
+            memory: self.handler.memory.clone(),
+            outcome: outcome.clone(),
+        };
+        let service = ExportService {
+            handler: self.handler.clone(),
+            max_decoded: self.settings.max_decoded,
+            peer,
+            outcome: outcome.clone(),
+        };
+        let read_timeout = self.settings.read_timeout;
+        let req = req.map(|body| TimedBody {
+            inner: body,
+            deadline: Box::pin(tokio::time::sleep(read_timeout)),
+            outcome: outcome.clone(),
+        });
+        let response = tonic::server::Grpc::new(codec)
+            .accept_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Gzip)
+            .max_decoding_message_size(self.settings.max_message)
+            .max_encoding_message_size(usize::MAX)
+            .unary(service, req)
+            .await;
+        // Refusals the handler never saw: counted here.
+        let refused = match outcome.get() {
+            Some(Stage::Handled) => None,
+            Some(Stage::MemoryLimit) => Some((OtlpError::MemoryLimit(String::new()), false)),
+            Some(Stage::TimedOut) => Some((OtlpError::Timeout(read_timeout), true)),
+            None => match grpc_status(&response) {
+                Some(Code::Ok) | None => None,
+                Some(Code::OutOfRange | Code::ResourceExhausted) => Some((
+                    OtlpError::TooLarge(format!(
+                        "the request message exceeds max_recv_msg_size ({} bytes, decompressed); send smaller requests or raise max_recv_msg_size",
+                        self.settings.max_message
+                    )),
+                    true,
+                )),
+                Some(code) => Some((
+                    OtlpError::bad_request(format!("the request could not be read ({code:?})")),
+                    false,
+                )),
+            },
+        };
+        match refused {
+            None => response,
+            Some((error, replace)) => {
+                self.handler.refused(&Refused::from(error.clone()));
+                if replace {
+                    error.to_grpc().into_http()
+                } else {
+                    response
+                }
+            }
+        }
+    }
+}
+
+/// The `grpc-status` of a trailers-only response (every refusal tonic
+/// makes before the handler runs is one).
+fn grpc_status<B>(response: &Response<B>) -> Option<Code> {
+    let value = response.headers().get("grpc-status")?.to_str().ok()?;
+    value.parse::<i32>().ok().map(Code::from_i32)
+}
+
+/// A request message as it arrived, with the memory granted for it.
+struct Raw {
+    bytes: Bytes,
+    grant: MemoryGrant,
+}
+
+/// Hands the handler the message bytes; encodes the response with prost.
+#[derive(Clone)]
+struct RawCodec {
+    memory: MemoryBudget,
+    outcome: Outcome,
+}
+
+impl Codec for RawCodec {
+    type Encode = ExportProfilesServiceResponse;
+    type Decode = Raw;
+    type Encoder = ResponseEncoder;
+    type Decoder = RawDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ResponseEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawDecoder {
+            memory: self.memory.clone(),
+            outcome: self.outcome.clone(),
+        }
+    }
+}
+
+struct ResponseEncoder;
+
+impl Encoder for ResponseEncoder {
+    type Item = ExportProfilesServiceResponse;
+    type Error = Status;
+
+    fn encode(&mut self, item: Self::Item, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(dst)
+            .map_err(|e| Status::internal(format!("cannot encode the response: {e}")))
+    }
+}
+
+struct RawDecoder {
+    memory: MemoryBudget,
+    outcome: Outcome,
+}
+
+impl Decoder for RawDecoder {
+    type Item = Raw;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Raw>, Status> {
+        let len = src.remaining();
+        let mut grant = self.memory.grant();
+        if let Err(e) = grant.try_grow(len) {
+            let _ = self.outcome.set(Stage::MemoryLimit);
+            return Err(OtlpError::MemoryLimit(e.to_string()).to_grpc());
+        }
+        Ok(Some(Raw {
+            bytes: src.copy_to_bytes(len),
+            grant,
+        }))
+    }
+}
+
+/// The unary service tonic calls with the decoded (raw) message.
+#[derive(Clone)]
+struct ExportService {
+    handler: Arc<Handler>,
+    max_decoded: usize,
+    peer: SocketAddr,
+    outcome: Outcome,
+}
+
+type ExportFuture = Pin<
+    Box<dyn Future<Output = Result<tonic::Response<ExportProfilesServiceResponse>, Status>> + Send>,
+>;
+
+impl tower::Service<tonic::Request<Raw>> for ExportService {
+    type Response = tonic::Response<ExportProfilesServiceResponse>;
+    type Error = Status;
+    type Future = ExportFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: tonic::Request<Raw>) -> ExportFuture {
+        let _ = self.outcome.set(Stage::Handled);
+        let origin = Origin {
+            tenant: req
+                .metadata()
+                .get(TENANT_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            client: Some(self.peer),
+        };
+        let raw = req.into_inner();
+        let handler = self.handler.clone();
+        let max_decoded = self.max_decoded;
+        Box::pin(async move {
+            match handler
+                .export(
+                    raw.bytes,
+                    Encoding::Protobuf,
+                    raw.grant,
+                    max_decoded,
+                    origin,
+                )
+                .await
+            {
+                Ok(response) => Ok(tonic::Response::new(response)),
+                Err(refused) => {
+                    handler.refused(&refused);
+                    Err(refused.error.to_grpc())
+                }
+            }
+        })
+    }
+}
+
+/// A request body that fails once `read_timeout` has passed.
+struct TimedBody {
+    inner: Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    outcome: Outcome,
+}
+
+impl Body for TimedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            let _ = this.outcome.set(Stage::TimedOut);
+            return Poll::Ready(Some(Err(
+                "the request did not arrive within read_timeout".into()
+            )));
+        }
+        Pin::new(&mut this.inner)
+            .poll_frame(cx)
+            .map(|frame| frame.map(|f| f.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

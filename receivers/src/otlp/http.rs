@@ -1,0 +1,413 @@
+//! OTLP/HTTP: `POST /v1development/profiles`, answered as the OpenTelemetry
+//! Collector answers: an `ExportProfilesServiceResponse` in the request's
+//! encoding (protobuf or JSON) on success, a `google.rpc.Status` in that
+//! encoding for a refused request, and plain text for a wrong path (404),
+//! method (405) or content type (415). Throttling (429) carries
+//! `Retry-After`.
+//!
+//! The body is read within `max_request_body_size` and `read_timeout`,
+//! every byte granted from the memory budget before it is allocated; a gzip
+//! body inflates within `max_decompressed_size`, likewise granted.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use proflow_pipeline::memory::{self, MemoryGrant, OverBudget};
+use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
+use prost::Message;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::error::{OtlpError, Refused};
+use super::export::{Encoding, Handler, Origin};
+use super::serve::{Listen, accept_loop};
+
+/// The one path profiles are posted to.
+pub(crate) const PROFILES_PATH: &str = "/v1development/profiles";
+
+/// The header multi-tenant backends read the tenant from.
+pub(crate) const TENANT_HEADER: &str = "x-scope-orgid";
+
+/// How much gzip inflation reads at a time.
+const INFLATE_STEP: usize = 32 << 10;
+
+/// The HTTP protocol's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Settings {
+    pub endpoint: SocketAddr,
+    pub max_request_body: usize,
+    pub max_decompressed: usize,
+    pub max_decoded: usize,
+    pub read_header_timeout: Duration,
+    pub read_timeout: Duration,
+    pub max_connections: usize,
+}
+
+struct Http {
+    settings: Settings,
+    handler: Arc<Handler>,
+}
+
+/// Serves OTLP/HTTP on `listener` until `shutdown`.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    settings: Settings,
+    handler: Arc<Handler>,
+    shutdown: CancellationToken,
+) {
+    let id = handler.id.clone();
+    let http = Arc::new(Http { settings, handler });
+    let listen = Listen {
+        max_connections: settings.max_connections,
+        read_header_timeout: Some(settings.read_header_timeout),
+        http2_only: false,
+    };
+    accept_loop(listener, listen, shutdown, id, move |req, peer| {
+        let http = http.clone();
+        async move { http.handle(req, peer).await }
+    })
+    .await;
+}
+
+/// The protobuf or JSON media type of a request, as it named it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MediaType {
+    encoding: Encoding,
+    name: &'static str,
+}
+
+/// Reads `Content-Type` as the collector does: the media type without its
+/// parameters, case-insensitive.
+fn media_type(headers: &HeaderMap) -> Option<MediaType> {
+    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let (encoding, name) = match essence.as_str() {
+        "application/x-protobuf" => (Encoding::Protobuf, "application/x-protobuf"),
+        "application/protobuf" => (Encoding::Protobuf, "application/protobuf"),
+        "application/json" => (Encoding::Json, "application/json"),
+        _ => return None,
+    };
+    Some(MediaType { encoding, name })
+}
+
+fn text(status: StatusCode, message: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(message)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn body_of(media: &MediaType, status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(media.name));
+    response
+}
+
+/// An `ExportProfilesServiceResponse` in OTLP JSON.
+fn response_json(r: &ExportProfilesServiceResponse) -> Vec<u8> {
+    let body = match &r.partial_success {
+        Some(p) => serde_json::json!({"partialSuccess": {
+            "rejectedProfiles": p.rejected_profiles.to_string(),
+            "errorMessage": p.error_message,
+        }}),
+        None => serde_json::json!({}),
+    };
+    body.to_string().into_bytes()
+}
+
+/// The response for a refusal: text for what the collector answers in text,
+/// a `google.rpc.Status` in the request's encoding otherwise.
+fn refusal(error: &OtlpError, media: Option<&MediaType>) -> Response<Full<Bytes>> {
+    let status = error.http_status();
+    let mut response = match (error, media) {
+        (
+            OtlpError::MethodNotAllowed(_)
+            | OtlpError::NotFound(_)
+            | OtlpError::UnsupportedMediaType(_),
+            _,
+        )
+        | (_, None) => text(status, error.to_string()),
+        (_, Some(media)) => {
+            let rpc = error.rpc_status();
+            let body = match media.encoding {
+                Encoding::Protobuf => rpc.encode_to_vec(),
+                Encoding::Json => rpc.to_json(),
+            };
+            body_of(media, status, body)
+        }
+    };
+    let headers = response.headers_mut();
+    if let Some(retry_after) = error.retry_after() {
+        // Whole seconds, rounded up and at least 1.
+        let secs = retry_after
+            .as_secs()
+            .saturating_add(u64::from(retry_after.subsec_nanos() > 0))
+            .max(1);
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if matches!(error, OtlpError::MethodNotAllowed(_)) {
+        headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
+    }
+    // A refusal may come before the body was read: the connection cannot be
+    // reused then, so say so rather than let the client's next request race
+    // the close.
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+impl Http {
+    async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
+        let media = media_type(req.headers());
+        match self.export(req, peer, media.clone()).await {
+            Ok((media, response)) => {
+                let body = match media.encoding {
+                    Encoding::Protobuf => response.encode_to_vec(),
+                    Encoding::Json => response_json(&response),
+                };
+                body_of(&media, StatusCode::OK, body)
+            }
+            Err(refused) => {
+                self.handler.refused(&refused);
+                refusal(&refused.error, media.as_ref())
+            }
+        }
+    }
+
+    async fn export(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        media: Option<MediaType>,
+    ) -> Result<(MediaType, ExportProfilesServiceResponse), Refused> {
+        if req.uri().path() != PROFILES_PATH {
+            return Err(OtlpError::NotFound(req.uri().path().to_owned()).into());
+        }
+        if req.method() != Method::POST {
+            return Err(OtlpError::MethodNotAllowed(req.method().to_string()).into());
+        }
+        let media = media.ok_or_else(|| {
+            OtlpError::UnsupportedMediaType(
+                "unsupported Content-Type; send application/x-protobuf (or application/protobuf) or application/json".to_owned(),
+            )
+        })?;
+        let gzip = content_encoding_is_gzip(req.headers())?;
+        let (parts, body) = req.into_parts();
+        let origin = Origin {
+            tenant: parts
+                .headers
+                .get(TENANT_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            client: Some(peer),
+        };
+        let (body, mut grant) = self.read_body(&parts.headers, body).await?;
+        let body = if gzip {
+            let limit = self.settings.max_decompressed;
+            let inflated = if body.len() <= INFLATE_STEP {
+                inflate(&body, limit, &mut grant)
+            } else {
+                let compressed = body.clone();
+                let (inflated, back) = tokio::task::spawn_blocking(move || {
+                    let inflated = inflate(&compressed, limit, &mut grant);
+                    (inflated, grant)
+                })
+                .await
+                .map_err(|e| OtlpError::Internal(format!("the decompression task failed: {e}")))?;
+                grant = back;
+                inflated
+            }?;
+            // The compressed body is no longer held.
+            grant.shrink(body.len());
+            drop(body);
+            Bytes::from(inflated)
+        } else {
+            body
+        };
+        let response = self
+            .handler
+            .export(
+                body,
+                media.encoding,
+                grant,
+                self.settings.max_decoded,
+                origin,
+            )
+            .await?;
+        Ok((media, response))
+    }
+
+    /// Reads the whole body within `read_timeout`, refusing as soon as it
+    /// passes `max_request_body_size` (the declared `Content-Length` is
+    /// checked first, the stream cut at the limit whatever it declared).
+    /// Every byte of the buffer is granted before it is allocated.
+    async fn read_body(
+        &self,
+        headers: &HeaderMap,
+        body: Incoming,
+    ) -> Result<(Bytes, MemoryGrant), OtlpError> {
+        let limit = self.settings.max_request_body;
+        let too_large = || {
+            OtlpError::TooLarge(format!(
+                "request body exceeds max_request_body_size ({limit} bytes); send smaller requests or raise max_request_body_size"
+            ))
+        };
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > limit as u64) {
+            return Err(too_large());
+        }
+        let declared = declared.unwrap_or(0) as usize;
+        let memory_error = |e: OverBudget| OtlpError::MemoryLimit(e.to_string());
+        let mut grant = self
+            .handler
+            .memory
+            .acquire(declared, memory::DEFAULT_WAIT)
+            .await
+            .map_err(memory_error)?;
+        let read = async {
+            let mut body = body;
+            let mut buf: Vec<u8> = Vec::with_capacity(declared);
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| {
+                    OtlpError::bad_request(format!(
+                        "could not read the request body ({e}); send it again"
+                    ))
+                })?;
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers
+                };
+                let len = buf.len() + data.len();
+                if len > limit {
+                    return Err(too_large());
+                }
+                if len > buf.capacity() {
+                    let want = (buf.capacity() * 2).max(len).max(16 << 10).min(limit);
+                    grant
+                        .grow(want - buf.capacity(), memory::DEFAULT_WAIT)
+                        .await
+                        .map_err(memory_error)?;
+                    buf.reserve_exact(want - buf.len());
+                }
+                buf.extend_from_slice(&data);
+            }
+            Ok(Bytes::from(buf))
+        };
+        match tokio::time::timeout(self.settings.read_timeout, read).await {
+            Ok(body) => Ok((body?, grant)),
+            Err(_) => Err(OtlpError::Timeout(self.settings.read_timeout)),
+        }
+    }
+}
+
+/// Whether the body is gzip; other encodings are refused (415).
+fn content_encoding_is_gzip(headers: &HeaderMap) -> Result<bool, OtlpError> {
+    let Some(value) = headers.get(header::CONTENT_ENCODING) else {
+        return Ok(false);
+    };
+    let value = value.to_str().unwrap_or("?").trim().to_ascii_lowercase();
+    match value.as_str() {
+        "" | "identity" => Ok(false),
+        "gzip" | "x-gzip" => Ok(true),
+        other => Err(OtlpError::UnsupportedMediaType(format!(
+            "unsupported Content-Encoding {other:?}: send gzip or uncompressed (identity) bodies"
+        ))),
+    }
+}
+
+/// Inflates a gzip body to at most `limit` bytes, growing `grant` before
+/// every allocation of the output buffer.
+fn inflate(compressed: &[u8], limit: usize, grant: &mut MemoryGrant) -> Result<Vec<u8>, OtlpError> {
+    let mut out: Vec<u8> = Vec::new();
+    let mut decoder = flate2::bufread::MultiGzDecoder::new(compressed);
+    let mut step = vec![0u8; INFLATE_STEP];
+    loop {
+        let n = match decoder.read(&mut step) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) => {
+                grant.shrink(out.capacity());
+                return Err(OtlpError::bad_request(format!(
+                    "the gzip request body is corrupt ({e}); send a valid gzip stream or an uncompressed body"
+                )));
+            }
+        };
+        let len = out.len() + n;
+        if len > limit {
+            grant.shrink(out.capacity());
+            return Err(OtlpError::TooLarge(format!(
+                "the gzip request body exceeds max_decompressed_size ({limit} bytes) once decompressed; send smaller requests or raise max_decompressed_size"
+            )));
+        }
+        if len > out.capacity() {
+            let want = (out.capacity() * 2)
+                .max(compressed.len().saturating_mul(4))
+                .max(len)
+                .min(limit);
+            if let Err(e) = grant.try_grow(want - out.capacity()) {
+                grant.shrink(out.capacity());
+                return Err(OtlpError::MemoryLimit(e.to_string()));
+            }
+            out.reserve_exact(want - out.len());
+        }
+        out.extend_from_slice(&step[..n]);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proflow_pipeline::memory::MemoryBudget;
+
+    #[test]
+    fn media_types_are_read_as_the_collector_reads_them() {
+        let of = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(v));
+            media_type(&h).map(|m| m.encoding)
+        };
+        assert_eq!(of("application/x-protobuf"), Some(Encoding::Protobuf));
+        assert_eq!(of("Application/Protobuf"), Some(Encoding::Protobuf));
+        assert_eq!(of("application/json; charset=utf-8"), Some(Encoding::Json));
+        assert_eq!(of("text/plain"), None);
+        assert_eq!(media_type(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn inflation_is_bounded_by_the_setting_and_the_grant() {
+        let memory = MemoryBudget::new(1 << 20);
+        let mut grant = memory.grant();
+        let gz = proflow_pipeline::pprof::gzip(&[7u8; 1000]);
+        assert_eq!(inflate(&gz, 1000, &mut grant).unwrap().len(), 1000);
+        assert!(grant.held() >= 1000);
+        let err = inflate(&gz, 999, &mut grant).unwrap_err();
+        assert_eq!(err.http_status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let bomb = proflow_pipeline::pprof::gzip(&vec![0u8; 4 << 20]);
+        let mut small = memory.grant();
+        let err = inflate(&bomb, 8 << 20, &mut small).unwrap_err();
+        assert_eq!(err.reason(), "memory_limit", "{err}");
+        assert_eq!(small.held(), 0);
+        let err = inflate(&[0x1f, 0x8b, 1, 2], 100, &mut small).unwrap_err();
+        assert_eq!(err.http_status(), StatusCode::BAD_REQUEST);
+    }
+}

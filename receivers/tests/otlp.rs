@@ -1,0 +1,713 @@
+//! The `otlp` receiver over real HTTP and gRPC: started on `127.0.0.1:0`
+//! through the public API, its ports read from the `LocalAddrs` handle;
+//! gRPC requests go through the generated tonic client, HTTP ones through a
+//! plain hyper client. The pipeline side is a recording `Consumer`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
+use proflow_config::ByteSize;
+use proflow_pipeline::component::{
+    Admission, BuildContext, ConsumeError, Consumer, Receiver, ReceiverContext,
+};
+use proflow_pipeline::memory::MemoryBudget;
+use proflow_pipeline::model::{Batch, BatchMeta, Envelope, ValueType};
+use proflow_pipeline::otlp::common::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use proflow_pipeline::otlp::{DictionaryBuilder, Resource, collector, json, proto};
+use proflow_pipeline::telemetry::Telemetry;
+use proflow_receivers::otlp::{GrpcConfig, HttpConfig, OtlpConfig, Protocols};
+use prost::Message;
+use tokio_util::sync::CancellationToken;
+use tonic::codec::CompressionEncoding;
+
+// ------------------------------------------------------------------ harness
+
+#[derive(Clone, Debug)]
+enum Answer {
+    Accept,
+    Backpressure(Duration),
+    ShuttingDown,
+}
+
+struct Recorder {
+    batches: Mutex<Vec<(Vec<Envelope>, Arc<BatchMeta>)>>,
+    answer: Mutex<Answer>,
+}
+
+#[async_trait]
+impl Consumer for Recorder {
+    async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError> {
+        assert_eq!(admission, Admission::Refuse, "a push receiver cannot wait");
+        let answer = self.answer.lock().unwrap().clone();
+        match answer {
+            Answer::Accept => {
+                self.batches
+                    .lock()
+                    .unwrap()
+                    .push((batch.envelopes, batch.meta));
+                Ok(())
+            }
+            Answer::Backpressure(retry_after) => Err(ConsumeError::Backpressure {
+                exporter: "slow".into(),
+                retry_after,
+            }),
+            Answer::ShuttingDown => Err(ConsumeError::ShuttingDown),
+        }
+    }
+}
+
+struct Harness {
+    grpc: SocketAddr,
+    http: SocketAddr,
+    recorder: Arc<Recorder>,
+    telemetry: Arc<Telemetry>,
+    shutdown: CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+const LIMIT: u64 = 64 << 10;
+
+impl Harness {
+    async fn start() -> Harness {
+        let config = OtlpConfig {
+            protocols: Protocols {
+                grpc: Some(GrpcConfig {
+                    endpoint: "127.0.0.1:0".into(),
+                    max_recv_msg_size: ByteSize::kib(LIMIT >> 10),
+                    ..GrpcConfig::default()
+                }),
+                http: Some(HttpConfig {
+                    endpoint: "127.0.0.1:0".into(),
+                    max_request_body_size: ByteSize::kib(LIMIT >> 10),
+                    max_decompressed_size: ByteSize::kib(256),
+                    max_decoded_size: ByteSize::mib(8),
+                    ..HttpConfig::default()
+                }),
+            },
+            resource_to_labels: Default::default(),
+        };
+        let telemetry = Arc::new(Telemetry::new());
+        let build = BuildContext {
+            id: "otlp".into(),
+            telemetry: telemetry.clone(),
+        };
+        let receiver = config.build_receiver(&build).unwrap();
+        let addrs = receiver.local_addrs();
+        assert_eq!(addrs.grpc(), None, "not bound before start");
+        let recorder = Arc::new(Recorder {
+            batches: Mutex::new(Vec::new()),
+            answer: Mutex::new(Answer::Accept),
+        });
+        let shutdown = CancellationToken::new();
+        let serve = Box::new(receiver)
+            .start(ReceiverContext {
+                id: "otlp".into(),
+                consumer: recorder.clone(),
+                telemetry: build.receiver_telemetry(),
+                shutdown: shutdown.clone(),
+                memory: MemoryBudget::new(64 << 20),
+            })
+            .await
+            .unwrap();
+        Harness {
+            grpc: addrs.grpc().expect("bound once started"),
+            http: addrs.http().expect("bound once started"),
+            recorder,
+            telemetry,
+            shutdown,
+            server: tokio::spawn(serve),
+        }
+    }
+
+    fn answer(&self, answer: Answer) {
+        *self.recorder.answer.lock().unwrap() = answer;
+    }
+
+    fn batches(&self) -> Vec<(Vec<Envelope>, Arc<BatchMeta>)> {
+        self.recorder.batches.lock().unwrap().clone()
+    }
+
+    fn metric(&self, needle: &str) -> bool {
+        self.telemetry.render().contains(needle)
+    }
+
+    async fn post(&self, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Reply {
+        self.send("POST", path, headers, body.into()).await
+    }
+
+    async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Bytes) -> Reply {
+        let stream = tokio::net::TcpStream::connect(self.http).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", self.http.to_string());
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = sender
+            .send_request(req.body(Full::new(body)).unwrap())
+            .await
+            .unwrap();
+        Reply {
+            status: resp.status().as_u16(),
+            headers: resp.headers().clone(),
+            body: resp.into_body().collect().await.unwrap().to_bytes(),
+        }
+    }
+
+    async fn client(&self) -> ProfilesServiceClient<tonic::transport::Channel> {
+        ProfilesServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .unwrap()
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), self.server)
+            .await
+            .expect("serving stops on shutdown")
+            .unwrap();
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: hyper::HeaderMap,
+    body: Bytes,
+}
+
+impl Reply {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    fn response(&self) -> collector::ExportProfilesServiceResponse {
+        assert_eq!(self.status, 200, "{}", self.text());
+        collector::ExportProfilesServiceResponse::decode(self.body.as_ref()).unwrap()
+    }
+
+    /// The protobuf `google.rpc.Status` of a refusal.
+    fn status_message(&self) -> RpcStatus {
+        assert_eq!(self.header("content-type"), Some("application/x-protobuf"));
+        RpcStatus::decode(self.body.as_ref()).unwrap()
+    }
+}
+
+/// `google.rpc.Status`, to read what the receiver sends.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<ProtoAny>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ProtoAny {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RetryInfo {
+    #[prost(message, optional, tag = "1")]
+    retry_delay: Option<ProtoDuration>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ProtoDuration {
+    #[prost(int64, tag = "1")]
+    seconds: i64,
+    #[prost(int32, tag = "2")]
+    nanos: i32,
+}
+
+const PATH: &str = "/v1development/profiles";
+const PROTOBUF: (&str, &str) = ("content-type", "application/x-protobuf");
+const T0: u64 = 1_700_000_000_000_000_000;
+
+// ----------------------------------------------------------------- requests
+
+fn string_kv(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.into())),
+        }),
+        key_strindex: 0,
+    }
+}
+
+/// A request of `services.len()` resources, each with one scope of
+/// `profiles_each` CPU profiles (`main;work;hot` = 30ms and `main;idle` =
+/// 10ms). The pod name attribute is written by reference, as the
+/// collector writes attributes.
+fn request(services: &[&str], profiles_each: usize) -> collector::ExportProfilesServiceRequest {
+    let mut d = DictionaryBuilder::new();
+    let frames = |d: &mut DictionaryBuilder, names: &[&str]| {
+        let locations = names
+            .iter()
+            .rev()
+            .map(|n| {
+                let name = d.string(n);
+                let f = d.function(proto::Function {
+                    name_strindex: name,
+                    ..Default::default()
+                });
+                d.location(proto::Location {
+                    lines: vec![proto::Line {
+                        function_index: f,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+            })
+            .collect();
+        d.stack(locations)
+    };
+    let hot = frames(&mut d, &["main", "work", "hot"]);
+    let idle = frames(&mut d, &["main", "idle"]);
+    let samples = d.string("samples");
+    let count = d.string("count");
+    let cpu = d.string("cpu");
+    let nanos = d.string("nanoseconds");
+    let pod_key = d.string("k8s.pod.name");
+    let pod_value = d.string("pod-7");
+    let profile = proto::Profile {
+        sample_type: Some(proto::ValueType {
+            type_strindex: samples,
+            unit_strindex: count,
+        }),
+        samples: vec![
+            proto::Sample {
+                stack_index: hot,
+                values: vec![3],
+                ..Default::default()
+            },
+            proto::Sample {
+                stack_index: idle,
+                values: vec![1],
+                ..Default::default()
+            },
+        ],
+        time_unix_nano: T0,
+        duration_nano: 10_000_000_000,
+        period_type: Some(proto::ValueType {
+            type_strindex: cpu,
+            unit_strindex: nanos,
+        }),
+        period: 10_000_000,
+        ..Default::default()
+    };
+    collector::ExportProfilesServiceRequest {
+        resource_profiles: services
+            .iter()
+            .map(|service| proto::ResourceProfiles {
+                resource: Some(Resource {
+                    attributes: vec![
+                        string_kv("service.name", service),
+                        KeyValue {
+                            key: String::new(),
+                            key_strindex: pod_key,
+                            value: Some(AnyValue {
+                                value: Some(any_value::Value::StringValueStrindex(pod_value)),
+                            }),
+                        },
+                    ],
+                    ..Default::default()
+                }),
+                scope_profiles: vec![proto::ScopeProfiles {
+                    scope: Some(InstrumentationScope {
+                        name: "test".into(),
+                        attributes: vec![string_kv("profiler.mode", "cpu")],
+                        ..Default::default()
+                    }),
+                    profiles: vec![profile.clone(); profiles_each],
+                    ..Default::default()
+                }],
+                schema_url: "https://opentelemetry.io/schemas/1.30.0".into(),
+            })
+            .collect(),
+        dictionary: Some(d.finish()),
+    }
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}
+
+/// What every envelope of [`request`] looks like.
+fn assert_cpu_envelope(e: &Envelope, service: &str) {
+    assert_eq!(
+        e.labels.to_selector_string(),
+        format!(
+            r#"{{__name__="process_cpu", k8s_pod_name="pod-7", profiler_mode="cpu", service_name="{service}"}}"#
+        )
+    );
+    assert_eq!(e.sample_types, vec![ValueType::new("samples", "count")]);
+    assert_eq!(e.period_type, Some(ValueType::new("cpu", "nanoseconds")));
+    assert_eq!(e.period, 10_000_000);
+    assert_eq!(e.start_unix_nanos, T0 as i64);
+    assert_eq!(e.end_unix_nanos, T0 as i64 + 10_000_000_000);
+    let otlp = e.payload.otlp().unwrap();
+    assert_eq!(otlp.profiles.len(), 1);
+    assert_eq!(otlp.profiles[0].samples.len(), 2);
+    let context = otlp.context.as_ref().unwrap();
+    assert_eq!(
+        context.resource.attributes[1],
+        string_kv("k8s.pod.name", "pod-7"),
+        "attributes by reference are written inline"
+    );
+    assert_eq!(context.scope.name, "test");
+}
+
+// -------------------------------------------------------------------- tests
+
+#[tokio::test]
+async fn http_protobuf_json_and_gzip_are_accepted() {
+    let h = Harness::start().await;
+    let body = request(&["checkout"], 1).encode_to_vec();
+
+    let reply = h
+        .post(PATH, &[PROTOBUF, ("x-scope-orgid", "team-a")], body.clone())
+        .await;
+    assert_eq!(reply.response(), Default::default(), "nothing refused");
+    assert_eq!(reply.header("content-type"), Some("application/x-protobuf"));
+
+    let reply = h
+        .post(PATH, &[PROTOBUF, ("content-encoding", "gzip")], gzip(&body))
+        .await;
+    assert_eq!(reply.response(), Default::default());
+
+    let json_body = json::encode_request(&request(&["checkout"], 1));
+    let reply = h
+        .post(PATH, &[("content-type", "application/json")], json_body)
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.header("content-type"), Some("application/json"));
+    assert_eq!(reply.text(), "{}");
+
+    let batches = h.batches();
+    assert_eq!(batches.len(), 3);
+    for (envelopes, _) in &batches {
+        assert_eq!(envelopes.len(), 1);
+        assert_cpu_envelope(&envelopes[0], "checkout");
+    }
+    assert_eq!(batches[0].1.tenant.as_deref(), Some("team-a"));
+    assert_eq!(batches[1].1.tenant, None);
+    assert!(h.metric(r#"proflow_receiver_accepted_profiles_total{receiver="otlp"} 3"#));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn grpc_plain_and_gzip_are_accepted() {
+    let h = Harness::start().await;
+    let mut client = h.client().await;
+    let mut req = tonic::Request::new(request(&["api"], 2));
+    req.metadata_mut()
+        .insert("x-scope-orgid", "team-b".parse().unwrap());
+    let response = client.export(req).await.unwrap().into_inner();
+    assert_eq!(response.partial_success, None);
+
+    let mut gz = h.client().await.send_compressed(CompressionEncoding::Gzip);
+    gz.export(request(&["api"], 1)).await.unwrap();
+
+    let batches = h.batches();
+    assert_eq!(batches.len(), 2);
+    assert_eq!(batches[0].0.len(), 2);
+    assert_eq!(batches[0].1.tenant.as_deref(), Some("team-b"));
+    assert!(batches[0].1.client.is_some());
+    for e in batches.iter().flat_map(|(b, _)| b) {
+        assert_cpu_envelope(e, "api");
+    }
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn every_envelope_shares_the_one_dictionary() {
+    let h = Harness::start().await;
+    let reply = h
+        .post(PATH, &[PROTOBUF], request(&["a", "b"], 2).encode_to_vec())
+        .await;
+    assert_eq!(reply.response(), Default::default());
+    let (envelopes, _) = h.batches().remove(0);
+    assert_eq!(envelopes.len(), 4, "one per (resource, scope, profile)");
+    let forms: Vec<_> = envelopes
+        .iter()
+        .map(|e| e.payload.otlp().unwrap())
+        .collect();
+    for f in &forms {
+        assert!(Arc::ptr_eq(&f.dictionary, &forms[0].dictionary));
+    }
+    // One context per scope: shared by that scope's profiles only.
+    let context = |i: usize| forms[i].context.clone().unwrap();
+    assert!(Arc::ptr_eq(&context(0), &context(1)));
+    assert!(!Arc::ptr_eq(&context(1), &context(2)));
+    assert_eq!(envelopes[2].labels.get("service_name"), Some("b"));
+    // The dictionary is counted once over all four, not four times.
+    let dictionary = proflow_pipeline::otlp::dictionary_heap_size(&forms[0].dictionary);
+    let total: usize = envelopes.iter().map(Envelope::size_bytes).sum();
+    assert!(
+        total >= dictionary && total < 2 * dictionary + 8192,
+        "{total} vs {dictionary}"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn broken_profiles_are_refused_alone_in_partial_success() {
+    let h = Harness::start().await;
+    let mut req = request(&["a"], 3);
+    req.resource_profiles[0].scope_profiles[0].profiles[1].samples[0].stack_index = 99;
+    let reply = h.post(PATH, &[PROTOBUF], req.encode_to_vec()).await;
+    let partial = reply.response().partial_success.expect("partial success");
+    assert_eq!(partial.rejected_profiles, 1);
+    assert!(
+        partial.error_message.contains("stack index 99"),
+        "{}",
+        partial.error_message
+    );
+    assert_eq!(h.batches()[0].0.len(), 2, "the valid ones went on");
+    assert!(h.metric(r#"reason="invalid_profile"} 1"#));
+
+    // The same over gRPC.
+    let response = h.client().await.export(req).await.unwrap().into_inner();
+    assert_eq!(response.partial_success.unwrap().rejected_profiles, 1);
+    h.stop().await;
+}
+
+/// The request of a sender on OTLP profiles 1.9, which numbered Sample's
+/// values 2 (1.10 reads field 2 as attribute indexes): it decodes without
+/// error into nonsense, and must be refused with the version named.
+fn v1_9_request() -> Vec<u8> {
+    let good = request(&["old"], 1);
+    let mut bytes = collector::ExportProfilesServiceRequest {
+        resource_profiles: vec![],
+        dictionary: good.dictionary.clone(),
+    }
+    .encode_to_vec();
+    // Sample{stack_index=1: 1, values=2 (1.9): [30]}
+    let sample = [0x08, 0x01, 0x12, 0x01, 30];
+    let mut profile = vec![0x12, sample.len() as u8];
+    profile.extend_from_slice(&sample);
+    let mut scope = vec![0x12, profile.len() as u8];
+    scope.extend_from_slice(&profile);
+    let mut resource = vec![0x12, scope.len() as u8];
+    resource.extend_from_slice(&scope);
+    bytes.push(0x0a);
+    prost::encoding::encode_varint(resource.len() as u64, &mut bytes);
+    bytes.extend_from_slice(&resource);
+    bytes
+}
+
+#[tokio::test]
+async fn bad_dictionaries_and_old_versions_are_refused_with_the_version_named() {
+    let h = Harness::start().await;
+    let mut bad = request(&["a"], 1);
+    bad.dictionary.as_mut().unwrap().stack_table[1]
+        .location_indices
+        .push(1000);
+    let reply = h.post(PATH, &[PROTOBUF], bad.encode_to_vec()).await;
+    assert_eq!(reply.status, 400);
+    let status = reply.status_message();
+    assert_eq!(status.code, tonic::Code::InvalidArgument as i32);
+    assert!(
+        status.message.contains("dictionary is invalid"),
+        "{}",
+        status.message
+    );
+    assert!(status.message.contains("1.10"), "{}", status.message);
+
+    // JSON requests get the status in JSON.
+    let reply = h
+        .post(
+            PATH,
+            &[("content-type", "application/json")],
+            json::encode_request(&bad),
+        )
+        .await;
+    assert_eq!(reply.status, 400);
+    let v: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(v["code"], 3);
+    assert!(v["message"].as_str().unwrap().contains("1.10"));
+
+    let err = h.client().await.export(bad).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("1.10"), "{}", err.message());
+
+    let reply = h.post(PATH, &[PROTOBUF], v1_9_request()).await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    let message = reply.status_message().message;
+    assert!(message.contains("attribute index 30"), "{message}");
+    assert!(message.contains("1.10"), "{message}");
+
+    let mut no_dictionary = request(&["a"], 2);
+    no_dictionary.dictionary = None;
+    let reply = h
+        .post(PATH, &[PROTOBUF], no_dictionary.encode_to_vec())
+        .await;
+    assert_eq!(reply.status, 400);
+    assert!(reply.status_message().message.contains("no dictionary"));
+
+    let reply = h.post(PATH, &[PROTOBUF], &b"\x0a\x05\x01"[..]).await;
+    assert_eq!(reply.status, 400);
+    assert!(h.batches().is_empty());
+    assert!(
+        h.metric(r#"reason="bad_request"} 6"#),
+        "{}",
+        h.telemetry.render()
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn oversized_requests_are_refused() {
+    let h = Harness::start().await;
+    // Large enough to pass either limit: many profiles of random-ish values.
+    let mut big = request(&["a"], 1);
+    let p = &mut big.resource_profiles[0].scope_profiles[0].profiles[0];
+    p.samples[0].values = (0..20_000).map(|i| i * 7919).collect();
+    p.samples[0].timestamps_unix_nano = Vec::new();
+    assert!(big.encoded_len() as u64 > LIMIT);
+    let reply = h.post(PATH, &[PROTOBUF], big.encode_to_vec()).await;
+    assert_eq!(reply.status, 413, "{}", reply.text());
+    assert!(
+        reply
+            .status_message()
+            .message
+            .contains("max_request_body_size")
+    );
+
+    let err = h.client().await.export(big).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("max_recv_msg_size"),
+        "{}",
+        err.message()
+    );
+
+    // A gzip bomb: tiny on the wire, past max_decompressed_size inflated.
+    let bomb = gzip(&vec![0u8; 1 << 20]);
+    let reply = h
+        .post(PATH, &[PROTOBUF, ("content-encoding", "gzip")], bomb)
+        .await;
+    assert_eq!(reply.status, 413, "{}", reply.text());
+    assert!(
+        h.metric(r#"reason="too_large"} 3"#),
+        "{}",
+        h.telemetry.render()
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn wrong_content_type_method_and_path() {
+    let h = Harness::start().await;
+    let body = request(&["a"], 1).encode_to_vec();
+    let reply = h
+        .post(PATH, &[("content-type", "text/plain")], body.clone())
+        .await;
+    assert_eq!(reply.status, 415);
+    assert!(
+        reply.text().contains("application/x-protobuf"),
+        "{}",
+        reply.text()
+    );
+    let reply = h.send("GET", PATH, &[], Bytes::new()).await;
+    assert_eq!(reply.status, 405);
+    assert_eq!(reply.header("allow"), Some("POST"));
+    let reply = h.post("/v1/traces", &[PROTOBUF], body).await;
+    assert_eq!(reply.status, 404);
+    assert!(h.batches().is_empty());
+    assert!(h.metric(r#"reason="unsupported_media_type"} 1"#));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn backpressure_asks_the_sender_to_retry_later() {
+    let h = Harness::start().await;
+    h.answer(Answer::Backpressure(Duration::new(1, 2)));
+    let reply = h
+        .post(PATH, &[PROTOBUF], request(&["a"], 1).encode_to_vec())
+        .await;
+    assert_eq!(reply.status, 429);
+    assert_eq!(reply.header("retry-after"), Some("2"), "rounded up");
+
+    let err = h
+        .client()
+        .await
+        .export(request(&["a"], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    let details = RpcStatus::decode(err.details()).unwrap();
+    assert_eq!(details.code, tonic::Code::ResourceExhausted as i32);
+    let retry = &details.details[0];
+    assert_eq!(retry.type_url, "type.googleapis.com/google.rpc.RetryInfo");
+    let delay = RetryInfo::decode(retry.value.as_slice())
+        .unwrap()
+        .retry_delay
+        .unwrap();
+    assert_eq!((delay.seconds, delay.nanos), (1, 2));
+
+    h.answer(Answer::ShuttingDown);
+    let reply = h
+        .post(PATH, &[PROTOBUF], request(&["a"], 1).encode_to_vec())
+        .await;
+    assert_eq!(reply.status, 503);
+    let err = h
+        .client()
+        .await
+        .export(request(&["a"], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(h.metric(r#"reason="backpressure"} 2"#));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_grpc_methods_are_unimplemented() {
+    let h = Harness::start().await;
+    let channel = tonic::transport::Endpoint::new(format!("http://{}", h.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+        .parse()
+        .unwrap();
+    let err = grpc
+        .unary::<_, collector::ExportProfilesServiceResponse, _>(
+            tonic::Request::new(request(&["a"], 1)),
+            path,
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    h.stop().await;
+}
