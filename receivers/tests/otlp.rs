@@ -80,7 +80,7 @@ impl Harness {
             protocols: Protocols {
                 grpc: Some(GrpcConfig {
                     endpoint: "127.0.0.1:0".into(),
-                    max_recv_msg_size: ByteSize::kib(LIMIT >> 10),
+                    max_recv_msg_size_mib: 1,
                     ..GrpcConfig::default()
                 }),
                 http: Some(HttpConfig {
@@ -599,10 +599,14 @@ async fn oversized_requests_are_refused() {
             .contains("max_request_body_size")
     );
 
+    // gRPC's limit is in MiB: make the message pass 1 MiB.
+    big.resource_profiles[0].scope_profiles[0].profiles[0].samples[0].values =
+        (0..400_000).map(|i| i * 7919).collect();
+    assert!(big.encoded_len() > 1 << 20);
     let err = h.client().await.export(big).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
     assert!(
-        err.message().contains("max_recv_msg_size"),
+        err.message().contains("max_recv_msg_size_mib"),
         "{}",
         err.message()
     );

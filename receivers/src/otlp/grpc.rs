@@ -3,7 +3,7 @@
 //! handler the raw message bytes, so the request is decoded under the memory
 //! budget by [`Handler::export`], not by tonic before anyone counted it.
 //!
-//! tonic bounds the message (`max_recv_msg_size`, compressed and
+//! tonic bounds the message (`max_recv_msg_size_mib`, compressed and
 //! decompressed); the codec grants its bytes from the memory budget before
 //! copying them out. A refusal tonic makes itself (a message too large, a
 //! corrupt frame) is counted here; tonic's `OUT_OF_RANGE` for an oversized
@@ -133,7 +133,7 @@ impl Grpc {
                 Some(Code::Ok) | None => None,
                 Some(Code::OutOfRange | Code::ResourceExhausted) => Some((
                     OtlpError::TooLarge(format!(
-                        "the request message exceeds max_recv_msg_size ({} bytes, decompressed); send smaller requests or raise max_recv_msg_size",
+                        "the request message exceeds max_recv_msg_size_mib ({} bytes, decompressed); send smaller requests or raise max_recv_msg_size_mib",
                         self.settings.max_message
                     )),
                     true,

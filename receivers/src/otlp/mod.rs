@@ -96,9 +96,10 @@ pub struct GrpcConfig {
     /// Address to listen on, as `ip:port` (`localhost` is accepted as a
     /// host). Defaults to `0.0.0.0:4317`. Port 0 picks a free port.
     pub endpoint: String,
-    /// Largest request message accepted, once decompressed (gRPC's limit);
-    /// a larger one gets `RESOURCE_EXHAUSTED`.
-    pub max_recv_msg_size: ByteSize,
+    /// Largest request message accepted, in MiB, once decompressed (gRPC's
+    /// limit; the collector's name and unit); a larger one gets
+    /// `RESOURCE_EXHAUSTED`.
+    pub max_recv_msg_size_mib: u64,
     /// Largest memory one request's profiles may take once decoded, as
     /// estimated from the message before decoding it (a decoded profile
     /// takes about 10 to 20 times its protobuf size); a larger one gets
@@ -112,11 +113,18 @@ pub struct GrpcConfig {
     pub max_connections: usize,
 }
 
+impl GrpcConfig {
+    /// `max_recv_msg_size_mib` in bytes.
+    fn max_message_bytes(&self) -> usize {
+        usize::try_from(self.max_recv_msg_size_mib.min(4095) << 20).unwrap_or(usize::MAX)
+    }
+}
+
 impl Default for GrpcConfig {
     fn default() -> Self {
         GrpcConfig {
             endpoint: DEFAULT_GRPC_ENDPOINT.to_owned(),
-            max_recv_msg_size: ByteSize::mib(4),
+            max_recv_msg_size_mib: 4,
             max_decoded_size: ByteSize::mib(64),
             read_timeout: Duration::from_secs(30),
             max_connections: 1024,
@@ -201,20 +209,14 @@ impl Validate for OtlpConfig {
             }
             positive_size(
                 &mut problems,
-                p("max_recv_msg_size"),
-                g.max_recv_msg_size,
-                "4MiB",
-            );
-            positive_size(
-                &mut problems,
                 p("max_decoded_size"),
                 g.max_decoded_size,
                 "64MiB",
             );
-            if g.max_recv_msg_size.bytes() > u64::from(u32::MAX) {
+            if g.max_recv_msg_size_mib == 0 || g.max_recv_msg_size_mib >= 4096 {
                 problems.push(FieldError::new(
-                    p("max_recv_msg_size"),
-                    "must be less than 4GiB: a gRPC message cannot be larger",
+                    p("max_recv_msg_size_mib"),
+                    "must be from 1 to 4095 (MiB; a gRPC message cannot reach 4GiB); the default is 4",
                 ));
             }
             positive_duration(&mut problems, p("read_timeout"), g.read_timeout);
@@ -296,7 +298,7 @@ impl OtlpConfig {
         let grpc = match &self.protocols.grpc {
             Some(g) => Some(grpc::Settings {
                 endpoint: endpoint(&g.endpoint)?,
-                max_message: g.max_recv_msg_size.as_usize(),
+                max_message: g.max_message_bytes(),
                 max_decoded: g.max_decoded_size.as_usize(),
                 read_timeout: g.read_timeout.get(),
                 max_connections: g.max_connections,
@@ -341,8 +343,7 @@ impl ReceiverConfig for OtlpConfig {
         // the decoded profiles. HTTP: the body, what it decompresses to, and
         // the decoded profiles.
         let grpc = self.protocols.grpc.as_ref().map_or(0, |g| {
-            g.max_recv_msg_size
-                .as_usize()
+            g.max_message_bytes()
                 .saturating_mul(2)
                 .saturating_add(g.max_decoded_size.as_usize())
         });
@@ -403,20 +404,20 @@ mod tests {
     #[test]
     fn fields_are_read_and_unknown_fields_refused() {
         let c = parse(
-            "protocols:\n  grpc: {endpoint: 127.0.0.1:5317, max_recv_msg_size: 1MiB}\n  http: {endpoint: localhost:5318, max_request_body_size: 2MiB}\nresource_to_labels: {include: [host.name], exclude: [process.pid]}\n",
+            "protocols:\n  grpc: {endpoint: 127.0.0.1:5317, max_recv_msg_size_mib: 1}\n  http: {endpoint: localhost:5318, max_request_body_size: 2MiB}\nresource_to_labels: {include: [host.name], exclude: [process.pid]}\n",
         )
         .unwrap();
         let g = c.protocols.grpc.as_ref().unwrap();
-        assert_eq!(g.max_recv_msg_size, ByteSize::mib(1));
+        assert_eq!(g.max_message_bytes(), 1 << 20);
         assert_eq!(
             c.protocols.http.as_ref().unwrap().max_request_body_size,
             ByteSize::mib(2)
         );
         assert_eq!(c.resource_to_labels.include, vec!["host.name".to_owned()]);
         assert_eq!(c.resource_to_labels.exclude, vec!["process.pid".to_owned()]);
-        let errors = parse("protocols: {grpc: {max_recv_msg_size_mib: 4}}").unwrap_err();
+        let errors = parse("protocols: {grpc: {max_recv_msg_size: 4MiB}}").unwrap_err();
         assert!(
-            errors.iter().any(|e| e.contains("max_recv_msg_size_mib")),
+            errors.iter().any(|e| e.contains("max_recv_msg_size")),
             "{errors:?}"
         );
         let errors = parse("protocols: {thrift: {}}").unwrap_err();
@@ -428,7 +429,7 @@ mod tests {
         let errors = parse("protocols: {}").unwrap_err();
         assert!(errors[0].contains("at least one protocol"), "{errors:?}");
         let errors = parse(
-            "protocols:\n  grpc: {endpoint: example.com:1, max_recv_msg_size: 0}\n  http: {max_request_body_size: 8MiB, max_decompressed_size: 4MiB, read_timeout: 0}\n",
+            "protocols:\n  grpc: {endpoint: example.com:1, max_recv_msg_size_mib: 0}\n  http: {max_request_body_size: 8MiB, max_decompressed_size: 4MiB, read_timeout: 0}\n",
         )
         .unwrap_err();
         assert_eq!(errors.len(), 4, "{errors:?}");
