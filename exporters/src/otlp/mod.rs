@@ -660,7 +660,11 @@ impl OtlpExporter {
             };
             let delay = retry_after.unwrap_or(wait);
             let max_elapsed = self.retry.max_elapsed_time.get();
-            if !max_elapsed.is_zero() && started.elapsed() + delay > max_elapsed {
+            let past_deadline = started
+                .elapsed()
+                .checked_add(delay)
+                .is_none_or(|end| end > max_elapsed);
+            if !max_elapsed.is_zero() && past_deadline {
                 return Err(err);
             }
             tracing::debug!(exporter = %self.id, error = %err, ?delay, "part of the batch is delivered; retrying the rest in place");
