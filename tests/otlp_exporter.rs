@@ -14,6 +14,9 @@
 //! `service.name` / `service_name`.
 
 mod common;
+// Both helper modules include `peer_skip` (one copy each, same skip rules):
+// this test needs proflow from `common` and the peers from `peer_env`.
+#[allow(clippy::duplicate_mod)]
 mod peer_env;
 
 use std::collections::BTreeMap;
