@@ -108,9 +108,15 @@ pub(crate) fn grpc_error(status: &tonic::Status, endpoint: &str) -> ExportError 
     };
     let delay = retry_info_delay(status.details());
     let reason = grpc_reason(code);
+    // A transport failure's reason (refused connection, unknown certificate
+    // issuer, ...) is in the sources, not in the status message.
+    let said = match std::error::Error::source(status) {
+        Some(source) if code != status.code() => error_chain(source),
+        _ => status.message().to_owned(),
+    };
     let message = format!(
         "OTLP gRPC export to {endpoint} failed: {code:?}: {}",
-        truncate(status.message())
+        truncate(&said)
     );
     if grpc_code_retryable(code, delay.is_some()) {
         let e = ExportError::retryable(reason, message);
@@ -121,6 +127,21 @@ pub(crate) fn grpc_error(status: &tonic::Status, endpoint: &str) -> ExportError 
     } else {
         ExportError::permanent(reason, message)
     }
+}
+
+/// An error with its sources, `a: b: c`.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        let text = inner.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        source = inner.source();
+    }
+    s
 }
 
 /// Whether a status stands for a transport failure rather than an answer.

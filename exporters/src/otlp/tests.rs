@@ -335,6 +335,11 @@ impl Peer {
     }
 
     async fn start(&self) -> SocketAddr {
+        self.start_with(None).await
+    }
+
+    /// Serves plaintext, or TLS when given an acceptor.
+    async fn start_with(&self, tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let peer = self.clone();
@@ -344,20 +349,34 @@ impl Peer {
                     return;
                 };
                 let peer = peer.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let peer = peer.clone();
-                        async move { Ok::<_, Infallible>(peer.answer(req).await) }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
+                    match tls {
+                        Some(acceptor) => {
+                            // A client that refuses our certificate ends here.
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                peer.serve(stream).await;
+                            }
+                        }
+                        None => peer.serve(stream).await,
+                    }
                 });
             }
         });
         addr
+    }
+
+    async fn serve<S>(self, stream: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = hyper::service::service_fn(move |req| {
+            let peer = self.clone();
+            async move { Ok::<_, Infallible>(peer.answer(req).await) }
+        });
+        let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+            .await;
     }
 
     async fn answer(&self, req: http::Request<Incoming>) -> Response<Framed> {
@@ -657,6 +676,7 @@ async fn connection_refused_is_retryable() {
             "{yaml}: {e:?}"
         );
         assert_eq!(e.reason, "unavailable", "{e:?}");
+        assert!(e.message.contains("refused"), "the reason is shown: {e:?}");
     }
 }
 
@@ -806,4 +826,100 @@ async fn a_split_batch_reports_refused_indexes_and_never_resends_delivered_ones(
         .expect_err("gave up");
     assert_eq!(e.refused, Some(vec![1, 2]));
     assert_eq!(peer.seen().len(), 2, "the third was never tried");
+}
+
+// ------------------------------------------------------------------ TLS
+
+/// A CA, a server certificate it signed for `localhost` and `127.0.0.1`, and
+/// an unrelated CA, as PEM files; plus the server's TLS acceptor.
+struct Pki {
+    dir: tempfile::TempDir,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let ca = |name: &str| {
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, name);
+            CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+        };
+        let ours = ca("proflow test CA");
+        let other = ca("some other CA");
+        let server_key = KeyPair::generate().unwrap();
+        let server = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&server_key, &ours)
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ours.pem()).unwrap();
+        std::fs::write(dir.path().join("other-ca.pem"), other.pem()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![server.der().clone()],
+                rustls::pki_types::PrivateKeyDer::try_from(server_key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Pki {
+            dir,
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        }
+    }
+
+    fn file(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+}
+
+#[tokio::test]
+async fn tls_verifies_the_peer_with_the_ca_file() {
+    let pki = Pki::new();
+    let peer = Peer::default();
+    let addr = peer.start_with(Some(pki.acceptor.clone())).await;
+    let port = addr.port();
+    let ca = pki.file("ca.pem");
+    for yaml in [
+        format!("endpoint: localhost:{port}\ntls: {{ ca_file: '{ca}' }}\n"),
+        format!("protocol: http\nendpoint: https://127.0.0.1:{port}\ntls: {{ ca_file: '{ca}' }}\n"),
+        format!("endpoint: https://127.0.0.1:{port}\ntls: {{ insecure_skip_verify: true }}\n"),
+    ] {
+        let (exp, _) = exporter(&yaml);
+        exp.export(&batch_of(&[(None, 1)]))
+            .await
+            .unwrap_or_else(|e| panic!("{yaml}: {e:?}"));
+    }
+    assert_eq!(peer.seen().len(), 3);
+    // A certificate from another CA is refused before anything is sent; the
+    // peer may be fixed (or the CA file replaced), so it is retryable.
+    let other = pki.file("other-ca.pem");
+    for yaml in [
+        format!("endpoint: localhost:{port}\ntls: {{ ca_file: '{other}' }}\n"),
+        format!(
+            "protocol: http\nendpoint: https://localhost:{port}\ntls: {{ ca_file: '{other}' }}\n"
+        ),
+    ] {
+        let (exp, _) = exporter(&yaml);
+        let e = exp
+            .export(&batch_of(&[(None, 1)]))
+            .await
+            .expect_err("unknown issuer");
+        assert!(
+            matches!(e.class, ErrorClass::Retryable { .. }),
+            "{yaml}: {e:?}"
+        );
+        assert!(
+            e.message.contains("UnknownIssuer"),
+            "the reason is shown: {e:?}"
+        );
+    }
+    assert_eq!(peer.seen().len(), 3, "nothing reached the peer");
 }

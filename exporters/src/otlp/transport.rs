@@ -260,7 +260,7 @@ impl Transport {
                 format!(
                     "OTLP HTTP export to {} failed: {what}: {}",
                     self.shown,
-                    error_chain(e)
+                    status::error_chain(e)
                 ),
             )
         };
@@ -339,21 +339,6 @@ pub(crate) fn http_partial_success(
             error_message: p.error_message,
         })
     }
-}
-
-/// An error with its sources, `a: b: c`.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        let text = inner.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        source = inner.source();
-    }
-    s
 }
 
 /// The gRPC codec of an export: the request is bytes already encoded by
