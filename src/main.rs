@@ -250,6 +250,7 @@ mod tests {
             (cfg!(feature = "processor-relabel"), "processor-relabel"),
             (cfg!(feature = "exporter-file"), "exporter-file"),
             (cfg!(feature = "exporter-nop"), "exporter-nop"),
+            (cfg!(feature = "exporter-otlp"), "exporter-otlp"),
         ];
         let enabled: Vec<&str> = features
             .iter()

@@ -1,14 +1,14 @@
 //! proflow's exporters: the components that take profiles out of the collector.
 //! One folder per component, named after its config `type`: [`file`] writes
 //! pprof or folded files to a local directory, [`nop`] discards (for tests and
-//! benchmarks).
+//! benchmarks), [`otlp`] sends OTLP profiles over gRPC or HTTP.
 //!
 //! This crate depends only on `proflow-pipeline` and `proflow-config`, never on
 //! another component crate: exporters are driven by the pipeline's queue and
 //! implement nothing but [`Exporter::export`](proflow_pipeline::component::Exporter::export).
 //!
 //! Each exporter is behind a Cargo feature named after its config type
-//! (`file`, `nop`), all on by default. Its own dependencies are optional and
+//! (`file`, `nop`, `otlp`), all on by default. Its own dependencies are optional and
 //! enabled by that feature only, so a build without the exporter does not
 //! compile them: a Kafka exporter brings `rdkafka` behind `kafka`, an OTLP one
 //! `tonic` behind `otlp`. [`factories`] lists only what was compiled; the
@@ -21,12 +21,14 @@ mod error;
 pub mod file;
 #[cfg(feature = "nop")]
 pub mod nop;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 
 #[cfg(feature = "file")]
 pub use error::Error;
 
 use proflow_pipeline::registry::Factory;
-#[cfg(any(feature = "file", feature = "nop"))]
+#[cfg(any(feature = "file", feature = "nop", feature = "otlp"))]
 use proflow_pipeline::registry::Stability;
 
 /// The exporter types compiled into this crate, for the binary's registry.
@@ -43,6 +45,12 @@ pub fn factories() -> Vec<Factory> {
             "nop",
             Stability::Stable,
             "Accepts and discards profiles, counting them; for tests and benchmarks.",
+        ),
+        #[cfg(feature = "otlp")]
+        Factory::exporter::<otlp::OtlpExporterConfig>(
+            "otlp",
+            Stability::Alpha,
+            "Sends OTLP profiles (v1development) over gRPC or HTTP to a Collector, Pyroscope or any OTLP profiles receiver.",
         ),
     ]
 }

@@ -1,0 +1,822 @@
+//! The `otlp` exporter: sends profiles as OTLP profiles
+//! (`ExportProfilesServiceRequest`, proto 1.10 `v1development`) to an
+//! OpenTelemetry Collector, Pyroscope, Parca or any OTLP profiles receiver,
+//! over gRPC or HTTP (protobuf or JSON). Config names follow the Collector's
+//! `otlp` and `otlphttp` exporters.
+//!
+//! - This file: the config, its validation, and [`OtlpExporter::export`],
+//!   which splits a batch into requests ([`plan`]) and reports what became of
+//!   each profile.
+//! - [`transport`]: the gRPC and HTTP clients (one rustls setup for both) and
+//!   the raw-bytes gRPC codec.
+//! - [`status`]: which answers are retryable, `RetryInfo` / `Retry-After`,
+//!   and the server's message.
+//!
+//! Requests: the pipeline has converted every profile to its OTLP form before
+//! the queue ([`ExporterConfig::wants`]), so an export encodes the batch's
+//! OTLP forms into one request with one shared dictionary
+//! ([`otlp::RequestBuilder`]; the bytes are written from references and sent
+//! as they are, never re-encoded through generated client code). A batch is
+//! split only (a) between runs of different tenants, since a request carries
+//! one `X-Scope-OrgID`, and (b) every `max_batch_size` profiles.
+//!
+//! Failures of a split batch: a retryable error retries the whole batch, so
+//! it is returned only while nothing of the batch has been delivered. Once a
+//! request of the batch has succeeded, a retryable failure of a later one is
+//! retried here, in place, with the `retry_on_failure` backoff (and the
+//! peer's `RetryInfo`/`Retry-After`); if that gives up, the profiles not
+//! delivered are reported as refused ([`ExportError::partial`]) so the queue
+//! does not resend, and duplicate, the delivered ones. Profiles the peer
+//! refuses permanently are reported the same way, by index.
+//!
+//! Partial success: an OTLP response may say it rejected some profiles of a
+//! delivered request, but names none (the protocol gives a count and a
+//! message, no indexes). The request then counts as delivered; the count
+//! goes to `exporter_dropped_profiles{reason="rejected_by_peer"}` (in OTLP
+//! profiles, one per sample type, so it overlaps `exporter_sent_profiles`,
+//! which the queue counts per proflow profile) and each distinct message is
+//! logged once.
+//!
+//! The queue counts sent and failed profiles from what `export` returns; this
+//! exporter counts nothing else.
+
+mod status;
+#[cfg(test)]
+mod tests;
+mod transport;
+
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::Uri;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use proflow_config::Duration;
+use proflow_pipeline::component::{
+    BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
+    Validate,
+};
+use proflow_pipeline::model::{BatchMeta, Envelope, ExportBatch, Format, Labels};
+use proflow_pipeline::otlp::{self, OtlpProfiles};
+use proflow_pipeline::queue::{QueueSettings, RetrySettings};
+use proflow_pipeline::telemetry::ExporterTelemetry;
+use serde::Deserialize;
+
+use self::transport::{PartialSuccess, Transport};
+
+/// The header Pyroscope, Mimir-style gateways and the Collector's
+/// `headers_setter` read the tenant from.
+pub const TENANT_HEADER: &str = "X-Scope-OrgID";
+
+/// Path appended to an OTLP/HTTP `endpoint` (as `otlphttp` appends
+/// `/v1/traces` for traces).
+pub const HTTP_PROFILES_PATH: &str = "/v1development/profiles";
+
+/// Distinct partial-success messages remembered for log-once; past this, new
+/// messages are logged at debug level only.
+const MAX_REMEMBERED_MESSAGES: usize = 256;
+
+/// `protocol` of the `otlp` exporter.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// OTLP/gRPC (`ProfilesService/Export`), HTTP/2.
+    #[default]
+    Grpc,
+    /// OTLP/HTTP: `POST` to `<endpoint>/v1development/profiles`.
+    Http,
+}
+
+/// `encoding` of the `otlp` exporter (HTTP only).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    /// Binary protobuf, `Content-Type: application/x-protobuf`.
+    #[default]
+    Proto,
+    /// OTLP JSON, `Content-Type: application/json` (larger; for peers or
+    /// proxies that only take JSON).
+    Json,
+}
+
+/// `compression` of the `otlp` exporter.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    /// gzip: the gRPC message compression flag, or `Content-Encoding: gzip`.
+    #[default]
+    Gzip,
+    /// Uncompressed (a peer on the same host, or one that takes no gzip).
+    None,
+}
+
+/// `tls` of the `otlp` exporter (rustls; no OpenSSL).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSettings {
+    /// gRPC with an `endpoint` of bare `host:port`: plaintext (h2c) instead
+    /// of TLS. An `http://` endpoint is always plaintext, an `https://` one
+    /// always TLS, whatever this says.
+    pub insecure: bool,
+    /// PEM file of the CA certificates that sign the peer's certificate;
+    /// replaces the system's roots. Unset: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for peers that want mutual TLS; needs
+    /// `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// Accept any server certificate (still encrypted, not authenticated).
+    /// For tests only.
+    pub insecure_skip_verify: bool,
+}
+
+impl TlsSettings {
+    fn has_files(&self) -> bool {
+        self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
+    }
+}
+
+/// Config of the `otlp` exporter.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpExporterConfig {
+    /// `grpc` (default) or `http`.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// Where to send. gRPC: `host:port` (TLS unless `tls.insecure`) or
+    /// `http://host:port` / `https://host:port`. HTTP: the base URL
+    /// (`http(s)://host:port[/prefix]`); `/v1development/profiles` is
+    /// appended. May be left out for HTTP when `profiles_endpoint` is set.
+    #[serde(default)]
+    pub endpoint: String,
+    /// HTTP only: the full URL to `POST` to, used as it is (no path appended).
+    #[serde(default)]
+    pub profiles_endpoint: Option<String>,
+    /// HTTP only: `proto` (default) or `json`.
+    #[serde(default)]
+    pub encoding: Option<Encoding>,
+    /// Headers added to every request (gRPC metadata or HTTP headers), such
+    /// as `Authorization` or `X-Scope-OrgID`. Without a configured
+    /// `X-Scope-OrgID`, profiles that arrived with a tenant are sent with
+    /// theirs.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// `gzip` (default, as the Collector) or `none`.
+    #[serde(default)]
+    pub compression: Compression,
+    /// Longest wait for one request's answer, connecting included; a request
+    /// that takes longer fails as retryable. Default 10s.
+    #[serde(default = "default_timeout")]
+    pub timeout: Duration,
+    /// TLS of the connection (see [`TlsSettings`]).
+    #[serde(default)]
+    pub tls: TlsSettings,
+    /// Most proflow profiles in one request (each may hold several OTLP
+    /// profiles, one per sample type); a larger export is split. The queue's
+    /// `sending_queue.batch.max_profiles` bounds an export already, except
+    /// for a single received batch larger than it. Default 500.
+    #[serde(default = "default_max_batch_size")]
+    pub max_batch_size: usize,
+    /// The queue in front of this exporter.
+    #[serde(default)]
+    pub sending_queue: QueueSettings,
+    /// Retry of retryable failures (see the module docs for what is retryable).
+    #[serde(default)]
+    pub retry_on_failure: RetrySettings,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_max_batch_size() -> usize {
+    500
+}
+
+impl Default for OtlpExporterConfig {
+    fn default() -> Self {
+        OtlpExporterConfig {
+            protocol: Protocol::default(),
+            endpoint: String::new(),
+            profiles_endpoint: None,
+            encoding: None,
+            headers: BTreeMap::new(),
+            compression: Compression::default(),
+            timeout: default_timeout(),
+            tls: TlsSettings::default(),
+            max_batch_size: default_max_batch_size(),
+            sending_queue: QueueSettings::default(),
+            retry_on_failure: RetrySettings::default(),
+        }
+    }
+}
+
+/// Where requests go, resolved from the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Wire {
+    /// gRPC to this origin (`http://` for h2c, `https://` for TLS).
+    Grpc { origin: Uri },
+    /// HTTP `POST` to this URL.
+    Http { url: Uri, json: bool },
+}
+
+impl Wire {
+    pub(crate) fn uses_tls(&self) -> bool {
+        let uri = match self {
+            Wire::Grpc { origin } => origin,
+            Wire::Http { url, .. } => url,
+        };
+        uri.scheme_str() == Some("https")
+    }
+}
+
+/// Headers the exporter sets itself; configuring them would break requests.
+const RESERVED_HEADERS: [&str; 7] = [
+    "content-type",
+    "content-encoding",
+    "content-length",
+    "transfer-encoding",
+    "te",
+    "host",
+    "connection",
+];
+
+impl OtlpExporterConfig {
+    /// The resolved target, or every problem with `endpoint`,
+    /// `profiles_endpoint`, `encoding` and their interplay with `tls`.
+    fn wire(&self) -> Result<Wire, Vec<FieldError>> {
+        let mut problems = Vec::new();
+        let wire = match self.protocol {
+            Protocol::Grpc => {
+                if self.profiles_endpoint.is_some() {
+                    problems.push(FieldError::new(
+                        "profiles_endpoint",
+                        "is for `protocol: http` only; with gRPC set `endpoint` to host:port",
+                    ));
+                }
+                if self.encoding.is_some() {
+                    problems.push(FieldError::new(
+                        "encoding",
+                        "is for `protocol: http` only; gRPC always sends protobuf",
+                    ));
+                }
+                self.grpc_origin(&mut problems)
+            }
+            Protocol::Http => self.http_url(&mut problems).map(|url| Wire::Http {
+                url,
+                json: self.encoding == Some(Encoding::Json),
+            }),
+        };
+        if let Some(wire) = &wire {
+            let tls = wire.uses_tls();
+            if !tls && self.tls.has_files() {
+                problems.push(FieldError::new(
+                    "tls",
+                    "`ca_file`, `cert_file` and `key_file` need a TLS endpoint, but this one is \
+                     plaintext: use `https://` (or, for gRPC, a bare host:port without \
+                     `tls.insecure`)",
+                ));
+            }
+            if !tls && self.tls.insecure_skip_verify {
+                problems.push(FieldError::new(
+                    "tls.insecure_skip_verify",
+                    "has no effect on a plaintext endpoint; remove it",
+                ));
+            }
+            if tls && self.tls.insecure {
+                problems.push(FieldError::new(
+                    "tls.insecure",
+                    "contradicts the `https://` endpoint: use `http://` for plaintext, or \
+                     remove `insecure`",
+                ));
+            }
+        }
+        match wire {
+            Some(wire) if problems.is_empty() => Ok(wire),
+            _ => Err(problems),
+        }
+    }
+
+    fn grpc_origin(&self, problems: &mut Vec<FieldError>) -> Option<Wire> {
+        let endpoint = self.endpoint.trim();
+        if endpoint.is_empty() {
+            problems.push(FieldError::new(
+                "endpoint",
+                "must be set: the peer's host:port, such as `127.0.0.1:4317`",
+            ));
+            return None;
+        }
+        let with_scheme = if endpoint.contains("://") {
+            endpoint.to_owned()
+        } else if self.tls.insecure {
+            format!("http://{endpoint}")
+        } else {
+            format!("https://{endpoint}")
+        };
+        let uri = match parse_url(&with_scheme) {
+            Ok(uri) => uri,
+            Err(e) => {
+                problems.push(FieldError::new("endpoint", e));
+                return None;
+            }
+        };
+        if uri.path() != "/" || uri.query().is_some() {
+            problems.push(FieldError::new(
+                "endpoint",
+                format!("`{endpoint}`: a gRPC endpoint has no path; write host:port"),
+            ));
+            return None;
+        }
+        Some(Wire::Grpc { origin: uri })
+    }
+
+    fn http_url(&self, problems: &mut Vec<FieldError>) -> Option<Uri> {
+        if let Some(full) = &self.profiles_endpoint {
+            return match parse_url(full.trim()) {
+                Ok(uri) if full.contains("://") => Some(uri),
+                Ok(_) => {
+                    problems.push(FieldError::new(
+                        "profiles_endpoint",
+                        "must be a URL with its scheme, such as `https://host:4318/v1development/profiles`",
+                    ));
+                    None
+                }
+                Err(e) => {
+                    problems.push(FieldError::new("profiles_endpoint", e));
+                    None
+                }
+            };
+        }
+        let endpoint = self.endpoint.trim();
+        if endpoint.is_empty() {
+            problems.push(FieldError::new(
+                "endpoint",
+                "must be set (or `profiles_endpoint`): the peer's base URL, such as \
+                 `http://127.0.0.1:4318`",
+            ));
+            return None;
+        }
+        if !endpoint.contains("://") {
+            problems.push(FieldError::new(
+                "endpoint",
+                format!(
+                    "`{endpoint}`: an HTTP endpoint is a URL with its scheme, such as `http://{endpoint}`"
+                ),
+            ));
+            return None;
+        }
+        let full = format!("{}{HTTP_PROFILES_PATH}", endpoint.trim_end_matches('/'));
+        match parse_url(&full) {
+            Ok(uri) => Some(uri),
+            Err(e) => {
+                problems.push(FieldError::new("endpoint", e));
+                None
+            }
+        }
+    }
+
+    /// The configured headers, or every problem with them.
+    fn header_map(&self) -> Result<HeaderMap, Vec<FieldError>> {
+        let mut map = HeaderMap::new();
+        let mut problems = Vec::new();
+        for (name, value) in &self.headers {
+            let path = format!("headers.{name}");
+            let lower = name.to_ascii_lowercase();
+            if RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("grpc-") {
+                problems.push(FieldError::new(
+                    path,
+                    "is set by the exporter itself (from `protocol`, `encoding`, `compression`); remove it",
+                ));
+                continue;
+            }
+            let parsed_name = HeaderName::from_bytes(name.as_bytes());
+            let parsed_value = HeaderValue::from_str(value);
+            match (parsed_name, parsed_value) {
+                (Ok(n), Ok(v)) => {
+                    map.insert(n, v);
+                }
+                (Err(_), _) => problems.push(FieldError::new(
+                    path,
+                    "is not a valid header name (letters, digits and `-`, no spaces)",
+                )),
+                (_, Err(_)) => problems.push(FieldError::new(
+                    path,
+                    "has a value that is not a valid header value (visible ASCII, no line breaks)",
+                )),
+            }
+        }
+        if problems.is_empty() {
+            Ok(map)
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+/// An absolute `http://` or `https://` URL with a host.
+fn parse_url(text: &str) -> Result<Uri, String> {
+    let uri: Uri = text
+        .parse()
+        .map_err(|e| format!("`{text}` is not a valid URL or host:port: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        Some(other) => {
+            return Err(format!(
+                "`{text}`: scheme `{other}` is not supported; use http:// or https://"
+            ));
+        }
+        None => return Err(format!("`{text}` has no scheme")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("`{text}` names no host"));
+    }
+    Ok(uri)
+}
+
+impl Validate for OtlpExporterConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        let mut problems = self.wire().err().unwrap_or_default();
+        problems.extend(self.header_map().err().unwrap_or_default());
+        if self.timeout.is_zero() {
+            problems.push(FieldError::new(
+                "timeout",
+                "must be more than 0: every request needs a deadline (default 10s)",
+            ));
+        }
+        if self.max_batch_size == 0 {
+            problems.push(FieldError::new(
+                "max_batch_size",
+                "must be at least 1 (default 500)",
+            ));
+        }
+        match (&self.tls.cert_file, &self.tls.key_file) {
+            (Some(_), None) => problems.push(FieldError::new(
+                "tls.key_file",
+                "must be set with `tls.cert_file`: a client certificate needs its key",
+            )),
+            (None, Some(_)) => problems.push(FieldError::new(
+                "tls.cert_file",
+                "must be set with `tls.key_file`: a key needs its certificate",
+            )),
+            _ => {}
+        }
+        if self.tls.insecure_skip_verify && self.tls.ca_file.is_some() {
+            problems.push(FieldError::new(
+                "tls.insecure_skip_verify",
+                "makes `tls.ca_file` unused: verification is skipped; remove one of them",
+            ));
+        }
+        problems
+    }
+}
+
+impl ExporterConfig for OtlpExporterConfig {
+    fn queue(&self) -> QueueSettings {
+        self.sending_queue.clone()
+    }
+
+    fn retry(&self) -> RetrySettings {
+        self.retry_on_failure.clone()
+    }
+
+    fn wants(&self) -> Option<Format> {
+        Some(Format::Otlp)
+    }
+
+    fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError> {
+        Ok(Arc::new(self.build_otlp(ctx)?))
+    }
+}
+
+impl OtlpExporterConfig {
+    /// The exporter as its concrete type (tests read what it logged).
+    pub fn build_otlp(&self, ctx: &BuildContext) -> Result<OtlpExporter, BuildError> {
+        let fail = |problems: Vec<FieldError>| {
+            let all: Vec<String> = problems
+                .iter()
+                .map(|p| format!("{}: {}", p.path, p.message))
+                .collect();
+            BuildError::new(format!("exporter `{}`: {}", ctx.id, all.join("; ")))
+        };
+        let wire = self.wire().map_err(fail)?;
+        let headers = self.header_map().map_err(fail)?;
+        let tenant_configured = headers.contains_key(TENANT_HEADER);
+        let transport = Transport::new(
+            &wire,
+            &self.tls,
+            headers,
+            self.timeout.get(),
+            self.compression == Compression::Gzip,
+        )
+        .map_err(|e| BuildError::new(format!("exporter `{}`: {e}", ctx.id)))?;
+        Ok(OtlpExporter {
+            id: ctx.id.clone(),
+            transport,
+            max_batch_size: self.max_batch_size.max(1),
+            tenant_configured,
+            retry: self.retry_on_failure.clone(),
+            telemetry: ctx.exporter_telemetry(),
+            logged: Mutex::new(HashSet::new()),
+        })
+    }
+}
+
+/// One request of an export: the batch indexes it carries and the tenant it
+/// is sent for (`None`: no tenant header beyond the configured ones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Planned {
+    pub tenant: Option<String>,
+    pub indexes: Range<usize>,
+}
+
+/// The requests of one export, in batch order: consecutive runs with the
+/// same tenant share requests; each request holds at most `max_batch_size`
+/// profiles. With a configured `X-Scope-OrgID` (`tenant_configured`) the
+/// batch's own tenants are not used and only the size splits.
+pub(crate) fn plan<'a>(
+    sources: impl Iterator<Item = (&'a BatchMeta, &'a [Envelope])>,
+    max_batch_size: usize,
+    tenant_configured: bool,
+) -> Vec<Planned> {
+    let mut runs: Vec<(Option<String>, Range<usize>)> = Vec::new();
+    let mut start = 0;
+    for (meta, envelopes) in sources {
+        let end = start + envelopes.len();
+        let tenant = if tenant_configured {
+            None
+        } else {
+            meta.tenant.clone().filter(|t| !t.is_empty())
+        };
+        match runs.last_mut() {
+            Some((t, range)) if *t == tenant => range.end = end,
+            _ => runs.push((tenant, start..end)),
+        }
+        start = end;
+    }
+    let step = max_batch_size.max(1);
+    let mut planned = Vec::new();
+    for (tenant, range) in runs {
+        let mut from = range.start;
+        while from < range.end {
+            let to = (from + step).min(range.end);
+            planned.push(Planned {
+                tenant: tenant.clone(),
+                indexes: from..to,
+            });
+            from = to;
+        }
+    }
+    planned
+}
+
+/// The running `otlp` exporter.
+#[derive(Debug)]
+pub struct OtlpExporter {
+    id: String,
+    transport: Transport,
+    max_batch_size: usize,
+    /// `X-Scope-OrgID` is among the configured headers: it wins over the
+    /// tenants profiles arrived with.
+    tenant_configured: bool,
+    retry: RetrySettings,
+    telemetry: ExporterTelemetry,
+    /// Partial-success messages already logged.
+    logged: Mutex<HashSet<String>>,
+}
+
+/// What became of the requests of one export so far.
+#[derive(Debug, Default)]
+struct Outcome {
+    delivered: usize,
+    refused: Vec<usize>,
+    /// The first permanent failure, for the report.
+    first: Option<ExportError>,
+}
+
+impl Outcome {
+    fn refuse(&mut self, indexes: impl IntoIterator<Item = usize>, error: ExportError) {
+        self.refused.extend(indexes);
+        self.first.get_or_insert(error);
+    }
+}
+
+impl OtlpExporter {
+    /// Encodes the profiles of one request (on the blocking pool: building the
+    /// dictionary, encoding and gzip are CPU work of milliseconds).
+    async fn encode(&self, items: Vec<(Labels, Arc<OtlpProfiles>)>) -> Result<Bytes, ExportError> {
+        let json = self.transport.wants_json();
+        let gzip = self.transport.wants_gzipped_body();
+        let encoded = tokio::task::spawn_blocking(move || encode_request(&items, json, gzip)).await;
+        match encoded {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(e)) => Err(ExportError::permanent(
+                "encode",
+                format!("could not build the OTLP request: {e}; the profiles were dropped"),
+            )),
+            Err(join) => Err(ExportError::retryable(
+                "encode",
+                format!("the encoding task did not finish ({join}); the batch will be retried"),
+            )),
+        }
+    }
+
+    /// Sends one request; once part of the batch is delivered
+    /// (`in_place`), retryable failures are retried here (see the module docs).
+    async fn send(
+        &self,
+        body: Bytes,
+        tenant: Option<&str>,
+        in_place: bool,
+    ) -> Result<PartialSuccess, ExportError> {
+        let mut extra = Vec::new();
+        if let Some(tenant) = tenant {
+            match HeaderValue::from_str(tenant) {
+                Ok(v) => extra.push((HeaderName::from_static("x-scope-orgid"), v)),
+                Err(_) => {
+                    return Err(ExportError::permanent(
+                        "invalid_tenant",
+                        format!("tenant `{tenant}` cannot be sent as an {TENANT_HEADER} header"),
+                    ));
+                }
+            }
+        }
+        let started = Instant::now();
+        let mut wait = self.retry.initial_interval.get();
+        loop {
+            let err = match self.transport.send(body.clone(), &extra).await {
+                Ok(p) => return Ok(p),
+                Err(e) => e,
+            };
+            let retry_after = match err.class {
+                ErrorClass::Retryable { retry_after } if in_place && self.retry.enabled => {
+                    retry_after
+                }
+                _ => return Err(err),
+            };
+            let delay = retry_after.unwrap_or(wait);
+            let max_elapsed = self.retry.max_elapsed_time.get();
+            let past_deadline = started
+                .elapsed()
+                .checked_add(delay)
+                .is_none_or(|end| end > max_elapsed);
+            if !max_elapsed.is_zero() && past_deadline {
+                return Err(err);
+            }
+            tracing::debug!(exporter = %self.id, error = %err, ?delay, "part of the batch is delivered; retrying the rest in place");
+            self.telemetry.retried();
+            tokio::time::sleep(delay).await;
+            wait = std::cmp::min(
+                std::time::Duration::try_from_secs_f64(
+                    wait.as_secs_f64() * self.retry.multiplier.max(1.0),
+                )
+                .unwrap_or(std::time::Duration::MAX),
+                self.retry.max_interval.get(),
+            );
+        }
+    }
+
+    /// Counts and logs (once per distinct message) what a delivered request's
+    /// answer says was rejected.
+    fn note_partial_success(&self, p: &PartialSuccess) {
+        if p.rejected_profiles <= 0 && p.error_message.is_empty() {
+            return;
+        }
+        if p.rejected_profiles > 0 {
+            self.telemetry
+                .dropped("rejected_by_peer", p.rejected_profiles as u64);
+        }
+        let first_time = {
+            let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
+            logged.len() < MAX_REMEMBERED_MESSAGES && logged.insert(p.error_message.clone())
+        };
+        if first_time {
+            tracing::warn!(
+                exporter = %self.id,
+                peer = %self.transport.shown(),
+                rejected = p.rejected_profiles,
+                message = %p.error_message,
+                "the peer accepted a request but rejected some of its profiles (OTLP does not say which); this message is logged once"
+            );
+        } else {
+            tracing::debug!(exporter = %self.id, rejected = p.rejected_profiles, message = %p.error_message, "the peer rejected some profiles of a request");
+        }
+    }
+}
+
+/// One request's bytes: protobuf (or OTLP JSON), gzipped if asked.
+fn encode_request(
+    items: &[(Labels, Arc<OtlpProfiles>)],
+    json: bool,
+    gzip: bool,
+) -> Result<Bytes, otlp::ConvertError> {
+    let mut builder = otlp::RequestBuilder::new();
+    for (labels, profiles) in items {
+        builder.push(labels, profiles);
+    }
+    let request = builder.build()?;
+    let bytes = if json {
+        otlp::json::encode_request(&request.to_message())
+    } else {
+        request.encode()
+    };
+    if !gzip {
+        return Ok(Bytes::from(bytes));
+    }
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 4 + 64),
+        flate2::Compression::fast(),
+    );
+    // Writing to a Vec cannot fail.
+    let _ = encoder.write_all(&bytes);
+    Ok(Bytes::from(encoder.finish().unwrap_or_default()))
+}
+
+#[async_trait]
+impl Exporter for OtlpExporter {
+    async fn export(&self, batch: &ExportBatch) -> Result<(), ExportError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let envelopes = batch.envelopes();
+        let requests = plan(batch.sources(), self.max_batch_size, self.tenant_configured);
+        let mut outcome = Outcome::default();
+        let mut gave_up_at = None;
+        for (n, request) in requests.iter().enumerate() {
+            let mut items = Vec::with_capacity(request.indexes.len());
+            let mut carried = Vec::with_capacity(request.indexes.len());
+            for i in request.indexes.clone() {
+                match envelopes[i].payload.otlp() {
+                    Ok(o) => {
+                        items.push((envelopes[i].labels.clone(), o));
+                        carried.push(i);
+                    }
+                    Err(e) => outcome.refuse(
+                        [i],
+                        ExportError::permanent(
+                            "decode",
+                            format!(
+                                "profile {} has no OTLP form ({e}); it was dropped",
+                                envelopes[i].labels.to_selector_string()
+                            ),
+                        ),
+                    ),
+                }
+            }
+            if items.is_empty() {
+                continue;
+            }
+            let in_place = outcome.delivered > 0;
+            let sent = match self.encode(items).await {
+                Ok(body) => self.send(body, request.tenant.as_deref(), in_place).await,
+                Err(e) => Err(e),
+            };
+            match sent {
+                Ok(p) => {
+                    self.note_partial_success(&p);
+                    outcome.delivered += carried.len();
+                }
+                Err(e) if matches!(e.class, ErrorClass::Permanent) => outcome.refuse(carried, e),
+                // Nothing delivered yet: the queue retries the whole batch
+                // (profiles refused so far are refused again, not duplicated).
+                Err(e) if !in_place => return Err(e),
+                // Retried in place until `retry_on_failure` gave up: what is
+                // left is reported as refused, never resent with the rest.
+                Err(e) => {
+                    outcome.refuse(carried, e);
+                    gave_up_at = Some(n + 1);
+                    break;
+                }
+            }
+        }
+        if let Some(next) = gave_up_at {
+            outcome
+                .refused
+                .extend(requests[next..].iter().flat_map(|r| r.indexes.clone()));
+        }
+        let Some(first) = outcome.first else {
+            return Ok(());
+        };
+        if outcome.delivered == 0 {
+            return Err(ExportError {
+                class: ErrorClass::Permanent,
+                refused: None,
+                ..first
+            });
+        }
+        outcome.refused.sort_unstable();
+        outcome.refused.dedup();
+        let message = format!(
+            "{} of {} profiles were not delivered: {}",
+            outcome.refused.len(),
+            envelopes.len(),
+            first.message
+        );
+        Err(ExportError::partial(outcome.refused, first.reason, message))
+    }
+}

@@ -1,0 +1,511 @@
+//! The wire: one encoded `ExportProfilesServiceRequest` to the peer over
+//! OTLP/gRPC or OTLP/HTTP, and the peer's answer as a [`PartialSuccess`] or
+//! an [`ExportError`].
+//!
+//! Both protocols run on hyper-util's pooled client behind one rustls
+//! connector (hyper-rustls), so TLS is set up once, the same way, for both:
+//! tonic contributes only its gRPC framing, compression and status handling
+//! ([`tonic::client::Grpc`] over that client), not its own transport, whose
+//! TLS settings cannot skip verification and would be a second TLS stack.
+//! hyper-util's client is the lightest maintained HTTP client that does
+//! HTTP/1.1 and HTTP/2 (h2c for gRPC) and is already in the build through
+//! hyper; reqwest would bring a second connection pool and more features
+//! than a POST needs.
+//!
+//! The request bytes are sent as they are: [`RawCodec`] writes them into
+//! tonic's frame without re-encoding, and decodes only the small response.
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes};
+use http::header::{
+    CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER,
+};
+use http::uri::PathAndQuery;
+use http::{Method, Request, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use proflow_pipeline::component::ExportError;
+use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
+use prost::Message;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
+
+use super::status;
+use super::{TlsSettings, Wire};
+
+/// The gRPC method every OTLP profiles exporter calls.
+pub(crate) const EXPORT_PATH: &str =
+    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+
+/// Most bytes read of a response body (a partial-success answer or an error
+/// message is a few hundred bytes; anything more is not read).
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// What a delivered request's response reported as refused: OTLP counts the
+/// rejected profiles of the request but names none of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct PartialSuccess {
+    pub rejected_profiles: i64,
+    pub error_message: String,
+}
+
+type Connector = HttpsConnector<HttpConnector>;
+
+/// A connected-on-demand peer; cheap to share between queue consumers (the
+/// clients pool their connections).
+#[derive(Debug)]
+pub(crate) struct Transport {
+    kind: Kind,
+    /// Configured headers, sent with every request.
+    headers: HeaderMap,
+    timeout: Duration,
+    gzip: bool,
+    /// The peer as logs and errors show it.
+    shown: String,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Grpc {
+        client: Client<Connector, tonic::body::Body>,
+        origin: Uri,
+    },
+    Http {
+        client: Client<Connector, Full<Bytes>>,
+        url: Uri,
+        json: bool,
+    },
+}
+
+impl Transport {
+    /// Reads the TLS files (if any) and sets up the client; connects lazily.
+    pub(crate) fn new(
+        wire: &Wire,
+        tls: &TlsSettings,
+        headers: HeaderMap,
+        timeout: Duration,
+        gzip: bool,
+    ) -> Result<Self, String> {
+        let config = client_tls_config(tls, wire.uses_tls())?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(timeout));
+        let builder = HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_or_http();
+        let (kind, shown) = match wire {
+            Wire::Grpc { origin } => {
+                let connector = builder.enable_http2().wrap_connector(http);
+                let client = Client::builder(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .pool_timer(TokioTimer::new())
+                    .http2_only(true)
+                    .build(connector);
+                (
+                    Kind::Grpc {
+                        client,
+                        origin: origin.clone(),
+                    },
+                    origin.to_string(),
+                )
+            }
+            Wire::Http { url, json } => {
+                let connector = builder.enable_all_versions().wrap_connector(http);
+                let client = Client::builder(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .pool_timer(TokioTimer::new())
+                    .build(connector);
+                (
+                    Kind::Http {
+                        client,
+                        url: url.clone(),
+                        json: *json,
+                    },
+                    url.to_string(),
+                )
+            }
+        };
+        Ok(Transport {
+            kind,
+            headers,
+            timeout,
+            gzip,
+            shown,
+        })
+    }
+
+    /// Whether the body given to [`Transport::send`] must be gzipped already
+    /// (OTLP/HTTP with compression on; gRPC compresses inside its frame).
+    pub(crate) fn wants_gzipped_body(&self) -> bool {
+        self.gzip && matches!(self.kind, Kind::Http { .. })
+    }
+
+    /// Whether the body must be OTLP JSON rather than protobuf.
+    pub(crate) fn wants_json(&self) -> bool {
+        matches!(self.kind, Kind::Http { json: true, .. })
+    }
+
+    /// The peer as logs show it.
+    pub(crate) fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// Sends one encoded request (gzipped already when
+    /// [`Transport::wants_gzipped_body`]), with `extra` headers on top of the
+    /// configured ones, bounded by the configured timeout.
+    pub(crate) async fn send(
+        &self,
+        body: Bytes,
+        extra: &[(HeaderName, HeaderValue)],
+    ) -> Result<PartialSuccess, ExportError> {
+        let mut headers = self.headers.clone();
+        for (name, value) in extra {
+            headers.insert(name.clone(), value.clone());
+        }
+        let call = async {
+            match &self.kind {
+                Kind::Grpc { client, origin } => {
+                    self.send_grpc(client, origin, body, headers).await
+                }
+                Kind::Http { client, url, json } => {
+                    self.send_http(client, url, *json, body, headers).await
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(ExportError::retryable(
+                "timeout",
+                format!(
+                    "OTLP export to {} got no answer within {:?} (`timeout`)",
+                    self.shown, self.timeout
+                ),
+            )),
+        }
+    }
+
+    async fn send_grpc(
+        &self,
+        client: &Client<Connector, tonic::body::Body>,
+        origin: &Uri,
+        body: Bytes,
+        headers: HeaderMap,
+    ) -> Result<PartialSuccess, ExportError> {
+        let mut grpc = tonic::client::Grpc::with_origin(client.clone(), origin.clone())
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+            .max_encoding_message_size(usize::MAX)
+            .accept_compressed(CompressionEncoding::Gzip);
+        if self.gzip {
+            grpc = grpc.send_compressed(CompressionEncoding::Gzip);
+        }
+        grpc.ready()
+            .await
+            .map_err(|e| status::grpc_error(&tonic::Status::from_error(e.into()), &self.shown))?;
+        let mut request = tonic::Request::from_parts(
+            tonic::metadata::MetadataMap::from_headers(headers),
+            tonic::Extensions::default(),
+            body,
+        );
+        request.set_timeout(self.timeout);
+        let response = grpc
+            .unary(request, PathAndQuery::from_static(EXPORT_PATH), RawCodec)
+            .await
+            .map_err(|s| status::grpc_error(&s, &self.shown))?;
+        Ok(response
+            .into_inner()
+            .partial_success
+            .map(|p| PartialSuccess {
+                rejected_profiles: p.rejected_profiles,
+                error_message: p.error_message,
+            })
+            .unwrap_or_default())
+    }
+
+    async fn send_http(
+        &self,
+        client: &Client<Connector, Full<Bytes>>,
+        url: &Uri,
+        json: bool,
+        body: Bytes,
+        mut headers: HeaderMap,
+    ) -> Result<PartialSuccess, ExportError> {
+        let content_type = if json {
+            "application/json"
+        } else {
+            "application/x-protobuf"
+        };
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if self.gzip {
+            headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        }
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = url.clone();
+        *request.headers_mut() = headers;
+        let unavailable = |what: &str, e: &dyn std::error::Error| {
+            ExportError::retryable(
+                "unavailable",
+                format!(
+                    "OTLP HTTP export to {} failed: {what}: {}",
+                    self.shown,
+                    status::error_chain(e)
+                ),
+            )
+        };
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| unavailable("could not send", &e))?;
+        let (parts, body) = response.into_parts();
+        let body = Limited::new(body, MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map(|c| c.to_bytes());
+        let content_type = parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        let code = parts.status.as_u16();
+        if parts.status.is_success() {
+            // The request was delivered; an unreadable answer only loses the
+            // partial-success report, so it must not fail the export.
+            return Ok(body
+                .ok()
+                .and_then(|b| http_partial_success(content_type, &b))
+                .unwrap_or_default());
+        }
+        let retry_after = parts
+            .headers
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(status::parse_retry_after);
+        let said = match &body {
+            Ok(b) => status::http_body_message(content_type, b),
+            Err(_) => "(the response body could not be read)".to_owned(),
+        };
+        Err(status::http_error(code, retry_after, &said, &self.shown))
+    }
+}
+
+/// The partial success of a 2xx OTLP/HTTP answer (protobuf or JSON), if it
+/// reports one.
+pub(crate) fn http_partial_success(
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Option<PartialSuccess> {
+    if body.is_empty() {
+        return None;
+    }
+    let json = content_type.is_some_and(|c| c.trim_start().starts_with("application/json"));
+    if json {
+        let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let p = v
+            .get("partialSuccess")
+            .or_else(|| v.get("partial_success"))?;
+        let rejected = p
+            .get("rejectedProfiles")
+            .or_else(|| p.get("rejected_profiles"))
+            .and_then(|r| match r {
+                serde_json::Value::String(s) => s.parse().ok(),
+                other => other.as_i64(),
+            })
+            .unwrap_or(0);
+        let message = p
+            .get("errorMessage")
+            .or_else(|| p.get("error_message"))
+            .and_then(|m| m.as_str())
+            .unwrap_or_default()
+            .to_owned();
+        Some(PartialSuccess {
+            rejected_profiles: rejected,
+            error_message: message,
+        })
+    } else {
+        let r = ExportProfilesServiceResponse::decode(body).ok()?;
+        r.partial_success.map(|p| PartialSuccess {
+            rejected_profiles: p.rejected_profiles,
+            error_message: p.error_message,
+        })
+    }
+}
+
+/// The gRPC codec of an export: the request is bytes already encoded by
+/// [`proflow_pipeline::otlp::Request::encode`], written as they are; the
+/// response is decoded with prost.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RawCodec;
+
+impl Codec for RawCodec {
+    type Encode = Bytes;
+    type Decode = ExportProfilesServiceResponse;
+    type Encoder = RawEncoder;
+    type Decoder = ResponseDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        ResponseDecoder
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct RawEncoder;
+
+impl Encoder for RawEncoder {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
+        dst.reserve(item.len());
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct ResponseDecoder;
+
+impl Decoder for ResponseDecoder {
+    type Item = ExportProfilesServiceResponse;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
+        let len = src.remaining();
+        let message =
+            ExportProfilesServiceResponse::decode(src.copy_to_bytes(len)).map_err(|e| {
+                tonic::Status::internal(format!("could not decode the export response: {e}"))
+            })?;
+        Ok(Some(message))
+    }
+}
+
+/// The rustls client config of the peer: the CA file's roots (else the
+/// system's), an optional client certificate, or no verification at all when
+/// `insecure_skip_verify`. `uses_tls` false: the roots are not even loaded.
+fn client_tls_config(tls: &TlsSettings, uses_tls: bool) -> Result<ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup failed: {e}"))?;
+    let builder = if tls.insecure_skip_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerification {
+                algorithms: provider.signature_verification_algorithms,
+            }))
+    } else {
+        let mut roots = RootCertStore::empty();
+        match &tls.ca_file {
+            Some(path) => {
+                for cert in read_certs(path, "tls.ca_file")? {
+                    roots.add(cert).map_err(|e| {
+                        format!(
+                            "tls.ca_file `{}`: a certificate is not usable: {e}",
+                            path.display()
+                        )
+                    })?;
+                }
+            }
+            None if uses_tls => {
+                let found = rustls_native_certs::load_native_certs();
+                for e in &found.errors {
+                    tracing::warn!(error = %e, "could not load some system CA certificates");
+                }
+                let (_added, _ignored) = roots.add_parsable_certificates(found.certs);
+                if roots.is_empty() {
+                    return Err(
+                        "no system CA certificates were found: set `tls.ca_file`".to_owned()
+                    );
+                }
+            }
+            None => {}
+        }
+        builder.with_root_certificates(roots)
+    };
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => {
+            let chain = read_certs(cert, "tls.cert_file")?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                format!(
+                    "tls.key_file `{}`: no usable PEM private key: {e}",
+                    key.display()
+                )
+            })?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                format!("tls.cert_file/tls.key_file do not make a client certificate: {e}")
+            })
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
+fn read_certs(path: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let pem = fs::read(path).map_err(|e| format!("{field} `{}`: {e}", path.display()))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{field} `{}`: not PEM certificates: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{field} `{}` holds no PEM certificate",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// `insecure_skip_verify`: accepts any server certificate (signatures of the
+/// handshake are still checked, so the connection is encrypted, just not
+/// authenticated).
+#[derive(Debug)]
+struct NoVerification {
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
