@@ -630,6 +630,20 @@ pub fn python_client() -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// The Python with the official `opentelemetry-proto` classes, which runs
+/// `tests/peers/apps/otlp-python/send.py`: `PROFLOW_OTLP_PYTHON`, else what
+/// `tests/peers/install-clients` prints. `Err` says why it is not available.
+pub fn otlp_python_client() -> Result<PathBuf, String> {
+    let python = client_path("PROFLOW_OTLP_PYTHON")?;
+    if !python.is_file() {
+        return Err(format!(
+            "PROFLOW_OTLP_PYTHON {} does not exist",
+            python.display()
+        ));
+    }
+    Ok(python)
+}
+
 /// The `node_modules` with `@pyroscope/nodejs` (used as `NODE_PATH`):
 /// `PROFLOW_NODE_MODULES`, else what `tests/peers/install-clients` prints.
 pub fn node_client() -> Result<PathBuf, String> {
