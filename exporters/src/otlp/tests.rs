@@ -262,6 +262,43 @@ fn plan_splits_by_tenant_and_size_only() {
     assert_eq!(plan(b.sources(), 10, false).len(), 1);
 }
 
+#[test]
+fn profiles_of_a_large_dictionary_keep_it_in_a_request_of_their_own() {
+    use proflow_pipeline::testdata::otlp_request;
+    // Two received requests with large dictionaries (4 services x 2
+    // profiles each) between small profiles.
+    let large = |b: &mut ExportBatch| {
+        let mut r = otlp_request(4, 140, 700);
+        let dict = Arc::new(r.dictionary.take().unwrap_or_default());
+        assert!(dict.string_table.len() + dict.location_table.len() >= PASS_THROUGH_ENTRIES);
+        let envs: Vec<Envelope> = r
+            .resource_profiles
+            .into_iter()
+            .flat_map(|rp| rp.scope_profiles)
+            .flat_map(|sp| sp.profiles)
+            .map(|p| {
+                let mut e = envelope("svc", &["main"], 1);
+                e.payload = Payload::from_otlp(OtlpProfiles::new(dict.clone(), None, vec![p], 0));
+                e
+            })
+            .collect();
+        b.push(envs, meta(None));
+    };
+    let mut b = ExportBatch::new();
+    b.push(
+        vec![envelope("svc", &["a"], 1), envelope("svc", &["b"], 2)],
+        meta(None),
+    );
+    large(&mut b);
+    large(&mut b);
+    b.push(vec![envelope("svc", &["c"], 3)], meta(None));
+    let got: Vec<_> = plan(b.sources(), 500, false)
+        .into_iter()
+        .map(|p| p.indexes)
+        .collect();
+    assert_eq!(got, vec![0..2, 2..10, 10..18, 18..19]);
+}
+
 // ------------------------------------------------------------------ peer
 
 /// What the in-process peer answers to the next request.

@@ -3,28 +3,30 @@
 //! an [`ExportError`].
 //!
 //! Both protocols run on hyper-util's pooled client behind one rustls
-//! connector (hyper-rustls), so TLS is set up once, the same way, for both:
-//! tonic contributes only its gRPC framing, compression and status handling
-//! ([`tonic::client::Grpc`] over that client), not its own transport, whose
-//! TLS settings cannot skip verification and would be a second TLS stack.
+//! connector (hyper-rustls), so TLS is set up once, the same way, for both.
+//! A gRPC unary call is one HTTP/2 POST whose body is the message behind a
+//! 5-byte prefix (compressed flag, length): proflow writes that frame itself
+//! around bytes the exporter has already encoded and gzipped (at the fast
+//! level, once; tonic's client would compress every message again at level
+//! 6 with fresh state, which cost more than the rest of the export), and
+//! reads the answer's `grpc-status` with tonic's status parsing.
 //! hyper-util's client is the lightest maintained HTTP client that does
 //! HTTP/1.1 and HTTP/2 (h2c for gRPC) and is already in the build through
 //! hyper; reqwest would bring a second connection pool and more features
 //! than a POST needs.
 //!
-//! The request bytes are sent as they are: [`RawCodec`] writes them into
-//! tonic's frame without re-encoding, and decodes only the small response.
+//! The request bytes are sent as they are, never re-encoded; only the small
+//! response is decoded.
 
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{
     CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER,
 };
-use http::uri::PathAndQuery;
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -39,7 +41,6 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 use super::status;
 use super::{TlsSettings, Wire};
@@ -78,8 +79,9 @@ pub(crate) struct Transport {
 #[derive(Debug)]
 enum Kind {
     Grpc {
-        client: Client<Connector, tonic::body::Body>,
-        origin: Uri,
+        client: Client<Connector, Full<Bytes>>,
+        /// `origin` + the export path.
+        url: Uri,
     },
     Http {
         client: Client<Connector, Full<Bytes>>,
@@ -113,13 +115,10 @@ impl Transport {
                     .pool_timer(TokioTimer::new())
                     .http2_only(true)
                     .build(connector);
-                (
-                    Kind::Grpc {
-                        client,
-                        origin: origin.clone(),
-                    },
-                    origin.to_string(),
-                )
+                let url = format!("{}{EXPORT_PATH}", origin.to_string().trim_end_matches('/'))
+                    .parse()
+                    .map_err(|e| format!("`endpoint` {origin} does not make a URL: {e}"))?;
+                (Kind::Grpc { client, url }, origin.to_string())
             }
             Wire::Http { url, json } => {
                 let connector = builder.enable_all_versions().wrap_connector(http);
@@ -147,9 +146,10 @@ impl Transport {
     }
 
     /// Whether the body given to [`Transport::send`] must be gzipped already
-    /// (OTLP/HTTP with compression on; gRPC compresses inside its frame).
+    /// (compression on: OTLP/HTTP sends it as the body, gRPC as a compressed
+    /// message).
     pub(crate) fn wants_gzipped_body(&self) -> bool {
-        self.gzip && matches!(self.kind, Kind::Http { .. })
+        self.gzip
     }
 
     /// Whether the body must be OTLP JSON rather than protobuf.
@@ -176,9 +176,7 @@ impl Transport {
         }
         let call = async {
             match &self.kind {
-                Kind::Grpc { client, origin } => {
-                    self.send_grpc(client, origin, body, headers).await
-                }
+                Kind::Grpc { client, url } => self.send_grpc(client, url, body, headers).await,
                 Kind::Http { client, url, json } => {
                     self.send_http(client, url, *json, body, headers).await
                 }
@@ -198,39 +196,88 @@ impl Transport {
 
     async fn send_grpc(
         &self,
-        client: &Client<Connector, tonic::body::Body>,
-        origin: &Uri,
+        client: &Client<Connector, Full<Bytes>>,
+        url: &Uri,
         body: Bytes,
-        headers: HeaderMap,
+        mut headers: HeaderMap,
     ) -> Result<PartialSuccess, ExportError> {
-        let mut grpc = tonic::client::Grpc::with_origin(client.clone(), origin.clone())
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
-            .max_encoding_message_size(usize::MAX)
-            .accept_compressed(CompressionEncoding::Gzip);
+        let fail = |s: tonic::Status| status::grpc_error(&s, &self.shown);
+        let len = u32::try_from(body.len()).map_err(|_| {
+            fail(tonic::Status::resource_exhausted(
+                "the request is larger than a gRPC message can be (4 GiB)",
+            ))
+        })?;
+        let mut frame = BytesMut::with_capacity(5 + body.len());
+        frame.put_u8(u8::from(self.gzip));
+        frame.put_u32(len);
+        frame.put_slice(&body);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert("te", HeaderValue::from_static("trailers"));
         if self.gzip {
-            grpc = grpc.send_compressed(CompressionEncoding::Gzip);
+            headers.insert("grpc-encoding", HeaderValue::from_static("gzip"));
         }
-        grpc.ready()
+        // The answer is small: ask for it uncompressed.
+        headers.insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
+        if let Ok(v) = HeaderValue::from_str(&format!("{}m", self.timeout.as_millis().max(1))) {
+            headers.insert("grpc-timeout", v);
+        }
+        let mut request = Request::new(Full::new(frame.freeze()));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = url.clone();
+        *request.headers_mut() = headers;
+        let response = client.request(request).await.map_err(|e| {
+            fail(tonic::Status::unavailable(format!(
+                "could not send: {}",
+                status::error_chain(&e)
+            )))
+        })?;
+        let (parts, body) = response.into_parts();
+        if !parts.status.is_success() {
+            // Not a gRPC answer (a proxy, or no gRPC server): the code the
+            // gRPC spec gives each HTTP status.
+            let code = match parts.status.as_u16() {
+                400 => tonic::Code::Internal,
+                401 => tonic::Code::Unauthenticated,
+                403 => tonic::Code::PermissionDenied,
+                404 => tonic::Code::Unimplemented,
+                429 | 502..=504 => tonic::Code::Unavailable,
+                _ => tonic::Code::Unknown,
+            };
+            return Err(fail(tonic::Status::new(
+                code,
+                format!("the peer answered HTTP {} instead of gRPC", parts.status),
+            )));
+        }
+        // A trailers-only answer carries its status in the headers.
+        if let Some(s) = tonic::Status::from_header_map(&parts.headers)
+            && s.code() != tonic::Code::Ok
+        {
+            return Err(fail(s));
+        }
+        let collected = Limited::new(body, MAX_RESPONSE_BYTES)
+            .collect()
             .await
-            .map_err(|e| status::grpc_error(&tonic::Status::from_error(e.into()), &self.shown))?;
-        let mut request = tonic::Request::from_parts(
-            tonic::metadata::MetadataMap::from_headers(headers),
-            tonic::Extensions::default(),
-            body,
-        );
-        request.set_timeout(self.timeout);
-        let response = grpc
-            .unary(request, PathAndQuery::from_static(EXPORT_PATH), RawCodec)
-            .await
-            .map_err(|s| status::grpc_error(&s, &self.shown))?;
-        Ok(response
-            .into_inner()
-            .partial_success
-            .map(|p| PartialSuccess {
-                rejected_profiles: p.rejected_profiles,
-                error_message: p.error_message,
-            })
-            .unwrap_or_default())
+            .map_err(|e| {
+                fail(tonic::Status::unavailable(format!(
+                    "the answer could not be read: {e}"
+                )))
+            })?;
+        let trailers = collected.trailers().cloned().unwrap_or_default();
+        let message = collected.to_bytes();
+        match tonic::Status::from_header_map(&trailers)
+            .or_else(|| tonic::Status::from_header_map(&parts.headers))
+        {
+            Some(s) if s.code() == tonic::Code::Ok => {}
+            Some(s) => return Err(fail(s)),
+            None => {
+                return Err(fail(tonic::Status::internal(
+                    "the answer carries no grpc-status",
+                )));
+            }
+        }
+        // The request was delivered: an unreadable answer only loses the
+        // partial-success report.
+        Ok(grpc_partial_success(&message).unwrap_or_default())
     }
 
     async fn send_http(
@@ -341,56 +388,19 @@ pub(crate) fn http_partial_success(
     }
 }
 
-/// The gRPC codec of an export: the request is bytes already encoded by
-/// [`proflow_pipeline::otlp::Request::encode`], written as they are; the
-/// response is decoded with prost.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Bytes;
-    type Decode = ExportProfilesServiceResponse;
-    type Encoder = RawEncoder;
-    type Decoder = ResponseDecoder;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RawEncoder
+/// The partial success in a gRPC answer's message (an uncompressed frame).
+fn grpc_partial_success(message: &[u8]) -> Option<PartialSuccess> {
+    let (&flag, rest) = message.split_first()?;
+    if flag != 0 || rest.len() < 4 {
+        return None;
     }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        ResponseDecoder
-    }
-}
-
-#[derive(Debug)]
-pub(crate) struct RawEncoder;
-
-impl Encoder for RawEncoder {
-    type Item = Bytes;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
-        dst.reserve(item.len());
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-#[derive(Debug)]
-pub(crate) struct ResponseDecoder;
-
-impl Decoder for ResponseDecoder {
-    type Item = ExportProfilesServiceResponse;
-    type Error = tonic::Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
-        let len = src.remaining();
-        let message =
-            ExportProfilesServiceResponse::decode(src.copy_to_bytes(len)).map_err(|e| {
-                tonic::Status::internal(format!("could not decode the export response: {e}"))
-            })?;
-        Ok(Some(message))
-    }
+    let (len, rest) = rest.split_at(4);
+    let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    let r = ExportProfilesServiceResponse::decode(rest.get(..len)?).ok()?;
+    r.partial_success.map(|p| PartialSuccess {
+        rejected_profiles: p.rejected_profiles,
+        error_message: p.error_message,
+    })
 }
 
 /// The rustls client config of the peer: the CA file's roots (else the

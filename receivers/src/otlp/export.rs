@@ -35,9 +35,11 @@ use super::estimate;
 /// document of small numbers is about 16 times its text.
 pub(crate) const JSON_DECODE_FACTOR: usize = 16;
 
-/// Bodies up to this size are decoded on the async worker itself; larger
-/// ones on the blocking pool, so they never stall the async workers.
-const DECODE_INLINE_MAX: usize = 16 << 10;
+/// Bodies up to this size are decoded on the async worker itself (a few
+/// hundred microseconds at most; a hop to the blocking pool costs two thread
+/// switches per request); larger ones on the blocking pool, so they never
+/// stall the async workers.
+const DECODE_INLINE_MAX: usize = 256 << 10;
 
 /// `service_name` of profiles whose resource names no service (Pyroscope's
 /// fallback, as the `pprof_push` receiver does).
