@@ -34,7 +34,7 @@ fn convert(c: &mut Criterion) {
 /// reference; profiles of several requests are re-indexed into one.
 fn request(c: &mut Criterion) {
     use proflow_pipeline::model::Labels;
-    use proflow_pipeline::otlp::{OtlpProfiles, RequestBuilder};
+    use proflow_pipeline::otlp::{OtlpProfiles, RequestBuilder, SharedDictionary};
     use proflow_pipeline::testdata::otlp_request;
     use std::sync::Arc;
     // The load tool's large request: 4 services, 8 profiles, ~61 KB.
@@ -42,12 +42,14 @@ fn request(c: &mut Criterion) {
         (0..n)
             .flat_map(|_| {
                 let mut r = otlp_request(4, 140, 700);
-                let dict = Arc::new(r.dictionary.take().unwrap_or_default());
+                let dict = Arc::new(SharedDictionary::from_decoded(
+                    r.dictionary.take().unwrap_or_default(),
+                ));
                 r.resource_profiles
                     .into_iter()
                     .flat_map(|rp| rp.scope_profiles)
                     .flat_map(|sp| sp.profiles)
-                    .map(|p| OtlpProfiles::new(dict.clone(), None, vec![p], 0))
+                    .map(|p| OtlpProfiles::new(dict.clone(), None, vec![p.into()], 0))
                     .collect::<Vec<_>>()
             })
             .collect()

@@ -458,14 +458,7 @@ impl Payload {
         let profile = self.decoded()?;
         let mut dict = otlp::DictionaryBuilder::new();
         let profiles = otlp::pprof_to_otlp(&profile, &mut dict, lost)?;
-        let dictionary = dict.finish();
-        let shared = otlp::dictionary_heap_size(&dictionary);
-        Ok(OtlpProfiles::new(
-            Arc::new(dictionary),
-            None,
-            profiles,
-            shared,
-        ))
+        Ok(OtlpProfiles::decoded(dict.finish(), profiles))
     }
 
     fn convert_to_pprof(&self, lost: &mut Lost) -> Result<Encoded, PayloadError> {
@@ -473,7 +466,9 @@ impl Payload {
         let Some(o) = &self.inner.otlp else {
             return Err(ConvertError("the payload holds no profile".to_owned()).into());
         };
-        let mut profiles = otlp::otlp_to_pprof(&o.dictionary, &o.profiles, lost)?.into_iter();
+        let dictionary = o.dictionary.decoded()?;
+        let decoded = otlp::decode_all(&o.profiles)?;
+        let mut profiles = otlp::otlp_to_pprof(&dictionary, &decoded, lost)?.into_iter();
         let profile = match (profiles.next(), profiles.next()) {
             (Some(p), None) => p,
             _ => {

@@ -372,7 +372,7 @@ fn assert_cpu_envelope(e: &Envelope, service: &str) {
     assert_eq!(e.end_unix_nanos, T0 as i64 + 10_000_000_000);
     let otlp = e.payload.otlp().unwrap();
     assert_eq!(otlp.profiles.len(), 1);
-    assert_eq!(otlp.profiles[0].samples.len(), 2);
+    assert_eq!(otlp.profiles[0].decoded().unwrap().samples.len(), 2);
     let context = otlp.context.as_ref().unwrap();
     assert_eq!(
         context.resource.attributes[1],
@@ -447,9 +447,8 @@ async fn grpc_plain_and_gzip_are_accepted() {
 #[tokio::test]
 async fn every_envelope_shares_the_one_dictionary() {
     let h = Harness::start().await;
-    let reply = h
-        .post(PATH, &[PROTOBUF], request(&["a", "b"], 2).encode_to_vec())
-        .await;
+    let body = request(&["a", "b"], 2).encode_to_vec();
+    let reply = h.post(PATH, &[PROTOBUF], body.clone()).await;
     assert_eq!(reply.response(), Default::default());
     let (envelopes, _) = h.batches().remove(0);
     assert_eq!(envelopes.len(), 4, "one per (resource, scope, profile)");
@@ -465,12 +464,15 @@ async fn every_envelope_shares_the_one_dictionary() {
     assert!(Arc::ptr_eq(&context(0), &context(1)));
     assert!(!Arc::ptr_eq(&context(1), &context(2)));
     assert_eq!(envelopes[2].labels.get("service_name"), Some("b"));
-    // The dictionary is counted once over all four, not four times.
-    let dictionary = proflow_pipeline::otlp::dictionary_heap_size(&forms[0].dictionary);
+    // Profiles and dictionary are the bytes that arrived, not decoded copies.
+    assert!(forms[0].dictionary.is_raw());
+    assert!(forms.iter().all(|f| f.profiles[0].is_raw()));
+    // The body is counted once over all four, not four times.
     let total: usize = envelopes.iter().map(Envelope::size_bytes).sum();
     assert!(
-        total >= dictionary && total < 2 * dictionary + 8192,
-        "{total} vs {dictionary}"
+        total >= body.len() && total < body.len() + 8192,
+        "{total} vs {}",
+        body.len()
     );
     h.stop().await;
 }

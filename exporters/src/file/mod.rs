@@ -528,7 +528,7 @@ impl Shared {
 fn otlp_json(labels: &Labels, o: &otlp::OtlpProfiles) -> Result<Vec<u8>, otlp::ConvertError> {
     let mut request = otlp::RequestBuilder::new().compact();
     request.push(labels, o);
-    Ok(otlp::json::encode_request(&request.build()?.to_message()))
+    Ok(otlp::json::encode_request(&request.build()?.to_message()?))
 }
 
 /// Best-effort removal while undoing a failed export; the original error is

@@ -546,8 +546,7 @@ pub(crate) const PASS_THROUGH_ENTRIES: usize = 512;
 fn large_dictionary(e: &Envelope) -> Option<usize> {
     let o = e.payload.otlp().ok()?;
     let d = &o.dictionary;
-    (d.string_table.len() + d.location_table.len() >= PASS_THROUGH_ENTRIES)
-        .then_some(Arc::as_ptr(d) as usize)
+    (d.entries() >= PASS_THROUGH_ENTRIES).then_some(Arc::as_ptr(d) as usize)
 }
 
 /// The requests of one export, in batch order: consecutive runs with the
@@ -742,7 +741,7 @@ fn encode_request(
     }
     let request = builder.build()?;
     let bytes = if json {
-        otlp::json::encode_request(&request.to_message())
+        otlp::json::encode_request(&request.to_message()?)
     } else {
         request.encode()
     };

@@ -33,6 +33,7 @@ use tokio::net::TcpListener;
 use super::status::{ProtoDuration, RetryInfo, RpcAny, RpcStatus};
 use super::transport::EXPORT_PATH;
 use super::*;
+use proflow_pipeline::otlp::SharedDictionary;
 
 // ------------------------------------------------------------------ config
 
@@ -190,7 +191,7 @@ fn envelope(service: &str, funcs: &[&str], value: i64) -> Envelope {
     b.sample_root_first(funcs.iter().copied(), vec![value]);
     let mut dict = DictionaryBuilder::new();
     let profiles = pprof_to_otlp(&b.build(), &mut dict, &mut Lost::default()).unwrap();
-    let o = OtlpProfiles::new(Arc::new(dict.finish()), None, profiles, 0);
+    let o = OtlpProfiles::decoded(dict.finish(), profiles);
     Envelope {
         labels: Labels::from_pairs([("service_name", service)]),
         start_unix_nanos: 1,
@@ -269,8 +270,10 @@ fn profiles_of_a_large_dictionary_keep_it_in_a_request_of_their_own() {
     // profiles each) between small profiles.
     let large = |b: &mut ExportBatch| {
         let mut r = otlp_request(4, 140, 700);
-        let dict = Arc::new(r.dictionary.take().unwrap_or_default());
-        assert!(dict.string_table.len() + dict.location_table.len() >= PASS_THROUGH_ENTRIES);
+        let dict = Arc::new(SharedDictionary::from_decoded(
+            r.dictionary.take().unwrap_or_default(),
+        ));
+        assert!(dict.entries() >= PASS_THROUGH_ENTRIES);
         let envs: Vec<Envelope> = r
             .resource_profiles
             .into_iter()
@@ -278,7 +281,8 @@ fn profiles_of_a_large_dictionary_keep_it_in_a_request_of_their_own() {
             .flat_map(|sp| sp.profiles)
             .map(|p| {
                 let mut e = envelope("svc", &["main"], 1);
-                e.payload = Payload::from_otlp(OtlpProfiles::new(dict.clone(), None, vec![p], 0));
+                e.payload =
+                    Payload::from_otlp(OtlpProfiles::new(dict.clone(), None, vec![p.into()], 0));
                 e
             })
             .collect();

@@ -9,7 +9,7 @@
 
 use super::{ConvertError, proto};
 
-const VERSION_HINT: &str = "is the sender on OTLP profiles 1.10 (v1development)? Earlier versions numbered Sample's fields differently, which decodes without error into wrong indexes";
+pub(crate) const VERSION_HINT: &str = "is the sender on OTLP profiles 1.10 (v1development)? Earlier versions numbered Sample's fields differently, which decodes without error into wrong indexes";
 
 /// Where an index was found out of range: the message names the likely cause.
 pub(crate) fn out_of_range(what: &str, i: i32, len: usize) -> ConvertError {

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::common::{AnyValue, InstrumentationScope, KeyValue, any_value};
-use super::{Resource, proto};
+use super::{ProfileData, Resource, SharedDictionary, proto};
 use crate::model::{Labels, SERVICE_NAME_LABEL};
 
 /// The resource attribute holding the service name.
@@ -51,13 +51,15 @@ pub struct OtlpContext {
 /// The OTLP form of one payload: profiles referring to one dictionary, which
 /// every profile of the request it came with shares (`Arc`, never copied).
 /// A payload that arrived as OTLP holds one profile; one converted from pprof
-/// holds a profile per pprof sample type.
+/// holds a profile per pprof sample type. Profiles and dictionary that
+/// arrived as protobuf are held as those bytes ([`SharedDictionary`],
+/// [`ProfileData`]).
 #[derive(Debug, Clone)]
 pub struct OtlpProfiles {
-    pub dictionary: Arc<proto::ProfilesDictionary>,
+    pub dictionary: Arc<SharedDictionary>,
     /// `None` for profiles made from pprof: their labels are all there is.
     pub context: Option<Arc<OtlpContext>>,
-    pub profiles: Vec<proto::Profile>,
+    pub profiles: Vec<ProfileData>,
     /// Bytes of memory these account for: the profiles' heap plus this
     /// payload's share of the dictionary and context (see [`OtlpProfiles::new`]).
     size: usize,
@@ -68,13 +70,13 @@ impl OtlpProfiles {
     /// (the request's dictionary and context split over its profiles, so the
     /// shares add up to the whole once).
     pub fn new(
-        dictionary: Arc<proto::ProfilesDictionary>,
+        dictionary: Arc<SharedDictionary>,
         context: Option<Arc<OtlpContext>>,
-        profiles: Vec<proto::Profile>,
+        profiles: Vec<ProfileData>,
         shared_bytes: usize,
     ) -> Self {
         let size = std::mem::size_of::<Self>()
-            + profiles.iter().map(profile_heap_size).sum::<usize>()
+            + profiles.iter().map(ProfileData::heap_size).sum::<usize>()
             + shared_bytes;
         OtlpProfiles {
             dictionary,
@@ -82,6 +84,22 @@ impl OtlpProfiles {
             profiles,
             size,
         }
+    }
+
+    /// Decoded profiles with their own dictionary (what a conversion makes),
+    /// which these alone account for.
+    pub fn decoded(dictionary: proto::ProfilesDictionary, profiles: Vec<proto::Profile>) -> Self {
+        let dictionary = SharedDictionary::from_decoded(dictionary);
+        let shared = dictionary.heap_size();
+        OtlpProfiles::new(
+            Arc::new(dictionary),
+            None,
+            profiles
+                .into_iter()
+                .map(ProfileData::from_decoded)
+                .collect(),
+            shared,
+        )
     }
 
     /// Bytes of memory this accounts for.
@@ -262,7 +280,17 @@ pub fn inline_attributes(
     attributes: &mut [KeyValue],
     strings: &[String],
 ) -> Result<(), super::ConvertError> {
-    let lookup = |i: i32| super::check::get(strings, "string", i).cloned();
+    inline_attributes_with(attributes, |i| {
+        super::check::get(strings, "string", i).map(String::as_str)
+    })
+}
+
+/// [`inline_attributes`] with the strings looked up by `string`.
+pub fn inline_attributes_with<'s>(
+    attributes: &mut [KeyValue],
+    string: impl Fn(i32) -> Result<&'s str, super::ConvertError>,
+) -> Result<(), super::ConvertError> {
+    let lookup = |i: i32| string(i).map(str::to_owned);
     for kv in attributes {
         if kv.key.is_empty() && kv.key_strindex != 0 {
             kv.key = lookup(kv.key_strindex)?;

@@ -20,12 +20,15 @@
 //!   the structural checks a receiver makes before accepting a profile.
 //! - [`RequestBuilder`]: one request from many payloads' OTLP forms, sharing
 //!   one deduplicated dictionary (written by reference when they share one).
+//! - [`check_dictionary_wire`], [`check_profile_wire`]: the same checks on
+//!   the protobuf bytes, without decoding them.
 //! - [`json`]: OTLP JSON for requests (the crate's serde is not OTLP JSON).
 //!
 //! Whatever one form cannot carry is counted in [`Lost`], never dropped
 //! silently. What may depend on this: receivers, processors and exporters.
 
 mod check;
+mod data;
 mod dictionary;
 mod form;
 mod from_pprof;
@@ -34,6 +37,7 @@ mod request;
 #[cfg(test)]
 mod tests;
 mod to_pprof;
+mod wire_check;
 
 use std::collections::BTreeMap;
 
@@ -43,14 +47,16 @@ pub use opentelemetry_proto::tonic::profiles::v1development as proto;
 pub use opentelemetry_proto::tonic::resource::v1::Resource;
 
 pub use check::{check_dictionary, check_dictionary_references, check_profile};
+pub use data::{ProfileData, SharedDictionary, decode_all};
 pub use dictionary::DictionaryBuilder;
 pub use form::{
     AttributeLabels, OtlpContext, OtlpProfiles, SERVICE_NAME_KEY, context_heap_size,
-    dictionary_heap_size, inline_attributes, label_name, profile_heap_size,
+    dictionary_heap_size, inline_attributes, inline_attributes_with, label_name, profile_heap_size,
 };
 pub use from_pprof::pprof_to_otlp;
 pub use request::{Request, RequestBuilder};
 pub use to_pprof::otlp_to_pprof;
+pub use wire_check::{DictionaryIndex, ProfileFacts, check_dictionary_wire, check_profile_wire};
 
 /// The attribute a mapping's build id is written under (Go's pprof writer
 /// records the ELF GNU build id).

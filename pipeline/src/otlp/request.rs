@@ -22,13 +22,16 @@ use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, k
 
 use super::check::get;
 use super::common::{AnyValue, InstrumentationScope, any_value};
-use super::{ConvertError, DictionaryBuilder, OtlpProfiles, Resource, collector, proto};
+use super::{
+    ConvertError, DictionaryBuilder, OtlpProfiles, ProfileData, Resource, SharedDictionary,
+    collector, proto,
+};
 use crate::model::Labels;
 
 /// A request being built; see the module docs.
 #[derive(Debug)]
 pub struct Request<'a> {
-    dictionary: Cow<'a, proto::ProfilesDictionary>,
+    dictionary: Cow<'a, SharedDictionary>,
     resources: Vec<ResourceGroup<'a>>,
     profiles: usize,
 }
@@ -44,7 +47,7 @@ struct ResourceGroup<'a> {
 struct ScopeGroup<'a> {
     scope: InstrumentationScope,
     schema_url: String,
-    profiles: Vec<Cow<'a, proto::Profile>>,
+    profiles: Vec<Cow<'a, ProfileData>>,
 }
 
 /// Builds a [`Request`] from `(labels, profiles)` items.
@@ -85,7 +88,20 @@ impl<'a> RequestBuilder<'a> {
             _ => None,
         };
         let mut builder = DictionaryBuilder::new();
-        let mut remaps: HashMap<*const proto::ProfilesDictionary, Remap<'a>> = HashMap::new();
+        // Merging: every distinct dictionary decoded once, up front, so the
+        // re-indexing below can borrow them all.
+        let mut decoded: Vec<Cow<'a, proto::ProfilesDictionary>> = Vec::new();
+        let mut which: HashMap<*const SharedDictionary, usize> = HashMap::new();
+        if shared.is_none() {
+            for (_, o) in &self.items {
+                let key = Arc::as_ptr(&o.dictionary);
+                if let std::collections::hash_map::Entry::Vacant(slot) = which.entry(key) {
+                    slot.insert(decoded.len());
+                    decoded.push(o.dictionary.decoded()?);
+                }
+            }
+        }
+        let mut remaps: Vec<Remap<'_>> = decoded.iter().map(|d| Remap::new(d)).collect();
         let mut resources: Vec<ResourceGroup<'a>> = Vec::new();
         let mut profiles = 0;
         // The last item's context and labels: consecutive profiles of one
@@ -145,17 +161,15 @@ impl<'a> RequestBuilder<'a> {
                 if shared.is_some() {
                     group.push(Cow::Borrowed(p));
                 } else {
-                    let src: &'a proto::ProfilesDictionary = o.dictionary.as_ref();
-                    let remap = remaps
-                        .entry(src as *const _)
-                        .or_insert_with(|| Remap::new(src));
-                    group.push(Cow::Owned(remap.profile(&mut builder, p)?));
+                    let i = which[&Arc::as_ptr(&o.dictionary)];
+                    let remapped = remaps[i].profile(&mut builder, &*p.decoded()?)?;
+                    group.push(Cow::Owned(ProfileData::from_decoded(remapped)));
                 }
             }
         }
         let dictionary = match shared {
             Some(d) => Cow::Borrowed(d),
-            None => Cow::Owned(builder.finish()),
+            None => Cow::Owned(SharedDictionary::from_decoded(builder.finish())),
         };
         Ok(Request {
             dictionary,
@@ -176,10 +190,7 @@ impl Request<'_> {
     pub fn encode(&self) -> Vec<u8> {
         let scope_len = |g: &ScopeGroup<'_>| {
             prost::encoding::message::encoded_len(1, &g.scope)
-                + g.profiles
-                    .iter()
-                    .map(|p| prost::encoding::message::encoded_len(2, p.as_ref()))
-                    .sum::<usize>()
+                + g.profiles.iter().map(|p| p.encoded_len(2)).sum::<usize>()
                 + string_len(3, &g.schema_url)
         };
         let resource_len = |g: &ResourceGroup<'_>| {
@@ -195,7 +206,7 @@ impl Request<'_> {
             .iter()
             .map(|r| framed_len(1, resource_len(r)))
             .sum::<usize>()
-            + prost::encoding::message::encoded_len(2, self.dictionary.as_ref());
+            + self.dictionary.encoded_len(2);
         let mut buf = Vec::with_capacity(total);
         for r in &self.resources {
             frame(1, resource_len(r), &mut buf);
@@ -204,7 +215,7 @@ impl Request<'_> {
                 frame(2, scope_len(s), &mut buf);
                 prost::encoding::message::encode(1, &s.scope, &mut buf);
                 for p in &s.profiles {
-                    prost::encoding::message::encode(2, p.as_ref(), &mut buf);
+                    p.encode(2, &mut buf);
                 }
                 if !s.schema_url.is_empty() {
                     prost::encoding::string::encode(3, &s.schema_url, &mut buf);
@@ -214,32 +225,36 @@ impl Request<'_> {
                 prost::encoding::string::encode(3, &r.schema_url, &mut buf);
             }
         }
-        prost::encoding::message::encode(2, self.dictionary.as_ref(), &mut buf);
+        self.dictionary.encode(2, &mut buf);
         buf
     }
 
-    /// The request as a message (copies everything; for OTLP JSON).
-    pub fn to_message(&self) -> collector::ExportProfilesServiceRequest {
-        collector::ExportProfilesServiceRequest {
-            resource_profiles: self
-                .resources
-                .iter()
-                .map(|r| proto::ResourceProfiles {
-                    resource: Some(r.resource.clone()),
-                    scope_profiles: r
-                        .scopes
+    /// The request as a message (copies or decodes everything; for OTLP JSON).
+    pub fn to_message(&self) -> Result<collector::ExportProfilesServiceRequest, ConvertError> {
+        let mut resource_profiles = Vec::with_capacity(self.resources.len());
+        for r in &self.resources {
+            let mut scope_profiles = Vec::with_capacity(r.scopes.len());
+            for s in &r.scopes {
+                scope_profiles.push(proto::ScopeProfiles {
+                    scope: Some(s.scope.clone()),
+                    profiles: s
+                        .profiles
                         .iter()
-                        .map(|s| proto::ScopeProfiles {
-                            scope: Some(s.scope.clone()),
-                            profiles: s.profiles.iter().map(|p| p.clone().into_owned()).collect(),
-                            schema_url: s.schema_url.clone(),
-                        })
-                        .collect(),
-                    schema_url: r.schema_url.clone(),
-                })
-                .collect(),
-            dictionary: Some(self.dictionary.clone().into_owned()),
+                        .map(|p| p.decoded().map(Cow::into_owned))
+                        .collect::<Result<_, _>>()?,
+                    schema_url: s.schema_url.clone(),
+                });
+            }
+            resource_profiles.push(proto::ResourceProfiles {
+                resource: Some(r.resource.clone()),
+                scope_profiles,
+                schema_url: r.schema_url.clone(),
+            });
         }
+        Ok(collector::ExportProfilesServiceRequest {
+            resource_profiles,
+            dictionary: Some(self.dictionary.decoded()?.into_owned()),
+        })
     }
 }
 
@@ -500,7 +515,7 @@ mod tests {
         b.sample_root_first(funcs.iter().copied(), vec![value]);
         let mut dict = DictionaryBuilder::new();
         let profiles = pprof_to_otlp(&b.build(), &mut dict, &mut Lost::default()).unwrap();
-        OtlpProfiles::new(Arc::new(dict.finish()), None, profiles, 0)
+        OtlpProfiles::decoded(dict.finish(), profiles)
     }
 
     fn decode(bytes: &[u8]) -> collector::ExportProfilesServiceRequest {
@@ -519,8 +534,15 @@ mod tests {
         assert!(matches!(req.dictionary, Cow::Borrowed(_)));
         let bytes = req.encode();
         let msg = decode(&bytes);
-        assert_eq!(msg, req.to_message(), "hand encoding matches prost's");
-        assert_eq!(msg.dictionary.as_ref(), Some(a.dictionary.as_ref()));
+        assert_eq!(
+            msg,
+            req.to_message().unwrap(),
+            "hand encoding matches prost's"
+        );
+        assert_eq!(
+            msg.dictionary.as_ref(),
+            Some(a.dictionary.decoded().unwrap().as_ref())
+        );
         assert_eq!(msg.resource_profiles.len(), 1);
         assert_eq!(msg.resource_profiles[0].scope_profiles[0].profiles.len(), 2);
         assert_eq!(prost::Message::encode_to_vec(&msg), bytes);

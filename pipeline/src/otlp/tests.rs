@@ -266,6 +266,12 @@ proptest! {
         };
         let request = collector::ExportProfilesServiceRequest::decode(request.encode_to_vec().as_slice()).unwrap();
         let profiles = &request.resource_profiles[0].scope_profiles[0].profiles;
+        // The checks on the bytes pass what the decoded checks pass.
+        let dict_bytes = request.dictionary.as_ref().unwrap().encode_to_vec();
+        let index = crate::otlp::check_dictionary_wire(&dict_bytes).unwrap();
+        for p in profiles {
+            prop_assert!(crate::otlp::check_profile_wire(&index, &p.encode_to_vec()).is_ok());
+        }
         let back = otlp_to_pprof(request.dictionary.as_ref().unwrap(), profiles, &mut lost).unwrap();
         prop_assert!(lost.is_empty(), "nothing of a plain profile is lost: {:?}", lost);
         prop_assert_eq!(back.len(), 1, "sample types of one window merge back into one profile");

@@ -1,14 +1,16 @@
 //! The handler both protocols share: one `ExportProfilesServiceRequest`,
 //! from bytes to a batch in the pipeline.
 //!
-//! 1. Estimate what the request takes once decoded (protobuf: from the wire,
-//!    [`super::estimate`]; JSON: [`JSON_DECODE_FACTOR`] times its size), refuse
-//!    it past `max_decoded_size`, and grow the request's memory grant by it
-//!    before decoding.
-//! 2. Decode; check the dictionary (a broken one refuses the whole request),
-//!    then each profile (a broken one is refused alone and reported in
-//!    `partial_success`; when every profile is broken the request is refused
-//!    as invalid, 400 / `INVALID_ARGUMENT`).
+//! 1. Protobuf ([`build_raw`]) is never decoded but for resources and scopes:
+//!    the dictionary and each profile are checked on the wire
+//!    ([`otlp::check_dictionary_wire`], [`otlp::check_profile_wire`]) and the
+//!    payloads hold slices of the body, so the body is all a request holds.
+//!    JSON ([`build`]) is decoded: its decoded size is estimated first
+//!    ([`JSON_DECODE_FACTOR`] times its size), refused past
+//!    `max_decoded_size`, and the request's memory grant grown by it.
+//! 2. A broken dictionary refuses the whole request; a broken profile is
+//!    refused alone and reported in `partial_success` (when every profile is
+//!    broken the request is refused as invalid, 400 / `INVALID_ARGUMENT`).
 //! 3. One envelope per (resource, scope, profile), all sharing the request's
 //!    dictionary (one `Arc`) and their scope's [`OtlpContext`].
 //! 4. The grant is trued up to what the batch holds and kept until the
@@ -23,13 +25,15 @@ use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{
     Batch, BatchMeta, Envelope, Payload, SERVICE_NAME_LABEL, ValueType, batch_bytes, now_unix_nanos,
 };
-use proflow_pipeline::otlp::{self, AttributeLabels, OtlpContext, OtlpProfiles, collector, proto};
+use proflow_pipeline::otlp::{
+    self, AttributeLabels, OtlpContext, OtlpProfiles, ProfileData, SharedDictionary, collector,
+    proto,
+};
 use proflow_pipeline::profile_type::profile_name_from_sample_types;
 use proflow_pipeline::telemetry::ReceiverTelemetry;
 use prost::Message;
 
 use super::error::{OtlpError, Refused};
-use super::estimate;
 
 /// What reading OTLP JSON may take per byte of it: `serde_json`'s tree of a
 /// document of small numbers is about 16 times its text.
@@ -91,12 +95,10 @@ impl Handler {
         max_decoded: usize,
         origin: Origin,
     ) -> Result<collector::ExportProfilesServiceResponse, Refused> {
+        // Protobuf is checked on the wire and kept as it arrived: nothing is
+        // decoded but resources and scopes, so the body is all it holds.
         let estimate = match encoding {
-            Encoding::Protobuf => estimate::decoded_size(&body).map_err(|e| {
-                OtlpError::bad_request(format!(
-                    "the body is not an OTLP ExportProfilesServiceRequest: {e}"
-                ))
-            })?,
+            Encoding::Protobuf => 0,
             Encoding::Json => body.len().saturating_mul(JSON_DECODE_FACTOR),
         };
         if estimate > max_decoded {
@@ -112,9 +114,11 @@ impl Handler {
         let inline = body.len() <= DECODE_INLINE_MAX;
         let mapping = self.labels.clone();
         let work = move || -> Result<(Built, MemoryGrant), Refused> {
-            let request = decode(&body, encoding)?;
-            drop(body);
-            let built = build(request, &mapping)?;
+            let built = match encoding {
+                // Profiles and dictionary travel on as slices of `body`.
+                Encoding::Protobuf => build_raw(&body, &mapping)?,
+                Encoding::Json => build(decode(&body, encoding)?, &mapping)?,
+            };
             Ok((built, grant))
         };
         let (built, mut grant) = if inline {
@@ -220,7 +224,212 @@ pub(crate) fn decode(
     }
 }
 
-/// The envelopes of a decoded request (see the module docs).
+/// One resource's or scope's parts as the wire holds them.
+struct Walked<'a> {
+    /// The `Resource` or `InstrumentationScope` message.
+    head: &'a [u8],
+    schema_url: &'a [u8],
+    /// Scopes of a resource, or profiles of a scope.
+    items: Vec<&'a [u8]>,
+}
+
+/// Walks one `ResourceProfiles` or `ScopeProfiles` message: field 1 the
+/// head, field 2 repeated items, field 3 the schema url.
+fn walk(message: &[u8]) -> Result<Walked<'_>, String> {
+    use proflow_pipeline::wire::{Value, fields};
+    let mut w = Walked {
+        head: &[],
+        schema_url: &[],
+        items: Vec::new(),
+    };
+    for f in fields(message) {
+        match f.map_err(|e| e.to_string())? {
+            (1, Value::Bytes(b)) => w.head = b,
+            (2, Value::Bytes(b)) => w.items.push(b),
+            (3, Value::Bytes(b)) => w.schema_url = b,
+            (1..=3, _) => return Err("a field has the wrong wire type".to_owned()),
+            _ => {}
+        }
+    }
+    Ok(w)
+}
+
+fn utf8(b: &[u8]) -> Result<String, String> {
+    String::from_utf8(b.to_vec()).map_err(|_| "a schema_url is not valid UTF-8".to_owned())
+}
+
+/// The envelopes of a protobuf request, checked on the wire without
+/// decoding its profiles or dictionary (see the module docs): the payloads
+/// hold slices of `body`.
+pub(crate) fn build_raw(body: &Bytes, mapping: &AttributeLabels) -> Result<Built, Refused> {
+    use proflow_pipeline::wire::{Value, fields};
+    let not_otlp = |e: String| Refused {
+        error: OtlpError::bad_request(format!(
+            "the body is not an OTLP ExportProfilesServiceRequest: {e}"
+        )),
+        profiles: 0,
+    };
+    let mut dictionary: Option<&[u8]> = None;
+    let mut resources = Vec::new();
+    for f in fields(body) {
+        match f.map_err(|e| not_otlp(e.to_string()))? {
+            (1, Value::Bytes(rp)) => {
+                let r = walk(rp).map_err(not_otlp)?;
+                let scopes = r
+                    .items
+                    .iter()
+                    .map(|sp| walk(sp))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(not_otlp)?;
+                resources.push((r, scopes));
+            }
+            (2, Value::Bytes(_)) if dictionary.is_some() => {
+                return Err(not_otlp("the dictionary is given twice".to_owned()));
+            }
+            (2, Value::Bytes(d)) => dictionary = Some(d),
+            (1 | 2, _) => return Err(not_otlp("a field has the wrong wire type".to_owned())),
+            _ => {}
+        }
+    }
+    let count: usize = resources
+        .iter()
+        .flat_map(|(_, scopes)| scopes)
+        .map(|s| s.items.len())
+        .sum();
+    if count == 0 {
+        return Ok(Built::default());
+    }
+    let refuse_all = |message: String| Refused {
+        error: OtlpError::BadRequest(message),
+        profiles: count as u64,
+    };
+    let Some(dictionary) = dictionary else {
+        return Err(refuse_all(format!(
+            "the request carries {count} profiles but no dictionary; OTLP profiles 1.10 (v1development) puts the tables every profile refers to in ExportProfilesServiceRequest.dictionary: is the sender on an earlier version?"
+        )));
+    };
+    let index = otlp::check_dictionary_wire(dictionary)
+        .map_err(|e| refuse_all(format!("the request's dictionary is invalid: {e}")))?;
+    let shared_dictionary = Arc::new(SharedDictionary::from_raw_entries(
+        body.slice_ref(dictionary),
+        index.strings.len() + index.locations,
+    ));
+    let string = |i: i32| {
+        index
+            .string(i)
+            .ok_or_else(|| otlp::ConvertError(format!("string index {i} is out of range")))
+    };
+
+    let mut rejected = 0u64;
+    let mut first_error: Option<String> = None;
+    let mut refuse = |n: usize, why: String| {
+        rejected += n as u64;
+        first_error.get_or_insert(why);
+    };
+    let mut shared = body.len();
+    let mut valid: Vec<(Arc<OtlpContext>, otlp::ProfileFacts, &[u8])> = Vec::with_capacity(count);
+    for (r, scopes) in resources {
+        let head = |what: &str, e: prost::DecodeError| format!("{what}: {e}");
+        let resource = otlp::Resource::decode(r.head)
+            .map_err(|e| head("resource", e))
+            .and_then(|mut res| {
+                otlp::inline_attributes_with(&mut res.attributes, string)
+                    .map_err(|e| e.to_string())?;
+                Ok((res, utf8(r.schema_url)?))
+            });
+        for s in scopes {
+            let made = resource
+                .clone()
+                .and_then(|(resource, resource_schema_url)| {
+                    let mut scope = otlp::common::InstrumentationScope::decode(s.head)
+                        .map_err(|e| head("scope", e))?;
+                    otlp::inline_attributes_with(&mut scope.attributes, string)
+                        .map_err(|e| e.to_string())?;
+                    let labels = mapping.labels(&resource, &scope);
+                    Ok(Arc::new(OtlpContext {
+                        resource,
+                        resource_schema_url,
+                        scope,
+                        scope_schema_url: utf8(s.schema_url)?,
+                        labels,
+                    }))
+                });
+            let context = match made {
+                Ok(c) => c,
+                Err(e) => {
+                    refuse(s.items.len(), format!("resource or scope: {e}"));
+                    continue;
+                }
+            };
+            shared += otlp::context_heap_size(&context);
+            for p in s.items {
+                match otlp::check_profile_wire(&index, p) {
+                    Ok(facts) => valid.push((context.clone(), facts, p)),
+                    Err(e) => refuse(1, e.to_string()),
+                }
+            }
+        }
+    }
+    let error_message = match first_error {
+        Some(first) => format!("{rejected} of {count} profiles were refused; the first: {first}"),
+        None => String::new(),
+    };
+    if valid.is_empty() {
+        return Err(refuse_all(error_message));
+    }
+    // Each profile counts its own bytes; the rest of the body (dictionary,
+    // refused profiles, framing) and the contexts are shared out so the
+    // shares add up to the whole once.
+    let own: usize = valid.iter().map(|(_, _, p)| p.len()).sum();
+    let shared = shared.saturating_sub(own);
+    let n = valid.len();
+    let (each, rest) = (shared / n, shared % n);
+    let now = now_unix_nanos();
+    let name = |i: i32| index.string(i).unwrap_or("");
+    let envelopes = valid
+        .into_iter()
+        .enumerate()
+        .map(|(i, (context, facts, p))| {
+            let share = if i == 0 { each + rest } else { each };
+            let value_type = |(t, u): (i32, i32)| ValueType::new(name(t), name(u));
+            let mut labels = context.labels.clone();
+            if labels.get(SERVICE_NAME_LABEL).is_none() {
+                labels.set(SERVICE_NAME_LABEL, UNKNOWN_SERVICE);
+            }
+            if let Some((t, _)) = facts.sample_type
+                && let Some(n) = profile_name_from_sample_types([name(t)], None)
+            {
+                labels.set("__name__", n);
+            }
+            let start = match i64::try_from(facts.time_unix_nano) {
+                Ok(0) | Err(_) => now,
+                Ok(t) => t,
+            };
+            let duration = i64::try_from(facts.duration_nano).unwrap_or(i64::MAX);
+            Envelope {
+                labels,
+                start_unix_nanos: start,
+                end_unix_nanos: start.saturating_add(duration),
+                sample_types: facts.sample_type.map(value_type).into_iter().collect(),
+                period_type: facts.period_type.map(value_type),
+                period: facts.period,
+                payload: Payload::from_otlp(OtlpProfiles::new(
+                    shared_dictionary.clone(),
+                    Some(context),
+                    vec![ProfileData::from_raw(body.slice_ref(p))],
+                    share,
+                )),
+            }
+        })
+        .collect();
+    Ok(Built {
+        envelopes,
+        rejected,
+        error_message,
+    })
+}
+
+/// The envelopes of a decoded request (OTLP JSON; see the module docs).
 pub(crate) fn build(
     request: collector::ExportProfilesServiceRequest,
     mapping: &AttributeLabels,
@@ -246,7 +455,9 @@ pub(crate) fn build(
     otlp::check_dictionary(&dictionary)
         .and_then(|()| otlp::check_dictionary_references(&dictionary))
         .map_err(|e| refuse_all(format!("the request's dictionary is invalid: {e}")))?;
-    let dictionary = Arc::new(dictionary);
+    let mut shared = otlp::dictionary_heap_size(&dictionary);
+    let shared_dictionary = SharedDictionary::from_decoded(dictionary.clone());
+    let shared_dictionary = Arc::new(shared_dictionary);
 
     let mut rejected = 0u64;
     let mut first_error: Option<String> = None;
@@ -255,7 +466,6 @@ pub(crate) fn build(
         first_error.get_or_insert(why);
     };
     let mut valid: Vec<(Arc<OtlpContext>, proto::Profile)> = Vec::with_capacity(count);
-    let mut shared = otlp::dictionary_heap_size(&dictionary);
     for rp in request.resource_profiles {
         let mut resource = rp.resource.unwrap_or_default();
         let resource_ok =
@@ -309,7 +519,14 @@ pub(crate) fn build(
         .enumerate()
         .map(|(i, (context, profile))| {
             let share = if i == 0 { each + rest } else { each };
-            envelope(&dictionary, context, profile, share, now)
+            envelope(
+                &dictionary,
+                &shared_dictionary,
+                context,
+                profile,
+                share,
+                now,
+            )
         })
         .collect();
     Ok(Built {
@@ -319,9 +536,10 @@ pub(crate) fn build(
     })
 }
 
-/// One profile's envelope; its indexes passed [`otlp::check_profile`].
+/// One decoded profile's envelope; its indexes passed [`otlp::check_profile`].
 fn envelope(
-    dictionary: &Arc<proto::ProfilesDictionary>,
+    dictionary: &proto::ProfilesDictionary,
+    shared_dictionary: &Arc<SharedDictionary>,
     context: Arc<OtlpContext>,
     profile: proto::Profile,
     share: usize,
@@ -354,9 +572,9 @@ fn envelope(
     let period_type = profile.period_type.as_ref().map(value_type);
     let period = profile.period;
     let payload = Payload::from_otlp(OtlpProfiles::new(
-        dictionary.clone(),
+        shared_dictionary.clone(),
         Some(context),
-        vec![profile],
+        vec![ProfileData::from_decoded(profile)],
         share,
     ));
     Envelope {

@@ -42,7 +42,6 @@ pub(crate) const EXPORT_PATH: &str =
 pub(crate) struct Settings {
     pub endpoint: SocketAddr,
     pub max_message: usize,
-    pub max_decoded: usize,
     pub read_timeout: Duration,
     pub max_connections: usize,
 }
@@ -107,7 +106,6 @@ impl Grpc {
         };
         let service = ExportService {
             handler: self.handler.clone(),
-            max_decoded: self.settings.max_decoded,
             peer,
             outcome: outcome.clone(),
         };
@@ -235,7 +233,6 @@ impl Decoder for RawDecoder {
 #[derive(Clone)]
 struct ExportService {
     handler: Arc<Handler>,
-    max_decoded: usize,
     peer: SocketAddr,
     outcome: Outcome,
 }
@@ -265,14 +262,14 @@ impl tower::Service<tonic::Request<Raw>> for ExportService {
         };
         let raw = req.into_inner();
         let handler = self.handler.clone();
-        let max_decoded = self.max_decoded;
         Box::pin(async move {
             match handler
                 .export(
                     raw.bytes,
                     Encoding::Protobuf,
                     raw.grant,
-                    max_decoded,
+                    // Protobuf is never decoded: no decoded size to bound.
+                    usize::MAX,
                     origin,
                 )
                 .await

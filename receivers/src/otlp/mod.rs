@@ -25,7 +25,6 @@
 //! both use), `status` (`google.rpc.Status` and `RetryInfo`), `error`.
 
 mod error;
-mod estimate;
 mod export;
 mod grpc;
 mod http;
@@ -100,11 +99,6 @@ pub struct GrpcConfig {
     /// limit; the collector's name and unit); a larger one gets
     /// `RESOURCE_EXHAUSTED`.
     pub max_recv_msg_size_mib: u64,
-    /// Largest memory one request's profiles may take once decoded, as
-    /// estimated from the message before decoding it (a decoded profile
-    /// takes about 10 to 20 times its protobuf size); a larger one gets
-    /// `RESOURCE_EXHAUSTED` before anything is decoded.
-    pub max_decoded_size: ByteSize,
     /// How long a client may take to send a request's message; a slower
     /// one gets `DEADLINE_EXCEEDED`.
     pub read_timeout: Duration,
@@ -125,7 +119,6 @@ impl Default for GrpcConfig {
         GrpcConfig {
             endpoint: DEFAULT_GRPC_ENDPOINT.to_owned(),
             max_recv_msg_size_mib: 4,
-            max_decoded_size: ByteSize::mib(64),
             read_timeout: Duration::from_secs(30),
             max_connections: 1024,
         }
@@ -207,12 +200,6 @@ impl Validate for OtlpConfig {
             if let Err(message) = parse_endpoint(&g.endpoint) {
                 problems.push(FieldError::new(p("endpoint"), message));
             }
-            positive_size(
-                &mut problems,
-                p("max_decoded_size"),
-                g.max_decoded_size,
-                "64MiB",
-            );
             if g.max_recv_msg_size_mib == 0 || g.max_recv_msg_size_mib >= 4096 {
                 problems.push(FieldError::new(
                     p("max_recv_msg_size_mib"),
@@ -299,7 +286,6 @@ impl OtlpConfig {
             Some(g) => Some(grpc::Settings {
                 endpoint: endpoint(&g.endpoint)?,
                 max_message: g.max_message_bytes(),
-                max_decoded: g.max_decoded_size.as_usize(),
                 read_timeout: g.read_timeout.get(),
                 max_connections: g.max_connections,
             }),
@@ -339,14 +325,14 @@ impl ReceiverConfig for OtlpConfig {
     }
 
     fn max_request_memory(&self) -> usize {
-        // gRPC: tonic holds the message as it arrived and decompressed, then
-        // the decoded profiles. HTTP: the body, what it decompresses to, and
-        // the decoded profiles.
-        let grpc = self.protocols.grpc.as_ref().map_or(0, |g| {
-            g.max_message_bytes()
-                .saturating_mul(2)
-                .saturating_add(g.max_decoded_size.as_usize())
-        });
+        // gRPC: tonic holds the message as it arrived and decompressed
+        // (protobuf is checked on the wire, never decoded). HTTP: the body,
+        // what it decompresses to, and for JSON the decoded profiles.
+        let grpc = self
+            .protocols
+            .grpc
+            .as_ref()
+            .map_or(0, |g| g.max_message_bytes().saturating_mul(2));
         let http = self.protocols.http.as_ref().map_or(0, |h| {
             h.max_request_body_size
                 .as_usize()
@@ -398,7 +384,7 @@ mod tests {
         assert_eq!(c.max_request_memory(), (4 + 16 + 64) << 20);
         let c = parse("protocols: {grpc: {}}").unwrap();
         assert_eq!(c.protocols.http, None, "an unlisted protocol is off");
-        assert_eq!(c.max_request_memory(), (4 + 4 + 64) << 20);
+        assert_eq!(c.max_request_memory(), (4 + 4) << 20);
     }
 
     #[test]

@@ -1,0 +1,431 @@
+//! The structural checks of [`super::check`], made on the protobuf bytes
+//! without decoding them: a receiver that keeps the bytes as they arrived
+//! checks a dictionary ([`check_dictionary_wire`]) and each profile
+//! ([`check_profile_wire`]) in one walk each and allocates nothing per
+//! sample. The rules are the same: entry 0 of every table the zero value,
+//! every index in range, a sample with values or timestamps (as many of each
+//! when it has both); plus what decoding would refuse (bad framing, a known
+//! field with the wrong wire type, strings that are not UTF-8).
+
+use prost::Message;
+
+use super::ConvertError;
+use super::check::{VERSION_HINT, out_of_range};
+use super::common::AnyValue;
+use crate::wire::{self, Value};
+
+/// What a dictionary's tables hold, as a profile's checks need it.
+#[derive(Debug, Clone, Default)]
+pub struct DictionaryIndex<'a> {
+    pub mappings: usize,
+    pub locations: usize,
+    pub functions: usize,
+    pub links: usize,
+    pub attributes: usize,
+    pub stacks: usize,
+    /// The string table, in order.
+    pub strings: Vec<&'a str>,
+}
+
+impl DictionaryIndex<'_> {
+    /// String `i`, if in range.
+    pub fn string(&self, i: i32) -> Option<&str> {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| self.strings.get(i))
+            .copied()
+    }
+}
+
+/// A checked profile's series facts: sample type, period, times.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProfileFacts {
+    /// `(type_strindex, unit_strindex)`.
+    pub sample_type: Option<(i32, i32)>,
+    pub period_type: Option<(i32, i32)>,
+    pub period: i64,
+    pub time_unix_nano: u64,
+    pub duration_nano: u64,
+}
+
+fn bad(what: &str, e: impl std::fmt::Display) -> ConvertError {
+    ConvertError::new(format!("{what}: {e}"))
+}
+
+fn wire_type(what: &str, field: u32) -> ConvertError {
+    ConvertError::new(format!("{what}: field {field} has the wrong wire type"))
+}
+
+/// An index as the wire holds it (`int32`, sign-extended to 64 bits when
+/// negative), checked against its table.
+fn index(v: u64, len: usize, what: &str) -> Result<(), ConvertError> {
+    let i = v as i64;
+    match usize::try_from(i) {
+        Ok(u) if u < len.max(1) => Ok(()),
+        _ => Err(out_of_range(
+            what,
+            i32::try_from(i).unwrap_or(i32::MIN),
+            len.max(1),
+        )),
+    }
+}
+
+/// Each value of a repeated varint field, packed or not.
+fn varints(
+    value: Value<'_>,
+    mut each: impl FnMut(u64) -> Result<(), ConvertError>,
+    what: &str,
+    field: u32,
+) -> Result<(), ConvertError> {
+    match value {
+        Value::Varint(v) => each(v),
+        Value::Bytes(mut packed) => {
+            while !packed.is_empty() {
+                each(wire::read_varint(&mut packed).map_err(|e| bad(what, e))?)?;
+            }
+            Ok(())
+        }
+        _ => Err(wire_type(what, field)),
+    }
+}
+
+fn varint(value: Value<'_>, what: &str, field: u32) -> Result<u64, ConvertError> {
+    match value {
+        Value::Varint(v) => Ok(v),
+        _ => Err(wire_type(what, field)),
+    }
+}
+
+fn message<'a>(value: Value<'a>, what: &str, field: u32) -> Result<&'a [u8], ConvertError> {
+    match value {
+        Value::Bytes(b) => Ok(b),
+        _ => Err(wire_type(what, field)),
+    }
+}
+
+/// True when every field of the message is its zero value (what entry 0 of
+/// each table must be).
+fn is_zero(msg: &[u8]) -> Result<bool, ConvertError> {
+    for f in wire::fields(msg) {
+        let (_, v) = f.map_err(|e| bad("dictionary", e))?;
+        let zero = match v {
+            Value::Varint(n) | Value::Fixed64(n) => n == 0,
+            Value::Fixed32(n) => n == 0,
+            Value::Bytes(b) => b.is_empty(),
+        };
+        if !zero {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Checks a dictionary's bytes: the same rules as
+/// [`super::check_dictionary`] and [`super::check_dictionary_references`].
+pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, ConvertError> {
+    let mut d = DictionaryIndex::default();
+    let zero = |what: &str| {
+        ConvertError::new(format!(
+            "entry 0 of the dictionary's {what} is not the zero value, as OTLP profiles 1.10 requires; is the sender on another version?"
+        ))
+    };
+    // First walk: table sizes, strings, entry 0 of each table.
+    for f in wire::fields(bytes) {
+        let (field, v) = f.map_err(|e| bad("dictionary", e))?;
+        let (count, name) = match field {
+            1 => (&mut d.mappings, "mapping_table"),
+            2 => (&mut d.locations, "location_table"),
+            3 => (&mut d.functions, "function_table"),
+            4 => (&mut d.links, "link_table"),
+            5 => {
+                let s = message(v, "dictionary string_table", field)?;
+                let s = std::str::from_utf8(s)
+                    .map_err(|_| ConvertError::new("a dictionary string is not valid UTF-8"))?;
+                if d.strings.is_empty() && !s.is_empty() {
+                    return Err(zero("string_table"));
+                }
+                d.strings.push(s);
+                continue;
+            }
+            6 => {
+                let a = message(v, "dictionary attribute_table", field)?;
+                // The value may be an empty AnyValue (`{"value": {}}`, as the
+                // collector writes entry 0): zero too.
+                if d.attributes == 0 && !is_zero(a)? {
+                    return Err(zero("attribute_table"));
+                }
+                d.attributes += 1;
+                continue;
+            }
+            7 => (&mut d.stacks, "stack_table"),
+            _ => continue,
+        };
+        let m = message(v, "dictionary", field)?;
+        if *count == 0 && !is_zero(m)? {
+            return Err(zero(name));
+        }
+        *count += 1;
+    }
+    // Second walk: every reference inside the dictionary.
+    let strings = d.strings.len();
+    for f in wire::fields(bytes) {
+        let (field, v) = f.map_err(|e| bad("dictionary", e))?;
+        // Strings (5) are not messages; links (4) refer to nothing.
+        let Value::Bytes(m) = v else { continue };
+        if matches!(field, 4 | 5) {
+            continue;
+        }
+        for g in wire::fields(m) {
+            let (n, v) = g.map_err(|e| bad("dictionary", e))?;
+            match (field, n) {
+                // mapping: filename_strindex, attribute_indices
+                (1, 4) => index(varint(v, "mapping", n)?, strings, "string")?,
+                (1, 5) | (2, 4) => varints(
+                    v,
+                    |a| index(a, d.attributes, "attribute"),
+                    "attribute_indices",
+                    n,
+                )?,
+                // location: mapping_index, lines
+                (2, 1) => index(varint(v, "location", n)?, d.mappings, "mapping")?,
+                (2, 3) => {
+                    for h in wire::fields(message(v, "location line", n)?) {
+                        let (k, v) = h.map_err(|e| bad("location line", e))?;
+                        if k == 1 {
+                            index(varint(v, "line", k)?, d.functions, "function")?;
+                        }
+                    }
+                }
+                // function: name, system name, filename
+                (3, 1..=3) => index(varint(v, "function", n)?, strings, "string")?,
+                // attribute: key, unit, value
+                (6, 1) | (6, 3) => index(varint(v, "attribute", n)?, strings, "string")?,
+                (6, 2) => {
+                    let value = AnyValue::decode(message(v, "attribute value", n)?)
+                        .map_err(|e| bad("an attribute value", e))?;
+                    if let Some(super::common::any_value::Value::StringValueStrindex(i)) =
+                        value.value
+                    {
+                        index(i as i64 as u64, strings, "string")?;
+                    }
+                }
+                // stack: location_indices
+                (7, 1) => varints(v, |l| index(l, d.locations, "location"), "stack", n)?,
+                _ => {}
+            }
+        }
+    }
+    Ok(d)
+}
+
+fn value_type(bytes: &[u8], d: &DictionaryIndex<'_>) -> Result<(i32, i32), ConvertError> {
+    let (mut ty, mut unit) = (0, 0);
+    for f in wire::fields(bytes) {
+        let (n, v) = f.map_err(|e| bad("value type", e))?;
+        match n {
+            1 | 2 => {
+                let i = varint(v, "value type", n)?;
+                index(i, d.strings.len(), "string")?;
+                // In range of a table, so it fits an i32.
+                let i = i as i32;
+                if n == 1 { ty = i } else { unit = i }
+            }
+            _ => {}
+        }
+    }
+    Ok((ty, unit))
+}
+
+/// Checks one profile's bytes against a checked dictionary: the same rules
+/// as [`super::check_profile`]. Returns what the envelope needs of it.
+pub fn check_profile_wire(
+    d: &DictionaryIndex<'_>,
+    bytes: &[u8],
+) -> Result<ProfileFacts, ConvertError> {
+    let mut facts = ProfileFacts::default();
+    let mut n = 0usize;
+    for f in wire::fields(bytes) {
+        let (field, v) = f.map_err(|e| bad("profile", e))?;
+        match field {
+            1 => facts.sample_type = Some(value_type(message(v, "profile", field)?, d)?),
+            2 => {
+                check_sample(d, message(v, "profile", field)?, n)?;
+                n += 1;
+            }
+            3 => match v {
+                Value::Fixed64(t) => facts.time_unix_nano = t,
+                _ => return Err(wire_type("profile", field)),
+            },
+            4 => facts.duration_nano = varint(v, "profile", field)?,
+            5 => facts.period_type = Some(value_type(message(v, "profile", field)?, d)?),
+            6 => facts.period = varint(v, "profile", field)? as i64,
+            9 => {
+                std::str::from_utf8(message(v, "profile", field)?)
+                    .map_err(|_| ConvertError::new("original_payload_format is not valid UTF-8"))?;
+            }
+            11 => varints(
+                v,
+                |a| index(a, d.attributes, "attribute"),
+                "profile attribute_indices",
+                field,
+            )?,
+            _ => {}
+        }
+    }
+    Ok(facts)
+}
+
+fn check_sample(d: &DictionaryIndex<'_>, bytes: &[u8], n: usize) -> Result<(), ConvertError> {
+    let (mut values, mut timestamps) = (0usize, 0usize);
+    for f in wire::fields(bytes) {
+        let (field, v) = f.map_err(|e| bad("sample", e))?;
+        match field {
+            1 => index(varint(v, "sample", field)?, d.stacks, "stack")?,
+            2 => varints(
+                v,
+                |a| index(a, d.attributes, "attribute"),
+                "sample attribute_indices",
+                field,
+            )?,
+            3 => index(varint(v, "sample", field)?, d.links, "link")?,
+            4 => match v {
+                Value::Varint(_) => values += 1,
+                Value::Bytes(packed) => values += wire::count_varints(packed),
+                _ => return Err(wire_type("sample", field)),
+            },
+            5 => match v {
+                Value::Fixed64(_) => timestamps += 1,
+                Value::Bytes(packed) if packed.len() % 8 == 0 => timestamps += packed.len() / 8,
+                _ => return Err(wire_type("sample", field)),
+            },
+            _ => {}
+        }
+    }
+    match (values, timestamps) {
+        (0, 0) => Err(ConvertError::new(format!(
+            "sample {n} has neither values nor timestamps; {VERSION_HINT}"
+        ))),
+        (v, t) if v > 0 && t > 0 && v != t => Err(ConvertError::new(format!(
+            "sample {n} has {v} values but {t} timestamps; OTLP profiles 1.10 requires as many of each"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::otlp::{check_dictionary, check_dictionary_references, check_profile, proto};
+    use crate::testdata::otlp_request;
+
+    fn parts() -> (proto::ProfilesDictionary, Vec<proto::Profile>) {
+        let mut r = otlp_request(2, 40, 60);
+        let d = r.dictionary.take().unwrap();
+        let p = r
+            .resource_profiles
+            .into_iter()
+            .flat_map(|rp| rp.scope_profiles)
+            .flat_map(|sp| sp.profiles)
+            .collect();
+        (d, p)
+    }
+
+    /// The wire check and the decoded check agree.
+    fn agree(d: &proto::ProfilesDictionary, p: &proto::Profile) -> Result<(), String> {
+        let decoded = check_dictionary(d)
+            .and_then(|()| check_dictionary_references(d))
+            .and_then(|()| check_profile(d, p));
+        let dbytes = d.encode_to_vec();
+        let pbytes = p.encode_to_vec();
+        let wire = check_dictionary_wire(&dbytes)
+            .and_then(|i| check_profile_wire(&i, &pbytes).map(|_| ()));
+        assert_eq!(
+            decoded.is_ok(),
+            wire.is_ok(),
+            "decoded {decoded:?} wire {wire:?}"
+        );
+        wire.map_err(|e| e.0)
+    }
+
+    #[test]
+    fn valid_profiles_pass_and_facts_are_read() {
+        let (d, ps) = parts();
+        let dbytes = d.encode_to_vec();
+        let index = check_dictionary_wire(&dbytes).unwrap();
+        assert_eq!(index.strings.len(), d.string_table.len());
+        assert_eq!(index.stacks, d.stack_table.len());
+        for p in &ps {
+            agree(&d, p).unwrap();
+            let f = check_profile_wire(&index, &p.encode_to_vec()).unwrap();
+            let st = p.sample_type.unwrap();
+            assert_eq!(f.sample_type, Some((st.type_strindex, st.unit_strindex)));
+            assert_eq!(
+                (f.period, f.time_unix_nano, f.duration_nano),
+                (p.period, p.time_unix_nano, p.duration_nano)
+            );
+        }
+    }
+
+    #[test]
+    fn the_same_problems_are_refused() {
+        let (d, ps) = parts();
+        let p = &ps[0];
+        let mut bad = d.clone();
+        bad.stack_table[1].location_indices.push(9999);
+        assert!(agree(&bad, p).unwrap_err().contains("location index 9999"));
+        let mut bad = d.clone();
+        bad.location_table[1].lines[0].function_index = -3;
+        assert!(agree(&bad, p).unwrap_err().contains("function index -3"));
+        let mut bad = d.clone();
+        bad.string_table[0] = "x".into();
+        assert!(agree(&bad, p).unwrap_err().contains("string_table"));
+        let mut bad = d.clone();
+        bad.function_table[0].name_strindex = 1;
+        assert!(agree(&bad, p).unwrap_err().contains("function_table"));
+        let mut q = p.clone();
+        q.samples[0].stack_index = 7777;
+        assert!(agree(&d, &q).unwrap_err().contains("stack index 7777"));
+        let mut q = p.clone();
+        q.samples[0].timestamps_unix_nano = vec![1, 2, 3];
+        assert!(agree(&d, &q).unwrap_err().contains("timestamps"));
+        let mut q = p.clone();
+        q.samples[0].values.clear();
+        assert!(agree(&d, &q).unwrap_err().contains("neither values"));
+        let mut q = p.clone();
+        q.sample_type = Some(proto::ValueType {
+            type_strindex: 100_000,
+            unit_strindex: 0,
+        });
+        assert!(agree(&d, &q).is_err());
+    }
+
+    #[test]
+    fn a_1_9_sample_is_refused() {
+        // OTLP profiles 1.9 put a sample's values in field 2 (1.10's
+        // attribute_indices) and had no stack_index: the values become
+        // attribute indexes out of range, or a sample without values.
+        let (d, _) = parts();
+        let mut sample = Vec::new();
+        prost::encoding::int64::encode_packed(2, &[1_000_000, 2_000_000], &mut sample);
+        let mut profile = Vec::new();
+        prost::encoding::bytes::encode(2, &sample, &mut profile);
+        let dbytes = d.encode_to_vec();
+        let index = check_dictionary_wire(&dbytes).unwrap();
+        let e = check_profile_wire(&index, &profile).unwrap_err().0;
+        assert!(e.contains("1.10"), "{e}");
+    }
+
+    #[test]
+    fn broken_framing_is_refused() {
+        let (d, ps) = parts();
+        let dbytes = d.encode_to_vec();
+        assert!(check_dictionary_wire(&dbytes[..dbytes.len() - 1]).is_err());
+        let index = check_dictionary_wire(&dbytes).unwrap();
+        let p = ps[0].encode_to_vec();
+        assert!(check_profile_wire(&index, &p[..p.len() - 1]).is_err());
+        assert!(
+            check_dictionary_wire(&[0x2a, 0x01, 0xff]).is_err(),
+            "a string that is not UTF-8"
+        );
+    }
+}
