@@ -541,6 +541,10 @@ pub(crate) struct Planned {
 /// reference).
 pub(crate) const PASS_THROUGH_ENTRIES: usize = 512;
 
+/// Requests whose profiles account for at most this many bytes are encoded
+/// on the async worker (see [`OtlpExporter::encode`]).
+const ENCODE_INLINE_MAX: usize = 256 << 10;
+
 /// The dictionary a profile is sent with as it is, when it is large enough
 /// (see [`PASS_THROUGH_ENTRIES`]); `None` for profiles worth merging.
 fn large_dictionary(e: &Envelope) -> Option<usize> {
@@ -627,12 +631,19 @@ impl Outcome {
 }
 
 impl OtlpExporter {
-    /// Encodes the profiles of one request (on the blocking pool: building the
-    /// dictionary, encoding and gzip are CPU work of milliseconds).
+    /// Encodes the profiles of one request: a small one on the async worker
+    /// itself (a hop to the blocking pool costs two thread switches and, per
+    /// blocking thread, an allocator arena), a larger one on the blocking
+    /// pool (merging dictionaries, encoding and gzip can take milliseconds).
     async fn encode(&self, items: Vec<(Labels, Arc<OtlpProfiles>)>) -> Result<Bytes, ExportError> {
         let json = self.transport.wants_json();
         let gzip = self.transport.wants_gzipped_body();
-        let encoded = tokio::task::spawn_blocking(move || encode_request(&items, json, gzip)).await;
+        let size: usize = items.iter().map(|(_, o)| o.size_bytes()).sum();
+        let encoded = if size <= ENCODE_INLINE_MAX && !json {
+            Ok(encode_request(&items, json, gzip))
+        } else {
+            tokio::task::spawn_blocking(move || encode_request(&items, json, gzip)).await
+        };
         match encoded {
             Ok(Ok(bytes)) => Ok(bytes),
             Ok(Err(e)) => Err(ExportError::permanent(
