@@ -139,6 +139,15 @@ impl TlsSettings {
     fn has_files(&self) -> bool {
         self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
     }
+
+    pub(crate) fn files(&self) -> crate::http_client::TlsFiles<'_> {
+        crate::http_client::TlsFiles {
+            ca_file: self.ca_file.as_deref(),
+            cert_file: self.cert_file.as_deref(),
+            key_file: self.key_file.as_deref(),
+            insecure_skip_verify: self.insecure_skip_verify,
+        }
+    }
 }
 
 /// Config of the `otlp` exporter.

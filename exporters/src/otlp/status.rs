@@ -15,13 +15,10 @@
 use std::time::Duration;
 
 use proflow_pipeline::component::ExportError;
+
+pub(crate) use crate::http_client::{MAX_RETRY_AFTER, error_chain, parse_retry_after};
 use prost::Message;
 use tonic::Code;
-
-/// Longest wait a peer may ask for; a larger `RetryInfo`/`Retry-After` is
-/// capped so one odd answer cannot park a queue consumer for hours (the
-/// queue's `max_elapsed_time` still applies on top).
-pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// Longest server message kept in an error or a log line.
 const MAX_MESSAGE_CHARS: usize = 512;
@@ -129,21 +126,6 @@ pub(crate) fn grpc_error(status: &tonic::Status, endpoint: &str) -> ExportError 
     }
 }
 
-/// An error with its sources, `a: b: c`.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        let text = inner.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        source = inner.source();
-    }
-    s
-}
-
 /// Whether a status stands for a transport failure rather than an answer.
 fn is_transport_error(status: &tonic::Status) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
@@ -182,13 +164,6 @@ fn grpc_reason(code: Code) -> &'static str {
 /// Whether an HTTP status is worth retrying.
 pub(crate) fn http_status_retryable(status: u16) -> bool {
     matches!(status, 429 | 502 | 503 | 504)
-}
-
-/// A `Retry-After` header in delay-seconds form (the HTTP-date form is not
-/// read: OTLP peers send seconds, and without it the queue's backoff applies).
-pub(crate) fn parse_retry_after(value: &str) -> Option<Duration> {
-    let seconds: u64 = value.trim().parse().ok()?;
-    Some(Duration::from_secs(seconds).min(MAX_RETRY_AFTER))
 }
 
 /// The export error of a non-2xx OTLP/HTTP response. `body_message` is what

@@ -1,0 +1,863 @@
+//! The `pyroscope` exporter: sends pprof profiles to Grafana Pyroscope (or
+//! anything that speaks its push API, such as Alloy's
+//! `pyroscope.receive_http`), as they arrived, never decoded.
+//!
+//! - `api: push` (default): `POST {endpoint}/push.v1.PusherService/Push`,
+//!   Connect unary, `Content-Type: application/proto`, the body gzipped
+//!   (`Content-Encoding: gzip`, as pyroscope-rs sends it). One request holds
+//!   the profiles of one tenant up to `max_batch_bytes`, profiles with equal
+//!   labels in one series; each `RawSample.raw_profile` is the pprof bytes
+//!   as they arrived.
+//! - `api: ingest`: `POST {endpoint}/ingest?name=app{k=v}&from&until&format=pprof`,
+//!   one profile a request, the gzipped pprof as the body; for servers
+//!   without the push API.
+//!
+//! Labels ([`request::series_labels`]): `__*` labels are dropped but
+//! `__name__` and `__delta__` (as Alloy's `pyroscope.write`), missing
+//! `external_labels` are added, and a profile without `service_name` gets
+//! `default_service_name` (`unknown_service`, what Pyroscope itself fills in).
+//!
+//! Answers: 2xx delivered; 429 and 5xx retryable (honouring `Retry-After`
+//! in seconds); any other status permanent, its message (Connect's JSON
+//! `message`, else the body's text) logged once per distinct message and the
+//! failure counted under the status's reason. As in the `otlp` exporter, a
+//! retryable failure fails the whole export only while nothing of it was
+//! delivered; after that the rest is retried in place and, if that gives up,
+//! reported as refused by index so the queue does not send delivered
+//! profiles twice.
+
+mod request;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::header::{
+    AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER,
+};
+use http::{Method, Request, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use proflow_config::Duration;
+use proflow_pipeline::component::{
+    BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
+    Validate,
+};
+use proflow_pipeline::model::{ExportBatch, Format, is_valid_label_name};
+use proflow_pipeline::queue::{QueueSettings, RetrySettings};
+use proflow_pipeline::telemetry::ExporterTelemetry;
+use serde::Deserialize;
+
+use crate::http_client::{self, HttpClient, TlsFiles};
+
+use request::NAME_LABEL;
+
+/// The push API's path under `endpoint`.
+pub const PUSH_PATH: &str = "/push.v1.PusherService/Push";
+/// The ingest API's path under `endpoint`.
+pub const INGEST_PATH: &str = "/ingest";
+/// The tenant header of Pyroscope (and Mimir-style gateways).
+pub const TENANT_HEADER: &str = "X-Scope-OrgID";
+
+/// Most bytes read of an answer (errors are a few hundred bytes).
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+/// Longest server message kept in an error or a log line.
+const MAX_MESSAGE_CHARS: usize = 512;
+/// Distinct messages remembered for log-once.
+const MAX_REMEMBERED_MESSAGES: usize = 256;
+
+/// Headers the exporter sets itself.
+const RESERVED_HEADERS: &[&str] = &["content-type", "content-encoding", "content-length", "host"];
+
+/// `api` of the `pyroscope` exporter.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// `push.v1.PusherService/Push` (Connect, protobuf), several series a request.
+    #[default]
+    Push,
+    /// `/ingest?format=pprof`, one profile a request (servers without the push API).
+    Ingest,
+}
+
+/// `compression` of the request body (`api: push`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    /// `Content-Encoding: gzip`.
+    #[default]
+    Gzip,
+    /// Uncompressed (the profiles inside usually arrived gzipped already).
+    None,
+}
+
+/// `basic_auth` of the `pyroscope` exporter.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuth {
+    pub username: String,
+    /// The password; or `password_file`.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// A file holding the password (read when the exporter starts; a final
+    /// line break is ignored).
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+}
+
+/// `tls` of the `pyroscope` exporter (rustls). An `https://` endpoint uses
+/// TLS, an `http://` one does not.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSettings {
+    /// PEM CA certificates that sign the server's certificate; replaces the
+    /// system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain for mutual TLS; needs `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// Accept any server certificate (encrypted, not authenticated). Tests only.
+    pub insecure_skip_verify: bool,
+}
+
+/// Config of the `pyroscope` exporter. Names follow Alloy's `pyroscope.write`
+/// `endpoint` block, except that `endpoint` is the base URL itself (as in
+/// proflow's `otlp` exporter) rather than a block with `url`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PyroscopeExporterConfig {
+    /// Base URL of the server, `http(s)://host:port[/prefix]`; the API path
+    /// is appended.
+    pub endpoint: String,
+    /// `push` (default) or `ingest`.
+    #[serde(default)]
+    pub api: Api,
+    /// Sent as `X-Scope-OrgID`. Unset: a profile that arrived with a tenant
+    /// is sent with it.
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+    /// HTTP basic authentication.
+    #[serde(default)]
+    pub basic_auth: Option<BasicAuth>,
+    /// `Authorization: Bearer <token>`.
+    #[serde(default)]
+    pub bearer_token: Option<String>,
+    /// A file holding the bearer token (read when the exporter starts).
+    #[serde(default)]
+    pub bearer_token_file: Option<PathBuf>,
+    /// Headers added to every request.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Labels added to every profile that lacks them.
+    #[serde(default)]
+    pub external_labels: BTreeMap<String, String>,
+    /// `service_name` of profiles that have none. Default `unknown_service`.
+    #[serde(default = "default_service_name")]
+    pub default_service_name: String,
+    /// `gzip` (default) or `none`: the push request body.
+    #[serde(default)]
+    pub compression: Compression,
+    /// Most profile bytes in one push request. Default 4 MiB.
+    #[serde(default = "default_max_batch_bytes")]
+    pub max_batch_bytes: usize,
+    /// Longest wait for one request's answer, connecting included. Default 10s.
+    #[serde(default = "default_timeout")]
+    pub timeout: Duration,
+    /// TLS of `https://` endpoints.
+    #[serde(default)]
+    pub tls: TlsSettings,
+    /// The queue in front of this exporter.
+    #[serde(default)]
+    pub sending_queue: QueueSettings,
+    /// Retry of retryable failures.
+    #[serde(default)]
+    pub retry_on_failure: RetrySettings,
+}
+
+fn default_service_name() -> String {
+    "unknown_service".to_owned()
+}
+
+fn default_max_batch_bytes() -> usize {
+    4 << 20
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl PyroscopeExporterConfig {
+    /// The base URL, or the problem with it.
+    fn base_url(&self) -> Result<Uri, FieldError> {
+        let text = self.endpoint.trim_end_matches('/');
+        let problem = |m: String| FieldError::new("endpoint", m);
+        if text.is_empty() {
+            return Err(problem(
+                "is required: the server's base URL, such as http://localhost:4040".into(),
+            ));
+        }
+        let uri: Uri = text
+            .parse()
+            .map_err(|e| problem(format!("`{text}` is not a valid URL: {e}")))?;
+        match uri.scheme_str() {
+            Some("http" | "https") => {}
+            _ => {
+                return Err(problem(format!(
+                    "`{text}` must start with http:// or https://"
+                )));
+            }
+        }
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(problem(format!("`{text}` names no host")));
+        }
+        if uri.query().is_some() {
+            return Err(problem(format!("`{text}` must not have a query")));
+        }
+        Ok(uri)
+    }
+
+    /// The configured headers, or every problem with them.
+    fn header_map(&self) -> Result<HeaderMap, Vec<FieldError>> {
+        let mut map = HeaderMap::new();
+        let mut problems = Vec::new();
+        let auth = self.basic_auth.is_some()
+            || self.bearer_token.is_some()
+            || self.bearer_token_file.is_some();
+        for (name, value) in &self.headers {
+            let path = format!("headers.{name}");
+            let lower = name.to_ascii_lowercase();
+            if RESERVED_HEADERS.contains(&lower.as_str()) {
+                problems.push(FieldError::new(path, "is set by the exporter itself; remove it"));
+                continue;
+            }
+            if lower == "authorization" && auth {
+                problems.push(FieldError::new(
+                    path,
+                    "conflicts with `basic_auth`/`bearer_token`: keep one of them",
+                ));
+                continue;
+            }
+            if lower == "x-scope-orgid" && self.tenant_id.is_some() {
+                problems.push(FieldError::new(
+                    path,
+                    "conflicts with `tenant_id`: keep one of them",
+                ));
+                continue;
+            }
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                (Ok(n), Ok(v)) => {
+                    map.insert(n, v);
+                }
+                (Err(_), _) => problems.push(FieldError::new(
+                    path,
+                    "is not a valid header name (letters, digits and `-`)",
+                )),
+                (_, Err(_)) => problems.push(FieldError::new(
+                    path,
+                    "has a value that is not a valid header value (visible ASCII, no line breaks)",
+                )),
+            }
+        }
+        if let Some(t) = &self.tenant_id {
+            match HeaderValue::from_str(t) {
+                Ok(v) if !t.is_empty() => {
+                    map.insert(HeaderName::from_static("x-scope-orgid"), v);
+                }
+                _ => problems.push(FieldError::new(
+                    "tenant_id",
+                    "must be a non-empty header value (visible ASCII, no line breaks)",
+                )),
+            }
+        }
+        if problems.is_empty() {
+            Ok(map)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The `Authorization` header, reading the password or token file.
+    fn authorization(&self) -> Result<Option<HeaderValue>, String> {
+        let read = |field: &str, path: &PathBuf| {
+            std::fs::read_to_string(path)
+                .map(|s| s.trim_end_matches(['\r', '\n']).to_owned())
+                .map_err(|e| format!("{field} `{}`: {e}", path.display()))
+        };
+        let value = if let Some(b) = &self.basic_auth {
+            let password = match (&b.password, &b.password_file) {
+                (Some(p), _) => p.clone(),
+                (None, Some(f)) => read("basic_auth.password_file", f)?,
+                (None, None) => String::new(),
+            };
+            let token = base64_encode(format!("{}:{password}", b.username).as_bytes());
+            format!("Basic {token}")
+        } else if let Some(t) = &self.bearer_token {
+            format!("Bearer {t}")
+        } else if let Some(f) = &self.bearer_token_file {
+            format!("Bearer {}", read("bearer_token_file", f)?)
+        } else {
+            return Ok(None);
+        };
+        let mut v = HeaderValue::from_str(&value)
+            .map_err(|_| "the credentials are not a valid header value".to_owned())?;
+        v.set_sensitive(true);
+        Ok(Some(v))
+    }
+}
+
+/// Standard base64 with padding (for basic auth; a dependency for 20 lines
+/// is not worth it).
+fn base64_encode(input: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] =
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
+    for chunk in input.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+impl Validate for PyroscopeExporterConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        if let Err(e) = self.base_url() {
+            problems.push(e);
+        }
+        problems.extend(self.header_map().err().unwrap_or_default());
+        if let Some(b) = &self.basic_auth {
+            if b.username.is_empty() {
+                problems.push(FieldError::new("basic_auth.username", "must not be empty"));
+            }
+            if b.password.is_some() == b.password_file.is_some() {
+                problems.push(FieldError::new(
+                    "basic_auth",
+                    "needs exactly one of `password` and `password_file`",
+                ));
+            }
+        }
+        if self.bearer_token.is_some() && self.bearer_token_file.is_some() {
+            problems.push(FieldError::new(
+                "bearer_token_file",
+                "conflicts with `bearer_token`: keep one of them",
+            ));
+        }
+        if self.basic_auth.is_some()
+            && (self.bearer_token.is_some() || self.bearer_token_file.is_some())
+        {
+            problems.push(FieldError::new(
+                "basic_auth",
+                "conflicts with `bearer_token`/`bearer_token_file`: a request has one Authorization",
+            ));
+        }
+        for name in self.external_labels.keys() {
+            if !is_valid_label_name(name) || name.starts_with("__") {
+                problems.push(FieldError::new(
+                    format!("external_labels.{name}"),
+                    "is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)",
+                ));
+            }
+        }
+        if self.default_service_name.is_empty() {
+            problems.push(FieldError::new(
+                "default_service_name",
+                "must not be empty (default unknown_service)",
+            ));
+        }
+        if self.max_batch_bytes == 0 {
+            problems.push(FieldError::new(
+                "max_batch_bytes",
+                "must be at least 1 (default 4194304, 4 MiB)",
+            ));
+        }
+        if self.timeout.is_zero() {
+            problems.push(FieldError::new(
+                "timeout",
+                "must be more than 0: every request needs a deadline (default 10s)",
+            ));
+        }
+        match (&self.tls.cert_file, &self.tls.key_file) {
+            (Some(_), None) => problems.push(FieldError::new(
+                "tls.key_file",
+                "must be set with `tls.cert_file`: a client certificate needs its key",
+            )),
+            (None, Some(_)) => problems.push(FieldError::new(
+                "tls.cert_file",
+                "must be set with `tls.key_file`: a key needs its certificate",
+            )),
+            _ => {}
+        }
+        if self.tls.insecure_skip_verify && self.tls.ca_file.is_some() {
+            problems.push(FieldError::new(
+                "tls.insecure_skip_verify",
+                "makes `tls.ca_file` unused: verification is skipped; remove one of them",
+            ));
+        }
+        problems
+    }
+}
+
+impl ExporterConfig for PyroscopeExporterConfig {
+    fn queue(&self) -> QueueSettings {
+        self.sending_queue.clone()
+    }
+
+    fn retry(&self) -> RetrySettings {
+        self.retry_on_failure.clone()
+    }
+
+    fn wants(&self) -> Option<Format> {
+        Some(Format::Pprof)
+    }
+
+    fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError> {
+        Ok(Arc::new(self.build_pyroscope(ctx)?))
+    }
+}
+
+impl PyroscopeExporterConfig {
+    /// The exporter as its concrete type (tests read its state).
+    pub fn build_pyroscope(&self, ctx: &BuildContext) -> Result<PyroscopeExporter, BuildError> {
+        let fail = |m: String| BuildError::new(format!("exporter `{}`: {m}", ctx.id));
+        let problems = self.validate();
+        if !problems.is_empty() {
+            let all: Vec<String> = problems
+                .iter()
+                .map(|p| format!("{}: {}", p.path, p.message))
+                .collect();
+            return Err(fail(all.join("; ")));
+        }
+        let base = self.base_url().map_err(|e| fail(e.message))?;
+        let mut headers = self.header_map().map_err(|_| fail("headers".into()))?;
+        if let Some(v) = self.authorization().map_err(fail)? {
+            headers.insert(AUTHORIZATION, v);
+        }
+        let tls = TlsFiles {
+            ca_file: self.tls.ca_file.as_deref(),
+            cert_file: self.tls.cert_file.as_deref(),
+            key_file: self.tls.key_file.as_deref(),
+            insecure_skip_verify: self.tls.insecure_skip_verify,
+        };
+        let uses_tls = base.scheme_str() == Some("https");
+        let client =
+            http_client::http_client(&tls, uses_tls, self.timeout.get()).map_err(fail)?;
+        let base = base.to_string().trim_end_matches('/').to_owned();
+        Ok(PyroscopeExporter {
+            id: ctx.id.clone(),
+            client,
+            base,
+            api: self.api,
+            headers,
+            tenant_configured: self.tenant_id.is_some(),
+            external_labels: self.external_labels.clone(),
+            default_service_name: self.default_service_name.clone(),
+            gzip: self.compression == Compression::Gzip,
+            max_batch_bytes: self.max_batch_bytes.max(1),
+            timeout: self.timeout.get(),
+            retry: self.retry_on_failure.clone(),
+            telemetry: ctx.exporter_telemetry(),
+            logged: Mutex::new(HashSet::new()),
+        })
+    }
+}
+
+/// The running `pyroscope` exporter.
+#[derive(Debug)]
+pub struct PyroscopeExporter {
+    id: String,
+    client: HttpClient,
+    /// `endpoint` without a trailing `/`.
+    base: String,
+    api: Api,
+    /// Configured headers, `X-Scope-OrgID` of `tenant_id` and `Authorization`.
+    headers: HeaderMap,
+    tenant_configured: bool,
+    external_labels: BTreeMap<String, String>,
+    default_service_name: String,
+    gzip: bool,
+    max_batch_bytes: usize,
+    timeout: std::time::Duration,
+    retry: RetrySettings,
+    telemetry: ExporterTelemetry,
+    /// Server messages already logged.
+    logged: Mutex<HashSet<String>>,
+}
+
+/// One HTTP request of an export.
+struct Outgoing {
+    path_and_query: String,
+    content_type: &'static str,
+    gzip: bool,
+    body: Bytes,
+}
+
+/// What became of the requests of one export so far.
+#[derive(Debug, Default)]
+struct Outcome {
+    delivered: usize,
+    refused: Vec<usize>,
+    first: Option<ExportError>,
+}
+
+impl Outcome {
+    fn refuse(&mut self, indexes: impl IntoIterator<Item = usize>, error: ExportError) {
+        self.refused.extend(indexes);
+        self.first.get_or_insert(error);
+    }
+}
+
+impl PyroscopeExporter {
+    /// The requests carrying `indexes` of `envelopes`; profiles that cannot
+    /// be sent are refused into `outcome`. Each request comes with the
+    /// indexes it carries.
+    fn build_requests(
+        &self,
+        envelopes: &[proflow_pipeline::model::Envelope],
+        indexes: std::ops::Range<usize>,
+        outcome: &mut Outcome,
+    ) -> Vec<(Outgoing, Vec<usize>)> {
+        let mut profiles = Vec::new();
+        let mut carried = Vec::new();
+        let mut ingest = Vec::new();
+        for i in indexes {
+            let e = &envelopes[i];
+            let shown = || e.labels.to_selector_string();
+            if e.labels.get(NAME_LABEL).is_none_or(str::is_empty) {
+                outcome.refuse(
+                    [i],
+                    ExportError::permanent(
+                        "no_profile_name",
+                        format!(
+                            "profile {} has no `__name__` label, which Pyroscope requires (such as process_cpu); it was dropped",
+                            shown()
+                        ),
+                    ),
+                );
+                continue;
+            }
+            // As it arrived: no decode, no re-encode (gzipped or plain).
+            let bytes = match e.payload.encoded() {
+                Ok(enc) => enc.bytes,
+                Err(err) => {
+                    outcome.refuse(
+                        [i],
+                        ExportError::permanent(
+                            "encode",
+                            format!("profile {} has no pprof form ({err}); it was dropped", shown()),
+                        ),
+                    );
+                    continue;
+                }
+            };
+            let labels =
+                request::series_labels(&e.labels, &self.external_labels, &self.default_service_name);
+            match self.api {
+                Api::Push => {
+                    profiles.push((labels, bytes));
+                    carried.push(i);
+                }
+                Api::Ingest => {
+                    match request::ingest_query(&labels, e.start_unix_nanos, e.end_unix_nanos) {
+                        Ok(query) => {
+                            let body = match e.payload.gzipped() {
+                                Ok(b) => b,
+                                Err(_) => request::gzip_bytes(&bytes),
+                            };
+                            ingest.push((
+                                Outgoing {
+                                    path_and_query: format!("{INGEST_PATH}?{query}"),
+                                    content_type: "application/octet-stream",
+                                    gzip: false,
+                                    body,
+                                },
+                                vec![i],
+                            ));
+                        }
+                        Err(err) => outcome.refuse(
+                            [i],
+                            ExportError::permanent(
+                                "unrepresentable_labels",
+                                format!("profile {}: {err}; it was dropped", shown()),
+                            ),
+                        ),
+                    }
+                }
+            }
+        }
+        if self.api == Api::Ingest {
+            return ingest;
+        }
+        if profiles.is_empty() {
+            return Vec::new();
+        }
+        let push = request::push_request(profiles);
+        vec![(
+            Outgoing {
+                path_and_query: PUSH_PATH.to_owned(),
+                content_type: "application/proto",
+                gzip: self.gzip,
+                body: request::encode_push(&push, self.gzip),
+            },
+            carried,
+        )]
+    }
+
+    /// Sends one request once, bounded by `timeout`.
+    async fn send_once(&self, out: &Outgoing, tenant: Option<&str>) -> Result<(), ExportError> {
+        let url = format!("{}{}", self.base, out.path_and_query);
+        let uri: Uri = url.parse().map_err(|e| {
+            ExportError::permanent("invalid_url", format!("`{url}` is not a valid URL: {e}"))
+        })?;
+        let mut headers = self.headers.clone();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(out.content_type));
+        if out.gzip {
+            headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        }
+        if let Some(t) = tenant {
+            let v = HeaderValue::from_str(t).map_err(|_| {
+                ExportError::permanent(
+                    "invalid_tenant",
+                    format!("tenant `{t}` cannot be sent as an {TENANT_HEADER} header"),
+                )
+            })?;
+            headers.insert(HeaderName::from_static("x-scope-orgid"), v);
+        }
+        let mut req = Request::new(Full::new(out.body.clone()));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = uri;
+        *req.headers_mut() = headers;
+        let call = async {
+            let response = self.client.request(req).await.map_err(|e| {
+                ExportError::retryable(
+                    "unavailable",
+                    format!(
+                        "Pyroscope export to {} failed: could not send: {}",
+                        self.base,
+                        http_client::error_chain(&e)
+                    ),
+                )
+            })?;
+            let (parts, body) = response.into_parts();
+            if parts.status.is_success() {
+                return Ok(());
+            }
+            let body = Limited::new(body, MAX_RESPONSE_BYTES)
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            let retry_after = parts
+                .headers
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(http_client::parse_retry_after);
+            Err(self.refusal(parts.status.as_u16(), retry_after, &body))
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(ExportError::retryable(
+                "timeout",
+                format!(
+                    "Pyroscope export to {} got no answer within {:?} (`timeout`)",
+                    self.base, self.timeout
+                ),
+            )),
+        }
+    }
+
+    /// The export error of a non-2xx answer; a permanent one's message is
+    /// logged once.
+    fn refusal(
+        &self,
+        status: u16,
+        retry_after: Option<std::time::Duration>,
+        body: &[u8],
+    ) -> ExportError {
+        let said = server_message(body);
+        let message = format!(
+            "Pyroscope export to {} failed: HTTP {status}: {said}",
+            self.base
+        );
+        let reason = status_reason(status);
+        if status_retryable(status) {
+            let e = ExportError::retryable(reason, message);
+            return match retry_after {
+                Some(d) => e.with_retry_after(d),
+                None => e,
+            };
+        }
+        let first_time = {
+            let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
+            logged.len() < MAX_REMEMBERED_MESSAGES && logged.insert(format!("{status} {said}"))
+        };
+        if first_time {
+            tracing::warn!(exporter = %self.id, peer = %self.base, status, message = %said, "Pyroscope refused profiles; this message is logged once");
+        } else {
+            tracing::debug!(exporter = %self.id, status, message = %said, "Pyroscope refused profiles");
+        }
+        ExportError::permanent(reason, message)
+    }
+
+    /// Sends one request; once part of the batch is delivered (`in_place`),
+    /// retryable failures are retried here with the `retry_on_failure` backoff.
+    async fn send(
+        &self,
+        out: &Outgoing,
+        tenant: Option<&str>,
+        in_place: bool,
+    ) -> Result<(), ExportError> {
+        let started = Instant::now();
+        let mut wait = self.retry.initial_interval.get();
+        loop {
+            let err = match self.send_once(out, tenant).await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            let retry_after = match err.class {
+                ErrorClass::Retryable { retry_after } if in_place && self.retry.enabled => {
+                    retry_after
+                }
+                _ => return Err(err),
+            };
+            let delay = retry_after.unwrap_or(wait);
+            let max_elapsed = self.retry.max_elapsed_time.get();
+            let past_deadline = started
+                .elapsed()
+                .checked_add(delay)
+                .is_none_or(|end| end > max_elapsed);
+            if !max_elapsed.is_zero() && past_deadline {
+                return Err(err);
+            }
+            self.telemetry.retried();
+            tokio::time::sleep(delay).await;
+            wait = std::cmp::min(
+                std::time::Duration::try_from_secs_f64(
+                    wait.as_secs_f64() * self.retry.multiplier.max(1.0),
+                )
+                .unwrap_or(std::time::Duration::MAX),
+                self.retry.max_interval.get(),
+            );
+        }
+    }
+}
+
+/// 429 and every 5xx are worth retrying (Pyroscope answers 5xx while an
+/// ingester is unavailable); other non-2xx statuses are final.
+pub(crate) fn status_retryable(status: u16) -> bool {
+    status == 429 || (500..=599).contains(&status)
+}
+
+fn status_reason(status: u16) -> &'static str {
+    match status {
+        400 => "bad_request",
+        401 => "unauthorized",
+        403 => "forbidden",
+        404 => "not_found",
+        413 => "too_large",
+        415 => "unsupported_media_type",
+        422 => "unprocessable",
+        429 => "too_many_requests",
+        503 => "unavailable",
+        500..=599 => "server_error",
+        _ => "http_error",
+    }
+}
+
+/// What a refusing server said: Connect's JSON `{code, message}`, else the
+/// body as text, trimmed and cut to a length fit for a log line.
+pub(crate) fn server_message(body: &[u8]) -> String {
+    let text = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("message")?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let text = text.trim();
+    if text.is_empty() {
+        return "(no message)".to_owned();
+    }
+    match text.char_indices().nth(MAX_MESSAGE_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+#[async_trait]
+impl Exporter for PyroscopeExporter {
+    async fn export(&self, batch: &ExportBatch) -> Result<(), ExportError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let envelopes = batch.envelopes();
+        let planned = request::plan(
+            batch.sources(),
+            self.max_batch_bytes,
+            self.tenant_configured,
+            self.api == Api::Ingest,
+        );
+        let mut outcome = Outcome::default();
+        let mut not_sent: Vec<usize> = Vec::new();
+        let mut gave_up = false;
+        for p in &planned {
+            if gave_up {
+                not_sent.extend(p.indexes.clone());
+                continue;
+            }
+            for (out, carried) in self.build_requests(envelopes, p.indexes.clone(), &mut outcome)
+            {
+                if gave_up {
+                    not_sent.extend(carried);
+                    continue;
+                }
+                let in_place = outcome.delivered > 0;
+                match self.send(&out, p.tenant.as_deref(), in_place).await {
+                    Ok(()) => outcome.delivered += carried.len(),
+                    Err(e) if matches!(e.class, ErrorClass::Permanent) => outcome.refuse(carried, e),
+                    // Nothing delivered yet: the queue retries the batch.
+                    Err(e) if !in_place => return Err(e),
+                    Err(e) => {
+                        outcome.refuse(carried, e);
+                        gave_up = true;
+                    }
+                }
+            }
+        }
+        outcome.refused.extend(not_sent);
+        let Some(first) = outcome.first else {
+            return Ok(());
+        };
+        if outcome.delivered == 0 {
+            return Err(ExportError {
+                class: ErrorClass::Permanent,
+                refused: None,
+                ..first
+            });
+        }
+        outcome.refused.sort_unstable();
+        outcome.refused.dedup();
+        let message = format!(
+            "{} of {} profiles were not delivered: {}",
+            outcome.refused.len(),
+            envelopes.len(),
+            first.message
+        );
+        Err(ExportError::partial(outcome.refused, first.reason, message))
+    }
+}
