@@ -212,7 +212,10 @@ fn pyroscope_totals(http: &reqwest::blocking::Client, base: &str, app: &str) -> 
             return (totals, id.clone());
         }
     }
-    (Totals::new(), format!("no profile type had them; types: {ids:?}"))
+    (
+        Totals::new(),
+        format!("no profile type had them; types: {ids:?}"),
+    )
 }
 
 /// Equal within 1% per function, with the same functions.
@@ -252,7 +255,10 @@ fn through_pyroscope(api: &str) {
         last.1,
         proflow.log_text()
     );
-    eprintln!("pyroscope via {api} as {}: {want:?} -> {:?}", last.1, last.0);
+    eprintln!(
+        "pyroscope via {api} as {}: {want:?} -> {:?}",
+        last.1, last.0
+    );
 }
 
 #[test]

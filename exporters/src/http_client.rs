@@ -60,32 +60,41 @@ pub(crate) struct TlsFiles<'a> {
 /// for `http://` URLs, rustls for `https://` ones; connects lazily.
 pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// An [`HttpClient`] with `tls` (the roots are loaded only when `uses_tls`).
+/// An [`HttpClient`] with `tls` (the roots are loaded only when
+/// `uses_tls`); `http2_only` for gRPC (h2c on `http://`, ALPN h2 on TLS).
 pub(crate) fn http_client(
     tls: &TlsFiles<'_>,
     uses_tls: bool,
     connect_timeout: Duration,
+    http2_only: bool,
 ) -> Result<HttpClient, String> {
     let config = client_tls_config(tls, uses_tls)?;
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
-    let connector = HttpsConnectorBuilder::new()
+    let builder = HttpsConnectorBuilder::new()
         .with_tls_config(config)
-        .https_or_http()
-        .enable_all_versions()
-        .wrap_connector(http);
+        .https_or_http();
+    let connector = if http2_only {
+        builder.enable_http2().wrap_connector(http)
+    } else {
+        builder.enable_all_versions().wrap_connector(http)
+    };
     Ok(Client::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
+        .http2_only(http2_only)
         .build(connector))
 }
 
 /// The rustls client config of the peer: the CA file's roots (else the
 /// system's), an optional client certificate, or no verification at all when
 /// `insecure_skip_verify`. `uses_tls` false: the roots are not even loaded.
-pub(crate) fn client_tls_config(tls: &TlsFiles<'_>, uses_tls: bool) -> Result<ClientConfig, String> {
+pub(crate) fn client_tls_config(
+    tls: &TlsFiles<'_>,
+    uses_tls: bool,
+) -> Result<ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

@@ -33,7 +33,12 @@ pub mod pyroscope;
 pub use error::Error;
 
 use proflow_pipeline::registry::Factory;
-#[cfg(any(feature = "file", feature = "nop", feature = "otlp", feature = "pyroscope"))]
+#[cfg(any(
+    feature = "file",
+    feature = "nop",
+    feature = "otlp",
+    feature = "pyroscope"
+))]
 use proflow_pipeline::registry::Stability;
 
 /// The exporter types compiled into this crate, for the binary's registry.

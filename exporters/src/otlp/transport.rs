@@ -26,17 +26,13 @@ use http::header::{
 };
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use proflow_pipeline::component::ExportError;
 use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
 
 use super::status;
-use crate::http_client;
 use super::{TlsSettings, Wire};
+use crate::http_client::{self, HttpClient};
 
 /// The gRPC method every OTLP profiles exporter calls.
 pub(crate) const EXPORT_PATH: &str =
@@ -54,8 +50,6 @@ pub(crate) struct PartialSuccess {
     pub error_message: String,
 }
 
-type Connector = HttpsConnector<HttpConnector>;
-
 /// A connected-on-demand peer; cheap to share between queue consumers (the
 /// clients pool their connections).
 #[derive(Debug)]
@@ -72,12 +66,12 @@ pub(crate) struct Transport {
 #[derive(Debug)]
 enum Kind {
     Grpc {
-        client: Client<Connector, Full<Bytes>>,
+        client: HttpClient,
         /// `origin` + the export path.
         url: Uri,
     },
     Http {
-        client: Client<Connector, Full<Bytes>>,
+        client: HttpClient,
         url: Uri,
         json: bool,
     },
@@ -92,33 +86,18 @@ impl Transport {
         timeout: Duration,
         gzip: bool,
     ) -> Result<Self, String> {
-        let config = http_client::client_tls_config(&tls.files(), wire.uses_tls())?;
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(timeout));
-        let builder = HttpsConnectorBuilder::new()
-            .with_tls_config(config)
-            .https_or_http();
         let (kind, shown) = match wire {
             Wire::Grpc { origin } => {
-                let connector = builder.enable_http2().wrap_connector(http);
-                let client = Client::builder(TokioExecutor::new())
-                    .timer(TokioTimer::new())
-                    .pool_timer(TokioTimer::new())
-                    .http2_only(true)
-                    .build(connector);
+                let client =
+                    http_client::http_client(&tls.files(), wire.uses_tls(), timeout, true)?;
                 let url = format!("{}{EXPORT_PATH}", origin.to_string().trim_end_matches('/'))
                     .parse()
                     .map_err(|e| format!("`endpoint` {origin} does not make a URL: {e}"))?;
                 (Kind::Grpc { client, url }, origin.to_string())
             }
             Wire::Http { url, json } => {
-                let connector = builder.enable_all_versions().wrap_connector(http);
-                let client = Client::builder(TokioExecutor::new())
-                    .timer(TokioTimer::new())
-                    .pool_timer(TokioTimer::new())
-                    .build(connector);
+                let client =
+                    http_client::http_client(&tls.files(), wire.uses_tls(), timeout, false)?;
                 (
                     Kind::Http {
                         client,
@@ -189,7 +168,7 @@ impl Transport {
 
     async fn send_grpc(
         &self,
-        client: &Client<Connector, Full<Bytes>>,
+        client: &HttpClient,
         url: &Uri,
         body: Bytes,
         mut headers: HeaderMap,
@@ -275,7 +254,7 @@ impl Transport {
 
     async fn send_http(
         &self,
-        client: &Client<Connector, Full<Bytes>>,
+        client: &HttpClient,
         url: &Uri,
         json: bool,
         body: Bytes,

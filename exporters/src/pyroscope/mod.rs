@@ -232,7 +232,10 @@ impl PyroscopeExporterConfig {
             let path = format!("headers.{name}");
             let lower = name.to_ascii_lowercase();
             if RESERVED_HEADERS.contains(&lower.as_str()) {
-                problems.push(FieldError::new(path, "is set by the exporter itself; remove it"));
+                problems.push(FieldError::new(
+                    path,
+                    "is set by the exporter itself; remove it",
+                ));
                 continue;
             }
             if lower == "authorization" && auth {
@@ -316,8 +319,7 @@ impl PyroscopeExporterConfig {
 /// Standard base64 with padding (for basic auth; a dependency for 20 lines
 /// is not worth it).
 fn base64_encode(input: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
     for chunk in input.chunks(3) {
         let b = [
@@ -459,7 +461,7 @@ impl PyroscopeExporterConfig {
         };
         let uses_tls = base.scheme_str() == Some("https");
         let client =
-            http_client::http_client(&tls, uses_tls, self.timeout.get()).map_err(fail)?;
+            http_client::http_client(&tls, uses_tls, self.timeout.get(), false).map_err(fail)?;
         let base = base.to_string().trim_end_matches('/').to_owned();
         Ok(PyroscopeExporter {
             id: ctx.id.clone(),
@@ -562,14 +564,20 @@ impl PyroscopeExporter {
                         [i],
                         ExportError::permanent(
                             "encode",
-                            format!("profile {} has no pprof form ({err}); it was dropped", shown()),
+                            format!(
+                                "profile {} has no pprof form ({err}); it was dropped",
+                                shown()
+                            ),
                         ),
                     );
                     continue;
                 }
             };
-            let labels =
-                request::series_labels(&e.labels, &self.external_labels, &self.default_service_name);
+            let labels = request::series_labels(
+                &e.labels,
+                &self.external_labels,
+                &self.default_service_name,
+            );
             match self.api {
                 Api::Push => {
                     profiles.push((labels, bytes));
@@ -820,8 +828,7 @@ impl Exporter for PyroscopeExporter {
                 not_sent.extend(p.indexes.clone());
                 continue;
             }
-            for (out, carried) in self.build_requests(envelopes, p.indexes.clone(), &mut outcome)
-            {
+            for (out, carried) in self.build_requests(envelopes, p.indexes.clone(), &mut outcome) {
                 if gave_up {
                     not_sent.extend(carried);
                     continue;
@@ -829,7 +836,9 @@ impl Exporter for PyroscopeExporter {
                 let in_place = outcome.delivered > 0;
                 match self.send(&out, p.tenant.as_deref(), in_place).await {
                     Ok(()) => outcome.delivered += carried.len(),
-                    Err(e) if matches!(e.class, ErrorClass::Permanent) => outcome.refuse(carried, e),
+                    Err(e) if matches!(e.class, ErrorClass::Permanent) => {
+                        outcome.refuse(carried, e)
+                    }
                     // Nothing delivered yet: the queue retries the batch.
                     Err(e) if !in_place => return Err(e),
                     Err(e) => {

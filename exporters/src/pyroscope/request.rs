@@ -38,7 +38,10 @@ pub(crate) fn series_labels(
         out.entry(name.clone()).or_insert_with(|| value.clone());
     }
     if out.get(SERVICE_NAME_LABEL).is_none_or(|v| v.is_empty()) {
-        out.insert(SERVICE_NAME_LABEL.to_owned(), default_service_name.to_owned());
+        out.insert(
+            SERVICE_NAME_LABEL.to_owned(),
+            default_service_name.to_owned(),
+        );
     }
     out.into_iter().collect()
 }
@@ -183,7 +186,9 @@ pub(crate) fn ingest_query(
         if n == SERVICE_NAME_LABEL || n == NAME_LABEL || n == DELTA_LABEL {
             continue;
         }
-        let name_ok = n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+        let name_ok = n
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
         let value_ok = !v.chars().any(|c| matches!(c, ',' | '{' | '}' | '=')) && v.trim() == v;
         if !name_ok || !value_ok {
             return Err(IngestNameError::Label(n.clone(), v.clone()));

@@ -95,7 +95,11 @@ fn validation_reports_every_problem() {
     assert!(!paths.contains(&"external_labels.ok"));
     let err = c.build_pyroscope(&ctx()).expect_err("invalid config");
     assert!(err.to_string().contains("max_batch_bytes"), "{err}");
-    assert!(typed("endpoint: https://p.example/prefix/\n").validate().is_empty());
+    assert!(
+        typed("endpoint: https://p.example/prefix/\n")
+            .validate()
+            .is_empty()
+    );
 }
 
 #[test]
@@ -140,7 +144,10 @@ fn ingest_query_names_the_app_and_tags() {
     .map(|(a, b)| (a.to_owned(), b.to_owned()))
     .collect();
     let q = ingest_query(&labels, 10_500_000_000, 20_000_000_001).unwrap();
-    assert_eq!(q, "name=my.app%7Benv%3Dprod%7D&from=10&until=21&format=pprof");
+    assert_eq!(
+        q,
+        "name=my.app%7Benv%3Dprod%7D&from=10&until=21&format=pprof"
+    );
     let bad_value = vec![
         ("service_name".to_owned(), "a".to_owned()),
         ("k".to_owned(), "x,y".to_owned()),
@@ -211,16 +218,19 @@ struct Seen {
     body: Vec<u8>,
 }
 
+/// One canned answer: status, headers, body.
+type Answer = (u16, Vec<(&'static str, &'static str)>, &'static str);
+
 /// An in-process peer answering each request with the next of `answers`
 /// (the last one repeats), recording what it got.
 #[derive(Clone)]
 struct Peer {
-    answers: Arc<Mutex<Vec<(u16, Vec<(&'static str, &'static str)>, &'static str)>>>,
+    answers: Arc<Mutex<Vec<Answer>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl Peer {
-    fn new(answers: Vec<(u16, Vec<(&'static str, &'static str)>, &'static str)>) -> Self {
+    fn new(answers: Vec<Answer>) -> Self {
         Peer {
             answers: Arc::new(Mutex::new(answers)),
             seen: Arc::new(Mutex::new(Vec::new())),
@@ -331,10 +341,16 @@ async fn push_request_carries_series_labels_and_the_arrived_bytes() {
         ]
     );
     assert_eq!(a.samples.len(), 2);
-    assert_eq!(a.samples[0].raw_profile, arrived[0], "bytes as they arrived");
+    assert_eq!(
+        a.samples[0].raw_profile, arrived[0],
+        "bytes as they arrived"
+    );
     assert_eq!(a.samples[1].raw_profile, arrived[1]);
     let b = &request.series[1];
-    assert!(b.labels.contains(&LabelPair::new("service_name", "unknown_service")));
+    assert!(
+        b.labels
+            .contains(&LabelPair::new("service_name", "unknown_service"))
+    );
     assert_eq!(b.samples[0].raw_profile, arrived[2]);
 }
 
@@ -374,7 +390,10 @@ async fn retryable_answers_honour_retry_after_and_permanent_ones_are_logged_once
         let e = exp.export(&batch).await.expect_err("400");
         assert_eq!(e.class, ErrorClass::Permanent);
         assert_eq!(e.reason, "bad_request");
-        assert!(e.message.contains("invalid labels: __name__ missing"), "{e:?}");
+        assert!(
+            e.message.contains("invalid labels: __name__ missing"),
+            "{e:?}"
+        );
     }
     assert_eq!(exp.logged.lock().unwrap().len(), 1, "one distinct message");
     for s in peer.seen() {
@@ -418,7 +437,11 @@ async fn ingest_sends_one_profile_a_request_and_refuses_unnamed_profiles() {
         "/ingest?name=a%7B%7D&from=1&until=11&format=pprof"
     );
     assert_eq!(seen[0].headers["authorization"], "Bearer s3cret");
-    assert_eq!(seen[0].body, arrived.to_vec(), "the gzip pprof as it arrived");
+    assert_eq!(
+        seen[0].body,
+        arrived.to_vec(),
+        "the gzip pprof as it arrived"
+    );
     assert!(seen[1].path_and_query.starts_with("/ingest?name=c%7B%7D"));
 }
 
