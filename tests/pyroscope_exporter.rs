@@ -117,6 +117,9 @@ fn run_client(proflow: &Proflow, python: &PathBuf, app: &str) -> Totals {
         &[("exporter", "pyroscope")],
     );
     assert_eq!(failed, 0.0, "log:\n{}", proflow.log_text());
+    // pprof in, pprof out: nothing was converted to OTLP on the way.
+    let converted = common::metric_sum(&metrics, "proflow_conversions_total", &[]);
+    assert_eq!(converted, 0.0, "metrics:\n{metrics}");
     let mut totals = Totals::new();
     for e in &entries {
         add_totals(&mut totals, &common::read_profile(&e.path));
