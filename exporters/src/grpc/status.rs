@@ -97,10 +97,11 @@ pub(crate) fn grpc_code_retryable(code: Code, has_retry_info: bool) -> bool {
     }
 }
 
-/// The export error of a failed gRPC call. A failure to connect or a broken
+/// The export error of a failed gRPC call; `call` names it in the message
+/// (`OTLP gRPC export to host:port`). A failure to connect or a broken
 /// connection (tonic reports those as UNKNOWN with the transport error as
 /// source) counts as UNAVAILABLE.
-pub(crate) fn grpc_error(status: &tonic::Status, endpoint: &str) -> ExportError {
+pub(crate) fn grpc_error(status: &tonic::Status, call: &str) -> ExportError {
     let code = if status.code() == Code::Unknown && is_transport_error(status) {
         Code::Unavailable
     } else {
@@ -114,10 +115,7 @@ pub(crate) fn grpc_error(status: &tonic::Status, endpoint: &str) -> ExportError 
         Some(source) if code != status.code() => error_chain(source),
         _ => status.message().to_owned(),
     };
-    let message = format!(
-        "OTLP gRPC export to {endpoint} failed: {code:?}: {}",
-        truncate(&said)
-    );
+    let message = format!("{call} failed: {code:?}: {}", truncate(&said));
     if grpc_code_retryable(code, delay.is_some()) {
         let e = ExportError::retryable(reason, message);
         match delay {
