@@ -264,6 +264,7 @@ pub(crate) fn grpc_client(
 }
 
 /// A pooled HTTP/1.1-and-2 client (OTLP/HTTP) with the same TLS setup.
+#[cfg(feature = "otlp")]
 pub(crate) fn http_client(
     tls: &TlsSettings,
     uses_tls: bool,

@@ -275,11 +275,13 @@ enum Reply {
     },
 }
 
+/// A request the peer saw: path, headers and the unframed message.
+type Seen = (String, HeaderMap, Vec<u8>);
+
 #[derive(Clone, Default)]
 struct Peer {
     script: Arc<Mutex<VecDeque<Reply>>>,
-    /// (path, headers, the unframed request message)
-    seen: Arc<Mutex<Vec<(String, HeaderMap, Vec<u8>)>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl Peer {
