@@ -1,14 +1,15 @@
 //! proflow's exporters: the components that take profiles out of the collector.
 //! One folder per component, named after its config `type`: [`file`] writes
 //! pprof or folded files to a local directory, [`nop`] discards (for tests and
-//! benchmarks), [`otlp`] sends OTLP profiles over gRPC or HTTP.
+//! benchmarks), [`otlp`] sends OTLP profiles over gRPC or HTTP, [`parca`]
+//! writes pprof to Parca over gRPC.
 //!
 //! This crate depends only on `proflow-pipeline` and `proflow-config`, never on
 //! another component crate: exporters are driven by the pipeline's queue and
 //! implement nothing but [`Exporter::export`](proflow_pipeline::component::Exporter::export).
 //!
 //! Each exporter is behind a Cargo feature named after its config type
-//! (`file`, `nop`, `otlp`), all on by default. Its own dependencies are optional and
+//! (`file`, `nop`, `otlp`, `parca`), all on by default. Its own dependencies are optional and
 //! enabled by that feature only, so a build without the exporter does not
 //! compile them: a Kafka exporter brings `rdkafka` behind `kafka`, an OTLP one
 //! `tonic` behind `otlp`. [`factories`] lists only what was compiled; the
@@ -23,12 +24,17 @@ pub mod file;
 pub mod nop;
 #[cfg(feature = "otlp")]
 pub mod otlp;
+#[cfg(feature = "parca")]
+pub mod parca;
+// The gRPC client, TLS setup and answer classification of `otlp` and `parca`.
+#[cfg(any(feature = "otlp", feature = "parca"))]
+mod grpc;
 
 #[cfg(feature = "file")]
 pub use error::Error;
 
 use proflow_pipeline::registry::Factory;
-#[cfg(any(feature = "file", feature = "nop", feature = "otlp"))]
+#[cfg(any(feature = "file", feature = "nop", feature = "otlp", feature = "parca"))]
 use proflow_pipeline::registry::Stability;
 
 /// The exporter types compiled into this crate, for the binary's registry.
@@ -51,6 +57,12 @@ pub fn factories() -> Vec<Factory> {
             "otlp",
             Stability::Alpha,
             "Sends OTLP profiles (v1development) over gRPC or HTTP to a Collector, Pyroscope or any OTLP profiles receiver.",
+        ),
+        #[cfg(feature = "parca")]
+        Factory::exporter::<parca::ParcaExporterConfig>(
+            "parca",
+            Stability::Alpha,
+            "Sends pprof profiles as they arrived to a Parca server (gRPC ProfileStoreService/WriteRaw).",
         ),
     ]
 }

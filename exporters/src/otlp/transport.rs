@@ -18,40 +18,26 @@
 //! The request bytes are sent as they are, never re-encoded; only the small
 //! response is decoded.
 
-use std::fs;
-use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
+use http::Uri;
 use http::header::{
     CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER,
 };
-use http::{Method, Request, Uri};
+use http::{Method, Request};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use proflow_pipeline::component::ExportError;
 use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::WebPkiSupportedAlgorithms;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use super::status;
 use super::{TlsSettings, Wire};
+use crate::grpc::{self, Connector, MAX_RESPONSE_BYTES, status};
 
 /// The gRPC method every OTLP profiles exporter calls.
 pub(crate) const EXPORT_PATH: &str =
     "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
-
-/// Most bytes read of a response body (a partial-success answer or an error
-/// message is a few hundred bytes; anything more is not read).
-const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 /// What a delivered request's response reported as refused: OTLP counts the
 /// rejected profiles of the request but names none of them.
@@ -60,8 +46,6 @@ pub(crate) struct PartialSuccess {
     pub rejected_profiles: i64,
     pub error_message: String,
 }
-
-type Connector = HttpsConnector<HttpConnector>;
 
 /// A connected-on-demand peer; cheap to share between queue consumers (the
 /// clients pool their connections).
@@ -99,33 +83,16 @@ impl Transport {
         timeout: Duration,
         gzip: bool,
     ) -> Result<Self, String> {
-        let config = client_tls_config(tls, wire.uses_tls())?;
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(timeout));
-        let builder = HttpsConnectorBuilder::new()
-            .with_tls_config(config)
-            .https_or_http();
         let (kind, shown) = match wire {
             Wire::Grpc { origin } => {
-                let connector = builder.enable_http2().wrap_connector(http);
-                let client = Client::builder(TokioExecutor::new())
-                    .timer(TokioTimer::new())
-                    .pool_timer(TokioTimer::new())
-                    .http2_only(true)
-                    .build(connector);
+                let client = grpc::grpc_client(tls, wire.uses_tls(), timeout)?;
                 let url = format!("{}{EXPORT_PATH}", origin.to_string().trim_end_matches('/'))
                     .parse()
                     .map_err(|e| format!("`endpoint` {origin} does not make a URL: {e}"))?;
                 (Kind::Grpc { client, url }, origin.to_string())
             }
             Wire::Http { url, json } => {
-                let connector = builder.enable_all_versions().wrap_connector(http);
-                let client = Client::builder(TokioExecutor::new())
-                    .timer(TokioTimer::new())
-                    .pool_timer(TokioTimer::new())
-                    .build(connector);
+                let client = grpc::http_client(tls, wire.uses_tls(), timeout)?;
                 (
                     Kind::Http {
                         client,
@@ -199,85 +166,14 @@ impl Transport {
         client: &Client<Connector, Full<Bytes>>,
         url: &Uri,
         body: Bytes,
-        mut headers: HeaderMap,
+        headers: HeaderMap,
     ) -> Result<PartialSuccess, ExportError> {
-        let fail = |s: tonic::Status| status::grpc_error(&s, &self.shown);
-        let len = u32::try_from(body.len()).map_err(|_| {
-            fail(tonic::Status::resource_exhausted(
-                "the request is larger than a gRPC message can be (4 GiB)",
-            ))
-        })?;
-        let mut frame = BytesMut::with_capacity(5 + body.len());
-        frame.put_u8(u8::from(self.gzip));
-        frame.put_u32(len);
-        frame.put_slice(&body);
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert("te", HeaderValue::from_static("trailers"));
-        if self.gzip {
-            headers.insert("grpc-encoding", HeaderValue::from_static("gzip"));
-        }
-        // The answer is small: ask for it uncompressed.
-        headers.insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
-        if let Ok(v) = HeaderValue::from_str(&format!("{}m", self.timeout.as_millis().max(1))) {
-            headers.insert("grpc-timeout", v);
-        }
-        let mut request = Request::new(Full::new(frame.freeze()));
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = url.clone();
-        *request.headers_mut() = headers;
-        let response = client.request(request).await.map_err(|e| {
-            fail(tonic::Status::unavailable(format!(
-                "could not send: {}",
-                status::error_chain(&e)
-            )))
-        })?;
-        let (parts, body) = response.into_parts();
-        if !parts.status.is_success() {
-            // Not a gRPC answer (a proxy, or no gRPC server): the code the
-            // gRPC spec gives each HTTP status.
-            let code = match parts.status.as_u16() {
-                400 => tonic::Code::Internal,
-                401 => tonic::Code::Unauthenticated,
-                403 => tonic::Code::PermissionDenied,
-                404 => tonic::Code::Unimplemented,
-                429 | 502..=504 => tonic::Code::Unavailable,
-                _ => tonic::Code::Unknown,
-            };
-            return Err(fail(tonic::Status::new(
-                code,
-                format!("the peer answered HTTP {} instead of gRPC", parts.status),
-            )));
-        }
-        // A trailers-only answer carries its status in the headers.
-        if let Some(s) = tonic::Status::from_header_map(&parts.headers)
-            && s.code() != tonic::Code::Ok
-        {
-            return Err(fail(s));
-        }
-        let collected = Limited::new(body, MAX_RESPONSE_BYTES)
-            .collect()
+        let answer = grpc::unary(client, url, headers, body, self.gzip, self.timeout)
             .await
-            .map_err(|e| {
-                fail(tonic::Status::unavailable(format!(
-                    "the answer could not be read: {e}"
-                )))
-            })?;
-        let trailers = collected.trailers().cloned().unwrap_or_default();
-        let message = collected.to_bytes();
-        match tonic::Status::from_header_map(&trailers)
-            .or_else(|| tonic::Status::from_header_map(&parts.headers))
-        {
-            Some(s) if s.code() == tonic::Code::Ok => {}
-            Some(s) => return Err(fail(s)),
-            None => {
-                return Err(fail(tonic::Status::internal(
-                    "the answer carries no grpc-status",
-                )));
-            }
-        }
+            .map_err(|s| status::grpc_error(&s, &format!("OTLP gRPC export to {}", self.shown)))?;
         // The request was delivered: an unreadable answer only loses the
         // partial-success report.
-        Ok(grpc_partial_success(&message).unwrap_or_default())
+        Ok(grpc_partial_success(&answer).unwrap_or_default())
     }
 
     async fn send_http(
@@ -401,121 +297,4 @@ fn grpc_partial_success(message: &[u8]) -> Option<PartialSuccess> {
         rejected_profiles: p.rejected_profiles,
         error_message: p.error_message,
     })
-}
-
-/// The rustls client config of the peer: the CA file's roots (else the
-/// system's), an optional client certificate, or no verification at all when
-/// `insecure_skip_verify`. `uses_tls` false: the roots are not even loaded.
-fn client_tls_config(tls: &TlsSettings, uses_tls: bool) -> Result<ClientConfig, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup failed: {e}"))?;
-    let builder = if tls.insecure_skip_verify {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification {
-                algorithms: provider.signature_verification_algorithms,
-            }))
-    } else {
-        let mut roots = RootCertStore::empty();
-        match &tls.ca_file {
-            Some(path) => {
-                for cert in read_certs(path, "tls.ca_file")? {
-                    roots.add(cert).map_err(|e| {
-                        format!(
-                            "tls.ca_file `{}`: a certificate is not usable: {e}",
-                            path.display()
-                        )
-                    })?;
-                }
-            }
-            None if uses_tls => {
-                let found = rustls_native_certs::load_native_certs();
-                for e in &found.errors {
-                    tracing::warn!(error = %e, "could not load some system CA certificates");
-                }
-                let (_added, _ignored) = roots.add_parsable_certificates(found.certs);
-                if roots.is_empty() {
-                    return Err(
-                        "no system CA certificates were found: set `tls.ca_file`".to_owned()
-                    );
-                }
-            }
-            None => {}
-        }
-        builder.with_root_certificates(roots)
-    };
-    match (&tls.cert_file, &tls.key_file) {
-        (Some(cert), Some(key)) => {
-            let chain = read_certs(cert, "tls.cert_file")?;
-            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                format!(
-                    "tls.key_file `{}`: no usable PEM private key: {e}",
-                    key.display()
-                )
-            })?;
-            builder.with_client_auth_cert(chain, key).map_err(|e| {
-                format!("tls.cert_file/tls.key_file do not make a client certificate: {e}")
-            })
-        }
-        _ => Ok(builder.with_no_client_auth()),
-    }
-}
-
-fn read_certs(path: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = fs::read(path).map_err(|e| format!("{field} `{}`: {e}", path.display()))?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{field} `{}`: not PEM certificates: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{field} `{}` holds no PEM certificate",
-            path.display()
-        ));
-    }
-    Ok(certs)
-}
-
-/// `insecure_skip_verify`: accepts any server certificate (signatures of the
-/// handshake are still checked, so the connection is encrypted, just not
-/// authenticated).
-#[derive(Debug)]
-struct NoVerification {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
 }
