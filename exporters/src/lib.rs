@@ -1,15 +1,16 @@
 //! proflow's exporters: the components that take profiles out of the collector.
 //! One folder per component, named after its config `type`: [`file`] writes
 //! pprof or folded files to a local directory, [`nop`] discards (for tests and
-//! benchmarks), [`otlp`] sends OTLP profiles over gRPC or HTTP, [`pyroscope`]
-//! sends pprof to Grafana Pyroscope's push API.
+//! benchmarks), [`otlp`] sends OTLP profiles over gRPC or HTTP, [`parca`]
+//! writes pprof to Parca over gRPC, [`pyroscope`] sends pprof to Grafana
+//! Pyroscope's push API.
 //!
 //! This crate depends only on `proflow-pipeline` and `proflow-config`, never on
 //! another component crate: exporters are driven by the pipeline's queue and
 //! implement nothing but [`Exporter::export`](proflow_pipeline::component::Exporter::export).
 //!
 //! Each exporter is behind a Cargo feature named after its config type
-//! (`file`, `nop`, `otlp`, `pyroscope`), all on by default. Its own dependencies are optional and
+//! (`file`, `nop`, `otlp`, `parca`, `pyroscope`), all on by default. Its own dependencies are optional and
 //! enabled by that feature only, so a build without the exporter does not
 //! compile them: a Kafka exporter brings `rdkafka` behind `kafka`, an OTLP one
 //! `tonic` behind `otlp`. [`factories`] lists only what was compiled; the
@@ -20,14 +21,20 @@
 mod error;
 #[cfg(feature = "file")]
 pub mod file;
-#[cfg(any(feature = "otlp", feature = "pyroscope"))]
-mod http_client;
 #[cfg(feature = "nop")]
 pub mod nop;
 #[cfg(feature = "otlp")]
 pub mod otlp;
+#[cfg(feature = "parca")]
+pub mod parca;
 #[cfg(feature = "pyroscope")]
 pub mod pyroscope;
+// The gRPC client, TLS setup and answer classification of `otlp` and `parca`
+// (and the HTTP client and TLS setup of `pyroscope`).
+#[cfg(any(feature = "otlp", feature = "parca", feature = "pyroscope"))]
+// A build with `pyroscope` alone uses only its HTTP client and TLS setup.
+#[cfg_attr(not(any(feature = "otlp", feature = "parca")), allow(dead_code))]
+mod grpc;
 
 #[cfg(feature = "file")]
 pub use error::Error;
@@ -37,6 +44,7 @@ use proflow_pipeline::registry::Factory;
     feature = "file",
     feature = "nop",
     feature = "otlp",
+    feature = "parca",
     feature = "pyroscope"
 ))]
 use proflow_pipeline::registry::Stability;
@@ -61,6 +69,12 @@ pub fn factories() -> Vec<Factory> {
             "otlp",
             Stability::Alpha,
             "Sends OTLP profiles (v1development) over gRPC or HTTP to a Collector, Pyroscope or any OTLP profiles receiver.",
+        ),
+        #[cfg(feature = "parca")]
+        Factory::exporter::<parca::ParcaExporterConfig>(
+            "parca",
+            Stability::Alpha,
+            "Sends pprof profiles as they arrived to a Parca server (gRPC ProfileStoreService/WriteRaw).",
         ),
         #[cfg(feature = "pyroscope")]
         Factory::exporter::<pyroscope::PyroscopeExporterConfig>(

@@ -40,14 +40,12 @@
 //! The queue counts sent and failed profiles from what `export` returns; this
 //! exporter counts nothing else.
 
-mod status;
 #[cfg(test)]
 mod tests;
 mod transport;
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -67,6 +65,7 @@ use proflow_pipeline::telemetry::ExporterTelemetry;
 use serde::Deserialize;
 
 use self::transport::{PartialSuccess, Transport};
+use crate::grpc::{self, parse_url};
 
 /// The header Pyroscope, Mimir-style gateways and the Collector's
 /// `headers_setter` read the tenant from.
@@ -114,41 +113,7 @@ pub enum Compression {
     None,
 }
 
-/// `tls` of the `otlp` exporter (rustls; no OpenSSL).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct TlsSettings {
-    /// gRPC with an `endpoint` of bare `host:port`: plaintext (h2c) instead
-    /// of TLS. An `http://` endpoint is always plaintext, an `https://` one
-    /// always TLS, whatever this says.
-    pub insecure: bool,
-    /// PEM file of the CA certificates that sign the peer's certificate;
-    /// replaces the system's roots. Unset: the system's roots.
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate chain, for peers that want mutual TLS; needs
-    /// `key_file`.
-    pub cert_file: Option<PathBuf>,
-    /// PEM private key of `cert_file`.
-    pub key_file: Option<PathBuf>,
-    /// Accept any server certificate (still encrypted, not authenticated).
-    /// For tests only.
-    pub insecure_skip_verify: bool,
-}
-
-impl TlsSettings {
-    fn has_files(&self) -> bool {
-        self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
-    }
-
-    pub(crate) fn files(&self) -> crate::http_client::TlsFiles<'_> {
-        crate::http_client::TlsFiles {
-            ca_file: self.ca_file.as_deref(),
-            cert_file: self.cert_file.as_deref(),
-            key_file: self.key_file.as_deref(),
-            insecure_skip_verify: self.insecure_skip_verify,
-        }
-    }
-}
+pub use crate::grpc::TlsSettings;
 
 /// Config of the `otlp` exporter.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -244,17 +209,6 @@ impl Wire {
     }
 }
 
-/// Headers the exporter sets itself; configuring them would break requests.
-const RESERVED_HEADERS: [&str; 7] = [
-    "content-type",
-    "content-encoding",
-    "content-length",
-    "transfer-encoding",
-    "te",
-    "host",
-    "connection",
-];
-
 impl OtlpExporterConfig {
     /// The resolved target, or every problem with `endpoint`,
     /// `profiles_endpoint`, `encoding` and their interplay with `tls`.
@@ -282,28 +236,7 @@ impl OtlpExporterConfig {
             }),
         };
         if let Some(wire) = &wire {
-            let tls = wire.uses_tls();
-            if !tls && self.tls.has_files() {
-                problems.push(FieldError::new(
-                    "tls",
-                    "`ca_file`, `cert_file` and `key_file` need a TLS endpoint, but this one is \
-                     plaintext: use `https://` (or, for gRPC, a bare host:port without \
-                     `tls.insecure`)",
-                ));
-            }
-            if !tls && self.tls.insecure_skip_verify {
-                problems.push(FieldError::new(
-                    "tls.insecure_skip_verify",
-                    "has no effect on a plaintext endpoint; remove it",
-                ));
-            }
-            if tls && self.tls.insecure {
-                problems.push(FieldError::new(
-                    "tls.insecure",
-                    "contradicts the `https://` endpoint: use `http://` for plaintext, or \
-                     remove `insecure`",
-                ));
-            }
+            problems.extend(self.tls.endpoint_problems(wire.uses_tls()));
         }
         match wire {
             Some(wire) if problems.is_empty() => Ok(wire),
@@ -312,36 +245,13 @@ impl OtlpExporterConfig {
     }
 
     fn grpc_origin(&self, problems: &mut Vec<FieldError>) -> Option<Wire> {
-        let endpoint = self.endpoint.trim();
-        if endpoint.is_empty() {
-            problems.push(FieldError::new(
-                "endpoint",
-                "must be set: the peer's host:port, such as `127.0.0.1:4317`",
-            ));
-            return None;
-        }
-        let with_scheme = if endpoint.contains("://") {
-            endpoint.to_owned()
-        } else if self.tls.insecure {
-            format!("http://{endpoint}")
-        } else {
-            format!("https://{endpoint}")
-        };
-        let uri = match parse_url(&with_scheme) {
-            Ok(uri) => uri,
-            Err(e) => {
-                problems.push(FieldError::new("endpoint", e));
-                return None;
-            }
-        };
-        if uri.path() != "/" || uri.query().is_some() {
-            problems.push(FieldError::new(
-                "endpoint",
-                format!("`{endpoint}`: a gRPC endpoint has no path; write host:port"),
-            ));
-            return None;
-        }
-        Some(Wire::Grpc { origin: uri })
+        grpc::grpc_origin(
+            &self.endpoint,
+            self.tls.insecure,
+            "127.0.0.1:4317",
+            problems,
+        )
+        .map(|origin| Wire::Grpc { origin })
     }
 
     fn http_url(&self, problems: &mut Vec<FieldError>) -> Option<Uri> {
@@ -391,60 +301,8 @@ impl OtlpExporterConfig {
 
     /// The configured headers, or every problem with them.
     fn header_map(&self) -> Result<HeaderMap, Vec<FieldError>> {
-        let mut map = HeaderMap::new();
-        let mut problems = Vec::new();
-        for (name, value) in &self.headers {
-            let path = format!("headers.{name}");
-            let lower = name.to_ascii_lowercase();
-            if RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("grpc-") {
-                problems.push(FieldError::new(
-                    path,
-                    "is set by the exporter itself (from `protocol`, `encoding`, `compression`); remove it",
-                ));
-                continue;
-            }
-            let parsed_name = HeaderName::from_bytes(name.as_bytes());
-            let parsed_value = HeaderValue::from_str(value);
-            match (parsed_name, parsed_value) {
-                (Ok(n), Ok(v)) => {
-                    map.insert(n, v);
-                }
-                (Err(_), _) => problems.push(FieldError::new(
-                    path,
-                    "is not a valid header name (letters, digits and `-`, no spaces)",
-                )),
-                (_, Err(_)) => problems.push(FieldError::new(
-                    path,
-                    "has a value that is not a valid header value (visible ASCII, no line breaks)",
-                )),
-            }
-        }
-        if problems.is_empty() {
-            Ok(map)
-        } else {
-            Err(problems)
-        }
+        grpc::header_map(&self.headers, "from `protocol`, `encoding`, `compression`")
     }
-}
-
-/// An absolute `http://` or `https://` URL with a host.
-fn parse_url(text: &str) -> Result<Uri, String> {
-    let uri: Uri = text
-        .parse()
-        .map_err(|e| format!("`{text}` is not a valid URL or host:port: {e}"))?;
-    match uri.scheme_str() {
-        Some("http" | "https") => {}
-        Some(other) => {
-            return Err(format!(
-                "`{text}`: scheme `{other}` is not supported; use http:// or https://"
-            ));
-        }
-        None => return Err(format!("`{text}` has no scheme")),
-    }
-    if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("`{text}` names no host"));
-    }
-    Ok(uri)
 }
 
 impl Validate for OtlpExporterConfig {
@@ -463,23 +321,7 @@ impl Validate for OtlpExporterConfig {
                 "must be at least 1 (default 500)",
             ));
         }
-        match (&self.tls.cert_file, &self.tls.key_file) {
-            (Some(_), None) => problems.push(FieldError::new(
-                "tls.key_file",
-                "must be set with `tls.cert_file`: a client certificate needs its key",
-            )),
-            (None, Some(_)) => problems.push(FieldError::new(
-                "tls.cert_file",
-                "must be set with `tls.key_file`: a key needs its certificate",
-            )),
-            _ => {}
-        }
-        if self.tls.insecure_skip_verify && self.tls.ca_file.is_some() {
-            problems.push(FieldError::new(
-                "tls.insecure_skip_verify",
-                "makes `tls.ca_file` unused: verification is skipped; remove one of them",
-            ));
-        }
+        problems.extend(self.tls.own_problems());
         problems
     }
 }

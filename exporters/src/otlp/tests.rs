@@ -30,9 +30,9 @@ use proflow_pipeline::telemetry::Telemetry;
 use prost::Message;
 use tokio::net::TcpListener;
 
-use super::status::{ProtoDuration, RetryInfo, RpcAny, RpcStatus};
 use super::transport::EXPORT_PATH;
 use super::*;
+use crate::grpc::status::{ProtoDuration, RetryInfo, RpcAny, RpcStatus};
 use proflow_pipeline::otlp::SharedDictionary;
 
 // ------------------------------------------------------------------ config

@@ -20,27 +20,24 @@
 
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
+use http::Uri;
 use http::header::{
     CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER,
 };
-use http::{Method, Request, Uri};
+use http::{Method, Request};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
 use proflow_pipeline::component::ExportError;
 use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
 
-use super::status;
 use super::{TlsSettings, Wire};
-use crate::http_client::{self, HttpClient};
+use crate::grpc::{self, Connector, MAX_RESPONSE_BYTES, status};
 
 /// The gRPC method every OTLP profiles exporter calls.
 pub(crate) const EXPORT_PATH: &str =
     "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
-
-/// Most bytes read of a response body (a partial-success answer or an error
-/// message is a few hundred bytes; anything more is not read).
-const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 /// What a delivered request's response reported as refused: OTLP counts the
 /// rejected profiles of the request but names none of them.
@@ -66,12 +63,12 @@ pub(crate) struct Transport {
 #[derive(Debug)]
 enum Kind {
     Grpc {
-        client: HttpClient,
+        client: Client<Connector, Full<Bytes>>,
         /// `origin` + the export path.
         url: Uri,
     },
     Http {
-        client: HttpClient,
+        client: Client<Connector, Full<Bytes>>,
         url: Uri,
         json: bool,
     },
@@ -88,16 +85,14 @@ impl Transport {
     ) -> Result<Self, String> {
         let (kind, shown) = match wire {
             Wire::Grpc { origin } => {
-                let client =
-                    http_client::http_client(&tls.files(), wire.uses_tls(), timeout, true)?;
+                let client = grpc::grpc_client(tls, wire.uses_tls(), timeout)?;
                 let url = format!("{}{EXPORT_PATH}", origin.to_string().trim_end_matches('/'))
                     .parse()
                     .map_err(|e| format!("`endpoint` {origin} does not make a URL: {e}"))?;
                 (Kind::Grpc { client, url }, origin.to_string())
             }
             Wire::Http { url, json } => {
-                let client =
-                    http_client::http_client(&tls.files(), wire.uses_tls(), timeout, false)?;
+                let client = grpc::http_client(tls, wire.uses_tls(), timeout)?;
                 (
                     Kind::Http {
                         client,
@@ -168,93 +163,22 @@ impl Transport {
 
     async fn send_grpc(
         &self,
-        client: &HttpClient,
+        client: &Client<Connector, Full<Bytes>>,
         url: &Uri,
         body: Bytes,
-        mut headers: HeaderMap,
+        headers: HeaderMap,
     ) -> Result<PartialSuccess, ExportError> {
-        let fail = |s: tonic::Status| status::grpc_error(&s, &self.shown);
-        let len = u32::try_from(body.len()).map_err(|_| {
-            fail(tonic::Status::resource_exhausted(
-                "the request is larger than a gRPC message can be (4 GiB)",
-            ))
-        })?;
-        let mut frame = BytesMut::with_capacity(5 + body.len());
-        frame.put_u8(u8::from(self.gzip));
-        frame.put_u32(len);
-        frame.put_slice(&body);
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert("te", HeaderValue::from_static("trailers"));
-        if self.gzip {
-            headers.insert("grpc-encoding", HeaderValue::from_static("gzip"));
-        }
-        // The answer is small: ask for it uncompressed.
-        headers.insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
-        if let Ok(v) = HeaderValue::from_str(&format!("{}m", self.timeout.as_millis().max(1))) {
-            headers.insert("grpc-timeout", v);
-        }
-        let mut request = Request::new(Full::new(frame.freeze()));
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = url.clone();
-        *request.headers_mut() = headers;
-        let response = client.request(request).await.map_err(|e| {
-            fail(tonic::Status::unavailable(format!(
-                "could not send: {}",
-                status::error_chain(&e)
-            )))
-        })?;
-        let (parts, body) = response.into_parts();
-        if !parts.status.is_success() {
-            // Not a gRPC answer (a proxy, or no gRPC server): the code the
-            // gRPC spec gives each HTTP status.
-            let code = match parts.status.as_u16() {
-                400 => tonic::Code::Internal,
-                401 => tonic::Code::Unauthenticated,
-                403 => tonic::Code::PermissionDenied,
-                404 => tonic::Code::Unimplemented,
-                429 | 502..=504 => tonic::Code::Unavailable,
-                _ => tonic::Code::Unknown,
-            };
-            return Err(fail(tonic::Status::new(
-                code,
-                format!("the peer answered HTTP {} instead of gRPC", parts.status),
-            )));
-        }
-        // A trailers-only answer carries its status in the headers.
-        if let Some(s) = tonic::Status::from_header_map(&parts.headers)
-            && s.code() != tonic::Code::Ok
-        {
-            return Err(fail(s));
-        }
-        let collected = Limited::new(body, MAX_RESPONSE_BYTES)
-            .collect()
+        let answer = grpc::unary(client, url, headers, body, self.gzip, self.timeout)
             .await
-            .map_err(|e| {
-                fail(tonic::Status::unavailable(format!(
-                    "the answer could not be read: {e}"
-                )))
-            })?;
-        let trailers = collected.trailers().cloned().unwrap_or_default();
-        let message = collected.to_bytes();
-        match tonic::Status::from_header_map(&trailers)
-            .or_else(|| tonic::Status::from_header_map(&parts.headers))
-        {
-            Some(s) if s.code() == tonic::Code::Ok => {}
-            Some(s) => return Err(fail(s)),
-            None => {
-                return Err(fail(tonic::Status::internal(
-                    "the answer carries no grpc-status",
-                )));
-            }
-        }
+            .map_err(|s| status::grpc_error(&s, &format!("OTLP gRPC export to {}", self.shown)))?;
         // The request was delivered: an unreadable answer only loses the
         // partial-success report.
-        Ok(grpc_partial_success(&message).unwrap_or_default())
+        Ok(grpc_partial_success(&answer).unwrap_or_default())
     }
 
     async fn send_http(
         &self,
-        client: &HttpClient,
+        client: &Client<Connector, Full<Bytes>>,
         url: &Uri,
         json: bool,
         body: Bytes,

@@ -52,7 +52,7 @@ use proflow_pipeline::queue::{QueueSettings, RetrySettings};
 use proflow_pipeline::telemetry::ExporterTelemetry;
 use serde::Deserialize;
 
-use crate::http_client::{self, HttpClient, TlsFiles};
+use crate::grpc::{self, Connector, status};
 
 use request::NAME_LABEL;
 
@@ -63,8 +63,6 @@ pub const INGEST_PATH: &str = "/ingest";
 /// The tenant header of Pyroscope (and Mimir-style gateways).
 pub const TENANT_HEADER: &str = "X-Scope-OrgID";
 
-/// Most bytes read of an answer (errors are a few hundred bytes).
-const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 /// Longest server message kept in an error or a log line.
 const MAX_MESSAGE_CHARS: usize = 512;
 /// Distinct messages remembered for log-once.
@@ -123,6 +121,20 @@ pub struct TlsSettings {
     pub key_file: Option<PathBuf>,
     /// Accept any server certificate (encrypted, not authenticated). Tests only.
     pub insecure_skip_verify: bool,
+}
+
+impl TlsSettings {
+    /// The same settings in the form the shared client takes (`insecure`
+    /// is a gRPC notion: here the URL's scheme decides).
+    fn shared(&self) -> grpc::TlsSettings {
+        grpc::TlsSettings {
+            insecure: false,
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            insecure_skip_verify: self.insecure_skip_verify,
+        }
+    }
 }
 
 /// Config of the `pyroscope` exporter. Names follow Alloy's `pyroscope.write`
@@ -201,20 +213,7 @@ impl PyroscopeExporterConfig {
                 "is required: the server's base URL, such as http://localhost:4040".into(),
             ));
         }
-        let uri: Uri = text
-            .parse()
-            .map_err(|e| problem(format!("`{text}` is not a valid URL: {e}")))?;
-        match uri.scheme_str() {
-            Some("http" | "https") => {}
-            _ => {
-                return Err(problem(format!(
-                    "`{text}` must start with http:// or https://"
-                )));
-            }
-        }
-        if uri.host().is_none_or(str::is_empty) {
-            return Err(problem(format!("`{text}` names no host")));
-        }
+        let uri = grpc::parse_url(text).map_err(problem)?;
         if uri.query().is_some() {
             return Err(problem(format!("`{text}` must not have a query")));
         }
@@ -397,22 +396,10 @@ impl Validate for PyroscopeExporterConfig {
                 "must be more than 0: every request needs a deadline (default 10s)",
             ));
         }
-        match (&self.tls.cert_file, &self.tls.key_file) {
-            (Some(_), None) => problems.push(FieldError::new(
-                "tls.key_file",
-                "must be set with `tls.cert_file`: a client certificate needs its key",
-            )),
-            (None, Some(_)) => problems.push(FieldError::new(
-                "tls.cert_file",
-                "must be set with `tls.key_file`: a key needs its certificate",
-            )),
-            _ => {}
-        }
-        if self.tls.insecure_skip_verify && self.tls.ca_file.is_some() {
-            problems.push(FieldError::new(
-                "tls.insecure_skip_verify",
-                "makes `tls.ca_file` unused: verification is skipped; remove one of them",
-            ));
+        let tls = self.tls.shared();
+        problems.extend(tls.own_problems());
+        if let Ok(base) = self.base_url() {
+            problems.extend(tls.endpoint_problems(base.scheme_str() == Some("https")));
         }
         problems
     }
@@ -453,15 +440,9 @@ impl PyroscopeExporterConfig {
         if let Some(v) = self.authorization().map_err(fail)? {
             headers.insert(AUTHORIZATION, v);
         }
-        let tls = TlsFiles {
-            ca_file: self.tls.ca_file.as_deref(),
-            cert_file: self.tls.cert_file.as_deref(),
-            key_file: self.tls.key_file.as_deref(),
-            insecure_skip_verify: self.tls.insecure_skip_verify,
-        };
+        let tls = self.tls.shared();
         let uses_tls = base.scheme_str() == Some("https");
-        let client =
-            http_client::http_client(&tls, uses_tls, self.timeout.get(), false).map_err(fail)?;
+        let client = grpc::http_client(&tls, uses_tls, self.timeout.get()).map_err(fail)?;
         let base = base.to_string().trim_end_matches('/').to_owned();
         Ok(PyroscopeExporter {
             id: ctx.id.clone(),
@@ -486,7 +467,7 @@ impl PyroscopeExporterConfig {
 #[derive(Debug)]
 pub struct PyroscopeExporter {
     id: String,
-    client: HttpClient,
+    client: hyper_util::client::legacy::Client<Connector, Full<Bytes>>,
     /// `endpoint` without a trailing `/`.
     base: String,
     api: Api,
@@ -660,7 +641,7 @@ impl PyroscopeExporter {
                     format!(
                         "Pyroscope export to {} failed: could not send: {}",
                         self.base,
-                        http_client::error_chain(&e)
+                        status::error_chain(&e)
                     ),
                 )
             })?;
@@ -668,7 +649,7 @@ impl PyroscopeExporter {
             if parts.status.is_success() {
                 return Ok(());
             }
-            let body = Limited::new(body, MAX_RESPONSE_BYTES)
+            let body = Limited::new(body, grpc::MAX_RESPONSE_BYTES)
                 .collect()
                 .await
                 .map(|c| c.to_bytes())
@@ -677,7 +658,7 @@ impl PyroscopeExporter {
                 .headers
                 .get(RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
-                .and_then(http_client::parse_retry_after);
+                .and_then(status::parse_retry_after);
             Err(self.refusal(parts.status.as_u16(), retry_after, &body))
         };
         match tokio::time::timeout(self.timeout, call).await {

@@ -428,4 +428,25 @@ mod tests {
             "a string that is not UTF-8"
         );
     }
+
+    proptest::proptest! {
+        /// Whatever the bytes, the checks answer (no panic), and a mutated
+        /// valid message either passes or is refused.
+        #[test]
+        fn any_bytes_are_answered(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512), flip in 0usize..4096, to in proptest::num::u8::ANY) {
+            let _ = check_dictionary_wire(&bytes);
+            let (d, ps) = parts();
+            let dbytes = d.encode_to_vec();
+            let index = check_dictionary_wire(&dbytes).unwrap();
+            let _ = check_profile_wire(&index, &bytes);
+            let mut p = ps[0].encode_to_vec();
+            let i = flip % p.len();
+            p[i] = to;
+            let _ = check_profile_wire(&index, &p);
+            let mut dm = dbytes.clone();
+            let j = flip % dm.len();
+            dm[j] = to;
+            let _ = check_dictionary_wire(&dm);
+        }
+    }
 }

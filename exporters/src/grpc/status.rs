@@ -15,10 +15,13 @@
 use std::time::Duration;
 
 use proflow_pipeline::component::ExportError;
-
-pub(crate) use crate::http_client::{MAX_RETRY_AFTER, error_chain, parse_retry_after};
 use prost::Message;
 use tonic::Code;
+
+/// Longest wait a peer may ask for; a larger `RetryInfo`/`Retry-After` is
+/// capped so one odd answer cannot park a queue consumer for hours (the
+/// queue's `max_elapsed_time` still applies on top).
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// Longest server message kept in an error or a log line.
 const MAX_MESSAGE_CHARS: usize = 512;
@@ -94,10 +97,11 @@ pub(crate) fn grpc_code_retryable(code: Code, has_retry_info: bool) -> bool {
     }
 }
 
-/// The export error of a failed gRPC call. A failure to connect or a broken
+/// The export error of a failed gRPC call; `call` names it in the message
+/// (`OTLP gRPC export to host:port`). A failure to connect or a broken
 /// connection (tonic reports those as UNKNOWN with the transport error as
 /// source) counts as UNAVAILABLE.
-pub(crate) fn grpc_error(status: &tonic::Status, endpoint: &str) -> ExportError {
+pub(crate) fn grpc_error(status: &tonic::Status, call: &str) -> ExportError {
     let code = if status.code() == Code::Unknown && is_transport_error(status) {
         Code::Unavailable
     } else {
@@ -111,10 +115,7 @@ pub(crate) fn grpc_error(status: &tonic::Status, endpoint: &str) -> ExportError 
         Some(source) if code != status.code() => error_chain(source),
         _ => status.message().to_owned(),
     };
-    let message = format!(
-        "OTLP gRPC export to {endpoint} failed: {code:?}: {}",
-        truncate(&said)
-    );
+    let message = format!("{call} failed: {code:?}: {}", truncate(&said));
     if grpc_code_retryable(code, delay.is_some()) {
         let e = ExportError::retryable(reason, message);
         match delay {
@@ -124,6 +125,21 @@ pub(crate) fn grpc_error(status: &tonic::Status, endpoint: &str) -> ExportError 
     } else {
         ExportError::permanent(reason, message)
     }
+}
+
+/// An error with its sources, `a: b: c`.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        let text = inner.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        source = inner.source();
+    }
+    s
 }
 
 /// Whether a status stands for a transport failure rather than an answer.
@@ -161,11 +177,21 @@ fn grpc_reason(code: Code) -> &'static str {
     }
 }
 
+#[cfg(feature = "otlp")]
 /// Whether an HTTP status is worth retrying.
 pub(crate) fn http_status_retryable(status: u16) -> bool {
     matches!(status, 429 | 502 | 503 | 504)
 }
 
+#[cfg(any(feature = "otlp", feature = "pyroscope"))]
+/// A `Retry-After` header in delay-seconds form (the HTTP-date form is not
+/// read: OTLP peers send seconds, and without it the queue's backoff applies).
+pub(crate) fn parse_retry_after(value: &str) -> Option<Duration> {
+    let seconds: u64 = value.trim().parse().ok()?;
+    Some(Duration::from_secs(seconds).min(MAX_RETRY_AFTER))
+}
+
+#[cfg(feature = "otlp")]
 /// The export error of a non-2xx OTLP/HTTP response. `body_message` is what
 /// the server said (see [`http_body_message`]).
 pub(crate) fn http_error(
@@ -186,6 +212,7 @@ pub(crate) fn http_error(
     }
 }
 
+#[cfg(feature = "otlp")]
 fn http_reason(status: u16) -> &'static str {
     match status {
         400 => "bad_request",
@@ -204,6 +231,7 @@ fn http_reason(status: u16) -> &'static str {
     }
 }
 
+#[cfg(feature = "otlp")]
 /// What a refusing server said: a `google.rpc.Status` message when the body
 /// is protobuf, the `message` of a JSON body, else the body as text.
 pub(crate) fn http_body_message(content_type: Option<&str>, body: &[u8]) -> String {
@@ -357,6 +385,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "otlp")]
     #[test]
     fn http_statuses_are_classified_like_the_collector() {
         for s in [429, 502, 503, 504] {
@@ -381,6 +410,7 @@ mod tests {
         assert_eq!(parse_retry_after("-3"), None);
     }
 
+    #[cfg(feature = "otlp")]
     #[test]
     fn server_messages_come_from_status_json_or_text() {
         let status = RpcStatus {

@@ -1,0 +1,401 @@
+//! The `parca` exporter: sends profiles to a Parca server with gRPC
+//! `parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw`, the call
+//! Parca's own scraper uses.
+//!
+//! - This file: the config, its validation, and [`ParcaExporter::export`].
+//! - [`wire`]: the few request messages, written here from their field
+//!   numbers, and how one export batch becomes one request ([`wire::build_request`]).
+//!
+//! The pprof bytes travel as they arrived (gzipped or not: Parca takes
+//! both), never decoded or re-encoded; only the small request around them is
+//! encoded. One export is one request; envelopes with the same label set
+//! become one series with several samples.
+//!
+//! Labels (Parca's rules): `__name__` names the profile and is required: the
+//! envelope's own, else one derived from the sample types
+//! ([`wire::profile_name`]). Every other label starting with `__` is dropped,
+//! `__delta__` too: Parca decides delta-ness from the pprof's
+//! `duration_nanos`, not from a label. `external_labels` are added where the
+//! profile does not have the label already (as Prometheus external labels).
+//!
+//! Failures follow the `otlp` exporter's gRPC classification
+//! ([`crate::grpc::status`]): UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, ...
+//! and RESOURCE_EXHAUSTED with a `RetryInfo` are retried by the queue; all
+//! else is permanent. INVALID_ARGUMENT (Parca refusing a profile) is logged
+//! once per distinct message.
+
+#[cfg(test)]
+mod tests;
+pub(crate) mod wire;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration as StdDuration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::Uri;
+use http::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use proflow_config::Duration;
+use proflow_pipeline::component::{
+    BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Validate,
+};
+use proflow_pipeline::model::{ExportBatch, Format, is_valid_label_name};
+use proflow_pipeline::queue::{QueueSettings, RetrySettings};
+use prost::Message;
+use serde::Deserialize;
+
+use crate::grpc::{self, Connector, TlsSettings, status};
+
+/// The gRPC method.
+pub const WRITE_RAW_PATH: &str = "/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw";
+
+/// Distinct refusal messages remembered for log-once.
+const MAX_REMEMBERED_MESSAGES: usize = 256;
+
+/// Config of the `parca` exporter.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ParcaExporterConfig {
+    /// Parca's gRPC address: `host:port` (TLS unless `tls.insecure`) or
+    /// `http://host:port` / `https://host:port`. Parca serves gRPC on its
+    /// HTTP port (7070 by default).
+    #[serde(default)]
+    pub endpoint: String,
+    /// TLS of the connection; `tls: { insecure: true }` for plaintext (h2c).
+    #[serde(default)]
+    pub tls: TlsSettings,
+    /// Sent as `Authorization: Bearer <token>` (Polar Signals Cloud and
+    /// Parca behind an authenticating proxy).
+    #[serde(default)]
+    pub bearer_token: Option<String>,
+    /// File holding the bearer token (surrounding whitespace trimmed); read
+    /// when the exporter starts.
+    #[serde(default)]
+    pub bearer_token_file: Option<PathBuf>,
+    /// gRPC metadata added to every request.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Longest wait for one request's answer, connecting included; a request
+    /// that takes longer fails as retryable. Default 10s.
+    #[serde(default = "default_timeout")]
+    pub timeout: Duration,
+    /// `WriteRawRequest.normalized`: the pprof addresses are already
+    /// normalized (relative to their mappings). Default true, as Parca's
+    /// agent sends; runtime profilers' pprof (Go, Python, Node) is
+    /// symbolized, so Parca has no addresses to normalize.
+    #[serde(default = "default_normalized")]
+    pub normalized: bool,
+    /// Labels added to every series that does not have them already. Names
+    /// must be Prometheus label names not starting with `__`.
+    #[serde(default)]
+    pub external_labels: BTreeMap<String, String>,
+    /// The queue in front of this exporter.
+    #[serde(default)]
+    pub sending_queue: QueueSettings,
+    /// Retry of retryable failures.
+    #[serde(default)]
+    pub retry_on_failure: RetrySettings,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_normalized() -> bool {
+    true
+}
+
+impl Default for ParcaExporterConfig {
+    fn default() -> Self {
+        ParcaExporterConfig {
+            endpoint: String::new(),
+            tls: TlsSettings::default(),
+            bearer_token: None,
+            bearer_token_file: None,
+            headers: BTreeMap::new(),
+            timeout: default_timeout(),
+            normalized: default_normalized(),
+            external_labels: BTreeMap::new(),
+            sending_queue: QueueSettings::default(),
+            retry_on_failure: RetrySettings::default(),
+        }
+    }
+}
+
+impl ParcaExporterConfig {
+    fn origin(&self, problems: &mut Vec<FieldError>) -> Option<Uri> {
+        let origin = grpc::grpc_origin(
+            &self.endpoint,
+            self.tls.insecure,
+            "127.0.0.1:7070",
+            problems,
+        )?;
+        problems.extend(
+            self.tls
+                .endpoint_problems(origin.scheme_str() == Some("https")),
+        );
+        Some(origin)
+    }
+
+    fn header_map(&self) -> Result<HeaderMap, Vec<FieldError>> {
+        grpc::header_map(&self.headers, "gRPC framing and `bearer_token`")
+    }
+}
+
+impl Validate for ParcaExporterConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        self.origin(&mut problems);
+        problems.extend(self.tls.own_problems());
+        problems.extend(self.header_map().err().unwrap_or_default());
+        let bearer = self.bearer_token.is_some() || self.bearer_token_file.is_some();
+        if self.bearer_token.is_some() && self.bearer_token_file.is_some() {
+            problems.push(FieldError::new(
+                "bearer_token_file",
+                "is set together with `bearer_token`; keep one of them",
+            ));
+        }
+        if self
+            .bearer_token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            problems.push(FieldError::new(
+                "bearer_token",
+                "is empty; remove it or set the token",
+            ));
+        }
+        if bearer
+            && self
+                .headers
+                .keys()
+                .any(|k| k.eq_ignore_ascii_case("authorization"))
+        {
+            problems.push(FieldError::new(
+                "headers.authorization",
+                "is set by `bearer_token`/`bearer_token_file`; keep one of them",
+            ));
+        }
+        if self.timeout.is_zero() {
+            problems.push(FieldError::new(
+                "timeout",
+                "must be more than 0: every request needs a deadline (default 10s)",
+            ));
+        }
+        for (name, value) in &self.external_labels {
+            let path = format!("external_labels.{name}");
+            if !is_valid_label_name(name) {
+                problems.push(FieldError::new(
+                    path,
+                    "is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)",
+                ));
+            } else if name.starts_with("__") {
+                problems.push(FieldError::new(
+                    path,
+                    "starts with `__`, which is reserved for internal labels; rename it",
+                ));
+            } else if value.is_empty() {
+                problems.push(FieldError::new(
+                    path,
+                    "has an empty value, which means no label at all; remove it or set a value",
+                ));
+            }
+        }
+        problems
+    }
+}
+
+impl ExporterConfig for ParcaExporterConfig {
+    fn queue(&self) -> QueueSettings {
+        self.sending_queue.clone()
+    }
+
+    fn retry(&self) -> RetrySettings {
+        self.retry_on_failure.clone()
+    }
+
+    fn wants(&self) -> Option<Format> {
+        Some(Format::Pprof)
+    }
+
+    fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError> {
+        Ok(Arc::new(self.build_parca(ctx)?))
+    }
+}
+
+impl ParcaExporterConfig {
+    /// The exporter as its concrete type.
+    pub fn build_parca(&self, ctx: &BuildContext) -> Result<ParcaExporter, BuildError> {
+        let fail = |message: String| BuildError::new(format!("exporter `{}`: {message}", ctx.id));
+        let problems = self.validate();
+        if !problems.is_empty() {
+            let all: Vec<String> = problems
+                .iter()
+                .map(|p| format!("{}: {}", p.path, p.message))
+                .collect();
+            return Err(fail(all.join("; ")));
+        }
+        let origin = self
+            .origin(&mut Vec::new())
+            .ok_or_else(|| fail("`endpoint` is not usable".to_owned()))?;
+        let mut headers = self
+            .header_map()
+            .map_err(|_| fail("`headers` are not usable".to_owned()))?;
+        let token = match (&self.bearer_token, &self.bearer_token_file) {
+            (Some(t), _) => Some(t.trim().to_owned()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| fail(format!("bearer_token_file `{}`: {e}", path.display())))?;
+                let t = text.trim().to_owned();
+                if t.is_empty() {
+                    return Err(fail(format!(
+                        "bearer_token_file `{}` is empty",
+                        path.display()
+                    )));
+                }
+                Some(t)
+            }
+            (None, None) => None,
+        };
+        if let Some(token) = token {
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                fail("the bearer token is not a valid header value (visible ASCII only)".to_owned())
+            })?;
+            value.set_sensitive(true);
+            headers.insert(AUTHORIZATION, value);
+        }
+        let timeout = self.timeout.get();
+        let client = grpc::grpc_client(&self.tls, origin.scheme_str() == Some("https"), timeout)
+            .map_err(fail)?;
+        let shown = origin.to_string();
+        let url = format!("{}{WRITE_RAW_PATH}", shown.trim_end_matches('/'))
+            .parse()
+            .map_err(|e| fail(format!("`endpoint` {shown} does not make a URL: {e}")))?;
+        Ok(ParcaExporter {
+            id: ctx.id.clone(),
+            client,
+            url,
+            shown,
+            headers,
+            timeout,
+            normalized: self.normalized,
+            external_labels: self
+                .external_labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            logged: Mutex::new(HashSet::new()),
+        })
+    }
+}
+
+/// The running `parca` exporter.
+#[derive(Debug)]
+pub struct ParcaExporter {
+    id: String,
+    client: Client<Connector, Full<Bytes>>,
+    /// Origin + [`WRITE_RAW_PATH`].
+    url: Uri,
+    /// The peer as logs and errors show it.
+    shown: String,
+    /// Configured headers and the bearer token.
+    headers: HeaderMap,
+    timeout: StdDuration,
+    normalized: bool,
+    /// Sorted by name.
+    external_labels: Vec<(String, String)>,
+    /// INVALID_ARGUMENT messages already logged.
+    logged: Mutex<HashSet<String>>,
+}
+
+impl ParcaExporter {
+    /// Sends one encoded `WriteRawRequest`.
+    pub(crate) async fn send(&self, message: Bytes) -> Result<(), ExportError> {
+        let call = grpc::unary(
+            &self.client,
+            &self.url,
+            self.headers.clone(),
+            message,
+            false,
+            self.timeout,
+        );
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(_answer)) => Ok(()),
+            Ok(Err(s)) => {
+                if s.code() == tonic::Code::InvalidArgument {
+                    self.log_refusal(s.message());
+                }
+                Err(status::grpc_error(
+                    &s,
+                    &format!("Parca WriteRaw to {}", self.shown),
+                ))
+            }
+            Err(_) => Err(ExportError::retryable(
+                "timeout",
+                format!(
+                    "Parca WriteRaw to {} got no answer within {:?} (`timeout`)",
+                    self.shown, self.timeout
+                ),
+            )),
+        }
+    }
+
+    /// Logs a refusal once per distinct message (a bad profile is usually
+    /// sent again and again by the same client).
+    fn log_refusal(&self, message: &str) {
+        let first_time = {
+            let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
+            logged.len() < MAX_REMEMBERED_MESSAGES && logged.insert(message.to_owned())
+        };
+        if first_time {
+            tracing::warn!(
+                exporter = %self.id,
+                peer = %self.shown,
+                message = %message,
+                "Parca refused profiles as invalid; they were dropped (this message is logged once)"
+            );
+        } else {
+            tracing::debug!(exporter = %self.id, message = %message, "Parca refused profiles as invalid");
+        }
+    }
+}
+
+#[async_trait]
+impl Exporter for ParcaExporter {
+    async fn export(&self, batch: &ExportBatch) -> Result<(), ExportError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let envelopes = batch.envelopes();
+        let built = wire::build_request(envelopes, &self.external_labels, self.normalized);
+        let refused_error = |refused: &[(usize, String)]| {
+            let (i, why) = &refused[0];
+            format!(
+                "{} profile(s) have no pprof bytes to send (profile {}: {why}); they were dropped",
+                refused.len(),
+                envelopes[*i].labels.to_selector_string()
+            )
+        };
+        if built.request.series.is_empty() {
+            return Err(ExportError::permanent(
+                "encode",
+                refused_error(&built.refused),
+            ));
+        }
+        let message = Bytes::from(built.request.encode_to_vec());
+        self.send(message).await?;
+        if built.refused.is_empty() {
+            return Ok(());
+        }
+        let indexes = built.refused.iter().map(|(i, _)| *i).collect();
+        Err(ExportError::partial(
+            indexes,
+            "encode",
+            refused_error(&built.refused),
+        ))
+    }
+}
