@@ -251,6 +251,8 @@ mod tests {
             (cfg!(feature = "exporter-file"), "exporter-file"),
             (cfg!(feature = "exporter-nop"), "exporter-nop"),
             (cfg!(feature = "exporter-otlp"), "exporter-otlp"),
+            (cfg!(feature = "exporter-parca"), "exporter-parca"),
+            (cfg!(feature = "exporter-pyroscope"), "exporter-pyroscope"),
         ];
         let enabled: Vec<&str> = features
             .iter()
