@@ -102,7 +102,10 @@ fn main() -> anyhow::Result<()> {
     // (body, plain size, profiles per request)
     let (body, plain, per_request) = match args.protocol {
         Protocol::Pprof => {
-            let body = proflow_pipeline::testdata::cpu_profile_gzip(args.samples, args.functions);
+            // Stamped now: backends refuse profiles from outside their window.
+            let mut p = proflow_pipeline::testdata::cpu_profile(args.samples, args.functions);
+            p.time_nanos = proflow_pipeline::model::now_unix_nanos();
+            let body = proflow_pipeline::pprof::gzip(&proflow_pipeline::pprof::encode(&p));
             (body.to_vec(), 0, 1)
         }
         Protocol::OtlpHttp | Protocol::OtlpGrpc => {

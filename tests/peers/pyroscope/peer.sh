@@ -40,7 +40,8 @@ start_pyroscope() {
     -pyroscopedb.data-path="$dir/data/pyroscopedb" \
     -self-profiling.disable-push=true \
     -usage-stats.enabled=false \
-    -tracing.enabled=false
+    -tracing.enabled=false \
+    -distributor.ingestion-rate-limit-mb=1024 -distributor.ingestion-burst-size-mb=1024
   printf 'PYROSCOPE_ENDPOINT=%s\n' "$(endpoint "$http")" >"$dir/endpoints"
 }
 
