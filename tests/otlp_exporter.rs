@@ -21,125 +21,29 @@ mod peer_env;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use common::Proflow;
+use common::Totals;
 use proflow_pipeline::otlp::{self, Lost, common as otlp_common, json, proto};
-use proflow_pipeline::pprof;
 
-const HOT: &str = "py_hot_loop";
-const WARM: &str = "py_warm_loop";
-const FUNCTIONS: [&str; 2] = [HOT, WARM];
 /// How long the client program burns CPU.
 const RUN_SECONDS: &str = "3";
-const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the peer may take to show what it was sent.
 const READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Per function, the sum of the first sample type's values of the samples
-/// whose stack contains it.
-type Totals = BTreeMap<String, i64>;
-
-fn add_totals(totals: &mut Totals, profile: &pprof::Profile) {
-    for (frames, sample) in pprof::stacks_root_first(profile) {
-        let value = sample.value.first().copied().unwrap_or(0);
-        for f in FUNCTIONS {
-            if frames.contains(&f) {
-                *totals.entry(f.to_owned()).or_default() += value;
-            }
-        }
-    }
-}
-
-/// Proflow with `pprof_push` fanned out to `file` and to `otlp` configured
-/// by `otlp_body` (YAML lines of the exporter's body).
-fn start_proflow(otlp_body: &str) -> Proflow {
-    let body: String = otlp_body
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| format!("    {l}\n"))
-        .collect();
-    Proflow::start(|ports, profiles| {
-        format!(
-            "receivers:\n  pprof_push:\n    endpoint: {}\n\
-             exporters:\n  file:\n    directory: {}\n  otlp:\n{body}\
-             service:\n  telemetry:\n    address: {}\n    log_level: info\n  \
-             pipelines:\n    profiles:\n      receivers: [pprof_push]\n      exporters: [file, otlp]\n",
-            ports.receiver,
-            profiles.display(),
-            ports.telemetry
-        )
-    })
-}
-
 /// Runs the Python client against proflow as `app`; returns the totals of
 /// what the `file` exporter wrote once the `otlp` exporter has sent as many
-/// profiles as the file exporter wrote, with none failed.
-fn run_client(proflow: &Proflow, python: &PathBuf, app: &str) -> Totals {
-    let log = proflow.dir.path().join("python-client.log");
-    let (status, output) = common::run_bounded(
-        Command::new(python)
-            .arg(common::peers_dir().join("apps/python/main.py"))
-            .args(["--server", &proflow.receiver_url("")])
-            .args(["--app-name", app])
-            .arg(RUN_SECONDS),
-        &log,
-        RUN_TIMEOUT,
-    );
-    assert!(
-        status.success(),
-        "python client failed ({status}):\n{output}"
-    );
-    // The client flushed before it exited; wait until the file count is stable.
-    let mut entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = proflow.wait_for_files(entries.len(), |e| e.label("service_name") == Some(app));
-        if now.len() == entries.len() {
-            break;
-        }
-        entries = now;
-    }
-    let written = entries.len() as f64;
-    let sent = peer_env::poll(Duration::from_secs(30), || {
-        let metrics = proflow.metrics();
-        let sent = common::metric_sum(
-            &metrics,
-            "proflow_exporter_sent_profiles_total",
-            &[("exporter", "otlp")],
-        );
-        (sent >= written).then_some(metrics)
-    });
-    let metrics = sent.unwrap_or_else(|| {
-        panic!(
-            "the otlp exporter did not send the {written} profiles the file exporter wrote\nmetrics:\n{}\nlog:\n{}",
-            proflow.metrics(),
-            proflow.log_text()
-        )
-    });
-    let failed = common::metric_sum(
-        &metrics,
-        "proflow_exporter_failed_profiles_total",
-        &[("exporter", "otlp")],
-    );
-    assert_eq!(failed, 0.0, "log:\n{}", proflow.log_text());
+/// profiles, with none failed and none rejected by the peer.
+fn run_client(proflow: &common::Proflow, python: &std::path::Path, app: &str) -> Totals {
+    let run = common::run_python_client_through(proflow, python, app, RUN_SECONDS, "otlp");
     // A partial success (the peer took a request but rejected profiles of it).
     let rejected = common::metric_sum(
-        &metrics,
+        &run.metrics,
         "proflow_exporter_dropped_profiles_total",
         &[("exporter", "otlp"), ("reason", "rejected_by_peer")],
     );
     assert_eq!(rejected, 0.0, "log:\n{}", proflow.log_text());
-    let mut totals = Totals::new();
-    for e in &entries {
-        add_totals(&mut totals, &common::read_profile(&e.path));
-    }
-    assert!(
-        totals.get(HOT) > totals.get(WARM) && totals.get(WARM).is_some_and(|w| *w > 0),
-        "the client's profiles should show {HOT} above {WARM} > 0: {totals:?}"
-    );
-    totals
+    run.totals
 }
 
 fn python() -> Option<PathBuf> {
@@ -196,7 +100,7 @@ fn collector_totals(file: &str, app: &str) -> Totals {
                 .collect();
             let mut lost = Lost::default();
             for p in otlp::otlp_to_pprof(dict, &profiles, &mut lost).expect("converts back") {
-                add_totals(&mut totals, &p);
+                common::add_totals(&mut totals, &p);
             }
         }
     }
@@ -220,7 +124,7 @@ fn through_the_collector(protocol: &str) {
             otelcol.var("HTTP_ENDPOINT")
         ),
     };
-    let proflow = start_proflow(&exporter);
+    let proflow = common::start_with_file_and("otlp", &exporter);
     let app = common::unique_name(&format!("py-otlp-{protocol}"));
     let want = run_client(&proflow, &python, &app);
     let file = otelcol.var("FILE_PATH").to_owned();
@@ -294,7 +198,7 @@ fn json_pprof_totals(profile: &serde_json::Value) -> Totals {
             .flatten()
             .collect();
         let value = array(&sample["value"]).first().map_or(0, int);
-        for f in FUNCTIONS {
+        for f in common::PY_FUNCTIONS {
             if names.iter().any(|n| n.as_str() == f) {
                 *totals.entry(f.to_owned()).or_default() += value;
             }
@@ -372,7 +276,7 @@ fn through_pyroscope(protocol: &str) {
         ),
         _ => format!("protocol: http\nendpoint: {}\n", pyroscope.http_base()),
     };
-    let proflow = start_proflow(&exporter);
+    let proflow = common::start_with_file_and("otlp", &exporter);
     let app = common::unique_name(&format!("py-pyro-{protocol}"));
     let want = run_client(&proflow, &python, &app);
     let http = common::http_client();

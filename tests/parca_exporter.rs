@@ -13,50 +13,17 @@ mod common;
 #[allow(clippy::duplicate_mod)]
 mod peer_env;
 
-use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use common::Proflow;
+use common::Totals;
 use proflow_pipeline::pprof;
 
-const HOT: &str = "py_hot_loop";
-const WARM: &str = "py_warm_loop";
-const FUNCTIONS: [&str; 2] = [HOT, WARM];
 /// How long the client program burns CPU.
 const RUN_SECONDS: &str = "3";
-const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long Parca may take to show what it was sent.
 const READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Per function, the sum of the first sample type's values of the samples
-/// whose stack contains it.
-type Totals = BTreeMap<String, i64>;
-
-fn add_totals(totals: &mut Totals, profile: &pprof::Profile) {
-    for (frames, sample) in pprof::stacks_root_first(profile) {
-        let value = sample.value.first().copied().unwrap_or(0);
-        for f in FUNCTIONS {
-            if frames.contains(&f) {
-                *totals.entry(f.to_owned()).or_default() += value;
-            }
-        }
-    }
-}
-
-/// Whether every function's total in `got` is within 1% of `want`'s.
-fn close(got: &Totals, want: &Totals) -> bool {
-    FUNCTIONS.iter().all(|f| {
-        let (g, w) = (got.get(*f).copied(), want.get(*f).copied());
-        match (g, w) {
-            (Some(g), Some(w)) => (g - w).abs() as f64 <= (w.abs() as f64) * 0.01,
-            (None, None) => true,
-            _ => false,
-        }
-    })
-}
 
 /// The string of a pprof string-table index.
 fn string(p: &pprof::Profile, i: i64) -> &str {
@@ -125,86 +92,23 @@ fn python_profiles_reach_parca_with_the_totals_proflow_received() {
             return;
         }
     };
-    let endpoint = parca.endpoint().to_owned();
-    let proflow = Proflow::start(|ports, profiles| {
-        format!(
-            "receivers:\n  pprof_push:\n    endpoint: {}\n\
-             exporters:\n  file:\n    directory: {}\n  parca:\n    endpoint: {endpoint}\n    \
-             tls: {{ insecure: true }}\n    external_labels: {{ via: proflow }}\n\
-             service:\n  telemetry:\n    address: {}\n    log_level: info\n  \
-             pipelines:\n    profiles:\n      receivers: [pprof_push]\n      exporters: [file, parca]\n",
-            ports.receiver,
-            profiles.display(),
-            ports.telemetry
-        )
-    });
+    let proflow = common::start_with_file_and(
+        "parca",
+        &format!(
+            "endpoint: {}\ntls: {{ insecure: true }}\nexternal_labels: {{ via: proflow }}\n",
+            parca.endpoint()
+        ),
+    );
     let app = common::unique_name("py-parca");
-    let log = proflow.dir.path().join("python-client.log");
-    let (status, output) = common::run_bounded(
-        Command::new(&python)
-            .arg(common::peers_dir().join("apps/python/main.py"))
-            .args(["--server", &proflow.receiver_url("")])
-            .args(["--app-name", &app])
-            .arg(RUN_SECONDS),
-        &log,
-        RUN_TIMEOUT,
-    );
-    assert!(
-        status.success(),
-        "python client failed ({status}):\n{output}"
-    );
-
-    // The client flushed before it exited; wait until the file count is stable.
-    let mut entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(&app));
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = proflow.wait_for_files(entries.len(), |e| e.label("service_name") == Some(&app));
-        if now.len() == entries.len() {
-            break;
-        }
-        entries = now;
-    }
-    let written = entries.len() as f64;
-    let metrics = peer_env::poll(Duration::from_secs(30), || {
-        let metrics = proflow.metrics();
-        let sent = common::metric_sum(
-            &metrics,
-            "proflow_exporter_sent_profiles_total",
-            &[("exporter", "parca")],
-        );
-        (sent >= written).then_some(metrics)
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "the parca exporter did not send the {written} profiles the file exporter wrote\nmetrics:\n{}\nlog:\n{}",
-            proflow.metrics(),
-            proflow.log_text()
-        )
-    });
-    let failed = common::metric_sum(
-        &metrics,
-        "proflow_exporter_failed_profiles_total",
-        &[("exporter", "parca")],
-    );
-    assert_eq!(failed, 0.0, "log:\n{}", proflow.log_text());
-
-    let mut want = Totals::new();
-    let mut first = None;
-    for e in &entries {
-        let p = common::read_profile(&e.path);
-        add_totals(&mut want, &p);
-        first.get_or_insert(p);
-    }
-    assert!(
-        want.get(HOT) > want.get(WARM) && want.get(WARM).is_some_and(|w| *w > 0),
-        "the client's profiles should show {HOT} above {WARM} > 0: {want:?}"
-    );
+    let run = common::run_python_client_through(&proflow, &python, &app, RUN_SECONDS, "parca");
+    let want = run.totals;
+    let first = run.first;
 
     // Parca files each sample type as its own profile type,
     // NAME:TYPE:UNIT:PERIOD_TYPE:PERIOD_UNIT[:delta]; the totals are of the
     // first sample type.
-    let first = first.expect("a profile");
-    let name = entries[0]
+    let name = run
+        .entry
         .label("__name__")
         .unwrap_or("process_cpu")
         .to_owned();
@@ -229,8 +133,8 @@ fn python_profiles_reach_parca_with_the_totals_proflow_received() {
     let same = peer_env::poll(READ_BACK_TIMEOUT, || {
         let merged = parca_merge(&http, &base, &query, &mut last)?;
         got = Totals::new();
-        add_totals(&mut got, &merged);
-        close(&got, &want).then_some(())
+        common::add_totals(&mut got, &merged);
+        common::totals_close(&got, &want).then_some(())
     });
     assert!(
         same.is_some(),

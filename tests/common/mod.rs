@@ -992,3 +992,146 @@ pub fn push_valid(proflow: &Proflow, app: &str) {
     );
     reply.expect_status(200, "valid pprof push");
 }
+
+// ---------------------------------------------------------- exporter tests
+
+/// The Python client program's hot and warm functions.
+pub const PY_FUNCTIONS: [&str; 2] = ["py_hot_loop", "py_warm_loop"];
+
+/// Per function of [`PY_FUNCTIONS`], the sum of the first sample type's
+/// values of the samples whose stack contains it.
+pub type Totals = std::collections::BTreeMap<String, i64>;
+
+/// Adds one profile's [`Totals`].
+pub fn add_totals(totals: &mut Totals, profile: &proflow_pipeline::pprof::Profile) {
+    for (frames, sample) in proflow_pipeline::pprof::stacks_root_first(profile) {
+        let value = sample.value.first().copied().unwrap_or(0);
+        for f in PY_FUNCTIONS {
+            if frames.contains(&f) {
+                *totals.entry(f.to_owned()).or_default() += value;
+            }
+        }
+    }
+}
+
+/// The same functions, each total within 1%.
+pub fn totals_close(got: &Totals, want: &Totals) -> bool {
+    got.len() == want.len()
+        && want.iter().all(|(f, w)| {
+            got.get(f)
+                .is_some_and(|g| (g - w).abs() as f64 <= (*w as f64).abs() * 0.01)
+        })
+}
+
+/// proflow with `pprof_push` fanned out to a `file` exporter and to the
+/// exporter `id` whose body is `body` (YAML lines, unindented).
+pub fn start_with_file_and(id: &str, body: &str) -> Proflow {
+    let body: String = body
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| format!("    {l}\n"))
+        .collect();
+    Proflow::start(|ports, profiles| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\n\
+             exporters:\n  file:\n    directory: {}\n  {id}:\n{body}\
+             service:\n  telemetry:\n    address: {}\n    log_level: info\n  \
+             pipelines:\n    profiles:\n      receivers: [pprof_push]\n      exporters: [file, {id}]\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry
+        )
+    })
+}
+
+/// What [`run_python_client_through`] saw.
+pub struct ClientRun {
+    /// Totals of what the `file` exporter wrote.
+    pub totals: Totals,
+    /// The first profile written (for its sample and period types).
+    pub first: proflow_pipeline::pprof::Profile,
+    /// Its index entry.
+    pub entry: IndexEntry,
+    /// proflow's metrics once the exporter had sent everything.
+    pub metrics: String,
+}
+
+/// Runs the Python client against `proflow` (started by
+/// [`start_with_file_and`]) as `app` for `seconds`; waits until the file
+/// count is stable and `exporter` has sent as many profiles, with none
+/// failed; the client's hot function must outweigh its warm one.
+pub fn run_python_client_through(
+    proflow: &Proflow,
+    python: &Path,
+    app: &str,
+    seconds: &str,
+    exporter: &str,
+) -> ClientRun {
+    let log = proflow.dir.path().join("python-client.log");
+    let (status, output) = run_bounded(
+        Command::new(python)
+            .arg(peers_dir().join("apps/python/main.py"))
+            .args(["--server", &proflow.receiver_url("")])
+            .args(["--app-name", app])
+            .arg(seconds),
+        &log,
+        Duration::from_secs(60),
+    );
+    assert!(
+        status.success(),
+        "python client failed ({status}):\n{output}"
+    );
+    // The client flushed before it exited; wait until the file count is stable.
+    let mut entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = proflow.wait_for_files(entries.len(), |e| e.label("service_name") == Some(app));
+        if now.len() == entries.len() {
+            break;
+        }
+        entries = now;
+    }
+    let written = entries.len() as f64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let metrics = proflow.metrics();
+        let sent = metric_sum(
+            &metrics,
+            "proflow_exporter_sent_profiles_total",
+            &[("exporter", exporter)],
+        );
+        if sent >= written {
+            break metrics;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the {exporter} exporter did not send the {written} profiles the file exporter wrote\nmetrics:\n{metrics}\nlog:\n{}",
+            proflow.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let failed = metric_sum(
+        &metrics,
+        "proflow_exporter_failed_profiles_total",
+        &[("exporter", exporter)],
+    );
+    assert_eq!(failed, 0.0, "log:\n{}", proflow.log_text());
+    let mut totals = Totals::new();
+    let mut first = None;
+    for e in &entries {
+        let p = read_profile(&e.path);
+        add_totals(&mut totals, &p);
+        first.get_or_insert(p);
+    }
+    let [hot, warm] = PY_FUNCTIONS;
+    assert!(
+        totals.get(hot) > totals.get(warm) && totals.get(warm).is_some_and(|w| *w > 0),
+        "the client's profiles should show {hot} above {warm} > 0: {totals:?}"
+    );
+    ClientRun {
+        totals,
+        first: first.expect("at least one profile was written"),
+        entry: entries.swap_remove(0),
+        metrics,
+    }
+}
