@@ -348,11 +348,11 @@ impl OtlpExporterConfig {
     /// The exporter as its concrete type (tests read what it logged).
     pub fn build_otlp(&self, ctx: &BuildContext) -> Result<OtlpExporter, BuildError> {
         let fail = |problems: Vec<FieldError>| {
-            let all: Vec<String> = problems
-                .iter()
-                .map(|p| format!("{}: {}", p.path, p.message))
-                .collect();
-            BuildError::new(format!("exporter `{}`: {}", ctx.id, all.join("; ")))
+            BuildError::new(format!(
+                "exporter `{}`: {}",
+                ctx.id,
+                crate::grpc::joined_problems(&problems)
+            ))
         };
         let wire = self.wire().map_err(fail)?;
         let headers = self.header_map().map_err(fail)?;

@@ -233,11 +233,7 @@ impl ParcaExporterConfig {
         let fail = |message: String| BuildError::new(format!("exporter `{}`: {message}", ctx.id));
         let problems = self.validate();
         if !problems.is_empty() {
-            let all: Vec<String> = problems
-                .iter()
-                .map(|p| format!("{}: {}", p.path, p.message))
-                .collect();
-            return Err(fail(all.join("; ")));
+            return Err(fail(crate::grpc::joined_problems(&problems)));
         }
         let origin = self
             .origin(&mut Vec::new())

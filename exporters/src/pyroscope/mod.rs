@@ -429,11 +429,7 @@ impl PyroscopeExporterConfig {
         let fail = |m: String| BuildError::new(format!("exporter `{}`: {m}", ctx.id));
         let problems = self.validate();
         if !problems.is_empty() {
-            let all: Vec<String> = problems
-                .iter()
-                .map(|p| format!("{}: {}", p.path, p.message))
-                .collect();
-            return Err(fail(all.join("; ")));
+            return Err(fail(crate::grpc::joined_problems(&problems)));
         }
         let base = self.base_url().map_err(|e| fail(e.message))?;
         let mut headers = self.header_map().map_err(|_| fail("headers".into()))?;
