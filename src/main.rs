@@ -249,6 +249,7 @@ mod tests {
             (cfg!(feature = "receiver-pprof_push"), "receiver-pprof_push"),
             (cfg!(feature = "processor-relabel"), "processor-relabel"),
             (cfg!(feature = "exporter-file"), "exporter-file"),
+            (cfg!(feature = "exporter-kafka"), "exporter-kafka"),
             (cfg!(feature = "exporter-nop"), "exporter-nop"),
             (cfg!(feature = "exporter-otlp"), "exporter-otlp"),
             (cfg!(feature = "exporter-parca"), "exporter-parca"),

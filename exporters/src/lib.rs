@@ -3,7 +3,8 @@
 //! pprof or folded files to a local directory, [`nop`] discards (for tests and
 //! benchmarks), [`otlp`] sends OTLP profiles over gRPC or HTTP, [`parca`]
 //! writes pprof to Parca over gRPC, [`pyroscope`] sends pprof to Grafana
-//! Pyroscope's push API.
+//! Pyroscope's push API, [`kafka`] sends one record per profile to Apache
+//! Kafka.
 //!
 //! This crate depends only on `proflow-pipeline` and `proflow-config`, never on
 //! another component crate: exporters are driven by the pipeline's queue and
@@ -21,6 +22,8 @@
 mod error;
 #[cfg(feature = "file")]
 pub mod file;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nop")]
 pub mod nop;
 #[cfg(feature = "otlp")]
@@ -40,12 +43,28 @@ mod grpc;
 pub use error::Error;
 
 use proflow_pipeline::registry::Factory;
+
+/// Config problems as one build error message: `path: message; …`.
+#[cfg(any(
+    feature = "otlp",
+    feature = "parca",
+    feature = "pyroscope",
+    feature = "kafka"
+))]
+pub(crate) fn joined_problems(problems: &[proflow_pipeline::component::FieldError]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("{}: {}", p.path, p.message))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
 #[cfg(any(
     feature = "file",
     feature = "nop",
     feature = "otlp",
     feature = "parca",
-    feature = "pyroscope"
+    feature = "pyroscope",
+    feature = "kafka"
 ))]
 use proflow_pipeline::registry::Stability;
 
@@ -63,6 +82,12 @@ pub fn factories() -> Vec<Factory> {
             "nop",
             Stability::Stable,
             "Accepts and discards profiles, counting them; for tests and benchmarks.",
+        ),
+        #[cfg(feature = "kafka")]
+        Factory::exporter::<kafka::KafkaExporterConfig>(
+            "kafka",
+            Stability::Alpha,
+            "Sends one record per profile to Apache Kafka (pprof or OTLP), keyed by series, acknowledged by delivery reports.",
         ),
         #[cfg(feature = "otlp")]
         Factory::exporter::<otlp::OtlpExporterConfig>(

@@ -12,6 +12,7 @@
 
 pub mod component;
 pub mod delivery;
+pub mod kafka;
 pub mod memory;
 pub mod model;
 pub mod otlp;

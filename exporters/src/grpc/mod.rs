@@ -119,16 +119,9 @@ impl TlsSettings {
     }
 }
 
-/// An absolute `http://` or `https://` URL with a host.
-/// Config problems as one build error message: `path: message; …`.
-pub(crate) fn joined_problems(problems: &[FieldError]) -> String {
-    problems
-        .iter()
-        .map(|p| format!("{}: {}", p.path, p.message))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
+pub(crate) use crate::joined_problems;
 
+/// An absolute `http://` or `https://` URL with a host.
 pub(crate) fn parse_url(text: &str) -> Result<Uri, String> {
     let uri: Uri = text
         .parse()
