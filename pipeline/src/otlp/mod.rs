@@ -34,6 +34,7 @@ mod form;
 mod from_pprof;
 pub mod json;
 mod request;
+mod split;
 #[cfg(test)]
 mod tests;
 mod to_pprof;
@@ -55,6 +56,7 @@ pub use form::{
 };
 pub use from_pprof::pprof_to_otlp;
 pub use request::{Request, RequestBuilder};
+pub use split::{Split, SplitError, split_decoded, split_raw};
 pub use to_pprof::otlp_to_pprof;
 pub use wire_check::{DictionaryIndex, ProfileFacts, check_dictionary_wire, check_profile_wire};
 

@@ -1,0 +1,415 @@
+//! One `ExportProfilesServiceRequest` split into envelopes, one per
+//! (resource, scope, profile), for every receiver that takes OTLP requests
+//! (the `otlp` receiver's two protocols, the `kafka` receiver).
+//!
+//! - Protobuf ([`split_raw`]) is never decoded but for resources and scopes:
+//!   the dictionary and each profile are checked on the wire
+//!   ([`check_dictionary_wire`](super::check_dictionary_wire),
+//!   [`check_profile_wire`](super::check_profile_wire)) and the payloads hold
+//!   slices of the body, so the body is all a request holds.
+//! - A decoded request ([`split_decoded`], from OTLP JSON) is checked with
+//!   [`check_profile`](super::check_profile).
+//! - A broken dictionary refuses the whole request ([`SplitError`]); a broken
+//!   profile is refused alone and counted in [`Split::rejected`]; when every
+//!   profile is broken the whole request is refused.
+//! - Every envelope shares the request's dictionary (one `Arc`) and its
+//!   scope's [`OtlpContext`]; its labels come from the resource and scope
+//!   attributes ([`AttributeLabels`]), `service_name` defaults to
+//!   `unknown_service` (Pyroscope's fallback) and `__name__` comes from the
+//!   sample type.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use prost::Message;
+
+use super::{
+    AttributeLabels, OtlpContext, OtlpProfiles, ProfileData, SharedDictionary, collector, proto,
+};
+use crate::model::{Envelope, Payload, SERVICE_NAME_LABEL, ValueType, now_unix_nanos};
+use crate::profile_type::profile_name_from_sample_types;
+
+/// `service_name` of profiles whose resource names no service (Pyroscope's
+/// fallback, as the `pprof_push` receiver does).
+const UNKNOWN_SERVICE: &str = "unknown_service";
+
+/// The profiles of one request, as envelopes.
+#[derive(Debug, Default)]
+pub struct Split {
+    pub envelopes: Vec<Envelope>,
+    /// Profiles refused alone (reported in `partial_success`).
+    pub rejected: u64,
+    /// Why, for `partial_success.error_message`.
+    pub error_message: String,
+}
+
+/// Why a whole request was refused: `profiles` of it (0 when it could not
+/// even be counted).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct SplitError {
+    pub message: String,
+    pub profiles: u64,
+}
+
+/// One resource's or scope's parts as the wire holds them.
+struct Walked<'a> {
+    /// The `Resource` or `InstrumentationScope` message.
+    head: &'a [u8],
+    schema_url: &'a [u8],
+    /// Scopes of a resource, or profiles of a scope.
+    items: Vec<&'a [u8]>,
+}
+
+/// Walks one `ResourceProfiles` or `ScopeProfiles` message: field 1 the
+/// head, field 2 repeated items, field 3 the schema url.
+fn walk(message: &[u8]) -> Result<Walked<'_>, String> {
+    use crate::wire::{Value, fields};
+    let mut w = Walked {
+        head: &[],
+        schema_url: &[],
+        items: Vec::new(),
+    };
+    for f in fields(message) {
+        match f.map_err(|e| e.to_string())? {
+            (1, Value::Bytes(b)) => w.head = b,
+            (2, Value::Bytes(b)) => w.items.push(b),
+            (3, Value::Bytes(b)) => w.schema_url = b,
+            (1..=3, _) => return Err("a field has the wrong wire type".to_owned()),
+            _ => {}
+        }
+    }
+    Ok(w)
+}
+
+fn utf8(b: &[u8]) -> Result<String, String> {
+    String::from_utf8(b.to_vec()).map_err(|_| "a schema_url is not valid UTF-8".to_owned())
+}
+
+/// The envelopes of a protobuf request, checked on the wire without
+/// decoding its profiles or dictionary (see the module docs): the payloads
+/// hold slices of `body`.
+pub fn split_raw(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, SplitError> {
+    use crate::wire::{Value, fields};
+    let not_otlp = |e: String| SplitError {
+        message: format!("the body is not an OTLP ExportProfilesServiceRequest: {e}"),
+        profiles: 0,
+    };
+    let mut dictionary: Option<&[u8]> = None;
+    let mut resources = Vec::new();
+    for f in fields(body) {
+        match f.map_err(|e| not_otlp(e.to_string()))? {
+            (1, Value::Bytes(rp)) => {
+                let r = walk(rp).map_err(not_otlp)?;
+                let scopes = r
+                    .items
+                    .iter()
+                    .map(|sp| walk(sp))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(not_otlp)?;
+                resources.push((r, scopes));
+            }
+            (2, Value::Bytes(_)) if dictionary.is_some() => {
+                return Err(not_otlp("the dictionary is given twice".to_owned()));
+            }
+            (2, Value::Bytes(d)) => dictionary = Some(d),
+            (1 | 2, _) => return Err(not_otlp("a field has the wrong wire type".to_owned())),
+            _ => {}
+        }
+    }
+    let count: usize = resources
+        .iter()
+        .flat_map(|(_, scopes)| scopes)
+        .map(|s| s.items.len())
+        .sum();
+    if count == 0 {
+        return Ok(Split::default());
+    }
+    let refuse_all = |message: String| SplitError {
+        message,
+        profiles: count as u64,
+    };
+    let Some(dictionary) = dictionary else {
+        return Err(refuse_all(format!(
+            "the request carries {count} profiles but no dictionary; OTLP profiles 1.10 (v1development) puts the tables every profile refers to in ExportProfilesServiceRequest.dictionary: is the sender on an earlier version?"
+        )));
+    };
+    let index = super::check_dictionary_wire(dictionary)
+        .map_err(|e| refuse_all(format!("the request's dictionary is invalid: {e}")))?;
+    let shared_dictionary = Arc::new(SharedDictionary::from_raw_entries(
+        body.slice_ref(dictionary),
+        index.strings.len() + index.locations,
+    ));
+    let string = |i: i32| {
+        index
+            .string(i)
+            .ok_or_else(|| super::ConvertError(format!("string index {i} is out of range")))
+    };
+
+    let mut rejected = 0u64;
+    let mut first_error: Option<String> = None;
+    let mut refuse = |n: usize, why: String| {
+        rejected += n as u64;
+        first_error.get_or_insert(why);
+    };
+    let mut shared = body.len();
+    let mut valid: Vec<(Arc<OtlpContext>, super::ProfileFacts, &[u8])> = Vec::with_capacity(count);
+    for (r, scopes) in resources {
+        let head = |what: &str, e: prost::DecodeError| format!("{what}: {e}");
+        let resource = super::Resource::decode(r.head)
+            .map_err(|e| head("resource", e))
+            .and_then(|mut res| {
+                super::inline_attributes_with(&mut res.attributes, string)
+                    .map_err(|e| e.to_string())?;
+                Ok((res, utf8(r.schema_url)?))
+            });
+        for s in scopes {
+            let made = resource
+                .clone()
+                .and_then(|(resource, resource_schema_url)| {
+                    let mut scope = super::common::InstrumentationScope::decode(s.head)
+                        .map_err(|e| head("scope", e))?;
+                    super::inline_attributes_with(&mut scope.attributes, string)
+                        .map_err(|e| e.to_string())?;
+                    let labels = mapping.labels(&resource, &scope);
+                    Ok(Arc::new(OtlpContext {
+                        resource,
+                        resource_schema_url,
+                        scope,
+                        scope_schema_url: utf8(s.schema_url)?,
+                        labels,
+                    }))
+                });
+            let context = match made {
+                Ok(c) => c,
+                Err(e) => {
+                    refuse(s.items.len(), format!("resource or scope: {e}"));
+                    continue;
+                }
+            };
+            shared += super::context_heap_size(&context);
+            for p in s.items {
+                match super::check_profile_wire(&index, p) {
+                    Ok(facts) => valid.push((context.clone(), facts, p)),
+                    Err(e) => refuse(1, e.to_string()),
+                }
+            }
+        }
+    }
+    let error_message = match first_error {
+        Some(first) => format!("{rejected} of {count} profiles were refused; the first: {first}"),
+        None => String::new(),
+    };
+    if valid.is_empty() {
+        return Err(refuse_all(error_message));
+    }
+    // Each profile counts its own bytes; the rest of the body (dictionary,
+    // refused profiles, framing) and the contexts are shared out so the
+    // shares add up to the whole once.
+    let own: usize = valid.iter().map(|(_, _, p)| p.len()).sum();
+    let shared = shared.saturating_sub(own);
+    let n = valid.len();
+    let (each, rest) = (shared / n, shared % n);
+    let now = now_unix_nanos();
+    let name = |i: i32| index.string(i).unwrap_or("");
+    let envelopes = valid
+        .into_iter()
+        .enumerate()
+        .map(|(i, (context, facts, p))| {
+            let share = if i == 0 { each + rest } else { each };
+            let value_type = |(t, u): (i32, i32)| ValueType::new(name(t), name(u));
+            let mut labels = context.labels.clone();
+            if labels.get(SERVICE_NAME_LABEL).is_none() {
+                labels.set(SERVICE_NAME_LABEL, UNKNOWN_SERVICE);
+            }
+            if let Some((t, _)) = facts.sample_type
+                && let Some(n) = profile_name_from_sample_types([name(t)], None)
+            {
+                labels.set("__name__", n);
+            }
+            let start = match i64::try_from(facts.time_unix_nano) {
+                Ok(0) | Err(_) => now,
+                Ok(t) => t,
+            };
+            let duration = i64::try_from(facts.duration_nano).unwrap_or(i64::MAX);
+            Envelope {
+                labels,
+                start_unix_nanos: start,
+                end_unix_nanos: start.saturating_add(duration),
+                sample_types: facts.sample_type.map(value_type).into_iter().collect(),
+                period_type: facts.period_type.map(value_type),
+                period: facts.period,
+                payload: Payload::from_otlp(OtlpProfiles::new(
+                    shared_dictionary.clone(),
+                    Some(context),
+                    vec![ProfileData::from_raw(body.slice_ref(p))],
+                    share,
+                )),
+            }
+        })
+        .collect();
+    Ok(Split {
+        envelopes,
+        rejected,
+        error_message,
+    })
+}
+
+/// The envelopes of a decoded request (OTLP JSON, say; see the module docs).
+pub fn split_decoded(
+    request: collector::ExportProfilesServiceRequest,
+    mapping: &AttributeLabels,
+) -> Result<Split, SplitError> {
+    let count: usize = request
+        .resource_profiles
+        .iter()
+        .flat_map(|r| &r.scope_profiles)
+        .map(|s| s.profiles.len())
+        .sum();
+    if count == 0 {
+        return Ok(Split::default());
+    }
+    let refuse_all = |message: String| SplitError {
+        message,
+        profiles: count as u64,
+    };
+    let Some(dictionary) = request.dictionary else {
+        return Err(refuse_all(format!(
+            "the request carries {count} profiles but no dictionary; OTLP profiles 1.10 (v1development) puts the tables every profile refers to in ExportProfilesServiceRequest.dictionary: is the sender on an earlier version?"
+        )));
+    };
+    super::check_dictionary(&dictionary)
+        .and_then(|()| super::check_dictionary_references(&dictionary))
+        .map_err(|e| refuse_all(format!("the request's dictionary is invalid: {e}")))?;
+    let mut shared = super::dictionary_heap_size(&dictionary);
+    let shared_dictionary = SharedDictionary::from_decoded(dictionary.clone());
+    let shared_dictionary = Arc::new(shared_dictionary);
+
+    let mut rejected = 0u64;
+    let mut first_error: Option<String> = None;
+    let mut refuse = |n: usize, why: String| {
+        rejected += n as u64;
+        first_error.get_or_insert(why);
+    };
+    let mut valid: Vec<(Arc<OtlpContext>, proto::Profile)> = Vec::with_capacity(count);
+    for rp in request.resource_profiles {
+        let mut resource = rp.resource.unwrap_or_default();
+        let resource_ok =
+            super::inline_attributes(&mut resource.attributes, &dictionary.string_table);
+        for sp in rp.scope_profiles {
+            let mut scope = sp.scope.unwrap_or_default();
+            let inlined = resource_ok.clone().and_then(|()| {
+                super::inline_attributes(&mut scope.attributes, &dictionary.string_table)
+            });
+            if let Err(e) = inlined {
+                refuse(
+                    sp.profiles.len(),
+                    format!("resource or scope attributes: {e}"),
+                );
+                continue;
+            }
+            let labels = mapping.labels(&resource, &scope);
+            let context = Arc::new(OtlpContext {
+                resource: resource.clone(),
+                resource_schema_url: rp.schema_url.clone(),
+                scope,
+                scope_schema_url: sp.schema_url,
+                labels,
+            });
+            shared += super::context_heap_size(&context);
+            for profile in sp.profiles {
+                match super::check_profile(&dictionary, &profile) {
+                    Ok(()) => valid.push((context.clone(), profile)),
+                    Err(e) => refuse(1, e.to_string()),
+                }
+            }
+        }
+    }
+    let error_message = match first_error {
+        Some(first) => format!("{rejected} of {count} profiles were refused; the first: {first}"),
+        None => String::new(),
+    };
+    if valid.is_empty() {
+        // Nothing of the request can be used: a permanent error, not a
+        // partial success (the sender must not count any of it delivered).
+        return Err(refuse_all(error_message));
+    }
+
+    // Each envelope's share of the dictionary and contexts, so the shares
+    // add up to the whole once.
+    let n = valid.len().max(1);
+    let (each, rest) = (shared / n, shared % n);
+    let now = now_unix_nanos();
+    let envelopes = valid
+        .into_iter()
+        .enumerate()
+        .map(|(i, (context, profile))| {
+            let share = if i == 0 { each + rest } else { each };
+            envelope(
+                &dictionary,
+                &shared_dictionary,
+                context,
+                profile,
+                share,
+                now,
+            )
+        })
+        .collect();
+    Ok(Split {
+        envelopes,
+        rejected,
+        error_message,
+    })
+}
+
+/// One decoded profile's envelope; its indexes passed [`super::check_profile`].
+fn envelope(
+    dictionary: &proto::ProfilesDictionary,
+    shared_dictionary: &Arc<SharedDictionary>,
+    context: Arc<OtlpContext>,
+    profile: proto::Profile,
+    share: usize,
+    now: i64,
+) -> Envelope {
+    let string = |i: i32| -> &str {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| dictionary.string_table.get(i))
+            .map_or("", String::as_str)
+    };
+    let value_type =
+        |t: &proto::ValueType| ValueType::new(string(t.type_strindex), string(t.unit_strindex));
+    let mut labels = context.labels.clone();
+    if labels.get(SERVICE_NAME_LABEL).is_none() {
+        labels.set(SERVICE_NAME_LABEL, UNKNOWN_SERVICE);
+    }
+    if let Some(t) = &profile.sample_type
+        && let Some(name) = profile_name_from_sample_types([string(t.type_strindex)], None)
+    {
+        labels.set("__name__", name);
+    }
+    // Time 0 is "not set": the profile is taken as of its arrival.
+    let start = match i64::try_from(profile.time_unix_nano) {
+        Ok(0) | Err(_) => now,
+        Ok(t) => t,
+    };
+    let duration = i64::try_from(profile.duration_nano).unwrap_or(i64::MAX);
+    let sample_types = profile.sample_type.iter().map(value_type).collect();
+    let period_type = profile.period_type.as_ref().map(value_type);
+    let period = profile.period;
+    let payload = Payload::from_otlp(OtlpProfiles::new(
+        shared_dictionary.clone(),
+        Some(context),
+        vec![ProfileData::from_decoded(profile)],
+        share,
+    ));
+    Envelope {
+        labels,
+        start_unix_nanos: start,
+        end_unix_nanos: start.saturating_add(duration),
+        sample_types,
+        period_type,
+        period,
+        payload,
+    }
+}
