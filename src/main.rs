@@ -245,6 +245,7 @@ mod tests {
             .map(|f| format!("{}-{}", f.kind, f.type_name))
             .collect();
         let features = [
+            (cfg!(feature = "receiver-kafka"), "receiver-kafka"),
             (cfg!(feature = "receiver-otlp"), "receiver-otlp"),
             (cfg!(feature = "receiver-pprof_push"), "receiver-pprof_push"),
             (cfg!(feature = "processor-relabel"), "processor-relabel"),

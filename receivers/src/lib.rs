@@ -3,7 +3,8 @@
 //!
 //! Lives here: one module per receiver type, named after its config `type`
 //! ([`pprof_push`]: Pyroscope-compatible `/ingest` and `push.v1` Push;
-//! [`otlp`]: OTLP profiles over gRPC and HTTP), and
+//! [`otlp`]: OTLP profiles over gRPC and HTTP; [`kafka`]: a consumer group
+//! member committing only what was delivered), and
 //! [`factories`], the table the binary joins into its registry.
 //!
 //! This crate may depend only on `proflow-pipeline` (envelope, component traits,
@@ -19,18 +20,26 @@
 
 #[cfg(any(feature = "pprof_push", feature = "otlp"))]
 mod endpoint;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 #[cfg(feature = "pprof_push")]
 pub mod pprof_push;
 
 use proflow_pipeline::registry::Factory;
-#[cfg(any(feature = "pprof_push", feature = "otlp"))]
+#[cfg(any(feature = "pprof_push", feature = "otlp", feature = "kafka"))]
 use proflow_pipeline::registry::Stability;
 
 /// Every receiver type compiled into this crate.
 pub fn factories() -> Vec<Factory> {
     vec![
+        #[cfg(feature = "kafka")]
+        Factory::receiver::<kafka::KafkaReceiverConfig>(
+            "kafka",
+            Stability::Alpha,
+            "Reads profiles from Kafka topics as a consumer group member, committing each record only once every exporter delivered it (at least once).",
+        ),
         #[cfg(feature = "pprof_push")]
         Factory::receiver::<pprof_push::PprofPushConfig>(
             "pprof_push",

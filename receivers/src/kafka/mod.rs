@@ -1,0 +1,609 @@
+//! The `kafka` receiver: a consumer group member that reads profiles from
+//! Kafka topics (what proflow's `kafka` exporter writes, or bare OTLP from the
+//! OpenTelemetry Collector's) and commits a record's offset only once every
+//! exporter it was sent to has delivered it.
+//!
+//! - **Records** ([`record`]): the encoding comes from proflow's
+//!   `proflow.encoding` header, else `encoding`, else a sniff of the value
+//!   (gzip → pprof, `{` → OTLP JSON, else OTLP protobuf). Labels, time range
+//!   and tenant come from proflow's headers when there are any, so a profile
+//!   leaves Kafka with the labels it entered with.
+//! - **At least once**: each record's batch is handed to the pipeline with a
+//!   tracked acknowledgement ([`proflow_pipeline::delivery`]) and
+//!   [`Admission::Wait`](proflow_pipeline::component::Admission::Wait) (a
+//!   full `block` queue holds the consumer back rather than refusing). When
+//!   the acknowledgement resolves — every copy delivered, refused for good,
+//!   dropped by a full `drop_newest` queue or filtered, all counted by the
+//!   exporters — the record is resolved, and the partition's committable
+//!   position moves past the longest resolved run ([`offsets`]).
+//!   librdkafka commits the stored positions every `commit_interval`
+//!   (`enable.auto.offset.store=false`), and once more when the receiver
+//!   stops. A record whose profiles were abandoned (the collector stopped
+//!   first) is never committed: it is read again after a restart, as is
+//!   everything after it in its partition. So a `kill -9`, a broker restart
+//!   or a rebalance may deliver a record twice, never lose one.
+//! - **Bounded**: at most `max_unacknowledged` records are in the pipeline
+//!   and unresolved at once; the consumer waits for acknowledgements beyond
+//!   that, so a slow exporter slows the consumer instead of filling memory.
+//!   With `when_full: drop_newest` queues (the default), a burst beyond the
+//!   queue can still be dropped (and committed, counted as dropped): give
+//!   exporters fed by Kafka `when_full: block` for no drops at all.
+//! - **Bad records** are counted (`proflow_receiver_refused_profiles_total`,
+//!   reason `invalid_record`), logged with topic, partition and offset, and
+//!   committed past: they never stop the consumer.
+
+mod offsets;
+mod record;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration as StdDuration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use proflow_config::{ByteSize, Duration};
+use proflow_pipeline::component::{
+    Admission, BuildContext, BuildError, ConsumeError, FieldError, Receiver, ReceiverConfig,
+    ReceiverContext, ServeFuture, Validate,
+};
+use proflow_pipeline::kafka::{
+    self, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
+};
+use proflow_pipeline::model::{Batch, BatchMeta, batch_bytes};
+use proflow_pipeline::otlp::AttributeLabels;
+use proflow_pipeline::telemetry::ReceiverTelemetry;
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde::Deserialize;
+use tokio::sync::Semaphore;
+
+use offsets::{Offsets, Slot};
+use record::Reading;
+
+/// How long the receiver waits at shutdown for records in the pipeline to
+/// resolve before the final commit (the collector gives receivers 5 s).
+const SHUTDOWN_WAIT: StdDuration = StdDuration::from_secs(3);
+/// Undecodable records logged at `warn` one by one; after that, every
+/// power of two.
+const LOG_EACH_INVALID: u64 = 10;
+
+/// `initial_offset`: where a group with no committed offset starts.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum InitialOffset {
+    /// Only records produced from now on (default, as the Collector).
+    #[default]
+    Latest,
+    /// Everything the topic still holds.
+    Earliest,
+}
+
+/// `encoding` of records without proflow's `proflow.encoding` header.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ReceiverEncoding {
+    /// The header, else a sniff of the value (default).
+    #[default]
+    Auto,
+    Pprof,
+    OtlpProto,
+    OtlpJson,
+}
+
+impl ReceiverEncoding {
+    fn fixed(self) -> Option<Encoding> {
+        match self {
+            ReceiverEncoding::Auto => None,
+            ReceiverEncoding::Pprof => Some(Encoding::Pprof),
+            ReceiverEncoding::OtlpProto => Some(Encoding::OtlpProto),
+            ReceiverEncoding::OtlpJson => Some(Encoding::OtlpJson),
+        }
+    }
+}
+
+/// Config of the `kafka` receiver. Names follow the OpenTelemetry
+/// Collector's `kafka` receiver (`brokers`, `client_id`, `group_id`,
+/// `initial_offset`, `encoding`, `tls`), with `topics` a list and
+/// librdkafka's own properties passed through `consumer`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaReceiverConfig {
+    /// Bootstrap brokers, `host:port`. Default `["localhost:9092"]`.
+    #[serde(default = "default_brokers")]
+    pub brokers: Vec<String>,
+    /// `client.id` the brokers see. Default `proflow`.
+    #[serde(default = "default_client_id")]
+    pub client_id: String,
+    /// Topics to read; a name starting with `^` is a regular expression.
+    /// Default `["otlp_profiles"]` (the Collector's and proflow's exporter's).
+    #[serde(default = "default_topics")]
+    pub topics: Vec<String>,
+    /// The consumer group. Default `proflow`.
+    #[serde(default = "default_group_id")]
+    pub group_id: String,
+    /// `latest` (default) or `earliest`: where a group without a committed
+    /// offset starts.
+    #[serde(default)]
+    pub initial_offset: InitialOffset,
+    /// `auto` (default), `pprof`, `otlp_proto` or `otlp_json`; `auto` reads
+    /// proflow's header, else sniffs the value.
+    #[serde(default)]
+    pub encoding: ReceiverEncoding,
+    /// Most records in the pipeline and not yet acknowledged. Default 1000.
+    #[serde(default = "default_max_unacknowledged")]
+    pub max_unacknowledged: usize,
+    /// How often acknowledged positions are committed. Default 1s.
+    #[serde(default = "default_commit_interval")]
+    pub commit_interval: Duration,
+    /// Most bytes a gzip pprof value may inflate to (and an OTLP JSON value
+    /// take once decoded). Default 64MiB.
+    #[serde(default = "default_max_decompressed_size")]
+    pub max_decompressed_size: ByteSize,
+    /// Which resource and scope attributes of OTLP records without proflow's
+    /// label headers become labels (as the `otlp` receiver's).
+    #[serde(default)]
+    pub resource_to_labels: AttributeLabels,
+    /// Further librdkafka consumer properties, passed through as they are
+    /// (`session.timeout.ms`, `fetch.max.bytes`, …).
+    #[serde(default)]
+    pub consumer: BTreeMap<String, String>,
+    /// SASL authentication (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).
+    #[serde(default)]
+    pub sasl: Option<SaslSettings>,
+    /// TLS; present (even `tls: {}`) means TLS is on.
+    #[serde(default)]
+    pub tls: Option<TlsSettings>,
+}
+
+fn default_brokers() -> Vec<String> {
+    vec!["localhost:9092".to_owned()]
+}
+fn default_client_id() -> String {
+    "proflow".to_owned()
+}
+fn default_topics() -> Vec<String> {
+    vec!["otlp_profiles".to_owned()]
+}
+fn default_group_id() -> String {
+    "proflow".to_owned()
+}
+fn default_max_unacknowledged() -> usize {
+    1000
+}
+fn default_commit_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_max_decompressed_size() -> ByteSize {
+    ByteSize::mib(64)
+}
+
+/// Consumer properties the receiver's delivery guarantee rests on.
+const OWN_CONSUMER_PROPERTIES: &[&str] = &[
+    "group.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.commit.interval.ms",
+    "auto.offset.reset",
+    "enable.partition.eof",
+];
+
+impl KafkaReceiverConfig {
+    fn client(&self) -> ClientSettings {
+        ClientSettings {
+            brokers: self.brokers.clone(),
+            client_id: self.client_id.clone(),
+            sasl: self.sasl.clone(),
+            tls: self.tls.clone(),
+        }
+    }
+
+    /// Every librdkafka property of the consumer.
+    fn properties(&self) -> Result<BTreeMap<String, String>, String> {
+        let mut p = self.client().properties()?;
+        for (k, v) in &self.consumer {
+            p.insert(k.clone(), v.clone());
+        }
+        let offset_reset = match self.initial_offset {
+            InitialOffset::Latest => "latest",
+            InitialOffset::Earliest => "earliest",
+        };
+        for (k, v) in [
+            ("group.id", self.group_id.clone()),
+            ("enable.auto.commit", "true".to_owned()),
+            ("enable.auto.offset.store", "false".to_owned()),
+            (
+                "auto.commit.interval.ms",
+                self.commit_interval.get().as_millis().max(1).to_string(),
+            ),
+            ("auto.offset.reset", offset_reset.to_owned()),
+            ("enable.partition.eof", "false".to_owned()),
+        ] {
+            p.insert(k.to_owned(), v);
+        }
+        Ok(p)
+    }
+}
+
+impl Validate for KafkaReceiverConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        let mut problems = self.client().problems();
+        if self.topics.is_empty() {
+            problems.push(FieldError::new(
+                "topics",
+                "needs at least one topic, such as [\"otlp_profiles\"]",
+            ));
+        }
+        for (i, t) in self.topics.iter().enumerate() {
+            let ok = !t.is_empty()
+                && (t.starts_with('^')
+                    || t.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')));
+            if !ok {
+                problems.push(FieldError::new(
+                    format!("topics.{i}"),
+                    format!(
+                        "`{t}` is not a topic name (letters, digits, `.`, `_`, `-`) or a `^regex`"
+                    ),
+                ));
+            }
+        }
+        if self.group_id.is_empty() {
+            problems.push(FieldError::new("group_id", "must not be empty"));
+        }
+        if self.max_unacknowledged == 0 {
+            problems.push(FieldError::new(
+                "max_unacknowledged",
+                "must be at least 1 (default 1000)",
+            ));
+        }
+        if self.commit_interval.is_zero() {
+            problems.push(FieldError::new(
+                "commit_interval",
+                "must be more than 0 (default 1s)",
+            ));
+        }
+        if self.max_decompressed_size.bytes() == 0 {
+            problems.push(FieldError::new(
+                "max_decompressed_size",
+                "must be more than 0 (default 64MiB)",
+            ));
+        }
+        problems.extend(kafka::passthrough_problems("consumer", &self.consumer));
+        for name in self.consumer.keys() {
+            if OWN_CONSUMER_PROPERTIES.contains(&name.as_str()) {
+                problems.push(FieldError::new(
+                    format!("consumer.{name}"),
+                    "is set by the receiver (group_id, initial_offset, commit_interval; offsets are stored only once delivered); use those fields",
+                ));
+            }
+        }
+        problems
+    }
+}
+
+impl ReceiverConfig for KafkaReceiverConfig {
+    fn max_request_memory(&self) -> usize {
+        self.max_decompressed_size.as_usize()
+    }
+
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Receiver>, BuildError> {
+        let fail = |m: String| BuildError::new(format!("receiver `{}`: {m}", ctx.id));
+        let problems = self.validate();
+        if !problems.is_empty() {
+            let joined = problems
+                .iter()
+                .map(|p| format!("{}: {}", p.path, p.message))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(fail(joined));
+        }
+        Ok(Box::new(KafkaReceiver {
+            properties: self.properties().map_err(fail)?,
+            topics: self.topics.clone(),
+            reading: Reading {
+                encoding: self.encoding.fixed(),
+                max_decompressed: self.max_decompressed_size.as_usize(),
+                mapping: self.resource_to_labels.clone(),
+            },
+            max_unacknowledged: self.max_unacknowledged,
+        }))
+    }
+}
+
+/// The built receiver, before it joins its group.
+pub struct KafkaReceiver {
+    properties: BTreeMap<String, String>,
+    topics: Vec<String>,
+    reading: Reading,
+    max_unacknowledged: usize,
+}
+
+/// Follows assignments into [`Offsets`] and routes librdkafka's logs.
+struct GroupContext {
+    id: String,
+    offsets: Arc<Mutex<Offsets>>,
+}
+
+impl ClientContext for GroupContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        tracing::warn!(receiver = %self.id, error = %error, reason, "Kafka client error");
+    }
+}
+
+impl ConsumerContext for GroupContext {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let mut offsets = self.offsets.lock().unwrap_or_else(PoisonError::into_inner);
+            for e in tpl.elements() {
+                offsets.revoke(e.topic(), e.partition());
+            }
+            tracing::info!(receiver = %self.id, partitions = tpl.count(), "partitions revoked");
+        }
+    }
+
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let mut offsets = self.offsets.lock().unwrap_or_else(PoisonError::into_inner);
+                for e in tpl.elements() {
+                    offsets.assign(e.topic(), e.partition());
+                }
+                tracing::info!(receiver = %self.id, partitions = tpl.count(), "partitions assigned");
+            }
+            Rebalance::Error(e) => {
+                tracing::warn!(receiver = %self.id, error = %e, "rebalance failed");
+            }
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+type GroupConsumer = StreamConsumer<GroupContext>;
+
+/// What the serving loop and its acknowledgement tasks share.
+struct Shared {
+    id: String,
+    consumer: GroupConsumer,
+    offsets: Arc<Mutex<Offsets>>,
+    telemetry: ReceiverTelemetry,
+}
+
+impl Shared {
+    /// Resolves a record and stores the partition's new position, if any.
+    fn resolve(&self, slot: &Slot) {
+        let stored = self
+            .offsets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .resolve(slot);
+        if let Some(offset) = stored
+            && let Err(e) = self
+                .consumer
+                .store_offset(&slot.topic, slot.partition, offset)
+        {
+            // The partition was revoked meanwhile: its next owner reads
+            // the record again.
+            tracing::debug!(receiver = %self.id, topic = %slot.topic, partition = slot.partition, offset, error = %e, "position not stored");
+        }
+    }
+}
+
+#[async_trait]
+impl Receiver for KafkaReceiver {
+    async fn start(self: Box<Self>, ctx: ReceiverContext) -> Result<ServeFuture, BuildError> {
+        let fail = |m: String| BuildError::new(format!("receiver `{}`: {m}", ctx.id));
+        let offsets = Arc::new(Mutex::new(Offsets::default()));
+        let mut config = ClientConfig::new();
+        for (k, v) in &self.properties {
+            config.set(k, v);
+        }
+        let consumer: GroupConsumer = config
+            .create_with_context(GroupContext {
+                id: ctx.id.clone(),
+                offsets: offsets.clone(),
+            })
+            .map_err(|e| fail(format!("librdkafka refused the consumer settings: {e}")))?;
+        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&topics)
+            .map_err(|e| fail(format!("cannot subscribe to {topics:?}: {e}")))?;
+        let shared = Arc::new(Shared {
+            id: ctx.id.clone(),
+            consumer,
+            offsets,
+            telemetry: ctx.telemetry.clone(),
+        });
+        Ok(Box::pin(serve(shared, *self, ctx)))
+    }
+}
+
+/// Reads records until shutdown, then waits a moment for what is in the
+/// pipeline and commits the acknowledged positions.
+async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContext) {
+    let permits = Arc::new(Semaphore::new(receiver.max_unacknowledged));
+    let receiver_id: Arc<str> = Arc::from(ctx.id.as_str());
+    let mut invalid = 0u64;
+    loop {
+        let permit = tokio::select! {
+            _ = ctx.shutdown.cancelled() => break,
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let message = tokio::select! {
+            _ = ctx.shutdown.cancelled() => break,
+            m = shared.consumer.recv() => m,
+        };
+        let message = match message {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(receiver = %shared.id, error = %e, "Kafka consumer error");
+                tokio::time::sleep(StdDuration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let topic = message.topic().to_owned();
+        let (partition, offset) = (message.partition(), message.offset());
+        let headers = match message.headers() {
+            Some(h) => RecordHeaders::from_pairs(h.iter().map(|h| (h.key, h.value))),
+            None => Ok(RecordHeaders::default()),
+        };
+        let value = Bytes::copy_from_slice(message.payload().unwrap_or_default());
+        drop(message);
+        let Some(slot) = shared
+            .offsets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .begin(&topic, partition, offset)
+        else {
+            continue;
+        };
+        let decoded = headers.and_then(|h| record::decode(value, h, &receiver.reading));
+        let decoded = match decoded {
+            Ok(d) => d,
+            Err(why) => {
+                invalid += 1;
+                shared.telemetry.refused("invalid_record", 1);
+                if invalid <= LOG_EACH_INVALID || invalid.is_power_of_two() {
+                    tracing::warn!(receiver = %shared.id, topic = %topic, partition, offset, invalid_so_far = invalid, error = %why, "undecodable record skipped");
+                }
+                shared.resolve(&slot);
+                continue;
+            }
+        };
+        if decoded.rejected > 0 {
+            shared
+                .telemetry
+                .refused("invalid_profile", decoded.rejected);
+            tracing::warn!(receiver = %shared.id, topic = %topic, partition, offset, rejected = decoded.rejected, error = %decoded.rejected_message, "profiles of a record refused");
+        }
+        if decoded.envelopes.is_empty() {
+            shared.resolve(&slot);
+            continue;
+        }
+        let profiles = decoded.envelopes.len() as u64;
+        let bytes = batch_bytes(&decoded.envelopes) as u64;
+        let meta = Arc::new(BatchMeta {
+            receiver: receiver_id.clone(),
+            tenant: decoded.tenant,
+            client: None,
+        });
+        let (batch, delivery) = Batch::tracked(decoded.envelopes, meta);
+        match ctx.consumer.consume(batch, Admission::Wait).await {
+            Ok(()) => {
+                shared.telemetry.accepted(profiles, bytes);
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let report = delivery.wait().await;
+                    if report.abandoned > 0 {
+                        // The collector stopped before sending them: left
+                        // uncommitted, read again after the restart.
+                        tracing::debug!(receiver = %shared.id, topic = %slot.topic, partition = slot.partition, offset = slot.offset, "record abandoned at shutdown; not committed");
+                    } else {
+                        shared.resolve(&slot);
+                    }
+                    drop(permit);
+                });
+            }
+            Err(ConsumeError::ShuttingDown) => break,
+            Err(e) => {
+                // `Admission::Wait` never refuses; should it, the record
+                // stays uncommitted and is read again after a restart.
+                tracing::error!(receiver = %shared.id, error = %e, "the pipeline refused a record");
+            }
+        }
+    }
+    finish(shared, permits, receiver.max_unacknowledged).await;
+}
+
+/// Waits (bounded) for records still in the pipeline, then commits the
+/// acknowledged positions and leaves the group.
+async fn finish(shared: Arc<Shared>, permits: Arc<Semaphore>, all: usize) {
+    let n = u32::try_from(all).unwrap_or(u32::MAX);
+    if tokio::time::timeout(SHUTDOWN_WAIT, permits.acquire_many(n))
+        .await
+        .is_err()
+    {
+        let pending = shared
+            .offsets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pending();
+        tracing::info!(receiver = %shared.id, pending, "records still in the pipeline at shutdown stay uncommitted; they are read again after a restart");
+    }
+    let positions = shared
+        .offsets
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .committable();
+    // Committing and closing block on the network: off the async workers.
+    let _ = tokio::task::spawn_blocking(move || {
+        if !positions.is_empty() {
+            let mut tpl = TopicPartitionList::new();
+            for (topic, partition, next) in &positions {
+                let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*next));
+            }
+            if let Err(e) = shared.consumer.commit(&tpl, CommitMode::Sync) {
+                tracing::warn!(receiver = %shared.id, error = %e, "final commit failed; the records since the last commit are read again after a restart");
+            }
+        }
+        shared.consumer.unsubscribe();
+        drop(shared);
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proflow_config::Node;
+
+    fn typed(yaml: &str) -> KafkaReceiverConfig {
+        let node = Node::parse(yaml).expect("test YAML parses");
+        proflow_config::from_node(&node, "receivers.kafka").expect("test config deserializes")
+    }
+
+    #[test]
+    fn defaults_follow_the_collector_and_keep_offsets_manual() {
+        let c = typed("{}");
+        assert_eq!(c.topics, ["otlp_profiles"]);
+        assert_eq!(c.group_id, "proflow");
+        assert_eq!(c.initial_offset, InitialOffset::Latest);
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        let p = c.properties().unwrap();
+        assert_eq!(p["enable.auto.offset.store"], "false");
+        assert_eq!(p["enable.auto.commit"], "true");
+        assert_eq!(p["auto.commit.interval.ms"], "1000");
+        assert_eq!(p["auto.offset.reset"], "latest");
+    }
+
+    #[test]
+    fn every_problem_is_reported() {
+        let c = typed(
+            "brokers: []\ntopics: [\"a b\"]\ngroup_id: \"\"\nmax_unacknowledged: 0\ncommit_interval: 0s\nconsumer: {enable.auto.offset.store: \"true\", session.timeout.ms: \"6000\"}",
+        );
+        let paths: Vec<String> = c.validate().into_iter().map(|p| p.path).collect();
+        assert_eq!(
+            paths,
+            [
+                "brokers",
+                "topics.0",
+                "group_id",
+                "max_unacknowledged",
+                "commit_interval",
+                "consumer.enable.auto.offset.store"
+            ]
+        );
+        let ctx = BuildContext {
+            id: "kafka".into(),
+            telemetry: Arc::new(proflow_pipeline::telemetry::Telemetry::new()),
+        };
+        let err = c.build(&ctx).err().expect("invalid").to_string();
+        assert!(err.starts_with("receiver `kafka`: brokers:"), "{err}");
+    }
+}

@@ -1,0 +1,239 @@
+//! One Kafka record into envelopes: the encoding from proflow's header, the
+//! receiver's `encoding`, or a sniff of the value; labels, time range and
+//! tenant from proflow's headers where the record has them
+//! ([`proflow_pipeline::kafka`]), else from the profile itself.
+
+use bytes::Bytes;
+use proflow_pipeline::kafka::{Encoding, RecordHeaders, sniff_encoding};
+use proflow_pipeline::model::{
+    Envelope, Labels, Payload, SERVICE_NAME_LABEL, ValueType, now_unix_nanos,
+};
+use proflow_pipeline::otlp::{self, AttributeLabels};
+use proflow_pipeline::pprof;
+use proflow_pipeline::profile_type::profile_name_from_sample_types;
+
+/// What reading OTLP JSON may take per byte of it (as the `otlp` receiver).
+const JSON_DECODE_FACTOR: usize = 16;
+/// `service_name` of profiles that name no service (Pyroscope's fallback).
+const UNKNOWN_SERVICE: &str = "unknown_service";
+
+/// The profiles of one record.
+#[derive(Debug, Default)]
+pub(crate) struct Decoded {
+    pub envelopes: Vec<Envelope>,
+    /// Profiles of an OTLP request refused alone.
+    pub rejected: u64,
+    /// Why, when `rejected > 0`.
+    pub rejected_message: String,
+    pub tenant: Option<String>,
+}
+
+/// How records are read.
+#[derive(Debug, Clone)]
+pub(crate) struct Reading {
+    /// `None`: proflow's header, else a sniff of the value.
+    pub encoding: Option<Encoding>,
+    /// Most bytes a pprof value may inflate to, or an OTLP JSON value take
+    /// once decoded.
+    pub max_decompressed: usize,
+    pub mapping: AttributeLabels,
+}
+
+/// The envelopes of one record, or why the whole record is refused.
+pub(crate) fn decode(
+    value: Bytes,
+    headers: RecordHeaders,
+    reading: &Reading,
+) -> Result<Decoded, String> {
+    if value.is_empty() {
+        return Err("the record has no value".to_owned());
+    }
+    let encoding = reading
+        .encoding
+        .or(headers.encoding)
+        .unwrap_or_else(|| sniff_encoding(&value));
+    let mut decoded = match encoding {
+        Encoding::Pprof => pprof_record(value, &headers, reading.max_decompressed)?,
+        Encoding::OtlpProto | Encoding::OtlpJson => {
+            let split = if encoding == Encoding::OtlpProto {
+                otlp::split_raw(&value, &reading.mapping)
+            } else {
+                let estimate = value.len().saturating_mul(JSON_DECODE_FACTOR);
+                if estimate > reading.max_decompressed {
+                    return Err(format!(
+                        "the OTLP JSON value would take about {estimate} bytes once decoded, more than max_decompressed_size ({} bytes)",
+                        reading.max_decompressed
+                    ));
+                }
+                let request = otlp::json::decode_request(&value)
+                    .map_err(|e| format!("the value is not OTLP JSON: {e}"))?;
+                otlp::split_decoded(request, &reading.mapping)
+            }
+            .map_err(|e| e.message)?;
+            let mut envelopes = split.envelopes;
+            // A record proflow wrote holds one profile and its exact labels.
+            if envelopes.len() == 1 && !headers.labels.is_empty() {
+                envelopes[0].labels = headers.labels.clone();
+            }
+            Decoded {
+                envelopes,
+                rejected: split.rejected,
+                rejected_message: split.error_message,
+                tenant: None,
+            }
+        }
+    };
+    decoded.tenant = headers.tenant;
+    Ok(decoded)
+}
+
+/// A gzip (or plain) pprof value: scanned, never decoded; its bytes are the
+/// payload as they arrived.
+fn pprof_record(value: Bytes, headers: &RecordHeaders, limit: usize) -> Result<Decoded, String> {
+    let meta = pprof::scan_metadata(&value, limit).map_err(|e| {
+        format!("the value is not a pprof profile within max_decompressed_size: {e}")
+    })?;
+    let mut labels = if headers.labels.is_empty() {
+        Labels::from_pairs([(SERVICE_NAME_LABEL, UNKNOWN_SERVICE)])
+    } else {
+        headers.labels.clone()
+    };
+    if labels.get("__name__").is_none() {
+        match profile_name_from_sample_types(
+            meta.sample_types.iter().map(|(t, _)| t.as_str()),
+            None,
+        ) {
+            Some(name) => labels.set("__name__", name),
+            None => {
+                return Err(
+                    "the pprof profile has no named sample types and the record names no profile type (proflow.label.__name__)"
+                        .to_owned(),
+                );
+            }
+        }
+    }
+    let start = headers.start_unix_nanos.unwrap_or(match meta.time_nanos {
+        0 => now_unix_nanos(),
+        t => t,
+    });
+    let end = headers
+        .end_unix_nanos
+        .unwrap_or_else(|| start.saturating_add(meta.duration_nanos.max(0)));
+    let sample_types = meta
+        .sample_types
+        .into_iter()
+        .map(|(t, u)| ValueType::new(t, u))
+        .collect();
+    let period_type = meta.period_type.map(|(t, u)| ValueType::new(t, u));
+    Ok(Decoded {
+        envelopes: vec![Envelope {
+            labels,
+            start_unix_nanos: start,
+            end_unix_nanos: end,
+            sample_types,
+            period_type,
+            period: meta.period,
+            payload: Payload::from_bytes(value, limit),
+        }],
+        ..Decoded::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proflow_pipeline::pprof::ProfileBuilder;
+
+    fn reading(encoding: Option<Encoding>) -> Reading {
+        Reading {
+            encoding,
+            max_decompressed: 1 << 20,
+            mapping: AttributeLabels::default(),
+        }
+    }
+
+    fn gz_profile() -> Bytes {
+        let mut b = ProfileBuilder::new();
+        b.sample_type("cpu", "nanoseconds")
+            .period("cpu", "nanoseconds", 10_000_000)
+            .time(1_700_000_000_000_000_000, 10_000_000_000)
+            .sample_root_first(["main", "hot"], vec![30_000_000]);
+        pprof::gzip(&pprof::encode(&b.build()))
+    }
+
+    #[test]
+    fn a_proflow_pprof_record_keeps_labels_times_tenant_and_bytes() {
+        let value = gz_profile();
+        let headers = RecordHeaders {
+            encoding: Some(Encoding::Pprof),
+            start_unix_nanos: Some(5),
+            end_unix_nanos: Some(9),
+            tenant: Some("t1".into()),
+            labels: Labels::from_pairs([("__name__", "process_cpu"), ("service_name", "shop")]),
+        };
+        let d = decode(value.clone(), headers.clone(), &reading(None)).unwrap();
+        assert_eq!(d.tenant.as_deref(), Some("t1"));
+        let e = &d.envelopes[0];
+        assert_eq!(e.labels, headers.labels);
+        assert_eq!((e.start_unix_nanos, e.end_unix_nanos), (5, 9));
+        assert_eq!(e.sample_types, [ValueType::new("cpu", "nanoseconds")]);
+        assert_eq!(e.period, 10_000_000);
+        assert_eq!(e.payload.gzipped().unwrap(), value, "bytes as they arrived");
+        assert!(!e.payload.is_decoded());
+    }
+
+    #[test]
+    fn a_bare_pprof_value_is_sniffed_and_labelled_from_itself() {
+        let d = decode(gz_profile(), RecordHeaders::default(), &reading(None)).unwrap();
+        let e = &d.envelopes[0];
+        assert_eq!(e.labels.get("service_name"), Some("unknown_service"));
+        assert_eq!(e.labels.get("__name__"), Some("process_cpu"));
+        assert_eq!(e.start_unix_nanos, 1_700_000_000_000_000_000);
+        assert_eq!(e.end_unix_nanos, 1_700_000_010_000_000_000);
+    }
+
+    #[test]
+    fn an_otlp_request_record_becomes_its_profiles() {
+        // Three services, two profiles (samples and cpu) each.
+        let request = proflow_pipeline::testdata::otlp_request(3, 20, 10);
+        let value = Bytes::from(prost::Message::encode_to_vec(&request));
+        let d = decode(value, RecordHeaders::default(), &reading(None)).unwrap();
+        assert_eq!(d.envelopes.len(), 6);
+        assert!(
+            d.envelopes
+                .iter()
+                .all(|e| e.payload.has(proflow_pipeline::model::Format::Otlp))
+        );
+        let json = Bytes::from(otlp::json::encode_request(&request));
+        let d = decode(json, RecordHeaders::default(), &reading(None)).unwrap();
+        assert_eq!(d.envelopes.len(), 6);
+    }
+
+    #[test]
+    fn broken_records_are_refused_with_a_reason() {
+        let cases: [(&[u8], Option<Encoding>, &str); 4] = [
+            (b"", None, "no value"),
+            (&[0x1f, 0x8b, 1, 2, 3], None, "not a pprof profile"),
+            (b"{not json", None, "not OTLP JSON"),
+            (
+                &[0xff, 0xff, 0xff],
+                Some(Encoding::OtlpProto),
+                "not an OTLP",
+            ),
+        ];
+        for (value, encoding, says) in cases {
+            let e = decode(
+                Bytes::copy_from_slice(value),
+                RecordHeaders::default(),
+                &reading(encoding),
+            )
+            .unwrap_err();
+            assert!(e.contains(says), "{says}: {e}");
+        }
+        // A value that inflates past the limit is refused, not inflated.
+        let mut small = reading(None);
+        small.max_decompressed = 16;
+        let e = decode(gz_profile(), RecordHeaders::default(), &small).unwrap_err();
+        assert!(e.contains("max_decompressed_size"), "{e}");
+    }
+}
