@@ -213,6 +213,12 @@ impl Proflow {
         let _ = self.child.wait();
     }
 
+    /// Kills the process with SIGKILL (no shutdown at all) and reaps it; the
+    /// directory stays until drop.
+    pub fn sigkill(&mut self) {
+        self.kill();
+    }
+
     /// Sends SIGTERM and waits up to `timeout` for the process to exit;
     /// returns its exit code (panics with the log if it does not exit).
     pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
