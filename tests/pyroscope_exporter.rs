@@ -1,11 +1,12 @@
 //! The `pyroscope` exporter against the real Pyroscope server. A real
-//! Pyroscope client (`pyroscope-io`, Python) pushes to proflow's
-//! `pprof_push` receiver; one pipeline fans out to a `file` exporter (pprof,
-//! what proflow received) and to the `pyroscope` exporter, which sends to
-//! the real Pyroscope over its push API (`push.v1.PusherService/Push`) or
-//! `/ingest`. The profiles are queried back per service with
-//! `SelectMergeStacktraces`: the client's hot and warm functions must come
-//! back with the totals the `file` exporter wrote (within 1%).
+//! Pyroscope client (`pyroscope-io` for Python, `pyroscope-go`) pushes to
+//! proflow's `pprof_push` receiver; one pipeline fans out to a `file`
+//! exporter (pprof, what proflow received) and to the `pyroscope` exporter,
+//! which sends to the real Pyroscope over its push API
+//! (`push.v1.PusherService/Push`) or `/ingest`. The profiles are queried back
+//! per service with `SelectMergeStacktraces`: the client's hot and warm
+//! functions must come back with the totals the `file` exporter wrote (within
+//! 1%).
 
 mod common;
 // Both helper modules include `peer_skip` (one copy each, same skip rules):
@@ -14,6 +15,7 @@ mod common;
 mod peer_env;
 mod readback;
 
+use std::process::Command;
 use std::time::Duration;
 
 use common::Totals;
@@ -73,4 +75,98 @@ fn python_profiles_reach_pyroscope_over_the_push_api() {
 #[test]
 fn python_profiles_reach_pyroscope_over_ingest() {
     through_pyroscope("ingest");
+}
+
+/// How long the Go client program runs (uploading every second).
+const GO_RUN: &str = "4s";
+
+/// The Go client: `pyroscope-go` in `tests/peers/apps/gopush` pushes its CPU
+/// and memory profiles to proflow's `/ingest` as multipart (the heap profiles
+/// with a `sample_type_config`); proflow sends them on over the push API. Its
+/// CPU profiles come back from Pyroscope as
+/// `process_cpu:cpu:nanoseconds:cpu:nanoseconds` with the cpu-nanosecond
+/// totals of `main.goHotLoop` and `main.goWarmLoop` that the `file` exporter
+/// wrote (within 1%); no upload failed, and the memory profiles went through
+/// proflow too.
+#[test]
+fn go_profiles_reach_pyroscope_over_the_push_api() {
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let Some(gopush) = peer_env::go_app("gopush") else {
+        return;
+    };
+    let proflow = common::start_with_file_and(
+        "pyroscope",
+        &format!(
+            "endpoint: {}\nexternal_labels: {{ via: proflow }}\n",
+            pyroscope.http_base()
+        ),
+    );
+    let app = common::unique_name("go-pyro-exp");
+    let log = proflow.dir.path().join("go-client.log");
+    let (status, output) = common::run_bounded(
+        Command::new(&gopush)
+            .args(["-server", &proflow.receiver_url("")])
+            .args(["-app", &app])
+            .args(["-upload-rate", "1s", "-duration", GO_RUN]),
+        &log,
+        Duration::from_secs(60),
+    );
+    // The client reports every failed upload on stderr, prefixed `gopush: `.
+    assert!(
+        status.success() && !output.contains("gopush: "),
+        "the Go client failed ({status}) or reported upload errors:\n{output}"
+    );
+    let (entries, metrics) = common::wait_exported(&proflow, &app, "pyroscope");
+    let converted = common::metric_sum(&metrics, "proflow_conversions_total", &[]);
+    assert_eq!(converted, 0.0, "metrics:\n{metrics}");
+    let names: Vec<&str> = entries.iter().filter_map(|e| e.label("__name__")).collect();
+    assert!(
+        names.contains(&"memory"),
+        "the client's memory profiles should have come through too: {names:?}"
+    );
+    let mut want = Totals::new();
+    for e in entries
+        .iter()
+        .filter(|e| e.label("__name__") == Some("process_cpu"))
+    {
+        common::add_function_totals(
+            &mut want,
+            &common::read_profile(&e.path),
+            &common::GO_FUNCTIONS,
+            Some("cpu"),
+        );
+    }
+    let [hot, warm] = common::GO_FUNCTIONS;
+    assert!(
+        want.get(hot) > want.get(warm) && want.get(warm).is_some_and(|w| *w > 0),
+        "the client's CPU profiles should show {hot} above {warm} > 0: {want:?} (profiles: {names:?})"
+    );
+
+    let http = common::http_client();
+    let base = pyroscope.http_base();
+    let selector = format!("{{service_name=\"{app}\", via=\"proflow\"}}");
+    let mut last = (Totals::new(), String::new());
+    let same = peer_env::poll(READ_BACK_TIMEOUT, || {
+        last = readback::pyroscope_totals(
+            &http,
+            &base,
+            &selector,
+            &common::GO_FUNCTIONS,
+            Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds"),
+        );
+        common::totals_close(&last.0, &want).then_some(())
+    });
+    assert!(
+        same.is_some(),
+        "Pyroscope has totals {:?} ({}) for service_name={app}, proflow received {want:?}\nlog:\n{}",
+        last.0,
+        last.1,
+        proflow.log_text()
+    );
+    eprintln!(
+        "pyroscope-go via push as {}: {want:?} -> {:?}",
+        last.1, last.0
+    );
 }

@@ -998,6 +998,10 @@ pub fn push_valid(proflow: &Proflow, app: &str) {
 /// The Python client program's hot and warm functions.
 pub const PY_FUNCTIONS: [&str; 2] = ["py_hot_loop", "py_warm_loop"];
 
+/// The Go push client's (`tests/peers/apps/gopush`) hot and warm functions,
+/// as pprof names them.
+pub const GO_FUNCTIONS: [&str; 2] = ["main.goHotLoop", "main.goWarmLoop"];
+
 /// Per function (of [`PY_FUNCTIONS`] unless said otherwise), the sum of one
 /// sample type's values of the samples whose stack contains it.
 pub type Totals = std::collections::BTreeMap<String, i64>;
