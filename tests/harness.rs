@@ -3,7 +3,10 @@
 //! the OpenTelemetry Collector) with the peer's own API, and reads back what
 //! it stored, so that a broken install, version or start script shows up here
 //! and not as a puzzling failure of a proflow test. proflow's own tests
-//! against these peers come with the exporters that talk to them.
+//! against these peers come with the exporters that talk to them. The Kafka
+//! module also checks a private broker of `tests/peers/private` across a
+//! kill and restart (Pyroscope's and Parca's private instances are restarted
+//! by `tests/backend_outages.rs`).
 //!
 //! Peers are had through `peer_env`; when one cannot be had these checks fail,
 //! except locally with `PROFLOW_SKIP_PEERS=1` (see `peer_skip`).

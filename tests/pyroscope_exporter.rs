@@ -1,18 +1,21 @@
 //! The `pyroscope` exporter against the real Pyroscope server. A real
-//! Pyroscope client (`pyroscope-io`, Python) pushes to proflow's
-//! `pprof_push` receiver; one pipeline fans out to a `file` exporter (pprof,
-//! what proflow received) and to the `pyroscope` exporter, which sends to
-//! the real Pyroscope over its push API (`push.v1.PusherService/Push`) or
-//! `/ingest`. The profiles are queried back per service with
-//! `SelectMergeStacktraces`: the client's hot and warm functions must come
-//! back with the totals the `file` exporter wrote (within 1%).
+//! Pyroscope client (`pyroscope-io` for Python, `pyroscope-go`) pushes to
+//! proflow's `pprof_push` receiver; one pipeline fans out to a `file`
+//! exporter (pprof, what proflow received) and to the `pyroscope` exporter,
+//! which sends to the real Pyroscope over its push API
+//! (`push.v1.PusherService/Push`) or `/ingest`. The profiles are queried back
+//! per service with `SelectMergeStacktraces`: the client's hot and warm
+//! functions must come back with the totals the `file` exporter wrote (within
+//! 1%).
 
 mod common;
 // Both helper modules include `peer_skip` (one copy each, same skip rules):
 // this test needs proflow from `common` and the peers from `peer_env`.
 #[allow(clippy::duplicate_mod)]
 mod peer_env;
+mod readback;
 
+use std::process::Command;
 use std::time::Duration;
 
 use common::Totals;
@@ -21,96 +24,6 @@ use common::Totals;
 const RUN_SECONDS: &str = "3";
 /// How long Pyroscope may take to show what it was sent.
 const READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A JSON integer that proto3 JSON may write as a string.
-fn int(v: &serde_json::Value) -> i64 {
-    match v {
-        serde_json::Value::String(s) => s.parse().unwrap_or(0),
-        other => other.as_i64().unwrap_or(0),
-    }
-}
-
-/// Per function, the sum of the totals of its flamegraph nodes. A level's
-/// `values` are groups of four: x offset (relative to the previous node's
-/// end), total, self, name index.
-fn flamegraph_totals(flamegraph: &serde_json::Value) -> Totals {
-    let empty = Vec::new();
-    let names: Vec<&str> = flamegraph["names"]
-        .as_array()
-        .unwrap_or(&empty)
-        .iter()
-        .map(|n| n.as_str().unwrap_or_default())
-        .collect();
-    let mut totals = Totals::new();
-    for level in flamegraph["levels"].as_array().unwrap_or(&empty) {
-        let values: Vec<i64> = level["values"]
-            .as_array()
-            .unwrap_or(&empty)
-            .iter()
-            .map(int)
-            .collect();
-        for node in values.chunks_exact(4) {
-            let name = names.get(node[3] as usize).copied().unwrap_or_default();
-            if common::PY_FUNCTIONS.contains(&name) {
-                *totals.entry(name.to_owned()).or_default() += node[1];
-            }
-        }
-    }
-    totals
-}
-
-/// Pyroscope's merged stack traces of `service_name = app` for every
-/// profile type it knows, the first with any of the functions, and its type.
-fn pyroscope_totals(http: &reqwest::blocking::Client, base: &str, app: &str) -> (Totals, String) {
-    let now_ms = peer_env::now_nanos() / 1_000_000;
-    let (start, end) = (now_ms - 3_600_000, now_ms + 60_000);
-    let post = |path: &str, body: serde_json::Value| -> Option<serde_json::Value> {
-        let response = http
-            .post(format!("{base}{path}"))
-            .header("Content-Type", "application/json")
-            .body(body.to_string())
-            .send()
-            .ok()?;
-        if !response.status().is_success() {
-            return None;
-        }
-        serde_json::from_str(&response.text().ok()?).ok()
-    };
-    let types = post(
-        "/querier.v1.QuerierService/ProfileTypes",
-        serde_json::json!({ "start": start, "end": end }),
-    )
-    .unwrap_or_default();
-    let ids: Vec<String> = types["profileTypes"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|t| t["ID"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    for id in &ids {
-        let Some(answer) = post(
-            "/querier.v1.QuerierService/SelectMergeStacktraces",
-            serde_json::json!({
-                "profileTypeID": id,
-                "labelSelector": format!("{{service_name=\"{app}\", via=\"proflow\"}}"),
-                "start": start,
-                "end": end,
-            }),
-        ) else {
-            continue;
-        };
-        let totals = flamegraph_totals(&answer["flamegraph"]);
-        if !totals.is_empty() {
-            return (totals, id.clone());
-        }
-    }
-    (
-        Totals::new(),
-        format!("no profile type had them; types: {ids:?}"),
-    )
-}
 
 fn through_pyroscope(api: &str) {
     let Some(pyroscope) = peer_env::peer("pyroscope") else {
@@ -135,9 +48,10 @@ fn through_pyroscope(api: &str) {
     let want = run.totals;
     let http = common::http_client();
     let base = pyroscope.http_base();
+    let selector = format!("{{service_name=\"{app}\", via=\"proflow\"}}");
     let mut last = (Totals::new(), String::new());
     let same = peer_env::poll(READ_BACK_TIMEOUT, || {
-        last = pyroscope_totals(&http, &base, &app);
+        last = readback::pyroscope_totals(&http, &base, &selector, &common::PY_FUNCTIONS, None);
         common::totals_close(&last.0, &want).then_some(())
     });
     assert!(
@@ -161,4 +75,98 @@ fn python_profiles_reach_pyroscope_over_the_push_api() {
 #[test]
 fn python_profiles_reach_pyroscope_over_ingest() {
     through_pyroscope("ingest");
+}
+
+/// How long the Go client program runs (uploading every second).
+const GO_RUN: &str = "4s";
+
+/// The Go client: `pyroscope-go` in `tests/peers/apps/gopush` pushes its CPU
+/// and memory profiles to proflow's `/ingest` as multipart (the heap profiles
+/// with a `sample_type_config`); proflow sends them on over the push API. Its
+/// CPU profiles come back from Pyroscope as
+/// `process_cpu:cpu:nanoseconds:cpu:nanoseconds` with the cpu-nanosecond
+/// totals of `main.goHotLoop` and `main.goWarmLoop` that the `file` exporter
+/// wrote (within 1%); no upload failed, and the memory profiles went through
+/// proflow too.
+#[test]
+fn go_profiles_reach_pyroscope_over_the_push_api() {
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let Some(gopush) = peer_env::go_app("gopush") else {
+        return;
+    };
+    let proflow = common::start_with_file_and(
+        "pyroscope",
+        &format!(
+            "endpoint: {}\nexternal_labels: {{ via: proflow }}\n",
+            pyroscope.http_base()
+        ),
+    );
+    let app = common::unique_name("go-pyro-exp");
+    let log = proflow.dir.path().join("go-client.log");
+    let (status, output) = common::run_bounded(
+        Command::new(&gopush)
+            .args(["-server", &proflow.receiver_url("")])
+            .args(["-app", &app])
+            .args(["-upload-rate", "1s", "-duration", GO_RUN]),
+        &log,
+        Duration::from_secs(60),
+    );
+    // The client reports every failed upload on stderr, prefixed `gopush: `.
+    assert!(
+        status.success() && !output.contains("gopush: "),
+        "the Go client failed ({status}) or reported upload errors:\n{output}"
+    );
+    let (entries, metrics) = common::wait_exported(&proflow, &app, "pyroscope");
+    let converted = common::metric_sum(&metrics, "proflow_conversions_total", &[]);
+    assert_eq!(converted, 0.0, "metrics:\n{metrics}");
+    let names: Vec<&str> = entries.iter().filter_map(|e| e.label("__name__")).collect();
+    assert!(
+        names.contains(&"memory"),
+        "the client's memory profiles should have come through too: {names:?}"
+    );
+    let mut want = Totals::new();
+    for e in entries
+        .iter()
+        .filter(|e| e.label("__name__") == Some("process_cpu"))
+    {
+        common::add_function_totals(
+            &mut want,
+            &common::read_profile(&e.path),
+            &common::GO_FUNCTIONS,
+            Some("cpu"),
+        );
+    }
+    let [hot, warm] = common::GO_FUNCTIONS;
+    assert!(
+        want.get(hot) > want.get(warm) && want.get(warm).is_some_and(|w| *w > 0),
+        "the client's CPU profiles should show {hot} above {warm} > 0: {want:?} (profiles: {names:?})"
+    );
+
+    let http = common::http_client();
+    let base = pyroscope.http_base();
+    let selector = format!("{{service_name=\"{app}\", via=\"proflow\"}}");
+    let mut last = (Totals::new(), String::new());
+    let same = peer_env::poll(READ_BACK_TIMEOUT, || {
+        last = readback::pyroscope_totals(
+            &http,
+            &base,
+            &selector,
+            &common::GO_FUNCTIONS,
+            Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds"),
+        );
+        common::totals_close(&last.0, &want).then_some(())
+    });
+    assert!(
+        same.is_some(),
+        "Pyroscope has totals {:?} ({}) for service_name={app}, proflow received {want:?}\nlog:\n{}",
+        last.0,
+        last.1,
+        proflow.log_text()
+    );
+    eprintln!(
+        "pyroscope-go via push as {}: {want:?} -> {:?}",
+        last.1, last.0
+    );
 }

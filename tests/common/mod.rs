@@ -1004,17 +1004,46 @@ pub fn push_valid(proflow: &Proflow, app: &str) {
 /// The Python client program's hot and warm functions.
 pub const PY_FUNCTIONS: [&str; 2] = ["py_hot_loop", "py_warm_loop"];
 
-/// Per function of [`PY_FUNCTIONS`], the sum of the first sample type's
-/// values of the samples whose stack contains it.
+/// The Go push client's (`tests/peers/apps/gopush`) hot and warm functions,
+/// as pprof names them.
+pub const GO_FUNCTIONS: [&str; 2] = ["main.goHotLoop", "main.goWarmLoop"];
+
+/// Per function (of [`PY_FUNCTIONS`] unless said otherwise), the sum of one
+/// sample type's values of the samples whose stack contains it.
 pub type Totals = std::collections::BTreeMap<String, i64>;
 
-/// Adds one profile's [`Totals`].
+/// Adds one profile's [`Totals`] of [`PY_FUNCTIONS`] in its first sample type.
 pub fn add_totals(totals: &mut Totals, profile: &proflow_pipeline::pprof::Profile) {
+    add_function_totals(totals, profile, &PY_FUNCTIONS, None);
+}
+
+/// Adds one profile's [`Totals`] of `functions` in the sample type named
+/// `sample_type` (e.g. `cpu`; the first when `None`). Panics if the profile
+/// has no such sample type.
+pub fn add_function_totals(
+    totals: &mut Totals,
+    profile: &proflow_pipeline::pprof::Profile,
+    functions: &[&str],
+    sample_type: Option<&str>,
+) {
+    let index = match sample_type {
+        None => 0,
+        Some(name) => profile
+            .sample_type
+            .iter()
+            .position(|st| {
+                profile
+                    .string_table
+                    .get(st.r#type as usize)
+                    .is_some_and(|s| s == name)
+            })
+            .unwrap_or_else(|| panic!("the profile has no sample type {name}")),
+    };
     for (frames, sample) in proflow_pipeline::pprof::stacks_root_first(profile) {
-        let value = sample.value.first().copied().unwrap_or(0);
-        for f in PY_FUNCTIONS {
-            if frames.contains(&f) {
-                *totals.entry(f.to_owned()).or_default() += value;
+        let value = sample.value.get(index).copied().unwrap_or(0);
+        for f in functions {
+            if frames.contains(f) {
+                *totals.entry((*f).to_owned()).or_default() += value;
             }
         }
     }
@@ -1087,6 +1116,33 @@ pub fn run_python_client_through(
         status.success(),
         "python client failed ({status}):\n{output}"
     );
+    let (entries, metrics) = wait_exported(proflow, app, exporter);
+    let mut totals = Totals::new();
+    let mut first = None;
+    for e in &entries {
+        let p = read_profile(&e.path);
+        add_totals(&mut totals, &p);
+        first.get_or_insert(p);
+    }
+    let [hot, warm] = PY_FUNCTIONS;
+    assert!(
+        totals.get(hot) > totals.get(warm) && totals.get(warm).is_some_and(|w| *w > 0),
+        "the client's profiles should show {hot} above {warm} > 0: {totals:?}"
+    );
+    let mut entries = entries;
+    ClientRun {
+        totals,
+        first: first.expect("at least one profile was written"),
+        entry: entries.swap_remove(0),
+        metrics,
+    }
+}
+
+/// After a client pushing as `app` to `proflow` (started by
+/// [`start_with_file_and`]) has exited: waits until the `file` exporter's
+/// count of `app`'s profiles is stable and `exporter` has sent at least as
+/// many, with none failed. Returns the index entries and the metrics then.
+pub fn wait_exported(proflow: &Proflow, app: &str, exporter: &str) -> (Vec<IndexEntry>, String) {
     // The client flushed before it exited; wait until the file count is stable.
     let mut entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
     for _ in 0..10 {
@@ -1122,22 +1178,5 @@ pub fn run_python_client_through(
         &[("exporter", exporter)],
     );
     assert_eq!(failed, 0.0, "log:\n{}", proflow.log_text());
-    let mut totals = Totals::new();
-    let mut first = None;
-    for e in &entries {
-        let p = read_profile(&e.path);
-        add_totals(&mut totals, &p);
-        first.get_or_insert(p);
-    }
-    let [hot, warm] = PY_FUNCTIONS;
-    assert!(
-        totals.get(hot) > totals.get(warm) && totals.get(warm).is_some_and(|w| *w > 0),
-        "the client's profiles should show {hot} above {warm} > 0: {totals:?}"
-    );
-    ClientRun {
-        totals,
-        first: first.expect("at least one profile was written"),
-        entry: entries.swap_remove(0),
-        metrics,
-    }
+    (entries, metrics)
 }

@@ -15,6 +15,11 @@
 //! returns early; [`peer_skip`] shows the skip and records it for
 //! `scripts/test`.
 //!
+//! A test that stops and restarts a peer must not do it to the shared one
+//! (other tests use it at the same time): [`PrivatePeer`] starts an instance of
+//! its own through `tests/peers/private`, on free ports with its own data dir,
+//! which it can stop and start again on the same ports and data.
+//!
 //! Also here: [`go_app`] (the Go client programs of `tests/peers/apps/`) and
 //! [`kafka_consume`] (reads a topic through `tests/peers/kafka/consume`).
 
@@ -142,12 +147,7 @@ fn run_up(name: &str) -> Result<Peer, String> {
     // Keep the install/start log with the test's captured output.
     eprint!("{stderr}");
     let prefix = format!("{}_", name.to_ascii_uppercase());
-    let vars: BTreeMap<String, String> = stdout
-        .lines()
-        .filter_map(|line| line.split_once('='))
-        .filter(|(k, _)| k.starts_with(&prefix))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
+    let vars = endpoint_lines(name, &stdout);
     if !vars.contains_key(&format!("{prefix}ENDPOINT")) {
         return Err(format!(
             "`tests/peers/up {name}` succeeded but printed no {prefix}ENDPOINT line. stdout:\n{stdout}\nstderr:\n{stderr}"
@@ -157,6 +157,188 @@ fn run_up(name: &str) -> Result<Peer, String> {
         name: name.to_owned(),
         vars,
     })
+}
+
+/// Parses the `NAME_*=VALUE` lines of `stdout`.
+fn endpoint_lines(name: &str, stdout: &str) -> BTreeMap<String, String> {
+    let prefix = format!("{}_", name.to_ascii_uppercase());
+    stdout
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// A private instance of the peer `pyroscope`, `parca` or `kafka` for one
+/// test, run by `tests/peers/private` from the cached build (installed first
+/// if the cache lacks it) on free ports, with its pid, log, ports and data in
+/// a temporary directory of its own. [`PrivatePeer::stop`] (SIGTERM) or
+/// [`PrivatePeer::kill`] (SIGKILL) ends it, keeping its data;
+/// [`PrivatePeer::start_again`] brings it back on the same ports with that
+/// data (see `tests/peers/private` for what each peer keeps). Dropping it
+/// kills the peer and removes the directory; if the test process dies without
+/// dropping it, the script's watcher kills the peer.
+pub struct PrivatePeer {
+    name: String,
+    peer: Peer,
+    dir: tempfile::TempDir,
+    running: bool,
+}
+
+impl PrivatePeer {
+    /// Starts a private `name`; waits until it is ready. `None` only when
+    /// it cannot be had and `PROFLOW_SKIP_PEERS=1` outside CI (see [`peer`]).
+    pub fn start(name: &str) -> Option<PrivatePeer> {
+        let dir = match tempfile::Builder::new()
+            .prefix(&format!("proflow-private-{name}-"))
+            .tempdir()
+        {
+            Ok(d) => d,
+            Err(e) => return unavailable(&format!("no temporary directory for {name}: {e}")),
+        };
+        let mut private = PrivatePeer {
+            name: name.to_owned(),
+            peer: Peer {
+                name: name.to_owned(),
+                vars: BTreeMap::new(),
+            },
+            dir,
+            running: false,
+        };
+        match private.run_start() {
+            Ok(vars) => {
+                private.peer.vars = vars;
+                Some(private)
+            }
+            Err(report) => unavailable(&format!(
+                "a private '{name}' could not be started.\n{report}"
+            )),
+        }
+    }
+
+    /// Starts the stopped peer again in its directory: same ports, same data.
+    /// Panics with the script's output if it does not come back ready.
+    pub fn start_again(&mut self) {
+        assert!(!self.running, "{} is still running", self.name);
+        let vars = self
+            .run_start()
+            .unwrap_or_else(|report| panic!("{} did not start again:\n{report}", self.name));
+        assert_eq!(
+            vars, self.peer.vars,
+            "{} came back with other endpoints",
+            self.name
+        );
+    }
+
+    /// Sends SIGTERM to the peer and waits until it has exited.
+    pub fn stop(&mut self) {
+        self.run_stop(false);
+    }
+
+    /// Kills the peer with SIGKILL (no shutdown of its own) and waits until
+    /// it is gone.
+    pub fn kill(&mut self) {
+        self.run_stop(true);
+    }
+
+    /// The endpoint lines, as [`peer`] returns them for a shared peer.
+    pub fn peer(&self) -> &Peer {
+        &self.peer
+    }
+
+    /// `NAME_ENDPOINT` (host:port on 127.0.0.1).
+    pub fn endpoint(&self) -> &str {
+        self.peer.endpoint()
+    }
+
+    /// `http://` + [`PrivatePeer::endpoint`].
+    pub fn http_base(&self) -> String {
+        self.peer.http_base()
+    }
+
+    /// The last `lines` lines of the peer's log (all its runs).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.dir.path().join(&self.name).join("peer.log");
+        let text = std::fs::read_to_string(&log)
+            .unwrap_or_else(|e| format!("(cannot read {}: {e})", log.display()));
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    fn script() -> PathBuf {
+        repo_root().join("tests/peers/private")
+    }
+
+    fn run_start(&mut self) -> Result<BTreeMap<String, String>, String> {
+        let script = Self::script();
+        let output = Command::new(&script)
+            .args(["start", &self.name])
+            .arg(self.dir.path())
+            .env("PROFLOW_PRIVATE_OWNER", std::process::id().to_string())
+            .current_dir(repo_root())
+            .output()
+            .map_err(|e| format!("could not run {}: {e}", script.display()))?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if !output.status.success() {
+            return Err(format!(
+                "`tests/peers/private start {}` failed ({}). Its output:\n{stderr}{stdout}",
+                self.name, output.status
+            ));
+        }
+        self.running = true;
+        eprint!("{stderr}");
+        let vars = endpoint_lines(&self.name, &stdout);
+        if !vars.contains_key(&format!("{}_ENDPOINT", self.name.to_ascii_uppercase())) {
+            return Err(format!(
+                "`tests/peers/private start {}` printed no endpoint. stdout:\n{stdout}\nstderr:\n{stderr}",
+                self.name
+            ));
+        }
+        Ok(vars)
+    }
+
+    fn run_stop(&mut self, kill: bool) {
+        let script = Self::script();
+        let mut cmd = Command::new(&script);
+        cmd.args(["stop", &self.name]).arg(self.dir.path());
+        if kill {
+            cmd.arg("--kill");
+        }
+        let output = cmd
+            .current_dir(repo_root())
+            .output()
+            .unwrap_or_else(|e| panic!("could not run {}: {e}", script.display()));
+        self.running = false;
+        assert!(
+            output.status.success(),
+            "`tests/peers/private stop {}` failed ({}):\n{}",
+            self.name,
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+impl Drop for PrivatePeer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- private {} log, last lines ----\n{}",
+                self.name,
+                self.log_tail(40)
+            );
+        }
+        if self.running {
+            let _ = Command::new(Self::script())
+                .args(["stop", &self.name])
+                .arg(self.dir.path())
+                .arg("--kill")
+                .current_dir(repo_root())
+                .output();
+        }
+    }
 }
 
 /// Reports a peer (or peer program) that cannot be had: panics under CI and by

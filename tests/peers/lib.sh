@@ -13,6 +13,12 @@
 # free ports, writes config, launches with start_bg, writes the endpoint lines)
 # and ready_<peer> (one real probe; exit status only). Stopping is the same for
 # all: the peer runs in its own session, and its process group is killed.
+#
+# tests/peers/private runs the same functions with the run root set to a
+# test's own directory and can start a stopped peer again there. Peers it
+# supports (pyroscope, parca, kafka) take their ports from peer_ports, so they
+# come back on the ports of their first start, and reuse the data they find in
+# their data dir.
 
 peers_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo_dir="$(cd "$peers_dir/../.." && pwd)"
@@ -51,6 +57,19 @@ for _ in range(int(sys.argv[1])):
     socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
+}
+
+# peer_ports PEER N: the N ports PEER listens on, space-separated: picked by
+# free_ports on the first start in its run dir and kept in its `ports` file,
+# so a peer started again in the same run dir (tests/peers/private) comes back
+# on the same ports. `up` always starts in a fresh run dir, so fresh ports.
+peer_ports() {
+  local f; f="$(run_dir "$1")/ports"
+  if [[ ! -s "$f" ]]; then
+    free_ports "$2" >"$f.tmp"
+    mv -f "$f.tmp" "$f"
+  fi
+  cat "$f"
 }
 
 # with_install_lock PEER CMD...: one installer per peer per cache at a time.
@@ -153,24 +172,37 @@ show_log_tail() {
   } >&2
 }
 
+# halt_peer PEER SIGNAL GRACE_S: sends SIGNAL (TERM, KILL, ...) to the peer's
+# process group and waits up to GRACE_S seconds for its process to end; then
+# kills the group. Keeps the run dir (data, ports, log).
+halt_peer() {
+  local peer="$1" signal="$2" grace="$3" pid i
+  pid="$(peer_pid "$peer")"
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 0
+  kill "-$signal" -- "-$pid" 2>/dev/null || kill "-$signal" "$pid" 2>/dev/null || true
+  for ((i = 0; i < grace * 10; i++)); do
+    peer_alive "$peer" || break
+    sleep 0.1
+  done
+  if peer_alive "$peer"; then
+    log "$peer: did not stop within ${grace}s of $signal; killing"
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+      peer_alive "$peer" || break
+      sleep 0.1
+    done
+  fi
+  # Children of the group that outlived its leader go too.
+  kill -KILL -- "-$pid" 2>/dev/null || true
+}
+
 # stop_peer PEER: kills the peer's process group (TERM, then KILL after a grace
 # period) and removes its run dir with all its data.
 stop_peer() {
-  local peer="$1" dir pid i
+  local peer="$1" dir
   dir="$(run_dir "$peer")"
   [[ -d "$dir" ]] || return 0
-  pid="$(peer_pid "$peer")"
-  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-      log "$peer: did not stop within 10s of TERM; killing"
-      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-    fi
-  fi
+  halt_peer "$peer" TERM 10
   rm -rf "$dir"
 }
 

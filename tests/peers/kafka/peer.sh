@@ -39,7 +39,7 @@ start_kafka() {
   local dir libs broker controller cluster_id
   dir="$(run_dir kafka)"
   libs="$cache_root/kafka-$(kafka_version)/libs"
-  read -r broker controller < <(free_ports 2)
+  read -r broker controller < <(peer_ports kafka 2)
   cat >"$dir/server.properties" <<PROPS
 # Written by tests/peers/up: one node that is broker and controller (KRaft).
 process.roles=broker,controller
@@ -60,14 +60,18 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 PROPS
-  # A base64url uuid may start with `-`, which the tool's argument parser takes
-  # for an option: pass it as --cluster-id=VALUE.
-  cluster_id="$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
-  if ! java -cp "$libs/*" -Dlog4j2.configurationFile="$kafka_dir/log4j2.properties" \
-      kafka.tools.StorageTool format --cluster-id="$cluster_id" -c "$dir/server.properties" \
-      >"$dir/format.log" 2>&1; then
-    cat "$dir/format.log" >&2
-    die "kafka: formatting the KRaft storage failed (log above)"
+  # Formatted once: a broker started again on the same log dir
+  # (tests/peers/private) keeps its cluster id, topics and records.
+  if [[ ! -f "$dir/data/kafka-logs/meta.properties" ]]; then
+    # A base64url uuid may start with `-`, which the tool's argument parser
+    # takes for an option: pass it as --cluster-id=VALUE.
+    cluster_id="$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
+    if ! java -cp "$libs/*" -Dlog4j2.configurationFile="$kafka_dir/log4j2.properties" \
+        kafka.tools.StorageTool format --cluster-id="$cluster_id" -c "$dir/server.properties" \
+        >"$dir/format.log" 2>&1; then
+      cat "$dir/format.log" >&2
+      die "kafka: formatting the KRaft storage failed (log above)"
+    fi
   fi
   start_bg kafka java -Xms256m -Xmx${PROFLOW_KAFKA_HEAP:-768m} -XX:+UseG1GC -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$kafka_dir/log4j2.properties" \

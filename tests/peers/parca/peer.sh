@@ -13,7 +13,7 @@ install_parca() {
 start_parca() {
   local dir port
   dir="$(run_dir parca)"
-  port="$(free_ports 1)"
+  port="$(peer_ports parca 1)"
   cat >"$dir/parca.yaml" <<YAML
 # Written by tests/peers/up: filesystem object storage in the peer's data dir.
 object_storage:
@@ -22,6 +22,11 @@ object_storage:
     config:
       directory: $dir/data/objects
 YAML
+  # A private Parca (tests/peers/private) writes a write-ahead log under
+  # --storage-path and replays it when started again; the shared one keeps
+  # its data in memory only.
+  local wal=()
+  [[ -z "${peer_private:-}" ]] || wal=(--storage-enable-wal)
   # Upstream debuginfod points at a closed loopback port: the tests send
   # symbolized profiles, and nothing may leave the machine.
   start_bg parca "$(parca_home)/bin/parca" \
@@ -30,7 +35,8 @@ YAML
     --storage-path="$dir/data/storage" \
     --debuginfo-cache-dir="$dir/data/debuginfo-cache" \
     --debuginfod-upstream-servers=127.0.0.1:9 \
-    --profile-share-server=127.0.0.1:9
+    --profile-share-server=127.0.0.1:9 \
+    "${wal[@]}"
   printf 'PARCA_ENDPOINT=%s\n' "$(endpoint "$port")" >"$dir/endpoints"
 }
 

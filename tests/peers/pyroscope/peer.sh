@@ -17,7 +17,7 @@ install_pyroscope() {
 start_pyroscope() {
   local dir http grpc memberlist
   dir="$(run_dir pyroscope)"
-  read -r http grpc memberlist < <(free_ports 3)
+  read -r http grpc memberlist < <(peer_ports pyroscope 3)
   mkdir -p "$dir/data/shared" "$dir/data/pyroscopedb"
   # Every ring advertises 127.0.0.1: the default is the first private
   # interface's address, where nothing listens. No usage reporting, no tracing.

@@ -1,0 +1,210 @@
+//! Reading profiles back from the real backends, for the tests that send
+//! through proflow's exporters: Pyroscope's merged flame graph
+//! (`SelectMergeStacktraces`) and Parca's merged pprof (`/api/profiles/query`
+//! through its REST gateway), each reduced to per-function totals.
+//!
+//! Totals are per function name: the sum of the values of every sample (or
+//! flame graph node) of that function, as `common::Totals` counts the files
+//! proflow wrote. The functions must not recurse (a function twice on one
+//! stack would count twice in a flame graph).
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use proflow_pipeline::pprof;
+
+/// Per function, a total (the same type as `common::Totals`).
+pub type Totals = BTreeMap<String, i64>;
+
+/// Now in Unix milliseconds.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A JSON integer that proto3 JSON may write as a string.
+fn int(v: &serde_json::Value) -> i64 {
+    match v {
+        serde_json::Value::String(s) => s.parse().unwrap_or(0),
+        other => other.as_i64().unwrap_or(0),
+    }
+}
+
+/// Per function of `functions`, the sum of the totals of its flame graph
+/// nodes. A level's `values` are groups of four: x offset (relative to the
+/// previous node's end), total, self, name index.
+pub fn flamegraph_totals(flamegraph: &serde_json::Value, functions: &[&str]) -> Totals {
+    let empty = Vec::new();
+    let names: Vec<&str> = flamegraph["names"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|n| n.as_str().unwrap_or_default())
+        .collect();
+    let mut totals = Totals::new();
+    for level in flamegraph["levels"].as_array().unwrap_or(&empty) {
+        let values: Vec<i64> = level["values"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .map(int)
+            .collect();
+        for node in values.chunks_exact(4) {
+            let name = names.get(node[3] as usize).copied().unwrap_or_default();
+            if functions.contains(&name) {
+                *totals.entry(name.to_owned()).or_default() += node[1];
+            }
+        }
+    }
+    totals
+}
+
+/// POSTs a Connect JSON request to Pyroscope; the answer if it is a success
+/// with a JSON body, else `Err` with what came back.
+fn pyroscope_call(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let response = http
+        .post(format!("{base}{path}"))
+        .header("Content-Type", "application/json")
+        .body(body.to_string())
+        .send()
+        .map_err(|e| format!("{path}: {e}"))?;
+    let status = response.status();
+    let text = response.text().unwrap_or_default();
+    if !status.is_success() {
+        return Err(format!("{path}: {status} {text}"));
+    }
+    serde_json::from_str(&text).map_err(|e| format!("{path}: {e}: {text}"))
+}
+
+/// Pyroscope's merged stack traces for `selector` (e.g.
+/// `{service_name="x"}`) over the last hour, reduced to the totals of
+/// `functions`. With `profile_type` (e.g.
+/// `process_cpu:cpu:nanoseconds:cpu:nanoseconds`) that type is read;
+/// without, every type Pyroscope lists is tried and the first with any of the
+/// functions is taken. Returns the totals and the type read (or, when none
+/// had them, what was seen).
+pub fn pyroscope_totals(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    selector: &str,
+    functions: &[&str],
+    profile_type: Option<&str>,
+) -> (Totals, String) {
+    let now = now_ms();
+    let (start, end) = (now - 3_600_000, now + 60_000);
+    let ids: Vec<String> = match profile_type {
+        Some(t) => vec![t.to_owned()],
+        None => pyroscope_call(
+            http,
+            base,
+            "/querier.v1.QuerierService/ProfileTypes",
+            serde_json::json!({ "start": start, "end": end }),
+        )
+        .ok()
+        .and_then(|types| {
+            types["profileTypes"].as_array().map(|a| {
+                a.iter()
+                    .filter_map(|t| t["ID"].as_str().map(str::to_owned))
+                    .collect()
+            })
+        })
+        .unwrap_or_default(),
+    };
+    let mut seen = Vec::new();
+    for id in &ids {
+        let answer = match pyroscope_call(
+            http,
+            base,
+            "/querier.v1.QuerierService/SelectMergeStacktraces",
+            serde_json::json!({
+                "profileTypeID": id,
+                "labelSelector": selector,
+                "start": start,
+                "end": end,
+            }),
+        ) {
+            Ok(a) => a,
+            Err(e) => {
+                seen.push(e);
+                continue;
+            }
+        };
+        let totals = flamegraph_totals(&answer["flamegraph"], functions);
+        if !totals.is_empty() {
+            return (totals, id.clone());
+        }
+        seen.push(format!("{id}: none of {functions:?}"));
+    }
+    (
+        Totals::new(),
+        format!("no profile type had them; types {ids:?}; {seen:?}"),
+    )
+}
+
+/// RFC 3339 UTC timestamp of Unix seconds (civil-from-days).
+pub fn rfc3339(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Parca's merged pprof for `query` (`TYPE{labels}`) over the last hour, if
+/// it answers one; `last` gets the status and start of the last answer.
+pub fn parca_merge(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    query: &str,
+    last: &mut String,
+) -> Option<pprof::Profile> {
+    let now = now_ms() / 1000;
+    let (start, end) = (rfc3339(now - 3600), rfc3339(now + 60));
+    let url = reqwest::Url::parse_with_params(
+        &format!("{base}/api/profiles/query"),
+        &[
+            ("mode", "MODE_MERGE"),
+            ("merge.query", query),
+            ("merge.start", start.as_str()),
+            ("merge.end", end.as_str()),
+            ("reportType", "REPORT_TYPE_PPROF"),
+        ],
+    )
+    .ok()?;
+    let response = match http.get(url).send() {
+        Ok(r) => r,
+        Err(e) => {
+            *last = e.to_string();
+            return None;
+        }
+    };
+    let status = response.status();
+    let text = response.text().unwrap_or_default();
+    *last = format!("{status} {}", text.chars().take(500).collect::<String>());
+    let body: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let bytes = BASE64.decode(body["pprof"].as_str()?).ok()?;
+    pprof::decode(&bytes::Bytes::from(bytes), 64 << 20).ok()
+}
