@@ -308,3 +308,76 @@ fn a_consumer_stopped_gracefully_commits_what_it_delivered() {
     );
     assert_eq!(after.len(), N);
 }
+
+/// The broker stopped for 30 s mid-stream and started again (a private
+/// broker of this test's own, so the shared one stays up for the others):
+/// the producing proflow's exporter retries, its queue holds what came in
+/// meanwhile, and every profile arrives at the consuming proflow.
+#[test]
+fn a_broker_stopped_for_30s_mid_stream_loses_nothing() {
+    let Some(mut kafka) = peer_env::PrivatePeer::start("kafka") else {
+        return;
+    };
+    let broker = kafka.endpoint().to_owned();
+    let topic = peer_env::unique("proflow-outage-");
+    let first = common::start_with_file_and(
+        "kafka",
+        &format!(
+            "brokers: [\"{broker}\"]\ntopic: {topic}\nencoding: pprof\ntimeout: 5s\nsending_queue: {{when_full: block, queue_size: 5000}}\nretry_on_failure: {{initial_interval: 1s, max_interval: 3s, max_elapsed_time: 0s}}"
+        ),
+    );
+    let second = consumer(&broker, &topic, &peer_env::unique("g-"));
+    const N: usize = 200;
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        let pushing = s.spawn(|| {
+            // About 45 s of pushes, 30 s of them while the broker is down.
+            for i in 0..N {
+                push(&first, "kafka-outage", i);
+                std::thread::sleep(Duration::from_millis(225));
+            }
+        });
+        wait_distinct(&second, 10, ARRIVAL_TIMEOUT);
+        kafka.stop();
+        let down_at = Instant::now();
+        std::thread::sleep(Duration::from_secs(30));
+        let metrics = first.metrics();
+        let queued = common::metric_sum(
+            &metrics,
+            "proflow_exporter_queue_profiles",
+            &[("exporter", "kafka")],
+        );
+        let retries = common::metric_sum(
+            &metrics,
+            "proflow_exporter_retries_total",
+            &[("exporter", "kafka")],
+        );
+        assert!(
+            queued > 0.0 && retries > 0.0,
+            "while the broker was down for {:?}: queue {queued}, retries {retries}",
+            down_at.elapsed()
+        );
+        kafka.start_again();
+        pushing.join().expect("pushing thread");
+    });
+    let got = wait_distinct(&second, N, Duration::from_secs(120));
+    let distinct: BTreeSet<&str> = got.iter().filter_map(|e| e.label("seq")).collect();
+    assert_eq!(distinct.len(), N, "every profile arrived");
+    let metrics = first.metrics();
+    for (metric, want) in [
+        ("proflow_exporter_failed_profiles_total", 0.0),
+        ("proflow_exporter_dropped_profiles_total", 0.0),
+        ("proflow_exporter_queue_profiles", 0.0),
+    ] {
+        assert_eq!(
+            common::metric_sum(&metrics, metric, &[("exporter", "kafka")]),
+            want,
+            "{metric} after the outage"
+        );
+    }
+    eprintln!(
+        "{N} profiles across a 30 s broker outage: all arrived ({} records written, {:?})",
+        got.len(),
+        started.elapsed()
+    );
+}
