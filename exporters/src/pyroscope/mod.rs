@@ -13,7 +13,9 @@
 //!   without the push API.
 //!
 //! Labels ([`request::series_labels`]): `__*` labels are dropped but
-//! `__name__` and `__delta__` (as Alloy's `pyroscope.write`), missing
+//! `__name__` and `__delta__` (as Alloy's `pyroscope.write`; a profile
+//! without `__name__` gets one from its sample types, by Pyroscope's rules,
+//! as the `parca` exporter derives Parca's), missing
 //! `external_labels` are added, and a profile without `service_name` gets
 //! `default_service_name` (`unknown_service`, what Pyroscope itself fills in).
 //!
@@ -48,6 +50,7 @@ use proflow_pipeline::component::{
     Validate,
 };
 use proflow_pipeline::model::{ExportBatch, Format, is_valid_label_name};
+use proflow_pipeline::profile_type::profile_name_from_sample_types;
 use proflow_pipeline::queue::{QueueSettings, RetrySettings};
 use proflow_pipeline::telemetry::ExporterTelemetry;
 use serde::Deserialize;
@@ -520,19 +523,37 @@ impl PyroscopeExporter {
         for i in indexes {
             let e = &envelopes[i];
             let shown = || e.labels.to_selector_string();
-            if e.labels.get(NAME_LABEL).is_none_or(str::is_empty) {
-                outcome.refuse(
-                    [i],
-                    ExportError::permanent(
-                        "no_profile_name",
-                        format!(
-                            "profile {} has no `__name__` label, which Pyroscope requires (such as process_cpu); it was dropped",
-                            shown()
-                        ),
-                    ),
-                );
-                continue;
-            }
+            // A profile without `__name__` (a relabel removed it, say) is
+            // named from its sample types by Pyroscope's own rules, as the
+            // receivers name what arrives; only a profile without named
+            // sample types cannot be sent.
+            let named;
+            let own_labels = if e.labels.get(NAME_LABEL).is_none_or(str::is_empty) {
+                let types = e.sample_types.iter().map(|t| t.r#type.as_str());
+                match profile_name_from_sample_types(types, None) {
+                    Some(name) => {
+                        let mut l = e.labels.clone();
+                        l.set(NAME_LABEL, name);
+                        named = l;
+                        &named
+                    }
+                    None => {
+                        outcome.refuse(
+                            [i],
+                            ExportError::permanent(
+                                "no_profile_name",
+                                format!(
+                                    "profile {} has no `__name__` label and no named sample type to derive one from, and Pyroscope requires one (such as process_cpu); it was dropped",
+                                    shown()
+                                ),
+                            ),
+                        );
+                        continue;
+                    }
+                }
+            } else {
+                &e.labels
+            };
             // As it arrived: no decode, no re-encode (gzipped or plain).
             let bytes = match e.payload.encoded() {
                 Ok(enc) => enc.bytes,
@@ -551,7 +572,7 @@ impl PyroscopeExporter {
                 }
             };
             let labels = request::series_labels(
-                &e.labels,
+                own_labels,
                 &self.external_labels,
                 &self.default_service_name,
             );

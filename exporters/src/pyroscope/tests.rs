@@ -190,6 +190,29 @@ fn meta(tenant: Option<&str>) -> Arc<BatchMeta> {
     })
 }
 
+/// A profile whose `__name__` a relabel removed is named from its sample
+/// types, as Pyroscope names what it receives.
+#[tokio::test]
+async fn a_profile_without_a_name_is_named_from_its_sample_types() {
+    let peer = Peer::new(vec![(200, vec![], "")]);
+    let addr = peer.start().await;
+    let exp = exporter(&format!("endpoint: http://{addr}\ncompression: none\n"));
+    let mut unnamed = envelope(Some("a"), "f", 1);
+    unnamed.labels.remove("__name__");
+    let mut batch = ExportBatch::new();
+    batch.push(vec![unnamed], meta(None));
+    exp.export(&batch).await.expect("sent");
+    let seen = peer.seen();
+    let push = PushRequest::decode(&seen[0].body[..]).expect("a push request");
+    let names: Vec<&str> = push.series[0]
+        .labels
+        .iter()
+        .filter(|l| l.name == "__name__")
+        .map(|l| l.value.as_str())
+        .collect();
+    assert_eq!(names, ["process_cpu"]);
+}
+
 #[test]
 fn plan_splits_by_tenant_and_bytes() {
     let mut b = ExportBatch::new();
@@ -417,8 +440,10 @@ async fn ingest_sends_one_profile_a_request_and_refuses_unnamed_profiles() {
         "endpoint: http://{addr}\napi: ingest\nbearer_token_file: {}\n",
         token.path().display()
     ));
+    // No `__name__` and no named sample type: nothing to name it by.
     let mut unnamed = envelope(Some("b"), "g", 2);
     unnamed.labels.remove("__name__");
+    unnamed.sample_types = vec![ValueType::new("", "count")];
     let envs = vec![
         envelope(Some("a"), "f", 1),
         unnamed,
