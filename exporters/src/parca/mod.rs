@@ -205,9 +205,24 @@ impl Validate for ParcaExporterConfig {
                 ));
             }
         }
+        // One export is one request, and Parca refuses gRPC messages over
+        // 32 MiB for good: keep what one send gathers under it with room
+        // for the series labels and framing.
+        if self.sending_queue.batch.max_bytes.bytes() > MAX_BATCH_BYTES {
+            problems.push(FieldError::new(
+                "sending_queue.batch.max_bytes",
+                format!(
+                    "is more than {} MiB: one export is one WriteRaw request and Parca refuses messages over 32 MiB (default 16MiB)",
+                    MAX_BATCH_BYTES >> 20
+                ),
+            ));
+        }
         problems
     }
 }
+
+/// The most `sending_queue.batch.max_bytes` may be (see `validate`).
+const MAX_BATCH_BYTES: u64 = 28 << 20;
 
 impl ExporterConfig for ParcaExporterConfig {
     fn queue(&self) -> QueueSettings {

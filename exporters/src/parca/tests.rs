@@ -64,6 +64,21 @@ fn defaults() {
 }
 
 #[test]
+fn a_batch_larger_than_parca_takes_is_refused() {
+    let c = typed("endpoint: 127.0.0.1:7070\nsending_queue: { batch: { max_bytes: 40MiB } }\n");
+    let problems = c.validate();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].path, "sending_queue.batch.max_bytes");
+    assert!(
+        problems[0].message.contains("32 MiB"),
+        "{}",
+        problems[0].message
+    );
+    let c = typed("endpoint: 127.0.0.1:7070\nsending_queue: { batch: { max_bytes: 28MiB } }\n");
+    assert!(c.validate().is_empty());
+}
+
+#[test]
 fn every_problem_is_reported() {
     let node = Node::parse(
         "endpoint: 'https://h:7070/x'\n\
