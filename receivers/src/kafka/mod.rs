@@ -70,6 +70,8 @@ const SHUTDOWN_WAIT: StdDuration = StdDuration::from_secs(3);
 /// Undecodable records logged at `warn` one by one; after that, every
 /// power of two.
 const LOG_EACH_INVALID: u64 = 10;
+/// Consumer errors (a broker down, say) are logged at most this often.
+const ERROR_LOG_EVERY: StdDuration = StdDuration::from_secs(10);
 
 /// `initial_offset`: where a group with no committed offset starts.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -427,6 +429,8 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
     let permits = Arc::new(Semaphore::new(receiver.max_unacknowledged));
     let receiver_id: Arc<str> = Arc::from(ctx.id.as_str());
     let mut invalid = 0u64;
+    let mut consumer_errors = 0u64;
+    let mut last_error_log = None;
     loop {
         let permit = tokio::select! {
             _ = ctx.shutdown.cancelled() => break,
@@ -442,7 +446,13 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
         let message = match message {
             Ok(m) => m,
             Err(e) => {
-                tracing::warn!(receiver = %shared.id, error = %e, "Kafka consumer error");
+                // librdkafka reconnects by itself; say so at most every 10 s.
+                consumer_errors += 1;
+                if last_error_log.is_none_or(|t: std::time::Instant| t.elapsed() >= ERROR_LOG_EVERY)
+                {
+                    tracing::warn!(receiver = %shared.id, error = %e, errors_so_far = consumer_errors, "Kafka consumer error; retrying");
+                    last_error_log = Some(std::time::Instant::now());
+                }
                 tokio::time::sleep(StdDuration::from_millis(100)).await;
                 continue;
             }
