@@ -184,12 +184,23 @@ pub struct PrivatePeer {
     peer: Peer,
     dir: tempfile::TempDir,
     running: bool,
+    /// Passed to every start (see [`PrivatePeer::start_with`]).
+    env: Vec<(String, String)>,
 }
 
 impl PrivatePeer {
     /// Starts a private `name`; waits until it is ready. `None` only when
     /// it cannot be had and `PROFLOW_SKIP_PEERS=1` outside CI (see [`peer`]).
     pub fn start(name: &str) -> Option<PrivatePeer> {
+        PrivatePeer::start_with(name, &[])
+    }
+
+    /// [`PrivatePeer::start`] with variables for the peer's start function,
+    /// given again to [`PrivatePeer::start_again`]: for Kafka
+    /// `PROFLOW_KAFKA_LISTENERS`, `PROFLOW_KAFKA_PROPERTIES` and
+    /// `PROFLOW_KAFKA_SCRAM` (see `tests/peers/kafka/peer.sh`); the extra
+    /// listeners' endpoints are [`Peer::var`]`("<NAME>_ENDPOINT")`.
+    pub fn start_with(name: &str, env: &[(&str, &str)]) -> Option<PrivatePeer> {
         let dir = match tempfile::Builder::new()
             .prefix(&format!("proflow-private-{name}-"))
             .tempdir()
@@ -205,6 +216,10 @@ impl PrivatePeer {
             },
             dir,
             running: false,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         };
         match private.run_start() {
             Ok(vars) => {
@@ -276,6 +291,7 @@ impl PrivatePeer {
             .args(["start", &self.name])
             .arg(self.dir.path())
             .env("PROFLOW_PRIVATE_OWNER", std::process::id().to_string())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .current_dir(repo_root())
             .output()
             .map_err(|e| format!("could not run {}: {e}", script.display()))?;
