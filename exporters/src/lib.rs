@@ -44,20 +44,14 @@ pub use error::Error;
 
 use proflow_pipeline::registry::Factory;
 
-/// Config problems as one build error message: `path: message; …`.
+/// Config problems as one build error message (the pipeline's helper).
 #[cfg(any(
     feature = "otlp",
     feature = "parca",
     feature = "pyroscope",
     feature = "kafka"
 ))]
-pub(crate) fn joined_problems(problems: &[proflow_pipeline::component::FieldError]) -> String {
-    problems
-        .iter()
-        .map(|p| format!("{}: {}", p.path, p.message))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
+pub(crate) use proflow_pipeline::component::joined_problems;
 #[cfg(any(
     feature = "file",
     feature = "nop",

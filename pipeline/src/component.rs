@@ -38,6 +38,15 @@ impl FieldError {
     }
 }
 
+/// Config problems as one build error message: `path: message; …`.
+pub fn joined_problems(problems: &[FieldError]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("{}: {}", p.path, p.message))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Checks a config and reports every problem, not just the first.
 pub trait Validate {
     fn validate(&self) -> Vec<FieldError>;

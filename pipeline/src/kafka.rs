@@ -400,8 +400,14 @@ pub struct ClientSettings {
     pub tls: Option<TlsSettings>,
 }
 
-fn default_client_id() -> String {
+/// The default `client_id`: `proflow`.
+pub fn default_client_id() -> String {
     "proflow".to_owned()
+}
+
+/// The default `brokers` of the exporter and receiver (as the Collector's).
+pub fn default_brokers() -> Vec<String> {
+    vec!["localhost:9092".to_owned()]
 }
 
 impl ClientSettings {

@@ -95,10 +95,10 @@ impl Compression {
 #[serde(deny_unknown_fields)]
 pub struct KafkaExporterConfig {
     /// Bootstrap brokers, `host:port`. Default `["localhost:9092"]`.
-    #[serde(default = "default_brokers")]
+    #[serde(default = "kafka::default_brokers")]
     pub brokers: Vec<String>,
     /// `client.id` the brokers see. Default `proflow`.
-    #[serde(default = "default_client_id")]
+    #[serde(default = "kafka::default_client_id")]
     pub client_id: String,
     /// The topic; may hold `{label}` placeholders, such as
     /// `profiles.{service_name}` (a missing label becomes `unknown`,
@@ -140,12 +140,6 @@ pub struct KafkaExporterConfig {
     pub retry_on_failure: RetrySettings,
 }
 
-fn default_brokers() -> Vec<String> {
-    vec!["localhost:9092".to_owned()]
-}
-fn default_client_id() -> String {
-    "proflow".to_owned()
-}
 fn default_topic() -> String {
     "otlp_profiles".to_owned()
 }

@@ -44,7 +44,7 @@ use bytes::Bytes;
 use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::{
     Admission, BuildContext, BuildError, ConsumeError, FieldError, Receiver, ReceiverConfig,
-    ReceiverContext, ServeFuture, Validate,
+    ReceiverContext, ServeFuture, Validate, joined_problems,
 };
 use proflow_pipeline::kafka::{
     self, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
@@ -115,10 +115,10 @@ impl ReceiverEncoding {
 #[serde(deny_unknown_fields)]
 pub struct KafkaReceiverConfig {
     /// Bootstrap brokers, `host:port`. Default `["localhost:9092"]`.
-    #[serde(default = "default_brokers")]
+    #[serde(default = "kafka::default_brokers")]
     pub brokers: Vec<String>,
     /// `client.id` the brokers see. Default `proflow`.
-    #[serde(default = "default_client_id")]
+    #[serde(default = "kafka::default_client_id")]
     pub client_id: String,
     /// Topics to read; a name starting with `^` is a regular expression.
     /// Default `["otlp_profiles"]` (the Collector's and proflow's exporter's).
@@ -161,12 +161,6 @@ pub struct KafkaReceiverConfig {
     pub tls: Option<TlsSettings>,
 }
 
-fn default_brokers() -> Vec<String> {
-    vec!["localhost:9092".to_owned()]
-}
-fn default_client_id() -> String {
-    "proflow".to_owned()
-}
 fn default_topics() -> Vec<String> {
     vec!["otlp_profiles".to_owned()]
 }
@@ -296,12 +290,7 @@ impl ReceiverConfig for KafkaReceiverConfig {
         let fail = |m: String| BuildError::new(format!("receiver `{}`: {m}", ctx.id));
         let problems = self.validate();
         if !problems.is_empty() {
-            let joined = problems
-                .iter()
-                .map(|p| format!("{}: {}", p.path, p.message))
-                .collect::<Vec<_>>()
-                .join("; ");
-            return Err(fail(joined));
+            return Err(fail(joined_problems(&problems)));
         }
         Ok(Box::new(KafkaReceiver {
             properties: self.properties().map_err(fail)?,
