@@ -66,24 +66,28 @@ fn logged_undelivered(log: &str) -> Option<usize> {
 
 #[test]
 fn sigterm_while_clients_push_drains_everything_in_time() {
-    let undelivered = sigterm_while_pushing("fsync: false", "10s");
+    let undelivered = sigterm_while_pushing("fsync: false", "10s", 0);
     assert_eq!(undelivered, 0, "a 10 s drain is plenty for a fast exporter");
 }
 
 #[test]
 fn sigterm_with_a_backlog_reports_exactly_what_was_left() {
-    // One consumer that fsyncs every file and batch, and a drain far too
-    // short for the backlog four fast clients build.
-    let undelivered = sigterm_while_pushing("fsync: true", "1ms");
+    // One consumer that fsyncs every file, and a drain far too short for
+    // the backlog four clients build; SIGTERM only once the queue holds one
+    // (on a loaded machine the clients alone may not outrun the exporter).
+    let undelivered = sigterm_while_pushing("fsync: true", "1ms", 50);
     assert!(undelivered > 0, "a backlog was left and reported");
 }
 
-/// Pushes from four clients, sends SIGTERM, and checks the accounting;
-/// returns the undelivered count the log reported.
-fn sigterm_while_pushing(fsync: &str, shutdown_timeout: &str) -> usize {
+/// Pushes from four clients, sends SIGTERM (after 1.5 s, and once the
+/// exporter's queue holds at least `backlog` profiles), and checks the
+/// accounting; returns the undelivered count the log reported.
+fn sigterm_while_pushing(fsync: &str, shutdown_timeout: &str, backlog: usize) -> usize {
+    // With a backlog wanted, every profile is its own fsynced export.
+    let max_profiles = if backlog > 0 { 1 } else { 20 };
     let mut proflow = Proflow::start(|ports, profiles| {
         format!(
-            "receivers:\n  pprof_push:\n    endpoint: {}\nexporters:\n  file:\n    directory: {}\n    {fsync}\n    sending_queue: {{queue_size: 100000, num_consumers: 1, batch: {{max_profiles: 20}}}}\nservice:\n  shutdown_timeout: {shutdown_timeout}\n  telemetry:\n    address: {}\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [file]}}\n",
+            "receivers:\n  pprof_push:\n    endpoint: {}\nexporters:\n  file:\n    directory: {}\n    {fsync}\n    sending_queue: {{queue_size: 100000, num_consumers: 1, batch: {{max_profiles: {max_profiles}}}}}\nservice:\n  shutdown_timeout: {shutdown_timeout}\n  telemetry:\n    address: {}\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [file]}}\n",
             ports.receiver,
             profiles.display(),
             ports.telemetry
@@ -109,6 +113,22 @@ fn sigterm_while_pushing(fsync: &str, shutdown_timeout: &str) -> usize {
         })
         .collect();
     thread::sleep(Duration::from_millis(1500));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let queued = common::metric_sum(
+            &proflow.metrics(),
+            "proflow_exporter_queue_profiles",
+            &[("exporter", "file")],
+        );
+        if queued >= backlog as f64 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the file exporter's queue never held {backlog} profiles (last {queued})"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
     stop.store(true, Ordering::SeqCst);
     let code = proflow.terminate(Duration::from_secs(30));
     let mut ok = BTreeSet::new();
