@@ -111,7 +111,7 @@ fn wait_distinct(p: &Proflow, n: usize, timeout: Duration) -> Vec<IndexEntry> {
 }
 
 #[test]
-fn pprof_records_arrive_byte_for_byte_with_labels_tenant_and_keys() {
+fn pprof_records_arrive_byte_for_byte_with_labels_and_keys() {
     let Some(kafka) = peer_env::peer("kafka") else {
         return;
     };
