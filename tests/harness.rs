@@ -12,6 +12,8 @@
 //! except locally with `PROFLOW_SKIP_PEERS=1` (see `peer_skip`).
 
 mod peer_env;
+// Shared read-back helpers (the harness uses its timestamp formatting).
+mod readback;
 
 #[path = "harness/kafka.rs"]
 mod kafka;

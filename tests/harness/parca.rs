@@ -14,6 +14,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use proflow_pipeline::pprof::{self, ProfileBuilder};
 
 use crate::peer_env;
+use crate::readback::rfc3339;
 
 #[test]
 fn write_raw_pprof_then_query_it_back() {
@@ -136,27 +137,6 @@ fn get_json(http: &reqwest::blocking::Client, url: &str) -> serde_json::Value {
     let body = response.text().unwrap_or_default();
     assert!(status.is_success(), "GET {url}: {status} {body}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {url}: not JSON ({e}): {body}"))
-}
-
-/// RFC 3339 UTC timestamp of Unix seconds `secs` (days-to-civil conversion).
-fn rfc3339(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }
 
 #[test]
