@@ -5,7 +5,9 @@
 //! component traits ([`component`]), the in-flight memory budget
 //! ([`memory`]), exporter queues with retry ([`queue`]), the running graph
 //! ([`topology`]) and self-telemetry ([`telemetry`]), plus the protobuf wire
-//! walker ([`wire`]) that bounds untrusted messages before they are decoded.
+//! walker ([`wire`]) that bounds untrusted messages before they are decoded,
+//! and (feature `tls`) the rustls client setup of components that connect
+//! out ([`tls`]).
 //!
 //! Only this crate knows how data moves between components. It depends on
 //! `proflow-config` for config values; components depend on it, never the reverse.
@@ -25,5 +27,7 @@ pub mod relabel;
 pub mod telemetry;
 #[doc(hidden)]
 pub mod testdata;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod topology;
 pub mod wire;

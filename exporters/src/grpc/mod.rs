@@ -16,9 +16,7 @@
 pub(crate) mod status;
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -30,11 +28,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use proflow_pipeline::component::FieldError;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::WebPkiSupportedAlgorithms;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::ClientConfig;
 use serde::Deserialize;
 
 /// Most bytes read of a gRPC answer (a response message or an error is a few
@@ -362,119 +356,16 @@ pub(crate) async fn unary(
     }
 }
 
-/// The rustls client config of the peer: the CA file's roots (else the
-/// system's), an optional client certificate, or no verification at all when
-/// `insecure_skip_verify`. `uses_tls` false: the roots are not even loaded.
+/// The rustls client config of the peer (see
+/// [`proflow_pipeline::tls::client_config`]).
 pub(crate) fn client_tls_config(tls: &TlsSettings, uses_tls: bool) -> Result<ClientConfig, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup failed: {e}"))?;
-    let builder = if tls.insecure_skip_verify {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification {
-                algorithms: provider.signature_verification_algorithms,
-            }))
-    } else {
-        let mut roots = RootCertStore::empty();
-        match &tls.ca_file {
-            Some(path) => {
-                for cert in read_certs(path, "tls.ca_file")? {
-                    roots.add(cert).map_err(|e| {
-                        format!(
-                            "tls.ca_file `{}`: a certificate is not usable: {e}",
-                            path.display()
-                        )
-                    })?;
-                }
-            }
-            None if uses_tls => {
-                let found = rustls_native_certs::load_native_certs();
-                for e in &found.errors {
-                    tracing::warn!(error = %e, "could not load some system CA certificates");
-                }
-                let (_added, _ignored) = roots.add_parsable_certificates(found.certs);
-                if roots.is_empty() {
-                    return Err(
-                        "no system CA certificates were found: set `tls.ca_file`".to_owned()
-                    );
-                }
-            }
-            None => {}
-        }
-        builder.with_root_certificates(roots)
-    };
-    match (&tls.cert_file, &tls.key_file) {
-        (Some(cert), Some(key)) => {
-            let chain = read_certs(cert, "tls.cert_file")?;
-            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                format!(
-                    "tls.key_file `{}`: no usable PEM private key: {e}",
-                    key.display()
-                )
-            })?;
-            builder.with_client_auth_cert(chain, key).map_err(|e| {
-                format!("tls.cert_file/tls.key_file do not make a client certificate: {e}")
-            })
-        }
-        _ => Ok(builder.with_no_client_auth()),
-    }
-}
-
-fn read_certs(path: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = fs::read(path).map_err(|e| format!("{field} `{}`: {e}", path.display()))?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{field} `{}`: not PEM certificates: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{field} `{}` holds no PEM certificate",
-            path.display()
-        ));
-    }
-    Ok(certs)
-}
-
-/// `insecure_skip_verify`: accepts any server certificate (signatures of the
-/// handshake are still checked, so the connection is encrypted, just not
-/// authenticated).
-#[derive(Debug)]
-struct NoVerification {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
+    proflow_pipeline::tls::client_config(
+        &proflow_pipeline::tls::ClientTls {
+            ca_file: tls.ca_file.as_deref(),
+            cert_file: tls.cert_file.as_deref(),
+            key_file: tls.key_file.as_deref(),
+            insecure_skip_verify: tls.insecure_skip_verify,
+        },
+        uses_tls,
+    )
 }
