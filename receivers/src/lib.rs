@@ -26,6 +26,8 @@ pub mod kafka;
 pub mod otlp;
 #[cfg(feature = "pprof_push")]
 pub mod pprof_push;
+#[cfg(feature = "scrape")]
+pub mod scrape;
 
 use proflow_pipeline::registry::Factory;
 #[cfg(any(feature = "pprof_push", feature = "otlp", feature = "kafka"))]

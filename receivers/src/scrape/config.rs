@@ -1,0 +1,785 @@
+//! The `scrape` receiver's config: Prometheus-style `scrape_configs` with
+//! Parca's and Alloy's `profiling_config`.
+//!
+//! Names are Prometheus's (`job_name`, `scrape_interval`, `static_configs`,
+//! `file_sd_configs`, `http_sd_configs`, `relabel_configs`, `basic_auth`,
+//! `authorization`, `tls_config`, `follow_redirects`, `body_size_limit`)
+//! and Parca's and Alloy's (`profiling_config.path_prefix`,
+//! `profiling_config.pprof_config.<name>.{enabled,path,delta}`). Where Parca
+//! and Alloy differ, the defaults are Alloy's (interval 15s, timeout 10s),
+//! because Pyroscope users are the larger group moving to a collector;
+//! README says so.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use proflow_config::{ByteSize, Duration};
+use proflow_pipeline::component::FieldError;
+use proflow_pipeline::model::is_valid_label_name;
+use proflow_pipeline::relabel::{self, RelabelConfig};
+use serde::Deserialize;
+
+/// Shortest `scrape_interval` (as Alloy's): a CPU profile needs a second of
+/// sampling at least, and the interval minus the one-second margin.
+pub const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Config of the `scrape` receiver.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScrapeReceiverConfig {
+    /// The scrape jobs: each a set of targets found by its discovery
+    /// configs, relabelled, and scraped for its enabled profiles.
+    pub scrape_configs: Vec<ScrapeJobConfig>,
+    /// Most memory the previous values of cumulative profiles (for client-side
+    /// deltas) may take over all targets. A target whose state would not fit
+    /// has its cumulative profiles dropped (counted, reason
+    /// `delta_state_full`) until others leave room. Default 128MiB.
+    #[serde(default = "default_max_delta_state")]
+    pub max_delta_state: ByteSize,
+}
+
+fn default_max_delta_state() -> ByteSize {
+    ByteSize::mib(128)
+}
+
+/// One scrape job.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScrapeJobConfig {
+    /// The job's name: the `job` label of its targets, and the default
+    /// `service_name`. Unique within the receiver.
+    pub job_name: String,
+    /// How often each target is scraped. Default 15s (Alloy; Parca: 10s).
+    /// At least 2s.
+    #[serde(default = "default_interval")]
+    pub scrape_interval: Duration,
+    /// How long one scrape may take. Default 10s; at most the interval. A
+    /// CPU profile (`delta: true`) samples for `seconds=` the interval minus
+    /// one second, and may take that long plus this timeout.
+    #[serde(default = "default_timeout")]
+    pub scrape_timeout: Duration,
+    /// `http` (default) or `https`; a target's `__scheme__` label overrides it.
+    #[serde(default)]
+    pub scheme: Scheme,
+    /// Query parameters added to every scrape URL (Prometheus's shape: each
+    /// name with a list of values).
+    #[serde(default)]
+    pub params: BTreeMap<String, Vec<String>>,
+    /// Fixed targets.
+    #[serde(default)]
+    pub static_configs: Vec<StaticConfig>,
+    /// Targets read from JSON or YAML files (Prometheus file_sd format),
+    /// reread when they change and every `refresh_interval`.
+    #[serde(default)]
+    pub file_sd_configs: Vec<FileSdConfig>,
+    /// Targets fetched from an HTTP endpoint (Prometheus http_sd format).
+    #[serde(default)]
+    pub http_sd_configs: Vec<HttpSdConfig>,
+    /// Prometheus relabel rules applied to each target (once per enabled
+    /// profile: `__name__` is the profile's name and `__profile_path__` its
+    /// path) before it is scraped; a target dropped here is listed under
+    /// `dropped` on `/targets`.
+    #[serde(default)]
+    pub relabel_configs: Vec<RelabelConfig>,
+    /// Which profiles to scrape, and where.
+    #[serde(default)]
+    pub profiling_config: ProfilingConfig,
+    /// HTTP basic authentication for the targets.
+    #[serde(default)]
+    pub basic_auth: Option<BasicAuth>,
+    /// `Authorization` header for the targets (type `Bearer` by default).
+    #[serde(default)]
+    pub authorization: Option<Authorization>,
+    /// TLS for `https` targets.
+    #[serde(default)]
+    pub tls_config: Option<TlsConfig>,
+    /// Follow HTTP redirects (at most 10). Default true (Prometheus).
+    #[serde(default = "default_true")]
+    pub follow_redirects: bool,
+    /// Most bytes of one scraped profile, both as sent and once gunzipped;
+    /// a larger one is refused (reason `too_large`). Default 64MiB.
+    #[serde(default = "default_body_size_limit")]
+    pub body_size_limit: ByteSize,
+}
+
+fn default_interval() -> Duration {
+    Duration::from_secs(15)
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_true() -> bool {
+    true
+}
+fn default_body_size_limit() -> ByteSize {
+    ByteSize::mib(64)
+}
+fn default_sd_file_refresh() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_sd_http_refresh() -> Duration {
+    Duration::from_secs(60)
+}
+
+/// `scheme` of a job.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheme {
+    #[default]
+    Http,
+    Https,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+}
+
+/// `static_configs` item: targets (`host:port`) and labels they all get.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StaticConfig {
+    /// `host:port` of each target.
+    #[serde(default)]
+    pub targets: Vec<String>,
+    /// Labels added to every target of this group.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `file_sd_configs` item.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileSdConfig {
+    /// Files of target groups, `.json`, `.yaml` or `.yml`; the last path
+    /// component may hold `*` wildcards (`targets/*.json`). Relative paths are
+    /// relative to the working directory.
+    pub files: Vec<PathBuf>,
+    /// How often the files are reread even when nothing signalled a change.
+    /// Default 5m (Prometheus).
+    #[serde(default = "default_sd_file_refresh")]
+    pub refresh_interval: Duration,
+}
+
+/// `http_sd_configs` item.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSdConfig {
+    /// The URL that answers with a JSON list of target groups.
+    pub url: String,
+    /// How often the URL is fetched. Default 1m (Prometheus).
+    #[serde(default = "default_sd_http_refresh")]
+    pub refresh_interval: Duration,
+    /// HTTP basic authentication for the SD endpoint.
+    #[serde(default)]
+    pub basic_auth: Option<BasicAuth>,
+    /// `Authorization` header for the SD endpoint.
+    #[serde(default)]
+    pub authorization: Option<Authorization>,
+    /// TLS for an `https` SD endpoint.
+    #[serde(default)]
+    pub tls_config: Option<TlsConfig>,
+    /// Follow HTTP redirects (at most 10). Default true.
+    #[serde(default = "default_true")]
+    pub follow_redirects: bool,
+}
+
+/// `basic_auth` (Prometheus's): `password` or `password_file`, not both.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuth {
+    pub username: String,
+    #[serde(default)]
+    pub password: Option<String>,
+    /// A file holding the password (read at start; trailing newline removed).
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+}
+
+/// `authorization` (Prometheus's): `credentials` or `credentials_file`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Authorization {
+    /// The scheme word of the header. Default `Bearer`.
+    #[serde(default = "default_auth_type", rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub credentials: Option<String>,
+    /// A file holding the credentials (read at start; trailing newline removed).
+    #[serde(default)]
+    pub credentials_file: Option<PathBuf>,
+}
+
+fn default_auth_type() -> String {
+    "Bearer".to_owned()
+}
+
+/// `tls_config` (Prometheus's names; rustls underneath).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM CA certificates of the targets; default: the system's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (mutual TLS); needs `key_file`.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// PEM key of `cert_file`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// Accept any certificate (encrypted, not authenticated): tests only.
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
+}
+
+/// `profiling_config`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ProfilingConfig {
+    /// Put before every profile path (`/myapp` → `/myapp/debug/pprof/…`).
+    #[serde(default)]
+    pub path_prefix: String,
+    /// Profiles by name; these are merged over the defaults
+    /// ([`default_profiles`]), so `memory: {enabled: false}` turns one off
+    /// and any other name with a `path` adds a custom profile.
+    #[serde(default)]
+    pub pprof_config: BTreeMap<String, ProfileTargetConfig>,
+}
+
+/// One profile of `pprof_config`; unset fields take the default of that name.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileTargetConfig {
+    /// Scrape this profile. Default: on for the built-in `process_cpu`,
+    /// `memory`, `goroutine`, `mutex`, `block` and for custom profiles; off
+    /// for `godeltaprof_*` and `fgprof`.
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// The URL path (after `path_prefix`).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// The endpoint profiles over a duration it is asked for
+    /// (`?seconds=`): the scrape asks for the interval minus one second.
+    /// Default true for `process_cpu` and `fgprof`, else false.
+    #[serde(default)]
+    pub delta: Option<bool>,
+}
+
+/// A profile after defaults: what a scrape loop needs to know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileTarget {
+    /// The key in `pprof_config` (`process_cpu`, `godeltaprof_memory`, …).
+    pub name: String,
+    /// The `__name__` profiles of this target get: the key, except
+    /// `godeltaprof_<x>`, which is the same profile as `<x>` (already a delta).
+    pub profile_name: String,
+    /// The path (with `path_prefix`).
+    pub path: String,
+    /// Asked for with `?seconds=` (a profile over the interval).
+    pub seconds: bool,
+    /// Counters since process start that proflow turns into deltas
+    /// (memory, mutex, block; not godeltaprof, not `seconds` profiles).
+    pub cumulative: bool,
+}
+
+/// The built-in profiles as `(name, enabled, path, delta)`: Alloy's set and
+/// paths (Parca's agree for the five enabled ones).
+pub const DEFAULT_PROFILES: &[(&str, bool, &str, bool)] = &[
+    ("process_cpu", true, "/debug/pprof/profile", true),
+    ("memory", true, "/debug/pprof/allocs", false),
+    ("goroutine", true, "/debug/pprof/goroutine", false),
+    ("mutex", true, "/debug/pprof/mutex", false),
+    ("block", true, "/debug/pprof/block", false),
+    ("fgprof", false, "/debug/fgprof", true),
+    (
+        "godeltaprof_memory",
+        false,
+        "/debug/pprof/delta_heap",
+        false,
+    ),
+    (
+        "godeltaprof_mutex",
+        false,
+        "/debug/pprof/delta_mutex",
+        false,
+    ),
+    (
+        "godeltaprof_block",
+        false,
+        "/debug/pprof/delta_block",
+        false,
+    ),
+];
+
+/// Built-in profiles whose counters run since process start.
+const CUMULATIVE: &[&str] = &["memory", "mutex", "block"];
+
+impl ProfilingConfig {
+    /// The enabled profiles, defaults merged, in name order.
+    pub fn enabled_profiles(&self) -> Vec<ProfileTarget> {
+        let mut out = Vec::new();
+        let mut names: BTreeSet<&str> = DEFAULT_PROFILES.iter().map(|p| p.0).collect();
+        names.extend(self.pprof_config.keys().map(String::as_str));
+        for name in names {
+            let default = DEFAULT_PROFILES.iter().find(|p| p.0 == name);
+            let own = self.pprof_config.get(name);
+            let enabled = own
+                .and_then(|o| o.enabled)
+                .unwrap_or(default.is_none_or(|d| d.1));
+            let Some(path) = own
+                .and_then(|o| o.path.clone())
+                .or_else(|| default.map(|d| d.2.to_owned()))
+            else {
+                continue; // a custom profile without a path: validate says so
+            };
+            if !enabled {
+                continue;
+            }
+            let seconds = own
+                .and_then(|o| o.delta)
+                .unwrap_or(default.is_some_and(|d| d.3));
+            let profile_name = name.strip_prefix("godeltaprof_").unwrap_or(name).to_owned();
+            out.push(ProfileTarget {
+                name: name.to_owned(),
+                cumulative: !seconds && CUMULATIVE.contains(&name),
+                profile_name,
+                path: join_path(&self.path_prefix, &path),
+                seconds,
+            });
+        }
+        out
+    }
+
+    fn problems(&self) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        if !self.path_prefix.is_empty() && !self.path_prefix.starts_with('/') {
+            problems.push(FieldError::new(
+                "profiling_config.path_prefix",
+                format!("{:?} must start with `/` (or be empty)", self.path_prefix),
+            ));
+        }
+        for (name, p) in &self.pprof_config {
+            let at = format!("profiling_config.pprof_config.{name}");
+            if !is_valid_label_name(name) {
+                problems.push(FieldError::new(
+                    &at,
+                    "a profile name becomes `__name__`: use letters, digits and `_`, not starting with a digit",
+                ));
+            }
+            let builtin = DEFAULT_PROFILES.iter().any(|d| d.0 == name);
+            match &p.path {
+                None if !builtin && p.enabled != Some(false) => problems.push(FieldError::new(
+                    format!("{at}.path"),
+                    "a custom profile needs a `path` (such as /debug/pprof/heap)",
+                )),
+                Some(path) if !path.starts_with('/') => problems.push(FieldError::new(
+                    format!("{at}.path"),
+                    format!("{path:?} must start with `/`"),
+                )),
+                _ => {}
+            }
+        }
+        problems
+    }
+}
+
+fn join_path(prefix: &str, path: &str) -> String {
+    format!("{}{}", prefix.trim_end_matches('/'), path)
+}
+
+impl BasicAuth {
+    fn problems(&self, at: &str) -> Vec<FieldError> {
+        match (&self.password, &self.password_file) {
+            (Some(_), Some(_)) => vec![FieldError::new(
+                at,
+                "set `password` or `password_file`, not both",
+            )],
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl Authorization {
+    fn problems(&self, at: &str) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        match (&self.credentials, &self.credentials_file) {
+            (Some(_), Some(_)) => problems.push(FieldError::new(
+                at,
+                "set `credentials` or `credentials_file`, not both",
+            )),
+            (None, None) => problems.push(FieldError::new(
+                at,
+                "set `credentials` or `credentials_file`",
+            )),
+            _ => {}
+        }
+        if self.kind.eq_ignore_ascii_case("basic") {
+            problems.push(FieldError::new(
+                format!("{at}.type"),
+                "use `basic_auth` for Basic authentication",
+            ));
+        }
+        if self.kind.is_empty() || self.kind.contains(char::is_whitespace) {
+            problems.push(FieldError::new(
+                format!("{at}.type"),
+                "must be one word, such as Bearer",
+            ));
+        }
+        problems
+    }
+}
+
+impl TlsConfig {
+    fn problems(&self, at: &str) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        match (&self.cert_file, &self.key_file) {
+            (Some(_), None) => problems.push(FieldError::new(
+                format!("{at}.key_file"),
+                "must be set with `cert_file`: a client certificate needs its key",
+            )),
+            (None, Some(_)) => problems.push(FieldError::new(
+                format!("{at}.cert_file"),
+                "must be set with `key_file`: a key needs its certificate",
+            )),
+            _ => {}
+        }
+        if self.insecure_skip_verify && self.ca_file.is_some() {
+            problems.push(FieldError::new(
+                format!("{at}.insecure_skip_verify"),
+                "makes `ca_file` unused: verification is skipped; remove one of them",
+            ));
+        }
+        problems
+    }
+}
+
+/// Problems of the HTTP client settings shared by jobs and HTTP SD.
+pub(crate) fn client_problems(
+    at: &str,
+    basic_auth: Option<&BasicAuth>,
+    authorization: Option<&Authorization>,
+    tls: Option<&TlsConfig>,
+) -> Vec<FieldError> {
+    let mut problems = Vec::new();
+    if let Some(b) = basic_auth {
+        problems.extend(b.problems(&format!("{at}basic_auth")));
+    }
+    if let Some(a) = authorization {
+        problems.extend(a.problems(&format!("{at}authorization")));
+    }
+    if basic_auth.is_some() && authorization.is_some() {
+        problems.push(FieldError::new(
+            format!("{at}authorization"),
+            "set `basic_auth` or `authorization`, not both",
+        ));
+    }
+    if let Some(t) = tls {
+        problems.extend(t.problems(&format!("{at}tls_config")));
+    }
+    problems
+}
+
+/// Checks a `host:port` target.
+pub(crate) fn target_problem(target: &str) -> Option<String> {
+    if target.contains("://") || target.contains('/') {
+        return Some(format!(
+            "{target:?} must be host:port without scheme or path (use `scheme` and `profiling_config.path_prefix`)"
+        ));
+    }
+    let Some((host, port)) = target.rsplit_once(':') else {
+        return Some(format!("{target:?} needs a port: host:port"));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Some(format!("{target:?} is not host:port"));
+    }
+    None
+}
+
+impl ScrapeReceiverConfig {
+    /// Every problem of the config.
+    pub fn problems(&self) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        if self.scrape_configs.is_empty() {
+            problems.push(FieldError::new(
+                "scrape_configs",
+                "list at least one job (job_name and static_configs, file_sd_configs or http_sd_configs)",
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for (i, job) in self.scrape_configs.iter().enumerate() {
+            let at = format!("scrape_configs.{i}.");
+            if !seen.insert(job.job_name.as_str()) {
+                problems.push(FieldError::new(
+                    format!("{at}job_name"),
+                    format!(
+                        "{:?} is used by an earlier job; job names must be unique",
+                        job.job_name
+                    ),
+                ));
+            }
+            problems.extend(job.problems().into_iter().map(|p| FieldError {
+                path: format!("{at}{}", p.path),
+                message: p.message,
+            }));
+        }
+        if self.max_delta_state.bytes() == 0 {
+            problems.push(FieldError::new(
+                "max_delta_state",
+                "must be more than 0: memory, mutex and block deltas need it",
+            ));
+        }
+        problems
+    }
+}
+
+impl ScrapeJobConfig {
+    fn problems(&self) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        if self.job_name.is_empty() {
+            problems.push(FieldError::new("job_name", "must not be empty"));
+        }
+        let interval = self.scrape_interval.get();
+        let timeout = self.scrape_timeout.get();
+        if interval < MIN_INTERVAL {
+            problems.push(FieldError::new(
+                "scrape_interval",
+                "must be at least 2s (a CPU profile samples for the interval minus one second)",
+            ));
+        }
+        if timeout.is_zero() {
+            problems.push(FieldError::new("scrape_timeout", "must be more than 0"));
+        } else if timeout > interval {
+            problems.push(FieldError::new(
+                "scrape_timeout",
+                format!(
+                    "{} is longer than scrape_interval {}: make it at most the interval",
+                    self.scrape_timeout, self.scrape_interval
+                ),
+            ));
+        }
+        if self.static_configs.is_empty()
+            && self.file_sd_configs.is_empty()
+            && self.http_sd_configs.is_empty()
+        {
+            problems.push(FieldError::new(
+                "static_configs",
+                "the job has no targets: add static_configs, file_sd_configs or http_sd_configs",
+            ));
+        }
+        for (i, s) in self.static_configs.iter().enumerate() {
+            for (j, t) in s.targets.iter().enumerate() {
+                if let Some(m) = target_problem(t) {
+                    problems.push(FieldError::new(
+                        format!("static_configs.{i}.targets.{j}"),
+                        m,
+                    ));
+                }
+            }
+            for name in s.labels.keys() {
+                if !is_valid_label_name(name) {
+                    problems.push(FieldError::new(
+                        format!("static_configs.{i}.labels.{name}"),
+                        "is not a valid label name ([a-zA-Z_][a-zA-Z0-9_]*)",
+                    ));
+                }
+            }
+        }
+        for (i, f) in self.file_sd_configs.iter().enumerate() {
+            if f.files.is_empty() {
+                problems.push(FieldError::new(
+                    format!("file_sd_configs.{i}.files"),
+                    "list at least one file or pattern",
+                ));
+            }
+            for (j, file) in f.files.iter().enumerate() {
+                let text = file.to_string_lossy();
+                let ext_ok = [".json", ".yaml", ".yml"].iter().any(|e| text.ends_with(e));
+                let dir_has_wildcard = file
+                    .parent()
+                    .is_some_and(|d| d.to_string_lossy().contains(['*', '?', '[']));
+                if !ext_ok || dir_has_wildcard {
+                    problems.push(FieldError::new(
+                        format!("file_sd_configs.{i}.files.{j}"),
+                        format!("{text:?}: name files ending in .json, .yaml or .yml; only the last path component may hold `*`"),
+                    ));
+                }
+            }
+            if f.refresh_interval.is_zero() {
+                problems.push(FieldError::new(
+                    format!("file_sd_configs.{i}.refresh_interval"),
+                    "must be more than 0",
+                ));
+            }
+        }
+        for (i, h) in self.http_sd_configs.iter().enumerate() {
+            let at = format!("http_sd_configs.{i}.");
+            match h.url.parse::<http::Uri>() {
+                Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {
+                }
+                _ => problems.push(FieldError::new(
+                    format!("{at}url"),
+                    format!("{:?} is not an absolute http:// or https:// URL", h.url),
+                )),
+            }
+            if h.refresh_interval.is_zero() {
+                problems.push(FieldError::new(
+                    format!("{at}refresh_interval"),
+                    "must be more than 0",
+                ));
+            }
+            problems.extend(client_problems(
+                &at,
+                h.basic_auth.as_ref(),
+                h.authorization.as_ref(),
+                h.tls_config.as_ref(),
+            ));
+        }
+        problems.extend(
+            relabel::validate_configs(&self.relabel_configs)
+                .into_iter()
+                .map(|p| FieldError {
+                    path: format!("relabel_configs.{}", p.path),
+                    message: p.message,
+                }),
+        );
+        problems.extend(self.profiling_config.problems());
+        if self.profiling_config.enabled_profiles().is_empty() {
+            problems.push(FieldError::new(
+                "profiling_config.pprof_config",
+                "every profile is disabled: enable at least one",
+            ));
+        }
+        for name in self.params.keys() {
+            if name == "seconds" {
+                problems.push(FieldError::new(
+                    "params.seconds",
+                    "is set by the scraper for `delta: true` profiles (the interval minus one second); remove it",
+                ));
+            }
+        }
+        problems.extend(client_problems(
+            "",
+            self.basic_auth.as_ref(),
+            self.authorization.as_ref(),
+            self.tls_config.as_ref(),
+        ));
+        if self.scheme == Scheme::Http && self.tls_config.is_some() {
+            problems.push(FieldError::new(
+                "tls_config",
+                "is only used with `scheme: https` (or targets whose __scheme__ is https); keep it only if relabelling sets __scheme__",
+            ));
+        }
+        if self.body_size_limit.bytes() == 0 {
+            problems.push(FieldError::new("body_size_limit", "must be more than 0"));
+        }
+        problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> ScrapeReceiverConfig {
+        serde_saphyr::from_str(yaml).expect("config parses")
+    }
+
+    #[test]
+    fn defaults_are_alloys() {
+        let c = parse(
+            "scrape_configs: [{job_name: a, static_configs: [{targets: ['127.0.0.1:6060']}]}]",
+        );
+        let job = &c.scrape_configs[0];
+        assert_eq!(job.scrape_interval, Duration::from_secs(15));
+        assert_eq!(job.scrape_timeout, Duration::from_secs(10));
+        assert!(job.follow_redirects);
+        let names: Vec<_> = job
+            .profiling_config
+            .enabled_profiles()
+            .into_iter()
+            .map(|p| (p.name, p.path, p.seconds, p.cumulative))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("block".into(), "/debug/pprof/block".into(), false, true),
+                (
+                    "goroutine".into(),
+                    "/debug/pprof/goroutine".into(),
+                    false,
+                    false
+                ),
+                ("memory".into(), "/debug/pprof/allocs".into(), false, true),
+                ("mutex".into(), "/debug/pprof/mutex".into(), false, true),
+                (
+                    "process_cpu".into(),
+                    "/debug/pprof/profile".into(),
+                    true,
+                    false
+                ),
+            ]
+        );
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
+    }
+
+    #[test]
+    fn overrides_custom_profiles_and_prefix() {
+        let c = parse(
+            "scrape_configs:\n- job_name: a\n  static_configs: [{targets: ['h:1']}]\n  profiling_config:\n    path_prefix: /app/\n    pprof_config:\n      memory: {enabled: false}\n      godeltaprof_memory: {enabled: true}\n      heap: {path: /debug/pprof/heap}\n",
+        );
+        let got: Vec<_> = c.scrape_configs[0]
+            .profiling_config
+            .enabled_profiles()
+            .into_iter()
+            .map(|p| (p.name, p.profile_name, p.path, p.cumulative))
+            .collect();
+        assert!(got.contains(&(
+            "godeltaprof_memory".into(),
+            "memory".into(),
+            "/app/debug/pprof/delta_heap".into(),
+            false
+        )));
+        assert!(got.contains(&(
+            "heap".into(),
+            "heap".into(),
+            "/app/debug/pprof/heap".into(),
+            false
+        )));
+        assert!(!got.iter().any(|g| g.0 == "memory"));
+    }
+
+    #[test]
+    fn every_problem_is_reported() {
+        let c = parse(
+            "scrape_configs:\n- job_name: a\n  scrape_interval: 1s\n  scrape_timeout: 5s\n  static_configs: [{targets: ['http://h:1/x', 'nohost']}]\n  file_sd_configs: [{files: ['dir*/t.json', 'x.txt']}]\n  http_sd_configs: [{url: 'ftp://x'}]\n  params: {seconds: ['3']}\n  basic_auth: {username: u, password: p, password_file: /f}\n  profiling_config: {pprof_config: {custom: {}}}\n- job_name: a\n  static_configs: [{targets: ['h:1']}]\n",
+        );
+        let paths: Vec<_> = c.problems().into_iter().map(|p| p.path).collect();
+        for want in [
+            "scrape_configs.0.scrape_interval",
+            "scrape_configs.0.scrape_timeout",
+            "scrape_configs.0.static_configs.0.targets.0",
+            "scrape_configs.0.static_configs.0.targets.1",
+            "scrape_configs.0.file_sd_configs.0.files.0",
+            "scrape_configs.0.file_sd_configs.0.files.1",
+            "scrape_configs.0.http_sd_configs.0.url",
+            "scrape_configs.0.params.seconds",
+            "scrape_configs.0.basic_auth",
+            "scrape_configs.0.profiling_config.pprof_config.custom.path",
+            "scrape_configs.1.job_name",
+        ] {
+            assert!(paths.iter().any(|p| p == want), "{want} not in {paths:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let r: Result<ScrapeReceiverConfig, _> = serde_saphyr::from_str(
+            "scrape_configs: [{job_name: a, scrape_intervall: 5s, static_configs: []}]",
+        );
+        assert!(r.is_err());
+    }
+}
