@@ -166,7 +166,7 @@ async fn run(plan: Plan) -> anyhow::Result<()> {
             let listener = proflow_pipeline::telemetry::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on service.telemetry.address {addr}: is another process using it?"))?;
-            tracing::info!(address = %listener.local_addr().unwrap_or(addr), "telemetry serving /metrics, /healthz, /readyz");
+            tracing::info!(address = %listener.local_addr().unwrap_or(addr), "telemetry serving /metrics, /healthz, /readyz, /targets");
             Some(tokio::spawn(
                 telemetry.clone().serve(listener, stop_telemetry.clone()),
             ))

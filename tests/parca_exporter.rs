@@ -92,9 +92,3 @@ fn python_profiles_reach_parca_with_the_totals_proflow_received() {
     );
     eprintln!("parca as {query}: {got:?} (file exporter: {want:?})");
 }
-
-#[test]
-fn rfc3339_formats_known_instants() {
-    assert_eq!(readback::rfc3339(0), "1970-01-01T00:00:00Z");
-    assert_eq!(readback::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-}

@@ -1,5 +1,6 @@
 //! Self-telemetry: the metrics every component reports, and the HTTP server for
-//! `/metrics` (Prometheus text), `/healthz` and `/readyz`.
+//! `/metrics` (Prometheus text), `/healthz`, `/readyz` and `/targets` (pull
+//! receivers' targets, JSON in the shape of Prometheus's targets API).
 //!
 //! Components never register metrics themselves: they get a handle
 //! ([`ReceiverTelemetry`], [`ProcessorTelemetry`], [`ExporterTelemetry`]) whose
@@ -56,7 +57,20 @@ pub struct Telemetry {
     conversion_lost: Counters,
     /// What conversions lost that was logged already (logged once each).
     lost_logged: std::sync::Mutex<std::collections::HashSet<&'static str>>,
+    scrapes: Counters,
+    scrape_failures: Counters,
+    scrape_targets: Gauges,
+    scrape_delta_state_bytes: Gauges,
+    scrape_delta_series: Gauges,
+    scrape_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
+    /// What `/targets` shows: each pull receiver's view, by receiver id.
+    targets: std::sync::Mutex<Vec<(String, TargetsView)>>,
 }
+
+/// A pull receiver's targets for `/targets`: `(active, dropped)` as JSON
+/// objects, taken when the page is asked for.
+pub type TargetsView =
+    Arc<dyn Fn() -> (Vec<serde_json::Value>, Vec<serde_json::Value>) + Send + Sync>;
 
 impl std::fmt::Debug for Telemetry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -182,6 +196,37 @@ impl Telemetry {
                 "Things a conversion between pprof and OTLP could not carry over, by what they were",
                 Counters::default()
             ),
+            scrapes: family!(
+                "scrape_attempts",
+                "Scrapes a pull receiver attempted, by job",
+                Counters::default()
+            ),
+            scrape_failures: family!(
+                "scrape_failures",
+                "Scrapes that gave no profile, by job and reason (per target: /targets)",
+                Counters::default()
+            ),
+            scrape_targets: family!(
+                "scrape_targets",
+                "Targets of a pull receiver, by job and state (active: scraped; dropped: by relabelling)",
+                Gauges::default()
+            ),
+            scrape_delta_state_bytes: family!(
+                "scrape_delta_state_bytes",
+                "Memory held for client-side deltas of cumulative profiles (bounded by max_delta_state)",
+                Gauges::default()
+            ),
+            scrape_delta_series: family!(
+                "scrape_delta_series",
+                "Target profiles whose previous values are held for client-side deltas",
+                Gauges::default()
+            ),
+            scrape_duration: family!(
+                "scrape_duration_seconds",
+                "Time one scrape took, by job (CPU profiles last the interval minus one second)",
+                new_histograms()
+            ),
+            targets: Default::default(),
             lost_logged: Default::default(),
             registry,
             ready: AtomicBool::new(false),
@@ -248,6 +293,43 @@ impl Telemetry {
         }
     }
 
+    /// Metric handle of a pull (scrape) receiver.
+    pub fn scrape(self: &Arc<Self>, id: &str) -> ScrapeTelemetry {
+        ScrapeTelemetry {
+            t: self.clone(),
+            id: vec![("receiver", id.to_string())],
+        }
+    }
+
+    /// Adds a pull receiver's targets to `/targets`.
+    pub fn register_targets(&self, receiver: &str, view: TargetsView) {
+        if let Ok(mut targets) = self.targets.lock() {
+            targets.retain(|(id, _)| id != receiver);
+            targets.push((receiver.to_owned(), view));
+        }
+    }
+
+    /// `/targets`: every pull receiver's active and dropped targets, each
+    /// object tagged with its `receiver`.
+    pub fn targets_json(&self) -> serde_json::Value {
+        let views: Vec<(String, TargetsView)> =
+            self.targets.lock().map(|t| t.clone()).unwrap_or_default();
+        let mut active = Vec::new();
+        let mut dropped = Vec::new();
+        for (receiver, view) in views {
+            let (a, d) = view();
+            let tag = |mut v: serde_json::Value| {
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("receiver".to_owned(), receiver.clone().into());
+                }
+                v
+            };
+            active.extend(a.into_iter().map(tag));
+            dropped.extend(d.into_iter().map(tag));
+        }
+        serde_json::json!({"activeTargets": active, "droppedTargets": dropped})
+    }
+
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
     }
@@ -264,7 +346,8 @@ impl Telemetry {
         out
     }
 
-    /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown`.
+    /// Serves `/metrics`, `/healthz`, `/readyz` and `/targets` on `listener`
+    /// until `shutdown`.
     pub async fn serve(
         self: Arc<Self>,
         listener: tokio::net::TcpListener,
@@ -272,6 +355,7 @@ impl Telemetry {
     ) {
         let t = self.clone();
         let t2 = self.clone();
+        let t3 = self.clone();
         let app = Router::new()
             .route(
                 "/metrics",
@@ -286,6 +370,13 @@ impl Telemetry {
                 }),
             )
             .route("/healthz", get(|| async { "ok\n" }))
+            .route(
+                "/targets",
+                get(move || {
+                    let t = t3.clone();
+                    async move { axum::Json(t.targets_json()) }
+                }),
+            )
             .route(
                 "/readyz",
                 get(move || {
@@ -306,6 +397,28 @@ impl Telemetry {
             tracing::error!(error = %e, "telemetry server stopped");
         }
     }
+}
+
+/// RFC 3339 UTC timestamp (`2000-02-29T00:00:00Z`) of Unix seconds, for
+/// `/targets` and peers that want one (civil-from-days; no calendar crate).
+pub fn rfc3339(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// Binds the telemetry address; an error names the address.
@@ -351,6 +464,54 @@ impl ReceiverTelemetry {
                 .get_or_create(&with(&self.id, "reason", reason))
                 .inc_by(profiles);
         }
+    }
+}
+
+/// Metric handle of a pull (scrape) receiver: scrapes and their failures by
+/// job, target counts, delta state.
+#[derive(Clone, Debug)]
+pub struct ScrapeTelemetry {
+    t: Arc<Telemetry>,
+    id: LabelSet,
+}
+
+impl ScrapeTelemetry {
+    /// One scrape of `job` that took `seconds`.
+    pub fn scraped(&self, job: &str, seconds: f64) {
+        let labels = with(&self.id, "job", job);
+        self.t.scrapes.get_or_create(&labels).inc();
+        self.t
+            .scrape_duration
+            .get_or_create(&labels)
+            .observe(seconds);
+    }
+
+    /// A scrape of `job` that gave no profile, for `reason`.
+    pub fn failed(&self, job: &str, reason: &str) {
+        let mut labels = with(&self.id, "job", job);
+        labels.push(("reason", reason.to_owned()));
+        self.t.scrape_failures.get_or_create(&labels).inc();
+    }
+
+    /// How many targets `job` has now, active and dropped.
+    pub fn targets(&self, job: &str, active: usize, dropped: usize) {
+        for (state, n) in [("active", active), ("dropped", dropped)] {
+            let mut labels = with(&self.id, "job", job);
+            labels.push(("state", state.to_owned()));
+            self.t.scrape_targets.get_or_create(&labels).set(n as i64);
+        }
+    }
+
+    /// What the delta state holds now.
+    pub fn delta_state(&self, bytes: usize, series: usize) {
+        self.t
+            .scrape_delta_state_bytes
+            .get_or_create(&self.id)
+            .set(bytes as i64);
+        self.t
+            .scrape_delta_series
+            .get_or_create(&self.id)
+            .set(series as i64);
     }
 }
 
@@ -443,6 +604,36 @@ impl ExporterTelemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn targets_page_tags_each_receivers_targets() {
+        let t = Arc::new(Telemetry::new());
+        t.register_targets(
+            "scrape",
+            Arc::new(|| {
+                (
+                    vec![serde_json::json!({"scrapeUrl": "http://h:1/x"})],
+                    Vec::new(),
+                )
+            }),
+        );
+        let page = t.targets_json();
+        assert_eq!(page["activeTargets"][0]["receiver"], "scrape");
+        assert_eq!(page["activeTargets"][0]["scrapeUrl"], "http://h:1/x");
+        assert_eq!(page["droppedTargets"].as_array().map(Vec::len), Some(0));
+        t.scrape("scrape").failed("job", "connection");
+        assert!(t.render().contains(
+            "proflow_scrape_failures_total{receiver=\"scrape\",job=\"job\",reason=\"connection\"} 1"
+        ));
+    }
 
     #[test]
     fn renders_component_metrics() {
