@@ -9,19 +9,22 @@
 //! `__meta_*` ones for relabelling).
 //!
 //! Providers here, each one per config item: [`StaticDiscoverer`]
-//! (`static_configs`) and [`file::FileDiscoverer`] (`file_sd_configs`,
-//! `__meta_filepath`). Also here: what the file and HTTP providers share,
-//! [`parse_groups`] (Prometheus's JSON and YAML group lists, bounded and
-//! validated) and the log-once memory that keeps a lasting problem from
-//! flooding the log.
+//! (`static_configs`), [`file::FileDiscoverer`] (`file_sd_configs`,
+//! `__meta_filepath`) and [`http::HttpDiscoverer`] (`http_sd_configs`,
+//! `__meta_url`); [`discoverers`] builds a job's list. Also here: what the
+//! file and HTTP providers share, [`parse_groups`] (Prometheus's JSON and
+//! YAML group lists, bounded and validated) and the log-once memory that
+//! keeps a lasting problem from flooding the log.
 //!
 //! A new kind (such as Kubernetes pods with `__meta_kubernetes_*` labels)
-//! is one more type implementing [`Discoverer`]; nothing else changes.
+//! is one more type implementing [`Discoverer`], added to [`discoverers`];
+//! nothing else changes.
 //!
 //! Logs name the file or URL, not the job: the caller runs each discoverer
 //! inside a span that names it.
 
 pub mod file;
+pub mod http;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,7 +37,9 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::config::{StaticConfig, target_problem};
+use super::config::{ScrapeJobConfig, StaticConfig, target_problem};
+use file::FileDiscoverer;
+use http::HttpDiscoverer;
 
 /// Targets that share labels, as Prometheus's SD formats carry them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -106,6 +111,26 @@ impl Discoverer for StaticDiscoverer {
     ) {
         send_if_changed(&mut None, self.groups, provider, &updates, &shutdown).await;
     }
+}
+
+/// A job's discoverers, in the order their `provider` numbers follow:
+/// static targets (when there are any), then one per `file_sd_configs`
+/// item, then one per `http_sd_configs` item. An error names the config
+/// item (`http_sd_configs.0: …`).
+pub fn discoverers(job: &ScrapeJobConfig) -> Result<Vec<Box<dyn Discoverer>>, String> {
+    let mut out: Vec<Box<dyn Discoverer>> = Vec::new();
+    if !job.static_configs.is_empty() {
+        out.push(Box::new(StaticDiscoverer::new(&job.static_configs)));
+    }
+    for config in &job.file_sd_configs {
+        out.push(Box::new(FileDiscoverer::new(config)));
+    }
+    for (i, config) in job.http_sd_configs.iter().enumerate() {
+        let discoverer =
+            HttpDiscoverer::new(config).map_err(|e| format!("http_sd_configs.{i}: {e}"))?;
+        out.push(Box::new(discoverer));
+    }
+    Ok(out)
 }
 
 /// Sends `groups` as the provider's update unless they equal the last set
@@ -747,6 +772,45 @@ mod tests {
         assert_eq!(Format::of_path(Path::new("t.yml")), Some(Format::Yaml));
         assert_eq!(Format::of_path(Path::new("t.txt")), None);
         assert_eq!(Format::of_path(Path::new("json")), None);
+    }
+
+    #[test]
+    fn a_jobs_discoverers_follow_its_config() {
+        let job: ScrapeJobConfig = serde_saphyr::from_str(
+            "job_name: a\nstatic_configs: [{targets: ['h:1']}]\nfile_sd_configs: [{files: ['t/*.json']}]\nhttp_sd_configs: [{url: 'http://sd:8080/targets'}, {url: 'http://sd2/t'}]\n",
+        )
+        .unwrap();
+        let described: Vec<_> = discoverers(&job)
+            .unwrap()
+            .iter()
+            .map(|d| d.describe())
+            .collect();
+        assert_eq!(
+            described,
+            [
+                "static_configs",
+                "file_sd t/*.json",
+                "http_sd http://sd:8080/targets",
+                "http_sd http://sd2/t"
+            ]
+        );
+
+        let job: ScrapeJobConfig = serde_saphyr::from_str(
+            "job_name: a\nhttp_sd_configs: [{url: 'http://sd/t'}, {url: 'sd:80'}]\n",
+        )
+        .unwrap();
+        let error = discoverers(&job).err().unwrap();
+        assert!(error.starts_with("http_sd_configs.1: url: "), "{error}");
+
+        let job: ScrapeJobConfig = serde_saphyr::from_str(
+            "job_name: a\nhttp_sd_configs: [{url: 'http://sd/t', basic_auth: {username: u, password_file: /does/not/exist}}]\n",
+        )
+        .unwrap();
+        let error = discoverers(&job).err().unwrap();
+        assert!(
+            error.starts_with("http_sd_configs.0: basic_auth.password_file"),
+            "{error}"
+        );
     }
 
     #[tokio::test]
