@@ -26,7 +26,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Discoverer, Format, LogOnce, MAX_SD_BYTES, TargetGroup, Update, parse_groups, send_if_changed,
+    Discoverer, Format, LogOnce, MAX_SD_BYTES, TargetGroup, Update, next_tick, parse_groups,
+    send_if_changed,
 };
 use crate::scrape::config::FileSdConfig;
 
@@ -82,11 +83,8 @@ impl Discoverer for FileDiscoverer {
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut next_full = Instant::now();
         loop {
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return,
-                () = updates.closed() => return,
-                _ = tick.tick() => {}
+            if !next_tick(&mut tick, &updates, &shutdown).await {
+                return;
             }
             let now = Instant::now();
             let full = now >= next_full;

@@ -21,7 +21,8 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Discoverer, Format, LogOnce, MAX_SD_BYTES, TargetGroup, Update, parse_groups, send_if_changed,
+    Discoverer, Format, LogOnce, MAX_SD_BYTES, TargetGroup, Update, next_tick, parse_groups,
+    send_if_changed,
 };
 use crate::scrape::client::{ClientSettings, FetchError, HttpClient};
 use crate::scrape::config::{HttpSdConfig, TlsConfig};
@@ -142,11 +143,8 @@ impl Discoverer for HttpDiscoverer {
         let mut tick = tokio::time::interval(self.refresh);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return,
-                () = updates.closed() => return,
-                _ = tick.tick() => {}
+            if !next_tick(&mut tick, &updates, &shutdown).await {
+                return;
             }
             let fetched = tokio::select! {
                 biased;
@@ -180,6 +178,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+    use crate::scrape::discovery::tests::group;
 
     const WAIT: Duration = Duration::from_secs(5);
 
@@ -224,16 +223,6 @@ mod tests {
             authorization: None,
             tls_config: None,
             follow_redirects: true,
-        }
-    }
-
-    fn group(targets: &[&str], labels: &[(&str, &str)]) -> TargetGroup {
-        TargetGroup {
-            targets: targets.iter().map(|t| t.to_string()).collect(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
         }
     }
 

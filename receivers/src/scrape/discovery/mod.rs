@@ -133,6 +133,21 @@ pub fn discoverers(job: &ScrapeJobConfig) -> Result<Vec<Box<dyn Discoverer>>, St
     Ok(out)
 }
 
+/// Waits for the next `tick`. False when the job is stopping instead: on
+/// `shutdown`, or when nobody receives updates any more.
+pub(crate) async fn next_tick(
+    tick: &mut tokio::time::Interval,
+    updates: &mpsc::Sender<Update>,
+    shutdown: &CancellationToken,
+) -> bool {
+    tokio::select! {
+        biased;
+        () = shutdown.cancelled() => false,
+        () = updates.closed() => false,
+        _ = tick.tick() => true,
+    }
+}
+
 /// Sends `groups` as the provider's update unless they equal the last set
 /// sent (`last_sent`, updated here). False when the job is stopping: on
 /// `shutdown`, or when nobody receives updates any more.
@@ -229,10 +244,10 @@ pub fn parse_groups(bytes: &[u8], format: Format) -> Result<ParsedGroups, String
         ));
     }
     let allowance = Allowance::default();
-    let seed = GroupsSeed {
+    let seed = OrNull(GroupsSeed {
         allowance: &allowance,
         strict: format == Format::Yaml,
-    };
+    });
     let raw = match format {
         Format::Json => {
             if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -362,7 +377,47 @@ fn take_one<E: de::Error>(left: &Cell<usize>, max: usize, what: &str) -> Result<
     }
 }
 
-/// The list of groups (`null` is an empty one).
+/// `null` (or nothing, in YAML) as the empty value, else what `S` reads:
+/// Prometheus accepts `null` for the list, `targets` and `labels`.
+struct OrNull<S>(S);
+
+impl<'de, S> DeserializeSeed<'de> for OrNull<S>
+where
+    S: DeserializeSeed<'de>,
+    S::Value: Default,
+{
+    type Value = S::Value;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de, S> Visitor<'de> for OrNull<S>
+where
+    S: DeserializeSeed<'de>,
+    S::Value: Default,
+{
+    type Value = S::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a value or null")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(S::Value::default())
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(S::Value::default())
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        self.0.deserialize(d)
+    }
+}
+
+/// The list of groups.
 #[derive(Clone, Copy)]
 struct GroupsSeed<'a> {
     allowance: &'a Allowance,
@@ -374,7 +429,7 @@ impl<'de> DeserializeSeed<'de> for GroupsSeed<'_> {
     type Value = Vec<RawGroup>;
 
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_option(self)
+        d.deserialize_seq(self)
     }
 }
 
@@ -383,18 +438,6 @@ impl<'de> Visitor<'de> for GroupsSeed<'_> {
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a list of target groups")
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Vec::new())
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Vec::new())
-    }
-
-    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_seq(self)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
@@ -407,7 +450,7 @@ impl<'de> Visitor<'de> for GroupsSeed<'_> {
     }
 }
 
-/// One group: `targets` and `labels`, each optional and `null` as empty.
+/// One group: `targets` and `labels`, each optional.
 struct GroupSeed<'a>(GroupsSeed<'a>);
 
 const GROUP_FIELDS: &[&str] = &["targets", "labels"];
@@ -437,8 +480,8 @@ impl<'de> Visitor<'de> for GroupSeed<'_> {
                     return Err(de::Error::duplicate_field("targets"));
                 }
                 "labels" if labels.is_some() => return Err(de::Error::duplicate_field("labels")),
-                "targets" => targets = Some(map.next_value_seed(TargetsSeed(allowance))?),
-                "labels" => labels = Some(map.next_value_seed(LabelsSeed(allowance))?),
+                "targets" => targets = Some(map.next_value_seed(OrNull(TargetsSeed(allowance)))?),
+                "labels" => labels = Some(map.next_value_seed(OrNull(LabelsSeed(allowance)))?),
                 other if self.0.strict => {
                     return Err(de::Error::unknown_field(other, GROUP_FIELDS));
                 }
@@ -461,7 +504,7 @@ impl<'de> DeserializeSeed<'de> for TargetsSeed<'_> {
     type Value = Vec<String>;
 
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_option(self)
+        d.deserialize_seq(self)
     }
 }
 
@@ -470,18 +513,6 @@ impl<'de> Visitor<'de> for TargetsSeed<'_> {
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a list of host:port targets")
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Vec::new())
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Vec::new())
-    }
-
-    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_seq(self)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
@@ -501,7 +532,7 @@ impl<'de> DeserializeSeed<'de> for LabelsSeed<'_> {
     type Value = BTreeMap<String, String>;
 
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_option(self)
+        d.deserialize_map(self)
     }
 }
 
@@ -510,18 +541,6 @@ impl<'de> Visitor<'de> for LabelsSeed<'_> {
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a map of label names to string values")
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(BTreeMap::new())
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(BTreeMap::new())
-    }
-
-    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
@@ -595,7 +614,7 @@ impl LogOnce {
 mod tests {
     use super::*;
 
-    fn group(targets: &[&str], labels: &[(&str, &str)]) -> TargetGroup {
+    pub(super) fn group(targets: &[&str], labels: &[(&str, &str)]) -> TargetGroup {
         TargetGroup {
             targets: targets.iter().map(|t| t.to_string()).collect(),
             labels: labels
