@@ -220,3 +220,31 @@ fn validate_refuses_an_in_flight_budget_smaller_than_one_request() {
         "{stderr}"
     );
 }
+
+/// Every config under `examples/` is valid as shipped (README points users
+/// at them).
+#[test]
+fn every_example_config_validates() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).expect("read examples/") {
+        let path = entry.expect("examples/ entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let out = proflow(&["validate", "-c", path.to_str().expect("utf-8 path")]);
+        assert!(
+            out.status.success(),
+            "{} does not validate:\n{}{}",
+            path.display(),
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 3,
+        "only {checked} example configs found in {}",
+        dir.display()
+    );
+}

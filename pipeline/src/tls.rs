@@ -70,7 +70,7 @@ pub fn client_config(tls: &ClientTls<'_>, uses_tls: bool) -> Result<ClientConfig
                 let (_added, _ignored) = roots.add_parsable_certificates(found.certs);
                 if roots.is_empty() {
                     return Err(
-                        "no system CA certificates were found: set `tls.ca_file`".to_owned()
+                        "no system CA certificates were found: set the CA file of this TLS config (`ca_file`)".to_owned()
                     );
                 }
             }

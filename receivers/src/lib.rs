@@ -4,7 +4,8 @@
 //! Lives here: one module per receiver type, named after its config `type`
 //! ([`pprof_push`]: Pyroscope-compatible `/ingest` and `push.v1` Push;
 //! [`otlp`]: OTLP profiles over gRPC and HTTP; [`kafka`]: a consumer group
-//! member committing only what was delivered), and
+//! member committing only what was delivered; [`scrape`]: Prometheus-style
+//! pull of `/debug/pprof` endpoints), and
 //! [`factories`], the table the binary joins into its registry.
 //!
 //! This crate may depend only on `proflow-pipeline` (envelope, component traits,
@@ -30,7 +31,12 @@ pub mod pprof_push;
 pub mod scrape;
 
 use proflow_pipeline::registry::Factory;
-#[cfg(any(feature = "pprof_push", feature = "otlp", feature = "kafka"))]
+#[cfg(any(
+    feature = "pprof_push",
+    feature = "otlp",
+    feature = "kafka",
+    feature = "scrape"
+))]
 use proflow_pipeline::registry::Stability;
 
 /// Every receiver type compiled into this crate.
@@ -47,6 +53,12 @@ pub fn factories() -> Vec<Factory> {
             "pprof_push",
             Stability::Alpha,
             "Accepts profiles pushed the way Pyroscope clients send them: POST /ingest (pprof, multipart, folded text) and the push.v1 Connect Push API.",
+        ),
+        #[cfg(feature = "scrape")]
+        Factory::receiver::<scrape::ScrapeReceiverConfig>(
+            "scrape",
+            Stability::Alpha,
+            "Pulls pprof profiles from /debug/pprof endpoints on a schedule, with Prometheus-style scrape_configs, service discovery and relabelling, turning cumulative profiles into deltas.",
         ),
         #[cfg(feature = "otlp")]
         Factory::receiver::<otlp::OtlpConfig>(

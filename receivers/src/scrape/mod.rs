@@ -3,15 +3,152 @@
 //! `pyroscope.scrape` do.
 //!
 //! - [`config`]: the config (Prometheus's names, Alloy's defaults).
-//! - [`discovery`]: where targets come from (static, file, HTTP).
+//! - [`discovery`]: where targets come from (static, file, HTTP); a new kind
+//!   is one more [`discovery::Discoverer`].
+//! - [`targets`]: discovered groups → relabelled targets, one per address
+//!   and enabled profile, with their URL and series labels.
+//! - [`manager`]: per job, keeps one scrape loop per target as discovery
+//!   changes, and the job's view for `/targets`.
+//! - [`scrape_loop`]: a target's loop (offset, timeout, checks, delta,
+//!   hand-off to the pipeline).
+//! - [`delta`]: cumulative → delta for memory, mutex and block profiles,
+//!   with bounded state.
 //! - [`client`]: the HTTP client of scrapes and HTTP SD.
-
-// The receiver is assembled over several commits; until it is registered,
-// parts of it are not used yet.
-#![allow(dead_code)]
+//! - [`status`]: health, last scrape and last error of each target.
+//!
+//! Profiles other than cumulative ones leave as they arrived (the gzip
+//! bytes, never decoded here); cumulative ones are decoded once to
+//! subtract the previous scrape and re-encoded.
 
 pub mod client;
 pub mod config;
+pub mod delta;
 pub mod discovery;
+pub mod manager;
+pub mod scrape_loop;
+pub mod status;
+pub mod targets;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use proflow_pipeline::component::{
+    BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, ReceiverContext, ServeFuture,
+    Validate,
+};
+use proflow_pipeline::model::BatchMeta;
+use proflow_pipeline::telemetry::ScrapeTelemetry;
+
+use client::{ClientSettings, HttpClient};
 pub use config::ScrapeReceiverConfig;
+use delta::DeltaStore;
+use discovery::Discoverer;
+use manager::SharedView;
+use targets::JobSpec;
+
+impl Validate for ScrapeReceiverConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        self.problems()
+    }
+}
+
+/// One job ready to run.
+struct Job {
+    spec: Arc<JobSpec>,
+    client: HttpClient,
+    discoverers: Vec<Box<dyn Discoverer>>,
+    view: SharedView,
+}
+
+/// The built receiver: jobs with their clients and discoverers.
+pub struct ScrapeReceiver {
+    jobs: Vec<Job>,
+    scrape: ScrapeTelemetry,
+    deltas: Arc<DeltaStore>,
+}
+
+impl ReceiverConfig for ScrapeReceiverConfig {
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Receiver>, BuildError> {
+        let problems = self.problems();
+        if !problems.is_empty() {
+            return Err(BuildError::new(
+                proflow_pipeline::component::joined_problems(&problems),
+            ));
+        }
+        let mut jobs = Vec::new();
+        let mut views = Vec::new();
+        for (i, job) in self.scrape_configs.iter().enumerate() {
+            let at = |e: String| BuildError::new(format!("scrape_configs.{i}: {e}"));
+            let spec = Arc::new(JobSpec::new(job).map_err(at)?);
+            // The client loads the system's CA roots only with a tls_config;
+            // an https job needs them without one.
+            let default_tls = config::TlsConfig::default();
+            let tls_config = job
+                .tls_config
+                .as_ref()
+                .or((job.scheme == config::Scheme::Https).then_some(&default_tls));
+            let client = HttpClient::new(
+                ClientSettings {
+                    basic_auth: job.basic_auth.as_ref(),
+                    authorization: job.authorization.as_ref(),
+                    tls_config,
+                    follow_redirects: job.follow_redirects,
+                },
+                job.scrape_timeout.get().min(Duration::from_secs(10)),
+            )
+            .map_err(at)?;
+            let discoverers = discovery::discoverers(job).map_err(at)?;
+            let view = SharedView::default();
+            views.push((job.job_name.clone(), view.clone()));
+            jobs.push(Job {
+                spec,
+                client,
+                discoverers,
+                view,
+            });
+        }
+        ctx.telemetry
+            .register_targets(&ctx.id, Arc::new(move || manager::views_json(&views)));
+        Ok(Box::new(ScrapeReceiver {
+            jobs,
+            scrape: ctx.telemetry.scrape(&ctx.id),
+            deltas: DeltaStore::new(
+                usize::try_from(self.max_delta_state.bytes()).unwrap_or(usize::MAX),
+            ),
+        }))
+    }
+}
+
+#[async_trait]
+impl Receiver for ScrapeReceiver {
+    async fn start(self: Box<Self>, ctx: ReceiverContext) -> Result<ServeFuture, BuildError> {
+        let meta = Arc::new(BatchMeta {
+            receiver: ctx.id.as_str().into(),
+            tenant: None,
+            client: None,
+        });
+        let mut tasks = tokio::task::JoinSet::new();
+        for job in self.jobs {
+            let shared = Arc::new(scrape_loop::JobShared {
+                job: job.spec,
+                client: job.client,
+                consumer: ctx.consumer.clone(),
+                receiver: ctx.telemetry.clone(),
+                scrape: self.scrape.clone(),
+                meta: meta.clone(),
+                memory: ctx.memory.clone(),
+                deltas: self.deltas.clone(),
+            });
+            tasks.spawn(manager::run_job(
+                shared,
+                job.discoverers,
+                job.view,
+                ctx.shutdown.clone(),
+            ));
+        }
+        Ok(Box::pin(async move {
+            while tasks.join_next().await.is_some() {}
+        }))
+    }
+}

@@ -1,0 +1,354 @@
+//! One target's scrape loop: every interval, at the target's own offset
+//! within it, GET the profile, check it is pprof, turn a cumulative one into
+//! a delta, and hand it to the pipeline.
+//!
+//! - **Offsets**: a target scrapes when Unix time modulo the interval equals
+//!   its key modulo the interval, so 1,000 targets spread over the interval
+//!   instead of firing together, and a target keeps its phase across
+//!   restarts (Prometheus's rule).
+//! - **Isolation**: each loop is its own task with its own timeout, so a
+//!   slow or dead target never delays another. A loop that falls behind
+//!   (a scrape longer than the interval) skips the ticks it missed.
+//! - **Bounded**: a body is read up to `body_size_limit` and inflated up to
+//!   the same limit; the collector's in-flight memory budget is taken for
+//!   the body and its decoded form before either is used, waiting up to
+//!   the scrape timeout.
+//! - **Backpressure**: profiles go to the pipeline with
+//!   [`Admission::Wait`]: a full `block` queue delays this target's next
+//!   scrape instead of refusing what it scraped.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use proflow_pipeline::component::{Admission, ConsumeError, Consumer};
+use proflow_pipeline::memory::MemoryBudget;
+use proflow_pipeline::model::{Batch, BatchMeta, Envelope, Payload, ValueType};
+use proflow_pipeline::pprof::{self, DecodeError};
+use proflow_pipeline::telemetry::{ReceiverTelemetry, ScrapeTelemetry};
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use super::client::{FetchError, HttpClient};
+use super::delta::{DeltaOutcome, DeltaState, DeltaStore};
+use super::status::{TargetStatus, Transition};
+use super::targets::JobSpec;
+
+/// What every loop of one job shares.
+pub struct JobShared {
+    pub job: Arc<JobSpec>,
+    pub client: HttpClient,
+    pub consumer: Arc<dyn Consumer>,
+    pub receiver: ReceiverTelemetry,
+    pub scrape: ScrapeTelemetry,
+    pub meta: Arc<BatchMeta>,
+    pub memory: MemoryBudget,
+    pub deltas: Arc<DeltaStore>,
+}
+
+/// Why a scrape gave no profile.
+#[derive(Debug)]
+pub enum ScrapeError {
+    Fetch(FetchError),
+    Timeout(Duration),
+    /// The body is not a pprof profile.
+    Invalid(String),
+    /// The body or its inflated form is larger than `body_size_limit`.
+    TooLarge(usize),
+    /// The collector's in-flight memory is used up.
+    Memory(String),
+    /// The delta state is full.
+    DeltaStateFull,
+}
+
+impl ScrapeError {
+    /// The metric reason word.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ScrapeError::Fetch(e) => e.reason(),
+            ScrapeError::Timeout(_) => "timeout",
+            ScrapeError::Invalid(_) => "invalid_profile",
+            ScrapeError::TooLarge(_) => "too_large",
+            ScrapeError::Memory(_) => "memory",
+            ScrapeError::DeltaStateFull => "delta_state_full",
+        }
+    }
+}
+
+impl std::fmt::Display for ScrapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScrapeError::Fetch(e) => write!(f, "{e}"),
+            ScrapeError::Timeout(d) => write!(
+                f,
+                "no complete answer within {:.1}s (scrape_timeout; CPU profiles get their seconds on top)",
+                d.as_secs_f64()
+            ),
+            ScrapeError::Invalid(e) => write!(f, "the body is not a pprof profile: {e}"),
+            ScrapeError::TooLarge(limit) => write!(
+                f,
+                "the profile is larger than body_size_limit ({limit} bytes) as sent or once inflated"
+            ),
+            ScrapeError::Memory(e) => write!(f, "{e}"),
+            ScrapeError::DeltaStateFull => write!(
+                f,
+                "max_delta_state is used up: this cumulative profile cannot be turned into deltas (raise max_delta_state)"
+            ),
+        }
+    }
+}
+
+/// The wait before a target's first scrape: until Unix time modulo
+/// `interval` is `key` modulo `interval`.
+pub fn first_wait(key: u64, interval: Duration, now: SystemTime) -> Duration {
+    let interval_ms = interval.as_millis().max(1);
+    let offset = u128::from(key) % interval_ms;
+    let now_ms = now
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let phase = now_ms % interval_ms;
+    let wait = (offset + interval_ms - phase) % interval_ms;
+    Duration::from_millis(u64::try_from(wait).unwrap_or(0))
+}
+
+/// Runs `status.target`'s loop until `cancel`.
+pub async fn run(shared: Arc<JobShared>, status: Arc<TargetStatus>, cancel: CancellationToken) {
+    let job = shared.job.clone();
+    let start = tokio::time::Instant::now()
+        + first_wait(status.target.key, job.interval, SystemTime::now());
+    let mut ticker = tokio::time::interval_at(start, job.interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut delta = status
+        .target
+        .profile
+        .cumulative
+        .then(|| DeltaState::new(shared.deltas.clone()));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let wall = SystemTime::now();
+        let started = Instant::now();
+        let outcome = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = scrape_once(&shared, &status, delta.as_mut()) => r,
+        };
+        let took = started.elapsed();
+        shared.scrape.scraped(&job.name, took.as_secs_f64());
+        shared
+            .scrape
+            .delta_state(shared.deltas.used_bytes(), shared.deltas.series());
+        let recorded = match outcome {
+            Ok(None) => Ok(()),
+            Ok(Some((envelope, _grant))) => {
+                let bytes = envelope.size_bytes() as u64;
+                let batch = Batch::new(vec![envelope], shared.meta.clone());
+                let consumed = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = shared.consumer.consume(batch, Admission::Wait) => r,
+                };
+                match consumed {
+                    Ok(()) => {
+                        shared.receiver.accepted(1, bytes);
+                        Ok(())
+                    }
+                    Err(ConsumeError::ShuttingDown) => return,
+                    Err(e) => {
+                        shared.receiver.refused("backpressure", 1);
+                        Err(("backpressure", e.to_string()))
+                    }
+                }
+            }
+            Err(e) => {
+                shared.scrape.failed(&job.name, e.reason());
+                if matches!(e, ScrapeError::Invalid(_) | ScrapeError::TooLarge(_)) {
+                    shared.receiver.refused(e.reason(), 1);
+                }
+                Err((e.reason(), e.to_string()))
+            }
+        };
+        let error = recorded.as_ref().err().map(|(_, m)| m.clone());
+        match status.record(wall, took, recorded) {
+            Transition::Same => {}
+            Transition::Failing => tracing::warn!(
+                job = %job.name,
+                url = %status.target.url,
+                error = error.as_deref().unwrap_or(""),
+                "scrape failed; logged again when the reason changes or the target recovers (every failure is counted in proflow_scrape_failures_total and shown on /targets)"
+            ),
+            Transition::Recovered => tracing::info!(
+                job = %job.name,
+                url = %status.target.url,
+                "scrape target recovered"
+            ),
+        }
+    }
+}
+
+/// One scrape: the envelope to send (with the memory it holds), `None`
+/// when a cumulative profile only primed its delta state.
+async fn scrape_once(
+    shared: &JobShared,
+    status: &TargetStatus,
+    delta: Option<&mut DeltaState>,
+) -> Result<Option<(Envelope, proflow_pipeline::memory::MemoryGrant)>, ScrapeError> {
+    let job = &shared.job;
+    let target = &status.target;
+    let limit = job.body_limit;
+    let timeout = if target.profile.seconds {
+        Duration::from_secs(job.profile_seconds()) + job.timeout
+    } else {
+        job.timeout
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    let body: Bytes =
+        tokio::time::timeout_at(deadline, shared.client.get(target.url.clone(), limit))
+            .await
+            .map_err(|_| ScrapeError::Timeout(timeout))?
+            .map_err(ScrapeError::Fetch)?;
+    if body.is_empty() {
+        return Err(ScrapeError::Invalid("the body is empty".to_owned()));
+    }
+    let mut grant = shared.memory.grant();
+    let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+    grant
+        .grow(body.len(), wait)
+        .await
+        .map_err(|e| ScrapeError::Memory(e.to_string()))?;
+    let meta = pprof::scan_metadata(&body, limit).map_err(|e| match e {
+        DecodeError::TooLarge { .. } => ScrapeError::TooLarge(limit),
+        other => ScrapeError::Invalid(other.to_string()),
+    })?;
+    if meta.sample_types.is_empty() {
+        return Err(ScrapeError::Invalid(
+            "the profile has no sample types".to_owned(),
+        ));
+    }
+    let now_nanos = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+            .unwrap_or(0)
+    };
+    let Some(delta) = delta else {
+        // As it arrived: no decode, no re-encode.
+        let start = if meta.time_nanos > 0 {
+            meta.time_nanos
+        } else {
+            now_nanos()
+        };
+        let end = start.saturating_add(meta.duration_nanos.max(0));
+        let (sample_types, period_type) = value_types(meta.sample_types, meta.period_type);
+        return Ok(Some((
+            Envelope {
+                labels: target.labels.clone(),
+                start_unix_nanos: start,
+                end_unix_nanos: end,
+                sample_types,
+                period_type,
+                period: meta.period,
+                payload: Payload::from_bytes(body, limit),
+            },
+            grant,
+        )));
+    };
+    let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+    grant
+        .grow(meta.decoded_size, wait)
+        .await
+        .map_err(|e| ScrapeError::Memory(e.to_string()))?;
+    let profile = pprof::decode(&body, limit).map_err(|e| match e {
+        DecodeError::TooLarge { .. } => ScrapeError::TooLarge(limit),
+        other => ScrapeError::Invalid(other.to_string()),
+    })?;
+    drop(body);
+    match delta.next(&profile) {
+        DeltaOutcome::Primed => Ok(None),
+        DeltaOutcome::Reset => {
+            tracing::info!(
+                job = %job.name,
+                url = %target.url,
+                "a cumulative profile went down (the target restarted): its deltas start again from this scrape"
+            );
+            Ok(None)
+        }
+        DeltaOutcome::StateFull => Err(ScrapeError::DeltaStateFull),
+        // Nothing happened in the interval (no allocation, no contention):
+        // an empty profile says nothing a backend could show.
+        DeltaOutcome::Delta(p) if p.sample.is_empty() => Ok(None),
+        DeltaOutcome::Delta(p) => {
+            let end = if p.time_nanos > 0 {
+                p.time_nanos
+            } else {
+                now_nanos()
+            };
+            let start = end.saturating_sub(p.duration_nanos.max(0));
+            let name = |i: i64| p.string(i).to_owned();
+            let sample_types = p
+                .sample_type
+                .iter()
+                .map(|t| ValueType::new(name(t.r#type), name(t.unit)))
+                .collect();
+            let period_type = p
+                .period_type
+                .as_ref()
+                .map(|t| ValueType::new(name(t.r#type), name(t.unit)));
+            let period = p.period;
+            Ok(Some((
+                Envelope {
+                    labels: target.labels.clone(),
+                    start_unix_nanos: start,
+                    end_unix_nanos: end,
+                    sample_types,
+                    period_type,
+                    period,
+                    payload: Payload::from_profile(p),
+                },
+                grant,
+            )))
+        }
+    }
+}
+
+fn value_types(
+    sample_types: Vec<(String, String)>,
+    period_type: Option<(String, String)>,
+) -> (Vec<ValueType>, Option<ValueType>) {
+    (
+        sample_types
+            .into_iter()
+            .map(|(t, u)| ValueType::new(t, u))
+            .collect(),
+        period_type.map(|(t, u)| ValueType::new(t, u)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_spread_targets_and_hold_their_phase() {
+        let interval = Duration::from_secs(15);
+        let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+        // Key 4000 scrapes at 4 s into each 15 s period.
+        assert_eq!(first_wait(4000, interval, at(0)), Duration::from_secs(4));
+        assert_eq!(first_wait(4000, interval, at(3000)), Duration::from_secs(1));
+        assert_eq!(first_wait(4000, interval, at(4000)), Duration::ZERO);
+        assert_eq!(
+            first_wait(4000, interval, at(5000)),
+            Duration::from_secs(14)
+        );
+        assert_eq!(
+            first_wait(15_000 * 7 + 4000, interval, at(5000)),
+            Duration::from_secs(14)
+        );
+        // Many keys fill the interval rather than one instant.
+        let waits: std::collections::BTreeSet<u64> = (0..1000u64)
+            .map(|k| first_wait(k.wrapping_mul(0x9e37_79b9_7f4a_7c15), interval, at(0)).as_secs())
+            .collect();
+        assert_eq!(waits.len(), 15);
+    }
+}

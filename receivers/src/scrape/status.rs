@@ -1,0 +1,229 @@
+//! What `/targets` shows of each target: health, last scrape, its duration,
+//! the last error and counts; and the rule that logs a target's failures
+//! once per change of state instead of once per scrape.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use proflow_pipeline::model::Labels;
+use proflow_pipeline::telemetry::rfc3339;
+use serde_json::{Map, Value, json};
+
+use super::targets::{Dropped, Target};
+
+/// A target's health, as Prometheus names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    Unknown,
+    Up,
+    Down,
+}
+
+impl Health {
+    fn as_str(self) -> &'static str {
+        match self {
+            Health::Unknown => "unknown",
+            Health::Up => "up",
+            Health::Down => "down",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    health: Health,
+    last_scrape: Option<SystemTime>,
+    last_duration: Duration,
+    last_error: String,
+    /// Reason word of the last error: a change of it is logged again.
+    last_reason: &'static str,
+    scrapes: u64,
+    failures: u64,
+}
+
+/// One active target and what became of its scrapes.
+#[derive(Debug)]
+pub struct TargetStatus {
+    pub target: Target,
+    pub job: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    state: Mutex<State>,
+}
+
+/// What the caller should log after recording a scrape.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Transition {
+    /// Nothing changed worth a line.
+    Same,
+    /// The target failed, for the first time or for a new reason.
+    Failing,
+    /// The target answers again after failing.
+    Recovered,
+}
+
+impl TargetStatus {
+    pub fn new(target: Target, job: &str, interval: Duration, timeout: Duration) -> Self {
+        TargetStatus {
+            target,
+            job: job.to_owned(),
+            interval,
+            timeout,
+            state: Mutex::new(State {
+                health: Health::Unknown,
+                last_scrape: None,
+                last_duration: Duration::ZERO,
+                last_error: String::new(),
+                last_reason: "",
+                scrapes: 0,
+                failures: 0,
+            }),
+        }
+    }
+
+    /// Records a scrape that started at `at` and took `took`: `Ok` or the
+    /// failure's reason word and message.
+    pub fn record(
+        &self,
+        at: SystemTime,
+        took: Duration,
+        result: Result<(), (&'static str, String)>,
+    ) -> Transition {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        s.last_scrape = Some(at);
+        s.last_duration = took;
+        s.scrapes += 1;
+        let was = s.health;
+        match result {
+            Ok(()) => {
+                s.health = Health::Up;
+                s.last_error.clear();
+                s.last_reason = "";
+                if was == Health::Down {
+                    Transition::Recovered
+                } else {
+                    Transition::Same
+                }
+            }
+            Err((reason, message)) => {
+                s.failures += 1;
+                s.health = Health::Down;
+                s.last_error = message;
+                let changed = was != Health::Down || s.last_reason != reason;
+                s.last_reason = reason;
+                if changed {
+                    Transition::Failing
+                } else {
+                    Transition::Same
+                }
+            }
+        }
+    }
+
+    /// The target as `/targets` shows it (Prometheus's field names, plus
+    /// `profile`, `scrapes` and `failures`).
+    pub fn to_json(&self) -> Value {
+        let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        json!({
+            "scrapePool": self.job,
+            "scrapeUrl": self.target.url.to_string(),
+            "profile": self.target.profile.name,
+            "labels": labels_json(&self.target.labels),
+            "discoveredLabels": labels_json(&self.target.discovered),
+            "health": s.health.as_str(),
+            "lastError": s.last_error,
+            "lastScrape": s.last_scrape.map(|t| rfc3339(unix_secs(t))),
+            "lastScrapeDuration": s.last_duration.as_secs_f64(),
+            "scrapeInterval": format!("{}s", self.interval.as_secs()),
+            "scrapeTimeout": format!("{}s", self.timeout.as_secs()),
+            "scrapes": s.scrapes,
+            "failures": s.failures,
+        })
+    }
+
+    #[cfg(test)]
+    pub fn health(&self) -> Health {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .health
+    }
+}
+
+/// A dropped target as `/targets` shows it.
+pub fn dropped_json(job: &str, d: &Dropped) -> Value {
+    let mut v = json!({
+        "scrapePool": job,
+        "discoveredLabels": labels_json(&d.discovered),
+    });
+    if let (Some(reason), Some(o)) = (&d.reason, v.as_object_mut()) {
+        o.insert("reason".to_owned(), reason.clone().into());
+    }
+    v
+}
+
+fn labels_json(labels: &Labels) -> Value {
+    let mut m = Map::new();
+    for l in labels.iter() {
+        m.insert(l.name.clone(), Value::String(l.value.clone()));
+    }
+    Value::Object(m)
+}
+
+fn unix_secs(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scrape::config::ProfileTarget;
+    use std::sync::Arc;
+
+    fn status() -> TargetStatus {
+        TargetStatus::new(
+            Target {
+                key: 1,
+                url: "http://h:1/debug/pprof/allocs".parse().expect("url"),
+                labels: Labels::from_pairs([("job", "j")]),
+                discovered: Labels::from_pairs([("__address__", "h:1")]),
+                profile: Arc::new(ProfileTarget {
+                    name: "memory".into(),
+                    profile_name: "memory".into(),
+                    path: "/debug/pprof/allocs".into(),
+                    seconds: false,
+                    cumulative: true,
+                }),
+            },
+            "j",
+            Duration::from_secs(15),
+            Duration::from_secs(10),
+        )
+    }
+
+    #[test]
+    fn failures_are_logged_once_per_change_of_state() {
+        let s = status();
+        let now = SystemTime::now();
+        let d = Duration::from_millis(5);
+        assert_eq!(s.record(now, d, Ok(())), Transition::Same);
+        let refused = || Err(("connection", "connection refused".to_owned()));
+        assert_eq!(s.record(now, d, refused()), Transition::Failing);
+        assert_eq!(s.record(now, d, refused()), Transition::Same);
+        assert_eq!(
+            s.record(now, d, Err(("http_status", "HTTP 404".into()))),
+            Transition::Failing
+        );
+        assert_eq!(s.health(), Health::Down);
+        assert_eq!(s.record(now, d, Ok(())), Transition::Recovered);
+        let j = s.to_json();
+        assert_eq!(j["health"], "up");
+        assert_eq!(j["failures"], 3);
+        assert_eq!(j["scrapes"], 5);
+        assert_eq!(j["lastError"], "");
+        assert_eq!(j["labels"]["job"], "j");
+        assert_eq!(j["discoveredLabels"]["__address__"], "h:1");
+    }
+}

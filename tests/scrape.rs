@@ -1,0 +1,682 @@
+//! The `scrape` receiver end to end, against real Go programs serving
+//! `net/http/pprof` (`tests/peers/apps/goscrape`: goHotLoop ~75% and
+//! goWarmLoop ~25% of its CPU, goAllocLoop allocating at a steady rate,
+//! goMutexContend and goBlockWait for the mutex and block profiles).
+//!
+//! Each test starts its own goscrape process (Go allows one CPU profile at a
+//! time per process, so tests sharing one would collide) and its own
+//! proflow, and reads what the `file` exporter wrote, `/targets` and
+//! `/metrics`. Failures a real target cannot be made to produce on demand
+//! (a 404 on a profile path, a body that is not pprof, a gzip bomb, a
+//! target slower than the timeout) come from a small local server here.
+
+mod common;
+#[allow(clippy::duplicate_mod)]
+mod peer_env;
+mod readback;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{IndexEntry, KillOnDrop, Ports, Proflow};
+use proflow_pipeline::pprof::{self, Profile};
+
+/// goscrape's default allocation rate (bytes per second of goAllocLoop).
+const ALLOC_RATE: f64 = 4.0 * 1024.0 * 1024.0;
+
+/// A goscrape process of this test, killed on drop.
+struct GoTarget {
+    _child: KillOnDrop,
+    endpoint: String,
+}
+
+impl GoTarget {
+    fn port(&self) -> &str {
+        self.endpoint.rsplit_once(':').map_or("", |(_, p)| p)
+    }
+}
+
+fn go_target(args: &[&str]) -> Option<GoTarget> {
+    let bin = peer_env::go_app("goscrape")?;
+    let mut child = Command::new(&bin)
+        .args(["-addr", "127.0.0.1:0"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+    let stdout = child.stdout.take().expect("goscrape stdout is piped");
+    let child = KillOnDrop(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read goscrape's first line");
+    let endpoint = line
+        .trim()
+        .strip_prefix("GOSCRAPE_ENDPOINT=")
+        .unwrap_or_else(|| panic!("goscrape printed {line:?}, not GOSCRAPE_ENDPOINT=…"))
+        .to_owned();
+    Some(GoTarget {
+        _child: child,
+        endpoint,
+    })
+}
+
+/// A config with the `scrape` receiver (`jobs`: YAML list items of
+/// `scrape_configs`, unindented) and a `file` exporter, plus more exporters
+/// (`exporters`: YAML, unindented, and their ids).
+fn config(
+    ports: &Ports,
+    profiles: &Path,
+    jobs: &str,
+    receiver_extra: &str,
+    exporters: &str,
+    ids: &[&str],
+) -> String {
+    let indent = |text: &str, n: usize| -> String {
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| format!("{}{l}\n", " ".repeat(n)))
+            .collect()
+    };
+    let mut all = vec!["file"];
+    all.extend_from_slice(ids);
+    format!(
+        "receivers:\n  scrape:\n{}    scrape_configs:\n{}exporters:\n  file:\n    directory: {}\n{}\
+         service:\n  telemetry:\n    address: {}\n    log_level: info\n  pipelines:\n    profiles:\n      \
+         receivers: [scrape]\n      exporters: [{}]\n",
+        indent(receiver_extra, 4),
+        indent(jobs, 6),
+        profiles.display(),
+        indent(exporters, 2),
+        ports.telemetry,
+        all.join(", ")
+    )
+}
+
+fn start(jobs: &str) -> Proflow {
+    Proflow::start(|ports, profiles| config(ports, profiles, jobs, "", "", &[]))
+}
+
+/// Only `keep` of the built-in profiles, as a `profiling_config` line.
+fn only(keep: &[&str]) -> String {
+    let off: Vec<String> = ["process_cpu", "memory", "goroutine", "mutex", "block"]
+        .iter()
+        .filter(|p| !keep.contains(p))
+        .map(|p| format!("{p}: {{enabled: false}}"))
+        .collect();
+    format!("profiling_config: {{pprof_config: {{{}}}}}", off.join(", "))
+}
+
+/// Waits until the file exporter's index holds `n` entries that `pick`
+/// takes; returns them.
+fn wait_entries(
+    proflow: &Proflow,
+    n: usize,
+    timeout: Duration,
+    pick: impl Fn(&IndexEntry) -> bool,
+) -> Vec<IndexEntry> {
+    let got = peer_env::poll(timeout, || {
+        let entries: Vec<IndexEntry> = common::read_index(&proflow.profiles)
+            .into_iter()
+            .filter(|e| pick(e))
+            .collect();
+        (entries.len() >= n).then_some(entries)
+    });
+    got.unwrap_or_else(|| {
+        panic!(
+            "fewer than {n} matching profiles within {timeout:?}; index:\n{}\ntargets: {}\nlog:\n{}",
+            std::fs::read_to_string(proflow.profiles.join("index.jsonl")).unwrap_or_default(),
+            targets(proflow),
+            proflow.log_text()
+        )
+    })
+}
+
+fn targets(proflow: &Proflow) -> serde_json::Value {
+    proflow
+        .http()
+        .get(format!("http://{}/targets", proflow.ports.telemetry))
+        .send()
+        .and_then(|r| r.text())
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+fn active_urls(page: &serde_json::Value) -> Vec<String> {
+    let mut urls: Vec<String> = page["activeTargets"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t["scrapeUrl"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    urls.sort();
+    urls
+}
+
+/// The total of sample type `ty` in samples whose stack has `function`.
+fn total_in(profile: &Profile, ty: &str, function: &str) -> i64 {
+    let Some(index) = profile
+        .sample_type
+        .iter()
+        .position(|st| profile.string(st.r#type) == ty)
+    else {
+        panic!("the profile has no sample type {ty}");
+    };
+    pprof::stacks_root_first(profile)
+        .filter(|(frames, _)| frames.contains(&function))
+        .map(|(_, s)| s.value.get(index).copied().unwrap_or(0))
+        .sum()
+}
+
+fn paths(entries: &[IndexEntry]) -> Vec<PathBuf> {
+    entries.iter().map(|e| e.path.clone()).collect()
+}
+
+#[test]
+fn cpu_profiles_hold_the_hot_functions_in_their_proportion() {
+    let go = match common::go() {
+        Ok(go) => go,
+        Err(why) => return common::missing_peer(&format!("go: {why}")).unwrap_or(()),
+    };
+    let Some(target) = go_target(&[]) else {
+        return;
+    };
+    let proflow = start(&format!(
+        "- job_name: cpu-job\n  scrape_interval: 4s\n  scrape_timeout: 3s\n  \
+         static_configs: [{{targets: ['{}'], labels: {{env: test}}}}]\n  {}\n",
+        target.endpoint,
+        only(&["process_cpu"])
+    ));
+    let entries = wait_entries(&proflow, 3, Duration::from_secs(60), |e| {
+        e.label("__name__") == Some("process_cpu")
+    });
+    let e = &entries[0];
+    assert_eq!(e.label("service_name"), Some("cpu-job"), "{:?}", e.labels);
+    assert_eq!(e.label("job"), Some("cpu-job"));
+    assert_eq!(e.label("instance"), Some(target.endpoint.as_str()));
+    assert_eq!(e.label("env"), Some("test"));
+    let (totals, traces) = common::pprof_trace_totals(
+        &go,
+        &paths(&entries[..3]),
+        &["main.goHotLoop", "main.goWarmLoop"],
+    );
+    let (hot, warm) = (totals[0], totals[1]);
+    assert!(hot > 0.0 && warm > 0.0, "hot {hot}, warm {warm}\n{traces}");
+    let share = hot / (hot + warm);
+    // goscrape spends 3/4 of its work in goHotLoop; ±15% of that.
+    assert!(
+        (0.75 * 0.85..=0.75 * 1.15).contains(&share),
+        "goHotLoop has {:.1}% of hot+warm CPU, want 75% ±15%\n{traces}",
+        share * 100.0
+    );
+    eprintln!(
+        "goHotLoop share {:.1}% over 3 scraped CPU profiles",
+        share * 100.0
+    );
+}
+
+#[test]
+fn cumulative_profiles_arrive_as_deltas_with_steady_totals() {
+    let Some(target) = go_target(&[]) else {
+        return;
+    };
+    let proflow = start(&format!(
+        "- job_name: delta-job\n  scrape_interval: 3s\n  scrape_timeout: 2s\n  \
+         static_configs: [{{targets: ['{}']}}]\n  {}\n",
+        target.endpoint,
+        only(&["memory", "mutex", "block"])
+    ));
+    let memory = wait_entries(&proflow, 5, Duration::from_secs(60), |e| {
+        e.label("__name__") == Some("memory")
+    });
+    let mut rates = Vec::new();
+    for e in &memory[..5] {
+        let p = common::read_profile(&e.path);
+        let seconds = p.duration_nanos as f64 / 1e9;
+        assert!(
+            (2.0..=4.5).contains(&seconds),
+            "a delta covers one interval (3s), this one {seconds}s"
+        );
+        let bytes = total_in(&p, "alloc_space", "main.goAllocLoop");
+        rates.push(bytes as f64 / seconds);
+        // inuse_* are snapshots, not deltas: still there.
+        assert!(
+            p.sample_type
+                .iter()
+                .any(|t| p.string(t.r#type) == "inuse_space")
+        );
+    }
+    // A cumulative profile would grow by one interval's worth each scrape
+    // (the fifth 5x the first); deltas stay near the allocation rate. Go
+    // samples allocations (one per 512 KiB on average) and scales them, so
+    // allow a factor of two either way.
+    for r in &rates {
+        assert!(
+            (ALLOC_RATE / 2.0..=ALLOC_RATE * 2.0).contains(r),
+            "alloc_space rates of goAllocLoop per delta {rates:?} B/s, want about {ALLOC_RATE}"
+        );
+    }
+    // The first scrape only primed: one more memory scrape than profiles.
+    let page = targets(&proflow);
+    let scrapes = page["activeTargets"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["profile"] == "memory"))
+        .and_then(|t| t["scrapes"].as_u64())
+        .expect("the memory target on /targets");
+    let written = common::read_index(&proflow.profiles)
+        .iter()
+        .filter(|e| e.label("__name__") == Some("memory"))
+        .count() as u64;
+    assert!(
+        scrapes > written,
+        "{scrapes} memory scrapes gave {written} profiles; the first must only prime"
+    );
+    for (name, function) in [
+        ("mutex", "main.goMutexContend"),
+        ("block", "main.goBlockWait"),
+    ] {
+        let entries = wait_entries(&proflow, 2, Duration::from_secs(30), |e| {
+            e.label("__name__") == Some(name)
+        });
+        let p = common::read_profile(&entries[1].path);
+        let contentions = total_in(&p, "contentions", function);
+        assert!(contentions > 0, "{name}: no contentions in {function}");
+    }
+    let metrics = proflow.metrics();
+    let series = common::metric_sum(&metrics, "proflow_scrape_delta_series", &[]);
+    let bytes = common::metric_sum(&metrics, "proflow_scrape_delta_state_bytes", &[]);
+    assert_eq!(
+        series, 3.0,
+        "memory, mutex and block hold state:\n{metrics}"
+    );
+    assert!(bytes > 0.0, "{metrics}");
+    eprintln!("alloc rates of the deltas: {rates:?} B/s; delta state {bytes} bytes");
+}
+
+/// Writes `text` to `path` atomically (what SD files should be).
+fn write_atomic(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write the SD file");
+    std::fs::rename(&tmp, path).expect("rename the SD file");
+}
+
+/// Waits until `/targets` lists exactly `want` (sorted scrape URLs).
+fn wait_targets(proflow: &Proflow, want: &[String], timeout: Duration) -> Duration {
+    let started = Instant::now();
+    let mut last = serde_json::Value::Null;
+    let ok = peer_env::poll(timeout, || {
+        last = targets(proflow);
+        (active_urls(&last) == want).then_some(())
+    });
+    assert!(
+        ok.is_some(),
+        "/targets did not become {want:?} within {timeout:?}: {last}\nlog:\n{}",
+        proflow.log_text()
+    );
+    started.elapsed()
+}
+
+#[test]
+fn file_sd_targets_are_picked_up_and_dropped_within_one_refresh() {
+    let Some(target) = go_target(&[]) else {
+        return;
+    };
+    let sd_dir = tempfile::tempdir().expect("temp dir");
+    let sd_file = sd_dir.path().join("targets.json");
+    write_atomic(
+        &sd_file,
+        &format!(
+            r#"[{{"targets": ["127.0.0.1:{}"], "labels": {{"sd": "one"}}}}]"#,
+            target.port()
+        ),
+    );
+    let refresh = Duration::from_secs(3);
+    let proflow = start(&format!(
+        "- job_name: file-sd\n  scrape_interval: 2s\n  scrape_timeout: 1s\n  \
+         file_sd_configs: [{{files: ['{}/*.json'], refresh_interval: 3s}}]\n  {}\n",
+        sd_dir.path().display(),
+        only(&["goroutine"])
+    ));
+    let first = format!("http://127.0.0.1:{}/debug/pprof/goroutine", target.port());
+    wait_targets(
+        &proflow,
+        std::slice::from_ref(&first),
+        Duration::from_secs(10),
+    );
+    // Rewritten: the same program under another address and label.
+    write_atomic(
+        &sd_file,
+        &format!(
+            r#"[{{"targets": ["localhost:{}"], "labels": {{"sd": "two"}}}}]"#,
+            target.port()
+        ),
+    );
+    let second = format!("http://localhost:{}/debug/pprof/goroutine", target.port());
+    let took = wait_targets(&proflow, &[second], refresh + Duration::from_secs(3));
+    eprintln!("a rewritten SD file took effect after {took:?}");
+    let instance = format!("localhost:{}", target.port());
+    let entries = wait_entries(&proflow, 1, Duration::from_secs(20), |e| {
+        e.label("instance") == Some(instance.as_str())
+    });
+    assert_eq!(entries[0].label("sd"), Some("two"));
+    let scrapes_of = |page: &serde_json::Value, url: &str| {
+        page["activeTargets"]
+            .as_array()
+            .and_then(|a| a.iter().find(|t| t["scrapeUrl"] == url))
+            .and_then(|t| t["scrapes"].as_u64())
+    };
+    let kept_url = format!("http://localhost:{}/debug/pprof/goroutine", target.port());
+    let before = scrapes_of(&targets(&proflow), &kept_url).unwrap_or(0);
+    assert!(before >= 1, "the rewritten target was not scraped yet");
+    // Another file matching the pattern adds its targets, and the unchanged
+    // target keeps running (its count goes on); removing both files drops
+    // everything.
+    let extra = sd_dir.path().join("more.json");
+    write_atomic(
+        &extra,
+        &format!(r#"[{{"targets": ["127.0.0.1:{}"]}}]"#, target.port()),
+    );
+    let mut both = vec![
+        first,
+        format!("http://localhost:{}/debug/pprof/goroutine", target.port()),
+    ];
+    both.sort();
+    wait_targets(&proflow, &both, refresh + Duration::from_secs(3));
+    let after = scrapes_of(&targets(&proflow), &kept_url).unwrap_or(0);
+    assert!(
+        after >= before,
+        "the unchanged target was restarted: {before} scrapes before, {after} after"
+    );
+    std::fs::remove_file(&sd_file).expect("remove the SD file");
+    std::fs::remove_file(&extra).expect("remove the SD file");
+    wait_targets(&proflow, &[], refresh + Duration::from_secs(3));
+}
+
+/// A tiny HTTP/1.1 server on 127.0.0.1 answering every request with
+/// `answer(path)` = (status line, body, delay before answering).
+struct LocalServer {
+    address: String,
+}
+
+type Answer = (&'static str, Vec<u8>, Duration);
+
+fn local_server(answer: impl Fn(&str) -> Answer + Send + Sync + 'static) -> LocalServer {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let address = listener.local_addr().expect("local addr").to_string();
+    let answer = Arc::new(answer);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let answer = answer.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let head = String::from_utf8_lossy(&head);
+                let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                let (status, body, delay) = answer(&path);
+                std::thread::sleep(delay);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(&body);
+            });
+        }
+    });
+    LocalServer { address }
+}
+
+#[test]
+fn http_sd_targets_are_picked_up_and_dropped() {
+    let Some(target) = go_target(&[]) else {
+        return;
+    };
+    let groups = Arc::new(Mutex::new(format!(
+        r#"[{{"targets": ["127.0.0.1:{}"], "labels": {{"from": "http"}}}}]"#,
+        target.port()
+    )));
+    let served = groups.clone();
+    let sd = local_server(move |_| {
+        let body = served.lock().map(|g| g.clone()).unwrap_or_default();
+        ("200 OK", body.into_bytes(), Duration::ZERO)
+    });
+    let proflow = start(&format!(
+        "- job_name: http-sd\n  scrape_interval: 2s\n  scrape_timeout: 1s\n  \
+         http_sd_configs: [{{url: 'http://{}/sd', refresh_interval: 2s}}]\n  {}\n",
+        sd.address,
+        only(&["goroutine"])
+    ));
+    let url = format!("http://127.0.0.1:{}/debug/pprof/goroutine", target.port());
+    wait_targets(&proflow, &[url], Duration::from_secs(10));
+    let entries = wait_entries(&proflow, 1, Duration::from_secs(20), |e| {
+        e.label("job") == Some("http-sd")
+    });
+    assert_eq!(entries[0].label("from"), Some("http"));
+    let page = targets(&proflow);
+    assert_eq!(
+        page["activeTargets"][0]["discoveredLabels"]["__meta_url"],
+        format!("http://{}/sd", sd.address),
+        "{page}"
+    );
+    *groups.lock().expect("groups lock") = "[]".to_owned();
+    wait_targets(&proflow, &[], Duration::from_secs(6));
+}
+
+#[test]
+fn relabelling_keeps_drops_rewrites_addresses_and_maps_meta_labels() {
+    let Some(target) = go_target(&[]) else {
+        return;
+    };
+    let proflow = start(&format!(
+        "- job_name: relabel-job\n  scrape_interval: 2s\n  scrape_timeout: 1s\n  {}\n  \
+         static_configs:\n  \
+         - {{targets: ['placeholder-a:1'], labels: {{__meta_keep: 'yes', __meta_team: pay, __meta_port: '{port}'}}}}\n  \
+         - {{targets: ['placeholder-b:1'], labels: {{__meta_keep: 'no', __meta_port: '{port}'}}}}\n  \
+         relabel_configs:\n  \
+         - {{source_labels: [__meta_keep], regex: 'yes', action: keep}}\n  \
+         - {{source_labels: [__meta_port], target_label: __address__, replacement: '127.0.0.1:$1'}}\n  \
+         - {{regex: '__meta_(team)', action: labelmap}}\n",
+        only(&["goroutine"]),
+        port = target.port()
+    ));
+    let url = format!("http://127.0.0.1:{}/debug/pprof/goroutine", target.port());
+    wait_targets(&proflow, &[url], Duration::from_secs(10));
+    let page = targets(&proflow);
+    let active = &page["activeTargets"][0];
+    assert_eq!(active["labels"]["team"], "pay", "{page}");
+    assert!(
+        active["labels"]
+            .as_object()
+            .is_some_and(|l| l.keys().all(|k| !k.starts_with("__meta"))),
+        "{page}"
+    );
+    let dropped = page["droppedTargets"].as_array().expect("droppedTargets");
+    assert_eq!(dropped.len(), 1, "{page}");
+    assert_eq!(dropped[0]["discoveredLabels"]["__meta_keep"], "no");
+    let entries = wait_entries(&proflow, 1, Duration::from_secs(20), |e| {
+        e.label("job") == Some("relabel-job")
+    });
+    assert_eq!(entries[0].label("team"), Some("pay"));
+    assert_eq!(
+        entries[0].label("instance"),
+        Some(format!("127.0.0.1:{}", target.port()).as_str())
+    );
+}
+
+#[test]
+fn bad_targets_are_counted_and_logged_once_and_do_not_disturb_good_ones() {
+    let Some(good) = go_target(&[]) else {
+        return;
+    };
+    let bomb = {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(&vec![0u8; 16 << 20]).expect("gzip zeros");
+        gz.finish().expect("gzip finish")
+    };
+    let bad = local_server(move |path| match path {
+        "/notfound" => (
+            "404 Not Found",
+            b"404 page not found".to_vec(),
+            Duration::ZERO,
+        ),
+        "/garbage" => (
+            "200 OK",
+            b"<html>not a profile</html>".to_vec(),
+            Duration::ZERO,
+        ),
+        "/bomb" => ("200 OK", bomb.clone(), Duration::ZERO),
+        "/slow" => ("200 OK", Vec::new(), Duration::from_secs(4)),
+        _ => ("500 Internal Server Error", Vec::new(), Duration::ZERO),
+    });
+    let closed = common::free_port();
+    let proflow = start(&format!(
+        "- job_name: good\n  scrape_interval: 2s\n  scrape_timeout: 1s\n  \
+         static_configs: [{{targets: ['{}']}}]\n  {}\n\
+         - job_name: bad\n  scrape_interval: 2s\n  scrape_timeout: 1s\n  body_size_limit: 1MiB\n  \
+         static_configs: [{{targets: ['{}']}}]\n  \
+         profiling_config: {{pprof_config: {{process_cpu: {{enabled: false}}, memory: {{enabled: false}}, goroutine: {{enabled: false}}, mutex: {{enabled: false}}, block: {{enabled: false}}, \
+         notfound: {{path: /notfound}}, garbage: {{path: /garbage}}, bomb: {{path: /bomb}}, slow: {{path: /slow}}}}}}\n\
+         - job_name: refused\n  scrape_interval: 2s\n  scrape_timeout: 1s\n  \
+         static_configs: [{{targets: ['127.0.0.1:{closed}']}}]\n  {}\n",
+        good.endpoint,
+        only(&["goroutine"]),
+        bad.address,
+        only(&["goroutine"]),
+    ));
+    // Long enough for every bad target to fail three times or more.
+    let window = Duration::from_secs(9);
+    std::thread::sleep(window);
+    let good_profiles = common::read_index(&proflow.profiles)
+        .iter()
+        .filter(|e| e.label("job") == Some("good"))
+        .count();
+    assert!(
+        good_profiles >= 3,
+        "the good target gave {good_profiles} profiles in {window:?} at a 2s interval\nlog:\n{}",
+        proflow.log_text()
+    );
+    let metrics = proflow.metrics();
+    for (job, reason) in [
+        ("bad", "http_status"),
+        ("bad", "invalid_profile"),
+        ("bad", "too_large"),
+        ("bad", "timeout"),
+        ("refused", "connection"),
+    ] {
+        let n = common::metric_sum(
+            &metrics,
+            "proflow_scrape_failures_total",
+            &[("job", job), ("reason", reason)],
+        );
+        assert!(n >= 2.0, "{job}/{reason}: {n} failures counted\n{metrics}");
+    }
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_scrape_failures_total",
+            &[("job", "good")]
+        ),
+        0.0,
+        "{metrics}"
+    );
+    let page = targets(&proflow);
+    for t in page["activeTargets"].as_array().expect("activeTargets") {
+        let healthy = t["scrapePool"] == "good";
+        assert_eq!(t["health"], if healthy { "up" } else { "down" }, "{t}");
+        assert_eq!(
+            t["lastError"].as_str().is_some_and(str::is_empty),
+            healthy,
+            "{t}"
+        );
+    }
+    // Each failing target is logged once, however often it failed.
+    let log = proflow.log_text();
+    for path in ["/notfound", "/garbage", "/bomb", "/slow"] {
+        let url = format!("http://{}{path}", bad.address);
+        let lines = log
+            .lines()
+            .filter(|l| l.contains("scrape failed") && l.contains(&format!("url={url} ")))
+            .count();
+        assert_eq!(lines, 1, "{url} logged {lines} times:\n{log}");
+    }
+    let refused_target = page["activeTargets"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["scrapePool"] == "refused").cloned())
+        .expect("the refused target");
+    assert!(
+        refused_target["failures"].as_u64().unwrap_or(0) >= 2,
+        "{refused_target}"
+    );
+}
+
+#[test]
+fn scraped_go_profiles_reach_pyroscope() {
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let Some(target) = go_target(&[]) else {
+        return;
+    };
+    let job = common::unique_name("scrape-e2e");
+    let proflow = Proflow::start(|ports, profiles| {
+        config(
+            ports,
+            profiles,
+            &format!(
+                "- job_name: {job}\n  scrape_interval: 3s\n  scrape_timeout: 2s\n  \
+                 static_configs: [{{targets: ['{}']}}]\n  {}\n",
+                target.endpoint,
+                only(&["process_cpu", "memory"])
+            ),
+            "",
+            &format!("pyroscope:\n  endpoint: {}\n", pyroscope.http_base()),
+            &["pyroscope"],
+        )
+    });
+    let http = common::http_client();
+    let base = pyroscope.http_base();
+    let selector = format!("{{service_name=\"{job}\"}}");
+    for (ty, functions) in [
+        (
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            ["main.goHotLoop", "main.goWarmLoop"],
+        ),
+        (
+            "memory:alloc_space:bytes:space:bytes",
+            ["main.goAllocLoop", "main.goAllocLoop"],
+        ),
+    ] {
+        let mut last = (common::Totals::new(), String::new());
+        let found = peer_env::poll(Duration::from_secs(60), || {
+            last = readback::pyroscope_totals(&http, &base, &selector, &functions, Some(ty));
+            functions
+                .iter()
+                .all(|f| last.0.get(*f).is_some_and(|v| *v > 0))
+                .then_some(())
+        });
+        assert!(
+            found.is_some(),
+            "Pyroscope shows {:?} ({}) for {selector} {ty}\nlog:\n{}",
+            last.0,
+            last.1,
+            proflow.log_text()
+        );
+        eprintln!("pyroscope {ty}: {:?}", last.0);
+    }
+}
