@@ -5,9 +5,7 @@
 
 use bytes::Bytes;
 use proflow_pipeline::kafka::{Encoding, RecordHeaders, sniff_encoding};
-use proflow_pipeline::model::{
-    Envelope, Labels, Payload, SERVICE_NAME_LABEL, ValueType, now_unix_nanos,
-};
+use proflow_pipeline::model::{Envelope, Labels, Payload, SERVICE_NAME_LABEL, now_unix_nanos};
 use proflow_pipeline::otlp::{self, AttributeLabels};
 use proflow_pipeline::pprof;
 use proflow_pipeline::profile_type::profile_name_from_sample_types;
@@ -90,7 +88,7 @@ pub(crate) fn decode(
 /// A gzip (or plain) pprof value: scanned, never decoded; its bytes are the
 /// payload as they arrived.
 fn pprof_record(value: Bytes, headers: &RecordHeaders, limit: usize) -> Result<Decoded, String> {
-    let meta = pprof::scan_metadata(&value, limit).map_err(|e| {
+    let mut meta = pprof::scan_metadata(&value, limit).map_err(|e| {
         format!("the value is not a pprof profile within max_decompressed_size: {e}")
     })?;
     let mut labels = if headers.labels.is_empty() {
@@ -119,12 +117,7 @@ fn pprof_record(value: Bytes, headers: &RecordHeaders, limit: usize) -> Result<D
     let end = headers
         .end_unix_nanos
         .unwrap_or_else(|| start.saturating_add(meta.duration_nanos.max(0)));
-    let sample_types = meta
-        .sample_types
-        .into_iter()
-        .map(|(t, u)| ValueType::new(t, u))
-        .collect();
-    let period_type = meta.period_type.map(|(t, u)| ValueType::new(t, u));
+    let (sample_types, period_type) = meta.take_value_types();
     Ok(Decoded {
         envelopes: vec![Envelope {
             labels,
@@ -176,7 +169,13 @@ mod tests {
         let e = &d.envelopes[0];
         assert_eq!(e.labels, headers.labels);
         assert_eq!((e.start_unix_nanos, e.end_unix_nanos), (5, 9));
-        assert_eq!(e.sample_types, [ValueType::new("cpu", "nanoseconds")]);
+        assert_eq!(
+            e.sample_types,
+            [proflow_pipeline::model::ValueType::new(
+                "cpu",
+                "nanoseconds"
+            )]
+        );
         assert_eq!(e.period, 10_000_000);
         assert_eq!(e.payload.gzipped().unwrap(), value, "bytes as they arrived");
         assert!(!e.payload.is_decoded());

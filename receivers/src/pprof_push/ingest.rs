@@ -18,7 +18,6 @@ use super::labels::{ingest_folded_labels, ingest_pprof_labels};
 use super::multipart::is_multipart;
 use super::name::{AppName, parse_name};
 use super::profile_type::{SampleTypeConfigs, profile_name_from_sample_types, split_folded_app};
-use super::push::value_types;
 use super::timestamp::parse_unix_timestamp;
 
 /// Pyroscope's default sample rate (Hz) when `sampleRate` is absent.
@@ -179,7 +178,7 @@ pub(crate) fn pprof_batch(
                 "sample_type_config is not a JSON object of sample types ({e}); send {{\"<sample type>\": {{\"display-name\": \"...\"}}}}"
             )))
         })?;
-    let meta = budget
+    let mut meta = budget
         .scan(|| "the profile".to_owned(), &profile)
         .map_err(refuse)?;
     let profile_name = profile_name_from_sample_types(
@@ -199,7 +198,7 @@ pub(crate) fn pprof_batch(
     )
     .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
     let period = meta.period;
-    let (sample_types, period_type) = value_types(meta.sample_types, meta.period_type);
+    let (sample_types, period_type) = meta.take_value_types();
     Ok(vec![Envelope {
         labels,
         start_unix_nanos: params.start_nanos,

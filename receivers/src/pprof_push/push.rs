@@ -11,7 +11,7 @@ use std::fmt;
 
 use base64::Engine;
 use bytes::Bytes;
-use proflow_pipeline::model::{Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL, ValueType};
+use proflow_pipeline::model::{Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL};
 use proflow_pipeline::pprof::Metadata;
 use proflow_pipeline::push_v1::{
     LabelPair, PushRequest, PushResponse, RawProfileSeries, RawSample,
@@ -415,20 +415,6 @@ pub(crate) fn profile_times(meta: &Metadata, now_nanos: i64) -> (i64, i64) {
     (start, start.saturating_add(meta.duration_nanos.max(0)))
 }
 
-/// An envelope's value types from a scan's, moving the strings.
-pub(crate) fn value_types(
-    sample_types: Vec<(String, String)>,
-    period_type: Option<(String, String)>,
-) -> (Vec<ValueType>, Option<ValueType>) {
-    (
-        sample_types
-            .into_iter()
-            .map(|(t, u)| ValueType::new(t, u))
-            .collect(),
-        period_type.map(|(t, u)| ValueType::new(t, u)),
-    )
-}
-
 /// Turns every profile of a request into an envelope; any invalid profile or
 /// label refuses the whole request, so a retry never duplicates profiles.
 /// Gzipped profiles are inflated within what is left of the request's
@@ -465,7 +451,7 @@ pub(crate) fn to_batch(
             // Formatted only when a refusal needs it.
             let what = || format!("series {si} profile {pi}");
             let raw = sample.raw_profile;
-            let meta = budget.scan(what, &raw).map_err(refuse)?;
+            let mut meta = budget.scan(what, &raw).map_err(refuse)?;
             if meta.sample_types.is_empty() {
                 return Err(refuse(IngestError::bad_request(format!(
                     "{}: the profile has no sample types; send a pprof profile with at least one sample type",
@@ -490,7 +476,7 @@ pub(crate) fn to_batch(
             }
             let (start, end) = profile_times(&meta, now_nanos);
             let period = meta.period;
-            let (sample_types, period_type) = value_types(meta.sample_types, meta.period_type);
+            let (sample_types, period_type) = meta.take_value_types();
             batch.push(Envelope {
                 labels,
                 start_unix_nanos: start,
@@ -616,8 +602,17 @@ mod tests {
             (e.start_unix_nanos, e.end_unix_nanos),
             (T, T + 10_000_000_000)
         );
-        assert_eq!(e.sample_types[1], ValueType::new("cpu", "nanoseconds"));
-        assert_eq!(e.period_type, Some(ValueType::new("cpu", "nanoseconds")));
+        assert_eq!(
+            e.sample_types[1],
+            proflow_pipeline::model::ValueType::new("cpu", "nanoseconds")
+        );
+        assert_eq!(
+            e.period_type,
+            Some(proflow_pipeline::model::ValueType::new(
+                "cpu",
+                "nanoseconds"
+            ))
+        );
         assert_eq!(e.period, 10_000_000);
         assert_eq!(e.payload.encoded().unwrap().bytes, raw);
         assert!(e.payload.encoded().unwrap().gzipped);

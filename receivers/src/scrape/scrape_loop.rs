@@ -217,7 +217,7 @@ async fn scrape_once(
         .grow(body.len(), wait)
         .await
         .map_err(|e| ScrapeError::Memory(e.to_string()))?;
-    let meta = pprof::scan_metadata(&body, limit).map_err(|e| match e {
+    let mut meta = pprof::scan_metadata(&body, limit).map_err(|e| match e {
         DecodeError::TooLarge { .. } => ScrapeError::TooLarge(limit),
         other => ScrapeError::Invalid(other.to_string()),
     })?;
@@ -240,7 +240,7 @@ async fn scrape_once(
             now_nanos()
         };
         let end = start.saturating_add(meta.duration_nanos.max(0));
-        let (sample_types, period_type) = value_types(meta.sample_types, meta.period_type);
+        let (sample_types, period_type) = meta.take_value_types();
         return Ok(Some((
             Envelope {
                 labels: target.labels.clone(),
@@ -310,19 +310,6 @@ async fn scrape_once(
             )))
         }
     }
-}
-
-fn value_types(
-    sample_types: Vec<(String, String)>,
-    period_type: Option<(String, String)>,
-) -> (Vec<ValueType>, Option<ValueType>) {
-    (
-        sample_types
-            .into_iter()
-            .map(|(t, u)| ValueType::new(t, u))
-            .collect(),
-        period_type.map(|(t, u)| ValueType::new(t, u)),
-    )
 }
 
 #[cfg(test)]

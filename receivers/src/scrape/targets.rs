@@ -273,20 +273,11 @@ impl Hasher for Fnv {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scrape::discovery::tests::group;
 
     fn job(yaml: &str) -> JobSpec {
         let c: ScrapeJobConfig = serde_saphyr::from_str(yaml).expect("job parses");
         JobSpec::new(&c).expect("job compiles")
-    }
-
-    fn group(targets: &[&str], labels: &[(&str, &str)]) -> TargetGroup {
-        TargetGroup {
-            targets: targets.iter().map(|t| t.to_string()).collect(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        }
     }
 
     #[test]

@@ -611,10 +611,11 @@ impl LogOnce {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    pub(super) fn group(targets: &[&str], labels: &[(&str, &str)]) -> TargetGroup {
+    /// A group of `targets` with `labels` (also used by the targets tests).
+    pub(crate) fn group(targets: &[&str], labels: &[(&str, &str)]) -> TargetGroup {
         TargetGroup {
             targets: targets.iter().map(|t| t.to_string()).collect(),
             labels: labels
