@@ -248,6 +248,7 @@ mod tests {
             (cfg!(feature = "receiver-kafka"), "receiver-kafka"),
             (cfg!(feature = "receiver-otlp"), "receiver-otlp"),
             (cfg!(feature = "receiver-pprof_push"), "receiver-pprof_push"),
+            (cfg!(feature = "receiver-scrape"), "receiver-scrape"),
             (cfg!(feature = "processor-relabel"), "processor-relabel"),
             (cfg!(feature = "exporter-file"), "exporter-file"),
             (cfg!(feature = "exporter-kafka"), "exporter-kafka"),
