@@ -11,8 +11,10 @@
 # Each peer is defined by tests/peers/<peer>/peer.sh with three functions:
 # install_<peer> (idempotent, run under a per-peer lock), start_<peer> (picks
 # free ports, writes config, launches with start_bg, writes the endpoint lines)
-# and ready_<peer> (one real probe; exit status only). Stopping is the same for
-# all: the peer runs in its own session, and its process group is killed.
+# and ready_<peer> (one real probe; exit status only), and optionally
+# stale_<peer> (true when the running instance is an outdated build, which
+# `up` then restarts instead of reusing). Stopping is the same for all: the
+# peer runs in its own session, and its process group is killed.
 #
 # tests/peers/private runs the same functions with the run root set to a
 # test's own directory and can start a stopped peer again there. Peers it
