@@ -32,15 +32,16 @@
 //!
 //! Not counted in the store: what [`DeltaState::next`] allocates for the
 //! length of one call (hashes of the profile's strings, functions and
-//! locations, a (key, sample) pair and a slot per sample, the emitted
-//! profile) and, during that call, the previous state next to the new one.
+//! locations, a (key, sample) pair and a slot per sample) and, during that
+//! call, the previous state next to the new one.
 //! None of it is larger than the decoded profile the call was given, which
 //! [`proflow_pipeline::pprof::decode`] already bounded.
 //!
 //! # The emitted profile
 //!
-//! The scraped profile with its string table, mappings, locations and
-//! functions as they are; locations and functions that only dropped samples
+//! The scraped profile itself (taken by value and changed in place, never
+//! copied) with its string table, mappings, locations and functions as they
+//! are; locations and functions that only dropped samples
 //! used are not pruned (pprof allows unused ones, and pruning would cost a
 //! pass and a renumbering for little). Its samples whose values are all zero
 //! after differencing are left out, so an emitted delta may have no samples
@@ -195,17 +196,20 @@ impl DeltaState {
     }
 
     /// Given a freshly scraped cumulative profile, what to emit.
-    pub fn next(&mut self, current: &Profile) -> DeltaOutcome {
-        let cumulative = cumulative_indices(current);
+    ///
+    /// Takes the profile by value: the delta is written into it (values
+    /// replaced, unchanged samples removed), so nothing is copied.
+    pub fn next(&mut self, current: Profile) -> DeltaOutcome {
+        let cumulative = cumulative_indices(&current);
         if cumulative.is_empty() {
             // Nothing to difference, so nothing to remember; a state left
             // from a profile that had cumulative types is of no use now.
             self.clear();
-            return DeltaOutcome::Delta(current.clone());
+            return DeltaOutcome::Delta(current);
         }
         let width = cumulative.len();
-        let hasher = StackHasher::new(current);
-        let layout = hasher.layout(current);
+        let hasher = StackHasher::new(&current);
+        let layout = hasher.layout(&current);
 
         // Sorting (key, sample index) puts equal keys together with their
         // first sample first, and gives the keys in the state's order. This
@@ -321,9 +325,11 @@ enum Prev {
 
 /// The delta profile of `current` against `old`, or `None` when a
 /// cumulative value went down (a restart). `new` is `current`'s state and
-/// `slot_of` the slot of each of its samples in it.
+/// `slot_of` the slot of each of its samples in it. The delta is written
+/// into `current` itself: cumulative values replaced, samples left with
+/// nothing but zeros removed.
 fn difference(
-    current: &Profile,
+    mut current: Profile,
     cumulative: &[usize],
     old: &Held,
     new: &Held,
@@ -351,16 +357,16 @@ fn difference(
         }
     }
 
-    let mut kept = Vec::new();
-    // One buffer for the values of every sample, so dropped samples cost no
-    // allocation.
-    let mut value = Vec::new();
-    for (sample, &slot) in current.sample.iter().zip(slot_of) {
-        value.clear();
-        value.extend_from_slice(&sample.value);
-        let Some(state) = prev.get_mut(slot) else {
-            continue;
+    let mut slots = slot_of.iter();
+    current.sample.retain_mut(|sample| {
+        let Some(state) = slots
+            .next()
+            .and_then(|&slot| Some((slot, prev.get_mut(slot)?)))
+        else {
+            return false;
         };
+        let (slot, state) = state;
+        let value = &mut sample.value;
         match *state {
             Prev::Written => {
                 for &c in cumulative {
@@ -385,42 +391,16 @@ fn difference(
                 *state = Prev::Written;
             }
         }
-        if value.iter().any(|&v| v != 0) {
-            kept.push(Sample {
-                location_id: sample.location_id.clone(),
-                value: value.clone(),
-                label: sample.label.clone(),
-            });
-        }
-    }
+        value.iter().any(|&v| v != 0)
+    });
 
     // The delta covers the time between the two scrapes; the duration Go
     // writes in a cumulative profile is only how long writing it took. A
     // clock that went back leaves the scraped duration.
-    let duration_nanos = if old.time_nanos > 0 && current.time_nanos > old.time_nanos {
-        current.time_nanos - old.time_nanos
-    } else {
-        current.duration_nanos
-    };
-    // Every field named, so a field added to Profile is a compile error here
-    // rather than silently dropped.
-    Some(Profile {
-        sample_type: current.sample_type.clone(),
-        sample: kept,
-        mapping: current.mapping.clone(),
-        location: current.location.clone(),
-        function: current.function.clone(),
-        string_table: current.string_table.clone(),
-        drop_frames: current.drop_frames,
-        keep_frames: current.keep_frames,
-        time_nanos: current.time_nanos,
-        duration_nanos,
-        period_type: current.period_type,
-        period: current.period,
-        comment: current.comment.clone(),
-        default_sample_type: current.default_sample_type,
-        doc_url: current.doc_url,
-    })
+    if old.time_nanos > 0 && current.time_nanos > old.time_nanos {
+        current.duration_nanos = current.time_nanos - old.time_nanos;
+    }
+    Some(current)
 }
 
 /// Stands for a function or location id the profile does not define, so
@@ -675,7 +655,7 @@ mod tests {
             ],
             100,
         );
-        assert_eq!(state.next(&p), DeltaOutcome::Primed);
+        assert_eq!(state.next(p.clone()), DeltaOutcome::Primed);
         assert_eq!(store.series(), 1);
         // Two stacks, each a key and two cumulative values.
         assert_eq!(store.used_bytes(), 2 * 3 * 8);
@@ -705,8 +685,8 @@ mod tests {
             ],
             115,
         );
-        assert_eq!(state.next(&first), DeltaOutcome::Primed);
-        let delta = expect_delta(state.next(&second));
+        assert_eq!(state.next(first.clone()), DeltaOutcome::Primed);
+        let delta = expect_delta(state.next(second.clone()));
         assert_eq!(
             by_stack(&delta),
             map(&[
@@ -736,11 +716,11 @@ mod tests {
             110,
         );
         let third = second.clone();
-        assert_eq!(state.next(&first), DeltaOutcome::Primed);
-        let delta = expect_delta(state.next(&second));
+        assert_eq!(state.next(first.clone()), DeltaOutcome::Primed);
+        let delta = expect_delta(state.next(second.clone()));
         assert_eq!(by_stack(&delta), map(&[("main;lock", vec![3, 7000])]));
         // Nothing happened: a delta with no samples.
-        let delta = expect_delta(state.next(&third));
+        let delta = expect_delta(state.next(third.clone()));
         assert!(delta.sample.is_empty());
     }
 
@@ -753,8 +733,8 @@ mod tests {
             &[("main;a", vec![2, 150]), ("main;b;c", vec![4, 400])],
             110,
         );
-        assert_eq!(state.next(&first), DeltaOutcome::Primed);
-        let delta = expect_delta(state.next(&second));
+        assert_eq!(state.next(first.clone()), DeltaOutcome::Primed);
+        let delta = expect_delta(state.next(second.clone()));
         assert_eq!(
             by_stack(&delta),
             map(&[("main;a", vec![1, 50]), ("main;b;c", vec![4, 400])])
@@ -785,8 +765,8 @@ mod tests {
         );
         assert_ne!(first.location, second.location);
         assert_ne!(first.string_table, second.string_table);
-        assert_eq!(state.next(&first), DeltaOutcome::Primed);
-        let delta = expect_delta(state.next(&second));
+        assert_eq!(state.next(first.clone()), DeltaOutcome::Primed);
+        let delta = expect_delta(state.next(second.clone()));
         assert_eq!(
             by_stack(&delta),
             map(&[
@@ -817,10 +797,10 @@ mod tests {
             ],
             115,
         );
-        assert_eq!(state.next(&first), DeltaOutcome::Primed);
+        assert_eq!(state.next(first.clone()), DeltaOutcome::Primed);
         // Two distinct keys.
         assert_eq!(store.used_bytes(), 2 * 3 * 8);
-        let delta = expect_delta(state.next(&second));
+        let delta = expect_delta(state.next(second.clone()));
         // (4 + 3) − (1 + 2) = 4 objects, (40 + 30) − (10 + 20) = 40 bytes,
         // on the first sample; the second has zero allocs and no inuse left,
         // so it is dropped; "main;other" is all zero too.
@@ -888,11 +868,11 @@ mod tests {
             ],
             130,
         );
-        assert_eq!(state.next(&before), DeltaOutcome::Primed);
-        expect_delta(state.next(&grown));
-        assert_eq!(state.next(&restarted), DeltaOutcome::Reset);
+        assert_eq!(state.next(before.clone()), DeltaOutcome::Primed);
+        expect_delta(state.next(grown.clone()));
+        assert_eq!(state.next(restarted.clone()), DeltaOutcome::Reset);
         assert_eq!(store.series(), 1);
-        let delta = expect_delta(state.next(&after));
+        let delta = expect_delta(state.next(after.clone()));
         assert_eq!(
             by_stack(&delta),
             map(&[
@@ -915,9 +895,9 @@ mod tests {
         );
         let mut one = DeltaState::new(store.clone());
         let mut two = DeltaState::new(store.clone());
-        assert_eq!(one.next(&p), DeltaOutcome::Primed);
+        assert_eq!(one.next(p.clone()), DeltaOutcome::Primed);
         assert_eq!(store.used_bytes(), 48);
-        assert_eq!(two.next(&p), DeltaOutcome::StateFull);
+        assert_eq!(two.next(p.clone()), DeltaOutcome::StateFull);
         assert_eq!((store.used_bytes(), store.series()), (48, 1));
 
         // A state that grows past the limit is dropped, not kept stale.
@@ -930,18 +910,18 @@ mod tests {
             ],
             115,
         );
-        assert_eq!(one.next(&bigger), DeltaOutcome::StateFull);
+        assert_eq!(one.next(bigger.clone()), DeltaOutcome::StateFull);
         assert_eq!((store.used_bytes(), store.series()), (0, 0));
 
         // With the room given back, the other series primes, then deltas.
-        assert_eq!(two.next(&p), DeltaOutcome::Primed);
-        assert_eq!(one.next(&p), DeltaOutcome::StateFull);
+        assert_eq!(two.next(p.clone()), DeltaOutcome::Primed);
+        assert_eq!(one.next(p.clone()), DeltaOutcome::StateFull);
         let grown = profile(
             &HEAP,
             &[("main;a", vec![3, 3, 1, 1]), ("main;b", vec![1, 1, 1, 1])],
             130,
         );
-        let delta = expect_delta(two.next(&grown));
+        let delta = expect_delta(two.next(grown.clone()));
         assert_eq!(
             by_stack(&delta),
             map(&[("main;a", vec![2, 2, 1, 1]), ("main;b", vec![0, 0, 1, 1])])
@@ -953,7 +933,7 @@ mod tests {
         // A store of 0 bytes keeps nothing.
         let none = DeltaStore::new(0);
         let mut state = DeltaState::new(none.clone());
-        assert_eq!(state.next(&p), DeltaOutcome::StateFull);
+        assert_eq!(state.next(p.clone()), DeltaOutcome::StateFull);
         assert_eq!((none.used_bytes(), none.series()), (0, 0));
     }
 
@@ -965,15 +945,15 @@ mod tests {
             &[("main;a", vec![3, 30])],
             1,
         );
-        assert_eq!(state.next(&cpu), DeltaOutcome::Delta(cpu.clone()));
-        assert_eq!(state.next(&cpu), DeltaOutcome::Delta(cpu.clone()));
+        assert_eq!(state.next(cpu.clone()), DeltaOutcome::Delta(cpu.clone()));
+        assert_eq!(state.next(cpu.clone()), DeltaOutcome::Delta(cpu.clone()));
         assert_eq!((store.used_bytes(), store.series()), (0, 0));
 
         // A series whose profile loses its cumulative types lets its state go.
         let mutex = profile(&MUTEX, &[("main;a", vec![1, 1])], 1);
-        assert_eq!(state.next(&mutex), DeltaOutcome::Primed);
+        assert_eq!(state.next(mutex.clone()), DeltaOutcome::Primed);
         assert_eq!(store.series(), 1);
-        assert_eq!(state.next(&cpu), DeltaOutcome::Delta(cpu.clone()));
+        assert_eq!(state.next(cpu.clone()), DeltaOutcome::Delta(cpu.clone()));
         assert_eq!((store.used_bytes(), store.series()), (0, 0));
     }
 
@@ -986,10 +966,10 @@ mod tests {
             &[("main;a", vec![600, 6])],
             110,
         );
-        assert_eq!(state.next(&mutex), DeltaOutcome::Primed);
-        assert_eq!(state.next(&swapped), DeltaOutcome::Primed);
+        assert_eq!(state.next(mutex.clone()), DeltaOutcome::Primed);
+        assert_eq!(state.next(swapped.clone()), DeltaOutcome::Primed);
         let heap = profile(&HEAP, &[("main;a", vec![1, 1, 1, 1])], 120);
-        assert_eq!(state.next(&heap), DeltaOutcome::Primed);
+        assert_eq!(state.next(heap.clone()), DeltaOutcome::Primed);
         assert_eq!((store.used_bytes(), store.series()), (24, 1));
     }
 
@@ -1002,8 +982,8 @@ mod tests {
             &[("main;a", vec![2, 20, 1, 10]), ("main;b", vec![1, 8, 1, 8])],
             115,
         );
-        state.next(&first);
-        let delta = expect_delta(state.next(&second));
+        state.next(first.clone());
+        let delta = expect_delta(state.next(second.clone()));
         assert_eq!(delta.string_table, second.string_table);
         assert_eq!(delta.location, second.location);
         assert_eq!(delta.function, second.function);
@@ -1018,8 +998,8 @@ mod tests {
         first.duration_nanos = 7;
         let mut second = profile(&MUTEX, &[("main;a", vec![2, 2])], 0);
         second.duration_nanos = 9;
-        state.next(&first);
-        assert_eq!(expect_delta(state.next(&second)).duration_nanos, 9);
+        state.next(first.clone());
+        assert_eq!(expect_delta(state.next(second.clone())).duration_nanos, 9);
     }
 
     #[test]
@@ -1049,16 +1029,16 @@ mod tests {
         // Sparse, repeated ids.
         p.location[1].id = 1 << 60;
         p.location.push(p.location[1].clone());
-        assert_eq!(state.next(&p), DeltaOutcome::Primed);
+        assert_eq!(state.next(p.clone()), DeltaOutcome::Primed);
         let mut q = p.clone();
         q.sample[2].value = vec![i64::MAX, i64::MAX, 3];
         q.time_nanos = i64::MAX;
-        let delta = expect_delta(state.next(&q));
+        let delta = expect_delta(state.next(q.clone()));
         assert_eq!(delta.sample.len(), 1);
         assert_eq!(delta.sample[0].value, vec![i64::MAX, 0, 3]);
         let mut r = q.clone();
         r.sample[2].value = vec![i64::MIN, 0, 3];
-        assert_eq!(state.next(&r), DeltaOutcome::Reset);
+        assert_eq!(state.next(r.clone()), DeltaOutcome::Reset);
     }
 
     /// A deterministic shuffle, so each scrape lists its samples in another
@@ -1111,7 +1091,7 @@ mod tests {
                     .collect();
                 shuffle(&mut samples, seed | 1);
                 let p = profile(&HEAP, &samples, 100 + n as i64);
-                let outcome = state.next(&p);
+                let outcome = state.next(p.clone());
                 if n == 0 {
                     proptest::prop_assert_eq!(outcome, DeltaOutcome::Primed);
                     continue;

@@ -264,7 +264,7 @@ async fn scrape_once(
         other => ScrapeError::Invalid(other.to_string()),
     })?;
     drop(body);
-    match delta.next(&profile) {
+    match delta.next(profile) {
         DeltaOutcome::Primed => Ok(None),
         DeltaOutcome::Reset => {
             tracing::info!(
