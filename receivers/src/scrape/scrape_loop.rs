@@ -217,10 +217,18 @@ async fn scrape_once(
         .grow(body.len(), wait)
         .await
         .map_err(|e| ScrapeError::Memory(e.to_string()))?;
-    let mut meta = pprof::scan_metadata(&body, limit).map_err(|e| match e {
+    let refused = |e: DecodeError| match e {
         DecodeError::TooLarge { .. } => ScrapeError::TooLarge(limit),
         other => ScrapeError::Invalid(other.to_string()),
-    })?;
+    };
+    // A cumulative profile is decoded below: inflate it once, here (up to
+    // `limit`, as the scan would), and scan and decode the plain bytes.
+    let data = if delta.is_some() {
+        pprof::decompress(&body, limit).map_err(refused)?
+    } else {
+        body.clone()
+    };
+    let mut meta = pprof::scan_metadata(&data, limit).map_err(refused)?;
     if meta.sample_types.is_empty() {
         return Err(ScrapeError::Invalid(
             "the profile has no sample types".to_owned(),
@@ -255,15 +263,15 @@ async fn scrape_once(
         )));
     };
     let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+    // The plain bytes (when they were gzipped) and what decoding makes.
+    let inflated = if pprof::is_gzip(&body) { data.len() } else { 0 };
     grant
-        .grow(meta.decoded_size, wait)
+        .grow(inflated.saturating_add(meta.decoded_size), wait)
         .await
         .map_err(|e| ScrapeError::Memory(e.to_string()))?;
-    let profile = pprof::decode(&body, limit).map_err(|e| match e {
-        DecodeError::TooLarge { .. } => ScrapeError::TooLarge(limit),
-        other => ScrapeError::Invalid(other.to_string()),
-    })?;
     drop(body);
+    let profile = pprof::decode(&data, limit).map_err(refused)?;
+    drop(data);
     match delta.next(profile) {
         DeltaOutcome::Primed => Ok(None),
         DeltaOutcome::Reset => {
