@@ -6,6 +6,7 @@
 //! ([`memory`]), exporter queues with retry ([`queue`]), the running graph
 //! ([`topology`]) and self-telemetry ([`telemetry`]), plus the protobuf wire
 //! walker ([`wire`]) that bounds untrusted messages before they are decoded,
+//! query escaping for URLs components build ([`url`]),
 //! and (feature `tls`) the rustls client setup of components that connect
 //! out ([`tls`]).
 //!
@@ -30,4 +31,5 @@ pub mod testdata;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod topology;
+pub mod url;
 pub mod wire;

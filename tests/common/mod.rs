@@ -956,18 +956,7 @@ pub fn ingest_query(name: &str, format: Option<&str>) -> String {
     q
 }
 
-/// Percent-encodes everything but unreserved URL characters.
-pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+pub use proflow_pipeline::url::percent_encode;
 
 /// Standard base64 with padding (what protobuf JSON uses for bytes).
 pub fn base64(bytes: &[u8]) -> String {

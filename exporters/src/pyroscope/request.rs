@@ -12,6 +12,7 @@ use std::ops::Range;
 use bytes::Bytes;
 use proflow_pipeline::model::{BatchMeta, Envelope, Labels};
 use proflow_pipeline::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
+use proflow_pipeline::url::percent_encode;
 use prost::Message;
 
 /// The profile type label Pyroscope requires.
@@ -207,17 +208,4 @@ pub(crate) fn ingest_query(
         "name={}&from={from}&until={until}&format=pprof",
         percent_encode(&name)
     ))
-}
-
-/// A query value with everything but unreserved characters percent-encoded.
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

@@ -25,6 +25,7 @@ use std::time::Duration;
 use http::Uri;
 use proflow_pipeline::model::{Labels, SERVICE_NAME_LABEL};
 use proflow_pipeline::relabel::Relabeler;
+use proflow_pipeline::url::percent_encode;
 
 use super::config::{ProfileTarget, ScrapeJobConfig, target_problem};
 use super::discovery::TargetGroup;
@@ -221,19 +222,6 @@ fn finish(job: &JobSpec, labels: Labels, profile: &ProfileTarget) -> Result<(Uri
         series.set(SERVICE_NAME_LABEL, job_name);
     }
     Ok((url, series))
-}
-
-/// Query-string escaping of everything but unreserved characters.
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// A stable identity of a scrape: FNV-1a over the URL and the labels (also
