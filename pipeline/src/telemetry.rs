@@ -63,6 +63,11 @@ pub struct Telemetry {
     scrape_delta_state_bytes: Gauges,
     scrape_delta_series: Gauges,
     scrape_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
+    ebpf_samples: Counters,
+    ebpf_samples_lost: Counters,
+    ebpf_samples_dropped: Counters,
+    ebpf_processes: Gauges,
+    ebpf_symbol_cache_entries: Gauges,
     /// What `/targets` shows: each pull receiver's view, by receiver id.
     targets: std::sync::Mutex<Vec<(String, TargetsView)>>,
 }
@@ -226,6 +231,31 @@ impl Telemetry {
                 "Time one scrape took, by job (CPU profiles last the interval minus one second)",
                 new_histograms()
             ),
+            ebpf_samples: family!(
+                "ebpf_samples",
+                "CPU samples an eBPF receiver took in user space (kernel threads and every process, idle excluded)",
+                Counters::default()
+            ),
+            ebpf_samples_lost: family!(
+                "ebpf_samples_lost",
+                "CPU samples lost in the kernel because the ring buffer was full (raise ring_buffer_size)",
+                Counters::default()
+            ),
+            ebpf_samples_dropped: family!(
+                "ebpf_samples_dropped",
+                "CPU samples an eBPF receiver read but did not keep, by reason (stacks_full, bad_record, filtered)",
+                Counters::default()
+            ),
+            ebpf_processes: family!(
+                "ebpf_processes",
+                "Processes an eBPF receiver holds state for (mappings, labels, unwind tables)",
+                Gauges::default()
+            ),
+            ebpf_symbol_cache_entries: family!(
+                "ebpf_symbol_cache_entries",
+                "Symbolized addresses an eBPF receiver keeps (bounded by symbol_cache_entries)",
+                Gauges::default()
+            ),
             targets: Default::default(),
             lost_logged: Default::default(),
             registry,
@@ -296,6 +326,14 @@ impl Telemetry {
     /// Metric handle of a pull (scrape) receiver.
     pub fn scrape(self: &Arc<Self>, id: &str) -> ScrapeTelemetry {
         ScrapeTelemetry {
+            t: self.clone(),
+            id: vec![("receiver", id.to_string())],
+        }
+    }
+
+    /// Metric handle of an eBPF receiver.
+    pub fn ebpf(self: &Arc<Self>, id: &str) -> EbpfTelemetry {
+        EbpfTelemetry {
             t: self.clone(),
             id: vec![("receiver", id.to_string())],
         }
@@ -512,6 +550,43 @@ impl ScrapeTelemetry {
             .scrape_delta_series
             .get_or_create(&self.id)
             .set(series as i64);
+    }
+}
+
+/// Metric handle of an eBPF receiver.
+#[derive(Clone, Debug)]
+pub struct EbpfTelemetry {
+    t: Arc<Telemetry>,
+    id: LabelSet,
+}
+
+impl EbpfTelemetry {
+    /// `n` samples read from the kernel.
+    pub fn samples(&self, n: u64) {
+        self.t.ebpf_samples.get_or_create(&self.id).inc_by(n);
+    }
+
+    /// `n` more samples the kernel could not hand over (ring buffer full).
+    pub fn lost(&self, n: u64) {
+        self.t.ebpf_samples_lost.get_or_create(&self.id).inc_by(n);
+    }
+
+    /// A sample read but not kept, for `reason`.
+    pub fn dropped(&self, reason: &str) {
+        let labels = with(&self.id, "reason", reason);
+        self.t.ebpf_samples_dropped.get_or_create(&labels).inc();
+    }
+
+    /// Processes held and symbol cache size now.
+    pub fn state(&self, processes: usize, symbols: usize) {
+        self.t
+            .ebpf_processes
+            .get_or_create(&self.id)
+            .set(processes as i64);
+        self.t
+            .ebpf_symbol_cache_entries
+            .get_or_create(&self.id)
+            .set(symbols as i64);
     }
 }
 

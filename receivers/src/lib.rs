@@ -5,7 +5,8 @@
 //! ([`pprof_push`]: Pyroscope-compatible `/ingest` and `push.v1` Push;
 //! [`otlp`]: OTLP profiles over gRPC and HTTP; [`kafka`]: a consumer group
 //! member committing only what was delivered; [`scrape`]: Prometheus-style
-//! pull of `/debug/pprof` endpoints), and
+//! pull of `/debug/pprof` endpoints; [`ebpf`]: system-wide CPU sampling of
+//! every process with a BPF program, Linux only), and
 //! [`factories`], the table the binary joins into its registry.
 //!
 //! This crate may depend only on `proflow-pipeline` (envelope, component traits,
@@ -19,6 +20,8 @@
 //! `tonic` behind `otlp`. [`factories`] lists only what was compiled; the
 //! `proflow` binary forwards each feature as `receiver-<type>`.
 
+#[cfg(all(feature = "ebpf", target_os = "linux"))]
+pub mod ebpf;
 #[cfg(any(feature = "pprof_push", feature = "otlp"))]
 mod endpoint;
 #[cfg(feature = "kafka")]
@@ -35,13 +38,20 @@ use proflow_pipeline::registry::Factory;
     feature = "pprof_push",
     feature = "otlp",
     feature = "kafka",
-    feature = "scrape"
+    feature = "scrape",
+    all(feature = "ebpf", target_os = "linux")
 ))]
 use proflow_pipeline::registry::Stability;
 
 /// Every receiver type compiled into this crate.
 pub fn factories() -> Vec<Factory> {
     vec![
+        #[cfg(all(feature = "ebpf", target_os = "linux"))]
+        Factory::receiver::<ebpf::EbpfReceiverConfig>(
+            "ebpf",
+            Stability::Alpha,
+            "Samples every CPU with a BPF program (cpu-clock perf event) and turns kernel and user stacks of every process into CPU profiles, symbolized, with process and container labels. Needs root or CAP_BPF and CAP_PERFMON.",
+        ),
         #[cfg(feature = "kafka")]
         Factory::receiver::<kafka::KafkaReceiverConfig>(
             "kafka",

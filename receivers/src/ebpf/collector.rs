@@ -1,0 +1,535 @@
+//! Samples → stacks → one pprof profile per series per interval.
+//!
+//! [`Collector::add`] takes one sample: finds its process, unwinds its user
+//! stack (see the module docs of `ebpf` for how), symbolizes new addresses,
+//! and counts the stack in the series of the process's labels. Stacks are
+//! held as location indices of their series, so a stack seen a thousand
+//! times is stored once. [`Collector::flush`] turns each series into a
+//! profile and starts the next interval.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use framehop::Unwinder;
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
+use proflow_pipeline::model::{Envelope, Labels, Payload, ValueType};
+use proflow_pipeline::pprof;
+
+use super::procs::{Binary, ProcKey, Process, Processes};
+use super::sample::{FLAG_KTHREAD, Sample};
+use super::symbols::{Lines, Symbols};
+
+/// Frames kept per user stack at most.
+const MAX_USER_FRAMES: usize = 256;
+
+/// Why a sample was not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// Its process is not profiled (a relabel rule dropped it).
+    Filtered,
+    /// `max_stacks` distinct stacks are held already this interval.
+    StacksFull,
+}
+
+impl Dropped {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dropped::Filtered => "filtered",
+            Dropped::StacksFull => "stacks_full",
+        }
+    }
+}
+
+/// One frame as unwound: its address and whether it is a return address
+/// (whose call instruction is the byte before).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame {
+    pub addr: u64,
+    pub is_return: bool,
+}
+
+impl Frame {
+    /// The address to symbolize: inside the call instruction for return
+    /// addresses, so the line is the call's.
+    pub fn lookup(self) -> u64 {
+        if self.is_return {
+            self.addr.saturating_sub(1)
+        } else {
+            self.addr
+        }
+    }
+}
+
+/// How the user stack of a sample is found: framehop over the copied stack
+/// with each module's `.eh_frame` (and frame pointers where a module has
+/// none). If it ends cleanly (at the outermost frame), that is the stack.
+/// If it stops early (the stack copy ran out, or no rule applied), the
+/// kernel's frame-pointer walk is taken instead when it has more frames:
+/// code with frame pointers and a stack deeper than the copy.
+pub fn user_stack(process: &Process, cache: &mut CacheX86_64, s: &Sample<'_>) -> Vec<Frame> {
+    if s.flags & FLAG_KTHREAD != 0 {
+        return Vec::new();
+    }
+    let fp: Vec<Frame> = s
+        .user_fp
+        .iter()
+        .enumerate()
+        .map(|(i, &addr)| Frame {
+            addr,
+            is_return: i > 0,
+        })
+        .collect();
+    if s.ip == 0 || s.sp == 0 {
+        return fp;
+    }
+    let mut out_of_copy = false;
+    let mut read = |addr: u64| match s.stack_word(addr) {
+        Some(w) => Ok(w),
+        None => {
+            out_of_copy = true;
+            Err(())
+        }
+    };
+    let mut frames = Vec::new();
+    let mut clean = false;
+    {
+        let mut it = process.unwinder.iter_frames(
+            s.ip,
+            UnwindRegsX86_64::new(s.ip, s.sp, s.bp),
+            cache,
+            &mut read,
+        );
+        while frames.len() < MAX_USER_FRAMES {
+            match it.next() {
+                Ok(Some(f)) => frames.push(Frame {
+                    addr: f.address(),
+                    is_return: f.is_return_address(),
+                }),
+                Ok(None) => {
+                    clean = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    if (clean && !out_of_copy) || frames.len() >= fp.len() {
+        frames
+    } else {
+        fp
+    }
+}
+
+/// A mapping as a series refers to it.
+#[derive(Debug)]
+enum MapRef {
+    Kernel,
+    File {
+        start: u64,
+        end: u64,
+        offset: u64,
+        binary: Arc<Binary>,
+    },
+}
+
+#[derive(Debug)]
+struct Location {
+    mapping: u32,
+    addr: u64,
+    lines: Lines,
+}
+
+/// The samples of one label set in this interval.
+#[derive(Debug)]
+struct Series {
+    labels: Labels,
+    mappings: Vec<MapRef>,
+    mapping_index: HashMap<(usize, u64, u64), u32>,
+    locations: Vec<Location>,
+    location_index: HashMap<(u32, u64), u32>,
+    stacks: HashMap<Box<[u32]>, u64>,
+}
+
+impl Series {
+    fn new(labels: Labels) -> Self {
+        Series {
+            labels,
+            mappings: Vec::new(),
+            mapping_index: HashMap::new(),
+            locations: Vec::new(),
+            location_index: HashMap::new(),
+            stacks: HashMap::new(),
+        }
+    }
+
+    fn mapping(&mut self, key: (usize, u64, u64), make: impl FnOnce() -> MapRef) -> u32 {
+        if let Some(&i) = self.mapping_index.get(&key) {
+            return i;
+        }
+        let i = self.mappings.len() as u32;
+        self.mappings.push(make());
+        self.mapping_index.insert(key, i);
+        i
+    }
+}
+
+pub struct Collector {
+    pub procs: Processes,
+    symbols: Option<Symbols>,
+    cache: CacheX86_64,
+    series: HashMap<String, Series>,
+    stacks: usize,
+    max_stacks: usize,
+    /// Collect intervals so far (processes remember the last they were in).
+    interval: u64,
+    period_ns: i64,
+}
+
+impl Collector {
+    pub fn new(
+        procs: Processes,
+        symbols: Option<Symbols>,
+        max_stacks: usize,
+        sample_rate: u64,
+    ) -> Self {
+        Collector {
+            procs,
+            symbols,
+            cache: CacheX86_64::new(),
+            series: HashMap::new(),
+            stacks: 0,
+            max_stacks,
+            interval: 1,
+            period_ns: (1_000_000_000 / sample_rate.max(1)) as i64,
+        }
+    }
+
+    pub fn symbol_entries(&self) -> usize {
+        self.symbols.as_ref().map_or(0, Symbols::len)
+    }
+
+    /// Counts one sample.
+    pub fn add(&mut self, s: &Sample<'_>) -> Result<(), Dropped> {
+        let key = ProcKey {
+            pid: s.tgid,
+            start_time: s.start_time,
+        };
+        let addr = (s.ip != 0).then_some(s.ip);
+        let process = self.procs.get(key, s.comm, s.exe, addr, self.interval);
+        let Some(labels) = &process.labels else {
+            return Err(Dropped::Filtered);
+        };
+        let user = user_stack(process, &mut self.cache, s);
+        let series_key = labels.to_selector_string();
+        if !self.series.contains_key(&series_key) {
+            self.series
+                .insert(series_key.clone(), Series::new(labels.clone()));
+        }
+        let series = self.series.get_mut(&series_key).expect("inserted above");
+
+        let mut stack = Vec::with_capacity(s.kernel.len() + user.len());
+        for (i, &addr) in s.kernel.iter().enumerate() {
+            let frame = Frame {
+                addr,
+                is_return: i > 0,
+            };
+            let m = series.mapping((0, 0, 0), || MapRef::Kernel);
+            let loc = location(
+                series,
+                m,
+                frame,
+                |symbols| symbols.kernel(frame.lookup()),
+                &mut self.symbols,
+            );
+            stack.push(loc);
+        }
+        for frame in user {
+            let m = process.mapping(frame.addr).map(|m| {
+                let key = (Arc::as_ptr(&m.binary) as usize, m.start, m.offset);
+                let index = series.mapping(key, || MapRef::File {
+                    start: m.start,
+                    end: m.end,
+                    offset: m.offset,
+                    binary: m.binary.clone(),
+                });
+                (index, m)
+            });
+            let loc = match m {
+                Some((index, mapping)) => location(
+                    series,
+                    index,
+                    frame,
+                    |symbols| symbols.user(mapping, frame.lookup()),
+                    &mut self.symbols,
+                ),
+                // An address in no file mapping (JIT code, the vdso, or a
+                // process gone before /proc was read): kept as an address.
+                None => location(series, u32::MAX, frame, |_| empty(), &mut None),
+            };
+            stack.push(loc);
+        }
+        let stack = stack.into_boxed_slice();
+        if let Some(n) = series.stacks.get_mut(&stack) {
+            *n += 1;
+            return Ok(());
+        }
+        if self.stacks >= self.max_stacks {
+            return Err(Dropped::StacksFull);
+        }
+        self.stacks += 1;
+        series.stacks.insert(stack, 1);
+        Ok(())
+    }
+
+    /// This interval's profiles, one per series, and a fresh interval.
+    pub fn flush(&mut self, start_unix_nanos: i64, end_unix_nanos: i64) -> Vec<Envelope> {
+        let series = std::mem::take(&mut self.series);
+        self.stacks = 0;
+        // Processes not sampled in this interval or the one before are let go.
+        self.procs.sweep(self.interval.saturating_sub(1));
+        self.interval += 1;
+        let symbolized = self.symbols.is_some();
+        series
+            .into_values()
+            .filter(|s| !s.stacks.is_empty())
+            .map(|s| {
+                let labels = s.labels.clone();
+                let profile = to_pprof(
+                    s,
+                    self.period_ns,
+                    start_unix_nanos,
+                    end_unix_nanos,
+                    symbolized,
+                );
+                Envelope {
+                    labels,
+                    start_unix_nanos,
+                    end_unix_nanos,
+                    sample_types: vec![
+                        ValueType::new("cpu", "nanoseconds"),
+                        ValueType::new("samples", "count"),
+                    ],
+                    period_type: Some(ValueType::new("cpu", "nanoseconds")),
+                    period: self.period_ns,
+                    payload: Payload::from_profile(profile),
+                }
+            })
+            .collect()
+    }
+}
+
+fn empty() -> Lines {
+    Arc::from(Vec::new())
+}
+
+/// The series' location of `frame` in mapping `m` (`u32::MAX`: none),
+/// symbolizing it with `resolve` when new and symbols are on.
+fn location(
+    series: &mut Series,
+    m: u32,
+    frame: Frame,
+    resolve: impl FnOnce(&mut Symbols) -> Lines,
+    symbols: &mut Option<Symbols>,
+) -> u32 {
+    let addr = frame.lookup();
+    if let Some(&i) = series.location_index.get(&(m, addr)) {
+        return i;
+    }
+    let lines = match symbols {
+        Some(s) => resolve(s),
+        None => empty(),
+    };
+    let i = series.locations.len() as u32;
+    series.locations.push(Location {
+        mapping: m,
+        addr,
+        lines,
+    });
+    series.location_index.insert((m, addr), i);
+    i
+}
+
+/// A series as a pprof profile: `cpu/nanoseconds` and `samples/count`.
+fn to_pprof(s: Series, period_ns: i64, start: i64, end: i64, symbolized: bool) -> pprof::Profile {
+    let mut strings = Strings::default();
+    strings.get("");
+    let mut p = pprof::Profile {
+        sample_type: vec![
+            pprof::ValueType {
+                r#type: strings.get("cpu"),
+                unit: strings.get("nanoseconds"),
+            },
+            pprof::ValueType {
+                r#type: strings.get("samples"),
+                unit: strings.get("count"),
+            },
+        ],
+        period_type: Some(pprof::ValueType {
+            r#type: strings.get("cpu"),
+            unit: strings.get("nanoseconds"),
+        }),
+        period: period_ns,
+        time_nanos: start,
+        duration_nanos: (end - start).max(0),
+        ..Default::default()
+    };
+    for (i, m) in s.mappings.iter().enumerate() {
+        let id = i as u64 + 1;
+        p.mapping.push(match m {
+            MapRef::Kernel => pprof::Mapping {
+                id,
+                filename: strings.get("[kernel.kallsyms]"),
+                has_functions: symbolized,
+                ..Default::default()
+            },
+            MapRef::File {
+                start,
+                end,
+                offset,
+                binary,
+            } => pprof::Mapping {
+                id,
+                memory_start: *start,
+                memory_limit: *end,
+                file_offset: *offset,
+                filename: strings.get(&binary.path),
+                build_id: binary.build_id.as_deref().map_or(0, |b| strings.get(b)),
+                has_functions: symbolized,
+                has_filenames: symbolized,
+                has_line_numbers: symbolized,
+                has_inline_frames: symbolized,
+            },
+        });
+    }
+    let mut functions: HashMap<(i64, i64), u64> = HashMap::new();
+    for (i, loc) in s.locations.iter().enumerate() {
+        let mut lines = Vec::with_capacity(loc.lines.len());
+        for l in loc.lines.iter() {
+            let name = strings.get(&l.function);
+            let file = l.file.as_deref().map_or(0, |f| strings.get(f));
+            let next = functions.len() as u64 + 1;
+            let id = *functions.entry((name, file)).or_insert_with(|| {
+                p.function.push(pprof::Function {
+                    id: next,
+                    name,
+                    system_name: name,
+                    filename: file,
+                    start_line: 0,
+                });
+                next
+            });
+            lines.push(pprof::Line {
+                function_id: id,
+                line: i64::from(l.line),
+                column: 0,
+            });
+        }
+        p.location.push(pprof::Location {
+            id: i as u64 + 1,
+            mapping_id: if loc.mapping == u32::MAX {
+                0
+            } else {
+                u64::from(loc.mapping) + 1
+            },
+            address: loc.addr,
+            line: lines,
+            is_folded: false,
+        });
+    }
+    for (stack, n) in s.stacks {
+        let n = n as i64;
+        p.sample.push(pprof::Sample {
+            location_id: stack.iter().map(|&l| u64::from(l) + 1).collect(),
+            value: vec![n * period_ns, n],
+            label: Vec::new(),
+        });
+    }
+    p.string_table = strings.table;
+    p
+}
+
+#[derive(Default)]
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn get(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(s.to_owned());
+        self.index.insert(s.to_owned(), i);
+        i
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::sample::tests::record;
+    use super::*;
+    use proflow_pipeline::relabel::Relabeler;
+
+    #[test]
+    fn samples_of_one_stack_count_once_and_become_a_profile() {
+        let procs = Processes::new(Relabeler::default(), super::super::config::GroupBy::Process);
+        let mut c = Collector::new(procs, None, 10, 19);
+        // A process that does not exist (pid far beyond pid_max): its
+        // frames keep their addresses, the sample's comm names it.
+        let pid = 0x7fff_fff0;
+        let rec = record(
+            pid,
+            "ghost",
+            &[0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
+            &[0x1000, 0x2000],
+            (0, 0, 0),
+            &[],
+        );
+        let s = Sample::parse(&rec).unwrap();
+        for _ in 0..3 {
+            c.add(&s).unwrap();
+        }
+        let out = c.flush(1_000, 2_000);
+        assert_eq!(out.len(), 1);
+        let e = &out[0];
+        assert_eq!(e.labels.get("__name__"), Some("process_cpu"));
+        assert_eq!(e.labels.get("comm"), Some("ghost"));
+        assert_eq!(e.labels.get("pid"), Some(pid.to_string().as_str()));
+        let p = e.payload.decoded().unwrap();
+        assert_eq!(p.sample.len(), 1);
+        let period = 1_000_000_000 / 19;
+        assert_eq!(p.sample[0].value, [3 * period, 3]);
+        // Leaf first: two kernel frames, then two user frames; return
+        // addresses are looked up a byte back.
+        let addrs: Vec<u64> = p.sample[0]
+            .location_id
+            .iter()
+            .map(|&id| p.location[id as usize - 1].address)
+            .collect();
+        assert_eq!(
+            addrs,
+            [0xffff_ffff_8100_0010, 0xffff_ffff_8100_001f, 0x1000, 0x1fff]
+        );
+        assert_eq!(p.string(p.mapping[0].filename), "[kernel.kallsyms]");
+        assert!(
+            c.flush(2_000, 3_000).is_empty(),
+            "a new interval starts empty"
+        );
+    }
+
+    #[test]
+    fn stacks_beyond_the_limit_are_dropped_and_counted_by_the_caller() {
+        let procs = Processes::new(Relabeler::default(), super::super::config::GroupBy::Process);
+        let mut c = Collector::new(procs, None, 1, 19);
+        let pid = 0x7fff_fff1;
+        let a = record(pid, "x", &[], &[0x1000], (0, 0, 0), &[]);
+        let b = record(pid, "x", &[], &[0x2000], (0, 0, 0), &[]);
+        c.add(&Sample::parse(&a).unwrap()).unwrap();
+        assert_eq!(c.add(&Sample::parse(&b).unwrap()), Err(Dropped::StacksFull));
+        c.add(&Sample::parse(&a).unwrap()).unwrap();
+        let p = c.flush(0, 1)[0].payload.decoded().unwrap();
+        assert_eq!(p.sample[0].value[1], 2);
+    }
+}

@@ -1,0 +1,190 @@
+//! The `ebpf` receiver's config. Names and defaults follow Parca's agent and
+//! Grafana Alloy's `pyroscope.ebpf` (`sample_rate` 19 Hz, `collect_interval`
+//! 15s), with Prometheus `relabel_configs` over the process discovery labels
+//! as in Alloy's `discovery.process`.
+
+use proflow_config::{ByteSize, Duration};
+use proflow_pipeline::component::FieldError;
+use proflow_pipeline::relabel::{self, RelabelConfig};
+use serde::Deserialize;
+
+/// Highest `sample_rate`: above it the sampler itself becomes the load.
+pub const MAX_SAMPLE_RATE: u64 = 1000;
+
+/// Config of the `ebpf` receiver.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EbpfReceiverConfig {
+    /// Samples per second on each CPU (a cpu-clock perf event). Default 19
+    /// (Parca's and Alloy's): a prime, so sampling does not lock step with
+    /// timers that run at round rates. At most 1000.
+    #[serde(default = "default_sample_rate")]
+    pub sample_rate: u64,
+    /// How often each process's samples are sent as one profile. Default 15s.
+    /// At least 1s.
+    #[serde(default = "default_collect_interval")]
+    pub collect_interval: Duration,
+    /// `local` (default): frames get function names, files and lines here
+    /// (kernel from /proc/kallsyms; user from ELF symbols and DWARF, with
+    /// inlined functions and Rust/C++ demangling). `none`: profiles carry
+    /// addresses, mappings and build ids only, for a downstream symbolizer.
+    #[serde(default)]
+    pub symbolize: Symbolize,
+    /// `process` (default): one profile per process per interval, labelled
+    /// with `pid`. `service`: the processes that end with the same labels
+    /// (without `pid`) share one profile.
+    #[serde(default)]
+    pub group_by: GroupBy,
+    /// Prometheus relabel rules run once per process over its discovery
+    /// labels (`__meta_process_pid`, `__meta_process_comm`,
+    /// `__meta_process_exe`, `__meta_process_cgroup`, `__meta_container_id`)
+    /// and the default labels (`pid`, `comm`, `exe`, `container_id`). A
+    /// `drop`/`keep` rule chooses which processes are profiled. Labels
+    /// starting with `__` are removed afterwards.
+    #[serde(default)]
+    pub relabel_configs: Vec<RelabelConfig>,
+    /// Size of the ring buffer that carries samples from the kernel: a power
+    /// of two, at least 64KiB. A sample takes 2KiB plus the user stack copied
+    /// (at most 16KiB). Samples that find it full are counted in
+    /// `proflow_ebpf_samples_lost_total`. Default 4MiB.
+    #[serde(default = "default_ring_buffer_size")]
+    pub ring_buffer_size: ByteSize,
+    /// Most symbolized addresses kept (per binary and offset). Default 100000.
+    #[serde(default = "default_symbol_cache_entries")]
+    pub symbol_cache_entries: usize,
+    /// Most binaries whose symbol tables and DWARF stay open at once; the
+    /// least recently used is closed beyond it. Default 32.
+    #[serde(default = "default_open_binaries")]
+    pub open_binaries: usize,
+    /// Most distinct stacks held per interval over all processes; samples of
+    /// new stacks beyond it are counted in
+    /// `proflow_ebpf_samples_dropped_total{reason="stacks_full"}`. Default 200000.
+    #[serde(default = "default_max_stacks")]
+    pub max_stacks: usize,
+}
+
+/// Where frames get their names.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Symbolize {
+    #[default]
+    Local,
+    None,
+}
+
+/// What one profile covers.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupBy {
+    #[default]
+    Process,
+    Service,
+}
+
+fn default_sample_rate() -> u64 {
+    19
+}
+fn default_collect_interval() -> Duration {
+    Duration::from_secs(15)
+}
+fn default_ring_buffer_size() -> ByteSize {
+    ByteSize::mib(4)
+}
+fn default_symbol_cache_entries() -> usize {
+    100_000
+}
+fn default_open_binaries() -> usize {
+    32
+}
+fn default_max_stacks() -> usize {
+    200_000
+}
+
+impl EbpfReceiverConfig {
+    /// Every problem of this config.
+    pub fn problems(&self) -> Vec<FieldError> {
+        let mut p = Vec::new();
+        if self.sample_rate == 0 || self.sample_rate > MAX_SAMPLE_RATE {
+            p.push(FieldError::new(
+                "sample_rate",
+                format!(
+                    "{} Hz is out of range: use 1 to {MAX_SAMPLE_RATE} (19 is the usual rate)",
+                    self.sample_rate
+                ),
+            ));
+        }
+        if self.collect_interval.get() < std::time::Duration::from_secs(1) {
+            p.push(FieldError::new(
+                "collect_interval",
+                "must be at least 1s (15s is the usual interval)",
+            ));
+        }
+        let ring = self.ring_buffer_size.bytes();
+        if ring < 64 << 10 || !ring.is_power_of_two() || ring > 1 << 30 {
+            p.push(FieldError::new(
+                "ring_buffer_size",
+                format!("{ring} bytes: use a power of two from 64KiB to 1GiB, such as 4MiB"),
+            ));
+        }
+        for (name, value) in [
+            ("symbol_cache_entries", self.symbol_cache_entries),
+            ("open_binaries", self.open_binaries),
+            ("max_stacks", self.max_stacks),
+        ] {
+            if value == 0 {
+                p.push(FieldError::new(name, "must be at least 1"));
+            }
+        }
+        p.extend(
+            relabel::validate_configs(&self.relabel_configs)
+                .into_iter()
+                .map(|e| FieldError::new(format!("relabel_configs.{}", e.path), e.message)),
+        );
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> EbpfReceiverConfig {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn defaults_are_parcas_and_alloys() {
+        let c = parse("{}");
+        assert_eq!(c.sample_rate, 19);
+        assert_eq!(c.collect_interval, Duration::from_secs(15));
+        assert_eq!(c.symbolize, Symbolize::Local);
+        assert_eq!(c.group_by, GroupBy::Process);
+        assert_eq!(c.ring_buffer_size, ByteSize::mib(4));
+        assert!(c.problems().is_empty());
+    }
+
+    #[test]
+    fn every_problem_is_reported() {
+        let c = parse(
+            "sample_rate: 0\ncollect_interval: 100ms\nring_buffer_size: 3MiB\nmax_stacks: 0\nrelabel_configs: [{action: replace, target_label: '0bad'}]\n",
+        );
+        let paths: Vec<String> = c.problems().into_iter().map(|p| p.path).collect();
+        assert_eq!(
+            paths,
+            [
+                "sample_rate",
+                "collect_interval",
+                "ring_buffer_size",
+                "max_stacks",
+                "relabel_configs.0.target_label"
+            ],
+            "{paths:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_values_are_refused() {
+        assert!(serde_saphyr::from_str::<EbpfReceiverConfig>("sample_hz: 19").is_err());
+        assert!(serde_saphyr::from_str::<EbpfReceiverConfig>("symbolize: remote").is_err());
+    }
+}

@@ -1,0 +1,375 @@
+//! The `ebpf` receiver: system-wide CPU profiling of every process on the
+//! node, with no change to any of them, as the Parca agent, Grafana Alloy's
+//! `pyroscope.ebpf` and the OpenTelemetry eBPF profiler do.
+//!
+//! - `bpf/profile.bpf.c`: the BPF program (C, CO-RE, built by
+//!   `scripts/build-bpf`; the object beside it is committed and embedded,
+//!   so building proflow needs no clang). It runs on a cpu-clock perf event
+//!   at `sample_rate` Hz on every CPU and sends each sample through a ring
+//!   buffer.
+//! - [`config`]: the config (Parca's and Alloy's names and defaults).
+//! - [`sample`]: one ring-buffer record, read with every length checked.
+//! - [`procs`]: processes (identity, labels, cgroup and container,
+//!   mappings, ELF files with build ids and unwind sections).
+//! - [`collector`]: samples → stacks → one profile per process (or
+//!   service) per interval.
+//! - [`symbols`]: addresses → functions, files and lines (blazesym).
+//!
+//! # How user stacks are unwound, and why this way
+//!
+//! Kernel stacks are walked in the kernel (`bpf_get_stack`). User stacks
+//! are the hard part: most distribution C/C++ libraries and Rust release
+//! builds have no frame pointers, so a frame-pointer walk stops (or goes
+//! wrong) at the first such frame. The two known answers:
+//!
+//! 1. **Unwind tables in BPF maps** (the OpenTelemetry profiler): user space
+//!    turns every binary's `.eh_frame` into compact tables loaded into BPF
+//!    maps, and the BPF program unwinds in the kernel. Samples are
+//!    aggregated in the kernel and only stack hashes cross over. This is the
+//!    cheapest per sample at high rates, but it needs a table compiler and a
+//!    bounded in-kernel DWARF interpreter that must pass the verifier, map
+//!    memory for every binary on the node (the profiler's 250 MB and more),
+//!    and a protocol to keep tables and processes in step.
+//! 2. **Stack copy, unwound in user space** (perf's `--call-graph dwarf`,
+//!    samply): the BPF program copies the user registers and the top of the
+//!    user stack (here at most 16 KiB, page by page, stopping at the stack's
+//!    end), and user space unwinds it with the binary's `.eh_frame`
+//!    (framehop, which falls back to frame pointers where a module has no
+//!    unwind information).
+//!
+//! proflow takes (2), with the kernel's own frame-pointer walk sent beside
+//! the copy: when framehop does not reach the outermost frame (a stack
+//! deeper than the copy), the frame-pointer stack is used if it has more
+//! frames, so deep stacks of frame-pointer code (Go, the kernel's own
+//! habit, most JITs) stay whole. Reasons:
+//! - At the rates continuous profiling uses (19–100 Hz per CPU) the copy
+//!   costs little: a sample is 2 KiB plus the stack actually in use,
+//!   typically a few KiB, so 19 Hz on 64 CPUs is a few MB/s, and framehop
+//!   unwinds a stack in microseconds with its rule cache. BENCHMARKS.md has
+//!   the measured CPU and memory.
+//! - Memory stays small: only each binary's `.eh_frame` (and
+//!   `.eh_frame_hdr`) is kept, shared by every process that maps it, and no
+//!   per-binary table is precomputed; the goal is ≤ 60 MB RSS.
+//! - Correctness comes from a mature DWARF CFI evaluator (gimli, via
+//!   framehop) rather than a subset that fits the verifier, including
+//!   signal frames and prologues.
+//! - Its limit, said plainly: a frame deeper than 16 KiB of stack that
+//!   has no frame pointer is lost (the stack ends there), where in-kernel
+//!   unwinding has no such limit. Large stack buffers in outer frames hit
+//!   this. The copy size is a constant of the BPF program (`STACK_COPY`).
+//!
+//! # Privileges
+//!
+//! Loading BPF and opening system-wide perf events needs root, or
+//! CAP_BPF + CAP_PERFMON (kernel 5.8+); reading other processes' `/proc`
+//! maps and files needs CAP_SYS_PTRACE too when not root. Without them the
+//! receiver logs one error naming what is missing and stays idle; the rest
+//! of the collector runs on.
+
+pub mod collector;
+pub mod config;
+pub mod procs;
+pub mod sample;
+pub mod symbols;
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::programs::PerfEvent;
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use proflow_pipeline::component::{
+    Admission, BuildContext, BuildError, ConsumeError, FieldError, Receiver, ReceiverConfig,
+    ReceiverContext, ServeFuture, Validate,
+};
+use proflow_pipeline::model::{Batch, BatchMeta, Envelope};
+use proflow_pipeline::relabel::Relabeler;
+use proflow_pipeline::telemetry::EbpfTelemetry;
+
+use collector::Collector;
+pub use config::EbpfReceiverConfig;
+use config::Symbolize;
+use procs::Processes;
+use sample::Sample;
+use symbols::Symbols;
+
+/// The BPF object built from `bpf/profile.bpf.c` by `scripts/build-bpf`.
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!("bpf/profile.bpf.o");
+
+/// Counter slots of the BPF program's `counters` map.
+const COUNT_LOST: u32 = 1;
+
+impl Validate for EbpfReceiverConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        self.problems()
+    }
+}
+
+impl ReceiverConfig for EbpfReceiverConfig {
+    fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Receiver>, BuildError> {
+        let problems = self.problems();
+        if !problems.is_empty() {
+            return Err(BuildError::new(
+                proflow_pipeline::component::joined_problems(&problems),
+            ));
+        }
+        let relabel = Relabeler::new(&self.relabel_configs)?;
+        Ok(Box::new(EbpfReceiver {
+            config: self.clone(),
+            relabel,
+            ebpf: ctx.telemetry.ebpf(&ctx.id),
+        }))
+    }
+}
+
+pub struct EbpfReceiver {
+    config: EbpfReceiverConfig,
+    relabel: Relabeler,
+    ebpf: EbpfTelemetry,
+}
+
+/// The capabilities this process lacks for loading BPF and sampling every
+/// CPU (empty: it has them).
+pub fn missing_capabilities() -> Vec<&'static str> {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| eff & (1 << cap) != 0;
+    if has(CAP_SYS_ADMIN) {
+        return Vec::new();
+    }
+    let mut missing = Vec::new();
+    if !has(CAP_BPF) {
+        missing.push("CAP_BPF");
+    }
+    if !has(CAP_PERFMON) {
+        missing.push("CAP_PERFMON");
+    }
+    missing
+}
+
+/// The BPF program loaded and attached to every online CPU, with its ring
+/// buffer and counters.
+struct Loaded {
+    _bpf: aya::Ebpf,
+    ring: RingBuf<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+}
+
+fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
+    let missing = missing_capabilities();
+    if !missing.is_empty() {
+        return Err(format!(
+            "cannot profile the system: this process lacks {} (run proflow as root, or grant them: setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep $(which proflow))",
+            missing.join(" and ")
+        ));
+    }
+    let ring_size = u32::try_from(config.ring_buffer_size.bytes()).unwrap_or(1 << 30);
+    let mut bpf = aya::EbpfLoader::new()
+        .map_max_entries("samples", ring_size)
+        .load(BPF_OBJECT)
+        .map_err(|e| format!("cannot load the BPF program: {e} ({e:?})"))?;
+    let program: &mut PerfEvent = bpf
+        .program_mut("sample")
+        .ok_or("the BPF object has no `sample` program")?
+        .try_into()
+        .map_err(|e| format!("the BPF object's `sample` is not a perf_event program: {e}"))?;
+    program
+        .load()
+        .map_err(|e| format!("the kernel refused the BPF program: {e} ({e:?})"))?;
+    let cpus = aya::util::online_cpus().map_err(|(what, e)| format!("cannot read {what}: {e}"))?;
+    for cpu in cpus {
+        program
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Frequency(config.sample_rate),
+                false,
+            )
+            .map_err(|e| format!("cannot open the cpu-clock perf event on CPU {cpu}: {e}"))?;
+    }
+    let ring = RingBuf::try_from(
+        bpf.take_map("samples")
+            .ok_or("the BPF object has no `samples` map")?,
+    )
+    .map_err(|e| format!("the `samples` map is not a ring buffer: {e}"))?;
+    let counters = PerCpuArray::try_from(
+        bpf.take_map("counters")
+            .ok_or("the BPF object has no `counters` map")?,
+    )
+    .map_err(|e| format!("the `counters` map is not a per-CPU array: {e}"))?;
+    Ok(Loaded {
+        _bpf: bpf,
+        ring,
+        counters,
+    })
+}
+
+#[async_trait]
+impl Receiver for EbpfReceiver {
+    async fn start(self: Box<Self>, ctx: ReceiverContext) -> Result<ServeFuture, BuildError> {
+        let id = ctx.id.clone();
+        let loaded = match load(&self.config) {
+            Ok(l) => l,
+            Err(e) => {
+                // Not fatal: the other receivers serve on; this one idles.
+                tracing::error!(receiver = %id, "{e}; this receiver is idle, the rest of the collector runs on");
+                let shutdown = ctx.shutdown.clone();
+                return Ok(Box::pin(async move { shutdown.cancelled().await }));
+            }
+        };
+        tracing::info!(
+            receiver = %id,
+            sample_rate = self.config.sample_rate,
+            "sampling every CPU"
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Envelope>>(2);
+        let stop = Arc::new(AtomicBool::new(false));
+        let config = self.config.clone();
+        let telemetry = self.ebpf.clone();
+        let relabel = self.relabel.clone();
+        let thread_stop = stop.clone();
+        let sampler = std::thread::Builder::new()
+            .name("proflow-ebpf".into())
+            .spawn(move || sample_loop(loaded, config, relabel, telemetry, tx, thread_stop))
+            .map_err(|e| BuildError::new(format!("cannot start the sampling thread: {e}")))?;
+        let meta = Arc::new(BatchMeta {
+            receiver: id.as_str().into(),
+            tenant: None,
+            client: None,
+        });
+        let shutdown = ctx.shutdown.clone();
+        Ok(Box::pin(async move {
+            let forward = async {
+                while let Some(envelopes) = rx.recv().await {
+                    let n = envelopes.len() as u64;
+                    let bytes: u64 = envelopes.iter().map(|e| e.size_bytes() as u64).sum();
+                    match ctx
+                        .consumer
+                        .consume(Batch::new(envelopes, meta.clone()), Admission::Wait)
+                        .await
+                    {
+                        Ok(()) => ctx.telemetry.accepted(n, bytes),
+                        Err(ConsumeError::ShuttingDown) => break,
+                        Err(e) => {
+                            ctx.telemetry.refused("backpressure", n);
+                            tracing::warn!(receiver = %id, "profiles of one interval not taken: {e}");
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                _ = forward => {}
+                _ = shutdown.cancelled() => {}
+            }
+            stop.store(true, Ordering::Relaxed);
+            // The sampler sees the flag within a poll timeout.
+            let _ = tokio::task::spawn_blocking(move || sampler.join()).await;
+        }))
+    }
+}
+
+fn unix_nanos(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// The sampling thread: drains the ring buffer as samples arrive, and every
+/// `collect_interval` hands the interval's profiles to the receiver's task.
+fn sample_loop(
+    mut loaded: Loaded,
+    config: EbpfReceiverConfig,
+    relabel: Relabeler,
+    telemetry: EbpfTelemetry,
+    tx: tokio::sync::mpsc::Sender<Vec<Envelope>>,
+    stop: Arc<AtomicBool>,
+) {
+    let symbols = (config.symbolize == Symbolize::Local)
+        .then(|| Symbols::new(config.symbol_cache_entries, config.open_binaries));
+    let mut collector = Collector::new(
+        Processes::new(relabel, config.group_by),
+        symbols,
+        config.max_stacks,
+        config.sample_rate,
+    );
+    let interval = config.collect_interval.get();
+    let mut started = SystemTime::now();
+    let mut next = Instant::now() + interval;
+    let mut lost_before = 0u64;
+    let fd = loaded.ring.as_fd().as_raw_fd();
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        let wait = next
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(200));
+        if !stopping {
+            poll_readable(fd, wait);
+        }
+        let mut n = 0u64;
+        while let Some(item) = loaded.ring.next() {
+            n += 1;
+            match Sample::parse(&item) {
+                Ok(s) => {
+                    if let Err(d) = collector.add(&s) {
+                        telemetry.dropped(d.as_str());
+                    }
+                }
+                Err(e) => {
+                    telemetry.dropped("bad_record");
+                    tracing::debug!("bad sample record: {e}");
+                }
+            }
+        }
+        if n > 0 {
+            telemetry.samples(n);
+        }
+        if stopping || Instant::now() >= next {
+            let now = SystemTime::now();
+            let envelopes = collector.flush(unix_nanos(started), unix_nanos(now));
+            started = now;
+            next += interval;
+            if Instant::now() > next {
+                next = Instant::now() + interval;
+            }
+            let lost: u64 = loaded
+                .counters
+                .get(&COUNT_LOST, 0)
+                .map(|v| v.iter().sum())
+                .unwrap_or(lost_before);
+            if lost > lost_before {
+                telemetry.lost(lost - lost_before);
+                lost_before = lost;
+            }
+            telemetry.state(collector.procs.len(), collector.symbol_entries());
+            if !envelopes.is_empty() && tx.blocking_send(envelopes).is_err() {
+                return;
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// Waits until `fd` is readable or `timeout` passes.
+fn poll_readable(fd: i32, timeout: Duration) {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd, its count 1; poll only writes `revents`.
+    unsafe {
+        libc::poll(&mut pfd, 1, ms);
+    }
+}

@@ -1,0 +1,592 @@
+//! What the receiver knows of each sampled process: its identity (pid and
+//! start time, so a reused pid is a new process), name, executable, cgroup
+//! and container, its executable mappings with the ELF files behind them
+//! (build id, unwind sections), its labels after relabelling, and its
+//! unwinder.
+//!
+//! A process is read from `/proc` when its first sample arrives (the ring
+//! buffer is drained as samples come, so even a process that lives a few
+//! milliseconds is usually still there). If it is already gone, what the
+//! sample itself carries (thread name and executable file name, taken in the
+//! kernel at sample time) is used. Its mappings are reread when an exec is
+//! seen (the executable name changed) or an address falls outside every
+//! known mapping (a library loaded later), at most once a second.
+//!
+//! ELF files are read once per file (device and inode) and shared by every
+//! process that maps them; only the build id, the executable segments and
+//! the unwind sections are kept, never the whole file.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use framehop::x86_64::UnwinderX86_64;
+use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
+use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
+use proflow_pipeline::model::Labels;
+use proflow_pipeline::relabel::Relabeler;
+
+use super::config::GroupBy;
+
+/// Largest unwind section kept from one file.
+const MAX_SECTION: u64 = 64 << 20;
+/// Most executable mappings kept per process.
+const MAX_MAPPINGS: usize = 65_536;
+/// Files kept beyond those a live process maps.
+const MAX_IDLE_BINARIES: usize = 256;
+/// How often a process's mappings may be reread.
+const RELOAD_EVERY: Duration = Duration::from_secs(1);
+
+/// Identity of a process: a pid is reused, a pid with its start time is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProcKey {
+    pub pid: u32,
+    pub start_time: u64,
+}
+
+/// An ELF file as the unwinder and the symbolizer need it.
+#[derive(Debug)]
+pub struct Binary {
+    /// The path in the process's mount namespace, as `/proc/PID/maps` says.
+    pub path: Arc<str>,
+    /// The GNU build id, hex.
+    pub build_id: Option<Arc<str>>,
+    /// Executable PT_LOAD segments: (p_vaddr, p_offset).
+    exec_segments: Vec<(u64, u64)>,
+    unwind: Option<UnwindSections>,
+}
+
+#[derive(Debug)]
+struct UnwindSections {
+    text_svma: Option<Range<u64>>,
+    got_svma: Option<Range<u64>>,
+    eh_frame_svma: Range<u64>,
+    eh_frame: Arc<[u8]>,
+    eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
+}
+
+/// One executable mapping of a process.
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    pub binary: Arc<Binary>,
+    /// The file as this process sees it (through `/proc/PID/root`).
+    pub open_path: Arc<Path>,
+}
+
+impl Mapping {
+    /// The file offset of address `addr` in this mapping.
+    pub fn file_offset(&self, addr: u64) -> u64 {
+        addr - self.start + self.offset
+    }
+}
+
+/// A sampled process.
+pub struct Process {
+    pub key: ProcKey,
+    pub comm: String,
+    pub exe: String,
+    /// The executable's file name as the kernel gave it in the last sample.
+    exe_name: Vec<u8>,
+    pub cgroup: String,
+    pub container_id: Option<String>,
+    /// Sorted by start.
+    pub mappings: Vec<Mapping>,
+    /// The series labels after relabelling; `None`: not profiled.
+    pub labels: Option<Labels>,
+    pub unwinder: UnwinderX86_64<Arc<[u8]>>,
+    /// Whether `/proc` could be read for it.
+    pub from_proc: bool,
+    last_reload: Instant,
+    /// The collect interval it was last sampled in.
+    pub last_seen: u64,
+}
+
+impl Process {
+    /// The mapping holding `addr`.
+    pub fn mapping(&self, addr: u64) -> Option<&Mapping> {
+        let i = self.mappings.partition_point(|m| m.start <= addr);
+        let m = self.mappings.get(i.checked_sub(1)?)?;
+        (addr < m.end).then_some(m)
+    }
+}
+
+/// Device and inode of a mapped file, with its path (a file replaced on
+/// disk gets a new inode).
+type BinKey = (String, u64, Arc<str>);
+
+/// Every process and file the receiver knows.
+pub struct Processes {
+    procs: HashMap<ProcKey, Process>,
+    binaries: HashMap<BinKey, Arc<Binary>>,
+    relabel: Relabeler,
+    group_by: GroupBy,
+    /// `/proc`; tests point it elsewhere.
+    proc_root: PathBuf,
+}
+
+impl Processes {
+    pub fn new(relabel: Relabeler, group_by: GroupBy) -> Self {
+        Processes {
+            procs: HashMap::new(),
+            binaries: HashMap::new(),
+            relabel,
+            group_by,
+            proc_root: PathBuf::from("/proc"),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    /// The process of a sample, read from `/proc` if new, reread if it
+    /// exec'd (`exe_name` changed) or `addr` is outside its mappings.
+    pub fn get(
+        &mut self,
+        key: ProcKey,
+        comm: &[u8],
+        exe_name: &[u8],
+        addr: Option<u64>,
+        interval: u64,
+    ) -> &mut Process {
+        let stale = match self.procs.get(&key) {
+            None => true,
+            Some(p) => {
+                let exec = !exe_name.is_empty() && p.exe_name != exe_name;
+                let unknown = p.from_proc && addr.is_some_and(|a| p.mapping(a).is_none());
+                (exec || unknown) && p.last_reload.elapsed() >= RELOAD_EVERY
+            }
+        };
+        if stale {
+            let p = self.load(key, comm, exe_name);
+            self.procs.insert(key, p);
+        }
+        let p = self.procs.get_mut(&key).expect("inserted above");
+        p.last_seen = interval;
+        p
+    }
+
+    /// Forgets processes not sampled since interval `before`, and files no
+    /// process maps beyond a few.
+    pub fn sweep(&mut self, before: u64) {
+        self.procs.retain(|_, p| p.last_seen >= before);
+        if self.binaries.len() > MAX_IDLE_BINARIES {
+            self.binaries.retain(|_, b| Arc::strong_count(b) > 1);
+        }
+    }
+
+    fn load(&mut self, key: ProcKey, comm: &[u8], exe_name: &[u8]) -> Process {
+        let dir = self.proc_root.join(key.pid.to_string());
+        let thread_comm = String::from_utf8_lossy(comm).into_owned();
+        let sample_exe = String::from_utf8_lossy(exe_name).into_owned();
+        // The process's own name (the sample's is its thread's).
+        let comm = std::fs::read_to_string(dir.join("comm"))
+            .map(|s| s.trim_end_matches('\n').to_owned())
+            .unwrap_or(thread_comm);
+        let exe = std::fs::read_link(dir.join("exe"))
+            .map(|p| {
+                let s = p.to_string_lossy().into_owned();
+                s.strip_suffix(" (deleted)").map(str::to_owned).unwrap_or(s)
+            })
+            .unwrap_or(sample_exe);
+        let cgroups = std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default();
+        let cgroup = cgroup_path(&cgroups).to_owned();
+        let container_id = container_id(&cgroups);
+        let maps = std::fs::read_to_string(dir.join("maps"));
+        let from_proc = maps.is_ok();
+        let root = dir.join("root");
+        let mut mappings = Vec::new();
+        for line in maps.as_deref().unwrap_or("").lines() {
+            if mappings.len() >= MAX_MAPPINGS {
+                break;
+            }
+            let Some(m) = parse_maps_line(line) else {
+                continue;
+            };
+            let binary = match self
+                .binaries
+                .get(&(m.dev.to_owned(), m.inode, m.path.into()))
+            {
+                Some(b) => b.clone(),
+                None => {
+                    let open = root.join(m.path.trim_start_matches('/'));
+                    let b = Arc::new(read_binary(&open, m.path));
+                    self.binaries
+                        .insert((m.dev.to_owned(), m.inode, m.path.into()), b.clone());
+                    b
+                }
+            };
+            let open_path: Arc<Path> = root.join(m.path.trim_start_matches('/')).into();
+            mappings.push(Mapping {
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                binary,
+                open_path,
+            });
+        }
+        mappings.sort_by_key(|m| m.start);
+        let mut unwinder = UnwinderX86_64::new();
+        for m in &mappings {
+            if let Some(module) = module(m) {
+                unwinder.add_module(module);
+            }
+        }
+        let labels = self.labels(key.pid, &comm, &exe, &cgroup, container_id.as_deref());
+        Process {
+            key,
+            comm,
+            exe,
+            exe_name: exe_name.to_vec(),
+            cgroup,
+            container_id,
+            mappings,
+            labels,
+            unwinder,
+            from_proc,
+            last_reload: Instant::now(),
+            last_seen: 0,
+        }
+    }
+
+    /// Discovery labels → relabelled series labels (see `config.rs`).
+    fn labels(
+        &self,
+        pid: u32,
+        comm: &str,
+        exe: &str,
+        cgroup: &str,
+        container_id: Option<&str>,
+    ) -> Option<Labels> {
+        let mut l = Labels::new();
+        l.set("__meta_process_pid", pid.to_string());
+        l.set("__meta_process_comm", comm);
+        l.set("__meta_process_exe", exe);
+        l.set("__meta_process_cgroup", cgroup);
+        if self.group_by == GroupBy::Process {
+            l.set("pid", pid.to_string());
+            l.set("comm", comm);
+        }
+        if let Some(id) = container_id {
+            l.set("__meta_container_id", id);
+            l.set("container_id", id);
+        }
+        if !self.relabel.apply(&mut l) {
+            return None;
+        }
+        l.retain(|label| !label.name.starts_with("__"));
+        if l.get("service_name").is_none_or(str::is_empty) {
+            l.set("service_name", service_name(exe, comm));
+        }
+        l.set("__name__", "process_cpu");
+        Some(l)
+    }
+}
+
+/// The default `service_name`: the executable's file name, else the
+/// process name (what `top` shows), which is what a node with no service
+/// labels can say of a process.
+fn service_name(exe: &str, comm: &str) -> String {
+    match exe.rsplit('/').next() {
+        Some(name) if !name.is_empty() => name.to_owned(),
+        _ if !comm.is_empty() => comm.to_owned(),
+        _ => "unknown".to_owned(),
+    }
+}
+
+/// The framehop module of a mapping whose file has unwind sections.
+fn module(m: &Mapping) -> Option<Module<Arc<[u8]>>> {
+    let u = m.binary.unwind.as_ref()?;
+    // The executable segment this mapping starts in gives the load bias.
+    let (vaddr, off) = m
+        .binary
+        .exec_segments
+        .iter()
+        .copied()
+        .rev()
+        .find(|&(_, off)| off & !0xfff <= m.offset)
+        .or_else(|| m.binary.exec_segments.first().copied())?;
+    let svma_of_start = vaddr.wrapping_sub(off).wrapping_add(m.offset);
+    let bias = m.start.wrapping_sub(svma_of_start);
+    Some(Module::new(
+        m.binary.path.to_string(),
+        m.start..m.end,
+        bias,
+        ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: u.text_svma.clone(),
+            got_svma: u.got_svma.clone(),
+            eh_frame_svma: Some(u.eh_frame_svma.clone()),
+            eh_frame: Some(u.eh_frame.clone()),
+            eh_frame_hdr_svma: u.eh_frame_hdr.as_ref().map(|(r, _)| r.clone()),
+            eh_frame_hdr: u.eh_frame_hdr.as_ref().map(|(_, d)| d.clone()),
+            ..Default::default()
+        },
+    ))
+}
+
+/// Reads what is kept of an ELF file; a file that cannot be read or parsed
+/// gives a binary with no build id and no unwind sections (its frames keep
+/// their addresses).
+fn read_binary(open: &Path, path: &str) -> Binary {
+    let mut b = Binary {
+        path: path.into(),
+        build_id: None,
+        exec_segments: Vec::new(),
+        unwind: None,
+    };
+    let Ok(file) = File::open(open) else {
+        return b;
+    };
+    let cache = object::ReadCache::new(file);
+    let Ok(elf) = object::File::parse(&cache) else {
+        return b;
+    };
+    if let Ok(Some(id)) = elf.build_id() {
+        b.build_id = Some(hex(id).into());
+    }
+    for seg in elf.segments() {
+        if let SegmentFlags::Elf { p_flags } = seg.flags()
+            && p_flags & object::elf::PF_X != 0
+        {
+            b.exec_segments.push((seg.address(), seg.file_range().0));
+        }
+    }
+    let section = |name: &str| -> Option<(Range<u64>, Arc<[u8]>)> {
+        let s = elf.section_by_name(name)?;
+        if s.size() > MAX_SECTION {
+            return None;
+        }
+        let data = s.data().ok()?;
+        Some((s.address()..s.address() + s.size(), Arc::from(data)))
+    };
+    let range = |name: &str| {
+        elf.section_by_name(name)
+            .map(|s| s.address()..s.address() + s.size())
+    };
+    if let Some((eh_frame_svma, eh_frame)) = section(".eh_frame") {
+        b.unwind = Some(UnwindSections {
+            text_svma: range(".text"),
+            got_svma: range(".got"),
+            eh_frame_svma,
+            eh_frame,
+            eh_frame_hdr: section(".eh_frame_hdr"),
+        });
+    }
+    b
+}
+
+#[cfg(test)]
+pub(crate) fn tests_binary(path: &Path) -> Binary {
+    read_binary(path, &path.to_string_lossy())
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One line of `/proc/PID/maps` that maps a file executable.
+#[derive(Debug, PartialEq)]
+struct MapsLine<'a> {
+    start: u64,
+    end: u64,
+    offset: u64,
+    dev: &'a str,
+    inode: u64,
+    path: &'a str,
+}
+
+fn parse_maps_line(line: &str) -> Option<MapsLine<'_>> {
+    let mut f = line.splitn(6, ' ');
+    let (range, perms, offset, dev, inode) =
+        (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+    let path = f.next()?.trim_start();
+    if !perms.contains('x') || !path.starts_with('/') {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    let start = u64::from_str_radix(start, 16).ok()?;
+    let end = u64::from_str_radix(end, 16).ok()?;
+    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+    (start < end).then_some(MapsLine {
+        start,
+        end,
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        dev,
+        inode: inode.parse().ok()?,
+        path,
+    })
+}
+
+/// The cgroup a process is in: the unified (v2) path if it is not the root,
+/// else the first non-root v1 path (systemd's, then the others in order).
+pub fn cgroup_path(cgroups: &str) -> &str {
+    let mut v1 = None;
+    for line in cgroups.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if id == "0" && controllers.is_empty() && path != "/" {
+            return path;
+        }
+        if path != "/" && (v1.is_none() || controllers == "name=systemd") {
+            v1 = Some(path);
+        }
+    }
+    v1.unwrap_or("/")
+}
+
+/// The container id in a process's cgroup paths: the 64-hex-digit id that
+/// Docker, containerd, CRI-O and Podman name their cgroups after, with or
+/// without the systemd driver's decoration (`docker-ID.scope`,
+/// `cri-containerd-ID.scope`, `crio-ID.scope`, `libpod-ID.scope`, or a bare
+/// `ID` under `/docker/`, `/kubepods/...`, `/libpod_parent/`).
+pub fn container_id(cgroups: &str) -> Option<String> {
+    for line in cgroups.lines() {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        for part in path.rsplit('/') {
+            let part = part.strip_suffix(".scope").unwrap_or(part);
+            if part.starts_with("crio-conmon-") {
+                continue;
+            }
+            let id = ["docker-", "cri-containerd-", "crio-", "libpod-", ""]
+                .iter()
+                .find_map(|prefix| part.strip_prefix(prefix).filter(|id| is_id(id)));
+            if let Some(id) = id {
+                return Some(id.to_owned());
+            }
+        }
+    }
+    None
+}
+
+fn is_id(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn container_ids_of_every_runtime() {
+        for path in [
+            format!("/docker/{ID}"),
+            format!("/system.slice/docker-{ID}.scope"),
+            format!(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-{ID}.scope"
+            ),
+            format!("/kubepods/burstable/pod7a3f/{ID}"),
+            format!("/kubepods.slice/kubepods-pod1.slice/crio-{ID}.scope"),
+            format!("/machine.slice/libpod-{ID}.scope/container"),
+            format!("/libpod_parent/libpod-{ID}"),
+        ] {
+            let cgroups = format!("12:cpu:{path}\n0::/\n");
+            assert_eq!(container_id(&cgroups).as_deref(), Some(ID), "{path}");
+        }
+        assert_eq!(container_id("0::/user.slice/session-1.scope\n"), None);
+        assert_eq!(
+            container_id(&format!("0::/kubepods.slice/crio-conmon-{ID}.scope\n")),
+            None
+        );
+        assert_eq!(
+            container_id("0::/docker/abc\n"),
+            None,
+            "too short for an id"
+        );
+    }
+
+    #[test]
+    fn the_cgroup_path_prefers_v2_then_systemd() {
+        assert_eq!(
+            cgroup_path("0::/system.slice/x.service\n"),
+            "/system.slice/x.service"
+        );
+        assert_eq!(
+            cgroup_path("4:cpu:/a\n1:name=systemd:/b\n0::/\n"),
+            "/b",
+            "hybrid hierarchy: v2 at the root, v1 systemd's path"
+        );
+        assert_eq!(cgroup_path("4:cpu:/a\n0::/\n"), "/a");
+        assert_eq!(cgroup_path(""), "/");
+    }
+
+    #[test]
+    fn maps_lines() {
+        let l = parse_maps_line(
+            "7f0c1a600000-7f0c1a795000 r-xp 00028000 fe:01 1311 /usr/lib/x86_64-linux-gnu/libc.so.6",
+        )
+        .unwrap();
+        assert_eq!(
+            (l.start, l.end, l.offset, l.dev, l.inode, l.path),
+            (
+                0x7f0c1a600000,
+                0x7f0c1a795000,
+                0x28000,
+                "fe:01",
+                1311,
+                "/usr/lib/x86_64-linux-gnu/libc.so.6"
+            )
+        );
+        assert!(parse_maps_line("7f00-7f10 rw-p 00000000 00:00 0 [heap]").is_none());
+        assert!(parse_maps_line("7f00-7f10 r-xp 00000000 00:00 0 [vdso]").is_none());
+        assert!(parse_maps_line("7f00-7f10 r--p 00000000 fe:01 1 /bin/x").is_none());
+        assert!(parse_maps_line("garbage").is_none());
+        let d = parse_maps_line("1000-2000 r-xp 00000000 fe:01 9 /tmp/a (deleted)").unwrap();
+        assert_eq!(d.path, "/tmp/a");
+    }
+
+    #[test]
+    fn labels_follow_relabelling_and_the_service_name_rule() {
+        let procs = Processes::new(Relabeler::default(), GroupBy::Process);
+        let l = procs
+            .labels(
+                42,
+                "postgres",
+                "/usr/lib/postgresql/bin/postgres",
+                "/",
+                Some(ID),
+            )
+            .unwrap();
+        assert_eq!(l.get("pid"), Some("42"));
+        assert_eq!(l.get("comm"), Some("postgres"));
+        assert_eq!(l.get("container_id"), Some(ID));
+        assert_eq!(l.get("service_name"), Some("postgres"));
+        assert_eq!(l.get("__name__"), Some("process_cpu"));
+        assert!(l.get("__meta_process_exe").is_none());
+
+        let configs: Vec<proflow_pipeline::relabel::RelabelConfig> = serde_saphyr::from_str(
+            "- {source_labels: [__meta_process_comm], regex: 'kworker.*', action: drop}\n- {source_labels: [__meta_container_id], regex: '(.{12}).*', target_label: service_name, replacement: 'ctr-$1'}\n",
+        )
+        .unwrap();
+        let procs = Processes::new(Relabeler::new(&configs).unwrap(), GroupBy::Service);
+        assert!(procs.labels(1, "kworker/0:1", "", "/", None).is_none());
+        let l = procs.labels(2, "app", "/app", "/", Some(ID)).unwrap();
+        assert_eq!(l.get("service_name"), Some("ctr-0123456789ab"));
+        assert_eq!(l.get("pid"), None, "group_by: service has no pid label");
+    }
+
+    #[test]
+    fn the_test_binary_reads_with_build_id_and_unwind_sections() {
+        let me = std::env::current_exe().unwrap();
+        let b = read_binary(&me, &me.to_string_lossy());
+        assert!(b.unwind.is_some(), "a Rust test binary has .eh_frame");
+        assert!(!b.exec_segments.is_empty());
+        let missing = read_binary(Path::new("/nonexistent"), "/nonexistent");
+        assert!(missing.build_id.is_none() && missing.unwind.is_none());
+    }
+}

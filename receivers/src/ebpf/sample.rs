@@ -1,0 +1,217 @@
+//! One record of the BPF program (`bpf/profile.bpf.c`, `struct sample`), read
+//! from the ring buffer's bytes. The layout is fixed by the C struct (x86_64,
+//! little endian, natural alignment); [`Sample::parse`] checks every length
+//! against the record before reading, so a short or inconsistent record is
+//! refused rather than read past.
+
+/// Frames the kernel writes at most per stack (`MAX_FRAMES`).
+pub const MAX_FRAMES: usize = 127;
+/// Bytes of user stack copied at most (`STACK_COPY`).
+pub const STACK_COPY: usize = 16384;
+
+const COMM_LEN: usize = 16;
+const EXE_LEN: usize = 32;
+// Offsets in `struct sample`.
+const OFF_TGID: usize = 0;
+const OFF_TID: usize = 4;
+const OFF_START: usize = 8;
+const OFF_COMM: usize = 16;
+const OFF_EXE: usize = OFF_COMM + COMM_LEN; // 32
+const OFF_KBYTES: usize = OFF_EXE + EXE_LEN; // 64
+const OFF_UBYTES: usize = 68;
+const OFF_IP: usize = 72;
+const OFF_SP: usize = 80;
+const OFF_BP: usize = 88;
+const OFF_STACK_LEN: usize = 96;
+const OFF_FLAGS: usize = 100;
+const OFF_KERNEL: usize = 104;
+const OFF_USER: usize = OFF_KERNEL + MAX_FRAMES * 8; // 1120
+/// Where the user stack copy starts: the fixed part's size.
+pub const HEADER_LEN: usize = OFF_USER + MAX_FRAMES * 8; // 2136
+
+/// A kernel thread: no user part.
+pub const FLAG_KTHREAD: u32 = 1;
+
+/// One sample, borrowing the record.
+#[derive(Debug)]
+pub struct Sample<'a> {
+    pub tgid: u32,
+    pub tid: u32,
+    /// The process's start time (ns since boot): with `tgid`, tells a reused
+    /// pid from the process that had it before.
+    pub start_time: u64,
+    pub comm: &'a [u8],
+    pub exe: &'a [u8],
+    /// Kernel frames, leaf first (empty when the kernel stack was unreadable).
+    pub kernel: Vec<u64>,
+    /// User frames walked by frame pointers, leaf first.
+    pub user_fp: Vec<u64>,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// The user stack from `sp` upwards.
+    pub stack: &'a [u8],
+    pub flags: u32,
+}
+
+/// Why a record was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ParseError {
+    Short(usize),
+    StackLength { claimed: u32, present: usize },
+}
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParseError::Short(n) => write!(f, "record of {n} bytes, shorter than {HEADER_LEN}"),
+            ParseError::StackLength { claimed, present } => write!(
+                f,
+                "record claims {claimed} bytes of stack but carries {present}"
+            ),
+        }
+    }
+}
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes(b[off..off + 4].try_into().expect("4 bytes"))
+}
+fn i32_at(b: &[u8], off: usize) -> i32 {
+    i32::from_le_bytes(b[off..off + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
+}
+
+/// The frames of a `bpf_get_stack` result: `bytes` filled (negative: error).
+fn frames(b: &[u8], off: usize, bytes: i32) -> Vec<u64> {
+    let n = usize::try_from(bytes).unwrap_or(0).min(MAX_FRAMES * 8) / 8;
+    (0..n)
+        .map(|i| u64_at(b, off + i * 8))
+        .take_while(|&a| a != 0)
+        .collect()
+}
+
+/// Bytes up to the first NUL.
+fn c_str(b: &[u8]) -> &[u8] {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    &b[..end]
+}
+
+impl<'a> Sample<'a> {
+    pub fn parse(b: &'a [u8]) -> Result<Sample<'a>, ParseError> {
+        if b.len() < HEADER_LEN {
+            return Err(ParseError::Short(b.len()));
+        }
+        let stack_len = u32_at(b, OFF_STACK_LEN);
+        let present = b.len() - HEADER_LEN;
+        let n = stack_len as usize;
+        if n > present || n > STACK_COPY {
+            return Err(ParseError::StackLength {
+                claimed: stack_len,
+                present,
+            });
+        }
+        Ok(Sample {
+            tgid: u32_at(b, OFF_TGID),
+            tid: u32_at(b, OFF_TID),
+            start_time: u64_at(b, OFF_START),
+            comm: c_str(&b[OFF_COMM..OFF_COMM + COMM_LEN]),
+            exe: c_str(&b[OFF_EXE..OFF_EXE + EXE_LEN]),
+            kernel: frames(b, OFF_KERNEL, i32_at(b, OFF_KBYTES)),
+            user_fp: frames(b, OFF_USER, i32_at(b, OFF_UBYTES)),
+            ip: u64_at(b, OFF_IP),
+            sp: u64_at(b, OFF_SP),
+            bp: u64_at(b, OFF_BP),
+            stack: &b[HEADER_LEN..HEADER_LEN + n],
+            flags: u32_at(b, OFF_FLAGS),
+        })
+    }
+
+    /// The 8-byte word of the copied stack at `addr`, if it was copied.
+    pub fn stack_word(&self, addr: u64) -> Option<u64> {
+        let off = usize::try_from(addr.checked_sub(self.sp)?).ok()?;
+        let bytes = self.stack.get(off..off.checked_add(8)?)?;
+        Some(u64::from_le_bytes(bytes.try_into().ok()?))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A record as the BPF program writes it.
+    pub(crate) fn record(
+        tgid: u32,
+        comm: &str,
+        kernel: &[u64],
+        user: &[u64],
+        regs: (u64, u64, u64),
+        stack: &[u8],
+    ) -> Vec<u8> {
+        let mut b = vec![0u8; HEADER_LEN];
+        b[OFF_TGID..OFF_TGID + 4].copy_from_slice(&tgid.to_le_bytes());
+        b[OFF_TID..OFF_TID + 4].copy_from_slice(&tgid.to_le_bytes());
+        b[OFF_START..OFF_START + 8].copy_from_slice(&7u64.to_le_bytes());
+        b[OFF_COMM..OFF_COMM + comm.len()].copy_from_slice(comm.as_bytes());
+        b[OFF_KBYTES..OFF_KBYTES + 4].copy_from_slice(&((kernel.len() * 8) as i32).to_le_bytes());
+        b[OFF_UBYTES..OFF_UBYTES + 4].copy_from_slice(&((user.len() * 8) as i32).to_le_bytes());
+        b[OFF_IP..OFF_IP + 8].copy_from_slice(&regs.0.to_le_bytes());
+        b[OFF_SP..OFF_SP + 8].copy_from_slice(&regs.1.to_le_bytes());
+        b[OFF_BP..OFF_BP + 8].copy_from_slice(&regs.2.to_le_bytes());
+        b[OFF_STACK_LEN..OFF_STACK_LEN + 4].copy_from_slice(&(stack.len() as u32).to_le_bytes());
+        for (i, a) in kernel.iter().enumerate() {
+            b[OFF_KERNEL + i * 8..OFF_KERNEL + i * 8 + 8].copy_from_slice(&a.to_le_bytes());
+        }
+        for (i, a) in user.iter().enumerate() {
+            b[OFF_USER + i * 8..OFF_USER + i * 8 + 8].copy_from_slice(&a.to_le_bytes());
+        }
+        b.extend_from_slice(stack);
+        b
+    }
+
+    #[test]
+    fn a_record_reads_back() {
+        let stack: Vec<u8> = (0..64u8).collect();
+        let b = record(
+            42,
+            "hot",
+            &[0xffff_ffff_8100_0000],
+            &[0x401000, 0x401100],
+            (0x401000, 0x7ff0_0000, 0),
+            &stack,
+        );
+        let s = Sample::parse(&b).unwrap();
+        assert_eq!((s.tgid, s.start_time, s.comm), (42, 7, &b"hot"[..]));
+        assert_eq!(s.kernel, [0xffff_ffff_8100_0000]);
+        assert_eq!(s.user_fp, [0x401000, 0x401100]);
+        assert_eq!(s.stack.len(), 64);
+        assert_eq!(
+            s.stack_word(0x7ff0_0008),
+            Some(u64::from_le_bytes([8, 9, 10, 11, 12, 13, 14, 15]))
+        );
+        assert_eq!(s.stack_word(0x7ff0_0040), None, "past the copy");
+        assert_eq!(s.stack_word(0x7fef_fff8), None, "below sp");
+    }
+
+    #[test]
+    fn inconsistent_records_are_refused() {
+        assert_eq!(
+            Sample::parse(&[0; 100]).unwrap_err(),
+            ParseError::Short(100)
+        );
+        let mut b = record(1, "x", &[], &[], (0, 0, 0), &[0; 8]);
+        b[OFF_STACK_LEN..OFF_STACK_LEN + 4].copy_from_slice(&9u32.to_le_bytes());
+        assert!(matches!(
+            Sample::parse(&b),
+            Err(ParseError::StackLength {
+                claimed: 9,
+                present: 8
+            })
+        ));
+        // A negative stack result (an error) is no frames, not a huge count.
+        let mut b = record(1, "x", &[], &[], (0, 0, 0), &[]);
+        b[OFF_KBYTES..OFF_KBYTES + 4].copy_from_slice(&(-14i32).to_le_bytes());
+        assert!(Sample::parse(&b).unwrap().kernel.is_empty());
+    }
+}
