@@ -160,9 +160,46 @@ pub fn missing_capabilities() -> Vec<&'static str> {
 /// The BPF program loaded and attached to every online CPU, with its ring
 /// buffer and counters.
 struct Loaded {
-    _bpf: aya::Ebpf,
+    bpf: aya::Ebpf,
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
+    /// CPUs the perf event is open on. A CPU that goes offline keeps its
+    /// event (it samples again when the CPU returns); one that comes online
+    /// later is added at the next interval.
+    attached: std::collections::BTreeSet<u32>,
+    sample_rate: u64,
+}
+
+impl Loaded {
+    /// Opens the perf event on every online CPU that has none yet; returns
+    /// how many were added.
+    fn attach_new_cpus(&mut self) -> Result<usize, String> {
+        let cpus =
+            aya::util::online_cpus().map_err(|(what, e)| format!("cannot read {what}: {e}"))?;
+        let program: &mut PerfEvent = self
+            .bpf
+            .program_mut("sample")
+            .ok_or("the BPF object has no `sample` program")?
+            .try_into()
+            .map_err(|e| format!("the BPF object's `sample` is not a perf_event program: {e}"))?;
+        let mut added = 0;
+        for cpu in cpus {
+            if self.attached.contains(&cpu) {
+                continue;
+            }
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(self.sample_rate),
+                    false,
+                )
+                .map_err(|e| format!("cannot open the cpu-clock perf event on CPU {cpu}: {e}"))?;
+            self.attached.insert(cpu);
+            added += 1;
+        }
+        Ok(added)
+    }
 }
 
 fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
@@ -186,17 +223,6 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
     program
         .load()
         .map_err(|e| format!("the kernel refused the BPF program: {e} ({e:?})"))?;
-    let cpus = aya::util::online_cpus().map_err(|(what, e)| format!("cannot read {what}: {e}"))?;
-    for cpu in cpus {
-        program
-            .attach(
-                PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Frequency(config.sample_rate),
-                false,
-            )
-            .map_err(|e| format!("cannot open the cpu-clock perf event on CPU {cpu}: {e}"))?;
-    }
     let ring = RingBuf::try_from(
         bpf.take_map("samples")
             .ok_or("the BPF object has no `samples` map")?,
@@ -207,11 +233,15 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
             .ok_or("the BPF object has no `counters` map")?,
     )
     .map_err(|e| format!("the `counters` map is not a per-CPU array: {e}"))?;
-    Ok(Loaded {
-        _bpf: bpf,
+    let mut loaded = Loaded {
+        bpf,
         ring,
         counters,
-    })
+        attached: Default::default(),
+        sample_rate: config.sample_rate,
+    };
+    loaded.attach_new_cpus()?;
+    Ok(loaded)
 }
 
 #[async_trait]
@@ -350,6 +380,11 @@ fn sample_loop(
                 lost_before = lost;
             }
             telemetry.state(collector.procs.len(), collector.symbol_entries());
+            match loaded.attach_new_cpus() {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("sampling {n} more CPU(s) that came online"),
+                Err(e) => tracing::warn!("{e}"),
+            }
             if !envelopes.is_empty() && tx.blocking_send(envelopes).is_err() {
                 return;
             }
