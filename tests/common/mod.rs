@@ -50,7 +50,7 @@ pub struct Ports {
 }
 
 impl Ports {
-    fn fresh() -> Self {
+    pub fn fresh() -> Self {
         Ports {
             receiver: SocketAddr::from(([127, 0, 0, 1], free_port())),
             telemetry: SocketAddr::from(([127, 0, 0, 1], free_port())),

@@ -59,13 +59,17 @@ pub struct Binary {
     unwind: Option<UnwindSections>,
 }
 
+/// What framehop needs of a file: `.eh_frame` (with its `.eh_frame_hdr`
+/// index) as C, C++ and Rust toolchains write it, else `.debug_frame` as Go
+/// writes it (Go has frame pointers, but its frameless leaf functions hide
+/// their caller from a frame-pointer walk; the CFI does not).
 #[derive(Debug)]
 struct UnwindSections {
     text_svma: Option<Range<u64>>,
     got_svma: Option<Range<u64>>,
-    eh_frame_svma: Range<u64>,
-    eh_frame: Arc<[u8]>,
+    eh_frame: Option<(Range<u64>, Arc<[u8]>)>,
     eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
+    debug_frame: Option<Arc<[u8]>>,
 }
 
 /// One executable mapping of a process.
@@ -327,8 +331,9 @@ fn module(m: &Mapping) -> Option<Module<Arc<[u8]>>> {
             base_svma: 0,
             text_svma: u.text_svma.clone(),
             got_svma: u.got_svma.clone(),
-            eh_frame_svma: Some(u.eh_frame_svma.clone()),
-            eh_frame: Some(u.eh_frame.clone()),
+            eh_frame_svma: u.eh_frame.as_ref().map(|(r, _)| r.clone()),
+            eh_frame: u.eh_frame.as_ref().map(|(_, d)| d.clone()),
+            debug_frame: u.debug_frame.clone(),
             eh_frame_hdr_svma: u.eh_frame_hdr.as_ref().map(|(r, _)| r.clone()),
             eh_frame_hdr: u.eh_frame_hdr.as_ref().map(|(_, d)| d.clone()),
             ..Default::default()
@@ -375,13 +380,24 @@ fn read_binary(open: &Path, path: &str) -> Binary {
         elf.section_by_name(name)
             .map(|s| s.address()..s.address() + s.size())
     };
-    if let Some((eh_frame_svma, eh_frame)) = section(".eh_frame") {
+    let eh_frame = section(".eh_frame");
+    // Compressed in Go binaries (SHF_COMPRESSED): inflated here, bounded.
+    let debug_frame = if eh_frame.is_none() {
+        elf.section_by_name(".debug_frame")
+            .filter(|s| s.size() <= MAX_SECTION)
+            .and_then(|s| s.uncompressed_data().ok())
+            .filter(|d| d.len() as u64 <= MAX_SECTION)
+            .map(|d| Arc::from(&*d))
+    } else {
+        None
+    };
+    if eh_frame.is_some() || debug_frame.is_some() {
         b.unwind = Some(UnwindSections {
             text_svma: range(".text"),
             got_svma: range(".got"),
-            eh_frame_svma,
             eh_frame,
             eh_frame_hdr: section(".eh_frame_hdr"),
+            debug_frame,
         });
     }
     b

@@ -1,0 +1,351 @@
+//! The `ebpf` receiver end to end, as root, against real programs
+//! (`tests/ebpf_targets/`): C with two hot functions at a 2:1 CPU split,
+//! built with and without frame pointers, a Rust release binary (no frame
+//! pointers) and a Go binary. Each test starts its targets, then its own
+//! proflow with a relabel `keep` rule on their pids (which also proves the
+//! discovery labels), and reads what the `file` exporter wrote.
+//!
+//! These tests need root (CI runs as root); without it they fail, with a
+//! message saying so: they never skip.
+
+mod common;
+mod ebpf_targets;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{IndexEntry, KillOnDrop, Ports, Proflow};
+use ebpf_targets::Target;
+use proflow_pipeline::pprof;
+
+fn require_root() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .unwrap_or("?");
+    assert_eq!(
+        uid, "0",
+        "the ebpf tests load a BPF program and need root (run the test command as root, as CI does)"
+    );
+}
+
+/// proflow with the ebpf receiver profiling only `pids`, into files, at
+/// 997 Hz: the 2:1 split is checked to ±10%, and with n samples the split's
+/// standard error is about 9.5% × √(500/n), so a few thousand samples are
+/// needed for the check to mean something (4,000: 3.4%, the bound ≈ 3σ).
+fn proflow_for(pids: &[u32], extra: &str) -> Proflow {
+    let keep = pids
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join("|");
+    Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 2s\n{extra}    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
+            profiles.display(),
+            ports.telemetry
+        )
+    })
+}
+
+/// Every sample of `pid`'s profiles as (root-first function names, count),
+/// once at least `min_samples` were written.
+fn stacks_of(proflow: &Proflow, pid: u32, min_samples: i64) -> Vec<(Vec<String>, i64)> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let entries: Vec<IndexEntry> = common::read_index(&proflow.profiles)
+            .into_iter()
+            .filter(|e| e.label("pid") == Some(pid.to_string().as_str()) && e.path.is_file())
+            .collect();
+        let mut stacks = Vec::new();
+        for e in &entries {
+            let p = common::read_profile(&e.path);
+            assert_eq!(
+                p.string(p.sample_type[0].r#type),
+                "cpu",
+                "first sample type is cpu/nanoseconds"
+            );
+            for (frames, s) in pprof::stacks_root_first(&p) {
+                stacks.push((frames.iter().map(|f| f.to_string()).collect(), s.value[1]));
+            }
+        }
+        let total: i64 = stacks.iter().map(|(_, n)| n).sum();
+        if total >= min_samples {
+            return stacks;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 60 s, {total} samples of pid {pid} (want {min_samples}); index:\n{}\nlog:\n{}",
+            std::fs::read_to_string(proflow.profiles.join("index.jsonl")).unwrap_or_default(),
+            proflow.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Samples whose stack has a frame containing `function`.
+fn count_with(stacks: &[(Vec<String>, i64)], function: &str) -> i64 {
+    stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|x| x.contains(function)))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Checks the 2:1 split between `two` and `one`, that every sample in either
+/// has a full stack: `chain` in root-first order (each a substring of its
+/// frame, other frames allowed between), ending in the hot function, and
+/// that nearly all of them are in `leaf`, the function both call.
+fn check_split_and_stacks(
+    stacks: &[(Vec<String>, i64)],
+    two: &str,
+    one: &str,
+    chain: &[&str],
+    leaf: &str,
+) {
+    let (a, b) = (count_with(stacks, two), count_with(stacks, one));
+    let all: i64 = stacks.iter().map(|(_, n)| n).sum();
+    let dump: BTreeMap<String, i64> =
+        stacks
+            .iter()
+            .map(|(f, n)| (f.join(";"), *n))
+            .fold(BTreeMap::new(), |mut m, (k, n)| {
+                *m.entry(k).or_default() += n;
+                m
+            });
+    assert!(b > 0, "no sample in {one}; stacks: {dump:#?}");
+    let ratio = a as f64 / b as f64;
+    assert!(
+        (1.8..=2.2).contains(&ratio),
+        "{two}:{one} = {a}:{b} = {ratio:.2}, want 2 ± 10%; stacks: {dump:#?}"
+    );
+    // Nearly every sample is in the two hot functions (a few land in the
+    // loop between them, or in the kernel on a timer tick).
+    assert!(
+        (a + b) as f64 >= 0.9 * all as f64,
+        "only {} of {all} samples in {two} or {one}; stacks: {dump:#?}",
+        a + b
+    );
+    let in_leaf: i64 = stacks
+        .iter()
+        .filter(|(f, _)| {
+            let hot = f.iter().position(|x| x.contains(two) || x.contains(one));
+            hot.is_some_and(|i| f[i + 1..].iter().any(|x| x.contains(leaf)))
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        in_leaf as f64 >= 0.9 * (a + b) as f64,
+        "only {in_leaf} of {} hot samples have {leaf} below the hot function; stacks: {dump:#?}",
+        a + b
+    );
+    for (frames, n) in stacks {
+        let hot = frames.iter().any(|f| f.contains(two) || f.contains(one));
+        if !hot {
+            continue;
+        }
+        let mut at = 0;
+        for want in chain {
+            match frames[at..].iter().position(|f| f.contains(want)) {
+                Some(i) => at += i + 1,
+                None => panic!(
+                    "a stack ({n} samples) misses {want} after frame {at} (want root-first {chain:?}):\n{frames:#?}\nall stacks: {dump:#?}"
+                ),
+            }
+        }
+    }
+}
+
+fn run_split_test(target: Target, two: &str, one: &str, chain: &[&str], leaf: &str) {
+    require_root();
+    let bin = ebpf_targets::build(target).unwrap_or_else(|e| panic!("{e}"));
+    let (child, pid) = ebpf_targets::spawn(&bin, 30);
+    let _child = KillOnDrop(child);
+    let proflow = proflow_for(&[pid], "");
+    let stacks = stacks_of(&proflow, pid, 4000);
+    check_split_and_stacks(&stacks, two, one, chain, leaf);
+}
+
+#[test]
+fn c_with_frame_pointers_two_to_one_with_full_stacks() {
+    run_split_test(
+        Target::CFp,
+        "proflow_hot_two",
+        "proflow_hot_one",
+        &["main", "run", "proflow_hot_"],
+        "proflow_spin",
+    );
+}
+
+#[test]
+fn c_without_frame_pointers_unwinds_through_eh_frame() {
+    run_split_test(
+        Target::CNoFp,
+        "proflow_hot_two",
+        "proflow_hot_one",
+        &["__libc_start", "main", "run", "proflow_hot_"],
+        "proflow_spin",
+    );
+}
+
+#[test]
+fn rust_release_binary_without_frame_pointers() {
+    run_split_test(
+        Target::Rust,
+        "proflow_rust_hot_two",
+        "proflow_rust_hot_one",
+        &["main", "proflow_rust_hot_"],
+        "proflow_rust_spin",
+    );
+}
+
+#[test]
+fn go_binary() {
+    run_split_test(
+        Target::Go,
+        "hotTwo",
+        "hotOne",
+        &["runtime.main", "main.main", "main.hot"],
+        "main.spin",
+    );
+}
+
+/// A process moved into a container-like cgroup (named as Docker's systemd
+/// driver names them) is labelled with its container id.
+#[test]
+fn container_label_from_the_cgroup() {
+    require_root();
+    let id = format!("{:064x}", u128::from(std::process::id()) << 64 | 0xfeed);
+    let id = &id[id.len() - 64..];
+    let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
+    let (child, pid) = ebpf_targets::spawn(&bin, 30);
+    let child = KillOnDrop(child);
+    // The unified hierarchy if the machine has one writable, else cgroup v1's cpu.
+    let roots = [
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+        "/sys/fs/cgroup/cpu",
+    ];
+    let mut group = None;
+    for root in roots {
+        let dir = Path::new(root).join(format!("proflow-test-{}", std::process::id()));
+        let leaf = dir.join(format!("docker-{id}.scope"));
+        if std::fs::create_dir_all(&leaf).is_ok()
+            && std::fs::write(leaf.join("cgroup.procs"), pid.to_string()).is_ok()
+        {
+            group = Some((dir, leaf));
+            break;
+        }
+        let _ = std::fs::remove_dir(&leaf);
+        let _ = std::fs::remove_dir(&dir);
+    }
+    let (dir, leaf) =
+        group.expect("could not make a cgroup under /sys/fs/cgroup to move the target into");
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(
+        cgroups.contains(id),
+        "the target is not in the cgroup: {cgroups}"
+    );
+
+    let proflow = proflow_for(&[pid], "");
+    let entries = proflow.wait_for_files(1, |e| e.label("pid") == Some(pid.to_string().as_str()));
+    for e in &entries {
+        assert_eq!(e.label("container_id"), Some(id), "{:?}", e.labels);
+    }
+    drop(proflow);
+    drop(child);
+    // The cgroup can go once its process has.
+    for _ in 0..50 {
+        if std::fs::remove_dir(&leaf).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = std::fs::remove_dir(&dir);
+}
+
+/// Without CAP_BPF and CAP_PERFMON (root with every capability dropped), the
+/// receiver logs what is missing and idles; the collector and its other
+/// receivers run on.
+#[test]
+fn without_privileges_a_clear_error_and_the_rest_runs() {
+    require_root();
+    let setpriv = Command::new("setpriv")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status();
+    assert!(
+        setpriv.is_ok_and(|s| s.success()),
+        "setpriv (util-linux) is needed to drop capabilities"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ports = Ports::fresh();
+    let profiles = dir.path().join("profiles");
+    let config = dir.path().join("proflow.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "receivers:\n  ebpf: {{}}\n  pprof_push:\n    endpoint: {}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf, pprof_push]\n      exporters: [file]\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("proflow.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new("setpriv")
+        .args(["--inh-caps=-all", "--bounding-set=-all", "--"])
+        .arg(env!("CARGO_BIN_EXE_proflow"))
+        .args(["run", "-c"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    let _child = KillOnDrop(child);
+    let http = common::http_client();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    loop {
+        let ready = http
+            .get(format!("http://{}/readyz", ports.telemetry))
+            .send()
+            .is_ok_and(|r| r.status().as_u16() == 200);
+        if ready {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not ready; log:\n{}", log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = log_text();
+    assert!(
+        text.contains("lacks CAP_BPF and CAP_PERFMON") && text.contains("run proflow as root"),
+        "the log should name the missing capabilities and what to do:\n{text}"
+    );
+    // pprof_push still takes profiles.
+    let reply = http
+        .post(format!(
+            "http://{}{}",
+            ports.receiver,
+            common::ingest_query("app.cpu", Some("pprof"))
+        ))
+        .body(common::gzip(&common::cpu_profile()))
+        .send()
+        .unwrap();
+    assert_eq!(reply.status().as_u16(), 200, "log:\n{}", log_text());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while common::read_index(&profiles).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the pushed profile was not written; log:\n{}",
+            log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,3 @@
+module proflow.invalid/ebpftarget
+
+go 1.21
