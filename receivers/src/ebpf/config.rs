@@ -56,6 +56,11 @@ pub struct EbpfReceiverConfig {
     /// least recently used is closed beyond it. Default 32.
     #[serde(default = "default_open_binaries")]
     pub open_binaries: usize,
+    /// Files whose `.debug_info` is larger are symbolized from their symbol
+    /// table only (function names, no files, lines or inlined frames), to
+    /// bound the memory DWARF takes. Default 32MiB.
+    #[serde(default = "default_max_debug_info")]
+    pub max_debug_info: ByteSize,
     /// Most distinct stacks held per interval over all processes; samples of
     /// new stacks beyond it are counted in
     /// `proflow_ebpf_samples_dropped_total{reason="stacks_full"}`. Default 200000.
@@ -95,6 +100,9 @@ fn default_symbol_cache_entries() -> usize {
 }
 fn default_open_binaries() -> usize {
     32
+}
+fn default_max_debug_info() -> ByteSize {
+    ByteSize::mib(32)
 }
 fn default_max_stacks() -> usize {
     200_000

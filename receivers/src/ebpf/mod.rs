@@ -323,8 +323,13 @@ fn sample_loop(
     tx: tokio::sync::mpsc::Sender<Vec<Envelope>>,
     stop: Arc<AtomicBool>,
 ) {
-    let symbols = (config.symbolize == Symbolize::Local)
-        .then(|| Symbols::new(config.symbol_cache_entries, config.open_binaries));
+    let symbols = (config.symbolize == Symbolize::Local).then(|| {
+        Symbols::new(
+            config.symbol_cache_entries,
+            config.open_binaries,
+            config.max_debug_info.bytes(),
+        )
+    });
     let mut collector = Collector::new(
         Processes::new(relabel, config.group_by),
         symbols,

@@ -54,6 +54,8 @@ pub struct Binary {
     pub path: Arc<str>,
     /// The GNU build id, hex.
     pub build_id: Option<Arc<str>>,
+    /// Size of `.debug_info` (0: none).
+    pub debug_info_size: u64,
     /// Executable PT_LOAD segments: (p_vaddr, p_offset).
     exec_segments: Vec<(u64, u64)>,
     unwind: Option<UnwindSections>,
@@ -348,6 +350,7 @@ fn read_binary(open: &Path, path: &str) -> Binary {
     let mut b = Binary {
         path: path.into(),
         build_id: None,
+        debug_info_size: 0,
         exec_segments: Vec::new(),
         unwind: None,
     };
@@ -358,6 +361,7 @@ fn read_binary(open: &Path, path: &str) -> Binary {
     let Ok(elf) = object::File::parse(&cache) else {
         return b;
     };
+    b.debug_info_size = elf.section_by_name(".debug_info").map_or(0, |s| s.size());
     if let Ok(Some(id)) = elf.build_id() {
         b.build_id = Some(hex(id).into());
     }
