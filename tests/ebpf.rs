@@ -5,11 +5,17 @@
 //! proflow with a relabel `keep` rule on their pids (which also proves the
 //! discovery labels), and reads what the `file` exporter wrote.
 //!
+//! One test sends to the real Pyroscope and reads the profile back.
+//!
 //! These tests need root (CI runs as root); without it they fail, with a
 //! message saying so: they never skip.
 
 mod common;
 mod ebpf_targets;
+// Both helper modules include `peer_skip` (one copy each, same skip rules).
+#[allow(clippy::duplicate_mod)]
+mod peer_env;
+mod readback;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -37,7 +43,7 @@ fn require_root() {
 /// 997 Hz: the 2:1 split is checked to ±10%, and with n samples the split's
 /// standard error is about 9.5% × √(500/n), so a few thousand samples are
 /// needed for the check to mean something (4,000: 3.4%, the bound ≈ 3σ).
-fn proflow_for(pids: &[u32], extra: &str) -> Proflow {
+fn proflow_for(pids: &[u32], interval: &str) -> Proflow {
     let keep = pids
         .iter()
         .map(u32::to_string)
@@ -45,7 +51,7 @@ fn proflow_for(pids: &[u32], extra: &str) -> Proflow {
         .join("|");
     Proflow::start(|ports: &Ports, profiles: &Path| {
         format!(
-            "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 2s\n{extra}    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
+            "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: {interval}\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
             profiles.display(),
             ports.telemetry
         )
@@ -165,7 +171,7 @@ fn run_split_test(target: Target, two: &str, one: &str, chain: &[&str], leaf: &s
     let bin = ebpf_targets::build(target).unwrap_or_else(|e| panic!("{e}"));
     let (child, pid) = ebpf_targets::spawn(&bin, 30);
     let _child = KillOnDrop(child);
-    let proflow = proflow_for(&[pid], "");
+    let proflow = proflow_for(&[pid], "2s");
     let stacks = stacks_of(&proflow, pid, 4000);
     check_split_and_stacks(&stacks, two, one, chain, leaf);
 }
@@ -251,7 +257,7 @@ fn container_label_from_the_cgroup() {
         "the target is not in the cgroup: {cgroups}"
     );
 
-    let proflow = proflow_for(&[pid], "");
+    let proflow = proflow_for(&[pid], "2s");
     let entries = proflow.wait_for_files(1, |e| e.label("pid") == Some(pid.to_string().as_str()));
     for e in &entries {
         assert_eq!(e.label("container_id"), Some(id), "{:?}", e.labels);
@@ -348,4 +354,160 @@ fn without_privileges_a_clear_error_and_the_rest_runs() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// On SIGTERM the interval so far is sent, not lost: with a 60 s interval,
+/// a stop after a few seconds still writes the target's profile.
+#[test]
+fn stopping_sends_the_interval_so_far() {
+    require_root();
+    let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
+    let (child, pid) = ebpf_targets::spawn(&bin, 30);
+    let _child = KillOnDrop(child);
+    let mut proflow = proflow_for(&[pid], "60s");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        common::read_index(&proflow.profiles).is_empty(),
+        "nothing is written before the interval ends"
+    );
+    let code = proflow.terminate(Duration::from_secs(20));
+    assert_eq!(code, Some(0), "log:\n{}", proflow.log_text());
+    let entries = common::read_index(&proflow.profiles);
+    let mine: Vec<&IndexEntry> = entries
+        .iter()
+        .filter(|e| e.label("pid") == Some(pid.to_string().as_str()))
+        .collect();
+    assert_eq!(mine.len(), 1, "index: {entries:?}");
+    let p = common::read_profile(&mine[0].path);
+    let samples: i64 = p.sample.iter().map(|s| s.value[1]).sum();
+    assert!(samples > 1000, "{samples} samples in about 3 s at 997 Hz");
+}
+
+/// Processes that live a second and are gone before the interval ends are
+/// still profiled, named and symbolized (names and symbols are taken while
+/// they run), and `group_by: service` puts them in one profile without `pid`.
+#[test]
+fn short_lived_processes_grouped_by_service() {
+    require_root();
+    let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
+    let app = common::unique_name("short");
+    let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 6s\n    group_by: service\n    relabel_configs:\n      - {{source_labels: [__meta_process_exe], regex: '{}', action: keep}}\n      - {{target_label: service_name, replacement: '{app}'}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
+            bin.display(),
+            profiles.display(),
+            ports.telemetry
+        )
+    });
+    // Three processes one after the other, each about a second.
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        let (mut child, pid) = ebpf_targets::spawn(&bin, 1);
+        child.wait().unwrap();
+        pids.push(pid);
+    }
+    let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app.as_str()));
+    for e in &entries {
+        assert_eq!(
+            e.label("pid"),
+            None,
+            "group_by: service has no pid: {:?}",
+            e.labels
+        );
+    }
+    let mut totals = common::Totals::new();
+    let mut stacks = BTreeMap::new();
+    for e in &entries {
+        let p = common::read_profile(&e.path);
+        common::add_function_totals(
+            &mut totals,
+            &p,
+            &["proflow_hot_two", "proflow_hot_one"],
+            Some("samples"),
+        );
+        for (frames, s) in pprof::stacks_root_first(&p) {
+            *stacks.entry(frames.join(";")).or_insert(0) += s.value[1];
+        }
+    }
+    let (two, one) = (
+        totals.get("proflow_hot_two").copied().unwrap_or(0),
+        totals.get("proflow_hot_one").copied().unwrap_or(0),
+    );
+    assert!(
+        two > 0 && one > 0,
+        "the short-lived processes {pids:?} were not symbolized: {totals:?}; stacks: {stacks:#?}; index:\n{}",
+        std::fs::read_to_string(proflow.profiles.join("index.jsonl")).unwrap_or_default()
+    );
+}
+
+/// The receiver's profiles in the real Pyroscope: the same totals come back
+/// as the `file` exporter wrote, split 2:1, under `process_cpu`.
+#[test]
+fn into_pyroscope() {
+    require_root();
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
+    let (child, pid) = ebpf_targets::spawn(&bin, 6);
+    let mut child = KillOnDrop(child);
+    let app = common::unique_name("ebpf-hot");
+    let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 2s\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{pid}', action: keep}}\n      - {{target_label: service_name, replacement: '{app}'}}\nexporters:\n  file:\n    directory: {}\n  pyroscope:\n    endpoint: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file, pyroscope]\n",
+            profiles.display(),
+            pyroscope.http_base(),
+            ports.telemetry
+        )
+    });
+    child.0.wait().unwrap();
+    // Its last interval is written within one more interval.
+    std::thread::sleep(Duration::from_secs(5));
+    let functions = ["proflow_hot_two", "proflow_hot_one"];
+    let mut want = common::Totals::new();
+    for e in common::read_index(&proflow.profiles) {
+        if e.label("pid") == Some(pid.to_string().as_str()) {
+            common::add_function_totals(
+                &mut want,
+                &common::read_profile(&e.path),
+                &functions,
+                Some("cpu"),
+            );
+        }
+    }
+    let (two, one) = (
+        want.get(functions[0]).copied().unwrap_or(0),
+        want.get(functions[1]).copied().unwrap_or(0),
+    );
+    assert!(
+        one > 0,
+        "nothing written for pid {pid}: {want:?}\nlog:\n{}",
+        proflow.log_text()
+    );
+    let ratio = two as f64 / one as f64;
+    assert!(
+        (1.8..=2.2).contains(&ratio),
+        "split {two}:{one} = {ratio:.2}"
+    );
+    let http = common::http_client();
+    let base = pyroscope.http_base();
+    let selector = format!("{{service_name=\"{app}\"}}");
+    let mut last = (common::Totals::new(), String::new());
+    let same = peer_env::poll(Duration::from_secs(90), || {
+        last = readback::pyroscope_totals(
+            &http,
+            &base,
+            &selector,
+            &functions,
+            Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds"),
+        );
+        common::totals_close(&last.0, &want).then_some(())
+    });
+    assert!(
+        same.is_some(),
+        "Pyroscope has {:?} ({}) for {selector}; the file exporter wrote {want:?}\nlog:\n{}",
+        last.0,
+        last.1,
+        proflow.log_text()
+    );
 }

@@ -64,6 +64,8 @@ pub struct Telemetry {
     scrape_delta_series: Gauges,
     scrape_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
     ebpf_samples: Counters,
+    ebpf_sample_bytes: Counters,
+    ebpf_user_stacks: Counters,
     ebpf_samples_lost: Counters,
     ebpf_samples_dropped: Counters,
     ebpf_processes: Gauges,
@@ -234,6 +236,16 @@ impl Telemetry {
             ebpf_samples: family!(
                 "ebpf_samples",
                 "CPU samples an eBPF receiver took in user space (kernel threads and every process, idle excluded)",
+                Counters::default()
+            ),
+            ebpf_sample_bytes: family!(
+                "ebpf_sample_bytes",
+                "Bytes of sample records read from the kernel (stacks and the copied user stack)",
+                Counters::default()
+            ),
+            ebpf_user_stacks: family!(
+                "ebpf_user_stacks",
+                "User stacks by how they were unwound (complete: .eh_frame to the outermost frame; frame_pointers: the kernel's walk went further; truncated; none)",
                 Counters::default()
             ),
             ebpf_samples_lost: family!(
@@ -561,9 +573,21 @@ pub struct EbpfTelemetry {
 }
 
 impl EbpfTelemetry {
-    /// `n` samples read from the kernel.
-    pub fn samples(&self, n: u64) {
+    /// `n` samples of `bytes` in all read from the kernel.
+    pub fn samples(&self, n: u64, bytes: u64) {
         self.t.ebpf_samples.get_or_create(&self.id).inc_by(n);
+        self.t
+            .ebpf_sample_bytes
+            .get_or_create(&self.id)
+            .inc_by(bytes);
+    }
+
+    /// `n` more user stacks unwound as `how`.
+    pub fn unwound(&self, how: &str, n: u64) {
+        if n > 0 {
+            let labels = with(&self.id, "unwound", how);
+            self.t.ebpf_user_stacks.get_or_create(&labels).inc_by(n);
+        }
     }
 
     /// `n` more samples the kernel could not hand over (ring buffer full).

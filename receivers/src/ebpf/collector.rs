@@ -60,15 +60,51 @@ impl Frame {
     }
 }
 
+/// How a sample's user stack was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unwound {
+    /// framehop reached the outermost frame.
+    Complete,
+    /// framehop stopped early and the kernel's frame-pointer walk, longer,
+    /// was taken.
+    FramePointers,
+    /// framehop stopped early and was still the longer of the two.
+    Truncated,
+    /// No user part (a kernel thread), or no registers to start from.
+    None,
+}
+
+impl Unwound {
+    pub const ALL: [Unwound; 4] = [
+        Unwound::Complete,
+        Unwound::FramePointers,
+        Unwound::Truncated,
+        Unwound::None,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unwound::Complete => "complete",
+            Unwound::FramePointers => "frame_pointers",
+            Unwound::Truncated => "truncated",
+            Unwound::None => "none",
+        }
+    }
+}
+
 /// How the user stack of a sample is found: framehop over the copied stack
 /// with each module's `.eh_frame` (and frame pointers where a module has
 /// none). If it ends cleanly (at the outermost frame), that is the stack.
 /// If it stops early (the stack copy ran out, or no rule applied), the
 /// kernel's frame-pointer walk is taken instead when it has more frames:
 /// code with frame pointers and a stack deeper than the copy.
-pub fn user_stack(process: &Process, cache: &mut CacheX86_64, s: &Sample<'_>) -> Vec<Frame> {
+pub fn user_stack(
+    process: &Process,
+    cache: &mut CacheX86_64,
+    s: &Sample<'_>,
+) -> (Vec<Frame>, Unwound) {
     if s.flags & FLAG_KTHREAD != 0 {
-        return Vec::new();
+        return (Vec::new(), Unwound::None);
     }
     let fp: Vec<Frame> = s
         .user_fp
@@ -80,7 +116,7 @@ pub fn user_stack(process: &Process, cache: &mut CacheX86_64, s: &Sample<'_>) ->
         })
         .collect();
     if s.ip == 0 || s.sp == 0 {
-        return fp;
+        return (fp, Unwound::None);
     }
     let mut out_of_copy = false;
     let mut read = |addr: u64| match s.stack_word(addr) {
@@ -113,10 +149,12 @@ pub fn user_stack(process: &Process, cache: &mut CacheX86_64, s: &Sample<'_>) ->
             }
         }
     }
-    if (clean && !out_of_copy) || frames.len() >= fp.len() {
-        frames
+    if clean && !out_of_copy {
+        (frames, Unwound::Complete)
+    } else if frames.len() >= fp.len() {
+        (frames, Unwound::Truncated)
     } else {
-        fp
+        (fp, Unwound::FramePointers)
     }
 }
 
@@ -183,9 +221,18 @@ pub struct Collector {
     /// Collect intervals so far (processes remember the last they were in).
     interval: u64,
     period_ns: i64,
+    /// User stacks by how they were found (indexed as [`Unwound::ALL`]),
+    /// since [`Collector::take_unwound`].
+    unwound: [u64; 4],
 }
 
 impl Collector {
+    /// How user stacks were found since the last call.
+    pub fn take_unwound(&mut self) -> [(Unwound, u64); 4] {
+        let counts = std::mem::take(&mut self.unwound);
+        std::array::from_fn(|i| (Unwound::ALL[i], counts[i]))
+    }
+
     pub fn new(
         procs: Processes,
         symbols: Option<Symbols>,
@@ -201,6 +248,7 @@ impl Collector {
             max_stacks,
             interval: 1,
             period_ns: (1_000_000_000 / sample_rate.max(1)) as i64,
+            unwound: [0; 4],
         }
     }
 
@@ -216,16 +264,16 @@ impl Collector {
         };
         let addr = (s.ip != 0).then_some(s.ip);
         let process = self.procs.get(key, s.comm, s.exe, addr, self.interval);
-        let Some(labels) = &process.labels else {
+        let Some((labels, series_key)) = &process.labels else {
             return Err(Dropped::Filtered);
         };
-        let user = user_stack(process, &mut self.cache, s);
-        let series_key = labels.to_selector_string();
-        if !self.series.contains_key(&series_key) {
+        let (user, how) = user_stack(process, &mut self.cache, s);
+        self.unwound[Unwound::ALL.iter().position(|&u| u == how).unwrap_or(3)] += 1;
+        if !self.series.contains_key(series_key) {
             self.series
                 .insert(series_key.clone(), Series::new(labels.clone()));
         }
-        let series = self.series.get_mut(&series_key).expect("inserted above");
+        let series = self.series.get_mut(series_key).expect("inserted above");
 
         let mut stack = Vec::with_capacity(s.kernel.len() + user.len());
         for (i, &addr) in s.kernel.iter().enumerate() {

@@ -297,12 +297,20 @@ impl Receiver for EbpfReceiver {
                     }
                 }
             };
+            // On shutdown the sampler sends what the interval has so far and
+            // ends (it sees the flag within a poll timeout), which closes the
+            // channel and so ends `forward` (the collector bounds this by its
+            // shutdown timeout).
+            let stop_on_shutdown = async {
+                shutdown.cancelled().await;
+                stop.store(true, Ordering::Relaxed);
+                std::future::pending::<()>().await
+            };
             tokio::select! {
                 _ = forward => {}
-                _ = shutdown.cancelled() => {}
+                _ = stop_on_shutdown => {}
             }
             stop.store(true, Ordering::Relaxed);
-            // The sampler sees the flag within a poll timeout.
             let _ = tokio::task::spawn_blocking(move || sampler.join()).await;
         }))
     }
@@ -350,8 +358,10 @@ fn sample_loop(
             poll_readable(fd, wait);
         }
         let mut n = 0u64;
+        let mut bytes = 0u64;
         while let Some(item) = loaded.ring.next() {
             n += 1;
+            bytes += item.len() as u64;
             match Sample::parse(&item) {
                 Ok(s) => {
                     if let Err(d) = collector.add(&s) {
@@ -365,7 +375,7 @@ fn sample_loop(
             }
         }
         if n > 0 {
-            telemetry.samples(n);
+            telemetry.samples(n, bytes);
         }
         if stopping || Instant::now() >= next {
             let now = SystemTime::now();
@@ -385,6 +395,9 @@ fn sample_loop(
                 lost_before = lost;
             }
             telemetry.state(collector.procs.len(), collector.symbol_entries());
+            for (how, n) in collector.take_unwound() {
+                telemetry.unwound(how.as_str(), n);
+            }
             match loaded.attach_new_cpus() {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("sampling {n} more CPU(s) that came online"),

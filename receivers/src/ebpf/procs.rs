@@ -104,8 +104,12 @@ pub struct Process {
     pub container_id: Option<String>,
     /// Sorted by start.
     pub mappings: Vec<Mapping>,
-    /// The series labels after relabelling; `None`: not profiled.
-    pub labels: Option<Labels>,
+    /// The series labels after relabelling, with their key (the selector
+    /// string, computed once); `None`: not profiled.
+    pub labels: Option<(Labels, String)>,
+    /// Every executable range, file-backed or not (JIT code, the vdso): an
+    /// address outside all of them means the mappings changed.
+    exec_ranges: Vec<(u64, u64)>,
     pub unwinder: UnwinderX86_64<Arc<[u8]>>,
     /// Whether `/proc` could be read for it.
     pub from_proc: bool,
@@ -115,6 +119,14 @@ pub struct Process {
 }
 
 impl Process {
+    fn in_exec_range(&self, addr: u64) -> bool {
+        let i = self
+            .exec_ranges
+            .partition_point(|&(start, _)| start <= addr);
+        i.checked_sub(1)
+            .is_some_and(|i| addr < self.exec_ranges[i].1)
+    }
+
     /// The mapping holding `addr`.
     pub fn mapping(&self, addr: u64) -> Option<&Mapping> {
         let i = self.mappings.partition_point(|m| m.start <= addr);
@@ -170,7 +182,8 @@ impl Processes {
             None => true,
             Some(p) => {
                 let exec = !exe_name.is_empty() && p.exe_name != exe_name;
-                let unknown = p.from_proc && addr.is_some_and(|a| p.mapping(a).is_none());
+                let unknown =
+                    p.from_proc && p.labels.is_some() && addr.is_some_and(|a| !p.in_exec_range(a));
                 (exec || unknown) && p.last_reload.elapsed() >= RELOAD_EVERY
             }
         };
@@ -209,13 +222,28 @@ impl Processes {
         let cgroups = std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default();
         let cgroup = cgroup_path(&cgroups).to_owned();
         let container_id = container_id(&cgroups);
-        let maps = std::fs::read_to_string(dir.join("maps"));
+        let labels = self
+            .labels(key.pid, &comm, &exe, &cgroup, container_id.as_deref())
+            .map(|l| {
+                let key = l.to_selector_string();
+                (l, key)
+            });
+        // A process relabelling drops needs no mappings, files or unwinder.
+        let maps = if labels.is_some() {
+            std::fs::read_to_string(dir.join("maps"))
+        } else {
+            Ok(String::new())
+        };
         let from_proc = maps.is_ok();
         let root = dir.join("root");
         let mut mappings = Vec::new();
+        let mut exec_ranges = Vec::new();
         for line in maps.as_deref().unwrap_or("").lines() {
-            if mappings.len() >= MAX_MAPPINGS {
+            if mappings.len() >= MAX_MAPPINGS || exec_ranges.len() >= MAX_MAPPINGS {
                 break;
+            }
+            if let Some(range) = exec_range(line) {
+                exec_ranges.push(range);
             }
             let Some(m) = parse_maps_line(line) else {
                 continue;
@@ -243,13 +271,13 @@ impl Processes {
             });
         }
         mappings.sort_by_key(|m| m.start);
+        exec_ranges.sort_unstable();
         let mut unwinder = UnwinderX86_64::new();
         for m in &mappings {
             if let Some(module) = module(m) {
                 unwinder.add_module(module);
             }
         }
-        let labels = self.labels(key.pid, &comm, &exe, &cgroup, container_id.as_deref());
         Process {
             key,
             comm,
@@ -259,6 +287,7 @@ impl Processes {
             container_id,
             mappings,
             labels,
+            exec_ranges,
             unwinder,
             from_proc,
             last_reload: Instant::now(),
@@ -416,6 +445,20 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The range of a `/proc/PID/maps` line that is executable, whatever it maps.
+fn exec_range(line: &str) -> Option<(u64, u64)> {
+    let mut f = line.split(' ');
+    let (range, perms) = (f.next()?, f.next()?);
+    if !perms.contains('x') {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    Some((
+        u64::from_str_radix(start, 16).ok()?,
+        u64::from_str_radix(end, 16).ok()?,
+    ))
+}
+
 /// One line of `/proc/PID/maps` that maps a file executable.
 #[derive(Debug, PartialEq)]
 struct MapsLine<'a> {
@@ -566,6 +609,16 @@ mod tests {
         assert!(parse_maps_line("7f00-7f10 r-xp 00000000 00:00 0 [vdso]").is_none());
         assert!(parse_maps_line("7f00-7f10 r--p 00000000 fe:01 1 /bin/x").is_none());
         assert!(parse_maps_line("garbage").is_none());
+        assert_eq!(
+            exec_range("7f00-7f10 r-xp 00000000 00:00 0 [vdso]"),
+            Some((0x7f00, 0x7f10))
+        );
+        assert_eq!(
+            exec_range("7f00-7f10 rwxp 00000000 00:00 0"),
+            Some((0x7f00, 0x7f10)),
+            "JIT code"
+        );
+        assert_eq!(exec_range("7f00-7f10 rw-p 00000000 00:00 0"), None);
         let d = parse_maps_line("1000-2000 r-xp 00000000 fe:01 9 /tmp/a (deleted)").unwrap();
         assert_eq!(d.path, "/tmp/a");
     }
