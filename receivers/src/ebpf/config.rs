@@ -56,9 +56,11 @@ pub struct EbpfReceiverConfig {
     /// least recently used is closed beyond it. Default 32.
     #[serde(default = "default_open_binaries")]
     pub open_binaries: usize,
-    /// Files whose `.debug_info` is larger are symbolized from their symbol
-    /// table only (function names, no files, lines or inlined frames), to
-    /// bound the memory DWARF takes. Default 32MiB.
+    /// Files whose DWARF (every `.debug_*` section, uncompressed) is larger
+    /// are symbolized from their symbol table only (function names, no
+    /// files, lines or inlined frames); files stay open while the DWARF of
+    /// all open ones is at most twice this. Bounds the memory DWARF takes
+    /// (about its own size while open). Default 16MiB.
     #[serde(default = "default_max_debug_info")]
     pub max_debug_info: ByteSize,
     /// Most distinct stacks held per interval over all processes; samples of
@@ -102,7 +104,7 @@ fn default_open_binaries() -> usize {
     32
 }
 fn default_max_debug_info() -> ByteSize {
-    ByteSize::mib(32)
+    ByteSize::mib(16)
 }
 fn default_max_stacks() -> usize {
     200_000

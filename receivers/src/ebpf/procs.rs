@@ -54,8 +54,8 @@ pub struct Binary {
     pub path: Arc<str>,
     /// The GNU build id, hex.
     pub build_id: Option<Arc<str>>,
-    /// Size of `.debug_info` (0: none).
-    pub debug_info_size: u64,
+    /// Size of its DWARF: every `.debug_*` section, uncompressed (0: none).
+    pub debug_size: u64,
     /// Executable PT_LOAD segments: (p_vaddr, p_offset).
     exec_segments: Vec<(u64, u64)>,
     unwind: Option<UnwindSections>,
@@ -379,7 +379,7 @@ fn read_binary(open: &Path, path: &str) -> Binary {
     let mut b = Binary {
         path: path.into(),
         build_id: None,
-        debug_info_size: 0,
+        debug_size: 0,
         exec_segments: Vec::new(),
         unwind: None,
     };
@@ -390,7 +390,17 @@ fn read_binary(open: &Path, path: &str) -> Binary {
     let Ok(elf) = object::File::parse(&cache) else {
         return b;
     };
-    b.debug_info_size = elf.section_by_name(".debug_info").map_or(0, |s| s.size());
+    b.debug_size = elf
+        .sections()
+        .filter(|s| {
+            s.name()
+                .is_ok_and(|n| n.starts_with(".debug_") || n.starts_with(".zdebug_"))
+        })
+        .map(|s| {
+            s.compressed_file_range()
+                .map_or(s.size(), |r| r.uncompressed_size)
+        })
+        .sum();
     if let Ok(Some(id)) = elf.build_id() {
         b.build_id = Some(hex(id).into());
     }

@@ -6,11 +6,14 @@
 //! one location, innermost first, as pprof has them; Rust and C++ names
 //! demangled).
 //!
-//! A file whose `.debug_info` is larger than `max_debug_info` (default
-//! 32MiB) is symbolized from its symbol table only (function names, no
-//! files, lines or inlined frames): without `.debug_aranges`, as Rust
-//! writes none, finding an address's unit means walking all of
-//! `.debug_info`, and that many pages stay resident while the file is open.
+//! DWARF costs memory about its own size while a file is open (more when
+//! it is compressed, as Go compresses it; without `.debug_aranges`, as Rust
+//! writes none, finding an address's unit walks all of `.debug_info`). So a
+//! file whose DWARF (every `.debug_*` section, uncompressed) is larger than
+//! `max_debug_info` (16MiB) is symbolized from its symbol table only
+//! (function names, no files, lines or inlined frames), and files are
+//! closed, least recently used first, while the DWARF of the open ones adds
+//! up to more than twice that.
 //!
 //! Two bounded caches:
 //! - resolved frames, keyed by file (build id, or path when there is none)
@@ -61,8 +64,8 @@ pub struct Symbols {
     kernel: HashMap<u64, Lines>,
     max_entries: usize,
     /// Files blazesym has open, least recently used first, with the path
-    /// each was opened by.
-    open: VecDeque<(FileKey, PathBuf)>,
+    /// each was opened by and the DWARF bytes it was opened with.
+    open: VecDeque<(FileKey, PathBuf, u64)>,
     max_open: usize,
     max_debug_info: u64,
     empty: Lines,
@@ -142,13 +145,14 @@ impl Symbols {
             return l.clone();
         }
         self.make_room();
-        let debug = mapping.binary.debug_info_size <= self.max_debug_info;
-        let path = self.opened(&key, &mapping.open_path);
+        let debug = mapping.binary.debug_size <= self.max_debug_info;
+        let dwarf = if debug { mapping.binary.debug_size } else { 0 };
+        let path = self.opened(&key, &mapping.open_path, dwarf);
         let mut result = self.resolve(&path, offset, debug);
         if result.is_none() && path.as_path() != &*mapping.open_path {
             // Opened through a process that has ended: reopen through this one.
             self.close(&key);
-            let path = self.opened(&key, &mapping.open_path);
+            let path = self.opened(&key, &mapping.open_path, dwarf);
             result = self.resolve(&path, offset, debug);
         }
         let lines = result.unwrap_or_else(|| self.empty.clone());
@@ -167,29 +171,35 @@ impl Symbols {
     }
 
     /// The path `key` is open by, opening it (and closing the least
-    /// recently used file beyond `max_open`) if needed.
-    fn opened(&mut self, key: &FileKey, path: &Path) -> PathBuf {
-        if let Some(i) = self.open.iter().position(|(k, _)| k == key) {
+    /// recently used files beyond `max_open` files or twice
+    /// `max_debug_info` of DWARF) if needed.
+    fn opened(&mut self, key: &FileKey, path: &Path, dwarf: u64) -> PathBuf {
+        if let Some(i) = self.open.iter().position(|(k, _, _)| k == key) {
             let entry = self.open.remove(i).expect("index from position");
             let path = entry.1.clone();
             self.open.push_back(entry);
             return path;
         }
-        while self.open.len() >= self.max_open {
-            let Some((_, old)) = self.open.pop_front() else {
+        let budget = self.max_debug_info.saturating_mul(2);
+        let over = |open: &VecDeque<(FileKey, PathBuf, u64)>| {
+            open.iter().map(|(_, _, d)| d).sum::<u64>() + dwarf > budget
+        };
+        while self.open.len() >= self.max_open || (!self.open.is_empty() && over(&self.open)) {
+            let Some((_, old, _)) = self.open.pop_front() else {
                 break;
             };
             let _ = self.blaze.evict(&blazesym::symbolize::evict::Evict::Elf(
                 blazesym::symbolize::evict::Elf::new(old),
             ));
         }
-        self.open.push_back((key.clone(), path.to_path_buf()));
+        self.open
+            .push_back((key.clone(), path.to_path_buf(), dwarf));
         path.to_path_buf()
     }
 
     fn close(&mut self, key: &FileKey) {
-        if let Some(i) = self.open.iter().position(|(k, _)| k == key) {
-            let (_, old) = self.open.remove(i).expect("index from position");
+        if let Some(i) = self.open.iter().position(|(k, _, _)| k == key) {
+            let (_, old, _) = self.open.remove(i).expect("index from position");
             let _ = self.blaze.evict(&blazesym::symbolize::evict::Evict::Elf(
                 blazesym::symbolize::evict::Elf::new(old),
             ));
