@@ -580,4 +580,34 @@ mod tests {
         let p = c.flush(0, 1)[0].payload.decoded().unwrap();
         assert_eq!(p.sample[0].value[1], 2);
     }
+
+    #[test]
+    fn a_reused_pid_is_a_new_process_and_an_exec_is_seen() {
+        let procs = Processes::new(Relabeler::default(), super::super::config::GroupBy::Process);
+        let mut c = Collector::new(procs, None, 100, 19);
+        let pid = 0x7fff_fff2;
+        let first = record(pid, "first", &[], &[0x1000], (0, 0, 0), &[]);
+        c.add(&Sample::parse(&first).unwrap()).unwrap();
+        // The same pid, started later: another process.
+        let mut reused = record(pid, "second", &[], &[0x1000], (0, 0, 0), &[]);
+        reused[8..16].copy_from_slice(&99u64.to_le_bytes());
+        c.add(&Sample::parse(&reused).unwrap()).unwrap();
+        let mut comms: Vec<String> = c
+            .flush(0, 1)
+            .iter()
+            .map(|e| e.labels.get("comm").unwrap_or_default().to_owned())
+            .collect();
+        comms.sort();
+        assert_eq!(comms, ["first", "second"]);
+
+        // The first process exec's another program: same pid and start
+        // time, a new executable name, so it is read again.
+        let mut exec = record(pid, "third", &[], &[0x1000], (0, 0, 0), &[]);
+        exec[32..37].copy_from_slice(b"other");
+        c.add(&Sample::parse(&exec).unwrap()).unwrap();
+        let out = c.flush(1, 2);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].labels.get("comm"), Some("third"));
+        assert_eq!(out[0].labels.get("service_name"), Some("other"));
+    }
 }

@@ -9,8 +9,8 @@
 //! milliseconds is usually still there). If it is already gone, what the
 //! sample itself carries (thread name and executable file name, taken in the
 //! kernel at sample time) is used. Its mappings are reread when an exec is
-//! seen (the executable name changed) or an address falls outside every
-//! known mapping (a library loaded later), at most once a second.
+//! seen (the executable name changed), and when an address falls outside
+//! every executable mapping (a library loaded later), at most once a second.
 //!
 //! ELF files are read once per file (device and inode) and shared by every
 //! process that maps them; only the build id, the executable segments and
@@ -184,7 +184,7 @@ impl Processes {
                 let exec = !exe_name.is_empty() && p.exe_name != exe_name;
                 let unknown =
                     p.from_proc && p.labels.is_some() && addr.is_some_and(|a| !p.in_exec_range(a));
-                (exec || unknown) && p.last_reload.elapsed() >= RELOAD_EVERY
+                exec || (unknown && p.last_reload.elapsed() >= RELOAD_EVERY)
             }
         };
         if stale {

@@ -146,7 +146,7 @@ int sample(struct bpf_perf_event_data *ctx)
 	__u32 zero = 0;
 	struct task_struct *task;
 	struct sample *s;
-	__u64 size;
+	__u64 size, wakeup;
 
 	if (tgid == 0) {
 		count(COUNT_IDLE);
@@ -201,7 +201,12 @@ int sample(struct bpf_perf_event_data *ctx)
 	size = __builtin_offsetof(struct sample, stack) + s->stack_len;
 	if (size > sizeof(*s))
 		size = sizeof(*s);
-	if (bpf_ringbuf_output(&samples, s, size, 0) != 0)
+	/* User space drains the ring every 100 ms; it is woken early only when
+	 * the ring is an eighth full, not for every sample. */
+	wakeup = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >
+			 bpf_ringbuf_query(&samples, BPF_RB_RING_SIZE) / 8 ?
+		 BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&samples, s, size, wakeup) != 0)
 		count(COUNT_LOST);
 	return 0;
 }
