@@ -45,8 +45,12 @@ pub struct EbpfReceiverConfig {
     pub relabel_configs: Vec<RelabelConfig>,
     /// Size of the ring buffer that carries samples from the kernel: a power
     /// of two, at least 64KiB. A sample takes 2KiB plus the user stack copied
-    /// (at most 16KiB). Samples that find it full are counted in
-    /// `proflow_ebpf_samples_lost_total`. Default 4MiB.
+    /// (at most 16KiB, typically a few KiB); the ring is drained every 100 ms
+    /// and when it is an eighth full. It is mapped twice, so it counts twice
+    /// in RSS. Samples that find it full are counted in
+    /// `proflow_ebpf_samples_lost_total`: raise it on nodes with many CPUs
+    /// or high rates (64 CPUs at 99 Hz fill 2MiB in about half a second if
+    /// the receiver stalls). Default 2MiB.
     #[serde(default = "default_ring_buffer_size")]
     pub ring_buffer_size: ByteSize,
     /// Most symbolized addresses kept (per binary and offset). Default 100000.
@@ -95,7 +99,7 @@ fn default_collect_interval() -> Duration {
     Duration::from_secs(15)
 }
 fn default_ring_buffer_size() -> ByteSize {
-    ByteSize::mib(4)
+    ByteSize::mib(2)
 }
 fn default_symbol_cache_entries() -> usize {
     100_000
@@ -169,7 +173,7 @@ mod tests {
         assert_eq!(c.collect_interval, Duration::from_secs(15));
         assert_eq!(c.symbolize, Symbolize::Local);
         assert_eq!(c.group_by, GroupBy::Process);
-        assert_eq!(c.ring_buffer_size, ByteSize::mib(4));
+        assert_eq!(c.ring_buffer_size, ByteSize::mib(2));
         assert!(c.problems().is_empty());
     }
 

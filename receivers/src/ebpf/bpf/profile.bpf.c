@@ -90,7 +90,7 @@ enum {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4 << 20); /* user space sets the size */
+	__uint(max_entries, 2 << 20); /* user space sets the size */
 } samples SEC(".maps");
 
 struct {
