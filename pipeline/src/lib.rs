@@ -7,8 +7,9 @@
 //! ([`topology`]) and self-telemetry ([`telemetry`]), plus the protobuf wire
 //! walker ([`wire`]) that bounds untrusted messages before they are decoded,
 //! query escaping for URLs components build ([`url`]),
-//! and (feature `tls`) the rustls client setup of components that connect
-//! out ([`tls`]).
+//! (feature `tls`) the rustls client setup of components that connect
+//! out ([`tls`]), and (feature `symbolize`) addresses to function names,
+//! files and lines for the components that name frames ([`symbolize`]).
 //!
 //! Only this crate knows how data moves between components. It depends on
 //! `proflow-config` for config values; components depend on it, never the reverse.
@@ -25,6 +26,8 @@ pub mod push_v1;
 pub mod queue;
 pub mod registry;
 pub mod relabel;
+#[cfg(feature = "symbolize")]
+pub mod symbolize;
 pub mod telemetry;
 #[doc(hidden)]
 pub mod testdata;

@@ -307,7 +307,7 @@ impl Collector {
                     series,
                     index,
                     frame,
-                    |symbols| symbols.user(mapping, frame.lookup()),
+                    |symbols| super::symbols::user(symbols, mapping, frame.lookup()),
                     &mut self.symbols,
                 ),
                 // An address in no file mapping (JIT code, the vdso, or a

@@ -340,9 +340,12 @@ fn sample_loop(
 ) {
     let symbols = (config.symbolize == Symbolize::Local).then(|| {
         Symbols::new(
-            config.symbol_cache_entries,
-            config.open_binaries,
-            config.max_debug_info.bytes(),
+            symbols::Limits {
+                max_entries: config.symbol_cache_entries,
+                max_open: config.open_binaries,
+                max_debug_info: config.max_debug_info.bytes(),
+            },
+            None,
         )
     });
     let mut collector = Collector::new(

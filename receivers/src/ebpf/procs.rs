@@ -390,19 +390,9 @@ fn read_binary(open: &Path, path: &str) -> Binary {
     let Ok(elf) = object::File::parse(&cache) else {
         return b;
     };
-    b.debug_size = elf
-        .sections()
-        .filter(|s| {
-            s.name()
-                .is_ok_and(|n| n.starts_with(".debug_") || n.starts_with(".zdebug_"))
-        })
-        .map(|s| {
-            s.compressed_file_range()
-                .map_or(s.size(), |r| r.uncompressed_size)
-        })
-        .sum();
+    b.debug_size = proflow_pipeline::symbolize::elf::dwarf_size(&elf);
     if let Ok(Some(id)) = elf.build_id() {
-        b.build_id = Some(hex(id).into());
+        b.build_id = Some(proflow_pipeline::symbolize::elf::hex(id).into());
     }
     for seg in elf.segments() {
         if let SegmentFlags::Elf { p_flags } = seg.flags()
@@ -449,10 +439,6 @@ fn read_binary(open: &Path, path: &str) -> Binary {
 #[cfg(test)]
 pub(crate) fn tests_binary(path: &Path) -> Binary {
     read_binary(path, &path.to_string_lossy())
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The range of a `/proc/PID/maps` line that is executable, whatever it maps.

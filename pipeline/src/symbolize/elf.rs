@@ -1,0 +1,147 @@
+//! What the symbolizer needs to know of an ELF file before handing it to
+//! blazesym: its build id, the size of its DWARF, and its loadable segments
+//! (to turn a file offset into the virtual address DWARF speaks in).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
+
+/// One PT_LOAD segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    pub vaddr: u64,
+    pub offset: u64,
+    pub file_size: u64,
+    pub executable: bool,
+}
+
+/// An ELF file's identity and layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElfInfo {
+    /// The GNU build id, lowercase hex.
+    pub build_id: Option<String>,
+    /// Size of its DWARF: every `.debug_*` section, uncompressed (0: none).
+    pub debug_size: u64,
+    pub loads: Vec<Load>,
+}
+
+impl ElfInfo {
+    /// Reads `path`'s headers (lazily: only the headers and the build-id
+    /// note are read, never the whole file). `None` when it is not an ELF
+    /// file or cannot be opened.
+    pub fn read(path: &Path) -> Option<ElfInfo> {
+        let file = File::open(path).ok()?;
+        let cache = object::ReadCache::new(file);
+        let elf = object::File::parse(&cache).ok()?;
+        let loads = elf
+            .segments()
+            .map(|s| {
+                let (offset, file_size) = s.file_range();
+                Load {
+                    vaddr: s.address(),
+                    offset,
+                    file_size,
+                    executable: matches!(s.flags(), SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0),
+                }
+            })
+            .collect();
+        Some(ElfInfo {
+            build_id: elf.build_id().ok().flatten().map(hex),
+            debug_size: dwarf_size(&elf),
+            loads,
+        })
+    }
+
+    /// The virtual address of file offset `offset`, from the loadable
+    /// segment that holds it. Exact for the file that was mapped (not for a
+    /// separate debug file: `objcopy --only-keep-debug` rewrites the
+    /// segments' offsets and empties them).
+    pub fn vaddr_of_offset(&self, offset: u64) -> Option<u64> {
+        self.loads
+            .iter()
+            .find(|l| l.offset <= offset && offset - l.offset < l.file_size.max(1))
+            .map(|l| offset - l.offset + l.vaddr)
+    }
+
+    /// The page-aligned virtual address of the first executable segment:
+    /// where an executable mapping of the file starts when only a separate
+    /// debug file is at hand (its segments keep their addresses). Compilers
+    /// and linkers of the field give a file one executable segment.
+    pub fn executable_base(&self) -> Option<u64> {
+        self.loads
+            .iter()
+            .find(|l| l.executable)
+            .map(|l| l.vaddr & !0xfff)
+    }
+}
+
+/// Size of an ELF file's DWARF: every `.debug_*` (and `.zdebug_*`) section,
+/// uncompressed (Go compresses its DWARF: a 10 MB `.debug_info` holds 130 MB
+/// once inflated).
+pub fn dwarf_size<'data, R: object::ReadRef<'data>>(elf: &object::File<'data, R>) -> u64 {
+    elf.sections()
+        .filter(|s| {
+            s.name()
+                .is_ok_and(|n| n.starts_with(".debug_") || n.starts_with(".zdebug_"))
+        })
+        .map(|s| {
+            s.compressed_file_range()
+                .map_or(s.size(), |r| r.uncompressed_size)
+        })
+        .sum()
+}
+
+/// Where a debug file with `build_id` (lowercase hex) lives under `dir`,
+/// as GDB and distributions lay it out: `dir/.build-id/ab/cdef….debug`.
+/// `None` for an id too short to be a GNU build id or not hex.
+pub fn build_id_path(dir: &Path, build_id: &str) -> Option<PathBuf> {
+    if build_id.len() < 4 || !build_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let id = build_id.to_ascii_lowercase();
+    Some(
+        dir.join(".build-id")
+            .join(&id[..2])
+            .join(format!("{}.debug", &id[2..])),
+    )
+}
+
+/// Bytes as lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_id_paths() {
+        assert_eq!(
+            build_id_path(Path::new("/usr/lib/debug"), "AB12cd").unwrap(),
+            Path::new("/usr/lib/debug/.build-id/ab/12cd.debug")
+        );
+        assert_eq!(build_id_path(Path::new("/d"), "ab"), None);
+        assert_eq!(build_id_path(Path::new("/d"), "../../etc"), None);
+    }
+
+    #[test]
+    fn this_test_binary_maps_its_own_code() {
+        let me = std::env::current_exe().unwrap();
+        let info = ElfInfo::read(&me).expect("the test binary is ELF");
+        assert!(info.build_id.is_some(), "rustc links with a build id");
+        let exec = info.loads.iter().find(|l| l.executable).unwrap();
+        assert_eq!(
+            info.vaddr_of_offset(exec.offset + 16),
+            Some(exec.vaddr + 16)
+        );
+        assert!(info.executable_base().is_some());
+        assert_eq!(ElfInfo::read(Path::new("/proc/self/status")), None);
+    }
+}
