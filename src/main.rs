@@ -245,11 +245,13 @@ mod tests {
             .map(|f| format!("{}-{}", f.kind, f.type_name))
             .collect();
         let features = [
+            (cfg!(feature = "receiver-ebpf"), "receiver-ebpf"),
             (cfg!(feature = "receiver-kafka"), "receiver-kafka"),
             (cfg!(feature = "receiver-otlp"), "receiver-otlp"),
             (cfg!(feature = "receiver-pprof_push"), "receiver-pprof_push"),
             (cfg!(feature = "receiver-scrape"), "receiver-scrape"),
             (cfg!(feature = "processor-relabel"), "processor-relabel"),
+            (cfg!(feature = "processor-symbolize"), "processor-symbolize"),
             (cfg!(feature = "exporter-file"), "exporter-file"),
             (cfg!(feature = "exporter-kafka"), "exporter-kafka"),
             (cfg!(feature = "exporter-nop"), "exporter-nop"),

@@ -7,8 +7,12 @@
 //!
 //! One test sends to the real Pyroscope and reads the profile back.
 //!
+//! One test names a stripped binary's frames downstream with the
+//! `symbolize` processor, from its debug file found by build id.
+//!
 //! These tests need root (CI runs as root); without it they fail, with a
-//! message saying so: they never skip.
+//! message saying so: they never skip. They run one at a time, since each
+//! measures the CPU share of busy targets.
 
 mod common;
 mod ebpf_targets;
@@ -26,7 +30,14 @@ use common::{IndexEntry, KillOnDrop, Ports, Proflow};
 use ebpf_targets::Target;
 use proflow_pipeline::pprof;
 
-fn require_root() {
+/// Held by each test for its whole run: the tests measure CPU shares of
+/// busy targets, and on a two-core machine two of them at once starve each
+/// other's targets (one saw 530 samples where a third of a core gives 1,000).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Fails unless root, then waits for the other tests of this file to end;
+/// hold the guard for the whole test.
+fn require_root() -> std::sync::MutexGuard<'static, ()> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let uid = status
         .lines()
@@ -37,6 +48,10 @@ fn require_root() {
         uid, "0",
         "the ebpf tests load a BPF program and need root (run the test command as root, as CI does)"
     );
+    // A test that failed while holding it poisoned it; the next may run.
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// proflow with the ebpf receiver profiling only `pids`, into files, at
@@ -167,7 +182,7 @@ fn check_split_and_stacks(
 }
 
 fn run_split_test(target: Target, two: &str, one: &str, chain: &[&str], leaf: &str) {
-    require_root();
+    let _one_at_a_time = require_root();
     let bin = ebpf_targets::build(target).unwrap_or_else(|e| panic!("{e}"));
     let (child, pid) = ebpf_targets::spawn(&bin, 30);
     let _child = KillOnDrop(child);
@@ -224,7 +239,7 @@ fn go_binary() {
 /// driver names them) is labelled with its container id.
 #[test]
 fn container_label_from_the_cgroup() {
-    require_root();
+    let _one_at_a_time = require_root();
     let id = format!("{:064x}", u128::from(std::process::id()) << 64 | 0xfeed);
     let id = &id[id.len() - 64..];
     let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
@@ -279,7 +294,7 @@ fn container_label_from_the_cgroup() {
 /// receivers run on.
 #[test]
 fn without_privileges_a_clear_error_and_the_rest_runs() {
-    require_root();
+    let _one_at_a_time = require_root();
     let setpriv = Command::new("setpriv")
         .arg("--version")
         .stdout(Stdio::null())
@@ -360,7 +375,7 @@ fn without_privileges_a_clear_error_and_the_rest_runs() {
 /// a stop after a few seconds still writes the target's profile.
 #[test]
 fn stopping_sends_the_interval_so_far() {
-    require_root();
+    let _one_at_a_time = require_root();
     let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
     let (child, pid) = ebpf_targets::spawn(&bin, 30);
     let _child = KillOnDrop(child);
@@ -388,7 +403,7 @@ fn stopping_sends_the_interval_so_far() {
 /// they run), and `group_by: service` puts them in one profile without `pid`.
 #[test]
 fn short_lived_processes_grouped_by_service() {
-    require_root();
+    let _one_at_a_time = require_root();
     let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
     let app = common::unique_name("short");
     let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
@@ -444,7 +459,7 @@ fn short_lived_processes_grouped_by_service() {
 /// as the `file` exporter wrote, split 2:1, under `process_cpu`.
 #[test]
 fn into_pyroscope() {
-    require_root();
+    let _one_at_a_time = require_root();
     let Some(pyroscope) = peer_env::peer("pyroscope") else {
         return;
     };
@@ -463,21 +478,10 @@ fn into_pyroscope() {
     child.0.wait().unwrap();
     // Its last interval is written within one more interval.
     std::thread::sleep(Duration::from_secs(5));
-    let functions = ["proflow_hot_two", "proflow_hot_one"];
-    let mut want = common::Totals::new();
-    for e in common::read_index(&proflow.profiles) {
-        if e.label("pid") == Some(pid.to_string().as_str()) {
-            common::add_function_totals(
-                &mut want,
-                &common::read_profile(&e.path),
-                &functions,
-                Some("cpu"),
-            );
-        }
-    }
+    let want = hot_totals_in_files(&proflow, pid);
     let (two, one) = (
-        want.get(functions[0]).copied().unwrap_or(0),
-        want.get(functions[1]).copied().unwrap_or(0),
+        want.get(HOT_FUNCTIONS[0]).copied().unwrap_or(0),
+        want.get(HOT_FUNCTIONS[1]).copied().unwrap_or(0),
     );
     assert!(
         one > 0,
@@ -489,6 +493,31 @@ fn into_pyroscope() {
         (1.8..=2.2).contains(&ratio),
         "split {two}:{one} = {ratio:.2}"
     );
+    pyroscope_has(&pyroscope, &app, &want, &proflow);
+}
+
+/// The hot functions' CPU totals in what the `file` exporter wrote for
+/// `pid`.
+fn hot_totals_in_files(proflow: &Proflow, pid: u32) -> common::Totals {
+    let mut want = common::Totals::new();
+    for e in common::read_index(&proflow.profiles) {
+        if e.label("pid") == Some(pid.to_string().as_str()) {
+            common::add_function_totals(
+                &mut want,
+                &common::read_profile(&e.path),
+                &HOT_FUNCTIONS,
+                Some("cpu"),
+            );
+        }
+    }
+    want
+}
+
+const HOT_FUNCTIONS: [&str; 2] = ["proflow_hot_two", "proflow_hot_one"];
+
+/// Waits (90 s at most) until the real Pyroscope has `want` for service
+/// `app`'s CPU profiles.
+fn pyroscope_has(pyroscope: &peer_env::Peer, app: &str, want: &common::Totals, proflow: &Proflow) {
     let http = common::http_client();
     let base = pyroscope.http_base();
     let selector = format!("{{service_name=\"{app}\"}}");
@@ -498,10 +527,10 @@ fn into_pyroscope() {
             &http,
             &base,
             &selector,
-            &functions,
+            &HOT_FUNCTIONS,
             Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds"),
         );
-        common::totals_close(&last.0, &want).then_some(())
+        common::totals_close(&last.0, want).then_some(())
     });
     assert!(
         same.is_some(),
@@ -510,4 +539,106 @@ fn into_pyroscope() {
         last.1,
         proflow.log_text()
     );
+}
+
+/// A stripped binary profiled with `symbolize: none` leaves the receiver as
+/// addresses; the `symbolize` processor names it from its debug file,
+/// found by build id, and the real Pyroscope shows the names. One proflow,
+/// two pipelines from the same receiver: one without the processor (its
+/// files are the "before"), one with it into files and Pyroscope.
+#[test]
+fn a_stripped_binary_named_downstream_by_the_symbolize_processor_into_pyroscope() {
+    let _one_at_a_time = require_root();
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let full = ebpf_targets::build(Target::CNoFp).unwrap_or_else(|e| panic!("{e}"));
+    let dir = std::env::temp_dir().join(common::unique_name("ebpf-stripped"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let build_id = proflow_pipeline::symbolize::elf::ElfInfo::read(&full)
+        .and_then(|i| i.build_id)
+        .expect("cc links with a build id");
+    let debug = dir
+        .join("debug/.build-id")
+        .join(&build_id[..2])
+        .join(format!("{}.debug", &build_id[2..]));
+    std::fs::create_dir_all(debug.parent().unwrap()).unwrap();
+    let stripped = dir.join("hot-stripped");
+    for cmd in [
+        Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(&full)
+            .arg(&debug)
+            .status(),
+        Command::new("strip")
+            .arg("--strip-all")
+            .arg("-o")
+            .arg(&stripped)
+            .arg(&full)
+            .status(),
+    ] {
+        assert!(cmd.unwrap().success(), "objcopy or strip failed");
+    }
+    // As long as the split tests' targets: on a loaded machine it gets less
+    // than a core, and the split check needs 4,000 samples.
+    let (child, pid) = ebpf_targets::spawn(&stripped, 20);
+    let mut child = KillOnDrop(child);
+    let app = common::unique_name("ebpf-stripped");
+    let raw = dir.join("raw");
+    let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 2s\n    symbolize: none\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{pid}', action: keep}}\n      - {{target_label: service_name, replacement: '{app}'}}\nprocessors:\n  symbolize:\n    debug_dirs: [{debug_dir}]\nexporters:\n  file/raw:\n    directory: {raw}\n  file:\n    directory: {profiles}\n  pyroscope:\n    endpoint: {endpoint}\nservice:\n  telemetry:\n    address: {telemetry}\n  pipelines:\n    profiles/raw:\n      receivers: [ebpf]\n      exporters: [file/raw]\n    profiles:\n      receivers: [ebpf]\n      processors: [symbolize]\n      exporters: [file, pyroscope]\n",
+            debug_dir = dir.join("debug").display(),
+            raw = raw.display(),
+            profiles = profiles.display(),
+            endpoint = pyroscope.http_base(),
+            telemetry = ports.telemetry
+        )
+    });
+    let stacks = stacks_of(&proflow, pid, 4000);
+    child.0.wait().unwrap();
+    // Its last interval is written within one more interval.
+    std::thread::sleep(Duration::from_secs(5));
+
+    // Before: addresses only, no name of the program's.
+    let mut raw_samples = 0;
+    for e in common::read_index(&raw) {
+        let p = common::read_profile(&e.path);
+        for (frames, s) in pprof::stacks_root_first(&p) {
+            raw_samples += s.value[1];
+            assert!(
+                !frames.iter().any(|f| f.contains("proflow_hot")),
+                "symbolize: none named a frame: {frames:?}"
+            );
+        }
+    }
+    assert!(
+        raw_samples > 0,
+        "the pipeline without the processor wrote nothing"
+    );
+
+    // After: the names, the 2:1 split and full stacks, as with symbolize: local.
+    check_split_and_stacks(
+        &stacks,
+        "proflow_hot_two",
+        "proflow_hot_one",
+        &["main", "run", "proflow_hot_"],
+        "proflow_spin",
+    );
+    let metrics = common::http_client()
+        .get(format!("http://{}/metrics", proflow.ports.telemetry))
+        .send()
+        .and_then(|r| r.text())
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            r#"proflow_symbolize_frames_total{processor="symbolize",result="symbolized"}"#
+        )),
+        "{metrics}"
+    );
+
+    // And Pyroscope shows the names with the same totals as the files.
+    let want = hot_totals_in_files(&proflow, pid);
+    pyroscope_has(&pyroscope, &app, &want, &proflow);
+    let _ = std::fs::remove_dir_all(&dir);
 }

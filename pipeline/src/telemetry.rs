@@ -70,6 +70,10 @@ pub struct Telemetry {
     ebpf_samples_dropped: Counters,
     ebpf_processes: Gauges,
     ebpf_symbol_cache_entries: Gauges,
+    symbolize_frames: Counters,
+    symbolize_cache_hits: Counters,
+    symbolize_cache_entries: Gauges,
+    symbolize_open_files: Gauges,
     /// What `/targets` shows: each pull receiver's view, by receiver id.
     targets: std::sync::Mutex<Vec<(String, TargetsView)>>,
 }
@@ -268,6 +272,26 @@ impl Telemetry {
                 "Symbolized addresses an eBPF receiver keeps (bounded by symbol_cache_entries)",
                 Gauges::default()
             ),
+            symbolize_frames: family!(
+                "symbolize_frames",
+                "Frames a symbolize processor was asked to name, by result (symbolized, or why not: no_mapping, no_build_id, not_found, debuginfod_timeout)",
+                Counters::default()
+            ),
+            symbolize_cache_hits: family!(
+                "symbolize_cache_hits",
+                "Addresses a symbolize processor named from its cache",
+                Counters::default()
+            ),
+            symbolize_cache_entries: family!(
+                "symbolize_cache_entries",
+                "Symbolized addresses a symbolize processor keeps (bounded by symbol_cache_entries)",
+                Gauges::default()
+            ),
+            symbolize_open_files: family!(
+                "symbolize_open_files",
+                "Files (binaries and debug files) a symbolize processor holds open (bounded by open_binaries)",
+                Gauges::default()
+            ),
             targets: Default::default(),
             lost_logged: Default::default(),
             registry,
@@ -348,6 +372,14 @@ impl Telemetry {
         EbpfTelemetry {
             t: self.clone(),
             id: vec![("receiver", id.to_string())],
+        }
+    }
+
+    /// The metric handle of a `symbolize` processor.
+    pub fn symbolize(self: &Arc<Self>, id: &str) -> SymbolizeTelemetry {
+        SymbolizeTelemetry {
+            t: self.clone(),
+            id: vec![("processor", id.to_string())],
         }
     }
 
@@ -611,6 +643,45 @@ impl EbpfTelemetry {
             .ebpf_symbol_cache_entries
             .get_or_create(&self.id)
             .set(symbols as i64);
+    }
+}
+
+/// Metric handle of a `symbolize` processor.
+#[derive(Clone, Debug)]
+pub struct SymbolizeTelemetry {
+    t: Arc<Telemetry>,
+    id: LabelSet,
+}
+
+impl SymbolizeTelemetry {
+    /// `n` more frames with `result` (`symbolized` or the reason they were not).
+    pub fn frames(&self, result: &str, n: u64) {
+        if n > 0 {
+            let labels = with(&self.id, "result", result);
+            self.t.symbolize_frames.get_or_create(&labels).inc_by(n);
+        }
+    }
+
+    /// `n` more addresses named from the cache.
+    pub fn cache_hits(&self, n: u64) {
+        if n > 0 {
+            self.t
+                .symbolize_cache_hits
+                .get_or_create(&self.id)
+                .inc_by(n);
+        }
+    }
+
+    /// Cache entries and open files now.
+    pub fn state(&self, entries: usize, open_files: usize) {
+        self.t
+            .symbolize_cache_entries
+            .get_or_create(&self.id)
+            .set(entries as i64);
+        self.t
+            .symbolize_open_files
+            .get_or_create(&self.id)
+            .set(open_files as i64);
     }
 }
 

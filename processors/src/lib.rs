@@ -13,9 +13,11 @@
 
 #[cfg(feature = "relabel")]
 mod relabel;
+#[cfg(feature = "symbolize")]
+pub mod symbolize;
 
 use proflow_pipeline::registry::Factory;
-#[cfg(feature = "relabel")]
+#[cfg(any(feature = "relabel", feature = "symbolize"))]
 use proflow_pipeline::registry::Stability;
 
 #[cfg(feature = "relabel")]
@@ -29,6 +31,12 @@ pub fn factories() -> Vec<Factory> {
             "relabel",
             Stability::Beta,
             "Rewrites and filters series labels with Prometheus relabel_configs, without decoding profiles.",
+        ),
+        #[cfg(feature = "symbolize")]
+        Factory::processor::<symbolize::SymbolizeProcessorConfig>(
+            "symbolize",
+            Stability::Alpha,
+            "Names frames that arrive as addresses (pprof, OTLP): kernel from kallsyms, user from local binaries and debug files by build id.",
         ),
     ]
 }

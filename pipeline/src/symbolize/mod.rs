@@ -104,6 +104,8 @@ pub struct Symbols {
     empty: Lines,
     /// Interned function and file names.
     names: HashMap<Arc<str>, ()>,
+    /// Lookups answered from the cache since [`Symbols::take_hits`].
+    hits: u64,
 }
 
 impl Symbols {
@@ -125,7 +127,13 @@ impl Symbols {
             open: VecDeque::new(),
             empty: Arc::from(Vec::new()),
             names: HashMap::new(),
+            hits: 0,
         }
+    }
+
+    /// Lookups answered from the cache since the last call.
+    pub fn take_hits(&mut self) -> u64 {
+        std::mem::take(&mut self.hits)
     }
 
     /// Addresses cached.
@@ -154,6 +162,7 @@ impl Symbols {
     /// lines when this machine's kallsyms does not name it.
     pub fn kernel(&mut self, addr: u64) -> Lines {
         if let Some(l) = self.kernel.get(&addr) {
+            self.hits += 1;
             return l.clone();
         }
         self.make_room();
@@ -186,6 +195,7 @@ impl Symbols {
     /// lines when the file does not name it.
     pub fn file(&mut self, file: FileRef<'_>, addr: Addr) -> Lines {
         if let Some(l) = self.frames.get(&(file.key.clone(), addr)) {
+            self.hits += 1;
             return l.clone();
         }
         self.make_room();

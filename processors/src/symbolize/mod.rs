@@ -1,0 +1,223 @@
+//! The `symbolize` processor: names the frames of profiles that arrive as
+//! addresses (the `ebpf` receiver with `symbolize: none`, perf-based pprof,
+//! native frames of other agents), so a flame graph shows functions, files
+//! and lines instead of hex, before they reach a backend that cannot
+//! symbolize.
+//!
+//! - [`config`]: the config (sources and cache bounds).
+//! - [`sources`]: where a mapping's symbols are (this host's kallsyms, the
+//!   local binary, a debug file by build id) and the address each needs.
+//! - [`profile`]: naming a pprof profile's unnamed locations.
+//! - [`otlp`]: naming the unnamed locations of an OTLP payload's dictionary
+//!   (once per dictionary that payloads of one request share).
+//!
+//! The lookups themselves are [`proflow_pipeline::symbolize`], the same the
+//! `ebpf` receiver uses. They read files and parse DWARF, and blazesym's
+//! symbolizer stays on one thread, so each processor has one worker thread
+//! that owns the caches and names one batch at a time; `process` hands it
+//! the batch and waits. Should the worker ever panic, the batch goes on as
+//! it came and the next batch starts a new worker (with empty caches).
+//! A profile with nothing to name (every location has lines) goes on as it
+//! came: its bytes are decoded once to see that, and never re-encoded.
+
+pub mod config;
+pub mod otlp;
+pub mod profile;
+pub mod sources;
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use proflow_pipeline::component::{
+    BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
+};
+use proflow_pipeline::model::{Envelope, Format, Payload};
+use proflow_pipeline::otlp::SharedDictionary;
+use proflow_pipeline::symbolize::{Limits, Symbols};
+use proflow_pipeline::telemetry::SymbolizeTelemetry;
+
+pub use config::SymbolizeProcessorConfig;
+use sources::Sources;
+
+impl Validate for SymbolizeProcessorConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        self.problems()
+    }
+}
+
+impl ProcessorConfig for SymbolizeProcessorConfig {
+    fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Processor>, BuildError> {
+        let problems = self.problems();
+        if !problems.is_empty() {
+            return Err(BuildError::new(
+                proflow_pipeline::component::joined_problems(&problems),
+            ));
+        }
+        Ok(Arc::new(SymbolizeProcessor::new(
+            self,
+            ctx.telemetry.symbolize(&ctx.id),
+        )))
+    }
+}
+
+/// What the worker owns: the sources' decisions and the symbol caches.
+struct State {
+    sources: Sources,
+    symbols: Symbols,
+}
+
+/// A batch for the worker, and where its answer goes.
+type Job = (Vec<Envelope>, tokio::sync::oneshot::Sender<Vec<Envelope>>);
+
+/// The running `symbolize` processor.
+pub struct SymbolizeProcessor {
+    config: SymbolizeProcessorConfig,
+    worker: Mutex<mpsc::Sender<Job>>,
+    telemetry: SymbolizeTelemetry,
+}
+
+impl SymbolizeProcessor {
+    pub fn new(config: &SymbolizeProcessorConfig, telemetry: SymbolizeTelemetry) -> Self {
+        SymbolizeProcessor {
+            worker: Mutex::new(spawn_worker(config.clone(), telemetry.clone())),
+            config: config.clone(),
+            telemetry,
+        }
+    }
+}
+
+/// Starts a worker thread; it ends when its sender is dropped.
+fn spawn_worker(
+    config: SymbolizeProcessorConfig,
+    telemetry: SymbolizeTelemetry,
+) -> mpsc::Sender<Job> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    let started = std::thread::Builder::new()
+        .name("symbolize".into())
+        .spawn(move || {
+            let limits = Limits {
+                max_entries: config.symbol_cache_entries,
+                max_open: config.open_binaries,
+                max_debug_info: config.max_debug_info.bytes(),
+            };
+            let mut state = State {
+                sources: Sources::new(config.local, config.debug_dirs.clone(), config.kernel),
+                symbols: Symbols::new(limits, Some(config.debug_dirs.clone())),
+            };
+            while let Ok((batch, reply)) = rx.recv() {
+                let mut named = HashMap::new();
+                let out: Vec<Envelope> = batch
+                    .into_iter()
+                    .map(|e| state.envelope(e, &mut named, &telemetry))
+                    .collect();
+                telemetry.cache_hits(state.symbols.take_hits());
+                telemetry.state(state.symbols.len(), state.symbols.open_files());
+                let _ = reply.send(out);
+            }
+        });
+    if let Err(e) = started {
+        // The batches go on unsymbolized (their jobs find no receiver).
+        tracing::error!(error = %e, "symbolize: could not start its worker thread");
+    }
+    tx
+}
+
+#[async_trait]
+impl Processor for SymbolizeProcessor {
+    async fn process(&self, batch: Vec<Envelope>) -> Vec<Envelope> {
+        // Envelopes share their payloads: keeping a copy costs pointers, and
+        // a batch whose work failed goes on as it came.
+        let unchanged = batch.clone();
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let sent = {
+            let mut worker = match self.worker.lock() {
+                Ok(w) => w,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            match worker.send((batch, reply)) {
+                Ok(()) => true,
+                Err(_) => {
+                    *worker = spawn_worker(self.config.clone(), self.telemetry.clone());
+                    false
+                }
+            }
+        };
+        match answer.await {
+            Ok(out) if sent => out,
+            _ => {
+                tracing::error!(
+                    "symbolize: the worker stopped; this batch goes on unsymbolized and a new worker starts"
+                );
+                unchanged
+            }
+        }
+    }
+}
+
+/// The dictionaries of one batch already named, by the dictionary's address
+/// and the series' pid: `None` when there was nothing to name.
+type Named = HashMap<(usize, Option<u32>), Option<Arc<SharedDictionary>>>;
+
+impl State {
+    /// `e` with its frames named, or as it came when there is nothing to
+    /// name.
+    fn envelope(
+        &mut self,
+        e: Envelope,
+        named: &mut Named,
+        telemetry: &SymbolizeTelemetry,
+    ) -> Envelope {
+        let pid = e
+            .labels
+            .get("pid")
+            .or_else(|| e.labels.get("process_pid"))
+            .and_then(|p| p.parse().ok());
+        if e.payload.has(Format::Pprof) {
+            let Ok(profile) = e.payload.decoded() else {
+                // Receivers check what they accept; what cannot be decoded
+                // here goes on for the exporters to report.
+                return e;
+            };
+            let (named, counts) =
+                profile::symbolize(&profile, pid, &mut self.sources, &mut self.symbols);
+            for (result, n) in counts {
+                telemetry.frames(result, n);
+            }
+            return match named {
+                Some(p) => Envelope {
+                    payload: Payload::from_profile(p),
+                    ..e
+                },
+                None => e,
+            };
+        }
+        let Ok(o) = e.payload.otlp() else {
+            return e;
+        };
+        let key = (Arc::as_ptr(&o.dictionary) as usize, pid);
+        let dictionary = match named.get(&key) {
+            Some(d) => d.clone(),
+            None => {
+                let (d, counts) =
+                    otlp::symbolize(&o.dictionary, pid, &mut self.sources, &mut self.symbols);
+                for (result, n) in counts {
+                    telemetry.frames(result, n);
+                }
+                named.insert(key, d.clone());
+                d
+            }
+        };
+        match dictionary {
+            Some(d) => Envelope {
+                payload: Payload::from_otlp(otlp::with_dictionary(&o, d)),
+                ..e
+            },
+            None => e,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,189 @@
+//! Names a pprof profile's unnamed locations: each location with an
+//! address and no lines gets the lines its mapping's file gives (inlined
+//! frames first), functions and strings are added once each, and a mapping
+//! all of whose asked locations were named is marked `has_functions` (and
+//! `has_filenames`, `has_line_numbers`, `has_inline_frames` as found).
+//! Locations that already have lines are left as they are, and so are
+//! addresses: pprof tools look an address up as it is (a producer that
+//! records return addresses subtracts one byte first, as proflow's `ebpf`
+//! receiver does).
+
+use std::collections::HashMap;
+
+use proflow_pipeline::pprof;
+use proflow_pipeline::symbolize::{Lines, Symbols};
+
+use super::sources::{self, AddressKind, KERNEL_START, MappingId, Source, Sources, reason};
+
+/// Frames by result (`symbolized` or the reason they were not).
+pub type Counts = HashMap<&'static str, u64>;
+
+/// The profile with its unnamed locations named, or `None` when it has
+/// none to name or none could be (it then goes on as it came, never
+/// re-encoded); with the frames counted by result either way.
+pub fn symbolize(
+    profile: &pprof::Profile,
+    pid: Option<u32>,
+    sources: &mut Sources,
+    symbols: &mut Symbols,
+) -> (Option<pprof::Profile>, Counts) {
+    let mut counts = Counts::new();
+    let todo: Vec<usize> = profile
+        .location
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.line.is_empty() && l.address != 0)
+        .map(|(i, _)| i)
+        .collect();
+    if todo.is_empty() {
+        return (None, counts);
+    }
+    let string = |i: i64| -> &str {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| profile.string_table.get(i))
+            .map_or("", String::as_str)
+    };
+    let mapping_index: HashMap<u64, usize> = profile
+        .mapping
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.id, i))
+        .collect();
+    let mut found: HashMap<u64, Source> = HashMap::new();
+    // Per mapping index: (asked, named, with files, with lines, inlined).
+    let mut per_mapping: HashMap<usize, [u64; 5]> = HashMap::new();
+    let mut named: Vec<(usize, Lines)> = Vec::with_capacity(todo.len());
+    for i in todo {
+        let loc = &profile.location[i];
+        let m = mapping_index.get(&loc.mapping_id).copied();
+        let source = match m {
+            None if loc.address >= KERNEL_START => sources.kernel(),
+            None => Source::Missing(reason::NO_MAPPING),
+            Some(mi) => found
+                .entry(loc.mapping_id)
+                .or_insert_with(|| {
+                    let mapping = &profile.mapping[mi];
+                    sources.find(&MappingId {
+                        path: string(mapping.filename).to_owned(),
+                        build_id: sources::normalize_build_id(string(mapping.build_id)),
+                        pid,
+                    })
+                })
+                .clone(),
+        };
+        let lines = match m {
+            Some(mi) => {
+                let mapping = &profile.mapping[mi];
+                let kind = AddressKind::Runtime {
+                    memory_start: mapping.memory_start,
+                    file_offset: mapping.file_offset,
+                };
+                sources::lookup(&source, loc.address, kind, symbols)
+            }
+            None => sources::lookup(&source, loc.address, AddressKind::Virtual, symbols),
+        };
+        let stats = m.map(|mi| per_mapping.entry(mi).or_default());
+        let lines = match lines {
+            Ok(l) => Some(l),
+            Err(why) => {
+                *counts.entry(why).or_default() += 1;
+                None
+            }
+        };
+        if let Some(s) = stats {
+            s[0] += 1;
+            if let Some(lines) = &lines {
+                s[1] += 1;
+                s[2] += u64::from(lines.iter().any(|l| l.file.is_some()));
+                s[3] += u64::from(lines.iter().any(|l| l.line != 0));
+                s[4] += u64::from(lines.len() > 1);
+            }
+        }
+        if let Some(lines) = lines {
+            *counts.entry(reason::SYMBOLIZED).or_default() += 1;
+            named.push((i, lines));
+        }
+    }
+    if named.is_empty() {
+        return (None, counts);
+    }
+
+    let mut out = profile.clone();
+    let mut strings = Strings::default();
+    let mut functions: HashMap<(i64, i64), u64> = out
+        .function
+        .iter()
+        .map(|f| ((f.name, f.filename), f.id))
+        .collect();
+    let mut next_function = out.function.iter().map(|f| f.id).max().unwrap_or(0) + 1;
+    for (i, lines) in named {
+        out.location[i].line = lines
+            .iter()
+            .map(|l| {
+                let name = strings.get(&mut out.string_table, &l.function);
+                let file = match &l.file {
+                    Some(f) => strings.get(&mut out.string_table, f),
+                    None => 0,
+                };
+                let id = *functions.entry((name, file)).or_insert_with(|| {
+                    let id = next_function;
+                    next_function += 1;
+                    out.function.push(pprof::Function {
+                        id,
+                        name,
+                        system_name: name,
+                        filename: file,
+                        start_line: 0,
+                    });
+                    id
+                });
+                pprof::Line {
+                    function_id: id,
+                    line: i64::from(l.line),
+                    column: 0,
+                }
+            })
+            .collect();
+    }
+    for (mi, [asked, named, files, lines, inlined]) in per_mapping {
+        if asked > 0 && named == asked {
+            let m = &mut out.mapping[mi];
+            m.has_functions = true;
+            m.has_filenames |= files > 0;
+            m.has_line_numbers |= lines > 0;
+            m.has_inline_frames |= inlined > 0;
+        }
+    }
+    (Some(out), counts)
+}
+
+/// The string table's index, made on first use.
+#[derive(Default)]
+struct Strings {
+    index: Option<HashMap<String, i64>>,
+}
+
+impl Strings {
+    fn get(&mut self, table: &mut Vec<String>, s: &str) -> i64 {
+        let index = self.index.get_or_insert_with(|| {
+            let mut m = HashMap::with_capacity(table.len());
+            for (i, t) in table.iter().enumerate() {
+                m.entry(t.clone()).or_insert(i as i64);
+            }
+            m
+        });
+        if let Some(&i) = index.get(s) {
+            return i;
+        }
+        if table.is_empty() {
+            // pprof's string 0 is always "".
+            table.push(String::new());
+            index.insert(String::new(), 0);
+        }
+        let i = table.len() as i64;
+        table.push(s.to_owned());
+        index.insert(s.to_owned(), i);
+        i
+    }
+}
