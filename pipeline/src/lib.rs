@@ -8,7 +8,7 @@
 //! walker ([`wire`]) that bounds untrusted messages before they are decoded,
 //! query escaping for URLs components build ([`url`]),
 //! (feature `tls`) the rustls client setup of components that connect
-//! out ([`tls`]), and (feature `symbolize`) addresses to function names,
+//! out ([`tls`]), (feature `http-client`) their GET client ([`http`]), and (feature `symbolize`) addresses to function names,
 //! files and lines for the components that name frames ([`symbolize`]).
 //!
 //! Only this crate knows how data moves between components. It depends on
@@ -16,6 +16,8 @@
 
 pub mod component;
 pub mod delivery;
+#[cfg(feature = "http-client")]
+pub mod http;
 pub mod kafka;
 pub mod memory;
 pub mod model;

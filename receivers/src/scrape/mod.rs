@@ -88,7 +88,7 @@ impl ReceiverConfig for ScrapeReceiverConfig {
                 .tls_config
                 .as_ref()
                 .or((job.scheme == config::Scheme::Https).then_some(&default_tls));
-            let client = HttpClient::new(
+            let client = client::build(
                 ClientSettings {
                     basic_auth: job.basic_auth.as_ref(),
                     authorization: job.authorization.as_ref(),

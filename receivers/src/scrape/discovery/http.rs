@@ -24,7 +24,7 @@ use super::{
     Discoverer, Format, LogOnce, MAX_SD_BYTES, TargetGroup, Update, next_tick, parse_groups,
     send_if_changed,
 };
-use crate::scrape::client::{ClientSettings, FetchError, HttpClient};
+use crate::scrape::client::{self, ClientSettings, FetchError, HttpClient};
 use crate::scrape::config::{HttpSdConfig, TlsConfig};
 
 /// The label naming each group's SD URL (Prometheus's name).
@@ -60,13 +60,13 @@ impl HttpDiscoverer {
                 )
             })?;
         // The client loads the system's CA roots only when a tls_config is
-        // set (see HttpClient::new); an https SD URL needs them without one.
+        // set (see client::build); an https SD URL needs them without one.
         let default_tls = TlsConfig::default();
         let tls_config = config
             .tls_config
             .as_ref()
             .or((url.scheme_str() == Some("https")).then_some(&default_tls));
-        let client = HttpClient::new(
+        let client = client::build(
             ClientSettings {
                 basic_auth: config.basic_auth.as_ref(),
                 authorization: config.authorization.as_ref(),
