@@ -72,6 +72,7 @@ pub struct Telemetry {
     ebpf_symbol_cache_entries: Gauges,
     symbolize_frames: Counters,
     symbolize_cache_hits: Counters,
+    symbolize_debuginfod_fetches: Counters,
     symbolize_cache_entries: Gauges,
     symbolize_open_files: Gauges,
     /// What `/targets` shows: each pull receiver's view, by receiver id.
@@ -280,6 +281,11 @@ impl Telemetry {
             symbolize_cache_hits: family!(
                 "symbolize_cache_hits",
                 "Addresses a symbolize processor named from its cache",
+                Counters::default()
+            ),
+            symbolize_debuginfod_fetches: family!(
+                "symbolize_debuginfod_fetches",
+                "Debug files a symbolize processor fetched from debuginfod servers, by result (found, not_found: every server answered 404, error)",
                 Counters::default()
             ),
             symbolize_cache_entries: family!(
@@ -670,6 +676,15 @@ impl SymbolizeTelemetry {
                 .get_or_create(&self.id)
                 .inc_by(n);
         }
+    }
+
+    /// One more fetch from debuginfod servers ended with `result`.
+    pub fn debuginfod_fetch(&self, result: &str) {
+        let labels = with(&self.id, "result", result);
+        self.t
+            .symbolize_debuginfod_fetches
+            .get_or_create(&labels)
+            .inc();
     }
 
     /// Cache entries and open files now.

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use proflow_config::ByteSize;
+use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::FieldError;
 use serde::Deserialize;
 
@@ -44,6 +44,121 @@ pub struct SymbolizeProcessorConfig {
     /// twice this. Bounds the memory DWARF takes. Default 16MiB.
     #[serde(default = "default_max_debug_info")]
     pub max_debug_info: ByteSize,
+    /// debuginfod servers to fetch debug files from by build id, after
+    /// `debug_dirs` and for local binaries without DWARF.
+    #[serde(default)]
+    pub debuginfod: DebuginfodConfig,
+}
+
+/// The `debuginfod` block of the `symbolize` processor.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DebuginfodConfig {
+    /// Server URLs (`http://` or `https://`), tried in order. When unset,
+    /// the space-separated `DEBUGINFOD_URLS` environment variable, as
+    /// elfutils' client reads it; empty (or unset with no variable) turns
+    /// debuginfod off.
+    #[serde(default)]
+    pub urls: Option<Vec<String>>,
+    /// How long a batch of profiles waits for the fetches it needs; then
+    /// their frames go on unnamed (`proflow_symbolize_frames_total{result="debuginfod_timeout"}`)
+    /// and the fetches go on for later profiles. Default 2s.
+    #[serde(default = "default_debuginfod_timeout")]
+    pub timeout: Duration,
+    /// Longest one fetch may take. Default 5m.
+    #[serde(default = "default_fetch_timeout")]
+    pub fetch_timeout: Duration,
+    /// Where fetched debug files are kept, one directory per build id.
+    /// Default `$XDG_CACHE_HOME/proflow/debuginfod`, else
+    /// `$HOME/.cache/proflow/debuginfod`.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+    /// Most bytes the cache holds; the least recently fetched files are
+    /// deleted beyond it. Default 1GiB.
+    #[serde(default = "default_max_cache_size")]
+    pub max_cache_size: ByteSize,
+    /// Largest debug file fetched; a fetch holds the file in memory while
+    /// it arrives. Default 256MiB.
+    #[serde(default = "default_max_file_size")]
+    pub max_file_size: ByteSize,
+    /// How long a build id that no server had (or whose fetch failed) is
+    /// not asked for again. Default 10m.
+    #[serde(default = "default_negative_ttl")]
+    pub negative_ttl: Duration,
+    /// Most fetches at once. Default 2.
+    #[serde(default = "default_max_concurrent_fetches")]
+    pub max_concurrent_fetches: usize,
+}
+
+impl Default for DebuginfodConfig {
+    fn default() -> Self {
+        DebuginfodConfig {
+            urls: None,
+            timeout: default_debuginfod_timeout(),
+            fetch_timeout: default_fetch_timeout(),
+            cache_dir: None,
+            max_cache_size: default_max_cache_size(),
+            max_file_size: default_max_file_size(),
+            negative_ttl: default_negative_ttl(),
+            max_concurrent_fetches: default_max_concurrent_fetches(),
+        }
+    }
+}
+
+impl DebuginfodConfig {
+    /// The server URLs: configured, else from `DEBUGINFOD_URLS`; without
+    /// trailing slashes.
+    pub fn resolved_urls(&self) -> Vec<String> {
+        let urls: Vec<String> = match &self.urls {
+            Some(u) => u.clone(),
+            None => std::env::var("DEBUGINFOD_URLS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect(),
+        };
+        urls.into_iter()
+            .map(|u| u.trim_end_matches('/').to_owned())
+            .filter(|u| !u.is_empty())
+            .collect()
+    }
+
+    /// The cache directory: configured, else under the user's cache.
+    pub fn resolved_cache_dir(&self) -> PathBuf {
+        if let Some(d) = &self.cache_dir {
+            return d.clone();
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(std::env::temp_dir);
+        base.join("proflow").join("debuginfod")
+    }
+}
+
+fn default_debuginfod_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+
+fn default_fetch_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+
+fn default_max_cache_size() -> ByteSize {
+    ByteSize::mib(1024)
+}
+
+fn default_max_file_size() -> ByteSize {
+    ByteSize::mib(256)
+}
+
+fn default_negative_ttl() -> Duration {
+    Duration::from_secs(600)
+}
+
+fn default_max_concurrent_fetches() -> usize {
+    2
 }
 
 impl Default for SymbolizeProcessorConfig {
@@ -55,6 +170,7 @@ impl Default for SymbolizeProcessorConfig {
             symbol_cache_entries: default_symbol_cache_entries(),
             open_binaries: default_open_binaries(),
             max_debug_info: default_max_debug_info(),
+            debuginfod: DebuginfodConfig::default(),
         }
     }
 }
@@ -90,6 +206,40 @@ impl SymbolizeProcessorConfig {
             if value == 0 {
                 p.push(FieldError::new(name, "must be at least 1"));
             }
+        }
+        for (i, url) in self.debuginfod.urls.iter().flatten().enumerate() {
+            let ok = ["http://", "https://"].iter().any(|scheme| {
+                url.strip_prefix(scheme)
+                    .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
+            });
+            if !ok {
+                p.push(FieldError::new(
+                    format!("debuginfod.urls.{i}"),
+                    format!(
+                        "`{url}` is not an http:// or https:// URL (such as http://127.0.0.1:8002)"
+                    ),
+                ));
+            }
+        }
+        if self.debuginfod.max_concurrent_fetches == 0 {
+            p.push(FieldError::new(
+                "debuginfod.max_concurrent_fetches",
+                "must be at least 1",
+            ));
+        }
+        if self.debuginfod.timeout.is_zero() || self.debuginfod.fetch_timeout.is_zero() {
+            p.push(FieldError::new(
+                "debuginfod",
+                "timeout and fetch_timeout must be more than 0s",
+            ));
+        }
+        if let Some(d) = &self.debuginfod.cache_dir
+            && !d.is_absolute()
+        {
+            p.push(FieldError::new(
+                "debuginfod.cache_dir",
+                format!("`{}` is relative: give an absolute directory", d.display()),
+            ));
         }
         for (i, dir) in self.debug_dirs.iter().enumerate() {
             if !dir.is_absolute() {

@@ -6,7 +6,9 @@
 //!
 //! - [`config`]: the config (sources and cache bounds).
 //! - [`sources`]: where a mapping's symbols are (this host's kallsyms, the
-//!   local binary, a debug file by build id) and the address each needs.
+//!   local binary, a debug file by build id, debuginfod) and the address
+//!   each needs.
+//! - [`debuginfod`]: debug files fetched by build id, cached on disk.
 //! - [`profile`]: naming a pprof profile's unnamed locations.
 //! - [`otlp`]: naming the unnamed locations of an OTLP payload's dictionary
 //!   (once per dictionary that payloads of one request share).
@@ -21,6 +23,7 @@
 //! came: its bytes are decoded once to see that, and never re-encoded.
 
 pub mod config;
+pub mod debuginfod;
 pub mod otlp;
 pub mod profile;
 pub mod sources;
@@ -28,17 +31,20 @@ pub mod sources;
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
+use proflow_pipeline::http::{HttpClient, Options};
 use proflow_pipeline::model::{Envelope, Format, Payload};
 use proflow_pipeline::otlp::SharedDictionary;
 use proflow_pipeline::symbolize::{Limits, Symbols};
 use proflow_pipeline::telemetry::SymbolizeTelemetry;
 
-pub use config::SymbolizeProcessorConfig;
+pub use config::{DebuginfodConfig, SymbolizeProcessorConfig};
+use debuginfod::Debuginfod;
 use sources::Sources;
 
 impl Validate for SymbolizeProcessorConfig {
@@ -55,9 +61,40 @@ impl ProcessorConfig for SymbolizeProcessorConfig {
                 proflow_pipeline::component::joined_problems(&problems),
             ));
         }
-        Ok(Arc::new(SymbolizeProcessor::new(
-            self,
-            ctx.telemetry.symbolize(&ctx.id),
+        let telemetry = ctx.telemetry.symbolize(&ctx.id);
+        let urls = self.debuginfod.resolved_urls();
+        let debuginfod = if urls.is_empty() {
+            None
+        } else {
+            let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+                BuildError::new("debuginfod: the processor must be built on proflow's runtime")
+            })?;
+            let client = HttpClient::new(Options {
+                tls: proflow_pipeline::tls::ClientTls::default(),
+                load_roots: urls.iter().any(|u| u.starts_with("https://")),
+                auth: None,
+                follow_redirects: true,
+                connect_timeout: std::time::Duration::from_secs(10),
+            })
+            .map_err(|e| BuildError::new(format!("debuginfod: {e}")))?;
+            let d = &self.debuginfod;
+            Some(Debuginfod::new(
+                debuginfod::Settings {
+                    urls,
+                    cache_dir: d.resolved_cache_dir(),
+                    max_cache_size: d.max_cache_size.bytes(),
+                    max_file_size: d.max_file_size.as_usize(),
+                    negative_ttl: d.negative_ttl.get(),
+                    fetch_timeout: d.fetch_timeout.get(),
+                    max_concurrent_fetches: d.max_concurrent_fetches,
+                },
+                client,
+                runtime,
+                telemetry.clone(),
+            ))
+        };
+        Ok(Arc::new(SymbolizeProcessor::with_debuginfod(
+            self, telemetry, debuginfod,
         )))
     }
 }
@@ -74,15 +111,30 @@ type Job = (Vec<Envelope>, tokio::sync::oneshot::Sender<Vec<Envelope>>);
 /// The running `symbolize` processor.
 pub struct SymbolizeProcessor {
     config: SymbolizeProcessorConfig,
+    debuginfod: Option<Arc<Debuginfod>>,
     worker: Mutex<mpsc::Sender<Job>>,
     telemetry: SymbolizeTelemetry,
 }
 
 impl SymbolizeProcessor {
+    /// A processor without debuginfod.
     pub fn new(config: &SymbolizeProcessorConfig, telemetry: SymbolizeTelemetry) -> Self {
+        SymbolizeProcessor::with_debuginfod(config, telemetry, None)
+    }
+
+    fn with_debuginfod(
+        config: &SymbolizeProcessorConfig,
+        telemetry: SymbolizeTelemetry,
+        debuginfod: Option<Arc<Debuginfod>>,
+    ) -> Self {
         SymbolizeProcessor {
-            worker: Mutex::new(spawn_worker(config.clone(), telemetry.clone())),
+            worker: Mutex::new(spawn_worker(
+                config.clone(),
+                debuginfod.clone(),
+                telemetry.clone(),
+            )),
             config: config.clone(),
+            debuginfod,
             telemetry,
         }
     }
@@ -91,6 +143,7 @@ impl SymbolizeProcessor {
 /// Starts a worker thread; it ends when its sender is dropped.
 fn spawn_worker(
     config: SymbolizeProcessorConfig,
+    debuginfod: Option<Arc<Debuginfod>>,
     telemetry: SymbolizeTelemetry,
 ) -> mpsc::Sender<Job> {
     let (tx, rx) = mpsc::channel::<Job>();
@@ -102,11 +155,22 @@ fn spawn_worker(
                 max_open: config.open_binaries,
                 max_debug_info: config.max_debug_info.bytes(),
             };
+            let mut sources = Sources::new(config.local, config.debug_dirs.clone(), config.kernel);
+            if let Some(d) = debuginfod {
+                // What an earlier run left over the cap goes first.
+                debuginfod::trim(
+                    &config.debuginfod.resolved_cache_dir(),
+                    config.debuginfod.max_cache_size.bytes(),
+                );
+                sources = sources.with_debuginfod(d);
+            }
             let mut state = State {
-                sources: Sources::new(config.local, config.debug_dirs.clone(), config.kernel),
+                sources,
                 symbols: Symbols::new(limits, Some(config.debug_dirs.clone())),
             };
+            let wait = config.debuginfod.timeout.get();
             while let Ok((batch, reply)) = rx.recv() {
+                state.sources.set_deadline(Instant::now() + wait);
                 let mut named = HashMap::new();
                 let out: Vec<Envelope> = batch
                     .into_iter()
@@ -139,7 +203,11 @@ impl Processor for SymbolizeProcessor {
             match worker.send((batch, reply)) {
                 Ok(()) => true,
                 Err(_) => {
-                    *worker = spawn_worker(self.config.clone(), self.telemetry.clone());
+                    *worker = spawn_worker(
+                        self.config.clone(),
+                        self.debuginfod.clone(),
+                        self.telemetry.clone(),
+                    );
                     false
                 }
             }

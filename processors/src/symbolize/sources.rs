@@ -11,6 +11,11 @@
 //!   `debug_dirs`, with the mapping's build id; preferred over the local
 //!   binary when both are found (a stripped binary's debug file has the
 //!   lines).
+//! - **debuginfod**: the debug file by build id from debuginfod servers
+//!   ([`super::debuginfod`]), when `debug_dirs` had none and there is no
+//!   local binary with DWARF. A fetch still under way when the batch's
+//!   deadline passes leaves the frames unnamed for now; that decision is
+//!   not remembered, so the next batch uses the file once it is fetched.
 //!
 //! Addresses: a pprof location's address is a runtime address. In the file
 //! that was mapped it is `address - memory_start + file_offset` (a file
@@ -27,6 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proflow_pipeline::symbolize::elf::{ElfInfo, build_id_path};
+
+use super::debuginfod::{Debuginfod, Lookup};
 use proflow_pipeline::symbolize::{Addr, FileKey, FileRef, Lines, Symbols};
 
 /// Addresses at or above this are the kernel's (x86-64 and arm64).
@@ -50,6 +57,9 @@ pub mod reason {
     pub const NOT_FOUND: &str = "not_found";
     /// A kernel frame while `kernel: false`.
     pub const KERNEL_OFF: &str = "kernel_disabled";
+    /// The debug file is being fetched from debuginfod, and was not there
+    /// by the batch's deadline.
+    pub const DEBUGINFOD_TIMEOUT: &str = "debuginfod_timeout";
 }
 
 /// What a mapping needs to be looked up.
@@ -106,6 +116,9 @@ pub struct Sources {
     local: bool,
     debug_dirs: Vec<PathBuf>,
     kernel: bool,
+    debuginfod: Option<Arc<Debuginfod>>,
+    /// Until when the current batch may wait for debuginfod.
+    deadline: Instant,
     decisions: HashMap<MappingId, (Instant, Source)>,
 }
 
@@ -115,8 +128,22 @@ impl Sources {
             local,
             debug_dirs,
             kernel,
+            debuginfod: None,
+            deadline: Instant::now(),
             decisions: HashMap::new(),
         }
+    }
+
+    /// These sources with debuginfod servers last.
+    pub fn with_debuginfod(mut self, debuginfod: Arc<Debuginfod>) -> Self {
+        self.debuginfod = Some(debuginfod);
+        self
+    }
+
+    /// Fetches from debuginfod are waited for until `deadline` (set at the
+    /// start of each batch).
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = deadline;
     }
 
     /// The source of kernel frames.
@@ -142,12 +169,16 @@ impl Sources {
         if self.decisions.len() >= MAX_DECISIONS {
             self.decisions.clear();
         }
-        let s = self.decide(m);
-        self.decisions.insert(m.clone(), (now, s.clone()));
+        let (s, lasting) = self.decide(m);
+        if lasting {
+            self.decisions.insert(m.clone(), (now, s.clone()));
+        }
         s
     }
 
-    fn decide(&self, m: &MappingId) -> Source {
+    /// The source of `m`, and whether that may be remembered (not while a
+    /// debuginfod fetch for it is under way).
+    fn decide(&self, m: &MappingId) -> (Source, bool) {
         let binary = if self.local {
             local_candidates(m).into_iter().find_map(|p| {
                 let info = ElfInfo::read(&p)?;
@@ -161,42 +192,63 @@ impl Sources {
         } else {
             None
         };
-        let debug = m.build_id.as_deref().and_then(|id| {
-            self.debug_dirs.iter().find_map(|dir| {
-                let p = build_id_path(dir, id)?;
-                let info = ElfInfo::read(&p)?;
-                (info.build_id.as_deref() == Some(id)).then_some((p, info))
-            })
+        let matching = |p: PathBuf, id: &str| {
+            let info = ElfInfo::read(&p)?;
+            (info.build_id.as_deref() == Some(id)).then_some((p, info))
+        };
+        let mut debug = m.build_id.as_deref().and_then(|id| {
+            self.debug_dirs
+                .iter()
+                .find_map(|dir| matching(build_id_path(dir, id)?, id))
         });
-        let key = match &m.build_id {
+        let has_dwarf = binary.as_ref().is_some_and(|(_, b)| b.debug_size > 0);
+        let mut lasting = true;
+        if let (None, false, Some(d), Some(id)) =
+            (&debug, has_dwarf, &self.debuginfod, m.build_id.as_deref())
+        {
+            match d.get(id, self.deadline) {
+                Lookup::Found(p) => debug = matching(p, id),
+                Lookup::Missing => {}
+                Lookup::TimedOut if binary.is_none() => {
+                    return (Source::Missing(reason::DEBUGINFOD_TIMEOUT), false);
+                }
+                // The local binary's symbol table names the frames for now.
+                Lookup::TimedOut => lasting = false,
+            }
+        }
+        // A debug file is its own file (keyed by its path): the symbolizer
+        // keeps files open by key, and the binary of the same build id may
+        // be open too.
+        let binary_key = match &m.build_id {
             Some(id) => FileKey::BuildId(id.as_str().into()),
             None => FileKey::Path(m.path.as_str().into()),
         };
-        match (binary, debug) {
+        let source = match (binary, debug) {
             (binary, Some((path, info))) => {
                 let translate = match binary {
                     Some((_, b)) => Translate::Segments(b),
                     None => match info.executable_base() {
                         Some(base) => Translate::Base(base),
-                        None => return Source::Missing(reason::NOT_FOUND),
+                        None => return (Source::Missing(reason::NOT_FOUND), lasting),
                     },
                 };
                 Source::File {
-                    key,
+                    key: FileKey::Path(path.to_string_lossy().into()),
                     path,
                     debug_size: info.debug_size,
                     translate,
                 }
             }
             (Some((path, info)), None) => Source::File {
-                key,
+                key: binary_key,
                 path,
                 debug_size: info.debug_size,
                 translate: Translate::FileOffset,
             },
             (None, None) if m.build_id.is_none() => Source::Missing(reason::NO_BUILD_ID),
             (None, None) => Source::Missing(reason::NOT_FOUND),
-        }
+        };
+        (source, lasting)
     }
 }
 

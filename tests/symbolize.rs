@@ -1,0 +1,381 @@
+//! The `symbolize` processor end to end with debuginfod: a pprof profile
+//! of a running, stripped C program (its real runtime addresses, from its
+//! `/proc/PID/maps` and the unstripped copy's symbols) is pushed to
+//! proflow, whose `symbolize` processor fetches the debug file by build id
+//! from the real debuginfod (the Debian package, from the harness) and
+//! names the frames. Also: a build id no server has is asked once (negative
+//! cache), and a server that never answers does not hold profiles back.
+//!
+//! The processor's other sources (local binaries, debug directories,
+//! kallsyms, OTLP) are tested in `processors/src/symbolize/tests.rs`, and
+//! the `ebpf` receiver → `symbolize` → Pyroscope path in `tests/ebpf.rs`.
+
+mod common;
+#[allow(dead_code)] // Only the C target is used here.
+mod ebpf_targets;
+#[allow(clippy::duplicate_mod)]
+mod peer_env;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{KillOnDrop, Ports, Proflow};
+use ebpf_targets::Target;
+use proflow_pipeline::pprof;
+use proflow_pipeline::symbolize::elf::ElfInfo;
+
+/// The stripped copy of the C target, its debug file and build id.
+struct Stripped {
+    dir: PathBuf,
+    binary: PathBuf,
+    full: PathBuf,
+    debug: PathBuf,
+    build_id: String,
+}
+
+impl Drop for Stripped {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn stripped() -> Stripped {
+    let full = ebpf_targets::build(Target::CNoFp).unwrap_or_else(|e| panic!("{e}"));
+    let dir = std::env::temp_dir().join(common::unique_name("symbolize-stripped"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let build_id = ElfInfo::read(&full)
+        .and_then(|i| i.build_id)
+        .expect("cc links with a build id");
+    let debug = dir.join("hot.debug");
+    let binary = dir.join("hot-stripped");
+    for (tool, args) in [
+        (
+            "objcopy",
+            vec![
+                "--only-keep-debug".as_ref(),
+                full.as_os_str(),
+                debug.as_os_str(),
+            ],
+        ),
+        (
+            "strip",
+            vec![
+                "--strip-all".as_ref(),
+                "-o".as_ref(),
+                binary.as_os_str(),
+                full.as_os_str(),
+            ],
+        ),
+    ] {
+        let status = Command::new(tool).args(args).status().unwrap();
+        assert!(status.success(), "{tool} failed");
+    }
+    Stripped {
+        dir,
+        binary,
+        full,
+        debug,
+        build_id,
+    }
+}
+
+/// The runtime address of `symbol` (+ `offset`) in process `pid`, which
+/// runs a copy of `full` mapped from `path`: from `nm` on the unstripped
+/// binary, its segments, and the process's executable mapping.
+fn runtime_address(
+    pid: u32,
+    path: &Path,
+    full: &Path,
+    symbol: &str,
+    offset: u64,
+) -> (u64, (u64, u64, u64)) {
+    let nm = Command::new("nm")
+        .arg("--defined-only")
+        .arg(full)
+        .output()
+        .unwrap();
+    let vaddr = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && f[2] == symbol).then(|| u64::from_str_radix(f[0], 16).unwrap())
+        })
+        .unwrap_or_else(|| panic!("nm does not list {symbol}"));
+    let info = ElfInfo::read(full).unwrap();
+    let load = info
+        .loads
+        .iter()
+        .find(|l| l.executable && l.vaddr <= vaddr && vaddr < l.vaddr + l.file_size)
+        .expect("the symbol is in an executable segment");
+    let file_offset = vaddr - load.vaddr + load.offset;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mapping = maps
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() < 6 || !f[1].contains('x') || Path::new(f[5]) != path {
+                return None;
+            }
+            let (s, e) = f[0].split_once('-')?;
+            Some((
+                u64::from_str_radix(s, 16).ok()?,
+                u64::from_str_radix(e, 16).ok()?,
+                u64::from_str_radix(f[2], 16).ok()?,
+            ))
+        })
+        .expect("the program's executable mapping");
+    (mapping.0 + file_offset - mapping.2 + offset, mapping)
+}
+
+/// A CPU profile of the running stripped program, 2:1 between its two hot
+/// functions, each called from `main`; the mapping names `build_id`.
+fn profile_of(s: &Stripped, pid: u32, build_id: &str) -> Vec<u8> {
+    let addr = |symbol| runtime_address(pid, &s.binary, &s.full, symbol, 4);
+    let (two, mapping) = addr("proflow_hot_two");
+    let (one, _) = addr("proflow_hot_one");
+    let (main, _) = addr("main");
+    let strings: Vec<String> = [
+        "",
+        "cpu",
+        "nanoseconds",
+        s.binary.to_str().unwrap(),
+        build_id,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let location = |id, address| pprof::Location {
+        id,
+        mapping_id: 1,
+        address,
+        ..Default::default()
+    };
+    let p = pprof::Profile {
+        sample_type: vec![pprof::ValueType { r#type: 1, unit: 2 }],
+        sample: vec![
+            pprof::Sample {
+                location_id: vec![1, 3],
+                value: vec![200_000_000],
+                label: vec![],
+            },
+            pprof::Sample {
+                location_id: vec![2, 3],
+                value: vec![100_000_000],
+                label: vec![],
+            },
+        ],
+        mapping: vec![pprof::Mapping {
+            id: 1,
+            memory_start: mapping.0,
+            memory_limit: mapping.1,
+            file_offset: mapping.2,
+            filename: 3,
+            build_id: 4,
+            ..Default::default()
+        }],
+        location: vec![location(1, two), location(2, one), location(3, main)],
+        string_table: strings,
+        period_type: Some(pprof::ValueType { r#type: 1, unit: 2 }),
+        period: 10_000_000,
+        time_nanos: common::now_nanos(),
+        duration_nanos: 10_000_000_000,
+        ..Default::default()
+    };
+    common::gzip(&pprof::encode(&p))
+}
+
+/// proflow: `pprof_push` → `symbolize` (no local files, no debug
+/// directories: debuginfod alone) → `file`.
+fn proflow_with(urls: &[String], timeout: &str, cache: &Path) -> Proflow {
+    let urls = urls.join(", ");
+    Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\nprocessors:\n  symbolize:\n    local: false\n    debug_dirs: []\n    debuginfod:\n      urls: [{urls}]\n      timeout: {timeout}\n      cache_dir: {}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [pprof_push]\n      processors: [symbolize]\n      exporters: [file]\n",
+            ports.receiver,
+            cache.display(),
+            profiles.display(),
+            ports.telemetry
+        )
+    })
+}
+
+fn push(proflow: &Proflow, app: &str, body: Vec<u8>) {
+    proflow
+        .post(
+            &common::ingest_query(app, Some("pprof")),
+            &[("content-type", "application/octet-stream")],
+            body,
+        )
+        .expect_status(200, "pprof push");
+}
+
+/// The function names of the `n`th profile written for `app`.
+fn names_of(proflow: &Proflow, app: &str, n: usize) -> Vec<String> {
+    let entries = proflow.wait_for_files(n, |e| e.label("service_name") == Some(app));
+    common::function_names(&common::read_profile(&entries[n - 1].path))
+}
+
+fn metric(proflow: &Proflow, name: &str, result: &str) -> f64 {
+    common::metric_sum(&proflow.metrics(), name, &[("result", result)])
+}
+
+#[test]
+fn debug_files_from_the_real_debuginfod_named_once_fetched_and_misses_asked_once() {
+    let Some(server) = peer_env::peer("debuginfod") else {
+        return;
+    };
+    let s = stripped();
+    // The server indexes its directory every second; the file is asked for
+    // once it is served (a 404 before would be remembered for negative_ttl).
+    let served = Path::new(server.var("DIR")).join(format!("{}.debug", common::unique_name("hot")));
+    std::fs::copy(&s.debug, &served).unwrap();
+    let http = common::http_client();
+    let url = format!("{}/buildid/{}/debuginfo", server.http_base(), s.build_id);
+    let indexed = peer_env::poll(Duration::from_secs(60), || {
+        http.get(&url)
+            .send()
+            .ok()
+            .filter(|r| r.status().as_u16() == 200)
+            .map(|_| ())
+    });
+    assert!(indexed.is_some(), "debuginfod never served {url}");
+
+    let (child, pid) = ebpf_targets::spawn(&s.binary, 60);
+    let _child = KillOnDrop(child);
+    let cache = s.dir.join("cache");
+    // A deadline too short for any fetch: the first profiles go on unnamed
+    // (the pipeline does not wait) and a later one is named once the fetch
+    // has ended.
+    let proflow = proflow_with(&[server.http_base()], "1ms", &cache);
+    let app = common::unique_name("debuginfod");
+    let body = profile_of(&s, pid, &s.build_id);
+    let mut named = None;
+    for n in 1..=40 {
+        push(&proflow, &app, body.clone());
+        let names = names_of(&proflow, &app, n);
+        if names.iter().any(|f| f == "proflow_hot_two") {
+            named = Some((n, names));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (n, names) = named.unwrap_or_else(|| {
+        panic!(
+            "no profile was named after 40 pushes; metrics:\n{}\nlog:\n{}",
+            proflow.metrics(),
+            proflow.log_text()
+        )
+    });
+    eprintln!("named from profile {n} on");
+    for want in ["proflow_hot_two", "proflow_hot_one", "main"] {
+        assert!(names.iter().any(|f| f == want), "{want} missing: {names:?}");
+    }
+    assert!(
+        cache.join(&s.build_id).join("debuginfo").is_file(),
+        "the fetched file is in the cache"
+    );
+    assert_eq!(
+        metric(
+            &proflow,
+            "proflow_symbolize_debuginfod_fetches_total",
+            "found"
+        ),
+        1.0
+    );
+    if n > 1 {
+        assert!(
+            metric(
+                &proflow,
+                "proflow_symbolize_frames_total",
+                "debuginfod_timeout"
+            ) >= 3.0,
+            "the unnamed profiles' frames are counted: {}",
+            proflow.metrics()
+        );
+    }
+
+    // A build id no server has: asked once, then remembered.
+    let missing = "00112233445566778899aabbccddeeff00112233";
+    let other = common::unique_name("missing");
+    for n in 1..=3 {
+        push(&proflow, &other, profile_of(&s, pid, missing));
+        let names = names_of(&proflow, &other, n);
+        assert!(
+            !names.iter().any(|f| f.starts_with("proflow_hot")),
+            "named from a file with another build id: {names:?}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(
+        &proflow,
+        "proflow_symbolize_debuginfod_fetches_total",
+        "not_found",
+    ) < 1.0
+    {
+        assert!(Instant::now() < deadline, "{}", proflow.metrics());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    push(&proflow, &other, profile_of(&s, pid, missing));
+    names_of(&proflow, &other, 4);
+    assert_eq!(
+        metric(
+            &proflow,
+            "proflow_symbolize_debuginfod_fetches_total",
+            "not_found"
+        ),
+        1.0,
+        "a miss is asked for once within negative_ttl"
+    );
+    let _ = std::fs::remove_file(&served);
+}
+
+/// A server that takes connections and never answers (a failure the real
+/// debuginfod does not produce on demand): profiles go on unnamed after
+/// the timeout, counted, and the next ones do not wait for the same fetch
+/// again beyond their own deadline.
+#[test]
+fn a_server_that_never_answers_does_not_hold_profiles_back() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for conn in listener.incoming().take(4).flatten() {
+            open.push(conn);
+        }
+        std::thread::sleep(Duration::from_secs(30));
+        drop(open);
+    });
+    let s = stripped();
+    let (child, pid) = ebpf_targets::spawn(&s.binary, 30);
+    let _child = KillOnDrop(child);
+    let proflow = proflow_with(&[format!("http://{addr}")], "300ms", &s.dir.join("cache"));
+    let app = common::unique_name("silent");
+    let body = profile_of(&s, pid, &s.build_id);
+    for n in 1..=3 {
+        let start = Instant::now();
+        push(&proflow, &app, body.clone());
+        let names = names_of(&proflow, &app, n);
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "profile {n} took {:?} to be written",
+            start.elapsed()
+        );
+        assert!(
+            !names.iter().any(|f| f.starts_with("proflow_hot")),
+            "{names:?}"
+        );
+    }
+    assert!(
+        metric(
+            &proflow,
+            "proflow_symbolize_frames_total",
+            "debuginfod_timeout"
+        ) >= 9.0,
+        "three frames of three profiles: {}",
+        proflow.metrics()
+    );
+    drop(held);
+}
