@@ -531,3 +531,73 @@ fn expect_names_only(p: &pprof::Profile) {
         "{n:?}"
     );
 }
+
+const CPP_PROGRAM: &str = r#"
+#include <cstdio>
+#include <unistd.h>
+namespace proflow {
+__attribute__((noinline)) int leaf(int x) { return x * 3; }
+}
+int main() {
+    std::printf("%p %p\n", (void *)&proflow::leaf, (void *)&proflow::leaf);
+    std::fflush(stdout);
+    pause();
+    return proflow::leaf(1);
+}
+"#;
+
+const RUST_PROGRAM: &str = r#"
+mod proflow {
+    #[inline(never)]
+    pub fn leaf(x: u64) -> u64 {
+        std::hint::black_box(x * 3)
+    }
+}
+fn main() {
+    let f = proflow::leaf as fn(u64) -> u64 as usize;
+    println!("{f:#x} {f:#x}");
+    std::thread::sleep(std::time::Duration::from_secs(60));
+    std::process::exit(proflow::leaf(1) as i32);
+}
+"#;
+
+/// The demangled name of the function a program prints the address of.
+fn leaf_name_of(name: &str, compile: impl FnOnce(&Path, &Path)) -> String {
+    let dir = std::env::temp_dir().join(format!("proflow-demangle-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join(name);
+    compile(&dir, &bin);
+    let r = start(&bin);
+    let build_id = ElfInfo::read(&bin).and_then(|i| i.build_id);
+    let profile = profile_of(&r, bin.to_str().unwrap(), build_id.as_deref());
+    let mut sources = Sources::new(true, vec![], true);
+    let mut symbols = Symbols::new(limits(), Some(vec![]));
+    let (named, _) = profile::symbolize(&profile, None, &mut sources, &mut symbols);
+    let n = names(&named.expect("named"));
+    let _ = std::fs::remove_dir_all(&dir);
+    n[0][0].0.clone()
+}
+
+#[test]
+fn cpp_and_rust_names_are_demangled() {
+    let cpp = leaf_name_of("cpp", |dir, bin| {
+        std::fs::write(dir.join("prog.cc"), CPP_PROGRAM).unwrap();
+        run(Command::new("c++")
+            .args(["-O2", "-g", "-o"])
+            .arg(bin)
+            .arg(dir.join("prog.cc")));
+    });
+    assert_eq!(cpp, "proflow::leaf(int)");
+    let rust = leaf_name_of("rust", |dir, bin| {
+        std::fs::write(dir.join("prog.rs"), RUST_PROGRAM).unwrap();
+        run(Command::new("rustc")
+            .args(["-O", "-g", "-o"])
+            .arg(bin)
+            .arg(dir.join("prog.rs")));
+    });
+    assert!(
+        rust.ends_with("proflow::leaf") && !rust.starts_with("_ZN") && !rust.contains("::h"),
+        "{rust}"
+    );
+}
