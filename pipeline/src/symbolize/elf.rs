@@ -28,12 +28,30 @@ pub struct ElfInfo {
 
 impl ElfInfo {
     /// Reads `path`'s headers (lazily: only the headers and the build-id
-    /// note are read, never the whole file). `None` when it is not an ELF
-    /// file or cannot be opened.
+    /// note are read, never the whole file). `None` when it is not a regular
+    /// file (a FIFO or a device named by a profile would block the open or
+    /// the read), not an ELF file, or cannot be opened.
     pub fn read(path: &Path) -> Option<ElfInfo> {
+        if !std::fs::metadata(path).ok()?.is_file() {
+            return None;
+        }
         let file = File::open(path).ok()?;
+        if !file.metadata().ok()?.is_file() {
+            // Replaced between the two looks.
+            return None;
+        }
         let cache = object::ReadCache::new(file);
         let elf = object::File::parse(&cache).ok()?;
+        Some(ElfInfo::of(&elf))
+    }
+
+    /// The same of an ELF file in memory (a fetched debug file).
+    pub fn parse(bytes: &[u8]) -> Option<ElfInfo> {
+        let elf = object::File::parse(bytes).ok()?;
+        Some(ElfInfo::of(&elf))
+    }
+
+    fn of<'data, R: object::ReadRef<'data>>(elf: &object::File<'data, R>) -> ElfInfo {
         let loads = elf
             .segments()
             .map(|s| {
@@ -46,11 +64,11 @@ impl ElfInfo {
                 }
             })
             .collect();
-        Some(ElfInfo {
+        ElfInfo {
             build_id: elf.build_id().ok().flatten().map(hex),
-            debug_size: dwarf_size(&elf),
+            debug_size: dwarf_size(elf),
             loads,
-        })
+        }
     }
 
     /// The virtual address of file offset `offset`, from the loadable
@@ -61,7 +79,7 @@ impl ElfInfo {
         self.loads
             .iter()
             .find(|l| l.offset <= offset && offset - l.offset < l.file_size.max(1))
-            .map(|l| offset - l.offset + l.vaddr)
+            .and_then(|l| (offset - l.offset).checked_add(l.vaddr))
     }
 
     /// The page-aligned virtual address of the first executable segment:
@@ -73,6 +91,12 @@ impl ElfInfo {
             .iter()
             .find(|l| l.executable)
             .map(|l| l.vaddr & !0xfff)
+    }
+
+    /// The page-aligned virtual address of the first loadable segment:
+    /// where a mapping of the whole file (file offset 0) starts.
+    pub fn first_base(&self) -> Option<u64> {
+        self.loads.first().map(|l| l.vaddr & !0xfff)
     }
 }
 
@@ -143,5 +167,28 @@ mod tests {
         );
         assert!(info.executable_base().is_some());
         assert_eq!(ElfInfo::read(Path::new("/proc/self/status")), None);
+        assert_eq!(
+            ElfInfo::parse(&std::fs::read(&me).unwrap())
+                .unwrap()
+                .build_id,
+            info.build_id
+        );
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_blocking() {
+        let dir = std::env::temp_dir().join(format!("proflow-elf-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // Opening a FIFO for reading blocks until a writer comes.
+        assert_eq!(ElfInfo::read(&fifo), None);
+        assert_eq!(ElfInfo::read(Path::new("/dev/null")), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

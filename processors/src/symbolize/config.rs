@@ -15,7 +15,8 @@ pub struct SymbolizeProcessorConfig {
     /// names (first under `/proc/<pid>/root` when the series has a `pid`
     /// label, so files inside a container are found). A file is used only
     /// when its build id is the mapping's (or the mapping has none).
-    /// Default true.
+    /// This opens paths the profiles name: on a gateway that takes
+    /// profiles from untrusted senders, set it to false. Default true.
     #[serde(default = "yes")]
     pub local: bool,
     /// Directories holding debug files by build id
@@ -231,6 +232,12 @@ impl SymbolizeProcessorConfig {
             p.push(FieldError::new(
                 "debuginfod",
                 "timeout and fetch_timeout must be more than 0s",
+            ));
+        }
+        if self.debuginfod.max_file_size.bytes() > self.debuginfod.max_cache_size.bytes() {
+            p.push(FieldError::new(
+                "debuginfod.max_file_size",
+                "is larger than max_cache_size: such a file would be deleted as soon as it is stored",
             ));
         }
         if let Some(d) = &self.debuginfod.cache_dir

@@ -3,11 +3,16 @@
 //! on-disk cache capped in bytes, with misses remembered for a while.
 //!
 //! The worker thread never waits longer than the processor's `timeout`
-//! for a fetch: a fetch runs on the tokio runtime, the frames that needed
-//! it go on unnamed (counted as `debuginfod_timeout`), and the fetch goes on
-//! so that later profiles of the same build id are named once its file is
-//! in the cache. At most `max_concurrent_fetches` run at once; each holds
-//! the file in memory while it arrives, up to `max_file_size`.
+//! for a fetch, and only the batch that starts a fetch waits at all: a
+//! fetch runs on the tokio runtime, the frames that needed it go on unnamed
+//! (counted as `debuginfod_timeout`), and the fetch goes on so that later
+//! profiles of the same build id are named once its file is in the cache.
+//! At most `max_concurrent_fetches` run at once, each holding the file in
+//! memory while it arrives (up to `max_file_size`); at most
+//! [`MAX_IN_FLIGHT`] build ids wait for one, and at most [`MAX_NEGATIVE`]
+//! misses are remembered, so build ids from untrusted profiles cannot grow
+//! either without bound. A fetched file is kept only if its build id is the
+//! one asked for.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -15,7 +20,15 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use proflow_pipeline::http::{FetchError, HttpClient};
+use proflow_pipeline::symbolize::elf::ElfInfo;
 use proflow_pipeline::telemetry::SymbolizeTelemetry;
+
+/// Most build ids being fetched or waiting for a fetch; more are answered
+/// as timed out, without a fetch, and asked again later.
+pub const MAX_IN_FLIGHT: usize = 64;
+/// Most misses remembered; past it the expired ones are dropped, and all of
+/// them if that is not enough.
+pub const MAX_NEGATIVE: usize = 10_000;
 
 /// What the cache gave for a build id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,11 +118,20 @@ impl Debuginfod {
             }
             fetches.negative.remove(build_id);
         }
-        if fetches.in_flight.insert(build_id.to_owned()) {
-            let me = self.clone();
-            let id = build_id.to_owned();
-            self.runtime.spawn(async move { me.fetch(id).await });
+        if fetches.in_flight.contains(build_id) {
+            // Another batch started it and waited; this one does not.
+            return Lookup::TimedOut;
         }
+        if fetches.in_flight.len() >= MAX_IN_FLIGHT {
+            return Lookup::TimedOut;
+        }
+        fetches.in_flight.insert(build_id.to_owned());
+        let guard = InFlight {
+            me: self.clone(),
+            build_id: build_id.to_owned(),
+            found: false,
+        };
+        self.runtime.spawn(async move { guard.fetch().await });
         while fetches.in_flight.contains(build_id) {
             let now = Instant::now();
             if now >= deadline {
@@ -128,55 +150,6 @@ impl Debuginfod {
         }
     }
 
-    async fn fetch(self: Arc<Self>, build_id: String) {
-        let result = match self.permits.clone().acquire_owned().await {
-            Ok(_permit) => self.fetch_from_servers(&build_id).await,
-            Err(_) => Err("the fetches were closed".to_owned()),
-        };
-        let found = match result {
-            Ok(Some(bytes)) => {
-                let me = self.clone();
-                let id = build_id.clone();
-                let stored = tokio::task::spawn_blocking(move || me.store(&id, &bytes)).await;
-                match stored {
-                    Ok(Ok(())) => {
-                        self.telemetry.debuginfod_fetch("found");
-                        true
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(build_id, error = %e, "debuginfod: the fetched debug file could not be stored in the cache");
-                        self.telemetry.debuginfod_fetch("error");
-                        false
-                    }
-                    Err(e) => {
-                        tracing::warn!(build_id, error = %e, "debuginfod: storing the debug file failed");
-                        self.telemetry.debuginfod_fetch("error");
-                        false
-                    }
-                }
-            }
-            Ok(None) => {
-                self.telemetry.debuginfod_fetch("not_found");
-                false
-            }
-            Err(e) => {
-                tracing::warn!(build_id, error = %e, "debuginfod: fetching a debug file failed; not asked again for negative_ttl");
-                self.telemetry.debuginfod_fetch("error");
-                false
-            }
-        };
-        let mut fetches = match self.fetches.lock() {
-            Ok(f) => f,
-            Err(p) => p.into_inner(),
-        };
-        fetches.in_flight.remove(&build_id);
-        if !found {
-            fetches.negative.insert(build_id, Instant::now());
-        }
-        drop(fetches);
-        self.done.notify_all();
-    }
-
     /// The debug file from the first server that has it; `None` when every
     /// server answered 404; an error when none had it and one failed.
     async fn fetch_from_servers(&self, build_id: &str) -> Result<Option<bytes::Bytes>, String> {
@@ -191,6 +164,11 @@ impl Debuginfod {
             match tokio::time::timeout(self.settings.fetch_timeout, get).await {
                 Ok(Ok(bytes)) => return Ok(Some(bytes)),
                 Ok(Err(FetchError::Status { status: 404, .. })) => {}
+                Ok(Err(FetchError::TooLarge { limit })) => {
+                    failure = Some(format!(
+                        "{url}: the debug file is larger than max_file_size ({limit} bytes)"
+                    ))
+                }
                 Ok(Err(e)) => failure = Some(format!("{url}: {e}")),
                 Err(_) => {
                     failure = Some(format!(
@@ -206,17 +184,94 @@ impl Debuginfod {
         }
     }
 
-    /// Writes the file into the cache (whole, then renamed into place), then
-    /// deletes the oldest files while the cache is over its cap.
+    /// Writes the file into the cache (whole, under a name of its own, then
+    /// renamed into place), then deletes the oldest files while the cache
+    /// is over its cap.
     fn store(&self, build_id: &str, bytes: &[u8]) -> std::io::Result<()> {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let path = self.cached_path(build_id);
         let dir = path.parent().unwrap_or(&self.settings.cache_dir);
         std::fs::create_dir_all(dir)?;
-        let tmp = dir.join("debuginfo.tmp");
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!("debuginfo.tmp.{}.{n}", std::process::id()));
         std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, &path)?;
         trim(&self.settings.cache_dir, self.settings.max_cache_size);
         Ok(())
+    }
+}
+
+/// One build id being fetched. However the fetch ends (a result, a panic,
+/// the runtime dropping the task at shutdown), dropping this clears it from
+/// the fetches, remembers a miss unless the file was stored, and wakes the
+/// waiting batch.
+struct InFlight {
+    me: Arc<Debuginfod>,
+    build_id: String,
+    found: bool,
+}
+
+impl InFlight {
+    async fn fetch(mut self) {
+        let me = self.me.clone();
+        let id = self.build_id.clone();
+        let result = match me.permits.clone().acquire_owned().await {
+            Ok(_permit) => me.fetch_from_servers(&id).await,
+            Err(_) => Err("the fetches were closed".to_owned()),
+        };
+        let result = match result {
+            Ok(Some(bytes)) => {
+                let info = ElfInfo::parse(&bytes);
+                if info.as_ref().and_then(|i| i.build_id.as_deref()) == Some(id.as_str()) {
+                    let store = me.clone();
+                    let sid = id.clone();
+                    match tokio::task::spawn_blocking(move || store.store(&sid, &bytes)).await {
+                        Ok(Ok(())) => Ok(true),
+                        Ok(Err(e)) => Err(format!("storing it in the cache failed: {e}")),
+                        Err(e) => Err(format!("storing it in the cache failed: {e}")),
+                    }
+                } else {
+                    Err("the server sent a file that is not ELF with this build id".to_owned())
+                }
+            }
+            Ok(None) => Ok(false),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(true) => {
+                self.found = true;
+                me.telemetry.debuginfod_fetch("found");
+            }
+            Ok(false) => me.telemetry.debuginfod_fetch("not_found"),
+            Err(e) => {
+                tracing::warn!(build_id = id, error = %e, "debuginfod: no debug file; not asked again for negative_ttl");
+                me.telemetry.debuginfod_fetch("error");
+            }
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut fetches = match self.me.fetches.lock() {
+            Ok(f) => f,
+            Err(p) => p.into_inner(),
+        };
+        fetches.in_flight.remove(&self.build_id);
+        if !self.found {
+            if fetches.negative.len() >= MAX_NEGATIVE {
+                let ttl = self.me.settings.negative_ttl;
+                fetches.negative.retain(|_, at| at.elapsed() < ttl);
+                if fetches.negative.len() >= MAX_NEGATIVE {
+                    fetches.negative.clear();
+                }
+            }
+            fetches
+                .negative
+                .insert(std::mem::take(&mut self.build_id), Instant::now());
+        }
+        drop(fetches);
+        self.me.done.notify_all();
     }
 }
 

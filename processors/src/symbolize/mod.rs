@@ -71,7 +71,8 @@ impl ProcessorConfig for SymbolizeProcessorConfig {
             })?;
             let client = HttpClient::new(Options {
                 tls: proflow_pipeline::tls::ClientTls::default(),
-                load_roots: urls.iter().any(|u| u.starts_with("https://")),
+                // An http server may redirect to https.
+                load_roots: true,
                 auth: None,
                 follow_redirects: true,
                 connect_timeout: std::time::Duration::from_secs(10),
@@ -188,6 +189,12 @@ fn spawn_worker(
     tx
 }
 
+/// Longest a batch waits for the worker. Naming a batch takes milliseconds
+/// warm and seconds for new large files; past this the worker is taken to
+/// be stuck (a file system that does not answer), replaced, and the batch
+/// goes on as it came.
+const WORKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[async_trait]
 impl Processor for SymbolizeProcessor {
     async fn process(&self, batch: Vec<Envelope>) -> Vec<Envelope> {
@@ -195,32 +202,46 @@ impl Processor for SymbolizeProcessor {
         // a batch whose work failed goes on as it came.
         let unchanged = batch.clone();
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let sent = {
+        {
             let mut worker = match self.worker.lock() {
                 Ok(w) => w,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            match worker.send((batch, reply)) {
-                Ok(()) => true,
-                Err(_) => {
-                    *worker = spawn_worker(
-                        self.config.clone(),
-                        self.debuginfod.clone(),
-                        self.telemetry.clone(),
-                    );
-                    false
-                }
+            if let Err(mpsc::SendError(job)) = worker.send((batch, reply)) {
+                // The worker ended (it panicked): a new one takes this batch.
+                tracing::error!("symbolize: the worker stopped; a new one starts");
+                *worker = self.new_worker();
+                let _ = worker.send(job);
             }
-        };
-        match answer.await {
-            Ok(out) if sent => out,
-            _ => {
+        }
+        match tokio::time::timeout(WORKER_TIMEOUT, answer).await {
+            Ok(Ok(out)) => out,
+            Ok(Err(_)) => {
+                tracing::error!("symbolize: the worker stopped during a batch; it goes on unnamed");
+                unchanged
+            }
+            Err(_) => {
                 tracing::error!(
-                    "symbolize: the worker stopped; this batch goes on unsymbolized and a new worker starts"
+                    "symbolize: a batch took more than {WORKER_TIMEOUT:?}; it goes on unnamed and a new worker takes the next ones"
                 );
+                let mut worker = match self.worker.lock() {
+                    Ok(w) => w,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                *worker = self.new_worker();
                 unchanged
             }
         }
+    }
+}
+
+impl SymbolizeProcessor {
+    fn new_worker(&self) -> mpsc::Sender<Job> {
+        spawn_worker(
+            self.config.clone(),
+            self.debuginfod.clone(),
+            self.telemetry.clone(),
+        )
     }
 }
 

@@ -111,6 +111,7 @@ pub fn symbolize(
                 } else {
                     AddressKind::Runtime {
                         memory_start: mapping.memory_start,
+                        memory_limit: mapping.memory_limit,
                         file_offset: mapping.file_offset,
                     }
                 };
@@ -130,6 +131,15 @@ pub fn symbolize(
     }
 
     let mut dict = dict.into_owned();
+    // Entry 0 of every table is the zero value; a sender with no functions
+    // (addresses only) may have sent none, and a new function must not
+    // land at 0.
+    if dict.string_table.is_empty() {
+        dict.string_table.push(String::new());
+    }
+    if dict.function_table.is_empty() {
+        dict.function_table.push(proto::Function::default());
+    }
     let mut strings: HashMap<String, i32> = HashMap::with_capacity(dict.string_table.len());
     for (i, s) in dict.string_table.iter().enumerate() {
         strings.entry(s.clone()).or_insert(i as i32);

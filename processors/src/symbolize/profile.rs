@@ -77,6 +77,7 @@ pub fn symbolize(
                 let mapping = &profile.mapping[mi];
                 let kind = AddressKind::Runtime {
                     memory_start: mapping.memory_start,
+                    memory_limit: mapping.memory_limit,
                     file_offset: mapping.file_offset,
                 };
                 sources::lookup(&source, loc.address, kind, symbols)
@@ -116,7 +117,16 @@ pub fn symbolize(
         .iter()
         .map(|f| ((f.name, f.filename), f.id))
         .collect();
-    let mut next_function = out.function.iter().map(|f| f.id).max().unwrap_or(0) + 1;
+    // New functions get ids after the largest there is; ids that leave no
+    // room (a sender's u64::MAX) mean the profile goes on as it came.
+    let new_lines: usize = named.iter().map(|(_, l)| l.len()).sum();
+    let max_id = out.function.iter().map(|f| f.id).max().unwrap_or(0);
+    let Some(mut next_function) = max_id
+        .checked_add(1)
+        .filter(|n| n.checked_add(new_lines as u64).is_some())
+    else {
+        return (None, counts);
+    };
     for (i, lines) in named {
         out.location[i].line = lines
             .iter()

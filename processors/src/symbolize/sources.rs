@@ -92,8 +92,10 @@ pub enum Translate {
     FileOffset,
     /// A debug file, with the mapped file's segments at hand.
     Segments(Arc<ElfInfo>),
-    /// A debug file alone: the virtual address the mapping starts at.
-    Base(u64),
+    /// A debug file alone: the virtual addresses a mapping starts at when
+    /// it maps the whole file (file offset 0) and when it maps the
+    /// executable segment.
+    Base { whole: u64, executable: u64 },
 }
 
 impl Translate {
@@ -106,7 +108,10 @@ impl Translate {
             Translate::Segments(info) => info
                 .vaddr_of_offset(into.checked_add(file_offset)?)
                 .map(Addr::Virtual),
-            Translate::Base(base) => base.checked_add(into).map(Addr::Virtual),
+            Translate::Base { whole, executable } => {
+                let base = if file_offset == 0 { whole } else { executable };
+                base.checked_add(into).map(Addr::Virtual)
+            }
         }
     }
 }
@@ -216,20 +221,21 @@ impl Sources {
                 Lookup::TimedOut => lasting = false,
             }
         }
-        // A debug file is its own file (keyed by its path): the symbolizer
-        // keeps files open by key, and the binary of the same build id may
-        // be open too.
-        let binary_key = match &m.build_id {
+        // The symbolizer keeps files open and caches frames by key. A binary
+        // is keyed by its own build id, else by the path it was found at
+        // (two containers' /usr/bin/app are different files); a debug file
+        // by its path (the binary of the same build id may be open too).
+        let binary_key = |path: &Path, info: &ElfInfo| match &info.build_id {
             Some(id) => FileKey::BuildId(id.as_str().into()),
-            None => FileKey::Path(m.path.as_str().into()),
+            None => FileKey::Path(path.to_string_lossy().into()),
         };
         let source = match (binary, debug) {
             (binary, Some((path, info))) => {
                 let translate = match binary {
                     Some((_, b)) => Translate::Segments(b),
-                    None => match info.executable_base() {
-                        Some(base) => Translate::Base(base),
-                        None => return (Source::Missing(reason::NOT_FOUND), lasting),
+                    None => match (info.first_base(), info.executable_base()) {
+                        (Some(whole), Some(executable)) => Translate::Base { whole, executable },
+                        _ => return (Source::Missing(reason::NOT_FOUND), lasting),
                     },
                 };
                 Source::File {
@@ -240,7 +246,7 @@ impl Sources {
                 }
             }
             (Some((path, info)), None) => Source::File {
-                key: binary_key,
+                key: binary_key(&path, &info),
                 path,
                 debug_size: info.debug_size,
                 translate: Translate::FileOffset,
@@ -255,9 +261,14 @@ impl Sources {
 /// How a frame's address is to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AddressKind {
-    /// A runtime address in a mapping that starts at `memory_start` and
-    /// maps the file from `file_offset` (pprof's, and OTLP's by default).
-    Runtime { memory_start: u64, file_offset: u64 },
+    /// A runtime address in a mapping that starts at `memory_start`, ends
+    /// before `memory_limit` (0: not known) and maps the file from
+    /// `file_offset` (pprof's, and OTLP's by default).
+    Runtime {
+        memory_start: u64,
+        memory_limit: u64,
+        file_offset: u64,
+    },
     /// Already an ELF virtual address (the OpenTelemetry eBPF profiler's
     /// native frames).
     Virtual,
@@ -281,9 +292,15 @@ pub fn lookup(
         } => {
             let addr = match kind {
                 AddressKind::Virtual => Some(Addr::Virtual(address)),
+                AddressKind::Runtime { memory_limit, .. }
+                    if memory_limit != 0 && address >= memory_limit =>
+                {
+                    None
+                }
                 AddressKind::Runtime {
                     memory_start,
                     file_offset,
+                    ..
                 } => translate.addr(address, memory_start, file_offset),
             };
             let Some(addr) = addr else {
@@ -338,9 +355,24 @@ mod tests {
             Translate::FileOffset.addr(0x5000_1234, 0x5000_0000, 0x1000),
             Some(Addr::FileOffset(0x2234))
         );
+        let base = Translate::Base {
+            whole: 0,
+            executable: 0x1000,
+        };
         assert_eq!(
-            Translate::Base(0x1000).addr(0x5000_1234, 0x5000_0000, 0x1000),
-            Some(Addr::Virtual(0x2234))
+            base.addr(0x5000_1234, 0x5000_0000, 0x1000),
+            Some(Addr::Virtual(0x2234)),
+            "a mapping of the executable segment"
+        );
+        assert_eq!(
+            base.addr(0x5000_1234, 0x5000_0000, 0),
+            Some(Addr::Virtual(0x1234)),
+            "a mapping of the whole file"
+        );
+        assert_eq!(
+            Translate::FileOffset.addr(u64::MAX, 0, u64::MAX),
+            None,
+            "no overflow"
         );
         assert_eq!(
             Translate::FileOffset.addr(0x10, 0x5000_0000, 0),

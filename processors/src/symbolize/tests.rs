@@ -379,11 +379,9 @@ async fn the_processor_names_pprof_payloads_and_passes_the_rest_as_they_came() {
     let _ = std::fs::remove_dir_all(&b.dir);
 }
 
-/// Kernel frames, in a `[kernel.kallsyms]` mapping or in no mapping at a
-/// kernel address, named from this host's kallsyms. Needs root (CI runs as
-/// root): kallsyms shows other users zero addresses.
-#[test]
-fn kernel_frames_named_from_kallsyms() {
+/// The kernel's `schedule` function. Needs root: kallsyms shows other
+/// users zero addresses.
+fn schedule_address() -> u64 {
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap();
     let schedule = kallsyms
         .lines()
@@ -397,6 +395,15 @@ fn kernel_frames_named_from_kallsyms() {
         schedule, 0,
         "kallsyms shows zero addresses: this test needs root (run the test command as root, as CI does)"
     );
+    schedule
+}
+
+/// Kernel frames, in a `[kernel.kallsyms]` mapping or in no mapping at a
+/// kernel address, named from this host's kallsyms. Needs root (CI runs as
+/// root): kallsyms shows other users zero addresses.
+#[test]
+fn kernel_frames_named_from_kallsyms() {
+    let schedule = schedule_address();
     let profile = pprof::Profile {
         mapping: vec![pprof::Mapping {
             id: 1,
@@ -600,4 +607,72 @@ fn cpp_and_rust_names_are_demangled() {
         rust.ends_with("proflow::leaf") && !rust.starts_with("_ZN") && !rust.contains("::h"),
         "{rust}"
     );
+}
+
+/// What a hostile or broken sender can put in a profile: ids and indexes
+/// out of range, a function id at the top of its range, no tables at all,
+/// a mapping naming a FIFO. Nothing panics, blocks or is named wrongly.
+#[test]
+fn hostile_profiles_neither_panic_nor_block() {
+    let b = build("hostile");
+    let r = start(&b.full);
+    let path = b.full.to_str().unwrap();
+    let mut sources = Sources::new(true, vec![], true);
+    let mut symbols = Symbols::new(limits(), Some(vec![]));
+
+    // A function id of u64::MAX leaves no room for new ones: as it came.
+    let mut p = profile_of(&r, path, Some(&b.build_id));
+    p.function.push(pprof::Function {
+        id: u64::MAX,
+        name: 0,
+        ..Default::default()
+    });
+    let (named, counts) = profile::symbolize(&p, None, &mut sources, &mut symbols);
+    assert!(named.is_none());
+    assert_eq!(counts.get("symbolized"), Some(&2), "{counts:?}");
+
+    // Mapping ids, string indexes and addresses out of range.
+    let mut p = profile_of(&r, path, Some(&b.build_id));
+    p.location[0].mapping_id = 99;
+    p.mapping[0].filename = i64::MAX;
+    p.mapping[0].build_id = -5;
+    p.location[1].address = u64::MAX;
+    let (_, counts) = profile::symbolize(&p, None, &mut sources, &mut symbols);
+    assert_eq!(counts.get("no_mapping"), Some(&1), "{counts:?}");
+
+    // A mapping naming a FIFO (opening it for reading would block).
+    let fifo = b.dir.join("fifo");
+    run(Command::new("mkfifo").arg(&fifo));
+    let p = profile_of(&r, fifo.to_str().unwrap(), None);
+    let (named, counts) = profile::symbolize(&p, None, &mut sources, &mut symbols);
+    assert!(named.is_none());
+    assert_eq!(counts.get("no_build_id"), Some(&2), "{counts:?}");
+
+    // OTLP without string or function tables (addresses only).
+    let mut dict = proflow_pipeline::otlp::proto::ProfilesDictionary::default();
+    dict.mapping_table.push(Default::default());
+    dict.location_table.push(Default::default());
+    dict.location_table
+        .push(proflow_pipeline::otlp::proto::Location {
+            mapping_index: 7,
+            address: schedule_address() + 1,
+            ..Default::default()
+        });
+    let shared = proflow_pipeline::otlp::SharedDictionary::from_decoded(dict);
+    let (named, _) = super::otlp::symbolize(&shared, None, &mut sources, &mut symbols);
+    let d = named.expect("the kernel frame is named");
+    let d = d.decoded().unwrap();
+    assert_eq!(d.string_table[0], "", "string 0 stays empty");
+    assert_eq!(
+        d.function_table[0],
+        Default::default(),
+        "function 0 stays the zero value"
+    );
+    let f = d.location_table[1].lines[0].function_index as usize;
+    assert!(f > 0);
+    assert_eq!(
+        d.string_table[d.function_table[f].name_strindex as usize],
+        "schedule"
+    );
+    let _ = std::fs::remove_dir_all(&b.dir);
 }

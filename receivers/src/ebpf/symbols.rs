@@ -16,9 +16,11 @@ use super::procs::Mapping;
 /// A user address in `mapping` (`lookup` already adjusted for return
 /// addresses).
 pub fn user(symbols: &mut Symbols, mapping: &Mapping, lookup: u64) -> Lines {
+    // Without a build id, the path it is opened at (through the process's
+    // root): two containers' /usr/bin/app are different files.
     let key = match &mapping.binary.build_id {
         Some(id) => FileKey::BuildId(id.clone()),
-        None => FileKey::Path(mapping.binary.path.clone()),
+        None => FileKey::Path(mapping.open_path.to_string_lossy().into()),
     };
     let file = FileRef {
         key: &key,
