@@ -269,17 +269,20 @@ impl State {
                 // here goes on for the exporters to report.
                 return e;
             };
-            let (named, counts) =
-                profile::symbolize(&profile, pid, &mut self.sources, &mut self.symbols);
+            // Decoded now for this processor: named in place, not copied.
+            let mut profile = Arc::unwrap_or_clone(profile);
+            let (changed, counts) =
+                profile::symbolize(&mut profile, pid, &mut self.sources, &mut self.symbols);
             for (result, n) in counts {
                 telemetry.frames(result, n);
             }
-            return match named {
-                Some(p) => Envelope {
-                    payload: Payload::from_profile(p),
+            return if changed {
+                Envelope {
+                    payload: Payload::from_profile(profile),
                     ..e
-                },
-                None => e,
+                }
+            } else {
+                e
             };
         }
         let Ok(o) = e.payload.otlp() else {

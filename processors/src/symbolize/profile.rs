@@ -11,22 +11,22 @@
 use std::collections::HashMap;
 
 use proflow_pipeline::pprof;
-use proflow_pipeline::symbolize::{Lines, Symbols};
+use proflow_pipeline::symbolize::{FastMap, Lines, Symbols};
 
 use super::sources::{self, AddressKind, KERNEL_START, MappingId, Source, Sources, reason};
 
 /// Frames by result (`symbolized` or the reason they were not).
 pub type Counts = HashMap<&'static str, u64>;
 
-/// The profile with its unnamed locations named, or `None` when it has
-/// none to name or none could be (it then goes on as it came, never
-/// re-encoded); with the frames counted by result either way.
+/// Names the profile's unnamed locations in place. True when it changed;
+/// false when it had none to name or none could be (it then goes on as it
+/// came, never re-encoded). The frames are counted by result either way.
 pub fn symbolize(
-    profile: &pprof::Profile,
+    profile: &mut pprof::Profile,
     pid: Option<u32>,
     sources: &mut Sources,
     symbols: &mut Symbols,
-) -> (Option<pprof::Profile>, Counts) {
+) -> (bool, Counts) {
     let mut counts = Counts::new();
     let todo: Vec<usize> = profile
         .location
@@ -36,7 +36,7 @@ pub fn symbolize(
         .map(|(i, _)| i)
         .collect();
     if todo.is_empty() {
-        return (None, counts);
+        return (false, counts);
     }
     let string = |i: i64| -> &str {
         usize::try_from(i)
@@ -44,33 +44,38 @@ pub fn symbolize(
             .and_then(|i| profile.string_table.get(i))
             .map_or("", String::as_str)
     };
-    let mapping_index: HashMap<u64, usize> = profile
+    let mapping_index: FastMap<u64, usize> = profile
         .mapping
         .iter()
         .enumerate()
         .map(|(i, m)| (m.id, i))
         .collect();
-    let mut found: HashMap<u64, Source> = HashMap::new();
+    // Each mapping's source, found once (by mapping index).
+    let mut found: Vec<Option<Source>> = vec![None; profile.mapping.len()];
+    for &i in &todo {
+        if let Some(&mi) = mapping_index.get(&profile.location[i].mapping_id)
+            && found[mi].is_none()
+        {
+            let mapping = &profile.mapping[mi];
+            found[mi] = Some(sources.find(&MappingId {
+                path: string(mapping.filename).to_owned(),
+                build_id: sources::normalize_build_id(string(mapping.build_id)),
+                pid,
+            }));
+        }
+    }
+    let kernel = sources.kernel();
+    let no_mapping = Source::Missing(reason::NO_MAPPING);
     // Per mapping index: (asked, named, with files, with lines, inlined).
-    let mut per_mapping: HashMap<usize, [u64; 5]> = HashMap::new();
+    let mut per_mapping: FastMap<usize, [u64; 5]> = FastMap::default();
     let mut named: Vec<(usize, Lines)> = Vec::with_capacity(todo.len());
     for i in todo {
         let loc = &profile.location[i];
         let m = mapping_index.get(&loc.mapping_id).copied();
         let source = match m {
-            None if loc.address >= KERNEL_START => sources.kernel(),
-            None => Source::Missing(reason::NO_MAPPING),
-            Some(mi) => found
-                .entry(loc.mapping_id)
-                .or_insert_with(|| {
-                    let mapping = &profile.mapping[mi];
-                    sources.find(&MappingId {
-                        path: string(mapping.filename).to_owned(),
-                        build_id: sources::normalize_build_id(string(mapping.build_id)),
-                        pid,
-                    })
-                })
-                .clone(),
+            None if loc.address >= KERNEL_START => &kernel,
+            None => &no_mapping,
+            Some(mi) => found[mi].as_ref().unwrap_or(&no_mapping),
         };
         let lines = match m {
             Some(mi) => {
@@ -80,9 +85,9 @@ pub fn symbolize(
                     memory_limit: mapping.memory_limit,
                     file_offset: mapping.file_offset,
                 };
-                sources::lookup(&source, loc.address, kind, symbols)
+                sources::lookup(source, loc.address, kind, symbols)
             }
-            None => sources::lookup(&source, loc.address, AddressKind::Virtual, symbols),
+            None => sources::lookup(source, loc.address, AddressKind::Virtual, symbols),
         };
         let stats = m.map(|mi| per_mapping.entry(mi).or_default());
         let lines = match lines {
@@ -107,12 +112,12 @@ pub fn symbolize(
         }
     }
     if named.is_empty() {
-        return (None, counts);
+        return (false, counts);
     }
 
-    let mut out = profile.clone();
+    let out = profile;
     let mut strings = Strings::default();
-    let mut functions: HashMap<(i64, i64), u64> = out
+    let mut functions: FastMap<(i64, i64), u64> = out
         .function
         .iter()
         .map(|f| ((f.name, f.filename), f.id))
@@ -125,7 +130,7 @@ pub fn symbolize(
         .checked_add(1)
         .filter(|n| n.checked_add(new_lines as u64).is_some())
     else {
-        return (None, counts);
+        return (false, counts);
     };
     for (i, lines) in named {
         out.location[i].line = lines
@@ -165,19 +170,19 @@ pub fn symbolize(
             m.has_inline_frames |= inlined > 0;
         }
     }
-    (Some(out), counts)
+    (true, counts)
 }
 
 /// The string table's index, made on first use.
 #[derive(Default)]
 struct Strings {
-    index: Option<HashMap<String, i64>>,
+    index: Option<FastMap<String, i64>>,
 }
 
 impl Strings {
     fn get(&mut self, table: &mut Vec<String>, s: &str) -> i64 {
         let index = self.index.get_or_insert_with(|| {
-            let mut m = HashMap::with_capacity(table.len());
+            let mut m = FastMap::with_capacity_and_hasher(table.len(), Default::default());
             for (i, t) in table.iter().enumerate() {
                 m.entry(t.clone()).or_insert(i as i64);
             }

@@ -186,6 +186,19 @@ fn profile_of(r: &Running, path: &str, build_id: Option<&str>) -> pprof::Profile
     }
 }
 
+/// [`profile::symbolize`] on a copy: the named copy, or `None` when
+/// nothing changed.
+fn symbolize_copy(
+    p: &pprof::Profile,
+    pid: Option<u32>,
+    sources: &mut Sources,
+    symbols: &mut Symbols,
+) -> (Option<pprof::Profile>, profile::Counts) {
+    let mut copy = p.clone();
+    let (changed, counts) = profile::symbolize(&mut copy, pid, sources, symbols);
+    (changed.then_some(copy), counts)
+}
+
 fn limits() -> Limits {
     Limits {
         max_entries: 1000,
@@ -249,20 +262,20 @@ fn a_stripped_binary_named_from_its_debug_file_by_build_id() {
     // The binary here too: its segments give the exact virtual address.
     let mut sources = Sources::new(true, debug_dirs.clone(), true);
     let mut symbols = Symbols::new(limits(), Some(debug_dirs.clone()));
-    let (named, counts) = profile::symbolize(&profile, None, &mut sources, &mut symbols);
+    let (named, counts) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     expect_full_names(&named.expect("named"));
     assert_eq!(counts.get("symbolized"), Some(&2), "{counts:?}");
 
     // The debug file alone (the binary is on another host).
     let mut sources = Sources::new(false, debug_dirs.clone(), true);
     let mut symbols = Symbols::new(limits(), Some(debug_dirs));
-    let (named, _) = profile::symbolize(&profile, None, &mut sources, &mut symbols);
+    let (named, _) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     expect_full_names(&named.expect("named from the debug file alone"));
 
     // No debug file: a stripped binary names nothing; counted, not touched.
     let mut sources = Sources::new(true, vec![], true);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
-    let (named, counts) = profile::symbolize(&profile, None, &mut sources, &mut symbols);
+    let (named, counts) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     assert!(named.is_none());
     assert_eq!(counts.get("not_found"), Some(&2), "{counts:?}");
     let _ = std::fs::remove_dir_all(&b.dir);
@@ -278,26 +291,26 @@ fn a_local_binary_with_dwarf_and_the_cases_that_cannot_be_named() {
     let profile = profile_of(&r, path, Some(&b.build_id));
     let mut sources = Sources::new(true, vec![], true);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
-    let (named, _) = profile::symbolize(&profile, Some(r.child.id()), &mut sources, &mut symbols);
+    let (named, _) = symbolize_copy(&profile, Some(r.child.id()), &mut sources, &mut symbols);
     expect_full_names(&named.expect("named"));
 
     // A build id that is not the file's: the file is not used.
     let other = "0123456789abcdef0123456789abcdef01234567";
     let profile = profile_of(&r, path, Some(other));
-    let (named, counts) = profile::symbolize(&profile, None, &mut sources, &mut symbols);
+    let (named, counts) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     assert!(named.is_none());
     assert_eq!(counts.get("not_found"), Some(&2), "{counts:?}");
 
     // No build id and no file at that path.
     let profile = profile_of(&r, "/nonexistent/prog", None);
-    let (named, counts) = profile::symbolize(&profile, None, &mut sources, &mut symbols);
+    let (named, counts) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     assert!(named.is_none());
     assert_eq!(counts.get("no_build_id"), Some(&2), "{counts:?}");
 
     // A named profile has nothing to do.
     let profile = profile_of(&r, path, Some(&b.build_id));
-    let (named, _) = profile::symbolize(&profile, None, &mut sources, &mut symbols);
-    let (again, counts) = profile::symbolize(&named.unwrap(), None, &mut sources, &mut symbols);
+    let (named, _) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
+    let (again, counts) = symbolize_copy(&named.unwrap(), None, &mut sources, &mut symbols);
     assert!(again.is_none() && counts.is_empty(), "{counts:?}");
     let _ = std::fs::remove_dir_all(&b.dir);
 }
@@ -429,7 +442,7 @@ fn kernel_frames_named_from_kallsyms() {
     };
     let mut sources = Sources::new(true, vec![], true);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
-    let (named, counts) = profile::symbolize(&profile, None, &mut sources, &mut symbols);
+    let (named, counts) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     let named = named.expect("named");
     assert_eq!(
         names(&named),
@@ -441,7 +454,7 @@ fn kernel_frames_named_from_kallsyms() {
     assert_eq!(counts.get("symbolized"), Some(&2), "{counts:?}");
 
     let mut off = Sources::new(true, vec![], false);
-    let (named, counts) = profile::symbolize(&profile, None, &mut off, &mut symbols);
+    let (named, counts) = symbolize_copy(&profile, None, &mut off, &mut symbols);
     assert!(named.is_none());
     assert_eq!(counts.get("kernel_disabled"), Some(&2), "{counts:?}");
 }
@@ -580,7 +593,7 @@ fn leaf_name_of(name: &str, compile: impl FnOnce(&Path, &Path)) -> String {
     let profile = profile_of(&r, bin.to_str().unwrap(), build_id.as_deref());
     let mut sources = Sources::new(true, vec![], true);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
-    let (named, _) = profile::symbolize(&profile, None, &mut sources, &mut symbols);
+    let (named, _) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     let n = names(&named.expect("named"));
     let _ = std::fs::remove_dir_all(&dir);
     n[0][0].0.clone()
@@ -627,7 +640,7 @@ fn hostile_profiles_neither_panic_nor_block() {
         name: 0,
         ..Default::default()
     });
-    let (named, counts) = profile::symbolize(&p, None, &mut sources, &mut symbols);
+    let (named, counts) = symbolize_copy(&p, None, &mut sources, &mut symbols);
     assert!(named.is_none());
     assert_eq!(counts.get("symbolized"), Some(&2), "{counts:?}");
 
@@ -637,14 +650,14 @@ fn hostile_profiles_neither_panic_nor_block() {
     p.mapping[0].filename = i64::MAX;
     p.mapping[0].build_id = -5;
     p.location[1].address = u64::MAX;
-    let (_, counts) = profile::symbolize(&p, None, &mut sources, &mut symbols);
+    let (_, counts) = symbolize_copy(&p, None, &mut sources, &mut symbols);
     assert_eq!(counts.get("no_mapping"), Some(&1), "{counts:?}");
 
     // A mapping naming a FIFO (opening it for reading would block).
     let fifo = b.dir.join("fifo");
     run(Command::new("mkfifo").arg(&fifo));
     let p = profile_of(&r, fifo.to_str().unwrap(), None);
-    let (named, counts) = profile::symbolize(&p, None, &mut sources, &mut symbols);
+    let (named, counts) = symbolize_copy(&p, None, &mut sources, &mut symbols);
     assert!(named.is_none());
     assert_eq!(counts.get("no_build_id"), Some(&2), "{counts:?}");
 
