@@ -38,6 +38,22 @@ impl FieldError {
     }
 }
 
+/// An error and its sources, `a: b: c` (hyper's and tonic's errors say
+/// what went wrong only in their sources).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
 /// Config problems as one build error message: `path: message; …`.
 pub fn joined_problems(problems: &[FieldError]) -> String {
     problems

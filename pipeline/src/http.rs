@@ -17,6 +17,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use crate::component::error_chain;
 use crate::tls::ClientTls;
 
 /// Most redirects one request follows (Go's and Prometheus's limit).
@@ -219,21 +220,6 @@ fn resolve(base: &Uri, location: &str) -> Option<Uri> {
         return Uri::from_parts(parts).ok();
     }
     None
-}
-
-/// An error and its sources, `a: b: c`.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -127,20 +127,7 @@ pub(crate) fn grpc_error(status: &tonic::Status, call: &str) -> ExportError {
     }
 }
 
-/// An error with its sources, `a: b: c`.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        let text = inner.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        source = inner.source();
-    }
-    s
-}
+pub(crate) use proflow_pipeline::component::error_chain;
 
 /// Whether a status stands for a transport failure rather than an answer.
 fn is_transport_error(status: &tonic::Status) -> bool {

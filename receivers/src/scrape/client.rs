@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use http::header::HeaderValue;
-pub use proflow_pipeline::http::{FetchError, HttpClient, error_chain};
+pub use proflow_pipeline::component::error_chain;
+pub use proflow_pipeline::http::{FetchError, HttpClient};
 use proflow_pipeline::http::{Options, header_value};
 
 use super::config::{Authorization, BasicAuth, TlsConfig};
