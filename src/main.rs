@@ -252,6 +252,10 @@ mod tests {
             (cfg!(feature = "receiver-scrape"), "receiver-scrape"),
             (cfg!(feature = "processor-relabel"), "processor-relabel"),
             (cfg!(feature = "processor-symbolize"), "processor-symbolize"),
+            (
+                cfg!(feature = "processor-trace_link"),
+                "processor-trace_link",
+            ),
             (cfg!(feature = "exporter-file"), "exporter-file"),
             (cfg!(feature = "exporter-kafka"), "exporter-kafka"),
             (cfg!(feature = "exporter-nop"), "exporter-nop"),

@@ -142,7 +142,9 @@ pub struct PipelineConfig {
     /// Processor ids, run in this order.
     #[serde(default)]
     pub processors: Vec<Located<String>>,
-    /// Exporter ids, each fed every profile that leaves the processors (at least one).
+    /// Exporter ids, each fed every profile that leaves the processors (at
+    /// least one for a profiles pipeline; none for a traces pipeline).
+    #[serde(default)]
     pub exporters: Vec<Located<String>>,
 }
 
@@ -352,12 +354,12 @@ fn parse_service(node: &Node, errors: &mut Errors) -> Option<ServiceConfig> {
                 let key = k.scalar_text().unwrap_or_default();
                 let path = format!("service.pipelines.{key}");
                 match ComponentId::parse(&key) {
-                    Ok(id) if id.kind == "profiles" => {}
+                    Ok(id) if id.kind == "profiles" || id.kind == "traces" => {}
                     _ => errors.push(Error::new(
                         path.clone(),
                         k.line,
                         k.column,
-                        format!("invalid pipeline id `{key}`: write `profiles` or `profiles/<name>`"),
+                        format!("invalid pipeline id `{key}`: write `profiles` or `profiles/<name>` (or `traces`, `traces/<name>` for spans that feed trace_link)"),
                     )),
                 }
                 match from_node::<PipelineConfig>(v, &path) {

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::memory::MemoryBudget;
 use crate::model::{Batch, Envelope, ExportBatch, Format};
 use crate::queue::{QueueSettings, RetrySettings};
+use crate::spans::SpanConsumer;
 use crate::telemetry::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry, Telemetry};
 
 /// A problem found by [`Validate::validate`]: `path` is relative to the
@@ -159,6 +160,14 @@ pub struct ReceiverContext {
     /// The collector-wide budget for request bodies and what is decompressed
     /// from them: take a grant before reading, grow it before allocating.
     pub memory: MemoryBudget,
+    /// False when the receiver is in no `profiles` pipeline (only in
+    /// `traces` ones): it should refuse profiles rather than take them to
+    /// nowhere.
+    pub takes_profiles: bool,
+    /// For a receiver in a `traces` pipeline ([`ReceiverConfig::accepts_spans`]):
+    /// where its spans go (every span-taking processor of those pipelines).
+    /// `None`: it should refuse traces.
+    pub spans: Option<Arc<dyn SpanConsumer>>,
 }
 
 /// The future a started receiver serves with.
@@ -183,6 +192,11 @@ pub trait ReceiverConfig: Validate + Debug + Send + Sync {
     fn max_request_memory(&self) -> usize {
         0
     }
+    /// True for receivers that can take traces (to feed a `traces`
+    /// pipeline's processors; proflow exports no traces).
+    fn accepts_spans(&self) -> bool {
+        false
+    }
     fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Receiver>, BuildError>;
 }
 
@@ -194,11 +208,37 @@ pub trait ReceiverConfig: Validate + Debug + Send + Sync {
 #[async_trait]
 pub trait Processor: Send + Sync {
     async fn process(&self, envelopes: Vec<Envelope>) -> Vec<Envelope>;
+
+    /// For a processor that takes spans ([`ProcessorConfig::takes_spans`]):
+    /// where a `traces` pipeline's receivers hand them.
+    fn span_consumer(&self) -> Option<Arc<dyn SpanConsumer>> {
+        None
+    }
 }
 
 /// A processor's config.
 pub trait ProcessorConfig: Validate + Debug + Send + Sync {
     fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Processor>, BuildError>;
+
+    /// Builds it knowing the payload forms the exporters after it want
+    /// (over every pipeline it is in), for a processor that can make a form
+    /// itself more cheaply than the pipeline's conversion would.
+    fn build_for(
+        &self,
+        ctx: &BuildContext,
+        downstream: &[Format],
+    ) -> Result<Arc<dyn Processor>, BuildError> {
+        let _ = downstream;
+        self.build(ctx)
+    }
+
+    /// True for a processor that takes spans, and so may be listed in a
+    /// `traces` pipeline. Such a processor is built once and shared by every
+    /// pipeline that lists it, so the spans one pipeline feeds it serve the
+    /// profiles of another.
+    fn takes_spans(&self) -> bool {
+        false
+    }
 }
 
 // ---------------------------------------------------------------- exporters

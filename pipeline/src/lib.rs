@@ -9,7 +9,8 @@
 //! query escaping for URLs components build ([`url`]),
 //! (feature `tls`) the rustls client setup of components that connect
 //! out ([`tls`]), (feature `http-client`) their GET client ([`http`]), and (feature `symbolize`) addresses to function names,
-//! files and lines for the components that name frames ([`symbolize`]).
+//! files and lines for the components that name frames ([`symbolize`]),
+//! and the spans a `traces` pipeline feeds to processors ([`spans`]).
 //!
 //! Only this crate knows how data moves between components. It depends on
 //! `proflow-config` for config values; components depend on it, never the reverse.
@@ -28,6 +29,7 @@ pub mod push_v1;
 pub mod queue;
 pub mod registry;
 pub mod relabel;
+pub mod spans;
 #[cfg(feature = "symbolize")]
 pub mod symbolize;
 pub mod telemetry;

@@ -401,6 +401,34 @@ impl Payload {
         Ok(payload)
     }
 
+    /// This payload with `otlp` as its OTLP form (replacing any it had), for
+    /// a processor that made that form itself (cheaper, or carrying what the
+    /// pprof form does not, such as links). The size counts both forms.
+    pub fn with_otlp(&self, otlp: OtlpProfiles) -> Payload {
+        let inner = &self.inner;
+        let pprof = inner.pprof.as_ref().map(|f| PprofForm {
+            encoded: f.encoded.clone(),
+            profile: f.profile.clone(),
+        });
+        // What the pprof form accounts for (none when there is none).
+        let own = match (&pprof, &inner.otlp) {
+            (None, _) => 0,
+            (Some(_), Some(o)) => inner.size.saturating_sub(o.size_bytes()),
+            (Some(_), None) => inner.size,
+        };
+        let size = own + otlp.size_bytes();
+        let payload = Payload::new(
+            inner.arrived,
+            pprof,
+            Some(Arc::new(otlp)),
+            size,
+            inner.decoded_once.load(Ordering::Relaxed),
+            self.decode_limit,
+        );
+        payload.inner.converted_once.store(true, Ordering::Relaxed);
+        payload
+    }
+
     /// The same payload holding its own copy of the bytes, so it no longer
     /// keeps a larger buffer (a whole request) alive. A payload made from a
     /// profile or holding OTLP is returned as it is.

@@ -75,6 +75,14 @@ pub struct Telemetry {
     symbolize_debuginfod_fetches: Counters,
     symbolize_cache_entries: Gauges,
     symbolize_open_files: Gauges,
+    receiver_accepted_spans: Counters,
+    receiver_refused_spans: Counters,
+    trace_link_samples: Counters,
+    trace_link_spans_indexed: Counters,
+    trace_link_spans_evicted: Counters,
+    trace_link_waits: Counters,
+    trace_link_index_spans: Gauges,
+    trace_link_index_bytes: Gauges,
     /// What `/targets` shows: each pull receiver's view, by receiver id.
     targets: std::sync::Mutex<Vec<(String, TargetsView)>>,
 }
@@ -298,6 +306,46 @@ impl Telemetry {
                 "Files (binaries and debug files) a symbolize processor holds open (bounded by open_binaries)",
                 Gauges::default()
             ),
+            receiver_accepted_spans: family!(
+                "receiver_accepted_spans",
+                "Spans a receiver took for the span index of its traces pipelines' processors",
+                Counters::default()
+            ),
+            receiver_refused_spans: family!(
+                "receiver_refused_spans",
+                "Spans a receiver refused (ids of the wrong length or all zero)",
+                Counters::default()
+            ),
+            trace_link_samples: family!(
+                "trace_link_samples",
+                "Samples a trace_link processor read a span from, by result (linked; no_trace_id: the span's trace is unknown; malformed: an id that is not one)",
+                Counters::default()
+            ),
+            trace_link_spans_indexed: family!(
+                "trace_link_spans_indexed",
+                "Spans a trace_link processor put in its span index",
+                Counters::default()
+            ),
+            trace_link_spans_evicted: family!(
+                "trace_link_spans_evicted",
+                "Spans a trace_link processor's index let go, by reason (window, max_spans)",
+                Counters::default()
+            ),
+            trace_link_waits: family!(
+                "trace_link_waits",
+                "Batches a trace_link processor held for spans not yet indexed, by result (found: every span arrived; timed_out: went on after `wait` with some unlinked)",
+                Counters::default()
+            ),
+            trace_link_index_spans: family!(
+                "trace_link_index_spans",
+                "Spans in a trace_link processor's index (bounded by max_spans)",
+                Gauges::default()
+            ),
+            trace_link_index_bytes: family!(
+                "trace_link_index_bytes",
+                "Memory a trace_link processor's span index holds",
+                Gauges::default()
+            ),
             targets: Default::default(),
             lost_logged: Default::default(),
             registry,
@@ -384,6 +432,14 @@ impl Telemetry {
     /// The metric handle of a `symbolize` processor.
     pub fn symbolize(self: &Arc<Self>, id: &str) -> SymbolizeTelemetry {
         SymbolizeTelemetry {
+            t: self.clone(),
+            id: vec![("processor", id.to_string())],
+        }
+    }
+
+    /// The metric handle of a `trace_link` processor.
+    pub fn trace_link(self: &Arc<Self>, id: &str) -> TraceLinkTelemetry {
+        TraceLinkTelemetry {
             t: self.clone(),
             id: vec![("processor", id.to_string())],
         }
@@ -539,6 +595,22 @@ impl ReceiverTelemetry {
             .inc_by(bytes);
     }
 
+    /// Spans taken for span indexes, and spans refused.
+    pub fn spans(&self, accepted: u64, refused: u64) {
+        if accepted > 0 {
+            self.t
+                .receiver_accepted_spans
+                .get_or_create(&self.id)
+                .inc_by(accepted);
+        }
+        if refused > 0 {
+            self.t
+                .receiver_refused_spans
+                .get_or_create(&self.id)
+                .inc_by(refused);
+        }
+    }
+
     /// A request refused for `reason` (a short snake_case word such as `bad_request`,
     /// `too_large`, `backpressure`), with the profiles it carried if known.
     pub fn refused(&self, reason: &str, profiles: u64) {
@@ -649,6 +721,60 @@ impl EbpfTelemetry {
             .ebpf_symbol_cache_entries
             .get_or_create(&self.id)
             .set(symbols as i64);
+    }
+}
+
+/// Metric handle of a `trace_link` processor.
+#[derive(Clone, Debug)]
+pub struct TraceLinkTelemetry {
+    t: Arc<Telemetry>,
+    id: LabelSet,
+}
+
+impl TraceLinkTelemetry {
+    /// `n` more samples with `result` (`linked`, `no_trace_id`, `malformed`).
+    pub fn samples(&self, result: &str, n: u64) {
+        if n > 0 {
+            let labels = with(&self.id, "result", result);
+            self.t.trace_link_samples.get_or_create(&labels).inc_by(n);
+        }
+    }
+
+    /// Spans indexed and let go.
+    pub fn indexed(&self, n: u64, evicted_window: u64, evicted_max: u64) {
+        if n > 0 {
+            self.t
+                .trace_link_spans_indexed
+                .get_or_create(&self.id)
+                .inc_by(n);
+        }
+        for (reason, n) in [("window", evicted_window), ("max_spans", evicted_max)] {
+            if n > 0 {
+                let labels = with(&self.id, "reason", reason);
+                self.t
+                    .trace_link_spans_evicted
+                    .get_or_create(&labels)
+                    .inc_by(n);
+            }
+        }
+    }
+
+    /// One batch held for spans, ended with `result` (`found`, `timed_out`).
+    pub fn waited(&self, result: &str) {
+        let labels = with(&self.id, "result", result);
+        self.t.trace_link_waits.get_or_create(&labels).inc();
+    }
+
+    /// The index's size now.
+    pub fn index(&self, spans: usize, bytes: usize) {
+        self.t
+            .trace_link_index_spans
+            .get_or_create(&self.id)
+            .set(spans as i64);
+        self.t
+            .trace_link_index_bytes
+            .get_or_create(&self.id)
+            .set(bytes as i64);
     }
 }
 

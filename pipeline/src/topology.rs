@@ -27,6 +27,7 @@ use crate::model::{Batch, Envelope, Format, Payload, batch_bytes};
 use crate::otlp::Lost;
 use crate::queue::{ExporterQueue, Refusal, Reservation, WhenFull};
 use crate::registry::{AnyConfig, Kind, Registry};
+use crate::spans::{Span, SpanConsumer};
 use crate::telemetry::{ProcessorTelemetry, Telemetry};
 
 /// How long a refused sender is told to wait before retrying.
@@ -37,10 +38,21 @@ const RECEIVER_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// drain used all of `shutdown_timeout`.
 const EXPORTER_SHUTDOWN_MIN: Duration = Duration::from_secs(1);
 
+/// What a pipeline carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// `profiles`, `profiles/<name>`: receivers → processors → exporters.
+    Profiles,
+    /// `traces`, `traces/<name>`: receivers → span-taking processors (their
+    /// span index); proflow exports no traces.
+    Traces,
+}
+
 /// One pipeline by component ids.
 #[derive(Debug, Clone)]
 pub struct PipelinePlan {
     pub id: String,
+    pub signal: Signal,
     pub receivers: Vec<String>,
     pub processors: Vec<String>,
     pub exporters: Vec<String>,
@@ -195,18 +207,72 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
         let receivers_ = check(Kind::Receiver, &p.receivers, &mut errors);
         let processors_ = check(Kind::Processor, &p.processors, &mut errors);
         let exporters_ = check(Kind::Exporter, &p.exporters, &mut errors);
-        for (what, list) in [("receiver", &p.receivers), ("exporter", &p.exporters)] {
-            if list.is_empty() {
-                errors.push(Error::new(
-                    &pid.path,
-                    pid.line,
-                    pid.column,
-                    format!("pipeline `{}` needs at least one {what}", pid.value),
-                ));
+        let signal = if pid.value == "traces" || pid.value.starts_with("traces/") {
+            Signal::Traces
+        } else {
+            Signal::Profiles
+        };
+        let at = |errors: &mut Errors, message: String| {
+            errors.push(Error::new(&pid.path, pid.line, pid.column, message));
+        };
+        match signal {
+            Signal::Profiles => {
+                for (what, list) in [("receiver", &p.receivers), ("exporter", &p.exporters)] {
+                    if list.is_empty() {
+                        at(
+                            &mut errors,
+                            format!("pipeline `{}` needs at least one {what}", pid.value),
+                        );
+                    }
+                }
+            }
+            Signal::Traces => {
+                if p.receivers.is_empty() {
+                    at(
+                        &mut errors,
+                        format!(
+                            "pipeline `{}` needs at least one receiver, such as otlp",
+                            pid.value
+                        ),
+                    );
+                }
+                if p.processors.is_empty() {
+                    at(
+                        &mut errors,
+                        format!(
+                            "pipeline `{}` needs a processor to feed: a trace_link with a span_index",
+                            pid.value
+                        ),
+                    );
+                }
+                if !p.exporters.is_empty() {
+                    at(
+                        &mut errors,
+                        format!(
+                            "pipeline `{}` lists exporters, but proflow exports no traces: a traces pipeline only feeds the span index of its trace_link processors; remove `exporters`",
+                            pid.value
+                        ),
+                    );
+                }
+                for r in &p.receivers {
+                    if receivers.get(&r.value).is_some_and(
+                        |c: &Arc<dyn crate::component::ReceiverConfig>| !c.accepts_spans(),
+                    ) {
+                        errors.push(Error::new(&r.path, r.line, r.column, format!("receiver `{}` takes no traces; in a traces pipeline use an otlp receiver", r.value)));
+                    }
+                }
+                for r in &p.processors {
+                    if processors.get(&r.value).is_some_and(
+                        |c: &Arc<dyn crate::component::ProcessorConfig>| !c.takes_spans(),
+                    ) {
+                        errors.push(Error::new(&r.path, r.line, r.column, format!("processor `{}` takes no spans; a traces pipeline feeds trace_link processors that have a span_index", r.value)));
+                    }
+                }
             }
         }
         pipelines.push(PipelinePlan {
             id: pid.value.clone(),
+            signal,
             receivers: receivers_,
             processors: processors_,
             exporters: exporters_,
@@ -221,6 +287,19 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
             "line {}:{}: {} `{id}` is defined at `{}` but used by no pipeline",
             d.line, d.column, d.kind, d.path
         ));
+    }
+
+    for (id, config) in &processors {
+        let listed = |signal: Signal| {
+            pipelines
+                .iter()
+                .any(|p: &PipelinePlan| p.signal == signal && p.processors.contains(id))
+        };
+        if config.takes_spans() && listed(Signal::Profiles) && !listed(Signal::Traces) {
+            warnings.push(format!(
+                "processor `{id}` has a span index but no traces pipeline feeds it: samples that name a span only stay unlinked; add `traces: {{receivers: [otlp], processors: [{id}]}}`"
+            ));
+        }
     }
 
     let max_in_flight = doc.service.limits.max_in_flight_bytes.as_usize();
@@ -333,6 +412,18 @@ impl Fanout {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The span consumer of a receiver in several `traces` pipelines (or one
+/// with several span-taking processors): every one gets every span.
+struct SpanFanout(Vec<Arc<dyn SpanConsumer>>);
+
+impl SpanConsumer for SpanFanout {
+    fn consume_spans(&self, spans: &[Span]) {
+        for c in &self.0 {
+            c.consume_spans(spans);
         }
     }
 }
@@ -540,21 +631,7 @@ impl Plan {
             });
         }
 
-        let mut by_receiver: HashMap<String, Vec<Arc<PipelineRuntime>>> = HashMap::new();
-        for p in &self.pipelines {
-            let mut processors = Vec::new();
-            for pid in &p.processors {
-                let config = self
-                    .processors
-                    .get(pid)
-                    .ok_or_else(|| BuildError::new(format!("processor `{pid}` is not defined")))?;
-                let c = ctx(pid);
-                // One instance per pipeline, as the OpenTelemetry Collector does.
-                let proc = config
-                    .build(&c)
-                    .map_err(|e| BuildError::new(format!("processor `{pid}`: {e}")))?;
-                processors.push((proc, c.processor_telemetry()));
-            }
+        let forms_of = |p: &PipelinePlan| {
             let mut forms = Vec::new();
             for e in &p.exporters {
                 if let Some(f) = self.exporters.get(e).and_then(|c| c.wants())
@@ -562,6 +639,69 @@ impl Plan {
                 {
                     forms.push(f);
                 }
+            }
+            forms
+        };
+        // A processor that takes spans is one instance for every pipeline
+        // that lists it (its span index is fed by one and read by another);
+        // it learns the forms of every profiles pipeline it is in.
+        let mut shared: HashMap<String, Arc<dyn Processor>> = HashMap::new();
+        for (pid, config) in &self.processors {
+            if !config.takes_spans() {
+                continue;
+            }
+            let mut downstream = Vec::new();
+            for p in self.pipelines.iter().filter(|p| p.processors.contains(pid)) {
+                for f in forms_of(p) {
+                    if !downstream.contains(&f) {
+                        downstream.push(f);
+                    }
+                }
+            }
+            let proc = config
+                .build_for(&ctx(pid), &downstream)
+                .map_err(|e| BuildError::new(format!("processor `{pid}`: {e}")))?;
+            shared.insert(pid.clone(), proc);
+        }
+        let mut by_receiver: HashMap<String, Vec<Arc<PipelineRuntime>>> = HashMap::new();
+        // Per receiver: (processor id, its span consumer).
+        type Feeds = Vec<(String, Arc<dyn SpanConsumer>)>;
+        let mut spans_by_receiver: HashMap<String, Feeds> = HashMap::new();
+        let mut span_consumers: HashMap<String, Option<Arc<dyn SpanConsumer>>> = HashMap::new();
+        for p in &self.pipelines {
+            if p.signal == Signal::Traces {
+                for pid in &p.processors {
+                    let consumer = span_consumers
+                        .entry(pid.clone())
+                        .or_insert_with(|| shared.get(pid).and_then(|proc| proc.span_consumer()))
+                        .clone();
+                    let Some(consumer) = consumer else { continue };
+                    for r in &p.receivers {
+                        let list = spans_by_receiver.entry(r.clone()).or_default();
+                        // A processor in two traces pipelines of one receiver gets each span once.
+                        if !list.iter().any(|(id, _)| id == pid) {
+                            list.push((pid.clone(), consumer.clone()));
+                        }
+                    }
+                }
+                continue;
+            }
+            let forms = forms_of(p);
+            let mut processors = Vec::new();
+            for pid in &p.processors {
+                let config = self
+                    .processors
+                    .get(pid)
+                    .ok_or_else(|| BuildError::new(format!("processor `{pid}` is not defined")))?;
+                let c = ctx(pid);
+                let proc = match shared.get(pid) {
+                    Some(proc) => proc.clone(),
+                    // One instance per pipeline, as the OpenTelemetry Collector does.
+                    None => config
+                        .build_for(&c, &forms)
+                        .map_err(|e| BuildError::new(format!("processor `{pid}`: {e}")))?,
+                };
+                processors.push((proc, c.processor_telemetry()));
             }
             let runtime = Arc::new(PipelineRuntime {
                 processors,
@@ -585,9 +725,22 @@ impl Plan {
         // accepted anything yet, so failing here loses nothing.
         let mut serving = Vec::new();
         for (id, config) in &self.receivers {
-            let Some(pipelines) = by_receiver.remove(id) else {
+            let pipelines = by_receiver.remove(id);
+            let spans = spans_by_receiver
+                .remove(id)
+                .map(|consumers| -> Arc<dyn SpanConsumer> {
+                    let mut consumers: Vec<_> = consumers.into_iter().map(|(_, c)| c).collect();
+                    if consumers.len() == 1 {
+                        consumers.remove(0)
+                    } else {
+                        Arc::new(SpanFanout(consumers))
+                    }
+                });
+            if pipelines.is_none() && spans.is_none() {
                 continue; // unused: warned about at plan time
-            };
+            }
+            let takes_profiles = pipelines.is_some();
+            let pipelines = pipelines.unwrap_or_default();
             let c = ctx(id);
             let receiver = config
                 .build(&c)
@@ -602,6 +755,8 @@ impl Plan {
                     telemetry: c.receiver_telemetry(),
                     shutdown: receivers_stop.clone(),
                     memory: memory.clone(),
+                    takes_profiles,
+                    spans,
                 })
                 .await
                 .map_err(|e| BuildError::new(format!("receiver `{id}`: {e}")))?;
@@ -740,6 +895,11 @@ mod tests {
     use crate::queue::{QueueSettings, RetrySettings};
     use crate::registry::{Factory, Stability};
 
+    type SpanConsumers = Mutex<HashMap<String, (bool, Option<Arc<dyn SpanConsumer>>)>>;
+    fn span_consumers() -> &'static SpanConsumers {
+        static C: OnceLock<SpanConsumers> = OnceLock::new();
+        C.get_or_init(Default::default)
+    }
     type Consumers = Mutex<HashMap<String, Arc<dyn Consumer>>>;
     fn consumers() -> &'static Consumers {
         static C: OnceLock<Consumers> = OnceLock::new();
@@ -780,6 +940,9 @@ mod tests {
         /// Stop serving at once (a receiver that fails on its own).
         #[serde(default)]
         die: bool,
+        /// Takes traces (publishes its span consumer under `key`).
+        #[serde(default)]
+        spans: bool,
     }
     impl Validate for TestReceiverConfig {
         fn validate(&self) -> Vec<FieldError> {
@@ -799,6 +962,10 @@ mod tests {
                 .lock()
                 .unwrap()
                 .insert(self.0.clone(), ctx.consumer);
+            span_consumers()
+                .lock()
+                .unwrap()
+                .insert(self.0.clone(), (ctx.takes_profiles, ctx.spans));
             let die = self.1;
             Ok(Box::pin(async move {
                 if !die {
@@ -818,28 +985,56 @@ mod tests {
         fn build(&self, _: &BuildContext) -> Result<Box<dyn Receiver>, BuildError> {
             Ok(Box::new(TestReceiver(self.key.clone(), self.die)))
         }
+        fn accepts_spans(&self) -> bool {
+            self.spans
+        }
     }
 
     /// Keeps profiles whose `keep` label is not "no".
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
-    struct FilterConfig {}
+    struct FilterConfig {
+        /// Takes spans, counting them under this key.
+        #[serde(default)]
+        spans: Option<String>,
+    }
+    struct SpanCount(String);
+    impl SpanConsumer for SpanCount {
+        fn consume_spans(&self, spans: &[Span]) {
+            record(&self.0)
+                .delivered
+                .fetch_add(spans.len(), Ordering::SeqCst);
+        }
+    }
     impl Validate for FilterConfig {
         fn validate(&self) -> Vec<FieldError> {
             vec![]
         }
     }
-    struct Filter;
+    struct Filter(Option<String>);
     #[async_trait]
     impl Processor for Filter {
         async fn process(&self, mut batch: Vec<Envelope>) -> Vec<Envelope> {
             batch.retain(|e| e.labels.get("keep") != Some("no"));
             batch
         }
+        fn span_consumer(&self) -> Option<Arc<dyn SpanConsumer>> {
+            let key = self.0.clone()?;
+            record(&key).built.fetch_add(1, Ordering::SeqCst);
+            Some(Arc::new(SpanCount(key)))
+        }
     }
     impl ProcessorConfig for FilterConfig {
         fn build(&self, _: &BuildContext) -> Result<Arc<dyn Processor>, BuildError> {
-            Ok(Arc::new(Filter))
+            if let Some(key) = &self.spans {
+                record(&format!("{key}-processor"))
+                    .built
+                    .fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(Arc::new(Filter(self.spans.clone())))
+        }
+        fn takes_spans(&self) -> bool {
+            self.spans.is_some()
         }
     }
 
@@ -1004,6 +1199,67 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("timed out waiting for {what}");
+    }
+
+    #[test]
+    fn traces_pipelines_feed_span_taking_processors_and_export_nothing() {
+        let yaml = "receivers:\n  test: {key: tp}\n  test/spans: {key: tp-s, spans: true}\nprocessors:\n  filter: {}\n  filter/idx: {spans: tp}\nexporters:\n  test: {key: tp-x, behaviour: ok}\nservice:\n  pipelines:\n    traces:\n      receivers: [test, test/spans]\n      processors: [filter, filter/idx]\n      exporters: [test]\n    traces/none: {receivers: [test/spans]}\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let doc = Document::parse_with_env(yaml, &|_| None).unwrap();
+        let text = plan(&doc, &registry()).unwrap_err().to_string();
+        for want in [
+            "receiver `test` takes no traces; in a traces pipeline use an otlp receiver",
+            "processor `filter` takes no spans",
+            "pipeline `traces` lists exporters, but proflow exports no traces",
+            "pipeline `traces/none` needs a processor to feed",
+        ] {
+            assert!(text.contains(want), "{want}: {text}");
+        }
+        let bad_id = Document::parse_with_env(
+            "receivers:\n  test: {key: a}\nexporters:\n  test: {key: b}\nservice:\n  pipelines:\n    logs: {receivers: [test], exporters: [test]}\n",
+            &|_| None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad_id.contains("write `profiles` or `profiles/<name>` (or `traces`"),
+            "{bad_id}"
+        );
+    }
+
+    #[tokio::test]
+    async fn one_span_taking_processor_serves_its_traces_and_profiles_pipelines() {
+        let yaml = "receivers:\n  test: {key: sp-p}\n  test/spans: {key: sp-s, spans: true}\nprocessors:\n  filter: {spans: sp}\nexporters:\n  test: {key: sp-x, behaviour: ok}\nservice:\n  pipelines:\n    profiles/a: {receivers: [test], processors: [filter], exporters: [test]}\n    profiles/b: {receivers: [test], processors: [filter], exporters: [test]}\n    traces: {receivers: [test/spans], processors: [filter]}\n    traces/2: {receivers: [test/spans], processors: [filter]}\n";
+        let (running, _) = start(yaml).await;
+        // Built once for all four pipelines.
+        assert_eq!(record("sp-processor").built.load(Ordering::SeqCst), 1);
+        let (takes_profiles, spans) = span_consumers()
+            .lock()
+            .unwrap()
+            .get("sp-s")
+            .cloned()
+            .unwrap();
+        assert!(!takes_profiles, "only in traces pipelines");
+        let spans = spans.expect("a span consumer");
+        let (takes_profiles, none) = span_consumers()
+            .lock()
+            .unwrap()
+            .get("sp-p")
+            .cloned()
+            .unwrap();
+        assert!(takes_profiles && none.is_none());
+        let span = Span {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+            parent_span_id: [0; 8],
+            name: "x".into(),
+            service: Arc::from("s"),
+            start_unix_nanos: 0,
+            end_unix_nanos: 0,
+        };
+        spans.consume_spans(&[span.clone(), span]);
+        // Two traces pipelines, one processor: each span reaches it once.
+        assert_eq!(record("sp").delivered.load(Ordering::SeqCst), 2);
+        running.shutdown().await;
     }
 
     #[test]

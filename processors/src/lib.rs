@@ -15,9 +15,11 @@
 mod relabel;
 #[cfg(feature = "symbolize")]
 pub mod symbolize;
+#[cfg(feature = "trace_link")]
+pub mod trace_link;
 
 use proflow_pipeline::registry::Factory;
-#[cfg(any(feature = "relabel", feature = "symbolize"))]
+#[cfg(any(feature = "relabel", feature = "symbolize", feature = "trace_link"))]
 use proflow_pipeline::registry::Stability;
 
 #[cfg(feature = "relabel")]
@@ -37,6 +39,12 @@ pub fn factories() -> Vec<Factory> {
             "symbolize",
             Stability::Alpha,
             "Names frames that arrive as addresses (pprof, OTLP): kernel from kallsyms, user from local binaries and debug files by build id.",
+        ),
+        #[cfg(feature = "trace_link")]
+        Factory::processor::<trace_link::TraceLinkProcessorConfig>(
+            "trace_link",
+            Stability::Alpha,
+            "Links profile samples to trace spans in every convention (Pyroscope, Datadog, OTLP links), filling trace ids from a span index fed by a traces pipeline.",
         ),
     ]
 }

@@ -21,6 +21,7 @@ use proflow_pipeline::memory::MemoryBudget;
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope, ValueType};
 use proflow_pipeline::otlp::common::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use proflow_pipeline::otlp::{DictionaryBuilder, Resource, collector, json, proto};
+use proflow_pipeline::spans::{Span, SpanConsumer};
 use proflow_pipeline::telemetry::Telemetry;
 use proflow_receivers::otlp::{GrpcConfig, HttpConfig, OtlpConfig, Protocols};
 use prost::Message;
@@ -63,7 +64,18 @@ impl Consumer for Recorder {
     }
 }
 
+/// Records the spans a receiver in a traces pipeline hands on.
+#[derive(Default)]
+struct SpanRecorder(Mutex<Vec<Span>>);
+
+impl SpanConsumer for SpanRecorder {
+    fn consume_spans(&self, spans: &[Span]) {
+        self.0.lock().unwrap().extend_from_slice(spans);
+    }
+}
+
 struct Harness {
+    spans: Arc<SpanRecorder>,
     grpc: SocketAddr,
     http: SocketAddr,
     recorder: Arc<Recorder>,
@@ -76,6 +88,11 @@ const LIMIT: u64 = 64 << 10;
 
 impl Harness {
     async fn start() -> Harness {
+        Harness::start_with(true, false).await
+    }
+
+    /// `profiles`: in a profiles pipeline; `traces`: in a traces pipeline.
+    async fn start_with(profiles: bool, traces: bool) -> Harness {
         let config = OtlpConfig {
             protocols: Protocols {
                 grpc: Some(GrpcConfig {
@@ -106,6 +123,7 @@ impl Harness {
             answer: Mutex::new(Answer::Accept),
         });
         let shutdown = CancellationToken::new();
+        let spans = Arc::new(SpanRecorder::default());
         let serve = Box::new(receiver)
             .start(ReceiverContext {
                 id: "otlp".into(),
@@ -113,10 +131,13 @@ impl Harness {
                 telemetry: build.receiver_telemetry(),
                 shutdown: shutdown.clone(),
                 memory: MemoryBudget::new(64 << 20),
+                takes_profiles: profiles,
+                spans: traces.then(|| spans.clone() as Arc<dyn SpanConsumer>),
             })
             .await
             .unwrap();
         Harness {
+            spans,
             grpc: addrs.grpc().expect("bound once started"),
             http: addrs.http().expect("bound once started"),
             recorder,
@@ -703,7 +724,7 @@ async fn unknown_grpc_methods_are_unimplemented() {
         .unwrap();
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.unwrap();
-    let path = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+    let path = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
         .parse()
         .unwrap();
     let err = grpc
@@ -715,5 +736,128 @@ async fn unknown_grpc_methods_are_unimplemented() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unimplemented);
+    h.stop().await;
+}
+
+// -------------------------------------------------------------------- traces
+
+fn trace_request() -> TraceRequest {
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span as OtelSpan};
+    let span = |t: u8, s: u8, name: &str| OtelSpan {
+        trace_id: vec![t; 16],
+        span_id: vec![s; 8],
+        name: name.into(),
+        start_time_unix_nano: T0,
+        end_time_unix_nano: T0 + 1_000_000,
+        attributes: vec![string_kv("http.route", "/cart")],
+        ..Default::default()
+    };
+    TraceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![string_kv("service.name", "checkout")],
+                ..Default::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans: vec![
+                    span(1, 2, "GET /cart"),
+                    span(3, 4, "SELECT"),
+                    span(0, 5, "zero trace"),
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+type TraceRequest = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+
+#[tokio::test]
+async fn traces_feed_the_span_consumer_over_grpc_and_http() {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+    let h = Harness::start_with(true, true).await;
+    let mut client = TraceServiceClient::connect(format!("http://{}", h.grpc))
+        .await
+        .unwrap()
+        .send_compressed(CompressionEncoding::Gzip);
+    let response = client.export(trace_request()).await.unwrap().into_inner();
+    let partial = response
+        .partial_success
+        .expect("the zero trace id is refused");
+    assert_eq!(partial.rejected_spans, 1);
+    {
+        let spans = h.spans.0.lock().unwrap();
+        assert_eq!(spans.len(), 2);
+        assert_eq!(spans[0].trace_id, [1; 16]);
+        assert_eq!(spans[0].span_id, [2; 8]);
+        assert_eq!(spans[0].name, "GET /cart");
+        assert_eq!(&*spans[0].service, "checkout");
+        assert_eq!(
+            spans[0].end_unix_nanos - spans[0].start_unix_nanos,
+            1_000_000
+        );
+    }
+    let reply = h
+        .post("/v1/traces", &[PROTOBUF], trace_request().encode_to_vec())
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let json = r#"{"resourceSpans":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"web"}}]},"scopeSpans":[{"spans":[{"traceId":"0102030405060708090a0b0c0d0e0f10","spanId":"1112131415161718","name":"GET /","startTimeUnixNano":"1","endTimeUnixNano":"2"}]}]}]}"#;
+    let reply = h
+        .post("/v1/traces", &[("content-type", "application/json")], json)
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.text(), "{}");
+    assert_eq!(h.spans.0.lock().unwrap().len(), 5);
+    assert!(h.metric(r#"proflow_receiver_accepted_spans_total{receiver="otlp"} 5"#));
+    assert!(h.metric(r#"proflow_receiver_refused_spans_total{receiver="otlp"} 2"#));
+    // Nothing went to the profiles pipelines.
+    assert!(h.batches().is_empty());
+
+    let reply = h.post("/v1/traces", &[PROTOBUF], &b"\xff\xff"[..]).await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert!(
+        reply
+            .status_message()
+            .message
+            .contains("ExportTraceServiceRequest")
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_signal_the_receiver_has_no_pipeline_for_is_refused_saying_so() {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+    let h = Harness::start_with(true, false).await;
+    let mut client = TraceServiceClient::connect(format!("http://{}", h.grpc))
+        .await
+        .unwrap();
+    let err = client.export(trace_request()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    assert!(
+        err.message().contains("in no traces pipeline"),
+        "{}",
+        err.message()
+    );
+    let reply = h
+        .post("/v1/traces", &[PROTOBUF], trace_request().encode_to_vec())
+        .await;
+    assert_eq!(reply.status, 404, "{}", reply.text());
+    h.stop().await;
+
+    let h = Harness::start_with(false, true).await;
+    let err = h
+        .client()
+        .await
+        .export(request(&["a"], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    assert!(
+        err.message().contains("in no profiles pipeline"),
+        "{}",
+        err.message()
+    );
+    assert!(h.batches().is_empty());
     h.stop().await;
 }

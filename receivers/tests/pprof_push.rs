@@ -100,6 +100,8 @@ impl Harness {
                 telemetry: build.receiver_telemetry(),
                 shutdown: shutdown.clone(),
                 memory: MemoryBudget::new(64 << 20),
+                takes_profiles: true,
+                spans: None,
             })
             .await
             .unwrap();
@@ -952,6 +954,8 @@ async fn bind_errors_name_the_address() {
             telemetry: build.receiver_telemetry(),
             shutdown: CancellationToken::new(),
             memory: MemoryBudget::new(64 << 20),
+            takes_profiles: true,
+            spans: None,
         })
         .await
     {

@@ -125,16 +125,42 @@ pub fn pprof_to_otlp(
             })?);
         }
         let stack_index = dict.stack(stack);
+        // `trace_id` and `span_id` labels holding valid ids are the sample's
+        // link (the reverse of what `otlp_to_pprof` writes); anything else
+        // under those names stays an attribute.
+        let mut trace_id = None;
+        let mut span_id = None;
+        for label in &s.label {
+            if label.str == 0 {
+                continue;
+            }
+            match string(label.key)? {
+                TRACE_ID_LABEL => trace_id = link_id::<16>(string(label.str)?),
+                SPAN_ID_LABEL => span_id = link_id::<8>(string(label.str)?),
+                _ => {}
+            }
+        }
+        let link = match (trace_id, span_id) {
+            (Some(t), Some(s)) => Some((t, s)),
+            _ => None,
+        };
         let mut attribute_indices = Vec::with_capacity(s.label.len());
         for label in &s.label {
             let key = string(label.key)?;
+            if link.is_some() && label.str != 0 && (key == TRACE_ID_LABEL || key == SPAN_ID_LABEL) {
+                continue;
+            }
             attribute_indices.push(if label.str != 0 {
                 dict.string_attribute(key, string(label.str)?, "")
             } else {
                 dict.int_attribute(key, label.num, string(label.num_unit)?)
             });
         }
-        samples.push((stack_index, attribute_indices));
+        let link_index = match link {
+            Some((t, s)) => dict.link(t.to_vec(), s.to_vec()),
+            None => 0,
+        };
+        samples.push((stack_index, attribute_indices, link_index));
     }
 
     let period_type = match &p.period_type {
@@ -156,13 +182,15 @@ pub fn pprof_to_otlp(
                 .sample
                 .iter()
                 .zip(&samples)
-                .map(|(s, (stack_index, attribute_indices))| proto::Sample {
-                    stack_index: *stack_index,
-                    attribute_indices: attribute_indices.clone(),
-                    link_index: 0,
-                    values: vec![s.value[t]],
-                    timestamps_unix_nano: Vec::new(),
-                })
+                .map(
+                    |(s, (stack_index, attribute_indices, link_index))| proto::Sample {
+                        stack_index: *stack_index,
+                        attribute_indices: attribute_indices.clone(),
+                        link_index: *link_index,
+                        values: vec![s.value[t]],
+                        timestamps_unix_nano: Vec::new(),
+                    },
+                )
                 .collect(),
             time_unix_nano: u64::try_from(p.time_nanos).unwrap_or(0),
             duration_nano: u64::try_from(p.duration_nanos).unwrap_or(0),
@@ -181,4 +209,21 @@ pub fn pprof_to_otlp(
     );
     lost.add("doc_url", usize::from(p.doc_url != 0));
     Ok(profiles)
+}
+
+/// The sample label a link's trace id is read from and written to.
+pub const TRACE_ID_LABEL: &str = "trace_id";
+/// The sample label a link's span id is read from and written to.
+pub const SPAN_ID_LABEL: &str = "span_id";
+
+/// An id of `N` bytes from exactly `2 * N` hex digits, not all zero.
+fn link_id<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    (out != [0; N]).then_some(out)
 }

@@ -6,7 +6,8 @@
 //!   zero value, as the spec requires).
 //! - [`pprof_to_otlp`]: one OTLP profile per pprof sample type, all sharing
 //!   the dictionary; sample labels become attributes (numeric ones keep their
-//!   unit); a mapping's build id becomes `process.executable.build_id.gnu`.
+//!   unit), but a `trace_id` and `span_id` pair of valid ids becomes the
+//!   sample's link; a mapping's build id becomes `process.executable.build_id.gnu`.
 //! - [`otlp_to_pprof`]: profiles of one time window and period merge into one
 //!   pprof with a sample type per profile (samples with the same stack,
 //!   attributes and link add up); links become `trace_id`/`span_id` labels.
@@ -54,7 +55,7 @@ pub use form::{
     AttributeLabels, OtlpContext, OtlpProfiles, SERVICE_NAME_KEY, context_heap_size,
     dictionary_heap_size, inline_attributes, inline_attributes_with, label_name, profile_heap_size,
 };
-pub use from_pprof::pprof_to_otlp;
+pub use from_pprof::{SPAN_ID_LABEL, TRACE_ID_LABEL, pprof_to_otlp};
 pub use request::{Request, RequestBuilder};
 pub use split::{Split, SplitError, split_decoded, split_raw};
 pub use to_pprof::otlp_to_pprof;

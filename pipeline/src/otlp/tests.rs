@@ -441,6 +441,31 @@ fn timestamps_count_links_become_labels_and_samples_merge() {
     )
     .unwrap_err();
     assert!(err.0.contains("2 values but 1 timestamps"), "{err}");
+
+    // And back: those labels become the sample's link again, not attributes;
+    // labels that are not valid ids stay attributes.
+    let mut p = out.into_iter().next().unwrap();
+    let mut odd = p.sample[1].clone();
+    let key = p.sample[1].label[1].key;
+    p.string_table.push("not-a-span".into());
+    odd.label[1] = pprof::Label {
+        key,
+        str: p.string_table.len() as i64 - 1,
+        ..Default::default()
+    };
+    p.sample.push(odd);
+    let mut b = DictionaryBuilder::new();
+    let profiles = pprof_to_otlp(&p, &mut b, &mut Lost::default()).unwrap();
+    let d = b.finish();
+    let samples = &profiles[0].samples;
+    let link = &d.link_table[samples[1].link_index as usize];
+    assert_eq!(
+        (link.trace_id.as_slice(), link.span_id.as_slice()),
+        (&[0xab; 16][..], &[0xcd; 8][..])
+    );
+    assert!(samples[1].attribute_indices.is_empty());
+    assert_eq!(samples[2].link_index, 0);
+    assert_eq!(samples[2].attribute_indices.len(), 2);
 }
 
 #[test]

@@ -22,10 +22,15 @@ pub enum OtlpError {
     /// A content type or encoding this receiver does not read.
     #[error("{0}")]
     UnsupportedMediaType(String),
-    #[error("method {0} is not allowed on /v1development/profiles; send POST")]
+    #[error("method {0} is not allowed here; send POST")]
     MethodNotAllowed(String),
-    #[error("no endpoint at {0}; OTLP profiles go to POST /v1development/profiles")]
+    #[error(
+        "no endpoint at {0}; OTLP profiles go to POST /v1development/profiles (and traces, for a receiver in a traces pipeline, to POST /v1/traces)"
+    )]
     NotFound(String),
+    /// A signal this receiver is in no pipeline for.
+    #[error("{0}")]
+    NotServed(String),
     /// The pipeline is full: retry after the given time.
     #[error("{detail}; retry after {retry_after:?}")]
     Backpressure {
@@ -58,7 +63,7 @@ impl OtlpError {
             OtlpError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             OtlpError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             OtlpError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            OtlpError::NotFound(_) => StatusCode::NOT_FOUND,
+            OtlpError::NotFound(_) | OtlpError::NotServed(_) => StatusCode::NOT_FOUND,
             OtlpError::Backpressure { .. } | OtlpError::MemoryLimit(_) => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -76,7 +81,8 @@ impl OtlpError {
             }
             OtlpError::UnsupportedMediaType(_)
             | OtlpError::MethodNotAllowed(_)
-            | OtlpError::NotFound(_) => tonic::Code::Unimplemented,
+            | OtlpError::NotFound(_)
+            | OtlpError::NotServed(_) => tonic::Code::Unimplemented,
             OtlpError::Timeout(_) => tonic::Code::DeadlineExceeded,
             OtlpError::ShuttingDown => tonic::Code::Unavailable,
             OtlpError::Internal(_) => tonic::Code::Internal,
@@ -100,6 +106,7 @@ impl OtlpError {
             OtlpError::UnsupportedMediaType(_) => "unsupported_media_type",
             OtlpError::MethodNotAllowed(_) => "method_not_allowed",
             OtlpError::NotFound(_) => "not_found",
+            OtlpError::NotServed(_) => "not_served",
             OtlpError::Backpressure { .. } => "backpressure",
             OtlpError::MemoryLimit(_) => "memory_limit",
             OtlpError::Timeout(_) => "timeout",

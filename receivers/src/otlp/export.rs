@@ -23,6 +23,7 @@ use proflow_pipeline::component::{Admission, ConsumeError, Consumer};
 use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope, batch_bytes};
 use proflow_pipeline::otlp::{self, AttributeLabels, Split, collector};
+use proflow_pipeline::spans::{self, SpanConsumer};
 use proflow_pipeline::telemetry::ReceiverTelemetry;
 use prost::Message;
 
@@ -31,6 +32,15 @@ use super::error::{OtlpError, Refused};
 /// What reading OTLP JSON may take per byte of it: `serde_json`'s tree of a
 /// document of small numbers is about 16 times its text.
 pub(crate) const JSON_DECODE_FACTOR: usize = 16;
+
+/// What decoding spans may take per byte of protobuf.
+const SPAN_DECODE_FACTOR: usize = 4;
+
+/// True when the request (its grant: body and estimate) is small enough to
+/// decode on the async worker.
+fn body_len_inline(grant: &MemoryGrant) -> bool {
+    grant.held() <= DECODE_INLINE_MAX * SPAN_DECODE_FACTOR
+}
 
 /// Bodies up to this size are decoded on the async worker itself (a few
 /// hundred microseconds at most; a hop to the blocking pool costs two thread
@@ -61,6 +71,10 @@ pub(crate) struct Handler {
     pub consumer: Arc<dyn Consumer>,
     pub telemetry: ReceiverTelemetry,
     pub memory: MemoryBudget,
+    /// False when this receiver is in no profiles pipeline.
+    pub takes_profiles: bool,
+    /// Where spans go, for a receiver in a traces pipeline.
+    pub spans: Option<Arc<dyn SpanConsumer>>,
 }
 
 impl Handler {
@@ -74,6 +88,13 @@ impl Handler {
         max_decoded: usize,
         origin: Origin,
     ) -> Result<collector::ExportProfilesServiceResponse, Refused> {
+        if !self.takes_profiles {
+            return Err(OtlpError::NotServed(format!(
+                "receiver `{}` is in no profiles pipeline, so it takes no profiles; list it in one, or send profiles elsewhere",
+                self.id
+            ))
+            .into());
+        }
         // Protobuf is checked on the wire and kept as it arrived: nothing is
         // decoded but resources and scopes, so the body is all it holds.
         let estimate = match encoding {
@@ -131,6 +152,54 @@ impl Handler {
         self.deliver(built.envelopes, origin).await?;
         drop(grant);
         Ok(collector::ExportProfilesServiceResponse { partial_success })
+    }
+
+    /// Takes one `ExportTraceServiceRequest` for the span-taking processors
+    /// of this receiver's traces pipelines. Spans are decoded (ids, name,
+    /// times, service; nothing else is allocated) under `grant`, grown by
+    /// what they take, and handed on at once; nothing is queued.
+    pub async fn export_spans(
+        &self,
+        body: Bytes,
+        encoding: Encoding,
+        mut grant: MemoryGrant,
+    ) -> Result<spans::ExportTraceServiceResponse, OtlpError> {
+        let Some(consumer) = &self.spans else {
+            return Err(OtlpError::NotServed(format!(
+                "receiver `{}` is in no traces pipeline, so it takes no traces; list it in a `traces` pipeline with a trace_link processor to feed its span index",
+                self.id
+            )));
+        };
+        // A decoded span is about 100 bytes plus its name; the smallest one
+        // on the wire is about 30.
+        let factor = match encoding {
+            Encoding::Protobuf => SPAN_DECODE_FACTOR,
+            Encoding::Json => JSON_DECODE_FACTOR,
+        };
+        grant
+            .grow(body.len().saturating_mul(factor), memory::DEFAULT_WAIT)
+            .await
+            .map_err(|e| OtlpError::MemoryLimit(e.to_string()))?;
+        let work = move || match encoding {
+            Encoding::Protobuf => spans::decode(&body),
+            Encoding::Json => spans::decode_json(&body),
+        };
+        let decoded = if body_len_inline(&grant) {
+            work()
+        } else {
+            tokio::task::spawn_blocking(work)
+                .await
+                .map_err(|e| OtlpError::Internal(format!("the decoding task failed: {e}")))?
+        }
+        .map_err(|e| OtlpError::BadRequest(e.0))?;
+        if decoded.spans.is_empty() && decoded.rejected > 0 {
+            return Err(OtlpError::BadRequest(decoded.error_message));
+        }
+        consumer.consume_spans(&decoded.spans);
+        self.telemetry
+            .spans(decoded.spans.len() as u64, decoded.rejected as u64);
+        drop(grant);
+        Ok(decoded.response())
     }
 
     /// Hands one request's profiles to the pipeline, once.

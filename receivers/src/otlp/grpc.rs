@@ -33,9 +33,12 @@ use super::export::{Encoding, Handler, Origin};
 use super::http::TENANT_HEADER;
 use super::serve::{Listen, accept_loop};
 
-/// The one method served.
+/// The profiles method.
 pub(crate) const EXPORT_PATH: &str =
     "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+/// The traces method (for a receiver in a traces pipeline).
+pub(crate) const TRACES_EXPORT_PATH: &str =
+    "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
 /// The gRPC protocol's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,38 +93,42 @@ impl Grpc {
         req: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<tonic::body::Body> {
-        if req.uri().path() != EXPORT_PATH {
-            let error = OtlpError::NotFound(req.uri().path().to_owned());
-            self.handler.refused(&Refused::from(error));
-            return Status::unimplemented(format!(
-                "unknown method {}; this server serves {EXPORT_PATH}",
-                req.uri().path()
-            ))
-            .into_http();
-        }
+        let traces = match req.uri().path() {
+            EXPORT_PATH => false,
+            TRACES_EXPORT_PATH => true,
+            other => {
+                let error = OtlpError::NotFound(other.to_owned());
+                self.handler.refused(&Refused::from(error));
+                return Status::unimplemented(format!(
+                    "unknown method {other}; this server serves {EXPORT_PATH} (and {TRACES_EXPORT_PATH} when in a traces pipeline)"
+                ))
+                .into_http();
+            }
+        };
         let outcome: Outcome = Arc::new(OnceLock::new());
-        let codec = RawCodec {
-            memory: self.handler.memory.clone(),
-            outcome: outcome.clone(),
-        };
-        let service = ExportService {
-            handler: self.handler.clone(),
-            peer,
-            outcome: outcome.clone(),
-        };
         let read_timeout = self.settings.read_timeout;
         let req = req.map(|body| TimedBody {
             inner: body,
             deadline: Box::pin(tokio::time::sleep(read_timeout)),
             outcome: outcome.clone(),
         });
-        let response = tonic::server::Grpc::new(codec)
-            .accept_compressed(CompressionEncoding::Gzip)
-            .send_compressed(CompressionEncoding::Gzip)
-            .max_decoding_message_size(self.settings.max_message)
-            .max_encoding_message_size(usize::MAX)
-            .unary(service, req)
-            .await;
+        let response = if traces {
+            let codec = RawCodec::<TraceResponse>::new(&self.handler.memory, &outcome);
+            let service = TraceExportService {
+                handler: self.handler.clone(),
+                outcome: outcome.clone(),
+            };
+            self.server(codec).unary(service, req).await
+        } else {
+            let codec =
+                RawCodec::<ExportProfilesServiceResponse>::new(&self.handler.memory, &outcome);
+            let service = ExportService {
+                handler: self.handler.clone(),
+                peer,
+                outcome: outcome.clone(),
+            };
+            self.server(codec).unary(service, req).await
+        };
         // Refusals the handler never saw: counted here.
         let refused = match outcome.get() {
             Some(Stage::Handled) => None,
@@ -156,6 +163,60 @@ impl Grpc {
     }
 }
 
+impl Grpc {
+    fn server<R: Message + Send + 'static>(
+        &self,
+        codec: RawCodec<R>,
+    ) -> tonic::server::Grpc<RawCodec<R>> {
+        tonic::server::Grpc::new(codec)
+            .accept_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Gzip)
+            .max_decoding_message_size(self.settings.max_message)
+            .max_encoding_message_size(usize::MAX)
+    }
+}
+
+type TraceResponse = proflow_pipeline::spans::ExportTraceServiceResponse;
+
+/// The unary traces service: spans for the span index, answered at once.
+#[derive(Clone)]
+struct TraceExportService {
+    handler: Arc<Handler>,
+    outcome: Outcome,
+}
+
+type TraceFuture =
+    Pin<Box<dyn Future<Output = Result<tonic::Response<TraceResponse>, Status>> + Send>>;
+
+impl tower::Service<tonic::Request<Raw>> for TraceExportService {
+    type Response = tonic::Response<TraceResponse>;
+    type Error = Status;
+    type Future = TraceFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: tonic::Request<Raw>) -> TraceFuture {
+        let _ = self.outcome.set(Stage::Handled);
+        let raw = req.into_inner();
+        let handler = self.handler.clone();
+        Box::pin(async move {
+            match handler
+                .export_spans(raw.bytes, Encoding::Protobuf, raw.grant)
+                .await
+            {
+                Ok(response) => Ok(tonic::Response::new(response)),
+                Err(error) => {
+                    let status = error.to_grpc();
+                    handler.refused(&Refused::from(error));
+                    Err(status)
+                }
+            }
+        })
+    }
+}
+
 /// The `grpc-status` of a trailers-only response (every refusal tonic
 /// makes before the handler runs is one).
 fn grpc_status<B>(response: &Response<B>) -> Option<Code> {
@@ -169,21 +230,31 @@ struct Raw {
     grant: MemoryGrant,
 }
 
-/// Hands the handler the message bytes; encodes the response with prost.
-#[derive(Clone)]
-struct RawCodec {
+/// Hands the handler the message bytes; encodes the response (`R`) with prost.
+struct RawCodec<R> {
     memory: MemoryBudget,
     outcome: Outcome,
+    response: std::marker::PhantomData<fn() -> R>,
 }
 
-impl Codec for RawCodec {
-    type Encode = ExportProfilesServiceResponse;
+impl<R> RawCodec<R> {
+    fn new(memory: &MemoryBudget, outcome: &Outcome) -> Self {
+        RawCodec {
+            memory: memory.clone(),
+            outcome: outcome.clone(),
+            response: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<R: Message + Send + 'static> Codec for RawCodec<R> {
+    type Encode = R;
     type Decode = Raw;
-    type Encoder = ResponseEncoder;
+    type Encoder = ResponseEncoder<R>;
     type Decoder = RawDecoder;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ResponseEncoder
+        ResponseEncoder(std::marker::PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
@@ -194,10 +265,10 @@ impl Codec for RawCodec {
     }
 }
 
-struct ResponseEncoder;
+struct ResponseEncoder<R>(std::marker::PhantomData<fn() -> R>);
 
-impl Encoder for ResponseEncoder {
-    type Item = ExportProfilesServiceResponse;
+impl<R: Message> Encoder for ResponseEncoder<R> {
+    type Item = R;
     type Error = Status;
 
     fn encode(&mut self, item: Self::Item, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {

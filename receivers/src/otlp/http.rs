@@ -31,6 +31,14 @@ use super::serve::{Listen, accept_loop};
 
 /// The one path profiles are posted to.
 pub(crate) const PROFILES_PATH: &str = "/v1development/profiles";
+/// Where traces go (for a receiver in a traces pipeline).
+pub(crate) const TRACES_PATH: &str = "/v1/traces";
+
+/// What a request was answered with.
+enum Reply {
+    Profiles(ExportProfilesServiceResponse),
+    Traces(proflow_pipeline::spans::ExportTraceServiceResponse),
+}
 
 /// The header multi-tenant backends read the tenant from.
 pub(crate) const TENANT_HEADER: &str = "x-scope-orgid";
@@ -135,6 +143,17 @@ fn response_json(r: &ExportProfilesServiceResponse) -> Vec<u8> {
 
 /// The response for a refusal: text for what the collector answers in text,
 /// a `google.rpc.Status` in the request's encoding otherwise.
+fn traces_response_json(r: &proflow_pipeline::spans::ExportTraceServiceResponse) -> Vec<u8> {
+    let body = match &r.partial_success {
+        Some(p) => serde_json::json!({"partialSuccess": {
+            "rejectedSpans": p.rejected_spans.to_string(),
+            "errorMessage": p.error_message,
+        }}),
+        None => serde_json::json!({}),
+    };
+    body.to_string().into_bytes()
+}
+
 fn refusal(error: &OtlpError, media: Option<&MediaType>) -> Response<Full<Bytes>> {
     let status = error.http_status();
     let mut response = match (error, media) {
@@ -177,10 +196,12 @@ impl Http {
     async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
         let media = media_type(req.headers());
         match self.export(req, peer, media.clone()).await {
-            Ok((media, response)) => {
-                let body = match media.encoding {
-                    Encoding::Protobuf => response.encode_to_vec(),
-                    Encoding::Json => response_json(&response),
+            Ok((media, reply)) => {
+                let body = match (media.encoding, reply) {
+                    (Encoding::Protobuf, Reply::Profiles(r)) => r.encode_to_vec(),
+                    (Encoding::Json, Reply::Profiles(r)) => response_json(&r),
+                    (Encoding::Protobuf, Reply::Traces(r)) => r.encode_to_vec(),
+                    (Encoding::Json, Reply::Traces(r)) => traces_response_json(&r),
                 };
                 body_of(&media, StatusCode::OK, body)
             }
@@ -196,10 +217,12 @@ impl Http {
         req: Request<Incoming>,
         peer: SocketAddr,
         media: Option<MediaType>,
-    ) -> Result<(MediaType, ExportProfilesServiceResponse), Refused> {
-        if req.uri().path() != PROFILES_PATH {
-            return Err(OtlpError::NotFound(req.uri().path().to_owned()).into());
-        }
+    ) -> Result<(MediaType, Reply), Refused> {
+        let traces = match req.uri().path() {
+            PROFILES_PATH => false,
+            TRACES_PATH => true,
+            other => return Err(OtlpError::NotFound(other.to_owned()).into()),
+        };
         if req.method() != Method::POST {
             return Err(OtlpError::MethodNotAllowed(req.method().to_string()).into());
         }
@@ -241,6 +264,13 @@ impl Http {
         } else {
             body
         };
+        if traces {
+            let response = self
+                .handler
+                .export_spans(body, media.encoding, grant)
+                .await?;
+            return Ok((media, Reply::Traces(response)));
+        }
         let response = self
             .handler
             .export(
@@ -251,7 +281,7 @@ impl Http {
                 origin,
             )
             .await?;
-        Ok((media, response))
+        Ok((media, Reply::Profiles(response)))
     }
 
     /// Reads the whole body within `read_timeout`, refusing as soon as it

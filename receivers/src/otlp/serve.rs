@@ -121,6 +121,8 @@ impl Receiver for OtlpReceiver {
             consumer: ctx.consumer,
             telemetry: ctx.telemetry,
             memory: ctx.memory,
+            takes_profiles: ctx.takes_profiles,
+            spans: ctx.spans,
         });
         let grpc = grpc.map(|(listener, settings)| {
             grpc::serve(listener, settings, handler.clone(), ctx.shutdown.clone())

@@ -1,0 +1,500 @@
+//! The `trace_link` processor: makes the link between profile samples and
+//! the trace spans they were taken in explicit and uniform, whatever
+//! convention the sender used, so a backend can jump from a span to its
+//! samples and back.
+//!
+//! - [`ids`]: the conventions in the field (Pyroscope's `span_id` /
+//!   `span_name` / `trace_id` labels, older `profile_id`, Datadog's decimal
+//!   `span id` / `local root span id`, OTLP sample links) and their normal
+//!   form.
+//! - [`index`]: the span index a `traces` pipeline feeds (span id → trace
+//!   id, name, service, times), bounded by `window` and `max_spans`.
+//! - [`pprof`], [`otlp`]: reading and writing the links of each form.
+//! - [`config`]: the config.
+//!
+//! A batch goes through in three steps: every payload that carries any
+//! correlation is decoded and read (a profile without any goes on as it
+//! came, never re-encoded); the spans whose trace the samples do not name
+//! are looked up in the index under one lock, waiting up to `wait` for
+//! those not there yet; then each payload is written in the forms of
+//! `output`. For a pprof payload that feeds an OTLP exporter, the processor
+//! makes the OTLP form itself, with links, so the pprof form can keep
+//! Pyroscope's labels while the OTLP form has links (the pipeline then
+//! converts nothing). Samples are never merged: two samples of one stack
+//! in different spans stay two.
+
+pub mod config;
+pub mod ids;
+pub mod index;
+pub mod otlp;
+pub mod pprof;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use proflow_pipeline::component::{
+    BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate, joined_problems,
+};
+use proflow_pipeline::model::{Envelope, Format, Payload};
+use proflow_pipeline::otlp::{self as potlp, Lost, OtlpProfiles, ProfileData};
+use proflow_pipeline::pprof::Profile;
+use proflow_pipeline::spans::SpanConsumer;
+use proflow_pipeline::telemetry::{Telemetry, TraceLinkTelemetry};
+
+pub use config::{Output, SpanIndexConfig, TraceLinkProcessorConfig};
+use ids::{Found, SpanId, TraceId};
+pub use index::SpanIndex;
+
+/// Span ids a batch waited for in vain, kept so the next batch naming them
+/// does not wait again (cleared when full).
+const MAX_GAVE_UP: usize = 100_000;
+
+/// How the processor treats a linked sample's other labels.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rules {
+    pub drop_after_link: bool,
+    pub root_only: bool,
+}
+
+/// One sample's span as the processor writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub span: SpanId,
+    /// `None` when neither the sample nor the index knows it.
+    pub trace: Option<TraceId>,
+    pub name: Option<Arc<str>>,
+}
+
+impl Validate for TraceLinkProcessorConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        self.problems()
+    }
+}
+
+impl ProcessorConfig for TraceLinkProcessorConfig {
+    fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Processor>, BuildError> {
+        self.build_for(ctx, &[])
+    }
+
+    fn build_for(
+        &self,
+        ctx: &BuildContext,
+        downstream: &[Format],
+    ) -> Result<Arc<dyn Processor>, BuildError> {
+        let problems = self.problems();
+        if !problems.is_empty() {
+            return Err(BuildError::new(joined_problems(&problems)));
+        }
+        Ok(Arc::new(TraceLinkProcessor::new(
+            self,
+            downstream.contains(&Format::Otlp),
+            Some(&ctx.telemetry),
+            ctx.telemetry.trace_link(&ctx.id),
+        )))
+    }
+
+    fn takes_spans(&self) -> bool {
+        self.span_index.is_some()
+    }
+}
+
+/// The running processor.
+pub struct TraceLinkProcessor {
+    rules: Rules,
+    otlp_links: bool,
+    labels: bool,
+    /// Make the OTLP form of pprof payloads (an exporter after it wants OTLP).
+    make_otlp: bool,
+    index: Option<Arc<SpanIndex>>,
+    wait: Duration,
+    /// Set once a traces pipeline feeds the index: only then is waiting
+    /// for spans worth anything.
+    fed: AtomicBool,
+    gave_up: Mutex<HashSet<SpanId>>,
+    telemetry: TraceLinkTelemetry,
+    pipeline_telemetry: Option<Arc<Telemetry>>,
+}
+
+impl TraceLinkProcessor {
+    pub fn new(
+        config: &TraceLinkProcessorConfig,
+        make_otlp: bool,
+        pipeline_telemetry: Option<&Arc<Telemetry>>,
+        telemetry: TraceLinkTelemetry,
+    ) -> Self {
+        let otlp_links = config.writes(Output::OtlpLinks);
+        TraceLinkProcessor {
+            rules: Rules {
+                drop_after_link: config.drop_span_labels_after_link,
+                root_only: config.root_spans_only,
+            },
+            otlp_links,
+            labels: config.writes(Output::Labels),
+            make_otlp: make_otlp && otlp_links,
+            index: config.span_index.as_ref().map(|i| {
+                Arc::new(SpanIndex::new(
+                    i.window.get(),
+                    i.max_spans,
+                    Some(telemetry.clone()),
+                ))
+            }),
+            wait: config
+                .span_index
+                .as_ref()
+                .map_or(Duration::ZERO, |i| i.wait.get()),
+            fed: AtomicBool::new(false),
+            gave_up: Mutex::new(HashSet::new()),
+            telemetry,
+            pipeline_telemetry: pipeline_telemetry.cloned(),
+        }
+    }
+
+    /// The index, for tests and benchmarks that feed it directly.
+    pub fn index(&self) -> Option<&Arc<SpanIndex>> {
+        self.index.as_ref()
+    }
+}
+
+/// What was read of one envelope.
+enum Work {
+    /// Nothing to do: it goes on as it came.
+    Pass,
+    Pprof {
+        profile: Box<Profile>,
+        found: Vec<Option<Found>>,
+    },
+    Otlp {
+        group: usize,
+        profiles: Vec<Option<(potlp::proto::Profile, Vec<Option<Found>>)>>,
+    },
+}
+
+/// Payloads sharing one OTLP dictionary.
+struct Group {
+    dictionary: potlp::proto::ProfilesDictionary,
+    table: Option<otlp::Table>,
+}
+
+impl TraceLinkProcessor {
+    fn read(&self, envelopes: &[Envelope], groups: &mut Vec<Group>) -> Vec<Work> {
+        let mut by_dictionary: HashMap<usize, Option<usize>> = HashMap::new();
+        envelopes
+            .iter()
+            .map(|e| match e.payload.arrived_as() {
+                Format::Pprof => {
+                    let Ok(decoded) = e.payload.decoded() else {
+                        return Work::Pass;
+                    };
+                    let Some(found) = pprof::read(&decoded) else {
+                        return Work::Pass;
+                    };
+                    let profile = Arc::try_unwrap(decoded).unwrap_or_else(|a| (*a).clone());
+                    Work::Pprof {
+                        profile: Box::new(profile),
+                        found,
+                    }
+                }
+                Format::Otlp => {
+                    let Ok(o) = e.payload.otlp() else {
+                        return Work::Pass;
+                    };
+                    let key = Arc::as_ptr(&o.dictionary) as usize;
+                    let group = *by_dictionary.entry(key).or_insert_with(|| {
+                        let dict = o.dictionary.decoded().ok()?.into_owned();
+                        let table = otlp::Table::of(&dict)?;
+                        groups.push(Group {
+                            dictionary: dict,
+                            table: Some(table),
+                        });
+                        Some(groups.len() - 1)
+                    });
+                    let Some(group) = group else {
+                        return Work::Pass;
+                    };
+                    let Some(table) = &groups[group].table else {
+                        return Work::Pass;
+                    };
+                    let profiles: Vec<_> = o
+                        .profiles
+                        .iter()
+                        .map(|pd| {
+                            let p = pd.decoded().ok()?.into_owned();
+                            let found = table.read(&p)?;
+                            Some((p, found))
+                        })
+                        .collect();
+                    if profiles.iter().all(Option::is_none) {
+                        return Work::Pass;
+                    }
+                    Work::Otlp { group, profiles }
+                }
+            })
+            .collect()
+    }
+
+    /// Every span whose trace (or name) the index may give.
+    fn wanted(&self, work: &[Work]) -> Vec<SpanId> {
+        let mut wanted: HashSet<SpanId> = HashSet::new();
+        let mut add = |found: &[Option<Found>]| {
+            for f in found.iter().flatten() {
+                if let Some(s) = f.span(self.rules.root_only)
+                    && (f.trace().is_none() || (self.labels && f.span_name.is_none()))
+                {
+                    wanted.insert(s);
+                }
+            }
+        };
+        for w in work {
+            match w {
+                Work::Pass => {}
+                Work::Pprof { found, .. } => add(found),
+                Work::Otlp { profiles, .. } => {
+                    for (_, found) in profiles.iter().flatten() {
+                        add(found);
+                    }
+                }
+            }
+        }
+        wanted.into_iter().collect()
+    }
+
+    /// Looks `wanted` up, waiting up to `wait` for spans that name no trace
+    /// yet and are not indexed.
+    async fn lookup(&self, wanted: Vec<SpanId>) -> HashMap<SpanId, index::Known> {
+        let mut known = HashMap::new();
+        let Some(index) = &self.index else {
+            return known;
+        };
+        if wanted.is_empty() {
+            return known;
+        }
+        index.lookup_all(&wanted, |i, k| {
+            known.insert(wanted[i], k);
+        });
+        if known.len() == wanted.len() || self.wait.is_zero() || !self.fed.load(Ordering::Relaxed) {
+            return known;
+        }
+        let missing: Vec<SpanId> = {
+            let gave_up = self.gave_up.lock().map(|g| g.clone()).unwrap_or_default();
+            wanted
+                .iter()
+                .filter(|s| !known.contains_key(*s) && !gave_up.contains(*s))
+                .copied()
+                .collect()
+        };
+        if missing.is_empty() {
+            return known;
+        }
+        let deadline = tokio::time::Instant::now() + self.wait;
+        let found_all = loop {
+            let notified = index.arrived.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if index.has_all(&missing) {
+                break true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break index.has_all(&missing);
+            }
+        };
+        self.telemetry
+            .waited(if found_all { "found" } else { "timed_out" });
+        index.lookup_all(&missing, |i, k| {
+            known.insert(missing[i], k);
+        });
+        if !found_all && let Ok(mut gave_up) = self.gave_up.lock() {
+            if gave_up.len() + missing.len() > MAX_GAVE_UP {
+                gave_up.clear();
+            }
+            gave_up.extend(missing.iter().filter(|s| !known.contains_key(*s)));
+        }
+        known
+    }
+
+    /// Each sample's link, counted by result.
+    fn links(
+        &self,
+        found: &[Option<Found>],
+        known: &HashMap<SpanId, index::Known>,
+        counts: &mut [u64; 3],
+    ) -> Vec<Option<Link>> {
+        found
+            .iter()
+            .map(|f| {
+                let f = f.as_ref()?;
+                let Some(span) = f.span(self.rules.root_only) else {
+                    if f.malformed {
+                        counts[2] += 1;
+                    }
+                    return None;
+                };
+                let k = known.get(&span);
+                let trace = f.trace().or(k.map(|k| k.trace_id));
+                let name = match (&f.span_name, k) {
+                    (Some(n), _) => Some(Arc::from(n.as_str())),
+                    (None, Some(k)) => k.name.clone(),
+                    (None, None) => None,
+                };
+                counts[usize::from(trace.is_none())] += 1;
+                Some(Link { span, trace, name })
+            })
+            .collect()
+    }
+
+    fn write_pprof(&self, e: &mut Envelope, mut profile: Profile, links: &[Option<Link>]) {
+        let linked = links.iter().flatten().any(|l| l.trace.is_some());
+        let otlp = if self.make_otlp && linked {
+            let mut source = profile.clone();
+            pprof::write(
+                &mut source,
+                links,
+                &self.rules,
+                pprof::Mode {
+                    labels: self.labels,
+                    link_labels: true,
+                },
+            );
+            let mut dict = potlp::DictionaryBuilder::new();
+            let mut lost = Lost::default();
+            match potlp::pprof_to_otlp(&source, &mut dict, &mut lost) {
+                Ok(profiles) => {
+                    if let Some(t) = &self.pipeline_telemetry {
+                        t.converted(Format::Otlp, &lost);
+                    }
+                    Some(OtlpProfiles::decoded(dict.finish(), profiles))
+                }
+                // The pipeline's conversion will fail the same way and say so.
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
+        if self.labels || self.rules.drop_after_link {
+            pprof::write(
+                &mut profile,
+                links,
+                &self.rules,
+                pprof::Mode {
+                    labels: self.labels,
+                    link_labels: false,
+                },
+            );
+            e.payload = Payload::from_profile(profile);
+        }
+        if let Some(o) = otlp {
+            e.payload = e.payload.with_otlp(o);
+        }
+    }
+}
+
+#[async_trait]
+impl Processor for TraceLinkProcessor {
+    async fn process(&self, mut envelopes: Vec<Envelope>) -> Vec<Envelope> {
+        let mut groups = Vec::new();
+        let work = self.read(&envelopes, &mut groups);
+        if work.iter().all(|w| matches!(w, Work::Pass)) {
+            return envelopes;
+        }
+        let known = self.lookup(self.wanted(&work)).await;
+        let mut counts = [0u64; 3];
+        let mut writers: Vec<Option<otlp::DictionaryWriter>> = groups
+            .iter_mut()
+            .map(|g| {
+                Some(otlp::DictionaryWriter::new(
+                    std::mem::take(&mut g.dictionary),
+                    &g.table,
+                ))
+            })
+            .collect();
+        // (envelope, group, profiles) for the OTLP payloads that changed,
+        // finished once their group's dictionary is.
+        let mut changed_otlp: Vec<(usize, usize, Vec<ProfileData>)> = Vec::new();
+        for (i, w) in work.into_iter().enumerate() {
+            match w {
+                Work::Pass => {}
+                Work::Pprof { profile, found } => {
+                    let links = self.links(&found, &known, &mut counts);
+                    self.write_pprof(&mut envelopes[i], *profile, &links);
+                }
+                Work::Otlp { group, profiles } => {
+                    let Ok(o) = envelopes[i].payload.otlp() else {
+                        continue;
+                    };
+                    let Some(writer) = writers[group].as_mut() else {
+                        continue;
+                    };
+                    let table = &groups[group].table;
+                    let mut any = false;
+                    let mut out = Vec::with_capacity(o.profiles.len());
+                    for (pd, read) in o.profiles.iter().zip(profiles) {
+                        let Some((mut p, found)) = read else {
+                            out.push(pd.clone());
+                            continue;
+                        };
+                        let links = self.links(&found, &known, &mut counts);
+                        if otlp::write(
+                            &mut p,
+                            &links,
+                            table,
+                            writer,
+                            &self.rules,
+                            self.otlp_links,
+                            self.labels,
+                        ) {
+                            any = true;
+                            out.push(ProfileData::from_decoded(p));
+                        } else {
+                            out.push(pd.clone());
+                        }
+                    }
+                    if any {
+                        changed_otlp.push((i, group, out));
+                    }
+                }
+            }
+        }
+        let mut dictionaries: Vec<Option<Arc<potlp::SharedDictionary>>> = vec![None; writers.len()];
+        for (i, group, profiles) in changed_otlp {
+            let Ok(o) = envelopes[i].payload.otlp() else {
+                continue;
+            };
+            let dictionary = match &dictionaries[group] {
+                Some(d) => d.clone(),
+                None => {
+                    let Some(w) = writers[group].take() else {
+                        continue;
+                    };
+                    let d = if w.changed {
+                        otlp::shared(w)
+                    } else {
+                        o.dictionary.clone()
+                    };
+                    dictionaries[group] = Some(d.clone());
+                    d
+                }
+            };
+            let shared = dictionary.heap_size();
+            envelopes[i].payload = Payload::from_otlp(OtlpProfiles::new(
+                dictionary,
+                o.context.clone(),
+                profiles,
+                shared,
+            ));
+        }
+        self.telemetry.samples("linked", counts[0]);
+        self.telemetry.samples("no_trace_id", counts[1]);
+        self.telemetry.samples("malformed", counts[2]);
+        envelopes
+    }
+
+    fn span_consumer(&self) -> Option<Arc<dyn SpanConsumer>> {
+        let index = self.index.clone()?;
+        self.fed.store(true, Ordering::Relaxed);
+        Some(index)
+    }
+}
