@@ -152,6 +152,34 @@ pub fn pyroscope_totals(
     )
 }
 
+/// Pyroscope's merged profile of the samples of `spans` (16-hex span ids,
+/// as `SelectMergeSpanProfile` selects them by their `span_id` label) for
+/// `selector` and `profile_type` over the last hour, reduced to the totals
+/// of `functions`.
+pub fn pyroscope_span_totals(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    selector: &str,
+    profile_type: &str,
+    spans: &[String],
+    functions: &[&str],
+) -> Result<Totals, String> {
+    let now = now_ms();
+    let answer = pyroscope_call(
+        http,
+        base,
+        "/querier.v1.QuerierService/SelectMergeSpanProfile",
+        serde_json::json!({
+            "profileTypeID": profile_type,
+            "labelSelector": selector,
+            "spanSelector": spans,
+            "start": now - 3_600_000,
+            "end": now + 60_000,
+        }),
+    )?;
+    Ok(flamegraph_totals(&answer["flamegraph"], functions))
+}
+
 pub use proflow_pipeline::telemetry::rfc3339;
 
 /// Parca's merged pprof for `query` (`TYPE{labels}`) over the last hour, if

@@ -13,18 +13,24 @@ pub enum Output {
     /// payloads when an exporter after the processor wants OTLP.
     OtlpLinks,
     /// pprof sample labels as Pyroscope's otel-profiling-go writes them:
-    /// `span_id` (16 lower-case hex digits), `span_name` and `trace_id` (32
-    /// hex digits). On OTLP payloads, the same as sample attributes where
-    /// the sample has no link (a link becomes `trace_id` and `span_id`
-    /// labels in any pprof made from it).
+    /// `span_id` (16 lower-case hex digits) and `span_name`. On OTLP
+    /// payloads, the same as sample attributes where the sample has no link
+    /// (a link becomes `trace_id` and `span_id` labels in any pprof made
+    /// from it).
     Labels,
+    /// The trace id as a `trace_id` sample label too (32 hex digits, as
+    /// otel-profiling-go v0.6+ writes it), for pprof readers that link by
+    /// it. Not for Pyroscope: it makes every sample label but `span_id` a
+    /// series label, so one series per trace.
+    TraceIdLabel,
 }
 
 /// Config of the `trace_link` processor.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TraceLinkProcessorConfig {
-    /// The forms to write: `otlp_links`, `labels` or both. Default both.
+    /// The forms to write: `otlp_links`, `labels`, `trace_id_label`.
+    /// Default `[otlp_links, labels]`.
     #[serde(default = "default_output")]
     pub output: Vec<Output>,
     /// Once a sample is linked (its trace and span known), remove the
@@ -105,7 +111,7 @@ impl TraceLinkProcessorConfig {
         if self.output.is_empty() {
             problems.push(FieldError::new(
                 "output",
-                "must list at least one of otlp_links, labels",
+                "must list at least one of otlp_links, labels, trace_id_label",
             ));
         }
         for (i, o) in self.output.iter().enumerate() {

@@ -108,6 +108,7 @@ pub struct TraceLinkProcessor {
     rules: Rules,
     otlp_links: bool,
     labels: bool,
+    trace_label: bool,
     /// Make the OTLP form of pprof payloads (an exporter after it wants OTLP).
     make_otlp: bool,
     index: Option<Arc<SpanIndex>>,
@@ -135,6 +136,7 @@ impl TraceLinkProcessor {
             },
             otlp_links,
             labels: config.writes(Output::Labels),
+            trace_label: config.writes(Output::TraceIdLabel),
             make_otlp: make_otlp && otlp_links,
             index: config.span_index.as_ref().map(|i| {
                 Arc::new(SpanIndex::new(
@@ -356,6 +358,7 @@ impl TraceLinkProcessor {
                 &self.rules,
                 pprof::Mode {
                     labels: self.labels,
+                    trace_label: self.trace_label,
                     link_labels: true,
                 },
             );
@@ -374,13 +377,14 @@ impl TraceLinkProcessor {
         } else {
             None
         };
-        if self.labels || self.rules.drop_after_link {
+        if self.labels || self.trace_label || self.rules.drop_after_link {
             pprof::write(
                 &mut profile,
                 links,
                 &self.rules,
                 pprof::Mode {
                     labels: self.labels,
+                    trace_label: self.trace_label,
                     link_labels: false,
                 },
             );
@@ -445,6 +449,7 @@ impl Processor for TraceLinkProcessor {
                             &self.rules,
                             self.otlp_links,
                             self.labels,
+                            self.trace_label,
                         ) {
                             any = true;
                             out.push(ProfileData::from_decoded(p));

@@ -208,6 +208,7 @@ pub fn write(
     rules: &Rules,
     otlp_links: bool,
     labels: bool,
+    trace_label: bool,
 ) -> bool {
     let mut changed = false;
     for (s, link) in p.samples.iter_mut().zip(links) {
@@ -230,25 +231,25 @@ pub fn write(
             });
             changed |= s.attribute_indices.len() != before;
         }
-        if labels {
+        if labels || trace_label {
             let has = |k: Key, s: &proto::Sample| {
                 s.attribute_indices.iter().any(|a| key_of(a) == Some(k))
             };
-            // A sample without a link carries its span (and trace, when
-            // known) as `span_id` and `trace_id` attributes, written afresh
-            // in their normal form.
+            // A sample without a link carries its span (and with
+            // `trace_id_label` its trace, when known) as `span_id` and
+            // `trace_id` attributes, written afresh in their normal form.
             if !linked {
                 s.attribute_indices
                     .retain(|a| !matches!(key_of(a), Some(Key::SpanId | Key::TraceId)));
                 let a = w.attribute(Key::SpanId, ids::SPAN_ID, &ids::hex(&link.span));
                 s.attribute_indices.push(a);
-                if let Some(t) = &link.trace {
+                if let Some(t) = link.trace.as_ref().filter(|_| trace_label) {
                     let a = w.attribute(Key::TraceId, ids::TRACE_ID, &ids::hex(t));
                     s.attribute_indices.push(a);
                 }
                 changed = true;
             }
-            if let Some(name) = &link.name
+            if let Some(name) = link.name.as_ref().filter(|_| labels)
                 && !has(Key::SpanName, s)
             {
                 let a = w.attribute(Key::SpanName, ids::SPAN_NAME, name);

@@ -88,8 +88,10 @@ impl<'a> Strings<'a> {
 /// How the labels of one sample are written.
 #[derive(Debug, Clone, Copy)]
 pub struct Mode {
-    /// Write `span_id`, `trace_id` and `span_name` in their normal form.
+    /// Write `span_id` and `span_name` in their normal form.
     pub labels: bool,
+    /// Write `trace_id` too.
+    pub trace_label: bool,
     /// For linked samples, write `trace_id` and `span_id` whatever
     /// `labels` says (the OTLP conversion makes them the sample's link).
     pub link_labels: bool,
@@ -137,7 +139,8 @@ pub fn write(p: &mut Profile, links: &[Option<Link>], rules: &Rules, mode: Mode)
             continue;
         };
         let linked = link.trace.is_some();
-        let write_ids = mode.labels || (mode.link_labels && linked);
+        let write_ids = mode.labels || mode.trace_label || (mode.link_labels && linked);
+        let write_trace = linked && (mode.trace_label || mode.link_labels);
         let drop_rest = rules.drop_after_link && linked;
         let mut had_name = false;
         s.label.retain(|l| {
@@ -147,7 +150,8 @@ pub fn write(p: &mut Profile, links: &[Option<Link>], rules: &Rules, mode: Mode)
             match key {
                 // Written afresh below when the ids are written; else kept
                 // unless dropped.
-                Key::SpanId | Key::TraceId => !write_ids && !drop_rest,
+                Key::SpanId => !write_ids && !drop_rest,
+                Key::TraceId => !write_trace && !drop_rest,
                 Key::SpanName => {
                     let keep = !drop_rest || mode.labels;
                     had_name |= keep;
@@ -166,7 +170,7 @@ pub fn write(p: &mut Profile, links: &[Option<Link>], rules: &Rules, mode: Mode)
                 str: span,
                 ..Label::default()
             });
-            if let Some(t) = &link.trace {
+            if let Some(t) = link.trace.as_ref().filter(|_| write_trace) {
                 let trace = *traces.entry(*t).or_insert_with(|| strings.trace(t));
                 let key = strings.get(ids::TRACE_ID);
                 s.label.push(Label {

@@ -301,7 +301,7 @@ fn ids_of(payload: &Payload, output: Output) -> (Option<String>, Option<String>,
             let (t, s) = link.clone().unzip();
             (t, s, attrs.get("span_name").cloned())
         }
-        Output::Labels => {
+        Output::Labels | Output::TraceIdLabel => {
             let labels = &pprof_labels(payload)[0];
             (
                 labels.get("trace_id").cloned(),
@@ -312,21 +312,30 @@ fn ids_of(payload: &Payload, output: Output) -> (Option<String>, Option<String>,
     }
 }
 
+fn output_name(o: Output) -> &'static str {
+    match o {
+        Output::OtlpLinks => "otlp_links",
+        Output::Labels => "labels",
+        Output::TraceIdLabel => "trace_id_label",
+    }
+}
+
 #[tokio::test]
 async fn every_convention_converts_to_every_output_and_back() {
-    let want = (Some(TRACE.to_owned()), Some(SPAN.to_owned()));
-    for output in [Output::OtlpLinks, Output::Labels] {
-        let name = match output {
-            Output::OtlpLinks => "otlp_links",
-            Output::Labels => "labels",
-        };
+    let span = Some(SPAN.to_owned());
+    let trace = Some(TRACE.to_owned());
+    for output in [Output::OtlpLinks, Output::Labels, Output::TraceIdLabel] {
+        let name = output_name(output);
         let yaml = format!("output: [{name}]\nspan_index: {{wait: 0s}}\n");
         for (convention, e) in conventions() {
             let s = fed(&yaml, true).await;
             let out = s.processor.process(vec![e]).await;
             assert_eq!(out.len(), 1);
             let (t, sp, n) = ids_of(&out[0].payload, output);
-            assert_eq!((t, sp), want, "{convention} → {name}");
+            assert_eq!(sp, span, "{convention} → {name}: the span");
+            if output != Output::Labels {
+                assert_eq!(t, trace, "{convention} → {name}: the trace");
+            }
             if output == Output::Labels || convention.contains("v0.") {
                 assert_eq!(
                     n.as_deref(),
@@ -354,28 +363,37 @@ async fn every_convention_converts_to_every_output_and_back() {
                 "{convention} → {name}"
             );
 
-            // And back: what one output wrote, a processor without an index
-            // reads into the other.
-            let back_output = match output {
-                Output::OtlpLinks => Output::Labels,
-                Output::Labels => Output::OtlpLinks,
-            };
-            let back_name = match back_output {
-                Output::OtlpLinks => "otlp_links",
-                Output::Labels => "labels",
-            };
-            // What goes on the wire in that output's form, read afresh.
+            // And back: what goes on the wire in that output's form, read
+            // afresh into another output. Pyroscope's labels name no trace,
+            // so from them only the index gives it back.
             let wire = match output {
                 Output::OtlpLinks => Payload::from_otlp((*out[0].payload.otlp().unwrap()).clone()),
-                Output::Labels => Payload::from_bytes(
+                _ => Payload::from_bytes(
                     out[0].payload.encoded().unwrap().bytes,
                     pprof::DEFAULT_MAX_DECOMPRESSED,
                 ),
             };
-            let back = processor(&format!("output: [{back_name}]\n"), true);
+            let (back_output, back) = match output {
+                Output::OtlpLinks => (
+                    Output::TraceIdLabel,
+                    processor("output: [trace_id_label]\n", true),
+                ),
+                Output::Labels => (
+                    Output::OtlpLinks,
+                    fed("output: [otlp_links]\nspan_index: {wait: 0s}\n", true).await,
+                ),
+                Output::TraceIdLabel => {
+                    (Output::OtlpLinks, processor("output: [otlp_links]\n", true))
+                }
+            };
             let again = back.processor.process(vec![envelope(wire)]).await;
             let (t, sp, _) = ids_of(&again[0].payload, back_output);
-            assert_eq!((t, sp), want, "{convention} → {name} → {back_name}");
+            assert_eq!(
+                (t, sp),
+                (trace.clone(), span.clone()),
+                "{convention} → {name} → {}",
+                output_name(back_output)
+            );
         }
     }
 }
@@ -495,7 +513,7 @@ async fn root_spans_only_keeps_the_local_root() {
     let dd_span = u64::from_str_radix(SPAN, 16).unwrap().to_string();
     let dd_root = u64::from_str_radix(ROOT, 16).unwrap().to_string();
     let s = fed(
-        "output: [labels]\nroot_spans_only: true\nspan_index: {wait: 0s}\n",
+        "output: [labels, trace_id_label]\nroot_spans_only: true\nspan_index: {wait: 0s}\n",
         false,
     )
     .await;
@@ -527,7 +545,10 @@ async fn profiles_without_correlation_go_on_as_they_came() {
 
 #[tokio::test]
 async fn a_span_that_arrives_late_is_waited_for_and_one_that_never_does_is_not() {
-    let s = processor("output: [labels]\nspan_index: {wait: 5s}\n", false);
+    let s = processor(
+        "output: [labels, trace_id_label]\nspan_index: {wait: 5s}\n",
+        false,
+    );
     let consumer = s.processor.span_consumer().unwrap();
     let e = pprof_envelope(&profile(&[("span_id", V::S(SPAN))], 2));
     let late = tokio::spawn(async move {
@@ -556,7 +577,10 @@ async fn a_span_that_arrives_late_is_waited_for_and_one_that_never_does_is_not()
         Some(1.0)
     );
 
-    let s = processor("output: [labels]\nspan_index: {wait: 300ms}\n", false);
+    let s = processor(
+        "output: [labels, trace_id_label]\nspan_index: {wait: 300ms}\n",
+        false,
+    );
     let _ = s.processor.span_consumer();
     let e = pprof_envelope(&profile(&[("span_id", V::S("0123456789abcdef"))], 2));
     let started = std::time::Instant::now();

@@ -324,6 +324,11 @@ impl ReceiverConfig for OtlpConfig {
             .collect()
     }
 
+    /// OTLP traces feed the span index of a `traces` pipeline's processors.
+    fn accepts_spans(&self) -> bool {
+        true
+    }
+
     fn max_request_memory(&self) -> usize {
         // gRPC: tonic holds the message as it arrived and decompressed
         // (protobuf is checked on the wire, never decoded). HTTP: the body,

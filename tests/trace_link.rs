@@ -1,0 +1,299 @@
+//! The `trace_link` processor end to end with real clients and backends.
+//!
+//! `gotrace` (tests/peers/apps/gotrace: pyroscope-go, otel-profiling-go
+//! v0.5.3 and the OpenTelemetry Go SDK, all from the module proxy) runs
+//! root spans that burn CPU. It pushes its CPU profiles to proflow's
+//! `pprof_push` receiver (samples labelled with the root span's `span_id` and
+//! `span_name`, no trace id) and exports its spans over OTLP gRPC to
+//! proflow's `otlp` receiver, which feeds them to the span index of the same
+//! `trace_link` processor through a `traces` pipeline. After `trace_link`:
+//! - the `otlp` exporter sends to the real OpenTelemetry Collector; in its
+//!   file output, the samples of the hot spans carry links whose trace ids
+//!   are exactly the trace ids the SDK exported for those spans;
+//! - the `file` exporter's pprof has the `span_id`, `span_name` and (filled
+//!   in from the index) `trace_id` labels;
+//! - the `pyroscope` exporter sends to the real Pyroscope, which still finds
+//!   the span labels it expects: `SelectMergeSpanProfile` by span id returns
+//!   the hot function.
+
+mod common;
+#[allow(clippy::duplicate_mod)]
+mod peer_env;
+mod readback;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use proflow_pipeline::otlp::{json, proto};
+
+const READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);
+const CPU_TYPE: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+/// One span the SDK exported, as gotrace wrote it.
+#[derive(Debug, Clone)]
+struct Exported {
+    trace_id: String,
+    name: String,
+}
+
+fn read_spans(path: &Path) -> HashMap<String, Exported> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let fields: BTreeMap<&str, &str> =
+                line.split(' ').filter_map(|f| f.split_once('=')).collect();
+            Some((
+                fields.get("span_id")?.to_string(),
+                Exported {
+                    trace_id: fields.get("trace_id")?.to_string(),
+                    name: fields.get("name")?.to_string(),
+                },
+            ))
+        })
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Every (trace id, span id) of a sample link in the collector's file
+/// output for `app`, with the CPU value of the samples carrying it, and the
+/// value of the samples without a link.
+fn collector_links(file: &str, app: &str) -> (BTreeMap<(String, String), i64>, i64) {
+    let mut links = BTreeMap::new();
+    let mut unlinked = 0;
+    let Ok(all) = std::fs::read_to_string(file) else {
+        return (links, unlinked);
+    };
+    for line in all.lines().filter(|l| l.contains(app)) {
+        let Ok(request) = json::decode_request(line.as_bytes()) else {
+            continue;
+        };
+        let Some(dict) = request.dictionary.as_ref() else {
+            continue;
+        };
+        let cpu = |p: &proto::Profile| {
+            p.sample_type.as_ref().is_some_and(|t| {
+                dict.string_table
+                    .get(t.type_strindex as usize)
+                    .map(String::as_str)
+                    == Some("cpu")
+            })
+        };
+        for p in request
+            .resource_profiles
+            .iter()
+            .flat_map(|rp| &rp.scope_profiles)
+            .flat_map(|sp| &sp.profiles)
+            .filter(|p| cpu(p))
+        {
+            for s in &p.samples {
+                let value: i64 = s.values.iter().sum();
+                if s.link_index == 0 {
+                    unlinked += value;
+                    continue;
+                }
+                let l = &dict.link_table[s.link_index as usize];
+                *links
+                    .entry((hex(&l.trace_id), hex(&l.span_id)))
+                    .or_default() += value;
+            }
+        }
+    }
+    (links, unlinked)
+}
+
+#[test]
+fn a_pyroscope_instrumented_go_service_reaches_an_otlp_backend_linked_to_its_traces() {
+    let Some(otelcol) = peer_env::peer("otelcol") else {
+        return;
+    };
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let Some(gotrace) = peer_env::go_app("gotrace") else {
+        return;
+    };
+    let otlp_port = common::free_port();
+    let collector = otelcol.var("ENDPOINT").to_owned();
+    let pyroscope_base = pyroscope.http_base();
+    let proflow = common::Proflow::start(|ports, profiles| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {receiver}\n  otlp:\n    protocols:\n      grpc:\n        endpoint: 127.0.0.1:{otlp_port}\n\
+             processors:\n  trace_link:\n    output: [otlp_links, labels]\n    span_index: {{window: 5m, max_spans: 100000, wait: 3s}}\n\
+             exporters:\n  file:\n    directory: {profiles}\n  otlp:\n    protocol: grpc\n    endpoint: {collector}\n    tls: {{insecure: true}}\n  pyroscope:\n    endpoint: {pyroscope_base}\n\
+             service:\n  telemetry:\n    address: {telemetry}\n    log_level: info\n  pipelines:\n    profiles:\n      receivers: [pprof_push]\n      processors: [trace_link]\n      exporters: [file, otlp, pyroscope]\n    traces:\n      receivers: [otlp]\n      processors: [trace_link]\n",
+            receiver = ports.receiver,
+            profiles = profiles.display(),
+            telemetry = ports.telemetry,
+        )
+    });
+    let app = common::unique_name("gotrace");
+    let spans_out = proflow.dir.path().join("spans.txt");
+    let log = proflow.dir.path().join("gotrace.log");
+    let (status, output) = common::run_bounded(
+        Command::new(&gotrace)
+            .arg("-server")
+            .arg(format!("http://{}", proflow.ports.receiver))
+            .arg("-otlp")
+            .arg(format!("127.0.0.1:{otlp_port}"))
+            .arg("-app")
+            .arg(&app)
+            .arg("-upload-rate")
+            .arg("1s")
+            .arg("-duration")
+            .arg("6s")
+            .arg("-spans-out")
+            .arg(&spans_out),
+        &log,
+        Duration::from_secs(60),
+    );
+    assert!(status.success(), "gotrace: {status}\n{output}");
+    assert!(
+        !output.contains("failed"),
+        "gotrace reported failures:\n{output}\nproflow log:\n{}",
+        proflow.log_text()
+    );
+    let exported = read_spans(&spans_out);
+    let hot: HashSet<&String> = exported
+        .iter()
+        .filter(|(_, e)| e.name == "hot-request")
+        .map(|(s, _)| s)
+        .collect();
+    assert!(
+        hot.len() >= 10,
+        "gotrace exported {} hot-request spans:\n{output}",
+        hot.len()
+    );
+
+    // The collector: every link is a (trace, span) the SDK exported, and
+    // most of the hot spans' CPU arrived linked.
+    let file = otelcol.var("FILE_PATH").to_owned();
+    let mut last = (BTreeMap::new(), 0);
+    let settled = peer_env::poll(READ_BACK_TIMEOUT, || {
+        last = collector_links(&file, &app);
+        let linked_hot = last.0.keys().filter(|(_, s)| hot.contains(s)).count();
+        (linked_hot * 2 >= hot.len()).then_some(())
+    });
+    let (links, unlinked) = &last;
+    assert!(
+        settled.is_some(),
+        "the collector's output for {app} links {} of {} hot spans: {links:?}\nproflow log:\n{}",
+        links.keys().filter(|(_, s)| hot.contains(s)).count(),
+        hot.len(),
+        proflow.log_text()
+    );
+    for (trace, span) in links.keys() {
+        let e = exported
+            .get(span)
+            .unwrap_or_else(|| panic!("link to span {span}, which the SDK never exported"));
+        assert_eq!(
+            &e.trace_id, trace,
+            "span {span} ({}) linked to the wrong trace",
+            e.name
+        );
+        assert_eq!(
+            e.name, "hot-request",
+            "only root spans are labelled by otel-profiling-go"
+        );
+    }
+    let linked: i64 = links.values().sum();
+    assert!(
+        linked * 10 >= (linked + unlinked) * 6,
+        "only {linked} of {} CPU nanoseconds arrived linked",
+        linked + unlinked
+    );
+    let metrics = proflow.metrics();
+    let samples_linked = common::metric_sum(
+        &metrics,
+        "proflow_trace_link_samples_total",
+        &[("result", "linked")],
+    );
+    let spans_indexed = common::metric_sum(&metrics, "proflow_trace_link_spans_indexed_total", &[]);
+    assert!(
+        samples_linked > 0.0 && spans_indexed >= exported.len() as f64,
+        "{metrics}"
+    );
+    eprintln!(
+        "collector: {} of {} hot spans linked, {linked} ns linked, {unlinked} ns unlinked; {spans_indexed} spans indexed",
+        links.keys().filter(|(_, s)| hot.contains(s)).count(),
+        hot.len()
+    );
+
+    // The file exporter's pprof: Pyroscope's labels, normalized (no
+    // `trace_id` label: `trace_id_label` is not in the output).
+    let mut checked = 0;
+    for entry in common::read_index(&proflow.profiles) {
+        if entry.label("service_name") != Some(app.as_str()) {
+            continue;
+        }
+        let p = common::read_profile(&entry.path);
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        for sample in &p.sample {
+            let labels: BTreeMap<&str, &str> =
+                sample.label.iter().map(|l| (s(l.key), s(l.str))).collect();
+            assert_eq!(labels.get("trace_id"), None, "{labels:?}");
+            let Some(span) = labels.get("span_id") else {
+                continue;
+            };
+            assert_eq!(exported[*span].name, "hot-request");
+            assert_eq!(labels.get("span_name"), Some(&"hot-request"));
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no sample of the files has a span_id label");
+
+    // Pyroscope: its span profiles find the hot function by span id.
+    let spans: Vec<String> = links
+        .keys()
+        .filter(|(_, s)| hot.contains(s))
+        .map(|(_, s)| s.clone())
+        .collect();
+    let http = common::http_client();
+    let selector = format!("{{service_name=\"{app}\"}}");
+    let mut last = Err(String::from("not asked yet"));
+    let found = peer_env::poll(READ_BACK_TIMEOUT, || {
+        last = readback::pyroscope_span_totals(
+            &http,
+            &pyroscope_base,
+            &selector,
+            CPU_TYPE,
+            &spans,
+            &["main.goSpanHot"],
+        );
+        last.as_ref()
+            .ok()
+            .filter(|t| t.get("main.goSpanHot").is_some_and(|v| *v > 0))
+            .cloned()
+    });
+    assert!(
+        found.is_some(),
+        "Pyroscope's SelectMergeSpanProfile for {} spans of {app}: {last:?}",
+        spans.len()
+    );
+    eprintln!("pyroscope span profile: {found:?}");
+    // Pyroscope makes every sample label but `span_id` a series label: no
+    // `trace_id` label may reach it (one series per trace).
+    let now_ms = peer_env::now_nanos() / 1_000_000;
+    let names: serde_json::Value = http
+        .post(format!("{pyroscope_base}/querier.v1.QuerierService/LabelNames"))
+        .header("Content-Type", "application/json")
+        .body(
+            serde_json::json!({"matchers": [selector], "start": now_ms - 3_600_000, "end": now_ms + 60_000})
+                .to_string(),
+        )
+        .send()
+        .and_then(|r| r.text())
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .expect("Pyroscope's LabelNames");
+    let names: Vec<&str> = names["names"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|n| n.as_str()).collect())
+        .unwrap_or_default();
+    assert!(names.contains(&"service_name"), "{names:?}");
+    assert!(!names.contains(&"trace_id"), "{names:?}");
+}
