@@ -61,6 +61,14 @@ pub struct Rules {
     pub root_only: bool,
 }
 
+/// The forms of `output`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Outputs {
+    pub otlp_links: bool,
+    pub labels: bool,
+    pub trace_label: bool,
+}
+
 /// One sample's span as the processor writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Link {
@@ -447,9 +455,11 @@ impl Processor for TraceLinkProcessor {
                             table,
                             writer,
                             &self.rules,
-                            self.otlp_links,
-                            self.labels,
-                            self.trace_label,
+                            Outputs {
+                                otlp_links: self.otlp_links,
+                                labels: self.labels,
+                                trace_label: self.trace_label,
+                            },
                         ) {
                             any = true;
                             out.push(ProfileData::from_decoded(p));

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use proflow_pipeline::otlp::{common, proto};
 
 use super::ids::{self, Found, Key};
-use super::{Link, Rules};
+use super::{Link, Outputs, Rules};
 
 /// A correlation attribute of the dictionary, read once.
 #[derive(Debug, Clone)]
@@ -206,10 +206,13 @@ pub fn write(
     table: &Option<Table>,
     w: &mut DictionaryWriter,
     rules: &Rules,
-    otlp_links: bool,
-    labels: bool,
-    trace_label: bool,
+    outputs: Outputs,
 ) -> bool {
+    let Outputs {
+        otlp_links,
+        labels,
+        trace_label,
+    } = outputs;
     let mut changed = false;
     for (s, link) in p.samples.iter_mut().zip(links) {
         let Some(link) = link else { continue };
