@@ -343,6 +343,12 @@ impl Payload {
         )
     }
 
+    /// The cap on the decompressed size the receiver set, for components
+    /// that read the bytes themselves.
+    pub fn decode_limit(&self) -> usize {
+        self.decode_limit
+    }
+
     /// The form the payload arrived in.
     pub fn arrived_as(&self) -> Format {
         self.inner.arrived

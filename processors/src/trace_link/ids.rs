@@ -36,13 +36,21 @@ pub enum Key {
 
 impl Key {
     pub fn of(name: &str) -> Option<Key> {
+        Key::of_bytes(name.as_bytes())
+    }
+
+    pub fn of_bytes(name: &[u8]) -> Option<Key> {
+        // Every key is 7 to 18 bytes long: most strings end here.
+        if !(7..=18).contains(&name.len()) {
+            return None;
+        }
         Some(match name {
-            SPAN_ID => Key::SpanId,
-            SPAN_NAME => Key::SpanName,
-            TRACE_ID => Key::TraceId,
-            PROFILE_ID => Key::ProfileId,
-            DD_SPAN_ID => Key::DdSpanId,
-            DD_LOCAL_ROOT_SPAN_ID => Key::DdLocalRoot,
+            b"span_id" => Key::SpanId,
+            b"span_name" => Key::SpanName,
+            b"trace_id" => Key::TraceId,
+            b"profile_id" => Key::ProfileId,
+            b"span id" => Key::DdSpanId,
+            b"local root span id" => Key::DdLocalRoot,
             _ => return None,
         })
     }
@@ -127,7 +135,7 @@ pub struct Found {
     pub dd_span: Option<SpanId>,
     pub dd_root: Option<SpanId>,
     pub trace_id: Option<TraceId>,
-    pub span_name: Option<String>,
+    pub span_name: Option<std::sync::Arc<str>>,
     /// An id that is not one.
     pub malformed: bool,
     /// Whether any correlation key was there at all.
@@ -155,10 +163,28 @@ impl Found {
             (Key::DdLocalRoot, Some(t)) => take(&mut self.dd_root, m, decimal_span(t)),
             (Key::DdSpanId, None) => take(&mut self.dd_span, m, numeric_span(num)),
             (Key::DdLocalRoot, None) => take(&mut self.dd_root, m, numeric_span(num)),
-            (Key::SpanName, Some(t)) if !t.is_empty() => self.span_name = Some(t.to_owned()),
+            (Key::SpanName, Some(t)) if !t.is_empty() => self.span_name = Some(t.into()),
             (Key::SpanName, _) => {}
             (_, None) => *m = true,
         }
+    }
+
+    /// Adds what `other` (read from one label) says.
+    pub fn merge(&mut self, other: &Found) {
+        fn or<T: Clone>(slot: &mut Option<T>, v: &Option<T>) {
+            if v.is_some() {
+                slot.clone_from(v);
+            }
+        }
+        or(&mut self.link, &other.link);
+        or(&mut self.span_id, &other.span_id);
+        or(&mut self.profile_id, &other.profile_id);
+        or(&mut self.dd_span, &other.dd_span);
+        or(&mut self.dd_root, &other.dd_root);
+        or(&mut self.trace_id, &other.trace_id);
+        or(&mut self.span_name, &other.span_name);
+        self.malformed |= other.malformed;
+        self.any |= other.any;
     }
 
     /// The span this sample is linked to: the link's, else the labels' in

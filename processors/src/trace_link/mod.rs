@@ -37,12 +37,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate, joined_problems,
 };
 use proflow_pipeline::model::{Envelope, Format, Payload};
 use proflow_pipeline::otlp::{self as potlp, Lost, OtlpProfiles, ProfileData};
-use proflow_pipeline::pprof::Profile;
+use proflow_pipeline::pprof as ppr;
 use proflow_pipeline::spans::SpanConsumer;
 use proflow_pipeline::telemetry::{Telemetry, TraceLinkTelemetry};
 
@@ -170,12 +171,26 @@ impl TraceLinkProcessor {
     }
 }
 
+/// What the index knew of the spans a batch wanted, sorted by span id.
+#[derive(Default)]
+struct KnownSpans(Vec<(SpanId, index::Known)>);
+
+impl KnownSpans {
+    fn get(&self, span: &SpanId) -> Option<&index::Known> {
+        self.0
+            .binary_search_by_key(span, |(s, _)| *s)
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+}
+
 /// What was read of one envelope.
 enum Work {
     /// Nothing to do: it goes on as it came.
     Pass,
     Pprof {
-        profile: Box<Profile>,
+        /// The profile's bytes, decompressed, and where its parts are.
+        wire: Box<pprof::Wire>,
         found: Vec<Option<Found>>,
     },
     Otlp {
@@ -197,15 +212,21 @@ impl TraceLinkProcessor {
             .iter()
             .map(|e| match e.payload.arrived_as() {
                 Format::Pprof => {
-                    let Ok(decoded) = e.payload.decoded() else {
+                    let Ok(encoded) = e.payload.encoded() else {
                         return Work::Pass;
                     };
-                    let Some(found) = pprof::read(&decoded) else {
+                    let Ok(plain) = ppr::decompress(&encoded.bytes, e.payload.decode_limit())
+                    else {
                         return Work::Pass;
                     };
-                    let profile = Arc::try_unwrap(decoded).unwrap_or_else(|a| (*a).clone());
+                    let Some(wire) = pprof::Wire::scan(plain) else {
+                        return Work::Pass;
+                    };
+                    let Some(found) = wire.read() else {
+                        return Work::Pass;
+                    };
                     Work::Pprof {
-                        profile: Box::new(profile),
+                        wire: Box::new(wire),
                         found,
                     }
                 }
@@ -249,13 +270,13 @@ impl TraceLinkProcessor {
 
     /// Every span whose trace (or name) the index may give.
     fn wanted(&self, work: &[Work]) -> Vec<SpanId> {
-        let mut wanted: HashSet<SpanId> = HashSet::new();
+        let mut wanted: Vec<SpanId> = Vec::new();
         let mut add = |found: &[Option<Found>]| {
             for f in found.iter().flatten() {
                 if let Some(s) = f.span(self.rules.root_only)
                     && (f.trace().is_none() || (self.labels && f.span_name.is_none()))
                 {
-                    wanted.insert(s);
+                    wanted.push(s);
                 }
             }
         };
@@ -270,32 +291,34 @@ impl TraceLinkProcessor {
                 }
             }
         }
-        wanted.into_iter().collect()
+        wanted.sort_unstable();
+        wanted.dedup();
+        wanted
     }
 
     /// Looks `wanted` up, waiting up to `wait` for spans that name no trace
     /// yet and are not indexed.
-    async fn lookup(&self, wanted: Vec<SpanId>) -> HashMap<SpanId, index::Known> {
-        let mut known = HashMap::new();
+    async fn lookup(&self, wanted: Vec<SpanId>) -> KnownSpans {
+        let mut known = KnownSpans::default();
         let Some(index) = &self.index else {
             return known;
         };
         if wanted.is_empty() {
             return known;
         }
-        index.lookup_all(&wanted, |i, k| {
-            known.insert(wanted[i], k);
-        });
-        if known.len() == wanted.len() || self.wait.is_zero() || !self.fed.load(Ordering::Relaxed) {
+        index.lookup_all(&wanted, |i, k| known.0.push((wanted[i], k)));
+        if known.0.len() == wanted.len() || self.wait.is_zero() || !self.fed.load(Ordering::Relaxed)
+        {
             return known;
         }
-        let missing: Vec<SpanId> = {
-            let gave_up = self.gave_up.lock().map(|g| g.clone()).unwrap_or_default();
-            wanted
+        // `wanted` is sorted, so what was found is too.
+        let missing: Vec<SpanId> = match self.gave_up.lock() {
+            Ok(gave_up) => wanted
                 .iter()
-                .filter(|s| !known.contains_key(*s) && !gave_up.contains(*s))
+                .filter(|s| known.get(s).is_none() && !gave_up.contains(*s))
                 .copied()
-                .collect()
+                .collect(),
+            Err(_) => Vec::new(),
         };
         if missing.is_empty() {
             return known;
@@ -314,14 +337,13 @@ impl TraceLinkProcessor {
         };
         self.telemetry
             .waited(if found_all { "found" } else { "timed_out" });
-        index.lookup_all(&missing, |i, k| {
-            known.insert(missing[i], k);
-        });
+        index.lookup_all(&missing, |i, k| known.0.push((missing[i], k)));
+        known.0.sort_unstable_by_key(|(s, _)| *s);
         if !found_all && let Ok(mut gave_up) = self.gave_up.lock() {
             if gave_up.len() + missing.len() > MAX_GAVE_UP {
                 gave_up.clear();
             }
-            gave_up.extend(missing.iter().filter(|s| !known.contains_key(*s)));
+            gave_up.extend(missing.iter().filter(|s| known.get(s).is_none()));
         }
         known
     }
@@ -330,7 +352,7 @@ impl TraceLinkProcessor {
     fn links(
         &self,
         found: &[Option<Found>],
-        known: &HashMap<SpanId, index::Known>,
+        known: &KnownSpans,
         counts: &mut [u64; 3],
     ) -> Vec<Option<Link>> {
         found
@@ -346,7 +368,7 @@ impl TraceLinkProcessor {
                 let k = known.get(&span);
                 let trace = f.trace().or(k.map(|k| k.trace_id));
                 let name = match (&f.span_name, k) {
-                    (Some(n), _) => Some(Arc::from(n.as_str())),
+                    (Some(n), _) => Some(n.clone()),
                     (None, Some(k)) => k.name.clone(),
                     (None, None) => None,
                 };
@@ -356,47 +378,47 @@ impl TraceLinkProcessor {
             .collect()
     }
 
-    fn write_pprof(&self, e: &mut Envelope, mut profile: Profile, links: &[Option<Link>]) {
+    fn write_pprof(
+        &self,
+        e: &mut Envelope,
+        wire: &pprof::Wire,
+        found: &[Option<Found>],
+        links: &[Option<Link>],
+    ) {
+        let touched: Vec<bool> = found.iter().map(Option::is_some).collect();
         let linked = links.iter().flatten().any(|l| l.trace.is_some());
         let otlp = if self.make_otlp && linked {
-            let mut source = profile.clone();
-            pprof::write(
-                &mut source,
-                links,
-                &self.rules,
-                pprof::Mode {
-                    labels: self.labels,
-                    trace_label: self.trace_label,
-                    link_labels: true,
-                },
-            );
-            let mut dict = potlp::DictionaryBuilder::new();
-            let mut lost = Lost::default();
-            match potlp::pprof_to_otlp(&source, &mut dict, &mut lost) {
-                Ok(profiles) => {
-                    if let Some(t) = &self.pipeline_telemetry {
-                        t.converted(Format::Otlp, &lost);
-                    }
-                    Some(OtlpProfiles::decoded(dict.finish(), profiles))
+            // The OTLP form: linked samples get `trace_id` and `span_id`
+            // labels, which the conversion makes their link.
+            let mode = pprof::Mode {
+                labels: self.labels,
+                trace_label: self.trace_label,
+                link_labels: true,
+            };
+            pprof::write(wire, links, &touched, &self.rules, mode).and_then(|source| {
+                let profile = ppr::decode(&Bytes::from(source), e.payload.decode_limit()).ok()?;
+                let mut dict = potlp::DictionaryBuilder::new();
+                let mut lost = Lost::default();
+                // A profile that does not convert fails the pipeline's
+                // conversion the same way, which says so.
+                let profiles = potlp::pprof_to_otlp(&profile, &mut dict, &mut lost).ok()?;
+                if let Some(t) = &self.pipeline_telemetry {
+                    t.converted(Format::Otlp, &lost);
                 }
-                // The pipeline's conversion will fail the same way and say so.
-                Err(_) => None,
-            }
+                Some(OtlpProfiles::decoded(dict.finish(), profiles))
+            })
         } else {
             None
         };
         if self.labels || self.trace_label || self.rules.drop_after_link {
-            pprof::write(
-                &mut profile,
-                links,
-                &self.rules,
-                pprof::Mode {
-                    labels: self.labels,
-                    trace_label: self.trace_label,
-                    link_labels: false,
-                },
-            );
-            e.payload = Payload::from_profile(profile);
+            let mode = pprof::Mode {
+                labels: self.labels,
+                trace_label: self.trace_label,
+                link_labels: false,
+            };
+            if let Some(bytes) = pprof::write(wire, links, &touched, &self.rules, mode) {
+                e.payload = Payload::from_bytes(Bytes::from(bytes), e.payload.decode_limit());
+            }
         }
         if let Some(o) = otlp {
             e.payload = e.payload.with_otlp(o);
@@ -429,9 +451,9 @@ impl Processor for TraceLinkProcessor {
         for (i, w) in work.into_iter().enumerate() {
             match w {
                 Work::Pass => {}
-                Work::Pprof { profile, found } => {
+                Work::Pprof { wire, found } => {
                     let links = self.links(&found, &known, &mut counts);
-                    self.write_pprof(&mut envelopes[i], *profile, &links);
+                    self.write_pprof(&mut envelopes[i], &wire, &found, &links);
                 }
                 Work::Otlp { group, profiles } => {
                     let Ok(o) = envelopes[i].payload.otlp() else {

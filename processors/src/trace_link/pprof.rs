@@ -1,87 +1,149 @@
-//! Reading and writing correlation in pprof profiles: sample labels.
+//! Reading and writing correlation in pprof profiles, on the protobuf wire:
+//! the profile is never decoded. Its string table is read as slices of the
+//! (decompressed) bytes; a profile none of whose strings is a correlation
+//! key is done there. Otherwise each sample's labels are read, and the
+//! profile is written again by copying every field as it is but the samples
+//! whose labels change, with the strings it needs appended to the string
+//! table (at the end of the message, so every existing index stays).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use proflow_pipeline::pprof::{Label, Profile};
+use bytes::Bytes;
+use proflow_pipeline::wire::{self, Value};
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 
 use super::ids::{self, Found, Key, SpanId, TraceId};
 use super::{Link, Rules};
 
-/// What each sample of `p` says of its span (`None` for a sample without
-/// any correlation label), or `None` when no sample says anything.
-pub fn read(p: &Profile) -> Option<Vec<Option<Found>>> {
-    // The keys' string indexes: most profiles have none, and are done here.
-    let keys: Vec<(i64, Key)> = p
-        .string_table
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| Key::of(s).map(|k| (i as i64, k)))
-        .collect();
-    if keys.is_empty() {
-        return None;
-    }
-    let string = |i: i64| usize::try_from(i).ok().and_then(|i| p.string_table.get(i));
-    let mut out = Vec::with_capacity(p.sample.len());
-    let mut any = false;
-    for s in &p.sample {
-        let mut found: Option<Found> = None;
-        for l in &s.label {
-            let Some(&(_, key)) = keys.iter().find(|(i, _)| *i == l.key) else {
-                continue;
-            };
-            let text = if l.str != 0 {
-                string(l.str).map(String::as_str)
-            } else {
-                None
-            };
-            found
-                .get_or_insert_with(Found::default)
-                .read(key, text, l.num);
-        }
-        any |= found.is_some();
-        out.push(found);
-    }
-    any.then_some(out)
+const SAMPLE: u32 = 2;
+const STRING_TABLE: u32 = 6;
+const SAMPLE_LABEL: u32 = 3;
+
+/// A profile's bytes and what of them correlation needs, found in one walk
+/// of its top-level fields.
+pub struct Wire {
+    plain: Bytes,
+    /// Each string of the table, as a range of `plain`.
+    strings: Vec<(u32, u32)>,
+    /// The string indexes holding correlation keys.
+    keys: Vec<(i64, Key)>,
+    /// Each sample: the range of its field (key and length included) and
+    /// where its message starts.
+    samples: Vec<(u32, u32, u32)>,
 }
 
-/// Strings added to a profile's table, each once.
-struct Strings<'a> {
-    table: &'a mut Vec<String>,
-    known: HashMap<String, i64>,
+/// One label as the wire holds it.
+#[derive(Debug, Clone, Copy, Default)]
+struct RawLabel {
+    key: i64,
+    str: i64,
+    num: i64,
 }
 
-impl<'a> Strings<'a> {
-    fn new(table: &'a mut Vec<String>) -> Self {
-        Strings {
-            table,
-            known: HashMap::new(),
+fn label(bytes: &[u8]) -> Option<RawLabel> {
+    let mut l = RawLabel::default();
+    for f in wire::fields(bytes) {
+        match f.ok()? {
+            (1, Value::Varint(v)) => l.key = v as i64,
+            (2, Value::Varint(v)) => l.str = v as i64,
+            (3, Value::Varint(v)) => l.num = v as i64,
+            _ => {}
         }
     }
+    Some(l)
+}
 
-    fn get(&mut self, s: &str) -> i64 {
-        if let Some(&i) = self.known.get(s) {
-            return i;
-        }
-        let i = match self.table.iter().position(|t| t == s) {
-            // Only the few fixed keys are looked for in the table; ids and
-            // names are new strings, appended once.
-            Some(i) if s.len() < 24 && Key::of(s).is_some() => i as i64,
-            _ => {
-                self.table.push(s.to_owned());
-                self.table.len() as i64 - 1
+impl Wire {
+    /// `None` when no string of the profile is a correlation key (or the
+    /// bytes are not a profile: it goes on for the exporters to report).
+    /// Profiles past 4 GiB are not read (none is; the receivers' limits are
+    /// far lower).
+    pub fn scan(plain: Bytes) -> Option<Wire> {
+        u32::try_from(plain.len()).ok()?;
+        let mut strings = Vec::with_capacity(256);
+        let mut keys = Vec::new();
+        let mut samples = Vec::with_capacity(64);
+        let base = plain.as_ptr() as usize;
+        let at = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
+        let mut fields = wire::fields(&plain);
+        loop {
+            let start = plain.len() - fields.rest().len();
+            let Some(f) = fields.next() else { break };
+            match f.ok()? {
+                (STRING_TABLE, Value::Bytes(s)) => {
+                    if let Some(k) = Key::of_bytes(s) {
+                        keys.push((strings.len() as i64, k));
+                    }
+                    strings.push((at(s), s.len() as u32));
+                }
+                (SAMPLE, Value::Bytes(s)) => {
+                    let end = plain.len() - fields.rest().len();
+                    samples.push((start as u32, end as u32, at(s)));
+                }
+                _ => {}
             }
-        };
-        self.known.insert(s.to_owned(), i);
-        i
+        }
+        if keys.is_empty() {
+            return None;
+        }
+        Some(Wire {
+            plain,
+            strings,
+            keys,
+            samples,
+        })
     }
 
-    fn span(&mut self, id: &SpanId) -> i64 {
-        self.get(&ids::hex(id))
+    fn key(&self, index: i64) -> Option<Key> {
+        self.keys.iter().find(|(i, _)| *i == index).map(|(_, k)| *k)
     }
 
-    fn trace(&mut self, id: &TraceId) -> i64 {
-        self.get(&ids::hex(id))
+    fn text(&self, index: i64) -> Option<&str> {
+        let &(at, len) = self.strings.get(usize::try_from(index).ok()?)?;
+        std::str::from_utf8(&self.plain[at as usize..(at + len) as usize]).ok()
+    }
+
+    fn sample(&self, i: usize) -> &[u8] {
+        let (_, end, body) = self.samples[i];
+        &self.plain[body as usize..end as usize]
+    }
+
+    /// What each sample says of its span (`None` for a sample without any
+    /// correlation label), or `None` when no sample says anything. Each
+    /// distinct label is read once (samples of one span share theirs).
+    pub fn read(&self) -> Option<Vec<Option<Found>>> {
+        let mut out = Vec::with_capacity(self.samples.len());
+        let mut any = false;
+        let mut seen: Vec<((i64, i64, i64), Found)> = Vec::new();
+        for i in 0..self.samples.len() {
+            let mut found: Option<Found> = None;
+            for sf in wire::fields(self.sample(i)) {
+                let (SAMPLE_LABEL, Value::Bytes(l)) = sf.ok()? else {
+                    continue;
+                };
+                let l = label(l)?;
+                let Some(key) = self.key(l.key) else { continue };
+                let id = (l.key, l.str, l.num);
+                let f = found.get_or_insert_with(Found::default);
+                if let Some((_, piece)) = seen.iter().find(|(k, _)| *k == id) {
+                    f.merge(piece);
+                    continue;
+                }
+                let mut piece = Found::default();
+                let text = if l.str != 0 {
+                    // Not UTF-8: not an id.
+                    Some(self.text(l.str).unwrap_or("\u{fffd}"))
+                } else {
+                    None
+                };
+                piece.read(key, text, l.num);
+                f.merge(&piece);
+                seen.push((id, piece));
+            }
+            any |= found.is_some();
+            out.push(found);
+        }
+        any.then_some(out)
     }
 }
 
@@ -97,102 +159,175 @@ pub struct Mode {
     pub link_labels: bool,
 }
 
-/// Rewrites the correlation labels of `p`'s samples by `links` (one per
-/// sample, as [`read`] gave them and the index completed them).
-pub fn write(p: &mut Profile, links: &[Option<Link>], rules: &Rules, mode: Mode) {
-    let key_of: HashMap<i64, Key> = p
-        .string_table
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| Key::of(s).map(|k| (i as i64, k)))
-        .collect();
-    let samples = std::mem::take(&mut p.sample);
-    let mut strings = Strings::new(&mut p.string_table);
-    let mut spans: HashMap<SpanId, i64> = HashMap::new();
-    let mut traces: HashMap<TraceId, i64> = HashMap::new();
-    let mut names: HashMap<Arc<str>, i64> = HashMap::new();
-    let mut out = Vec::with_capacity(samples.len());
-    for (mut s, link) in samples.into_iter().zip(links) {
-        let Some(link) = link else {
-            // All-zero ids mean none: dropped where labels are written.
-            if mode.labels {
-                let table = &*strings.table;
-                s.label.retain(|l| {
-                    let id_key = matches!(
-                        key_of.get(&l.key),
-                        Some(
-                            Key::SpanId
-                                | Key::TraceId
-                                | Key::ProfileId
-                                | Key::DdSpanId
-                                | Key::DdLocalRoot
-                        )
-                    );
-                    !(id_key
-                        && usize::try_from(l.str)
-                            .ok()
-                            .and_then(|i| table.get(i))
-                            .is_some_and(|t| ids::is_zero(t)))
-                });
-            }
-            out.push(s);
+/// Strings the rewrite appends, each once.
+struct NewStrings<'w> {
+    wire: &'w Wire,
+    added: Vec<String>,
+    spans: Vec<(SpanId, i64)>,
+    traces: Vec<(TraceId, i64)>,
+    names: Vec<(Arc<str>, i64)>,
+    keys: Vec<(Key, i64)>,
+}
+
+impl NewStrings<'_> {
+    fn push(&mut self, s: String) -> i64 {
+        self.added.push(s);
+        (self.wire.strings.len() + self.added.len() - 1) as i64
+    }
+
+    fn key(&mut self, key: Key, name: &str) -> i64 {
+        if let Some(&(i, _)) = self.wire.keys.iter().find(|(_, k)| *k == key) {
+            return i;
+        }
+        if let Some(&(_, i)) = self.keys.iter().find(|(k, _)| *k == key) {
+            return i;
+        }
+        let i = self.push(name.to_owned());
+        self.keys.push((key, i));
+        i
+    }
+
+    fn span(&mut self, id: &SpanId) -> i64 {
+        if let Some(&(_, i)) = self.spans.iter().find(|(s, _)| s == id) {
+            return i;
+        }
+        let i = self.push(ids::hex(id));
+        self.spans.push((*id, i));
+        i
+    }
+
+    fn trace(&mut self, id: &TraceId) -> i64 {
+        if let Some(&(_, i)) = self.traces.iter().find(|(t, _)| t == id) {
+            return i;
+        }
+        let i = self.push(ids::hex(id));
+        self.traces.push((*id, i));
+        i
+    }
+
+    fn name(&mut self, name: &Arc<str>) -> i64 {
+        if let Some(&(_, i)) = self.names.iter().find(|(n, _)| n == name) {
+            return i;
+        }
+        let i = self.push(name.to_string());
+        self.names.push((name.clone(), i));
+        i
+    }
+}
+
+fn put_label(out: &mut Vec<u8>, key: i64, str: i64) {
+    let len = 1 + encoded_len_varint(key as u64) + 1 + encoded_len_varint(str as u64);
+    encode_key(SAMPLE_LABEL, WireType::LengthDelimited, out);
+    encode_varint(len as u64, out);
+    encode_key(1, WireType::Varint, out);
+    encode_varint(key as u64, out);
+    encode_key(2, WireType::Varint, out);
+    encode_varint(str as u64, out);
+}
+
+/// The bytes of one field of `fields` just read, key included.
+fn raw<'a>(before: &'a [u8], after: &'a [u8]) -> &'a [u8] {
+    &before[..before.len() - after.len()]
+}
+
+/// The profile with its samples' correlation labels written by `links` (one
+/// per sample, as [`Wire::read`] gave them and the index completed them);
+/// `touched` says which samples have any correlation label (the others are
+/// copied as they are). `None` if the bytes turn out not to be a profile.
+pub fn write(
+    w: &Wire,
+    links: &[Option<Link>],
+    touched: &[bool],
+    rules: &Rules,
+    mode: Mode,
+) -> Option<Vec<u8>> {
+    let plain = &w.plain[..];
+    let mut out = Vec::with_capacity(plain.len() + links.len() * 16 + 256);
+    let mut strings = NewStrings {
+        wire: w,
+        added: Vec::new(),
+        spans: Vec::new(),
+        traces: Vec::new(),
+        names: Vec::new(),
+        keys: Vec::new(),
+    };
+    let mut body: Vec<u8> = Vec::with_capacity(256);
+    // Copied up to here.
+    let mut copied = 0;
+    for (i, &(start, end, _)) in w.samples.iter().enumerate() {
+        let link = links.get(i).and_then(Option::as_ref);
+        if !touched.get(i).copied().unwrap_or(false) || (link.is_none() && !mode.labels) {
             continue;
-        };
-        let linked = link.trace.is_some();
-        let write_ids = mode.labels || mode.trace_label || (mode.link_labels && linked);
+        }
+        out.extend_from_slice(&plain[copied..start as usize]);
+        copied = end as usize;
+        body.clear();
+        let mut had_name = false;
+        let linked = link.is_some_and(|l| l.trace.is_some());
+        let write_ids =
+            link.is_some() && (mode.labels || mode.trace_label || (mode.link_labels && linked));
         let write_trace = linked && (mode.trace_label || mode.link_labels);
         let drop_rest = rules.drop_after_link && linked;
-        let mut had_name = false;
-        s.label.retain(|l| {
-            let Some(&key) = key_of.get(&l.key) else {
-                return true;
-            };
-            match key {
-                // Written afresh below when the ids are written; else kept
-                // unless dropped.
-                Key::SpanId => !write_ids && !drop_rest,
-                Key::TraceId => !write_trace && !drop_rest,
-                Key::SpanName => {
-                    let keep = !drop_rest || mode.labels;
-                    had_name |= keep;
-                    keep
+        let mut sf = wire::fields(w.sample(i));
+        loop {
+            let before = sf.rest();
+            let Some(f) = sf.next() else { break };
+            let (field, value) = f.ok()?;
+            let this = raw(before, sf.rest());
+            let keep = match (field, value) {
+                (SAMPLE_LABEL, Value::Bytes(l)) => {
+                    let l = label(l)?;
+                    match w.key(l.key) {
+                        None => true,
+                        Some(key) if link.is_none() => {
+                            // All-zero ids mean none: dropped where labels are written.
+                            !(key != Key::SpanName && w.text(l.str).is_some_and(ids::is_zero))
+                        }
+                        Some(Key::SpanId) => !write_ids && !drop_rest,
+                        Some(Key::TraceId) => !write_trace && !drop_rest,
+                        Some(Key::SpanName) => {
+                            let keep = !drop_rest || mode.labels;
+                            had_name |= keep;
+                            keep
+                        }
+                        Some(Key::ProfileId | Key::DdSpanId | Key::DdLocalRoot) => !drop_rest,
+                    }
                 }
-                Key::ProfileId | Key::DdSpanId | Key::DdLocalRoot => !drop_rest,
+                _ => true,
+            };
+            if keep {
+                body.extend_from_slice(this);
             }
-        });
-        if write_ids {
-            let span = *spans
-                .entry(link.span)
-                .or_insert_with(|| strings.span(&link.span));
-            let key = strings.get(ids::SPAN_ID);
-            s.label.push(Label {
-                key,
-                str: span,
-                ..Label::default()
-            });
+        }
+        if let Some(link) = link {
+            if write_ids {
+                let key = strings.key(Key::SpanId, ids::SPAN_ID);
+                let value = strings.span(&link.span);
+                put_label(&mut body, key, value);
+            }
             if let Some(t) = link.trace.as_ref().filter(|_| write_trace) {
-                let trace = *traces.entry(*t).or_insert_with(|| strings.trace(t));
-                let key = strings.get(ids::TRACE_ID);
-                s.label.push(Label {
-                    key,
-                    str: trace,
-                    ..Label::default()
-                });
+                let key = strings.key(Key::TraceId, ids::TRACE_ID);
+                let value = strings.trace(t);
+                put_label(&mut body, key, value);
+            }
+            if mode.labels
+                && !had_name
+                && let Some(n) = &link.name
+            {
+                let key = strings.key(Key::SpanName, ids::SPAN_NAME);
+                let value = strings.name(n);
+                put_label(&mut body, key, value);
             }
         }
-        if mode.labels
-            && !had_name
-            && let Some(n) = &link.name
-        {
-            let name = *names.entry(n.clone()).or_insert_with(|| strings.get(n));
-            let key = strings.get(ids::SPAN_NAME);
-            s.label.push(Label {
-                key,
-                str: name,
-                ..Label::default()
-            });
-        }
-        out.push(s);
+        encode_key(SAMPLE, WireType::LengthDelimited, &mut out);
+        encode_varint(body.len() as u64, &mut out);
+        out.extend_from_slice(&body);
     }
-    p.sample = out;
+    out.extend_from_slice(&plain[copied..]);
+    for s in &strings.added {
+        encode_key(STRING_TABLE, WireType::LengthDelimited, &mut out);
+        encode_varint(s.len() as u64, &mut out);
+        out.extend_from_slice(s.as_bytes());
+    }
+    Some(out)
 }

@@ -693,7 +693,42 @@ fn hostile_labels_are_bounded_by_what_arrived() {
     // A huge label value is read as malformed without allocating by what it claims.
     let big = "f".repeat(1 << 20);
     let p = profile(&[("span_id", V::S(&big)), ("span id", V::S("-5"))], 1);
-    let found = super::pprof::read(&p).unwrap();
+    let found = super::pprof::Wire::scan(pprof::encode(&p))
+        .unwrap()
+        .read()
+        .unwrap();
     assert!(found[0].as_ref().unwrap().malformed);
     let _ = Bytes::new();
+}
+
+#[tokio::test]
+async fn the_rewrite_keeps_everything_but_the_labels() {
+    let p = profile(&[("span_id", V::S(SPAN)), ("span id", V::S("7"))], 5);
+    let s = fed(
+        "output: [labels, trace_id_label]\nspan_index: {wait: 0s}\n",
+        false,
+    )
+    .await;
+    let out = s.processor.process(vec![pprof_envelope(&p)]).await;
+    let q = out[0].payload.decoded().unwrap();
+    assert_eq!(q.sample.len(), p.sample.len());
+    for (a, b) in p.sample.iter().zip(&q.sample) {
+        assert_eq!(a.location_id, b.location_id);
+        assert_eq!(a.value, b.value);
+    }
+    assert_eq!(q.location, p.location);
+    assert_eq!(q.function, p.function);
+    assert_eq!(q.mapping, p.mapping);
+    assert_eq!(q.sample_type, p.sample_type);
+    assert_eq!(
+        (q.time_nanos, q.duration_nanos, q.period),
+        (p.time_nanos, p.duration_nanos, p.period)
+    );
+    // Old strings keep their indexes; new ones follow.
+    assert_eq!(&q.string_table[..p.string_table.len()], &p.string_table[..]);
+    let labels = &pprof_labels(&out[0].payload)[0];
+    assert_eq!(labels.get("span id").map(String::as_str), Some("7"));
+    assert_eq!(labels.get("span_id").map(String::as_str), Some(SPAN));
+    assert_eq!(labels.get("trace_id").map(String::as_str), Some(TRACE));
+    assert_eq!(labels.get("span_name").map(String::as_str), Some(NAME));
 }
