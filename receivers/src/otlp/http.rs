@@ -129,12 +129,13 @@ fn body_of(media: &MediaType, status: StatusCode, body: Vec<u8>) -> Response<Ful
     response
 }
 
-/// An `ExportProfilesServiceResponse` in OTLP JSON.
-fn response_json(r: &ExportProfilesServiceResponse) -> Vec<u8> {
-    let body = match &r.partial_success {
-        Some(p) => serde_json::json!({"partialSuccess": {
-            "rejectedProfiles": p.rejected_profiles.to_string(),
-            "errorMessage": p.error_message,
+/// An export response in OTLP JSON: `{}`, or its partial success with the
+/// count under `rejected` (`rejectedProfiles`, `rejectedSpans`).
+fn response_json(rejected: &str, partial: Option<(i64, &str)>) -> Vec<u8> {
+    let body = match partial {
+        Some((n, message)) => serde_json::json!({"partialSuccess": {
+            rejected: n.to_string(),
+            "errorMessage": message,
         }}),
         None => serde_json::json!({}),
     };
@@ -143,17 +144,6 @@ fn response_json(r: &ExportProfilesServiceResponse) -> Vec<u8> {
 
 /// The response for a refusal: text for what the collector answers in text,
 /// a `google.rpc.Status` in the request's encoding otherwise.
-fn traces_response_json(r: &proflow_pipeline::spans::ExportTraceServiceResponse) -> Vec<u8> {
-    let body = match &r.partial_success {
-        Some(p) => serde_json::json!({"partialSuccess": {
-            "rejectedSpans": p.rejected_spans.to_string(),
-            "errorMessage": p.error_message,
-        }}),
-        None => serde_json::json!({}),
-    };
-    body.to_string().into_bytes()
-}
-
 fn refusal(error: &OtlpError, media: Option<&MediaType>) -> Response<Full<Bytes>> {
     let status = error.http_status();
     let mut response = match (error, media) {
@@ -199,9 +189,19 @@ impl Http {
             Ok((media, reply)) => {
                 let body = match (media.encoding, reply) {
                     (Encoding::Protobuf, Reply::Profiles(r)) => r.encode_to_vec(),
-                    (Encoding::Json, Reply::Profiles(r)) => response_json(&r),
+                    (Encoding::Json, Reply::Profiles(r)) => response_json(
+                        "rejectedProfiles",
+                        r.partial_success
+                            .as_ref()
+                            .map(|p| (p.rejected_profiles, p.error_message.as_str())),
+                    ),
                     (Encoding::Protobuf, Reply::Traces(r)) => r.encode_to_vec(),
-                    (Encoding::Json, Reply::Traces(r)) => traces_response_json(&r),
+                    (Encoding::Json, Reply::Traces(r)) => response_json(
+                        "rejectedSpans",
+                        r.partial_success
+                            .as_ref()
+                            .map(|p| (p.rejected_spans, p.error_message.as_str())),
+                    ),
                 };
                 body_of(&media, StatusCode::OK, body)
             }
