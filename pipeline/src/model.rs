@@ -16,6 +16,9 @@ use crate::pprof::{self, DecodeError};
 pub const NAME_LABEL: &str = "__name__";
 /// The label holding the service name.
 pub const SERVICE_NAME_LABEL: &str = "service_name";
+/// `service_name` of profiles whose sender names no service (Pyroscope's
+/// fallback).
+pub const UNKNOWN_SERVICE: &str = "unknown_service";
 
 /// One series label.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -373,22 +376,7 @@ impl Payload {
         let inner = &self.inner;
         let decoded = inner.decoded_once.load(Ordering::Relaxed);
         let payload = match format {
-            Format::Otlp => {
-                let otlp = self.convert_to_otlp(lost)?;
-                let size = inner.size + otlp.size_bytes();
-                let pprof = inner.pprof.as_ref().map(|f| PprofForm {
-                    encoded: f.encoded.clone(),
-                    profile: f.profile.clone(),
-                });
-                Payload::new(
-                    inner.arrived,
-                    pprof,
-                    Some(Arc::new(otlp)),
-                    size,
-                    true,
-                    self.decode_limit,
-                )
-            }
+            Format::Otlp => self.with_otlp(Arc::new(self.convert_to_otlp(lost)?)),
             Format::Pprof => {
                 let encoded = self.convert_to_pprof(lost)?;
                 let size = inner.size + encoded.bytes.len();
@@ -410,7 +398,7 @@ impl Payload {
     /// This payload with `otlp` as its OTLP form (replacing any it had), for
     /// a processor that made that form itself (cheaper, or carrying what the
     /// pprof form does not, such as links). The size counts both forms.
-    pub fn with_otlp(&self, otlp: OtlpProfiles) -> Payload {
+    pub fn with_otlp(&self, otlp: Arc<OtlpProfiles>) -> Payload {
         let inner = &self.inner;
         let pprof = inner.pprof.as_ref().map(|f| PprofForm {
             encoded: f.encoded.clone(),
@@ -426,7 +414,7 @@ impl Payload {
         let payload = Payload::new(
             inner.arrived,
             pprof,
-            Some(Arc::new(otlp)),
+            Some(otlp),
             size,
             inner.decoded_once.load(Ordering::Relaxed),
             self.decode_limit,

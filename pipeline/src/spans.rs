@@ -3,20 +3,25 @@
 //! receiver in a `traces` pipeline decodes what it needs of each span and
 //! hands the spans to the [`SpanConsumer`]s of that pipeline's processors.
 //!
-//! The OTLP messages here are written from the trace protocol's field
-//! numbers and decode only what correlation needs: the ids, the name, the
-//! times and the resource's `service.name`. Everything else of a span
-//! (attributes, events, links, status) is skipped on the wire, never
-//! allocated. OTLP JSON is read into the same [`Span`]s.
+//! A protobuf `ExportTraceServiceRequest` is read on the wire
+//! ([`crate::wire`]), with the trace protocol's field numbers: of each span
+//! only the ids, the name and the times, and of each resource only its
+//! `service.name` attribute. Everything else (attributes, events, links,
+//! status, scopes) is skipped without being decoded or allocated. Names and
+//! service names are cut at [`MAX_NAME_LEN`] bytes before they are copied.
+//! OTLP JSON is parsed with serde into the same [`Span`]s.
 
 use std::sync::Arc;
 
 use prost::Message;
 use serde::Deserialize;
 
-/// The resource attribute naming the service.
-pub const SERVICE_NAME_KEY: &str = "service.name";
-/// Longest span name kept (longer ones are cut at a character boundary).
+use crate::model::UNKNOWN_SERVICE;
+use crate::otlp::{SERVICE_NAME_KEY, id_from_hex};
+use crate::wire::{self, Value};
+
+/// Longest span or service name kept (longer ones are cut at a character
+/// boundary).
 pub const MAX_NAME_LEN: usize = 256;
 
 /// What correlation needs of one span.
@@ -33,8 +38,9 @@ pub struct Span {
     pub end_unix_nanos: u64,
 }
 
-/// Takes spans a receiver accepted. Called on the receiver's task: it must
-/// not block for long (an index insert under a short lock is the intent).
+/// Takes spans a receiver accepted. Called on the receiver's task (or its
+/// blocking pool for large requests): it must not block for long (an index
+/// insert under a short lock is the intent).
 pub trait SpanConsumer: Send + Sync {
     fn consume_spans(&self, spans: &[Span]);
 }
@@ -53,48 +59,6 @@ pub struct Decoded {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct DecodeError(pub String);
-
-// ------------------------------------------------------------ the messages
-
-/// `ExportTraceServiceRequest`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ExportTraceServiceRequest {
-    #[prost(message, repeated, tag = "1")]
-    pub resource_spans: Vec<ResourceSpans>,
-}
-
-/// `ResourceSpans` (schema_url, 3, is skipped).
-#[derive(Clone, PartialEq, Message)]
-pub struct ResourceSpans {
-    #[prost(message, optional, tag = "1")]
-    pub resource: Option<crate::otlp::Resource>,
-    #[prost(message, repeated, tag = "2")]
-    pub scope_spans: Vec<ScopeSpans>,
-}
-
-/// `ScopeSpans` (the scope, 1, and schema_url, 3, are skipped).
-#[derive(Clone, PartialEq, Message)]
-pub struct ScopeSpans {
-    #[prost(message, repeated, tag = "2")]
-    pub spans: Vec<WireSpan>,
-}
-
-/// `Span`, the fields correlation reads (the rest are skipped).
-#[derive(Clone, PartialEq, Message)]
-pub struct WireSpan {
-    #[prost(bytes = "vec", tag = "1")]
-    pub trace_id: Vec<u8>,
-    #[prost(bytes = "vec", tag = "2")]
-    pub span_id: Vec<u8>,
-    #[prost(bytes = "vec", tag = "4")]
-    pub parent_span_id: Vec<u8>,
-    #[prost(string, tag = "5")]
-    pub name: String,
-    #[prost(fixed64, tag = "7")]
-    pub start_time_unix_nano: u64,
-    #[prost(fixed64, tag = "8")]
-    pub end_time_unix_nano: u64,
-}
 
 /// `ExportTraceServiceResponse`.
 #[derive(Clone, PartialEq, Message)]
@@ -130,37 +94,22 @@ impl Decoded {
         }
     }
 
-    fn push(&mut self, service: &Arc<str>, s: WireSpan) {
-        let WireSpan {
-            trace_id,
-            span_id,
-            parent_span_id: parent,
-            mut name,
-            start_time_unix_nano: start,
-            end_time_unix_nano: end,
-        } = s;
+    /// Adds a span, or counts it refused.
+    fn push(&mut self, service: &Arc<str>, ids: Ids, name: &str, start: u64, end: u64) {
         let (Ok(trace_id), Ok(span_id)) = (
-            <[u8; 16]>::try_from(trace_id.as_slice()),
-            <[u8; 8]>::try_from(span_id.as_slice()),
+            <[u8; 16]>::try_from(ids.trace),
+            <[u8; 8]>::try_from(ids.span),
         ) else {
             return self.reject("a span's trace_id must be 16 bytes and its span_id 8");
         };
         if trace_id == [0; 16] || span_id == [0; 8] {
             return self.reject("a span's trace_id and span_id must not be all zero");
         }
-        let parent_span_id = <[u8; 8]>::try_from(parent.as_slice()).unwrap_or([0; 8]);
-        if name.len() > MAX_NAME_LEN {
-            let mut cut = MAX_NAME_LEN;
-            while !name.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            name.truncate(cut);
-        }
         self.spans.push(Span {
             trace_id,
             span_id,
-            parent_span_id,
-            name,
+            parent_span_id: <[u8; 8]>::try_from(ids.parent).unwrap_or([0; 8]),
+            name: cut(name).to_owned(),
             service: service.clone(),
             start_unix_nanos: start,
             end_unix_nanos: end,
@@ -168,32 +117,111 @@ impl Decoded {
     }
 }
 
-fn service_of(resource: Option<&crate::otlp::Resource>) -> Arc<str> {
-    use crate::otlp::common::any_value::Value;
-    resource
-        .into_iter()
-        .flat_map(|r| &r.attributes)
-        .find(|kv| kv.key == SERVICE_NAME_KEY)
-        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
-            Value::StringValue(s) => Some(Arc::from(s.as_str())),
-            _ => None,
-        })
-        .unwrap_or_else(|| Arc::from("unknown_service"))
+/// A span's ids as they arrived.
+#[derive(Clone, Copy, Default)]
+struct Ids<'a> {
+    trace: &'a [u8],
+    span: &'a [u8],
+    parent: &'a [u8],
 }
 
-/// Reads a protobuf `ExportTraceServiceRequest`.
+/// `text` cut to [`MAX_NAME_LEN`] bytes at a character boundary.
+fn cut(text: &str) -> &str {
+    if text.len() <= MAX_NAME_LEN {
+        return text;
+    }
+    let mut at = MAX_NAME_LEN;
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    &text[..at]
+}
+
+fn bad(e: wire::WireError) -> DecodeError {
+    DecodeError(format!(
+        "the body is not an OTLP ExportTraceServiceRequest: {e}"
+    ))
+}
+
+fn utf8<'a>(bytes: &'a [u8], what: &str) -> Result<&'a str, DecodeError> {
+    std::str::from_utf8(bytes).map_err(|_| DecodeError(format!("a {what} is not UTF-8")))
+}
+
+/// The `service.name` of a `Resource` message: its attributes (field 1,
+/// `KeyValue{key=1, value=2: AnyValue{string_value=1}}`) are walked, none
+/// decoded.
+fn service_of(resource: &[u8]) -> Result<Option<Arc<str>>, DecodeError> {
+    for f in wire::fields(resource) {
+        let (1, Value::Bytes(kv)) = f.map_err(bad)? else {
+            continue;
+        };
+        let mut key: &[u8] = &[];
+        let mut value: &[u8] = &[];
+        for f in wire::fields(kv) {
+            match f.map_err(bad)? {
+                (1, Value::Bytes(k)) => key = k,
+                (2, Value::Bytes(v)) => value = v,
+                _ => {}
+            }
+        }
+        if key != SERVICE_NAME_KEY.as_bytes() {
+            continue;
+        }
+        for f in wire::fields(value) {
+            if let (1, Value::Bytes(s)) = f.map_err(bad)? {
+                return Ok(Some(Arc::from(cut(utf8(s, "service.name")?))));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Reads one `Span` message (trace_id=1, span_id=2, parent_span_id=4,
+/// name=5, start=7 and end=8 fixed64) into `out`.
+fn read_span(bytes: &[u8], service: &Arc<str>, out: &mut Decoded) -> Result<(), DecodeError> {
+    let mut ids = Ids::default();
+    let mut name: &[u8] = &[];
+    let (mut start, mut end) = (0, 0);
+    for f in wire::fields(bytes) {
+        match f.map_err(bad)? {
+            (1, Value::Bytes(v)) => ids.trace = v,
+            (2, Value::Bytes(v)) => ids.span = v,
+            (4, Value::Bytes(v)) => ids.parent = v,
+            (5, Value::Bytes(v)) => name = v,
+            (7, Value::Fixed64(v)) => start = v,
+            (8, Value::Fixed64(v)) => end = v,
+            _ => {}
+        }
+    }
+    out.push(service, ids, utf8(name, "span name")?, start, end);
+    Ok(())
+}
+
+/// Reads a protobuf `ExportTraceServiceRequest` (resource_spans=1:
+/// {resource=1, scope_spans=2: {spans=2}}).
 pub fn decode(body: &[u8]) -> Result<Decoded, DecodeError> {
-    let request = ExportTraceServiceRequest::decode(body).map_err(|e| {
-        DecodeError(format!(
-            "the body is not an OTLP ExportTraceServiceRequest: {e}"
-        ))
-    })?;
     let mut out = Decoded::default();
-    for rs in request.resource_spans {
-        let service = service_of(rs.resource.as_ref());
-        for ss in rs.scope_spans {
-            for s in ss.spans {
-                out.push(&service, s);
+    let unknown: Arc<str> = Arc::from(UNKNOWN_SERVICE);
+    for f in wire::fields(body) {
+        let (1, Value::Bytes(rs)) = f.map_err(bad)? else {
+            continue;
+        };
+        // The resource may come after its spans on the wire: find it first.
+        let mut service = None;
+        for f in wire::fields(rs) {
+            if let (1, Value::Bytes(resource)) = f.map_err(bad)? {
+                service = service_of(resource)?;
+            }
+        }
+        let service = service.unwrap_or_else(|| unknown.clone());
+        for f in wire::fields(rs) {
+            let (2, Value::Bytes(ss)) = f.map_err(bad)? else {
+                continue;
+            };
+            for f in wire::fields(ss) {
+                if let (2, Value::Bytes(span)) = f.map_err(bad)? {
+                    read_span(span, &service, &mut out)?;
+                }
             }
         }
     }
@@ -278,17 +306,6 @@ impl JsonU64 {
     }
 }
 
-/// Lower- or upper-case hex to bytes; `None` when it is not hex.
-pub fn from_hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 /// Reads an OTLP JSON `ExportTraceServiceRequest` (ids in hex, as OTLP JSON writes them).
 pub fn decode_json(body: &[u8]) -> Result<Decoded, DecodeError> {
     let request: JsonRequest = serde_json::from_slice(body).map_err(|e| {
@@ -304,28 +321,24 @@ pub fn decode_json(body: &[u8]) -> Result<Decoded, DecodeError> {
             .flat_map(|r| &r.attributes)
             .find(|kv| kv.key == SERVICE_NAME_KEY)
             .and_then(|kv| kv.value.as_ref()?.string_value.as_deref())
-            .map_or_else(|| Arc::from("unknown_service"), Arc::from);
+            .map_or_else(|| Arc::from(UNKNOWN_SERVICE), |s| Arc::from(cut(s)));
         for ss in rs.scope_spans {
             for s in ss.spans {
-                let (Some(trace_id), Some(span_id)) = (from_hex(&s.trace_id), from_hex(&s.span_id))
+                let (Some(trace), Some(span)) =
+                    (id_from_hex::<16>(&s.trace_id), id_from_hex::<8>(&s.span_id))
                 else {
-                    out.reject("a span's traceId and spanId must be hex");
+                    out.reject("a span's traceId must be 32 hex digits and its spanId 16");
                     continue;
                 };
-                out.push(
-                    &service,
-                    WireSpan {
-                        trace_id,
-                        span_id,
-                        parent_span_id: from_hex(&s.parent_span_id).unwrap_or_default(),
-                        name: s.name,
-                        start_time_unix_nano: s
-                            .start_time_unix_nano
-                            .and_then(|t| t.get())
-                            .unwrap_or(0),
-                        end_time_unix_nano: s.end_time_unix_nano.and_then(|t| t.get()).unwrap_or(0),
-                    },
-                );
+                let parent = id_from_hex::<8>(&s.parent_span_id).unwrap_or_default();
+                let ids = Ids {
+                    trace: &trace,
+                    span: &span,
+                    parent: &parent,
+                };
+                let start = s.start_time_unix_nano.and_then(|t| t.get()).unwrap_or(0);
+                let end = s.end_time_unix_nano.and_then(|t| t.get()).unwrap_or(0);
+                out.push(&service, ids, &s.name, start, end);
             }
         }
     }
@@ -335,14 +348,48 @@ pub fn decode_json(body: &[u8]) -> Result<Decoded, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::otlp::common::{AnyValue, KeyValue, any_value::Value};
+    use crate::otlp::common::{AnyValue, KeyValue, any_value::Value as Any};
+
+    // The request side, to build test requests with prost.
+    #[derive(Clone, PartialEq, Message)]
+    struct ExportTraceServiceRequest {
+        #[prost(message, repeated, tag = "1")]
+        resource_spans: Vec<ResourceSpans>,
+    }
+    #[derive(Clone, PartialEq, Message)]
+    struct ResourceSpans {
+        #[prost(message, optional, tag = "1")]
+        resource: Option<crate::otlp::Resource>,
+        #[prost(message, repeated, tag = "2")]
+        scope_spans: Vec<ScopeSpans>,
+    }
+    #[derive(Clone, PartialEq, Message)]
+    struct ScopeSpans {
+        #[prost(message, repeated, tag = "2")]
+        spans: Vec<WireSpan>,
+    }
+    #[derive(Clone, PartialEq, Message)]
+    struct WireSpan {
+        #[prost(bytes = "vec", tag = "1")]
+        trace_id: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        span_id: Vec<u8>,
+        #[prost(bytes = "vec", tag = "4")]
+        parent_span_id: Vec<u8>,
+        #[prost(string, tag = "5")]
+        name: String,
+        #[prost(fixed64, tag = "7")]
+        start_time_unix_nano: u64,
+        #[prost(fixed64, tag = "8")]
+        end_time_unix_nano: u64,
+    }
 
     fn request() -> Vec<u8> {
         let resource = crate::otlp::Resource {
             attributes: vec![KeyValue {
                 key: SERVICE_NAME_KEY.into(),
                 value: Some(AnyValue {
-                    value: Some(Value::StringValue("checkout".into())),
+                    value: Some(Any::StringValue("checkout".into())),
                 }),
                 ..Default::default()
             }],
@@ -390,6 +437,21 @@ mod tests {
         assert_eq!((s.start_unix_nanos, s.end_unix_nanos), (10, 20));
         assert_eq!(d.spans[1].name.len(), MAX_NAME_LEN);
         assert_eq!(d.response().partial_success.unwrap().rejected_spans, 2);
+        // A service name is cut like a span name; a name that is not UTF-8
+        // refuses the request.
+        let mut r = ExportTraceServiceRequest::decode(request().as_slice()).unwrap();
+        let rs = &mut r.resource_spans[0];
+        rs.resource.as_mut().unwrap().attributes[0].value = Some(AnyValue {
+            value: Some(Any::StringValue("s".repeat(1000))),
+        });
+        assert_eq!(
+            decode(&r.encode_to_vec()).unwrap().spans[0].service.len(),
+            MAX_NAME_LEN
+        );
+        let mut bytes = r.encode_to_vec();
+        let at = bytes.windows(9).position(|w| w == b"GET /cart").unwrap();
+        bytes[at] = 0xff;
+        assert!(decode(&bytes).unwrap_err().0.contains("UTF-8"));
         assert!(decode(b"\x0a\xff\xff\xff\xff\x0f").is_err());
     }
 

@@ -300,6 +300,11 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
                 "processor `{id}` has a span index but no traces pipeline feeds it: samples that name a span only stay unlinked; add `traces: {{receivers: [otlp], processors: [{id}]}}`"
             ));
         }
+        if listed(Signal::Traces) && !listed(Signal::Profiles) {
+            warnings.push(format!(
+                "processor `{id}` is fed spans but is in no profiles pipeline: its span index is never read; list it in the profiles pipeline whose samples it should link"
+            ));
+        }
     }
 
     let max_in_flight = doc.service.limits.max_in_flight_bytes.as_usize();
@@ -1223,6 +1228,18 @@ mod tests {
         assert!(
             bad_id.contains("write `profiles` or `profiles/<name>` (or `traces`"),
             "{bad_id}"
+        );
+        let fed_only = "receivers:\n  test: {key: a}\n  test/spans: {key: b, spans: true}\nprocessors:\n  filter/idx: {spans: w}\nexporters:\n  test: {key: c, behaviour: ok}\nservice:\n  pipelines:\n    traces: {receivers: [test/spans], processors: [filter/idx]}\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let p = plan(
+            &Document::parse_with_env(fed_only, &|_| None).unwrap(),
+            &registry(),
+        )
+        .unwrap();
+        assert!(
+            p.warnings.iter().any(|w| w
+                .contains("processor `filter/idx` is fed spans but is in no profiles pipeline")),
+            "{:?}",
+            p.warnings
         );
     }
 

@@ -195,7 +195,7 @@ pub struct PyroscopeExporterConfig {
 }
 
 fn default_service_name() -> String {
-    "unknown_service".to_owned()
+    proflow_pipeline::model::UNKNOWN_SERVICE.to_owned()
 }
 
 fn default_max_batch_bytes() -> usize {

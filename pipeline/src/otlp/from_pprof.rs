@@ -218,12 +218,5 @@ pub const SPAN_ID_LABEL: &str = "span_id";
 
 /// An id of `N` bytes from exactly `2 * N` hex digits, not all zero.
 fn link_id<const N: usize>(text: &str) -> Option<[u8; N]> {
-    if text.len() != 2 * N {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    (out != [0; N]).then_some(out)
+    super::id_from_hex::<N>(text).filter(|id| *id != [0; N])
 }

@@ -103,8 +103,34 @@ impl Lost {
 }
 
 /// Lower-case hex, as OTLP writes trace, span and profile ids.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+    s
+}
+
+/// An id of exactly `N` bytes from `2 * N` hex digits (either case); `None`
+/// for anything else (no sign, no spaces, no other length).
+pub fn id_from_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let digits = text.as_bytes();
+    if digits.len() != 2 * N {
+        return None;
+    }
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    let mut out = [0u8; N];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = (nibble(digits[2 * i])? << 4) | nibble(digits[2 * i + 1])?;
+    }
+    Some(out)
 }
 
 /// A table index as OTLP writes it; tables are bounded far below `i32::MAX`

@@ -26,12 +26,10 @@ use prost::Message;
 use super::{
     AttributeLabels, OtlpContext, OtlpProfiles, ProfileData, SharedDictionary, collector, proto,
 };
-use crate::model::{Envelope, Payload, SERVICE_NAME_LABEL, ValueType, now_unix_nanos};
+use crate::model::{
+    Envelope, Payload, SERVICE_NAME_LABEL, UNKNOWN_SERVICE, ValueType, now_unix_nanos,
+};
 use crate::profile_type::profile_name_from_sample_types;
-
-/// `service_name` of profiles whose resource names no service (Pyroscope's
-/// fallback, as the `pprof_push` receiver does).
-const UNKNOWN_SERVICE: &str = "unknown_service";
 
 /// The profiles of one request, as envelopes.
 #[derive(Debug, Default)]

@@ -40,10 +40,10 @@ pub struct TraceLinkProcessorConfig {
     /// one series per span. Default false.
     #[serde(default)]
     pub drop_span_labels_after_link: bool,
-    /// Keep the local root span's id only, where the sample names it
-    /// (Datadog's `local root span id`); the span itself is dropped.
-    /// Pyroscope's otel-profiling-go labels root spans only already.
-    /// Default false.
+    /// Link to the local root span where the sample names it (Datadog's
+    /// `local root span id`) rather than to the span itself (whose label
+    /// stays unless `drop_span_labels_after_link`). Pyroscope's
+    /// otel-profiling-go labels root spans only already. Default false.
     #[serde(default)]
     pub root_spans_only: bool,
     /// The span index: spans a `traces` pipeline feeds this processor,
@@ -101,6 +101,8 @@ fn default_wait() -> Duration {
 
 /// The longest `wait` accepted: a batch holds its sender's request meanwhile.
 pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// The shortest `window` accepted.
+pub const MIN_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 /// The most spans an index may be asked to keep (about 6 GB).
 pub const MAX_SPANS: usize = 100_000_000;
 
@@ -123,10 +125,10 @@ impl TraceLinkProcessorConfig {
             }
         }
         if let Some(index) = &self.span_index {
-            if index.window.is_zero() {
+            if index.window.get() < MIN_WINDOW {
                 problems.push(FieldError::new(
                     "span_index.window",
-                    "must be more than 0, such as 5m",
+                    "must be at least 1s, such as 5m (spans arrive when they end, seconds after their samples)",
                 ));
             }
             if index.max_spans == 0 || index.max_spans > MAX_SPANS {

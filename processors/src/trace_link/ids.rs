@@ -114,15 +114,58 @@ pub fn is_zero(text: &str) -> bool {
     !text.is_empty() && text.bytes().all(|b| b == b'0')
 }
 
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
+pub use proflow_pipeline::otlp::hex;
+
+/// True when `text` is `id` in its normal form (lower-case hex, full length).
+pub fn is_hex_of(text: &str, id: &[u8]) -> bool {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[usize::from(b >> 4)] as char);
-        s.push(DIGITS[usize::from(b & 15)] as char);
+    let t = text.as_bytes();
+    t.len() == 2 * id.len()
+        && id.iter().enumerate().all(|(i, b)| {
+            t[2 * i] == DIGITS[usize::from(b >> 4)] && t[2 * i + 1] == DIGITS[usize::from(b & 15)]
+        })
+}
+
+/// A map that stays a short vector while it is small (a profile names a
+/// few spans: a scan beats hashing) and becomes a hash map when it is not
+/// (a hostile profile naming a span per sample stays linear).
+#[derive(Debug)]
+pub struct SmallMap<K, V> {
+    few: Vec<(K, V)>,
+    many: std::collections::HashMap<K, V>,
+}
+
+/// Entries a [`SmallMap`] scans before it hashes.
+const SMALL: usize = 16;
+
+impl<K: Eq + std::hash::Hash + Clone, V> Default for SmallMap<K, V> {
+    fn default() -> Self {
+        SmallMap {
+            few: Vec::new(),
+            many: std::collections::HashMap::new(),
+        }
     }
-    s
+}
+
+impl<K: Eq + std::hash::Hash + Clone, V> SmallMap<K, V> {
+    pub fn get(&self, k: &K) -> Option<&V> {
+        if self.many.is_empty() {
+            self.few.iter().find(|(x, _)| x == k).map(|(_, v)| v)
+        } else {
+            self.many.get(k)
+        }
+    }
+
+    pub fn insert(&mut self, k: K, v: V) {
+        if self.many.is_empty() && self.few.len() < SMALL {
+            self.few.push((k, v));
+            return;
+        }
+        if self.many.is_empty() {
+            self.many.extend(self.few.drain(..));
+        }
+        self.many.insert(k, v);
+    }
 }
 
 /// What one sample says of its span, read from its labels or link.

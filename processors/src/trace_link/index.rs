@@ -6,10 +6,12 @@
 //! slice of the window until it is full or its slice is over, then the
 //! next. The oldest generation is let go whole once it is past the window
 //! or the index is at `max_spans`, so eviction costs nothing per span and
-//! no map ever grows past the size it was made with: memory stays flat once
-//! the index is full. Each generation's map is made at a size that fills
-//! its table to the load the hash table grows at, so a full index spends
-//! about 56 bytes a span plus the names (interned per generation).
+//! memory stays flat once the index is full. A generation takes as many
+//! spans as fill a power-of-two table to the load the hash table grows at,
+//! so a full generation spends about 56 bytes a span plus the names
+//! (interned per generation, at most [`NAMES_PER_GENERATION`] of them and
+//! [`NAME_BYTES_PER_GENERATION`] bytes). Maps grow as spans come, so a
+//! quiet index holds little.
 //!
 //! Lookups go newest generation first. A lock guards it all; inserts and
 //! lookups take it once per request or per batch.
@@ -30,7 +32,9 @@ const GENERATIONS: usize = 8;
 /// The most distinct (service, name) pairs a generation interns; spans
 /// beyond it keep their ids but not their names (so a service that puts
 /// ids in span names cannot grow the index past its bound).
-const NAMES_PER_GENERATION: usize = 4096;
+pub const NAMES_PER_GENERATION: usize = 4096;
+/// The most bytes of interned names a generation holds.
+pub const NAME_BYTES_PER_GENERATION: usize = 1 << 20;
 /// No name interned.
 const NO_NAME: u32 = u32::MAX;
 
@@ -83,9 +87,9 @@ struct Generation {
 }
 
 impl Generation {
-    fn new(capacity: usize, now: Instant) -> Self {
+    fn new(now: Instant) -> Self {
         Generation {
-            spans: IdMap::with_capacity_and_hasher(capacity, Default::default()),
+            spans: IdMap::default(),
             names: Vec::new(),
             name_ids: HashMap::new(),
             name_bytes: 0,
@@ -111,7 +115,9 @@ impl Generation {
         if let Some(&i) = self.name_ids.get(scratch.as_str()) {
             return i;
         }
-        if self.names.len() >= NAMES_PER_GENERATION {
+        if self.names.len() >= NAMES_PER_GENERATION
+            || self.name_bytes + 2 * scratch.len() > NAME_BYTES_PER_GENERATION
+        {
             return NO_NAME;
         }
         let i = self.names.len() as u32;
@@ -136,7 +142,7 @@ pub struct SpanIndex {
     inner: Mutex<Inner>,
     /// Spans a generation takes.
     per_generation: usize,
-    /// Generations kept (`max_spans` over `per_generation`, rounded up).
+    /// Generations kept (`max_spans` over `per_generation`, rounded down).
     max_generations: usize,
     /// How long a generation takes spans.
     slice: Duration,
@@ -220,9 +226,7 @@ impl SpanIndex {
                 }
             };
             if rotate {
-                inner
-                    .generations
-                    .push_back(Generation::new(self.per_generation, now));
+                inner.generations.push_back(Generation::new(now));
                 let (w, c) = self.evict(inner, now);
                 evicted.0 += w;
                 evicted.1 += c;
@@ -297,9 +301,19 @@ impl SpanIndex {
 
     /// True when every one of `ids` is indexed.
     pub fn has_all(&self, ids: &[SpanId]) -> bool {
-        let mut found = 0;
-        self.lookup_all(ids, |_, _| found += 1);
-        found == ids.len()
+        let Ok(inner) = self.inner.lock() else {
+            return false;
+        };
+        let now = Instant::now();
+        ids.iter().all(|id| {
+            let key = u64::from_be_bytes(*id);
+            inner
+                .generations
+                .iter()
+                .rev()
+                .take_while(|g| now.duration_since(g.opened) <= self.window + self.slice)
+                .any(|g| g.spans.contains_key(&key))
+        })
     }
 
     /// Spans held and the memory they take.

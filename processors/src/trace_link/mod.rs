@@ -236,10 +236,11 @@ impl TraceLinkProcessor {
                     };
                     let key = Arc::as_ptr(&o.dictionary) as usize;
                     let group = *by_dictionary.entry(key).or_insert_with(|| {
-                        let dict = o.dictionary.decoded().ok()?.into_owned();
+                        // Copied only when it has correlation to write.
+                        let dict = o.dictionary.decoded().ok()?;
                         let table = otlp::Table::of(&dict)?;
                         groups.push(Group {
-                            dictionary: dict,
+                            dictionary: dict.into_owned(),
                             table: Some(table),
                         });
                         Some(groups.len() - 1)
@@ -254,9 +255,9 @@ impl TraceLinkProcessor {
                         .profiles
                         .iter()
                         .map(|pd| {
-                            let p = pd.decoded().ok()?.into_owned();
+                            let p = pd.decoded().ok()?;
                             let found = table.read(&p)?;
-                            Some((p, found))
+                            Some((p.into_owned(), found))
                         })
                         .collect();
                     if profiles.iter().all(Option::is_none) {
@@ -268,15 +269,18 @@ impl TraceLinkProcessor {
             .collect()
     }
 
-    /// Every span whose trace (or name) the index may give.
-    fn wanted(&self, work: &[Work]) -> Vec<SpanId> {
-        let mut wanted: Vec<SpanId> = Vec::new();
+    /// Every span whose trace (or name) the index may give, sorted, each
+    /// with whether a sample needs its trace (only those are waited for).
+    fn wanted(&self, work: &[Work]) -> Vec<(SpanId, bool)> {
+        let mut wanted: Vec<(SpanId, bool)> = Vec::new();
         let mut add = |found: &[Option<Found>]| {
             for f in found.iter().flatten() {
-                if let Some(s) = f.span(self.rules.root_only)
-                    && (f.trace().is_none() || (self.labels && f.span_name.is_none()))
-                {
-                    wanted.push(s);
+                let Some(s) = f.span(self.rules.root_only) else {
+                    continue;
+                };
+                let need_trace = f.trace().is_none();
+                if need_trace || (self.labels && f.span_name.is_none()) {
+                    wanted.push((s, need_trace));
                 }
             }
         };
@@ -291,14 +295,22 @@ impl TraceLinkProcessor {
                 }
             }
         }
+        // Sorted with the trace-needing entry of a span last, so dedup keeps it.
         wanted.sort_unstable();
-        wanted.dedup();
+        wanted.dedup_by(|later, earlier| {
+            if later.0 == earlier.0 {
+                earlier.1 |= later.1;
+                true
+            } else {
+                false
+            }
+        });
         wanted
     }
 
-    /// Looks `wanted` up, waiting up to `wait` for spans that name no trace
-    /// yet and are not indexed.
-    async fn lookup(&self, wanted: Vec<SpanId>) -> KnownSpans {
+    /// Looks `wanted` up, waiting up to `wait` for spans whose trace a
+    /// sample needs and that are not indexed yet.
+    async fn lookup(&self, wanted: Vec<(SpanId, bool)>) -> KnownSpans {
         let mut known = KnownSpans::default();
         let Some(index) = &self.index else {
             return known;
@@ -306,17 +318,19 @@ impl TraceLinkProcessor {
         if wanted.is_empty() {
             return known;
         }
-        index.lookup_all(&wanted, |i, k| known.0.push((wanted[i], k)));
-        if known.0.len() == wanted.len() || self.wait.is_zero() || !self.fed.load(Ordering::Relaxed)
-        {
+        let ids: Vec<SpanId> = wanted.iter().map(|(s, _)| *s).collect();
+        // `ids` is sorted, so what is found is too.
+        index.lookup_all(&ids, |i, k| known.0.push((ids[i], k)));
+        if known.0.len() == ids.len() || self.wait.is_zero() || !self.fed.load(Ordering::Relaxed) {
             return known;
         }
-        // `wanted` is sorted, so what was found is too.
         let missing: Vec<SpanId> = match self.gave_up.lock() {
             Ok(gave_up) => wanted
                 .iter()
-                .filter(|s| known.get(s).is_none() && !gave_up.contains(*s))
-                .copied()
+                .filter(|(s, need_trace)| {
+                    *need_trace && known.get(s).is_none() && !gave_up.contains(s)
+                })
+                .map(|(s, _)| *s)
                 .collect(),
             Err(_) => Vec::new(),
         };
@@ -386,26 +400,34 @@ impl TraceLinkProcessor {
         links: &[Option<Link>],
     ) {
         let touched: Vec<bool> = found.iter().map(Option::is_some).collect();
+        // A rewritten profile is larger than it was decompressed: it may
+        // pass the receiver's limit by what was added.
+        let bytes = |w: pprof::Written| match w {
+            pprof::Written::Same => wire.plain().clone(),
+            pprof::Written::New(b) => Bytes::from(b),
+        };
+        let limit = |b: &Bytes| e.payload.decode_limit().max(b.len());
         let linked = links.iter().flatten().any(|l| l.trace.is_some());
         let otlp = if self.make_otlp && linked {
             // The OTLP form: linked samples get `trace_id` and `span_id`
-            // labels, which the conversion makes their link.
+            // labels, which the pipeline's conversion makes their link.
             let mode = pprof::Mode {
                 labels: self.labels,
                 trace_label: self.trace_label,
                 link_labels: true,
             };
-            pprof::write(wire, links, &touched, &self.rules, mode).and_then(|source| {
-                let profile = ppr::decode(&Bytes::from(source), e.payload.decode_limit()).ok()?;
-                let mut dict = potlp::DictionaryBuilder::new();
+            pprof::write(wire, links, &touched, &self.rules, mode).and_then(|w| {
+                let source = bytes(w);
                 let mut lost = Lost::default();
                 // A profile that does not convert fails the pipeline's
                 // conversion the same way, which says so.
-                let profiles = potlp::pprof_to_otlp(&profile, &mut dict, &mut lost).ok()?;
+                let converted = Payload::from_bytes(source.clone(), limit(&source))
+                    .with_form(Format::Otlp, &mut lost)
+                    .ok()?;
                 if let Some(t) = &self.pipeline_telemetry {
                     t.converted(Format::Otlp, &lost);
                 }
-                Some(OtlpProfiles::decoded(dict.finish(), profiles))
+                converted.otlp().ok()
             })
         } else {
             None
@@ -416,8 +438,11 @@ impl TraceLinkProcessor {
                 trace_label: self.trace_label,
                 link_labels: false,
             };
-            if let Some(bytes) = pprof::write(wire, links, &touched, &self.rules, mode) {
-                e.payload = Payload::from_bytes(Bytes::from(bytes), e.payload.decode_limit());
+            if let Some(pprof::Written::New(b)) =
+                pprof::write(wire, links, &touched, &self.rules, mode)
+            {
+                let b = Bytes::from(b);
+                e.payload = Payload::from_bytes(b.clone(), limit(&b));
             }
         }
         if let Some(o) = otlp {

@@ -110,6 +110,17 @@ impl Table {
     fn key_of(&self, attribute: i32) -> Option<Key> {
         self.attrs.get(&attribute).map(|a| a.key)
     }
+
+    /// True for an id attribute whose id is all zeros (no id).
+    fn is_zero_id(&self, attribute: i32) -> bool {
+        self.attrs.get(&attribute).is_some_and(|a| {
+            a.key != Key::SpanName
+                && match &a.text {
+                    Some(t) => ids::is_zero(t),
+                    None => a.num == 0,
+                }
+        })
+    }
 }
 
 /// Adds links and attributes to one dictionary, each once.
@@ -215,7 +226,15 @@ pub fn write(
     } = outputs;
     let mut changed = false;
     for (s, link) in p.samples.iter_mut().zip(links) {
-        let Some(link) = link else { continue };
+        let Some(link) = link else {
+            // All-zero ids mean none: dropped where labels are written.
+            if labels && let Some(t) = table {
+                let before = s.attribute_indices.len();
+                s.attribute_indices.retain(|a| !t.is_zero_id(*a));
+                changed |= s.attribute_indices.len() != before;
+            }
+            continue;
+        };
         if otlp_links
             && s.link_index == 0
             && let Some(t) = link.trace

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use proflow_pipeline::wire::{self, Value};
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 
-use super::ids::{self, Found, Key, SpanId, TraceId};
+use super::ids::{self, Found, Key, SmallMap, SpanId, TraceId};
 use super::{Link, Rules};
 
 const SAMPLE: u32 = 2;
@@ -94,8 +94,17 @@ impl Wire {
         })
     }
 
+    /// The profile's bytes, decompressed.
+    pub fn plain(&self) -> &Bytes {
+        &self.plain
+    }
+
     fn key(&self, index: i64) -> Option<Key> {
-        self.keys.iter().find(|(i, _)| *i == index).map(|(_, k)| *k)
+        // In index order, as the table was walked.
+        self.keys
+            .binary_search_by_key(&index, |(i, _)| *i)
+            .ok()
+            .map(|i| self.keys[i].1)
     }
 
     fn text(&self, index: i64) -> Option<&str> {
@@ -114,7 +123,7 @@ impl Wire {
     pub fn read(&self) -> Option<Vec<Option<Found>>> {
         let mut out = Vec::with_capacity(self.samples.len());
         let mut any = false;
-        let mut seen: Vec<((i64, i64, i64), Found)> = Vec::new();
+        let mut seen: SmallMap<(i64, i64, i64), Found> = SmallMap::default();
         for i in 0..self.samples.len() {
             let mut found: Option<Found> = None;
             for sf in wire::fields(self.sample(i)) {
@@ -125,7 +134,7 @@ impl Wire {
                 let Some(key) = self.key(l.key) else { continue };
                 let id = (l.key, l.str, l.num);
                 let f = found.get_or_insert_with(Found::default);
-                if let Some((_, piece)) = seen.iter().find(|(k, _)| *k == id) {
+                if let Some(piece) = seen.get(&id) {
                     f.merge(piece);
                     continue;
                 }
@@ -138,7 +147,7 @@ impl Wire {
                 };
                 piece.read(key, text, l.num);
                 f.merge(&piece);
-                seen.push((id, piece));
+                seen.insert(id, piece);
             }
             any |= found.is_some();
             out.push(found);
@@ -163,10 +172,10 @@ pub struct Mode {
 struct NewStrings<'w> {
     wire: &'w Wire,
     added: Vec<String>,
-    spans: Vec<(SpanId, i64)>,
-    traces: Vec<(TraceId, i64)>,
-    names: Vec<(Arc<str>, i64)>,
-    keys: Vec<(Key, i64)>,
+    spans: SmallMap<SpanId, i64>,
+    traces: SmallMap<TraceId, i64>,
+    names: SmallMap<Arc<str>, i64>,
+    keys: SmallMap<Key, i64>,
 }
 
 impl NewStrings<'_> {
@@ -179,38 +188,38 @@ impl NewStrings<'_> {
         if let Some(&(i, _)) = self.wire.keys.iter().find(|(_, k)| *k == key) {
             return i;
         }
-        if let Some(&(_, i)) = self.keys.iter().find(|(k, _)| *k == key) {
+        if let Some(&i) = self.keys.get(&key) {
             return i;
         }
         let i = self.push(name.to_owned());
-        self.keys.push((key, i));
+        self.keys.insert(key, i);
         i
     }
 
     fn span(&mut self, id: &SpanId) -> i64 {
-        if let Some(&(_, i)) = self.spans.iter().find(|(s, _)| s == id) {
+        if let Some(&i) = self.spans.get(id) {
             return i;
         }
         let i = self.push(ids::hex(id));
-        self.spans.push((*id, i));
+        self.spans.insert(*id, i);
         i
     }
 
     fn trace(&mut self, id: &TraceId) -> i64 {
-        if let Some(&(_, i)) = self.traces.iter().find(|(t, _)| t == id) {
+        if let Some(&i) = self.traces.get(id) {
             return i;
         }
         let i = self.push(ids::hex(id));
-        self.traces.push((*id, i));
+        self.traces.insert(*id, i);
         i
     }
 
     fn name(&mut self, name: &Arc<str>) -> i64 {
-        if let Some(&(_, i)) = self.names.iter().find(|(n, _)| n == name) {
+        if let Some(&i) = self.names.get(name) {
             return i;
         }
         let i = self.push(name.to_string());
-        self.names.push((name.clone(), i));
+        self.names.insert(name.clone(), i);
         i
     }
 }
@@ -230,28 +239,39 @@ fn raw<'a>(before: &'a [u8], after: &'a [u8]) -> &'a [u8] {
     &before[..before.len() - after.len()]
 }
 
+/// What [`write`] made.
+pub enum Written {
+    /// Every sample's labels were in their normal form already: the profile
+    /// goes on as it came (its gzip bytes too).
+    Same,
+    /// The profile again, uncompressed.
+    New(Vec<u8>),
+}
+
 /// The profile with its samples' correlation labels written by `links` (one
 /// per sample, as [`Wire::read`] gave them and the index completed them);
 /// `touched` says which samples have any correlation label (the others are
-/// copied as they are). `None` if the bytes turn out not to be a profile.
+/// copied as they are). A label already in its normal form is kept where it
+/// is. `None` if the bytes turn out not to be a profile.
 pub fn write(
     w: &Wire,
     links: &[Option<Link>],
     touched: &[bool],
     rules: &Rules,
     mode: Mode,
-) -> Option<Vec<u8>> {
+) -> Option<Written> {
     let plain = &w.plain[..];
     let mut out = Vec::with_capacity(plain.len() + links.len() * 16 + 256);
     let mut strings = NewStrings {
         wire: w,
         added: Vec::new(),
-        spans: Vec::new(),
-        traces: Vec::new(),
-        names: Vec::new(),
-        keys: Vec::new(),
+        spans: SmallMap::default(),
+        traces: SmallMap::default(),
+        names: SmallMap::default(),
+        keys: SmallMap::default(),
     };
     let mut body: Vec<u8> = Vec::with_capacity(256);
+    let mut changed = false;
     // Copied up to here.
     let mut copied = 0;
     for (i, &(start, end, _)) in w.samples.iter().enumerate() {
@@ -259,10 +279,9 @@ pub fn write(
         if !touched.get(i).copied().unwrap_or(false) || (link.is_none() && !mode.labels) {
             continue;
         }
-        out.extend_from_slice(&plain[copied..start as usize]);
-        copied = end as usize;
         body.clear();
-        let mut had_name = false;
+        let mut sample_changed = false;
+        let (mut had_name, mut span_kept, mut trace_kept) = (false, false, false);
         let linked = link.is_some_and(|l| l.trace.is_some());
         let write_ids =
             link.is_some() && (mode.labels || mode.trace_label || (mode.link_labels && linked));
@@ -277,38 +296,53 @@ pub fn write(
             let keep = match (field, value) {
                 (SAMPLE_LABEL, Value::Bytes(l)) => {
                     let l = label(l)?;
-                    match w.key(l.key) {
-                        None => true,
-                        Some(key) if link.is_none() => {
-                            // All-zero ids mean none: dropped where labels are written.
-                            !(key != Key::SpanName && w.text(l.str).is_some_and(ids::is_zero))
+                    let text = || w.text(l.str).unwrap_or_default();
+                    match (w.key(l.key), link) {
+                        (None, _) => true,
+                        // All-zero ids mean none: dropped where labels are written.
+                        (Some(key), None) => !(key != Key::SpanName && ids::is_zero(text())),
+                        (Some(Key::SpanId), Some(link)) if write_ids => {
+                            // One label in normal form stays where it is.
+                            let keep = !span_kept && ids::is_hex_of(text(), &link.span);
+                            span_kept |= keep;
+                            keep
                         }
-                        Some(Key::SpanId) => !write_ids && !drop_rest,
-                        Some(Key::TraceId) => !write_trace && !drop_rest,
-                        Some(Key::SpanName) => {
+                        (Some(Key::SpanId), _) => !drop_rest,
+                        (Some(Key::TraceId), Some(link)) if write_trace => {
+                            let keep = !trace_kept
+                                && link.trace.is_some_and(|t| ids::is_hex_of(text(), &t));
+                            trace_kept |= keep;
+                            keep
+                        }
+                        (Some(Key::TraceId), _) => !drop_rest,
+                        (Some(Key::SpanName), _) => {
                             let keep = !drop_rest || mode.labels;
                             had_name |= keep;
                             keep
                         }
-                        Some(Key::ProfileId | Key::DdSpanId | Key::DdLocalRoot) => !drop_rest,
+                        (Some(Key::ProfileId | Key::DdSpanId | Key::DdLocalRoot), _) => !drop_rest,
                     }
                 }
                 _ => true,
             };
             if keep {
                 body.extend_from_slice(this);
+            } else {
+                sample_changed = true;
             }
         }
         if let Some(link) = link {
-            if write_ids {
+            if write_ids && !span_kept {
                 let key = strings.key(Key::SpanId, ids::SPAN_ID);
                 let value = strings.span(&link.span);
                 put_label(&mut body, key, value);
+                sample_changed = true;
             }
-            if let Some(t) = link.trace.as_ref().filter(|_| write_trace) {
+            if let Some(t) = link.trace.as_ref().filter(|_| write_trace && !trace_kept) {
                 let key = strings.key(Key::TraceId, ids::TRACE_ID);
                 let value = strings.trace(t);
                 put_label(&mut body, key, value);
+                sample_changed = true;
             }
             if mode.labels
                 && !had_name
@@ -317,11 +351,21 @@ pub fn write(
                 let key = strings.key(Key::SpanName, ids::SPAN_NAME);
                 let value = strings.name(n);
                 put_label(&mut body, key, value);
+                sample_changed = true;
             }
         }
+        if !sample_changed {
+            continue;
+        }
+        changed = true;
+        out.extend_from_slice(&plain[copied..start as usize]);
+        copied = end as usize;
         encode_key(SAMPLE, WireType::LengthDelimited, &mut out);
         encode_varint(body.len() as u64, &mut out);
         out.extend_from_slice(&body);
+    }
+    if !changed {
+        return Some(Written::Same);
     }
     out.extend_from_slice(&plain[copied..]);
     for s in &strings.added {
@@ -329,5 +373,5 @@ pub fn write(
         encode_varint(s.len() as u64, &mut out);
         out.extend_from_slice(s.as_bytes());
     }
-    Some(out)
+    Some(Written::New(out))
 }

@@ -732,3 +732,82 @@ async fn the_rewrite_keeps_everything_but_the_labels() {
     assert_eq!(labels.get("trace_id").map(String::as_str), Some(TRACE));
     assert_eq!(labels.get("span_name").map(String::as_str), Some(NAME));
 }
+
+#[tokio::test]
+async fn labels_already_in_normal_form_go_on_as_they_came() {
+    // otel-profiling-go's own labels: nothing to write, the gzip bytes stay.
+    let s = fed("output: [labels]\nspan_index: {wait: 0s}\n", false).await;
+    let e = pprof_envelope(&profile(
+        &[("span_id", V::S(SPAN)), ("span_name", V::S(NAME))],
+        3,
+    ));
+    let before = e.payload.identity();
+    let out = s.processor.process(vec![e]).await;
+    assert_eq!(out[0].payload.identity(), before);
+    assert!(out[0].payload.encoded().unwrap().gzipped);
+    assert_eq!(
+        metric(
+            &s.telemetry,
+            "proflow_trace_link_samples_total{processor=\"trace_link\",result=\"linked\"}"
+        ),
+        Some(1.0)
+    );
+    // With the trace id to write too, it changes.
+    let s = fed(
+        "output: [labels, trace_id_label]\nspan_index: {wait: 0s}\n",
+        false,
+    )
+    .await;
+    let e = pprof_envelope(&profile(
+        &[("span_id", V::S(SPAN)), ("span_name", V::S(NAME))],
+        3,
+    ));
+    let before = e.payload.identity();
+    let out = s.processor.process(vec![e]).await;
+    assert_ne!(out[0].payload.identity(), before);
+}
+
+#[tokio::test]
+async fn spans_only_the_index_would_name_are_not_waited_for() {
+    // The sample names its trace; only the span's name is missing.
+    let s = processor("output: [labels]\nspan_index: {wait: 10s}\n", false);
+    let _ = s.processor.span_consumer();
+    let e = pprof_envelope(&profile(
+        &[("span_id", V::S(SPAN)), ("trace_id", V::S(TRACE))],
+        2,
+    ));
+    let started = std::time::Instant::now();
+    s.processor.process(vec![e]).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn hostile_profiles_naming_a_span_per_sample_stay_linear() {
+    // 20,000 samples, each its own span: the per-label cache hashes past a few.
+    let mut p = testdata::cpu_profile(20_000, 20);
+    p.string_table.push("span_id".into());
+    let key = p.string_table.len() as i64 - 1;
+    for (i, s) in p.sample.iter_mut().enumerate() {
+        p.string_table.push(format!("{:016x}", i + 1));
+        s.label.push(Label {
+            key,
+            str: p.string_table.len() as i64 - 1,
+            ..Label::default()
+        });
+    }
+    let started = std::time::Instant::now();
+    let found = super::pprof::Wire::scan(pprof::encode(&p))
+        .unwrap()
+        .read()
+        .unwrap();
+    assert_eq!(found.iter().flatten().count(), 20_000);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -12,8 +12,7 @@ use proflow_pipeline::profile_type::profile_name_from_sample_types;
 
 /// What reading OTLP JSON may take per byte of it (as the `otlp` receiver).
 const JSON_DECODE_FACTOR: usize = 16;
-/// `service_name` of profiles that name no service (Pyroscope's fallback).
-const UNKNOWN_SERVICE: &str = "unknown_service";
+use proflow_pipeline::model::UNKNOWN_SERVICE;
 
 /// The profiles of one record.
 #[derive(Debug, Default)]

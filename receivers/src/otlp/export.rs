@@ -36,12 +36,6 @@ pub(crate) const JSON_DECODE_FACTOR: usize = 16;
 /// What decoding spans may take per byte of protobuf.
 const SPAN_DECODE_FACTOR: usize = 4;
 
-/// True when the request (its grant: body and estimate) is small enough to
-/// decode on the async worker.
-fn body_len_inline(grant: &MemoryGrant) -> bool {
-    grant.held() <= DECODE_INLINE_MAX * SPAN_DECODE_FACTOR
-}
-
 /// Bodies up to this size are decoded on the async worker itself (a few
 /// hundred microseconds at most; a hop to the blocking pool costs two thread
 /// switches per request); larger ones on the blocking pool, so they never
@@ -88,13 +82,7 @@ impl Handler {
         max_decoded: usize,
         origin: Origin,
     ) -> Result<collector::ExportProfilesServiceResponse, Refused> {
-        if !self.takes_profiles {
-            return Err(OtlpError::NotServed(format!(
-                "receiver `{}` is in no profiles pipeline, so it takes no profiles; list it in one, or send profiles elsewhere",
-                self.id
-            ))
-            .into());
-        }
+        self.takes_profiles()?;
         // Protobuf is checked on the wire and kept as it arrived: nothing is
         // decoded but resources and scopes, so the body is all it holds.
         let estimate = match encoding {
@@ -163,28 +151,37 @@ impl Handler {
         body: Bytes,
         encoding: Encoding,
         mut grant: MemoryGrant,
+        max_decoded: usize,
     ) -> Result<spans::ExportTraceServiceResponse, OtlpError> {
-        let Some(consumer) = &self.spans else {
-            return Err(OtlpError::NotServed(format!(
-                "receiver `{}` is in no traces pipeline, so it takes no traces; list it in a `traces` pipeline with a trace_link processor to feed its span index",
-                self.id
-            )));
-        };
-        // A decoded span is about 100 bytes plus its name; the smallest one
-        // on the wire is about 30.
+        let consumer = self.span_consumer()?.clone();
+        // A decoded span is about 90 bytes plus its name; the smallest one
+        // with ids is about 30 on the wire.
         let factor = match encoding {
             Encoding::Protobuf => SPAN_DECODE_FACTOR,
             Encoding::Json => JSON_DECODE_FACTOR,
         };
+        let estimate = body.len().saturating_mul(factor);
+        if estimate > max_decoded {
+            return Err(OtlpError::TooLarge(format!(
+                "the request would take about {estimate} bytes once decoded, more than max_decoded_size ({max_decoded} bytes); send fewer spans per request or raise max_decoded_size"
+            )));
+        }
         grant
-            .grow(body.len().saturating_mul(factor), memory::DEFAULT_WAIT)
+            .grow(estimate, memory::DEFAULT_WAIT)
             .await
             .map_err(|e| OtlpError::MemoryLimit(e.to_string()))?;
-        let work = move || match encoding {
-            Encoding::Protobuf => spans::decode(&body),
-            Encoding::Json => spans::decode_json(&body),
+        let inline = body.len() <= DECODE_INLINE_MAX;
+        // Decoded and handed on in one go, on the blocking pool for large
+        // requests (inserting many spans holds the index's lock a while).
+        let work = move || {
+            let decoded = match encoding {
+                Encoding::Protobuf => spans::decode(&body),
+                Encoding::Json => spans::decode_json(&body),
+            }?;
+            consumer.consume_spans(&decoded.spans);
+            Ok::<_, spans::DecodeError>(decoded)
         };
-        let decoded = if body_len_inline(&grant) {
+        let decoded = if inline {
             work()
         } else {
             tokio::task::spawn_blocking(work)
@@ -192,14 +189,36 @@ impl Handler {
                 .map_err(|e| OtlpError::Internal(format!("the decoding task failed: {e}")))?
         }
         .map_err(|e| OtlpError::BadRequest(e.0))?;
-        if decoded.spans.is_empty() && decoded.rejected > 0 {
-            return Err(OtlpError::BadRequest(decoded.error_message));
-        }
-        consumer.consume_spans(&decoded.spans);
         self.telemetry
             .spans(decoded.spans.len() as u64, decoded.rejected as u64);
         drop(grant);
+        if decoded.spans.is_empty() && decoded.rejected > 0 {
+            return Err(OtlpError::BadRequest(decoded.error_message));
+        }
         Ok(decoded.response())
+    }
+
+    /// Where spans go, or why this receiver takes none (checked before a
+    /// request's body is read).
+    pub fn span_consumer(&self) -> Result<&Arc<dyn SpanConsumer>, OtlpError> {
+        self.spans.as_ref().ok_or_else(|| {
+            OtlpError::NotServed(format!(
+                "receiver `{}` is in no traces pipeline, so it takes no traces; list it in a `traces` pipeline with a trace_link processor to feed its span index",
+                self.id
+            ))
+        })
+    }
+
+    /// Why this receiver takes no profiles, if it does not (checked before
+    /// a request's body is read).
+    pub fn takes_profiles(&self) -> Result<(), OtlpError> {
+        if self.takes_profiles {
+            return Ok(());
+        }
+        Err(OtlpError::NotServed(format!(
+            "receiver `{}` is in no profiles pipeline, so it takes no profiles; list it in one, or send profiles elsewhere",
+            self.id
+        )))
     }
 
     /// Hands one request's profiles to the pipeline, once.

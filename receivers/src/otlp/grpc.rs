@@ -105,6 +105,18 @@ impl Grpc {
                 .into_http();
             }
         };
+        // A signal this receiver has no pipeline for is refused before the
+        // message is read.
+        let served = if traces {
+            self.handler.span_consumer().map(|_| ())
+        } else {
+            self.handler.takes_profiles()
+        };
+        if let Err(error) = served {
+            let status = error.to_grpc();
+            self.handler.refused(&Refused::from(error));
+            return status.into_http();
+        }
         let outcome: Outcome = Arc::new(OnceLock::new());
         let read_timeout = self.settings.read_timeout;
         let req = req.map(|body| TimedBody {
@@ -203,7 +215,9 @@ impl tower::Service<tonic::Request<Raw>> for TraceExportService {
         let handler = self.handler.clone();
         Box::pin(async move {
             match handler
-                .export_spans(raw.bytes, Encoding::Protobuf, raw.grant)
+                // tonic bounded the message (max_recv_msg_size_mib); what
+                // it decodes to is bounded by the memory grant.
+                .export_spans(raw.bytes, Encoding::Protobuf, raw.grant, usize::MAX)
                 .await
             {
                 Ok(response) => Ok(tonic::Response::new(response)),

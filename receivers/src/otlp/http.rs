@@ -231,6 +231,13 @@ impl Http {
                 "unsupported Content-Type; send application/x-protobuf (or application/protobuf) or application/json".to_owned(),
             )
         })?;
+        // A signal this receiver has no pipeline for is refused before its
+        // body is read.
+        if traces {
+            self.handler.span_consumer()?;
+        } else {
+            self.handler.takes_profiles()?;
+        }
         let gzip = content_encoding_is_gzip(req.headers())?;
         let (parts, body) = req.into_parts();
         let origin = Origin {
@@ -267,7 +274,7 @@ impl Http {
         if traces {
             let response = self
                 .handler
-                .export_spans(body, media.encoding, grant)
+                .export_spans(body, media.encoding, grant, self.settings.max_decoded)
                 .await?;
             return Ok((media, Reply::Traces(response)));
         }

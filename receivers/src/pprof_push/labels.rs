@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use proflow_pipeline::model::{Labels, NAME_LABEL, SERVICE_NAME_LABEL, is_valid_label_name};
 
 /// `service_name` of a Push series that has none (Pyroscope's fallback).
-pub(crate) const UNKNOWN_SERVICE: &str = "unknown_service";
+pub(crate) use proflow_pipeline::model::UNKNOWN_SERVICE;
 /// Marks /ingest profiles as already delta, as Pyroscope does.
 pub(crate) const DELTA_LABEL: &str = "__delta__";
 /// The `spyName` of an /ingest request.
