@@ -136,6 +136,20 @@ fn per_profile(c: &mut Criterion) {
             &bytes,
         ),
         (
+            "labels_and_trace_id_label_with_index",
+            "output: [labels, trace_id_label]\nspan_index: {wait: 0s}\n",
+            false,
+            true,
+            &bytes,
+        ),
+        (
+            "labels_and_trace_id_label_with_index_uncompressed_input",
+            "output: [labels, trace_id_label]\nspan_index: {wait: 0s}\n",
+            false,
+            true,
+            &uncompressed,
+        ),
+        (
             "labels_with_index_uncompressed_input",
             "output: [labels]\nspan_index: {wait: 0s}\n",
             false,
