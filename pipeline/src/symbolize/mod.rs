@@ -258,9 +258,19 @@ impl Symbols {
             let path = self.opened(file.key, file.path, dwarf);
             result = self.resolve(&path, addr, debug);
         }
-        let lines = result.unwrap_or_else(|| self.empty.clone());
-        self.frames.insert((file.key.clone(), addr), lines.clone());
-        lines
+        match result {
+            Some(lines) => {
+                self.frames.insert((file.key.clone(), addr), lines.clone());
+                lines
+            }
+            // The file could not be read (its process ended before it was
+            // opened, say): not remembered, so the next process that maps
+            // the same file names the address.
+            None => {
+                self.close(file.key);
+                self.empty.clone()
+            }
+        }
     }
 
     fn resolve(&mut self, path: &Path, addr: Addr, debug_syms: bool) -> Option<Lines> {
