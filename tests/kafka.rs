@@ -87,6 +87,19 @@ fn files_by_seq(entries: &[IndexEntry]) -> BTreeMap<String, Vec<Vec<u8>>> {
     out
 }
 
+/// Waits until `p`'s log contains `text`.
+fn wait_log(p: &Proflow, text: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !p.log_text().contains(text) {
+        assert!(
+            Instant::now() < deadline,
+            "after {timeout:?} the log has no {text:?}\nlog:\n{}",
+            p.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Waits until `p` wrote files for at least `n` distinct `seq` labels.
 fn wait_distinct(p: &Proflow, n: usize, timeout: Duration) -> Vec<IndexEntry> {
     let deadline = Instant::now() + timeout;
@@ -198,18 +211,45 @@ fn a_consumer_killed_mid_stream_loses_nothing() {
     let group = peer_env::unique("g-");
     let first = producer(broker, &topic, "pprof");
     const N: usize = 400;
+    // The first record creates the topic; a consumer subscribed before that
+    // would see it only at its next metadata refresh, then read half the
+    // stream in one burst and be killed before its first commit. So the
+    // consumer starts once the topic exists, and the rest is pushed once it
+    // owns the partition: it reads along with the pushes and commits every
+    // 500 ms on the way.
+    push(&first, "kafka-kill", 0);
+    let deadline = Instant::now() + ARRIVAL_TIMEOUT;
+    while common::metric_sum(
+        &first.metrics(),
+        "proflow_exporter_sent_profiles_total",
+        &[("exporter", "kafka")],
+    ) < 1.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the first record was never produced\n{}",
+            first.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let mut second = consumer(broker, &topic, &group);
+    wait_log(&second, "partitions assigned", ARRIVAL_TIMEOUT);
     let pushing = {
         let url_first = &first;
         std::thread::scope(|s| {
             let h = s.spawn(move || {
-                for i in 0..N {
+                for i in 1..N {
                     push(url_first, "kafka-kill", i);
                     std::thread::sleep(Duration::from_millis(10));
                 }
             });
-            // Kill the consumer once it has written part of the stream.
+            // Kill the consumer once it has written part of the stream, and
+            // its commit timer (500 ms) has run several times since the
+            // first record it wrote.
+            wait_distinct(&second, 1, ARRIVAL_TIMEOUT);
+            let first_written = Instant::now();
             let before = wait_distinct(&second, N / 2, ARRIVAL_TIMEOUT);
+            std::thread::sleep(Duration::from_millis(1500).saturating_sub(first_written.elapsed()));
             second.sigkill();
             h.join().expect("pushing thread");
             files_by_seq(&before)
