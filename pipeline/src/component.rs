@@ -125,6 +125,11 @@ pub enum ConsumeError {
     /// The collector is stopping and takes no new data.
     #[error("the collector is shutting down")]
     ShuttingDown,
+    /// An exporter's persistent queue could not store the batch durably
+    /// (a full or failing disk). The batch is still queued in memory, but the
+    /// sender should retry, since it would not survive a restart.
+    #[error("exporter `{exporter}` could not store the profiles on disk: {error}")]
+    NotStored { exporter: String, error: String },
 }
 
 /// How a receiver wants to be held back when an exporter queue with

@@ -28,6 +28,9 @@ use tokio::sync::oneshot;
 pub enum Outcome {
     /// The exporter delivered them.
     Delivered,
+    /// A persistent exporter queue stored them durably: it sends them,
+    /// across restarts, without the receiver having to wait.
+    Stored,
     /// The exporter's peer refused them for good, or retries ran out.
     Failed,
     /// A full `drop_newest` queue dropped them.
@@ -43,6 +46,8 @@ pub enum Outcome {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeliveryReport {
     pub delivered: usize,
+    /// Copies a persistent queue keeps on disk (sent later, restarts included).
+    pub stored: usize,
     pub failed: usize,
     pub dropped: usize,
     pub filtered: usize,
@@ -53,6 +58,7 @@ impl DeliveryReport {
     fn add(&mut self, outcome: Outcome, n: usize) {
         let slot = match outcome {
             Outcome::Delivered => &mut self.delivered,
+            Outcome::Stored => &mut self.stored,
             Outcome::Failed => &mut self.failed,
             Outcome::Dropped => &mut self.dropped,
             Outcome::Filtered => &mut self.filtered,
@@ -63,10 +69,11 @@ impl DeliveryReport {
 
     /// Copies accounted for.
     pub fn total(&self) -> usize {
-        self.delivered + self.failed + self.dropped + self.filtered + self.abandoned
+        self.delivered + self.stored + self.failed + self.dropped + self.filtered + self.abandoned
     }
 
-    /// True when no copy was lost: each was delivered or deliberately filtered.
+    /// True when no copy was lost: each was delivered, stored by a persistent
+    /// queue, or deliberately filtered.
     pub fn is_complete(&self) -> bool {
         self.failed == 0 && self.dropped == 0 && self.abandoned == 0
     }

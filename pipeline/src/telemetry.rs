@@ -50,6 +50,12 @@ pub struct Telemetry {
     exporter_queue_profiles: Gauges,
     exporter_queue_bytes: Gauges,
     exporter_send_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
+    exporter_queue_stored_bytes: Gauges,
+    exporter_queue_stored_records: Gauges,
+    exporter_queue_replayed_records: Counters,
+    exporter_queue_corrupt: Counters,
+    exporter_queue_storage_errors: Counters,
+    exporter_queue_fsync_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
     memory_in_flight_bytes: Gauge,
     memory_limit_bytes: Gauge,
     conversions: Counters,
@@ -189,6 +195,36 @@ impl Telemetry {
             exporter_send_duration: family!(
                 "exporter_send_duration_seconds",
                 "Time one export attempt took",
+                new_histograms()
+            ),
+            exporter_queue_stored_bytes: family!(
+                "exporter_queue_stored_bytes",
+                "Bytes of an exporter's persistent queue files (sending_queue.storage)",
+                Gauges::default()
+            ),
+            exporter_queue_stored_records: family!(
+                "exporter_queue_stored_records",
+                "Records in an exporter's persistent queue not yet finished",
+                Gauges::default()
+            ),
+            exporter_queue_replayed_records: family!(
+                "exporter_queue_replayed_records",
+                "Records a persistent queue found unfinished when it opened, sent again",
+                Counters::default()
+            ),
+            exporter_queue_corrupt: family!(
+                "exporter_queue_corrupt",
+                "Damaged stretches of a persistent queue's files found when it opened and skipped",
+                Counters::default()
+            ),
+            exporter_queue_storage_errors: family!(
+                "exporter_queue_storage_errors",
+                "Writes or syncs of a persistent queue that failed",
+                Counters::default()
+            ),
+            exporter_queue_fsync_duration: family!(
+                "exporter_queue_fsync_duration_seconds",
+                "Time one sync of a persistent queue took",
                 new_histograms()
             ),
             memory_in_flight_bytes: family!(
@@ -902,6 +938,46 @@ impl ExporterTelemetry {
             .exporter_queue_bytes
             .get_or_create(&self.id)
             .set(bytes as i64);
+    }
+
+    /// A persistent queue's files: bytes, and records not yet finished.
+    pub fn queue_stored(&self, bytes: u64, records: u64) {
+        self.t
+            .exporter_queue_stored_bytes
+            .get_or_create(&self.id)
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.t
+            .exporter_queue_stored_records
+            .get_or_create(&self.id)
+            .set(i64::try_from(records).unwrap_or(i64::MAX));
+    }
+
+    pub fn queue_replayed(&self, records: u64) {
+        self.t
+            .exporter_queue_replayed_records
+            .get_or_create(&self.id)
+            .inc_by(records);
+    }
+
+    pub fn queue_corrupt(&self, n: u64) {
+        self.t
+            .exporter_queue_corrupt
+            .get_or_create(&self.id)
+            .inc_by(n);
+    }
+
+    pub fn queue_storage_error(&self) {
+        self.t
+            .exporter_queue_storage_errors
+            .get_or_create(&self.id)
+            .inc();
+    }
+
+    pub fn queue_fsync(&self, seconds: f64) {
+        self.t
+            .exporter_queue_fsync_duration
+            .get_or_create(&self.id)
+            .observe(seconds);
     }
 
     pub fn send_duration(&self, seconds: f64) {

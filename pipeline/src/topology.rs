@@ -547,10 +547,15 @@ impl Consumer for Fanout {
         // Counted only now that the batch is accepted: a refused batch dropped nothing.
         let mut filtered_share = ack.share(filtered);
         filtered_share.report(Outcome::Filtered, filtered);
+        let mut stores = Vec::new();
         for (t, r) in targets.into_iter().zip(reserved) {
             let share = ack.share(t.envelopes.len());
             match r {
-                Some(r) => t.queue.push(r, t.envelopes, meta.clone(), share),
+                Some(r) => {
+                    if let Some(wait) = t.queue.push(r, t.envelopes, meta.clone(), share) {
+                        stores.push((t.queue.id().to_owned(), wait));
+                    }
+                }
                 None => {
                     t.queue.dropped_full(t.envelopes.len());
                     share.resolve(Outcome::Dropped);
@@ -558,6 +563,16 @@ impl Consumer for Fanout {
             }
         }
         ack.retire();
+        // Accepted only once every persistent queue holds it durably.
+        let results = futures_util::future::join_all(
+            stores
+                .into_iter()
+                .map(|(id, w)| async move { w.wait().await.map_err(|e| (id, e)) }),
+        )
+        .await;
+        if let Some((exporter, error)) = results.into_iter().find_map(Result::err) {
+            return Err(ConsumeError::NotStored { exporter, error });
+        }
         Ok(())
     }
 }
@@ -620,12 +635,14 @@ impl Plan {
             let exporter = config
                 .build(&c)
                 .map_err(|e| BuildError::new(format!("exporter `{id}`: {e}")))?;
-            let queue = ExporterQueue::new(
+            let queue = ExporterQueue::open(
                 id.clone(),
                 config.queue(),
                 config.retry(),
                 c.exporter_telemetry(),
-            );
+            )
+            .map_err(|e| BuildError::new(format!("exporter `{id}`: sending_queue.storage: {e}")))?;
+            queue.spawn_storage(abort.clone());
             let tasks = queue.spawn_consumers(exporter.clone(), abort.clone());
             queues.insert(id.clone(), queue.clone());
             exporters.push(RunningExporter {
@@ -1651,6 +1668,7 @@ mod tests {
             report,
             DeliveryReport {
                 delivered: 2,
+                stored: 0,
                 failed: 2,
                 dropped: 3,
                 filtered: 1,

@@ -552,6 +552,16 @@ impl Shared {
                 error: IngestError::ShuttingDown,
                 profiles,
             }),
+            // A persistent queue could not store it: retried like a full queue.
+            Err(ConsumeError::NotStored { exporter, error }) => Err(Refused {
+                error: IngestError::Backpressure {
+                    retry_after: std::time::Duration::from_secs(5),
+                    detail: format!(
+                        "exporter `{exporter}` could not store the profiles on disk ({error}); retry later"
+                    ),
+                },
+                profiles,
+            }),
         }
     }
 

@@ -7,6 +7,17 @@
 //! Every queued batch carries its share of the acknowledgement
 //! ([`Ack`]); the consumer resolves it with the export's outcome, per profile
 //! when the exporter reports a partial failure.
+//!
+//! With `storage` ([`storage`]) the queue is persistent: each admitted batch
+//! is written to disk as one record and its share resolves as
+//! [`Outcome::Stored`] once the record is durable; the queue then bounds the
+//! records on disk (`storage.max_size`) instead of memory, keeps a batch's
+//! decoded form in memory only while `queue_size` and `max_bytes` allow (the
+//! rest is read back from disk when sent), and acknowledges the record on disk
+//! once its export ended. Records left when the collector stopped are sent
+//! first after the next start.
+
+pub mod storage;
 
 use proflow_config::{ByteSize, Duration};
 use serde::Deserialize;
@@ -22,6 +33,7 @@ use crate::component::{ErrorClass, ExportError, Exporter, FieldError};
 use crate::delivery::{Ack, Outcome};
 use crate::model::{BatchMeta, Envelope, ExportBatch};
 use crate::telemetry::ExporterTelemetry;
+use storage::{Durable, RecordId, StorageSettings, Store};
 
 /// What to do with a batch when an exporter's queue is full.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -78,6 +90,8 @@ pub struct QueueSettings {
     pub num_consumers: usize,
     /// How each send is gathered from the queue.
     pub batch: BatchSettings,
+    /// Keep the queue on disk: `{directory, max_size, fsync}`. Off by default.
+    pub storage: Option<StorageSettings>,
 }
 
 impl Default for QueueSettings {
@@ -88,6 +102,7 @@ impl Default for QueueSettings {
             when_full: WhenFull::DropNewest,
             num_consumers: 4,
             batch: BatchSettings::default(),
+            storage: None,
         }
     }
 }
@@ -178,6 +193,9 @@ pub fn queue_problems(queue: &QueueSettings, retry: &RetrySettings) -> Vec<Field
             ),
         ));
     }
+    if let Some(storage) = &queue.storage {
+        problems.extend(storage.problems());
+    }
     if retry.initial_interval > retry.max_interval {
         problems.push(FieldError::new(
             "retry_on_failure.max_interval",
@@ -201,6 +219,11 @@ struct State {
     reservations: usize,
     /// Bytes admitted and not yet finished.
     bytes: usize,
+    /// Profiles admitted and not yet finished that have a record on disk.
+    stored: usize,
+    /// Profiles and bytes of the waiting items of a persistent queue whose
+    /// batch is kept in memory (bounded by `queue_size` / `max_bytes`).
+    resident: (usize, usize),
     closed: bool,
     /// Profiles dropped since the queue last had room: a drop episode is
     /// logged once when it starts and once when it ends.
@@ -209,34 +232,44 @@ struct State {
 
 #[derive(Debug)]
 struct Item {
-    envelopes: Vec<Envelope>,
-    meta: Arc<BatchMeta>,
+    /// The batch; `None` for one only on disk (read back when sent).
+    body: Option<(Vec<Envelope>, Arc<BatchMeta>)>,
+    profiles: usize,
     ack: Ack,
     bytes: usize,
+    /// Its record, in a persistent queue.
+    record: Option<RecordId>,
+}
+
+/// One gathered item's part of a send.
+struct Part {
+    /// Profiles of it in the batch.
+    len: usize,
+    ack: Ack,
+    record: Option<RecordId>,
 }
 
 /// What one consumer took from the queue for one send.
 struct Taken {
     batch: ExportBatch,
-    /// The ack share of each gathered item, with how many profiles it covers,
-    /// in batch order.
-    acks: Vec<(usize, Ack)>,
+    /// Each gathered item's part, in batch order.
+    parts: Vec<Part>,
+    /// Profiles taken (including any whose record could not be read).
+    profiles: usize,
     bytes: usize,
+    /// Profiles taken that had a record on disk.
+    stored: usize,
 }
 
 impl Taken {
     fn new() -> Self {
         Taken {
             batch: ExportBatch::new(),
-            acks: Vec::new(),
+            parts: Vec::new(),
+            profiles: 0,
             bytes: 0,
+            stored: 0,
         }
-    }
-
-    fn add(&mut self, item: Item) {
-        self.acks.push((item.envelopes.len(), item.ack));
-        self.bytes += item.bytes;
-        self.batch.push(item.envelopes, item.meta);
     }
 }
 
@@ -286,6 +319,35 @@ pub struct ExporterQueue {
     /// one that waits is the only one a push must wake.
     gathering: tokio::sync::Mutex<()>,
     telemetry: ExporterTelemetry,
+    /// The disk half of a persistent queue.
+    store: Option<Arc<Store>>,
+}
+
+/// What a receiver waits for before a batch pushed into a persistent queue
+/// counts as accepted: its record being durable.
+#[must_use = "the batch counts as stored only once this resolved"]
+pub struct StoreWait {
+    store: Arc<Store>,
+    durable: Durable,
+    share: Ack,
+}
+
+impl StoreWait {
+    /// Waits until the record is durable and resolves the batch's share as
+    /// stored; an error says why it is not (the batch is still queued in
+    /// memory and sent if it can be, but not kept across a restart).
+    pub async fn wait(self) -> Result<(), String> {
+        let StoreWait {
+            store,
+            durable,
+            share,
+        } = self;
+        let r = store.durable(durable).await;
+        if r.is_ok() {
+            share.resolve(Outcome::Stored);
+        }
+        r
+    }
 }
 
 impl std::fmt::Debug for ExporterQueue {
@@ -297,6 +359,8 @@ impl std::fmt::Debug for ExporterQueue {
 }
 
 impl ExporterQueue {
+    /// A queue in memory (`settings.storage` is not looked at; see
+    /// [`ExporterQueue::open`]).
     pub fn new(
         id: impl Into<String>,
         settings: QueueSettings,
@@ -312,7 +376,49 @@ impl ExporterQueue {
             space: Notify::new(),
             gathering: tokio::sync::Mutex::new(()),
             telemetry,
+            store: None,
         })
+    }
+
+    /// The queue `settings` describe: in memory, or persistent with its
+    /// unfinished records (from before a restart) queued first.
+    pub fn open(
+        id: impl Into<String>,
+        settings: QueueSettings,
+        retry: RetrySettings,
+        telemetry: ExporterTelemetry,
+    ) -> Result<Arc<Self>, String> {
+        let id = id.into();
+        let Some(storage) = &settings.storage else {
+            return Ok(ExporterQueue::new(id, settings, retry, telemetry));
+        };
+        let (store, replay) = Store::open(storage, &id, telemetry.clone())?;
+        let mut state = State::default();
+        for r in replay {
+            let bytes = r.id.len as usize;
+            state.profiles += r.profiles;
+            state.bytes += bytes;
+            state.stored += r.profiles;
+            state.items.push_back(Item {
+                body: None,
+                profiles: r.profiles,
+                ack: Ack::none(),
+                bytes,
+                record: Some(r.id),
+            });
+        }
+        telemetry.queue_level(state.profiles, state.bytes);
+        Ok(Arc::new(ExporterQueue {
+            id,
+            settings,
+            retry,
+            state: Mutex::new(state),
+            available: Notify::new(),
+            space: Notify::new(),
+            gathering: tokio::sync::Mutex::new(()),
+            telemetry,
+            store: Some(store),
+        }))
     }
 
     pub fn id(&self) -> &str {
@@ -357,10 +463,18 @@ impl ExporterQueue {
     /// Whether a batch of `profiles` and `bytes` may be admitted now: it fits,
     /// or it is larger than the whole queue and nothing is waiting.
     fn admits(&self, s: &State, profiles: usize, bytes: usize) -> bool {
-        let fits = s.profiles + profiles <= self.settings.queue_size
-            && s.bytes + bytes <= self.settings.max_bytes.as_usize();
-        let oversized =
-            profiles > self.settings.queue_size || bytes > self.settings.max_bytes.as_usize();
+        let (fits, oversized) = match &self.settings.storage {
+            // On disk only the bytes of the records are bounded.
+            Some(storage) => {
+                let max = usize::try_from(storage.max_size.bytes()).unwrap_or(usize::MAX);
+                (s.bytes + bytes <= max, bytes > max)
+            }
+            None => (
+                s.profiles + profiles <= self.settings.queue_size
+                    && s.bytes + bytes <= self.settings.max_bytes.as_usize(),
+                profiles > self.settings.queue_size || bytes > self.settings.max_bytes.as_usize(),
+            ),
+        };
         fits || (oversized && s.items.is_empty() && s.reservations == 0)
     }
 
@@ -391,26 +505,81 @@ impl ExporterQueue {
         self.space.notify_waiters();
     }
 
-    /// Puts a batch into the queue under its reservation.
-    pub fn push(&self, r: Reservation, envelopes: Vec<Envelope>, meta: Arc<BatchMeta>, ack: Ack) {
-        let n = envelopes.len() as u64;
+    /// Puts a batch into the queue under its reservation. A persistent
+    /// queue writes its record first and returns what to wait for before the
+    /// batch counts as stored (`ack` resolves then).
+    pub fn push(
+        &self,
+        r: Reservation,
+        envelopes: Vec<Envelope>,
+        meta: Arc<BatchMeta>,
+        ack: Ack,
+    ) -> Option<StoreWait> {
+        let n = envelopes.len();
+        // Sizes are counted by the reservation; the batch must be the one reserved for.
+        debug_assert_eq!(r.profiles, n);
+        let (record, wait, ack) = match &self.store {
+            None => (None, None, ack),
+            Some(store) => match storage::record::encode(&envelopes, &meta) {
+                Ok(bytes) => {
+                    let (record, durable) = store.append(&bytes);
+                    match record {
+                        // Stored (or about to be): the share waits for durability.
+                        Some(id) => (
+                            Some(id),
+                            Some(StoreWait {
+                                store: store.clone(),
+                                durable,
+                                share: ack,
+                            }),
+                            Ack::none(),
+                        ),
+                        // Not written: kept in memory like a memory queue's batch,
+                        // and the sender is told it is not stored.
+                        None => (
+                            None,
+                            Some(StoreWait {
+                                store: store.clone(),
+                                durable,
+                                share: Ack::none(),
+                            }),
+                            ack,
+                        ),
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(exporter = %self.id, error = %e, "a batch that cannot be written to the persistent queue is kept in memory only");
+                    (None, None, ack)
+                }
+            },
+        };
         {
             let mut s = self.lock();
-            // Sizes are counted by the reservation; the batch must be the one reserved for.
-            debug_assert_eq!(r.profiles, envelopes.len());
             s.reservations -= 1;
+            let resident = record.is_none()
+                || (s.resident.0 + n <= self.settings.queue_size
+                    && s.resident.1 + r.bytes <= self.settings.max_bytes.as_usize());
+            if record.is_some() {
+                s.stored += n;
+                if resident {
+                    s.resident.0 += n;
+                    s.resident.1 += r.bytes;
+                }
+            }
             s.items.push_back(Item {
-                envelopes,
-                meta,
+                body: resident.then_some((envelopes, meta)),
+                profiles: n,
                 ack,
                 bytes: r.bytes,
+                record,
             });
             self.telemetry.queue_level(s.profiles, s.bytes);
         }
-        self.telemetry.enqueued(n);
+        self.telemetry.enqueued(n as u64);
         // Only the gathering consumer waits here (see `gathering`), so one
         // permit always reaches the consumer that needs it.
         self.available.notify_one();
+        wait
     }
 
     /// Waits until `profiles`/`bytes` might fit: returns after capacity was
@@ -445,7 +614,7 @@ impl ExporterQueue {
     /// ack reports it abandoned. Returns the profiles removed.
     fn abandon_queued(&self) -> usize {
         let items: Vec<Item> = self.lock().items.drain(..).collect();
-        let n = items.iter().map(|i| i.envelopes.len()).sum();
+        let n = items.iter().map(|i| i.profiles).sum();
         for item in items {
             item.ack.resolve(Outcome::Abandoned);
         }
@@ -457,9 +626,16 @@ impl ExporterQueue {
     /// up to `batch.flush_timeout` for more. `None` once the queue is closed,
     /// drained and no reservation is outstanding.
     async fn next_batch(&self) -> Option<Taken> {
+        let items = self.gather().await?;
+        Some(self.load(items).await)
+    }
+
+    /// Takes the items of the next send (see [`ExporterQueue::next_batch`]).
+    async fn gather(&self) -> Option<Vec<Item>> {
         let _gathering = self.gathering.lock().await;
         let batch = &self.settings.batch;
-        let mut taken = Taken::new();
+        let mut taken: Vec<Item> = Vec::new();
+        let (mut profiles, mut bytes) = (0, 0);
         let mut deadline = None;
         loop {
             let notified = self.available.notified();
@@ -468,19 +644,25 @@ impl ExporterQueue {
             {
                 let mut s = self.lock();
                 while let Some(front) = s.items.front() {
-                    let full = taken.batch.len() + front.envelopes.len() > batch.max_profiles
-                        || taken.bytes + front.bytes > batch.max_bytes.as_usize();
-                    if full && !taken.batch.is_empty() {
+                    let full = profiles + front.profiles > batch.max_profiles
+                        || bytes + front.bytes > batch.max_bytes.as_usize();
+                    if full && !taken.is_empty() {
                         return Some(taken);
                     }
                     let Some(item) = s.items.pop_front() else {
                         break;
                     };
-                    taken.add(item);
+                    if item.record.is_some() && item.body.is_some() {
+                        s.resident.0 -= item.profiles;
+                        s.resident.1 -= item.bytes;
+                    }
+                    profiles += item.profiles;
+                    bytes += item.bytes;
+                    taken.push(item);
                 }
-                if !taken.batch.is_empty() {
-                    let full = taken.batch.len() >= batch.max_profiles
-                        || taken.bytes >= batch.max_bytes.as_usize();
+                if !taken.is_empty() {
+                    let full =
+                        profiles >= batch.max_profiles || bytes >= batch.max_bytes.as_usize();
                     if full || s.closed || batch.flush_timeout.is_zero() {
                         return Some(taken);
                     }
@@ -491,7 +673,7 @@ impl ExporterQueue {
                     return None;
                 }
             }
-            if taken.batch.is_empty() {
+            if taken.is_empty() {
                 notified.await;
                 continue;
             }
@@ -504,20 +686,101 @@ impl ExporterQueue {
         }
     }
 
-    /// Counts a finished send, resolves its acks and frees its capacity.
+    /// The send of the gathered items: batches kept in memory as they are,
+    /// the others read back from disk. A record that cannot be read is
+    /// counted as failed and finished (it would fail again).
+    async fn load(&self, items: Vec<Item>) -> Taken {
+        let mut taken = Taken::new();
+        let unread: Vec<RecordId> = items
+            .iter()
+            .filter(|i| i.body.is_none())
+            .filter_map(|i| i.record)
+            .collect();
+        let mut read = match (&self.store, unread.is_empty()) {
+            (Some(store), false) => {
+                let store = store.clone();
+                tokio::task::spawn_blocking(move || {
+                    unread
+                        .into_iter()
+                        .map(|id| {
+                            store.read(id).and_then(|bytes| {
+                                storage::record::decode(&bytes::Bytes::from(bytes))
+                            })
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .await
+                .unwrap_or_default()
+                .into_iter()
+            }
+            _ => Vec::new().into_iter(),
+        };
+        for item in items {
+            taken.profiles += item.profiles;
+            taken.bytes += item.bytes;
+            if item.record.is_some() {
+                taken.stored += item.profiles;
+            }
+            let body = match item.body {
+                Some(body) => Ok(body),
+                None => read
+                    .next()
+                    .unwrap_or_else(|| Err("the record was not read".to_owned())),
+            };
+            match body {
+                Ok((envelopes, meta)) => {
+                    taken.parts.push(Part {
+                        len: envelopes.len(),
+                        ack: item.ack,
+                        record: item.record,
+                    });
+                    taken.batch.push(envelopes, meta);
+                }
+                Err(e) => {
+                    tracing::error!(exporter = %self.id, error = %e, profiles = item.profiles, "a record of the persistent queue cannot be read back; its profiles are lost (counted as failed, reason queue_read)");
+                    self.telemetry.failed("queue_read", item.profiles as u64);
+                    if let (Some(store), Some(id)) = (&self.store, item.record) {
+                        store.ack(id);
+                    }
+                    item.ack.resolve(Outcome::Failed);
+                }
+            }
+        }
+        taken
+    }
+
+    /// Counts a finished send, resolves its acks, finishes its records and
+    /// frees its capacity.
     fn finish(&self, taken: Taken, sent: Sent) {
         let Taken {
             batch,
-            mut acks,
+            parts,
+            profiles: taken_profiles,
             bytes,
+            stored,
         } = taken;
         let profiles = batch.len();
+        let mut acks: Vec<(usize, Ack)> = Vec::with_capacity(parts.len());
+        let mut records = Vec::new();
+        for p in parts {
+            acks.push((p.len, p.ack));
+            records.extend(p.record);
+        }
+        if !matches!(sent, Sent::Abandoned)
+            && let Some(store) = &self.store
+        {
+            for id in records {
+                store.ack(id);
+            }
+        }
         match sent {
             // Not finished: it stays counted for the shutdown report, and
             // dropping `acks` reports it abandoned.
             Sent::Abandoned => return,
             Sent::All => {
-                self.telemetry.sent(profiles as u64, bytes as u64);
+                if profiles > 0 {
+                    self.telemetry.sent(profiles as u64, bytes as u64);
+                }
                 for (_, ack) in acks {
                     ack.resolve(Outcome::Delivered);
                 }
@@ -554,8 +817,9 @@ impl ExporterQueue {
         }
         {
             let mut s = self.lock();
-            s.profiles -= profiles;
+            s.profiles -= taken_profiles;
             s.bytes -= bytes;
+            s.stored -= stored;
             self.telemetry.queue_level(s.profiles, s.bytes);
         }
         self.space.notify_waiters();
@@ -582,6 +846,11 @@ impl ExporterQueue {
                             _ = abort.cancelled() => None,
                         };
                         let Some(taken) = taken else { break };
+                        if taken.batch.is_empty() {
+                            // Every record of it failed to read (counted).
+                            q.finish(taken, Sent::All);
+                            continue;
+                        }
                         // A panicking exporter must not kill the consumer without
                         // finishing the batch: its queue would stay full forever.
                         let send = std::panic::AssertUnwindSafe(q.send_with_retry(
@@ -702,10 +971,25 @@ impl ExporterQueue {
     /// delivered (queued, or in flight when the consumers were aborted).
     pub fn abandon(&self) -> usize {
         self.abandon_queued();
-        let (left, _) = self.level();
-        if left > 0 {
-            self.telemetry.dropped("shutdown", left as u64);
+        let (left, stored) = {
+            let s = self.lock();
+            (s.profiles, s.stored)
+        };
+        if stored > 0 {
+            tracing::info!(exporter = %self.id, profiles = stored, "profiles not yet sent stay in the persistent queue; they are sent after the next start");
         }
-        left
+        let lost = left - stored;
+        if lost > 0 {
+            self.telemetry.dropped("shutdown", lost as u64);
+        }
+        lost
+    }
+
+    /// Starts the group commit of a persistent queue with `fsync: batch`
+    /// (it ends with `stop`).
+    pub fn spawn_storage(&self, stop: CancellationToken) {
+        if let Some(store) = &self.store {
+            tokio::spawn(store.clone().group_commit(stop));
+        }
     }
 }

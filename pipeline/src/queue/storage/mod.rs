@@ -1,0 +1,611 @@
+//! The persistent half of an exporter queue (`sending_queue.storage`):
+//! every batch the queue admits is written as one checksummed record to a
+//! segment file before its receiver is told it was accepted, and a record is
+//! acknowledged on disk once its export ended (delivered, or refused for
+//! good). After a restart the records not acknowledged are sent again, in
+//! order, before new ones.
+//!
+//! - Durability ([`Fsync`]): `always` syncs each record before answering,
+//!   `batch` (default) syncs at most every 100 ms for everything written
+//!   since (group commit), `never` leaves it to the kernel (survives the
+//!   process being killed, not the machine losing power).
+//! - Damage (a torn tail after `kill -9` or power loss, flipped bytes) is
+//!   found by the checksums when the queue opens: counted, logged once per
+//!   segment with the offset, and stepped over; every intact record is kept.
+//! - A segment is deleted once every record in it is acknowledged and a newer
+//!   segment is being written.
+//! - One process owns a directory at a time (an exclusive lock on
+//!   `lock`), so two collectors never interleave records.
+//!
+//! File layouts are in [`segment`] and [`record`].
+
+pub mod record;
+pub mod segment;
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use proflow_config::ByteSize;
+use serde::Deserialize;
+use tokio::sync::{Notify, watch};
+
+use crate::component::FieldError;
+use crate::telemetry::ExporterTelemetry;
+
+/// When a written record counts as stored.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Fsync {
+    /// Group commit: one sync at most every 100 ms covers every record
+    /// written since; a receiver waits at most that long for its answer.
+    #[default]
+    Batch,
+    /// Sync each record before its receiver is answered.
+    Always,
+    /// Never sync: records survive the process being killed (they are in
+    /// the kernel's page cache), not a power loss.
+    Never,
+}
+
+/// The longest a `batch` sync waits to gather writes.
+pub const GROUP_COMMIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// `sending_queue.storage`: a persistent queue in a directory.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSettings {
+    /// Where the segment files go; each exporter gets a folder in it named
+    /// after its id. Must be on a local file system that keeps what was
+    /// synced (not tmpfs, if restarts of the machine must be survived).
+    pub directory: PathBuf,
+    /// Most bytes of records the queue keeps; then `when_full` applies.
+    #[serde(default = "default_max_size")]
+    pub max_size: ByteSize,
+    /// `batch` (default), `always` or `never`.
+    #[serde(default)]
+    pub fsync: Fsync,
+}
+
+fn default_max_size() -> ByteSize {
+    ByteSize::mib(1024)
+}
+
+impl StorageSettings {
+    /// Every problem, with paths relative to the exporter's body.
+    pub fn problems(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        if self.directory.as_os_str().is_empty() {
+            out.push(FieldError::new(
+                "sending_queue.storage.directory",
+                "must name a directory, such as /var/lib/proflow/queue",
+            ));
+        }
+        if self.max_size.bytes() < MIN_SIZE {
+            out.push(FieldError::new(
+                "sending_queue.storage.max_size",
+                format!("must be at least 1MiB (got {})", self.max_size),
+            ));
+        }
+        out
+    }
+
+    /// The folder of exporter `id`: its id with every character other than
+    /// letters, digits, `-`, `_` and `.` written as `~XX` (hex), so distinct
+    /// ids never share a folder.
+    pub fn folder(&self, id: &str) -> PathBuf {
+        let mut name = String::with_capacity(id.len());
+        for b in id.bytes() {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
+                name.push(char::from(b));
+            } else {
+                name.push_str(&format!("~{b:02x}"));
+            }
+        }
+        self.directory.join(name)
+    }
+}
+
+const MIN_SIZE: u64 = 1 << 20;
+
+/// A record's place on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordId {
+    pub segment: u64,
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// A record found when the queue opened, not yet acknowledged.
+#[derive(Debug, Clone, Copy)]
+pub struct Replay {
+    pub id: RecordId,
+    pub profiles: usize,
+}
+
+#[derive(Debug)]
+struct Segment {
+    /// Records written or found and not yet acknowledged.
+    live: u64,
+    /// The file's length.
+    bytes: u64,
+    /// Its acknowledgement file, opened on first use.
+    acks: Option<File>,
+}
+
+struct Writer {
+    segment: u64,
+    file: File,
+    len: u64,
+}
+
+struct Inner {
+    writer: Writer,
+    segments: BTreeMap<u64, Segment>,
+    /// Records written so far (the sequence `synced` is compared with).
+    written: u64,
+    /// Bytes of every segment file.
+    disk_bytes: u64,
+}
+
+/// One exporter's persistent queue files.
+pub struct Store {
+    dir: PathBuf,
+    fsync: Fsync,
+    segment_bytes: u64,
+    inner: Mutex<Inner>,
+    /// The highest `written` count known durable.
+    synced: watch::Sender<u64>,
+    /// Wakes the group-commit task.
+    dirty: Notify,
+    telemetry: ExporterTelemetry,
+    _lock: File,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Waits until a written record is durable per the fsync policy.
+pub enum Durable {
+    Now,
+    /// Wait until `synced` reaches this count.
+    Batch(u64),
+    /// Sync this file (`always`).
+    Sync(File),
+    /// The write failed.
+    Failed(String),
+}
+
+impl Store {
+    /// Opens (or creates) exporter `id`'s folder, scans what is there and
+    /// returns the records to send again, in order. Damage is counted and
+    /// logged, never fatal; a folder another process holds is.
+    pub fn open(
+        settings: &StorageSettings,
+        id: &str,
+        telemetry: ExporterTelemetry,
+    ) -> Result<(Arc<Store>, Vec<Replay>), String> {
+        let dir = settings.folder(id);
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            format!(
+                "cannot create the queue directory {}: {e}; create it or give proflow write access",
+                dir.display()
+            )
+        })?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("lock"))
+            .map_err(|e| format!("cannot open {}: {e}", dir.join("lock").display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(format!(
+                    "another process is using the queue directory {}; give each collector its own sending_queue.storage.directory",
+                    dir.display()
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(format!("cannot lock {}: {e}", dir.join("lock").display()));
+            }
+        }
+        let max_size = settings.max_size.bytes();
+        let segment_bytes = (max_size / 8).clamp(MIN_SIZE, 64 << 20);
+        let max_record = u32::try_from(max_size).unwrap_or(u32::MAX);
+        let numbers =
+            segment::list(&dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+        let mut segments = BTreeMap::new();
+        let mut replay = Vec::new();
+        let mut disk_bytes = 0;
+        let (mut corrupt, mut acked_seen) = (0u64, 0u64);
+        for &n in &numbers {
+            let path = segment::segment_path(&dir, n);
+            let scan = segment::scan(&path, max_record)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            for d in &scan.damage {
+                corrupt += 1;
+                tracing::warn!(segment = %path.display(), offset = d.offset, skipped_bytes = d.skipped, "damaged bytes in the persistent queue (a torn write after a crash, or a bad disk); skipped, every intact record is kept (counted in proflow_exporter_queue_corrupt_total)");
+            }
+            let acks = segment::read_acks(&dir, n);
+            let mut live = 0;
+            if !scan.records.is_empty() {
+                let mut file = File::open(&path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                for f in &scan.records {
+                    if acks.contains(&f.offset) {
+                        acked_seen += 1;
+                        continue;
+                    }
+                    // The record passed the scan; read its profile count.
+                    let head = segment::read_record(&mut file, f.offset, f.len)
+                        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                    match record::profiles(&head) {
+                        Ok(profiles) => {
+                            live += 1;
+                            replay.push(Replay {
+                                id: RecordId {
+                                    segment: n,
+                                    offset: f.offset,
+                                    len: f.len,
+                                },
+                                profiles,
+                            });
+                        }
+                        Err(e) => {
+                            corrupt += 1;
+                            tracing::warn!(segment = %path.display(), offset = f.offset, error = %e, "a queue record this proflow cannot read; skipped");
+                        }
+                    }
+                }
+            }
+            if live == 0 {
+                remove(&dir, n);
+                continue;
+            }
+            disk_bytes += scan.len;
+            segments.insert(
+                n,
+                Segment {
+                    live,
+                    bytes: scan.len,
+                    acks: None,
+                },
+            );
+        }
+        if !replay.is_empty() || corrupt > 0 {
+            tracing::info!(directory = %dir.display(), records = replay.len(), profiles = replay.iter().map(|r| r.profiles).sum::<usize>(), acknowledged = acked_seen, damaged = corrupt, "persistent queue opened: sending what was left before new profiles");
+        }
+        telemetry.queue_corrupt(corrupt);
+        telemetry.queue_replayed(replay.len() as u64);
+        let next = numbers.last().map_or(1, |n| n + 1);
+        let writer = new_segment(&dir, next)?;
+        disk_bytes += writer.len;
+        segments.insert(
+            next,
+            Segment {
+                live: 0,
+                bytes: writer.len,
+                acks: None,
+            },
+        );
+        let (synced, _) = watch::channel(0);
+        let store = Arc::new(Store {
+            dir,
+            fsync: settings.fsync,
+            segment_bytes,
+            inner: Mutex::new(Inner {
+                writer,
+                segments,
+                written: 0,
+                disk_bytes,
+            }),
+            synced,
+            dirty: Notify::new(),
+            telemetry,
+            _lock: lock,
+        });
+        store.report();
+        Ok((store, replay))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Appends one record. Returns where it is and what to wait for before
+    /// it counts as stored.
+    pub fn append(&self, record: &[u8]) -> (Option<RecordId>, Durable) {
+        let mut inner = self.lock();
+        match self.append_locked(&mut inner, record) {
+            Ok(id) => {
+                inner.written += 1;
+                let durable = match self.fsync {
+                    Fsync::Never => Durable::Now,
+                    Fsync::Batch => Durable::Batch(inner.written),
+                    Fsync::Always => match inner.writer.file.try_clone() {
+                        Ok(f) => Durable::Sync(f),
+                        Err(e) => Durable::Failed(e.to_string()),
+                    },
+                };
+                drop(inner);
+                if matches!(durable, Durable::Batch(_)) {
+                    self.dirty.notify_one();
+                }
+                self.report();
+                (Some(id), durable)
+            }
+            Err(e) => {
+                self.telemetry.queue_storage_error();
+                (None, Durable::Failed(e))
+            }
+        }
+    }
+
+    fn append_locked(&self, inner: &mut Inner, record: &[u8]) -> Result<RecordId, String> {
+        if inner.writer.len > segment::SEGMENT_MAGIC.len() as u64
+            && inner.writer.len + record.len() as u64 > self.segment_bytes
+        {
+            self.rotate(inner)?;
+        }
+        let header = segment::frame_header(record);
+        let w = &mut inner.writer;
+        let offset = w.len;
+        let written = w
+            .file
+            .write_all(&header)
+            .and_then(|()| w.file.write_all(record));
+        if let Err(e) = written {
+            // Part of a frame may be in the file: start a new segment so the
+            // next record does not land after the torn one (the scan would
+            // step over it, but why make it).
+            let _ = self.rotate(inner);
+            return Err(format!(
+                "cannot write to the queue directory {}: {e}",
+                self.dir.display()
+            ));
+        }
+        let n = (header.len() + record.len()) as u64;
+        w.len += n;
+        let segment = w.segment;
+        inner.disk_bytes += n;
+        if let Some(s) = inner.segments.get_mut(&segment) {
+            s.live += 1;
+            s.bytes += n;
+        }
+        Ok(RecordId {
+            segment,
+            offset,
+            len: u32::try_from(record.len()).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// Seals the segment being written (synced first unless `never`, so
+    /// group commit never has to reach back to it) and starts the next.
+    fn rotate(&self, inner: &mut Inner) -> Result<(), String> {
+        if self.fsync != Fsync::Never {
+            inner
+                .writer
+                .file
+                .sync_data()
+                .map_err(|e| format!("cannot sync a queue segment: {e}"))?;
+        }
+        let next = inner.writer.segment + 1;
+        let old = inner.writer.segment;
+        inner.writer = new_segment(&self.dir, next)?;
+        inner.disk_bytes += inner.writer.len;
+        inner.segments.insert(
+            next,
+            Segment {
+                live: 0,
+                bytes: inner.writer.len,
+                acks: None,
+            },
+        );
+        self.delete_if_done(inner, old);
+        Ok(())
+    }
+
+    /// Waits until a record is stored per the policy.
+    pub async fn durable(self: &Arc<Self>, d: Durable) -> Result<(), String> {
+        match d {
+            Durable::Now => Ok(()),
+            Durable::Failed(e) => Err(e),
+            Durable::Sync(file) => {
+                let started = Instant::now();
+                let r = tokio::task::spawn_blocking(move || file.sync_data())
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()));
+                self.telemetry.queue_fsync(started.elapsed().as_secs_f64());
+                r.map_err(|e| format!("cannot sync the queue in {}: {e}", self.dir.display()))
+            }
+            Durable::Batch(n) => {
+                let mut rx = self.synced.subscribe();
+                rx.wait_for(|&synced| synced >= n)
+                    .await
+                    .map(|_| ())
+                    .map_err(|_| "the queue stopped before the record was synced".to_owned())
+            }
+        }
+    }
+
+    /// The group-commit task of `fsync: batch`: syncs what was written, at
+    /// most every [`GROUP_COMMIT`], until `stop`.
+    pub async fn group_commit(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        if self.fsync != Fsync::Batch {
+            return;
+        }
+        let mut last = Instant::now() - GROUP_COMMIT;
+        loop {
+            let dirty = self.dirty.notified();
+            tokio::pin!(dirty);
+            dirty.as_mut().enable();
+            let pending = {
+                let inner = self.lock();
+                inner.written > *self.synced.borrow()
+            };
+            if !pending {
+                tokio::select! {
+                    _ = dirty => continue,
+                    _ = stop.cancelled() => return,
+                }
+            };
+            // Gather what arrives in the window after the last sync.
+            let since = last.elapsed();
+            if since < GROUP_COMMIT {
+                tokio::time::sleep(GROUP_COMMIT - since).await;
+            }
+            let (upto, file) = {
+                let inner = self.lock();
+                (inner.written, inner.writer.file.try_clone())
+            };
+            let started = Instant::now();
+            last = started;
+            let result = match file {
+                Ok(f) => tokio::task::spawn_blocking(move || f.sync_data())
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|r| r),
+                Err(e) => Err(e),
+            };
+            self.telemetry.queue_fsync(started.elapsed().as_secs_f64());
+            match result {
+                Ok(()) => {
+                    self.synced.send_if_modified(|s| {
+                        let changed = *s < upto;
+                        *s = (*s).max(upto);
+                        changed
+                    });
+                }
+                Err(e) => {
+                    self.telemetry.queue_storage_error();
+                    tracing::error!(directory = %self.dir.display(), error = %e, "cannot sync the persistent queue; retrying (receivers wait for their answer meanwhile)");
+                    tokio::select! {
+                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        _ = stop.cancelled() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Marks a record finished (delivered, or refused for good): it is never
+    /// sent again, and its segment goes once all its records are finished.
+    pub fn ack(&self, id: RecordId) {
+        let mut inner = self.lock();
+        let writing = inner.writer.segment;
+        let Some(s) = inner.segments.get_mut(&id.segment) else {
+            return;
+        };
+        s.live = s.live.saturating_sub(1);
+        if s.live == 0 && id.segment != writing {
+            self.delete_if_done(&mut inner, id.segment);
+        } else {
+            if s.acks.is_none() {
+                s.acks = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(segment::ack_path(&self.dir, id.segment))
+                    .map_err(|e| {
+                        tracing::warn!(directory = %self.dir.display(), error = %e, "cannot write the queue's acknowledgements; delivered profiles may be sent again after a restart");
+                    })
+                    .ok();
+            }
+            if let Some(f) = &mut s.acks {
+                // Not synced: a lost acknowledgement sends a record twice,
+                // never loses one.
+                let _ = f.write_all(&segment::ack_entry(id.segment, id.offset));
+            }
+        }
+        drop(inner);
+        self.report();
+    }
+
+    fn delete_if_done(&self, inner: &mut Inner, n: u64) {
+        if n == inner.writer.segment {
+            return;
+        }
+        if let Some(s) = inner.segments.get(&n)
+            && s.live == 0
+        {
+            inner.disk_bytes = inner.disk_bytes.saturating_sub(s.bytes);
+            inner.segments.remove(&n);
+            remove(&self.dir, n);
+        }
+    }
+
+    /// Reads a record back.
+    pub fn read(&self, id: RecordId) -> Result<Vec<u8>, String> {
+        let path = segment::segment_path(&self.dir, id.segment);
+        let mut file =
+            File::open(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        segment::read_record(&mut file, id.offset, id.len)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))
+    }
+
+    /// Bytes of the segment files.
+    pub fn disk_bytes(&self) -> u64 {
+        self.lock().disk_bytes
+    }
+
+    fn report(&self) {
+        let (bytes, records) = {
+            let inner = self.lock();
+            (
+                inner.disk_bytes,
+                inner.segments.values().map(|s| s.live).sum::<u64>(),
+            )
+        };
+        self.telemetry.queue_stored(bytes, records);
+    }
+
+    /// The folder of this queue.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+fn new_segment(dir: &Path, n: u64) -> Result<Writer, String> {
+    let path = segment::segment_path(dir, n);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    file.write_all(segment::SEGMENT_MAGIC)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    // The new file's name must survive a crash before records in it count.
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(Writer {
+        segment: n,
+        file,
+        len: segment::SEGMENT_MAGIC.len() as u64,
+    })
+}
+
+fn remove(dir: &Path, n: u64) {
+    for path in [segment::segment_path(dir, n), segment::ack_path(dir, n)] {
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot delete a finished queue segment");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
