@@ -696,6 +696,7 @@ impl ExporterQueue {
             .filter(|i| i.body.is_none())
             .filter_map(|i| i.record)
             .collect();
+        let count = unread.len();
         let mut read = match (&self.store, unread.is_empty()) {
             (Some(store), false) => {
                 let store = store.clone();
@@ -703,30 +704,56 @@ impl ExporterQueue {
                     unread
                         .into_iter()
                         .map(|id| {
-                            store.read(id).and_then(|bytes| {
-                                storage::record::decode(&bytes::Bytes::from(bytes))
+                            let bytes = store.read(id)?;
+                            storage::record::decode(&bytes::Bytes::from(bytes)).map_err(|e| {
+                                storage::ReadError {
+                                    transient: false,
+                                    message: e,
+                                }
                             })
                         })
                         .collect::<Vec<_>>()
                 })
                 .await
-                .unwrap_or_default()
+                // A panic while reading: nothing is known, so try again later.
+                .unwrap_or_else(|e| {
+                    vec![
+                        Err(storage::ReadError {
+                            transient: true,
+                            message: format!("reading the queue failed: {e}"),
+                        });
+                        count
+                    ]
+                })
                 .into_iter()
             }
             _ => Vec::new().into_iter(),
         };
-        for item in items {
+        let mut again = Vec::new();
+        for mut item in items {
+            let body = match item.body.take() {
+                Some(body) => Ok(body),
+                None => read.next().unwrap_or_else(|| {
+                    Err(storage::ReadError {
+                        transient: true,
+                        message: "the record was not read".to_owned(),
+                    })
+                }),
+            };
+            if let Err(e) = &body
+                && e.transient
+            {
+                if again.is_empty() {
+                    tracing::warn!(exporter = %self.id, error = %e, "cannot read the persistent queue now; trying again in a second");
+                }
+                again.push(item);
+                continue;
+            }
             taken.profiles += item.profiles;
             taken.bytes += item.bytes;
             if item.record.is_some() {
                 taken.stored += item.profiles;
             }
-            let body = match item.body {
-                Some(body) => Ok(body),
-                None => read
-                    .next()
-                    .unwrap_or_else(|| Err("the record was not read".to_owned())),
-            };
             match body {
                 Ok((envelopes, meta)) => {
                     taken.parts.push(Part {
@@ -737,7 +764,7 @@ impl ExporterQueue {
                     taken.batch.push(envelopes, meta);
                 }
                 Err(e) => {
-                    tracing::error!(exporter = %self.id, error = %e, profiles = item.profiles, "a record of the persistent queue cannot be read back; its profiles are lost (counted as failed, reason queue_read)");
+                    tracing::error!(exporter = %self.id, error = %e, profiles = item.profiles, "a record of the persistent queue no longer matches its checksum or cannot be decoded; its profiles are lost (counted as failed, reason queue_read)");
                     self.telemetry.failed("queue_read", item.profiles as u64);
                     if let (Some(store), Some(id)) = (&self.store, item.record) {
                         store.ack(id);
@@ -745,6 +772,17 @@ impl ExporterQueue {
                     item.ack.resolve(Outcome::Failed);
                 }
             }
+        }
+        if !again.is_empty() {
+            // Back at the front, in order, still counted; after a pause.
+            {
+                let mut s = self.lock();
+                for item in again.into_iter().rev() {
+                    s.items.push_front(item);
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            self.available.notify_one();
         }
         taken
     }

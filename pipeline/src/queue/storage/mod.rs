@@ -24,7 +24,7 @@ pub mod segment;
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -117,6 +117,20 @@ pub struct RecordId {
     pub segment: u64,
     pub offset: u64,
     pub len: u32,
+}
+
+/// Why a record could not be read back.
+#[derive(Debug, Clone)]
+pub struct ReadError {
+    /// Trying again later could succeed.
+    pub transient: bool,
+    pub message: String,
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// A record found when the queue opened, not yet acknowledged.
@@ -220,7 +234,10 @@ impl Store {
         }
         let max_size = settings.max_size.bytes();
         let segment_bytes = (max_size / 8).clamp(MIN_SIZE, 64 << 20);
-        let max_record = u32::try_from(max_size).unwrap_or(u32::MAX);
+        // A batch larger than max_size is admitted alone into an empty
+        // queue, so records are not bounded by it; the scan reads whole
+        // files anyway and sizes nothing by a frame's claim.
+        let max_record = u32::MAX;
         let numbers =
             segment::list(&dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
         let mut segments = BTreeMap::new();
@@ -286,7 +303,7 @@ impl Store {
         }
         telemetry.queue_corrupt(corrupt);
         telemetry.queue_replayed(replay.len() as u64);
-        let next = numbers.last().map_or(1, |n| n + 1);
+        let next = numbers.last().map_or(1, |n| n.saturating_add(1));
         let writer = new_segment(&dir, next)?;
         disk_bytes += writer.len;
         segments.insert(
@@ -364,10 +381,12 @@ impl Store {
             .write_all(&header)
             .and_then(|()| w.file.write_all(record));
         if let Err(e) = written {
-            // Part of a frame may be in the file: start a new segment so the
-            // next record does not land after the torn one (the scan would
-            // step over it, but why make it).
-            let _ = self.rotate(inner);
+            // Part of a frame may be in the file: cut it off and write the
+            // next record where this one started, so offsets stay true.
+            let _ = w
+                .file
+                .set_len(offset)
+                .and_then(|()| w.file.seek(SeekFrom::Start(offset)).map(|_| ()));
             return Err(format!(
                 "cannot write to the queue directory {}: {e}",
                 self.dir.display()
@@ -444,7 +463,9 @@ impl Store {
         if self.fsync != Fsync::Batch {
             return;
         }
-        let mut last = Instant::now() - GROUP_COMMIT;
+        let mut last = Instant::now()
+            .checked_sub(GROUP_COMMIT)
+            .unwrap_or_else(Instant::now);
         loop {
             let dirty = self.dirty.notified();
             tokio::pin!(dirty);
@@ -543,13 +564,19 @@ impl Store {
         }
     }
 
-    /// Reads a record back.
-    pub fn read(&self, id: RecordId) -> Result<Vec<u8>, String> {
+    /// Reads a record back. An error says whether trying again could help
+    /// (`transient`: the file could not be opened or read) or not (the bytes
+    /// no longer match their checksum).
+    pub fn read(&self, id: RecordId) -> Result<Vec<u8>, ReadError> {
         let path = segment::segment_path(&self.dir, id.segment);
-        let mut file =
-            File::open(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-        segment::read_record(&mut file, id.offset, id.len)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))
+        let mut file = File::open(&path).map_err(|e| ReadError {
+            transient: true,
+            message: format!("cannot open {}: {e}", path.display()),
+        })?;
+        segment::read_record(&mut file, id.offset, id.len).map_err(|e| ReadError {
+            transient: e.kind() != std::io::ErrorKind::InvalidData,
+            message: format!("cannot read {}: {e}", path.display()),
+        })
     }
 
     /// Bytes of the segment files.
@@ -576,6 +603,8 @@ impl Store {
 
 fn new_segment(dir: &Path, n: u64) -> Result<Writer, String> {
     let path = segment::segment_path(dir, n);
+    // Never inherit acknowledgements of an earlier segment of this number.
+    let _ = std::fs::remove_file(segment::ack_path(dir, n));
     let mut file = OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -596,7 +625,10 @@ fn new_segment(dir: &Path, n: u64) -> Result<Writer, String> {
 }
 
 fn remove(dir: &Path, n: u64) {
-    for path in [segment::segment_path(dir, n), segment::ack_path(dir, n)] {
+    // Acknowledgements first: a crash in between leaves a segment whose
+    // records are sent again, never an acknowledgement file that a new
+    // segment of the same number would inherit.
+    for path in [segment::ack_path(dir, n), segment::segment_path(dir, n)] {
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
