@@ -170,7 +170,9 @@ pub struct Store {
     segment_bytes: u64,
     inner: Mutex<Inner>,
     /// The highest `written` count known durable.
-    synced: watch::Sender<u64>,
+    /// `(synced, failed)`: every record up to `synced` is durable; those
+    /// after it up to `failed` were covered by a sync that failed.
+    synced: watch::Sender<(u64, u64)>,
     /// Wakes the group-commit task.
     dirty: Notify,
     telemetry: ExporterTelemetry,
@@ -312,7 +314,7 @@ impl Store {
                 acks: None,
             },
         );
-        let (synced, _) = watch::channel(0);
+        let (synced, _) = watch::channel((0, 0));
         let store = Arc::new(Store {
             dir,
             fsync: settings.fsync,
@@ -447,10 +449,18 @@ impl Store {
             }
             Durable::Batch(n) => {
                 let mut rx = self.synced.subscribe();
-                rx.wait_for(|&synced| synced >= n)
+                let (synced, _) = *rx
+                    .wait_for(|&(synced, failed)| synced >= n || failed >= n)
                     .await
-                    .map(|_| ())
-                    .map_err(|_| "the queue stopped before the record was synced".to_owned())
+                    .map_err(|_| "the queue stopped before the record was synced".to_owned())?;
+                if synced >= n {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the disk could not sync the queue in {}",
+                        self.dir.display()
+                    ))
+                }
             }
         }
     }
@@ -469,7 +479,8 @@ impl Store {
             dirty.as_mut().enable();
             let pending = {
                 let inner = self.lock();
-                inner.written > *self.synced.borrow()
+                let (synced, failed) = *self.synced.borrow();
+                inner.written > synced.max(failed)
             };
             if !pending {
                 tokio::select! {
@@ -492,19 +503,20 @@ impl Store {
             self.telemetry.queue_fsync(started.elapsed().as_secs_f64());
             match result {
                 Ok(()) => {
-                    self.synced.send_if_modified(|s| {
+                    self.synced.send_if_modified(|(s, _)| {
                         let changed = *s < upto;
                         *s = (*s).max(upto);
                         changed
                     });
                 }
                 Err(e) => {
+                    // A failed sync may have dropped the written pages, so a
+                    // later sync proves nothing for these records: their
+                    // senders are told they are not stored (and retry); the
+                    // batches are still sent from memory.
                     self.telemetry.queue_storage_error();
-                    tracing::error!(directory = %self.dir.display(), error = %e, "cannot sync the persistent queue; retrying (receivers wait for their answer meanwhile)");
-                    tokio::select! {
-                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-                        _ = stop.cancelled() => return,
-                    }
+                    tracing::error!(directory = %self.dir.display(), error = %e, "cannot sync the persistent queue; the requests waiting for it are refused so their senders retry");
+                    self.synced.send_modify(|(_, f)| *f = (*f).max(upto));
                 }
             }
         }
