@@ -163,13 +163,28 @@ async fn run(plan: Plan) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?
     {
         Some(addr) => {
+            let tls = plan
+                .telemetry
+                .tls
+                .clone()
+                .map(|t| {
+                    proflow_pipeline::server::ServerTls::start(
+                        t,
+                        "telemetry",
+                        stop_telemetry.clone(),
+                    )
+                })
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("service.telemetry.{e}"))?;
             let listener = proflow_pipeline::telemetry::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on service.telemetry.address {addr}: is another process using it?"))?;
-            tracing::info!(address = %listener.local_addr().unwrap_or(addr), "telemetry serving /metrics, /healthz, /readyz, /targets");
-            Some(tokio::spawn(
-                telemetry.clone().serve(listener, stop_telemetry.clone()),
-            ))
+            tracing::info!(address = %listener.local_addr().unwrap_or(addr), tls = tls.is_some(), "telemetry serving /metrics, /healthz, /readyz, /targets");
+            Some(tokio::spawn(telemetry.clone().serve(
+                listener,
+                tls,
+                stop_telemetry.clone(),
+            )))
         }
         None => None,
     };

@@ -760,3 +760,90 @@ fn official_python_otlp_request_arrives_unchanged_through_the_collector() {
     );
     python_request_arrives_unchanged(&proflow, &otelcol.url());
 }
+
+// ---- TLS and tokens: the Collector as a client of a secured receiver -------
+
+/// proflow's `otlp` receiver with TLS (certificates of `pki`) and a bearer
+/// token file on both protocols.
+fn start_secured_proflow(pki: &common::pki::Pki, tokens: &Path, http_port: u16) -> Proflow {
+    let secured = format!(
+        "tls: {}, auth: {{bearer_tokens_file: {}}}",
+        pki.server_tls(false),
+        tokens.display()
+    );
+    Proflow::start(|ports, profiles| {
+        format!(
+            "receivers:\n  otlp:\n    protocols:\n      grpc: {{endpoint: {}, {secured}}}\n      http: {{endpoint: 127.0.0.1:{http_port}, {secured}}}\nexporters:\n  file:\n    directory: {}\n    format: otlp_json\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [otlp]\n      exporters: [file]\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry
+        )
+    })
+}
+
+/// The collector's exporter body for a secured proflow: TLS with the test
+/// CA, `token` as the bearer token.
+fn secured_exporter(endpoint: &str, ca: &Path, token: &str) -> String {
+    format!(
+        "    endpoint: {endpoint}\n    tls: {{ca_file: {}}}\n    headers: {{authorization: \"Bearer {token}\"}}\n    retry_on_failure: {{enabled: false}}\n",
+        ca.display()
+    )
+}
+
+#[test]
+fn the_collector_delivers_over_tls_with_a_token_and_is_refused_without_one() {
+    let Some(peer) = peer_env::peer("otelcol") else {
+        return;
+    };
+    let bin = otelcol_bin(&peer);
+    let pki = common::pki::Pki::new();
+    let tokens = pki.dir.path().join("tokens");
+    std::fs::write(&tokens, "collector-token\n").unwrap();
+    let http_port = free_port();
+    let proflow = start_secured_proflow(&pki, &tokens, http_port);
+    let ca = pki.file("ca.pem");
+    let grpc_endpoint = format!("localhost:{}", proflow.ports.receiver.port());
+    let http_endpoint = format!("https://localhost:{http_port}");
+    // Both protocols, with the token: delivered and checked like the plain runs.
+    for (ty, endpoint) in [("otlp_grpc", &grpc_endpoint), ("otlp_http", &http_endpoint)] {
+        let otelcol = Otelcol::start(
+            &bin,
+            ty,
+            &secured_exporter(endpoint, &ca, "collector-token"),
+        );
+        post_and_check(&proflow, &otelcol.url());
+    }
+    // A wrong token: refused (UNAUTHENTICATED / 401), counted, nothing written.
+    let before = common::read_index(&proflow.profiles).len();
+    // Kept running until proflow saw both: their exporters send from a queue.
+    let mut running = Vec::new();
+    for (ty, endpoint) in [("otlp_grpc", &grpc_endpoint), ("otlp_http", &http_endpoint)] {
+        let otelcol = Otelcol::start(&bin, ty, &secured_exporter(endpoint, &ca, "wrong"));
+        let _ = http_client()
+            .post(otelcol.url())
+            .header("content-type", "application/x-protobuf")
+            .body(request("refused-service").encode_to_vec())
+            .send()
+            .unwrap();
+        running.push(otelcol);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let refused = common::metric_sum(
+            &proflow.metrics(),
+            "proflow_receiver_refused_requests_total",
+            &[("reason", "unauthenticated")],
+        );
+        if refused >= 2.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the collector's requests with a wrong token were not refused as unauthenticated ({refused})\n{}",
+            proflow.metrics()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(common::read_index(&proflow.profiles).len(), before);
+    drop(running);
+}

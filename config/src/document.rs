@@ -75,6 +75,10 @@ pub struct TelemetryConfig {
     /// `text` or `json`.
     #[serde(default)]
     pub log_format: LogFormat,
+    /// TLS for the telemetry address: `{cert_file, key_file, client_ca_file,
+    /// min_version}`.
+    #[serde(default)]
+    pub tls: Option<crate::ServerTlsSettings>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -104,6 +108,7 @@ impl Default for TelemetryConfig {
             address: default_telemetry_address(),
             log_level: default_log_level(),
             log_format: LogFormat::Text,
+            tls: None,
         }
     }
 }

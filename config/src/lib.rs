@@ -11,6 +11,7 @@ mod document;
 mod env;
 mod error;
 mod node;
+mod tls;
 mod values;
 
 pub use de::{Located, from_node};
@@ -21,4 +22,5 @@ pub use document::{
 pub use env::expand_env;
 pub use error::{Error, Errors};
 pub use node::{Node, NodeValue};
+pub use tls::{ServerTlsSettings, TlsVersion};
 pub use values::{ByteSize, Duration, null_as_default};

@@ -7,8 +7,9 @@
 //! ([`topology`]) and self-telemetry ([`telemetry`]), plus the protobuf wire
 //! walker ([`wire`]) that bounds untrusted messages before they are decoded,
 //! query escaping for URLs components build ([`url`]),
-//! (feature `tls`) the rustls client setup of components that connect
-//! out ([`tls`]), (feature `http-client`) their GET client ([`http`]), and (feature `symbolize`) addresses to function names,
+//! the rustls client setup of components that connect out ([`tls`]), the
+//! accept loop, TLS and authentication every listener shares ([`server`]),
+//! (feature `http-client`) their GET client ([`http`]), and (feature `symbolize`) addresses to function names,
 //! files and lines for the components that name frames ([`symbolize`]),
 //! and the spans a `traces` pipeline feeds to processors ([`spans`]).
 //!
@@ -29,13 +30,13 @@ pub mod push_v1;
 pub mod queue;
 pub mod registry;
 pub mod relabel;
+pub mod server;
 pub mod spans;
 #[cfg(feature = "symbolize")]
 pub mod symbolize;
 pub mod telemetry;
 #[doc(hidden)]
 pub mod testdata;
-#[cfg(feature = "tls")]
 pub mod tls;
 pub mod topology;
 pub mod url;

@@ -527,10 +527,11 @@ impl Telemetry {
     }
 
     /// Serves `/metrics`, `/healthz`, `/readyz` and `/targets` on `listener`
-    /// until `shutdown`.
+    /// until `shutdown`, over TLS when `tls` is set.
     pub async fn serve(
         self: Arc<Self>,
         listener: tokio::net::TcpListener,
+        tls: Option<Arc<crate::server::ServerTls>>,
         shutdown: CancellationToken,
     ) {
         let t = self.clone();
@@ -570,12 +571,28 @@ impl Telemetry {
                     }
                 }),
             );
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "telemetry server stopped");
-        }
+        let listen = crate::server::Listen {
+            max_connections: 64,
+            read_header_timeout: Some(std::time::Duration::from_secs(10)),
+            http2_only: false,
+            tls,
+        };
+        crate::server::accept_loop(
+            listener,
+            listen,
+            shutdown,
+            "telemetry".to_owned(),
+            move |req, _peer| {
+                let mut app = app.clone();
+                async move {
+                    match tower::Service::call(&mut app, req.map(axum::body::Body::new)).await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    }
+                }
+            },
+        )
+        .await;
     }
 }
 

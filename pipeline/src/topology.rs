@@ -93,6 +93,12 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
     if let Ok(Some(addr)) = doc.service.telemetry.socket_addr() {
         claims.push((Resource::TcpListen(addr), "service.telemetry".into()));
     }
+    if let Some(tls) = &doc.service.telemetry.tls {
+        use crate::server::ServerTlsFiles;
+        for p in tls.problems("service.telemetry.tls") {
+            errors.push(Error::new(&p.path, 0, 0, p.message));
+        }
+    }
 
     for (kind, entries) in [
         (Kind::Receiver, &doc.receivers),

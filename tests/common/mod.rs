@@ -12,6 +12,7 @@
 
 #[path = "../peer_skip/mod.rs"]
 pub mod peer_skip;
+pub mod pki;
 
 use std::collections::BTreeMap;
 use std::fs::File;

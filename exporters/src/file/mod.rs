@@ -16,7 +16,8 @@
 //!   resource and scope of `OtlpProfiles::resource_and_scope`.
 //! - `<directory>/index.jsonl`: one JSON object per written file:
 //!   `{"path": "<service>/<file>", "labels": {...}, "start": ns, "end": ns,
-//!   "sample_types": [{"type": "cpu", "unit": "nanoseconds"}]}`. The lines of one
+//!   "sample_types": [{"type": "cpu", "unit": "nanoseconds"}]}`, and
+//!   `"tenant"` when the profile arrived with one. The lines of one
 //!   export are appended with one write under one lock, so lines of concurrent
 //!   exports never interleave.
 //!
@@ -272,7 +273,7 @@ impl FileExporter {
     /// Writes a batch synchronously (what [`Exporter::export`] runs on the
     /// blocking pool); for benchmarks and tools without a runtime.
     pub fn write_batch(&self, batch: &[Envelope]) -> Result<(), Error> {
-        self.shared.write_batch(batch)
+        self.shared.write_batch(batch, &[])
     }
 }
 
@@ -284,8 +285,12 @@ impl Exporter for FileExporter {
         }
         let shared = Arc::clone(&self.shared);
         // Envelope clones share their payloads, so this copies no profile bytes.
+        let tenants: Vec<Option<String>> = batch
+            .sources()
+            .flat_map(|(meta, run)| std::iter::repeat_n(meta.tenant.clone(), run.len()))
+            .collect();
         let batch = batch.envelopes().to_vec();
-        match tokio::task::spawn_blocking(move || shared.write_batch(&batch)).await {
+        match tokio::task::spawn_blocking(move || shared.write_batch(&batch, &tenants)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.into_export_error()),
             Err(join) => Err(ExportError::retryable(
@@ -321,13 +326,15 @@ impl Shared {
     /// Writes what it can of `batch`. Profiles that cannot be rendered (folded
     /// output of an undecodable payload) are skipped and reported after the
     /// others are written, as a permanent error.
-    fn write_batch(&self, batch: &[Envelope]) -> Result<(), Error> {
+    /// `tenants`: each profile's tenant, in batch order (empty: none).
+    fn write_batch(&self, batch: &[Envelope], tenants: &[Option<String>]) -> Result<(), Error> {
         let mut pending = Vec::new();
         let mut rendered = 0;
         let mut refused = Vec::new();
         let mut first_failure = None;
         for (i, envelope) in batch.iter().enumerate() {
-            match self.render(envelope) {
+            let tenant = tenants.get(i).and_then(|t| t.as_deref());
+            match self.render(envelope, tenant) {
                 Ok(files) => {
                     pending.extend(files);
                     rendered += 1;
@@ -363,6 +370,7 @@ impl Shared {
     fn whole_file(
         &self,
         envelope: &Envelope,
+        tenant: Option<&str>,
         service_dir: String,
         bytes: Bytes,
         file_name: impl FnOnce(i64, u64) -> String,
@@ -373,7 +381,7 @@ impl Shared {
             .sample_types
             .iter()
             .map(|t| (t.r#type.as_str(), t.unit.as_str()));
-        let line = index_line(&service_dir, &file_name, envelope, types)?;
+        let line = index_line(&service_dir, &file_name, envelope, tenant, types)?;
         Ok(vec![Pending {
             service_dir,
             file_name,
@@ -384,7 +392,7 @@ impl Shared {
     }
 
     /// The files one envelope becomes, with their index lines.
-    fn render(&self, envelope: &Envelope) -> Result<Vec<Pending>, Error> {
+    fn render(&self, envelope: &Envelope, tenant: Option<&str>) -> Result<Vec<Pending>, Error> {
         let labels = &envelope.labels;
         let service_dir = naming::service_dir(labels.get(SERVICE_NAME_LABEL));
         let name = labels.get(NAME_LABEL);
@@ -401,7 +409,7 @@ impl Shared {
             // The gzip bytes as they arrived: never decoded, never re-encoded.
             FileFormat::Pprof => {
                 let bytes = envelope.payload.gzipped().map_err(decode_error("pprof"))?;
-                self.whole_file(envelope, service_dir, bytes, |start, seq| {
+                self.whole_file(envelope, tenant, service_dir, bytes, |start, seq| {
                     naming::profile_file(start, name, seq, None)
                 })
             }
@@ -409,9 +417,13 @@ impl Shared {
                 let o = envelope.payload.otlp().map_err(decode_error("otlp_json"))?;
                 let bytes = otlp_json(&envelope.labels, &o)
                     .map_err(|e| decode_error("otlp_json")(PayloadError::Convert(e)))?;
-                self.whole_file(envelope, service_dir, Bytes::from(bytes), |start, seq| {
-                    naming::otlp_json_file(start, name, seq)
-                })
+                self.whole_file(
+                    envelope,
+                    tenant,
+                    service_dir,
+                    Bytes::from(bytes),
+                    |start, seq| naming::otlp_json_file(start, name, seq),
+                )
             }
             FileFormat::Folded => {
                 let profile = envelope.payload.decoded().map_err(decode_error("folded"))?;
@@ -425,7 +437,7 @@ impl Shared {
                         Some(&text.sample_type),
                     );
                     let types = [(text.sample_type.as_str(), text.unit.as_str())];
-                    let line = index_line(&service_dir, &file_name, envelope, types)?;
+                    let line = index_line(&service_dir, &file_name, envelope, tenant, types)?;
                     files.push(Pending {
                         service_dir: service_dir.clone(),
                         file_name,
@@ -550,6 +562,8 @@ struct IndexLine<'a> {
     start: i64,
     end: i64,
     sample_types: Vec<SampleTypeJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenant: Option<&'a str>,
 }
 
 /// Series labels as one JSON object, `{"name": "value", ...}`.
@@ -573,6 +587,7 @@ fn index_line<'a>(
     service_dir: &str,
     file_name: &str,
     envelope: &Envelope,
+    tenant: Option<&'a str>,
     sample_types: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<Vec<u8>, Error> {
     let path = format!("{service_dir}/{file_name}");
@@ -585,6 +600,7 @@ fn index_line<'a>(
             .into_iter()
             .map(|(ty, unit)| SampleTypeJson { ty, unit })
             .collect(),
+        tenant,
     };
     let mut bytes = serde_json::to_vec(&line).map_err(|source| Error::Encode {
         series: envelope.labels.to_selector_string(),

@@ -31,6 +31,9 @@ pub enum OtlpError {
     /// A signal this receiver is in no pipeline for.
     #[error("{0}")]
     NotServed(String),
+    /// `auth` is set and the request's credentials are missing or wrong.
+    #[error("{0}")]
+    Unauthenticated(String),
     /// The pipeline is full: retry after the given time.
     #[error("{detail}; retry after {retry_after:?}")]
     Backpressure {
@@ -64,6 +67,7 @@ impl OtlpError {
             OtlpError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             OtlpError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             OtlpError::NotFound(_) | OtlpError::NotServed(_) => StatusCode::NOT_FOUND,
+            OtlpError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             OtlpError::Backpressure { .. } | OtlpError::MemoryLimit(_) => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -83,6 +87,7 @@ impl OtlpError {
             | OtlpError::MethodNotAllowed(_)
             | OtlpError::NotFound(_)
             | OtlpError::NotServed(_) => tonic::Code::Unimplemented,
+            OtlpError::Unauthenticated(_) => tonic::Code::Unauthenticated,
             OtlpError::Timeout(_) => tonic::Code::DeadlineExceeded,
             OtlpError::ShuttingDown => tonic::Code::Unavailable,
             OtlpError::Internal(_) => tonic::Code::Internal,
@@ -107,6 +112,7 @@ impl OtlpError {
             OtlpError::MethodNotAllowed(_) => "method_not_allowed",
             OtlpError::NotFound(_) => "not_found",
             OtlpError::NotServed(_) => "not_served",
+            OtlpError::Unauthenticated(_) => "unauthenticated",
             OtlpError::Backpressure { .. } => "backpressure",
             OtlpError::MemoryLimit(_) => "memory_limit",
             OtlpError::Timeout(_) => "timeout",

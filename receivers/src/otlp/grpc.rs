@@ -31,7 +31,7 @@ use tonic::{Code, Status};
 use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
 use super::http::TENANT_HEADER;
-use super::serve::{Listen, accept_loop};
+use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
 
 /// The profiles method.
 pub(crate) const EXPORT_PATH: &str =
@@ -41,33 +41,42 @@ pub(crate) const TRACES_EXPORT_PATH: &str =
     "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
 /// The gRPC protocol's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Settings {
     pub endpoint: SocketAddr,
     pub max_message: usize,
     pub read_timeout: Duration,
     pub max_connections: usize,
+    pub tls: Option<ServerTlsSettings>,
+    pub auth: Option<AuthSettings>,
 }
 
 struct Grpc {
     settings: Settings,
     handler: Arc<Handler>,
+    secured: Secured,
 }
 
 /// Serves OTLP/gRPC on `listener` until `shutdown`.
 pub(crate) async fn serve(
     listener: TcpListener,
     settings: Settings,
+    secured: Secured,
     handler: Arc<Handler>,
     shutdown: CancellationToken,
 ) {
     let id = handler.id.clone();
-    let grpc = Arc::new(Grpc { settings, handler });
     let listen = Listen {
         max_connections: settings.max_connections,
         read_header_timeout: None,
         http2_only: true,
+        tls: secured.tls.clone(),
     };
+    let grpc = Arc::new(Grpc {
+        settings,
+        handler,
+        secured,
+    });
     accept_loop(listener, listen, shutdown, id, move |req, peer| {
         let grpc = grpc.clone();
         async move { grpc.handle(req, peer).await }
@@ -90,9 +99,16 @@ enum Stage {
 impl Grpc {
     async fn handle(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<tonic::body::Body> {
+        // Credentials first: a request without them is refused unread.
+        if let Err(why) = self.secured.authenticate(&mut req) {
+            let error = OtlpError::Unauthenticated(why.to_string());
+            let status = error.to_grpc();
+            self.handler.refused(&Refused::from(error));
+            return status.into_http();
+        }
         let traces = match req.uri().path() {
             EXPORT_PATH => false,
             TRACES_EXPORT_PATH => true,

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
-use super::serve::{Listen, accept_loop};
+use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
 
 /// The one path profiles are posted to.
 pub(crate) const PROFILES_PATH: &str = "/v1development/profiles";
@@ -47,7 +47,7 @@ pub(crate) const TENANT_HEADER: &str = "x-scope-orgid";
 const INFLATE_STEP: usize = 32 << 10;
 
 /// The HTTP protocol's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Settings {
     pub endpoint: SocketAddr,
     pub max_request_body: usize,
@@ -56,11 +56,14 @@ pub(crate) struct Settings {
     pub read_header_timeout: Duration,
     pub read_timeout: Duration,
     pub max_connections: usize,
+    pub tls: Option<ServerTlsSettings>,
+    pub auth: Option<AuthSettings>,
 }
 
 struct Http {
     settings: Settings,
     handler: Arc<Handler>,
+    secured: Secured,
 }
 
 /// Serves OTLP/HTTP on `listener` until `shutdown`.
@@ -68,15 +71,21 @@ pub(crate) async fn serve(
     listener: TcpListener,
     settings: Settings,
     handler: Arc<Handler>,
+    secured: Secured,
     shutdown: CancellationToken,
 ) {
     let id = handler.id.clone();
-    let http = Arc::new(Http { settings, handler });
     let listen = Listen {
         max_connections: settings.max_connections,
         read_header_timeout: Some(settings.read_header_timeout),
         http2_only: false,
+        tls: secured.tls.clone(),
     };
+    let http = Arc::new(Http {
+        settings,
+        handler,
+        secured,
+    });
     accept_loop(listener, listen, shutdown, id, move |req, peer| {
         let http = http.clone();
         async move { http.handle(req, peer).await }
@@ -183,8 +192,19 @@ fn refusal(error: &OtlpError, media: Option<&MediaType>) -> Response<Full<Bytes>
 }
 
 impl Http {
-    async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
+    async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
         let media = media_type(req.headers());
+        // Credentials first: a request without them is refused unread.
+        if let Err(why) = self.secured.authenticate(&mut req) {
+            let refused = Refused::from(OtlpError::Unauthenticated(why.to_string()));
+            self.handler.refused(&refused);
+            let mut response = refusal(&refused.error, media.as_ref());
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer, Basic realm=\"proflow\""),
+            );
+            return response;
+        }
         match self.export(req, peer, media.clone()).await {
             Ok((media, reply)) => {
                 let body = match (media.encoding, reply) {

@@ -38,6 +38,7 @@ use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, Resource, Validate,
 };
 use proflow_pipeline::otlp::AttributeLabels;
+use proflow_pipeline::server::{AuthSettings, ServerTlsFiles, ServerTlsSettings};
 use serde::{Deserialize, Deserializer};
 
 use crate::endpoint::parse_endpoint;
@@ -105,6 +106,11 @@ pub struct GrpcConfig {
     /// Most connections served at once; more wait in the kernel's listen
     /// backlog until one closes.
     pub max_connections: usize,
+    /// TLS: `{cert_file, key_file, client_ca_file, min_version}`.
+    pub tls: Option<ServerTlsSettings>,
+    /// Credentials every request must carry: `{bearer_tokens_file,
+    /// basic_auth: {htpasswd_file}}`; otherwise `UNAUTHENTICATED`.
+    pub auth: Option<AuthSettings>,
 }
 
 impl GrpcConfig {
@@ -121,6 +127,8 @@ impl Default for GrpcConfig {
             max_recv_msg_size_mib: 4,
             read_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            tls: None,
+            auth: None,
         }
     }
 }
@@ -151,6 +159,11 @@ pub struct HttpConfig {
     /// Most connections served at once; more wait in the kernel's listen
     /// backlog until one closes.
     pub max_connections: usize,
+    /// TLS: `{cert_file, key_file, client_ca_file, min_version}`.
+    pub tls: Option<ServerTlsSettings>,
+    /// Credentials every request must carry: `{bearer_tokens_file,
+    /// basic_auth: {htpasswd_file}}`; otherwise 401, the body unread.
+    pub auth: Option<AuthSettings>,
 }
 
 impl Default for HttpConfig {
@@ -163,6 +176,8 @@ impl Default for HttpConfig {
             read_header_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            tls: None,
+            auth: None,
         }
     }
 }
@@ -213,6 +228,12 @@ impl Validate for OtlpConfig {
                     "must be at least 1, such as 1024",
                 ));
             }
+            if let Some(tls) = &g.tls {
+                problems.extend(tls.problems(&p("tls")));
+            }
+            if let Some(auth) = &g.auth {
+                problems.extend(auth.problems(&p("auth")));
+            }
         }
         if let Some(h) = http {
             let p = |f: &str| format!("protocols.http.{f}");
@@ -259,6 +280,12 @@ impl Validate for OtlpConfig {
                     "must be at least 1, such as 1024",
                 ));
             }
+            if let Some(tls) = &h.tls {
+                problems.extend(tls.problems(&p("tls")));
+            }
+            if let Some(auth) = &h.auth {
+                problems.extend(auth.problems(&p("auth")));
+            }
         }
         if let (Some(g), Some(h)) = (grpc, http)
             && let (Ok(a), Ok(b)) = (parse_endpoint(&g.endpoint), parse_endpoint(&h.endpoint))
@@ -288,6 +315,8 @@ impl OtlpConfig {
                 max_message: g.max_message_bytes(),
                 read_timeout: g.read_timeout.get(),
                 max_connections: g.max_connections,
+                tls: g.tls.clone(),
+                auth: g.auth.clone(),
             }),
             None => None,
         };
@@ -300,6 +329,8 @@ impl OtlpConfig {
                 read_header_timeout: h.read_header_timeout.get(),
                 read_timeout: h.read_timeout.get(),
                 max_connections: h.max_connections,
+                tls: h.tls.clone(),
+                auth: h.auth.clone(),
             }),
             None => None,
         };

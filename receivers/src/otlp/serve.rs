@@ -1,26 +1,15 @@
 //! The running `otlp` receiver: binds one listener per configured protocol
-//! and serves each with [`accept_loop`]: at most `max_connections`
-//! connections at once (the rest wait in the kernel's backlog, costing
-//! nothing), a header timeout for HTTP/1, and a graceful end on shutdown
-//! (open connections finish their requests).
+//! (with its `tls` and `auth`) and serves each with the pipeline's shared
+//! accept loop (`proflow_pipeline::server`).
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use hyper::body::Incoming;
-use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use proflow_pipeline::component::{BuildError, Receiver, ReceiverContext, ServeFuture};
 use proflow_pipeline::otlp::AttributeLabels;
+use proflow_pipeline::server::{AuthSettings, Secured, ServerTlsSettings};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 use super::export::Handler;
 use super::{grpc, http};
@@ -74,6 +63,18 @@ impl OtlpReceiver {
     }
 }
 
+/// The TLS and credentials of one protocol's listener, watched until the
+/// receiver stops.
+fn secure(
+    ctx: &ReceiverContext,
+    protocol: &str,
+    tls: Option<&ServerTlsSettings>,
+    auth: Option<&AuthSettings>,
+) -> Result<Secured, BuildError> {
+    Secured::start(tls, auth, &format!("{}/{protocol}", ctx.id), &ctx.shutdown)
+        .map_err(|e| BuildError::new(format!("receiver `{}`: protocols.{protocol}.{e}", ctx.id)))
+}
+
 async fn bind(
     id: &str,
     what: &str,
@@ -100,17 +101,19 @@ impl Receiver for OtlpReceiver {
         // fails the start as a whole.
         let grpc = match self.grpc {
             Some(settings) => {
+                let secured = secure(&ctx, "grpc", settings.tls.as_ref(), settings.auth.as_ref())?;
                 let (listener, addr) = bind(&ctx.id, "OTLP/gRPC", settings.endpoint).await?;
                 let _ = self.local.grpc.set(addr);
-                Some((listener, settings))
+                Some((listener, settings, secured))
             }
             None => None,
         };
         let http = match self.http {
             Some(settings) => {
+                let secured = secure(&ctx, "http", settings.tls.as_ref(), settings.auth.as_ref())?;
                 let (listener, addr) = bind(&ctx.id, "OTLP/HTTP", settings.endpoint).await?;
                 let _ = self.local.http.set(addr);
-                Some((listener, settings))
+                Some((listener, settings, secured))
             }
             None => None,
         };
@@ -124,11 +127,23 @@ impl Receiver for OtlpReceiver {
             takes_profiles: ctx.takes_profiles,
             spans: ctx.spans,
         });
-        let grpc = grpc.map(|(listener, settings)| {
-            grpc::serve(listener, settings, handler.clone(), ctx.shutdown.clone())
+        let grpc = grpc.map(|(listener, settings, secured)| {
+            grpc::serve(
+                listener,
+                settings,
+                secured,
+                handler.clone(),
+                ctx.shutdown.clone(),
+            )
         });
-        let http = http.map(|(listener, settings)| {
-            http::serve(listener, settings, handler.clone(), ctx.shutdown.clone())
+        let http = http.map(|(listener, settings, secured)| {
+            http::serve(
+                listener,
+                settings,
+                handler.clone(),
+                secured,
+                ctx.shutdown.clone(),
+            )
         });
         let id = ctx.id;
         Ok(Box::pin(async move {
@@ -146,90 +161,4 @@ impl Receiver for OtlpReceiver {
             tracing::info!(receiver = %id, "otlp receiver stopped");
         }))
     }
-}
-
-/// How [`accept_loop`] serves connections.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Listen {
-    pub max_connections: usize,
-    /// HTTP/1 header read timeout (`None` for HTTP/2 only).
-    pub read_header_timeout: Option<Duration>,
-    /// Serve HTTP/2 only (gRPC).
-    pub http2_only: bool,
-}
-
-/// Accepts connections until `shutdown` and serves each request with
-/// `service(request, client address)`; then lets the open connections
-/// finish their requests.
-pub(crate) async fn accept_loop<S, F, B>(
-    listener: TcpListener,
-    listen: Listen,
-    shutdown: CancellationToken,
-    id: String,
-    service: S,
-) where
-    S: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<B>> + Send + 'static,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    if listen.http2_only {
-        builder = builder.http2_only();
-    }
-    {
-        let mut http1 = builder.http1();
-        http1.timer(TokioTimer::new());
-        if let Some(timeout) = listen.read_header_timeout {
-            http1.header_read_timeout(timeout);
-        }
-    }
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(None);
-    let graceful = GracefulShutdown::new();
-    let connections = Arc::new(Semaphore::new(listen.max_connections.max(1)));
-    loop {
-        let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => permit,
-            _ = shutdown.cancelled() => break,
-        };
-        let Ok(permit) = permit else { break };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.cancelled() => break,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // Out of file descriptors and the like: wait a moment rather
-                // than spin on the error.
-                tracing::warn!(receiver = %id, error = %e, "cannot accept a connection");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let service = service.clone();
-        let per_request = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let response = service(req, peer);
-            async move { Ok::<_, Infallible>(response.await) }
-        });
-        let connection = graceful.watch(
-            builder
-                .serve_connection(TokioIo::new(stream), per_request)
-                .into_owned(),
-        );
-        tokio::spawn(async move {
-            // Errors are the client's doing (reset, timeout, bad framing).
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, client = %peer, "connection ended with an error");
-            }
-            drop(permit);
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
 }

@@ -51,6 +51,11 @@ pub enum IngestError {
     Timeout(Duration),
     #[error("the collector is shutting down and takes no new data; retry later")]
     ShuttingDown,
+    /// `auth` is set and the request's credentials are missing or wrong.
+    #[error(
+        "{0}; send `Authorization: Bearer <token>` or basic auth credentials this receiver knows"
+    )]
+    Unauthenticated(String),
     /// A bug on our side (a decoding task died); the request may be retried.
     #[error("internal error: {0}; please report it")]
     Internal(String),
@@ -94,6 +99,7 @@ impl IngestError {
             }
             IngestError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             IngestError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            IngestError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             IngestError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -113,6 +119,7 @@ impl IngestError {
             | IngestError::MethodNotAllowed { .. }
             | IngestError::NotFound { .. } => "unimplemented",
             IngestError::ShuttingDown => "unavailable",
+            IngestError::Unauthenticated(_) => "unauthenticated",
             IngestError::Internal(_) => "internal",
         }
     }
@@ -131,6 +138,7 @@ impl IngestError {
             IngestError::MemoryLimit(_) => "memory_limit",
             IngestError::Timeout(_) => "timeout",
             IngestError::ShuttingDown => "shutting_down",
+            IngestError::Unauthenticated(_) => "unauthenticated",
             IngestError::Internal(_) => "internal",
         }
     }

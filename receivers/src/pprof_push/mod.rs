@@ -37,6 +37,7 @@ use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, Resource, Validate,
 };
+use proflow_pipeline::server::{AuthSettings, ServerTlsFiles, ServerTlsSettings};
 use serde::Deserialize;
 
 pub use error::IngestError;
@@ -68,6 +69,12 @@ pub struct PprofPushConfig {
     /// Most connections served at once; more wait in the kernel's listen
     /// backlog until one closes.
     pub max_connections: usize,
+    /// TLS: `{cert_file, key_file, client_ca_file, min_version}`; the files
+    /// are read again when they change.
+    pub tls: Option<ServerTlsSettings>,
+    /// Credentials every request must carry: `{bearer_tokens_file,
+    /// basic_auth: {htpasswd_file}}`; otherwise 401, the body unread.
+    pub auth: Option<AuthSettings>,
 }
 
 impl Default for PprofPushConfig {
@@ -79,6 +86,8 @@ impl Default for PprofPushConfig {
             read_header_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            tls: None,
+            auth: None,
         }
     }
 }
@@ -130,6 +139,12 @@ impl Validate for PprofPushConfig {
                 "must be at least 1, such as 1024",
             ));
         }
+        if let Some(tls) = &self.tls {
+            problems.extend(tls.problems("tls"));
+        }
+        if let Some(auth) = &self.auth {
+            problems.extend(auth.problems("auth"));
+        }
         problems
     }
 }
@@ -150,6 +165,8 @@ impl PprofPushConfig {
                 read_timeout: self.read_timeout.get(),
                 max_connections: self.max_connections,
             },
+            self.tls.clone(),
+            self.auth.clone(),
         ))
     }
 }

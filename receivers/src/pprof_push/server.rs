@@ -19,17 +19,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use proflow_pipeline::component::{
     Admission, BuildError, ConsumeError, Consumer, Receiver, ReceiverContext, ServeFuture,
 };
 use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant, OverBudget};
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope, batch_bytes, now_unix_nanos};
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
+use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
 use tower::Service;
 
 use proflow_pipeline::telemetry::ReceiverTelemetry;
@@ -75,14 +70,23 @@ impl LocalAddr {
 pub struct PprofPushReceiver {
     endpoint: SocketAddr,
     limits: Limits,
+    tls: Option<ServerTlsSettings>,
+    auth: Option<AuthSettings>,
     local_addr: LocalAddr,
 }
 
 impl PprofPushReceiver {
-    pub(crate) fn new(endpoint: SocketAddr, limits: Limits) -> Self {
+    pub(crate) fn new(
+        endpoint: SocketAddr,
+        limits: Limits,
+        tls: Option<ServerTlsSettings>,
+        auth: Option<AuthSettings>,
+    ) -> Self {
         PprofPushReceiver {
             endpoint,
             limits,
+            tls,
+            auth,
             local_addr: LocalAddr::default(),
         }
     }
@@ -96,6 +100,13 @@ impl PprofPushReceiver {
 #[async_trait]
 impl Receiver for PprofPushReceiver {
     async fn start(self: Box<Self>, ctx: ReceiverContext) -> Result<ServeFuture, BuildError> {
+        let secured = Secured::start(
+            self.tls.as_ref(),
+            self.auth.as_ref(),
+            &ctx.id,
+            &ctx.shutdown,
+        )
+        .map_err(|e| BuildError::new(format!("receiver `{}`: {e}", ctx.id)))?;
         let listener = tokio::net::TcpListener::bind(self.endpoint)
             .await
             .map_err(|e| {
@@ -112,6 +123,7 @@ impl Receiver for PprofPushReceiver {
         })?;
         let _ = self.local_addr.0.set(addr);
         tracing::info!(receiver = %ctx.id, %addr, "pprof_push receiver listening");
+        let telemetry = ctx.telemetry.clone();
         let shared = Arc::new(Shared {
             id: ctx.id.clone(),
             receiver: Arc::from(ctx.id.as_str()),
@@ -121,81 +133,54 @@ impl Receiver for PprofPushReceiver {
             memory: ctx.memory,
         });
         let app = router(shared);
-        let limits = self.limits;
-        Ok(Box::pin(serve(listener, app, limits, ctx.shutdown, ctx.id)))
+        let listen = Listen {
+            max_connections: self.limits.max_connections,
+            read_header_timeout: Some(self.limits.read_header_timeout),
+            http2_only: false,
+            tls: secured.tls.clone(),
+        };
+        let id = ctx.id.clone();
+        let shutdown = ctx.shutdown.clone();
+        Ok(Box::pin(async move {
+            accept_loop(
+                listener,
+                listen,
+                shutdown,
+                id.clone(),
+                move |mut req, peer| {
+                    let mut app = app.clone();
+                    // Credentials first: a request without them is refused unread.
+                    let refused = secured.authenticate(&mut req).err().map(|why| {
+                        let error = IngestError::Unauthenticated(why.to_string());
+                        telemetry.refused(error.reason(), 0);
+                        let mut response = error.into_response();
+                        response.headers_mut().insert(
+                            axum::http::header::WWW_AUTHENTICATE,
+                            axum::http::HeaderValue::from_static("Bearer, Basic realm=\"proflow\""),
+                        );
+                        response
+                    });
+                    req.extensions_mut().insert(ClientAddr(peer));
+                    async move {
+                        match refused {
+                            Some(response) => response,
+                            None => match app.call(req.map(Body::new)).await {
+                                Ok(response) => response,
+                                Err(never) => match never {},
+                            },
+                        }
+                    }
+                },
+            )
+            .await;
+            tracing::info!(receiver = %id, "pprof_push receiver stopped");
+        }))
     }
 }
 
 /// The client's address, put into each request's extensions by [`serve`].
 #[derive(Debug, Clone, Copy)]
 struct ClientAddr(SocketAddr);
-
-/// Accepts connections until `shutdown`, at most `max_connections` at once
-/// (the rest wait in the kernel's backlog, costing us nothing), with
-/// `read_header_timeout` on every request's headers; then lets the open
-/// connections finish their requests.
-async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    limits: Limits,
-    shutdown: CancellationToken,
-    id: String,
-) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.read_header_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(None);
-    let graceful = GracefulShutdown::new();
-    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    loop {
-        let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => permit,
-            _ = shutdown.cancelled() => break,
-        };
-        let Ok(permit) = permit else { break };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.cancelled() => break,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // Out of file descriptors and the like: wait a moment rather
-                // than spin on the error.
-                tracing::warn!(receiver = %id, error = %e, "cannot accept a connection");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let service = hyper::service::service_fn(move |mut req: axum::http::Request<Incoming>| {
-            req.extensions_mut().insert(ClientAddr(peer));
-            let mut app = app.clone();
-            async move { app.call(req.map(Body::new)).await }
-        });
-        let connection = graceful.watch(
-            builder
-                .serve_connection(TokioIo::new(stream), service)
-                .into_owned(),
-        );
-        tokio::spawn(async move {
-            // Errors are the client's doing (reset, timeout, bad framing).
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, client = %peer, "connection ended with an error");
-            }
-            drop(permit);
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
-    tracing::info!(receiver = %id, "pprof_push receiver stopped");
-}
 
 /// The header Pyroscope (and Grafana's multi-tenant servers) read the tenant from.
 static TENANT_HEADER: header::HeaderName = header::HeaderName::from_static("x-scope-orgid");

@@ -1,0 +1,264 @@
+//! What every listener shares: the accept loop ([`accept_loop`]: at most
+//! `max_connections` at once, the rest wait in the kernel's backlog; a
+//! header timeout for HTTP/1; TLS when configured; a graceful end on
+//! shutdown, open connections finishing their requests), `tls` ([`tls`]:
+//! certificates reloaded on change, optional mutual TLS) and receivers'
+//! `auth` ([`auth`]: bearer tokens, basic auth, reloaded on change).
+
+pub mod auth;
+pub mod tls;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+pub use auth::{AuthSettings, Authenticated, Authenticator, BasicAuthSettings, Unauthenticated};
+pub use tls::{ServerTls, ServerTlsFiles, ServerTlsSettings, TlsVersion};
+
+/// The longest a client may take to finish its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How [`accept_loop`] serves connections.
+#[derive(Debug, Clone)]
+pub struct Listen {
+    pub max_connections: usize,
+    /// HTTP/1 header read timeout (`None`: hyper's default).
+    pub read_header_timeout: Option<Duration>,
+    /// Serve HTTP/2 only (gRPC).
+    pub http2_only: bool,
+    /// TLS on every connection, when set.
+    pub tls: Option<Arc<ServerTls>>,
+}
+
+/// Accepts connections until `shutdown` and serves each request with
+/// `service(request, client address)`; then lets the open connections
+/// finish their requests. With TLS, the handshake runs in the connection's
+/// own task (bounded by [`HANDSHAKE_TIMEOUT`]), so a slow client never
+/// holds up the accepting; a plain-text client on a TLS port fails its
+/// handshake and is dropped.
+pub async fn accept_loop<S, F, B>(
+    listener: TcpListener,
+    listen: Listen,
+    shutdown: CancellationToken,
+    id: String,
+    service: S,
+) where
+    S: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    if listen.http2_only {
+        builder = builder.http2_only();
+    }
+    {
+        let mut http1 = builder.http1();
+        http1.timer(TokioTimer::new());
+        if let Some(timeout) = listen.read_header_timeout {
+            http1.header_read_timeout(timeout);
+        }
+    }
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(None);
+    let builder = Arc::new(builder);
+    let graceful = Arc::new(GracefulShutdown::new());
+    let connections = Arc::new(Semaphore::new(listen.max_connections.max(1)));
+    loop {
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => permit,
+            _ = shutdown.cancelled() => break,
+        };
+        let Ok(permit) = permit else { break };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.cancelled() => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors and the like: wait a moment rather
+                // than spin on the error.
+                tracing::warn!(listener = %id, error = %e, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let service = service.clone();
+        let per_request = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let response = service(req, peer);
+            async move { Ok::<_, Infallible>(response.await) }
+        });
+        let builder = builder.clone();
+        let graceful = graceful.clone();
+        let acceptor = listen.tls.as_ref().map(|t| t.acceptor());
+        let id = id.clone();
+        tokio::spawn(async move {
+            // Errors are the client's doing (reset, timeout, bad framing).
+            // The graceful handle is held only until the connection is
+            // watched (during a handshake), so shutdown can take it back.
+            let result = match acceptor {
+                None => {
+                    let connection = graceful.watch(
+                        builder
+                            .serve_connection(TokioIo::new(stream), per_request)
+                            .into_owned(),
+                    );
+                    drop(graceful);
+                    connection.await
+                }
+                Some(acceptor) => {
+                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(e)) => {
+                            tracing::debug!(listener = %id, client = %peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(listener = %id, client = %peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let connection = graceful.watch(
+                        builder
+                            .serve_connection(TokioIo::new(tls), per_request)
+                            .into_owned(),
+                    );
+                    drop(graceful);
+                    connection.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, client = %peer, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    match Arc::try_unwrap(graceful) {
+        Ok(graceful) => graceful.shutdown().await,
+        // Connections still handshaking hold a handle: wait for them as the
+        // graceful shutdown would, bounded by the handshake timeout.
+        Err(graceful) => {
+            let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+            let mut graceful = graceful;
+            loop {
+                match Arc::try_unwrap(graceful) {
+                    Ok(g) => {
+                        g.shutdown().await;
+                        break;
+                    }
+                    Err(g) if tokio::time::Instant::now() < deadline => {
+                        graceful = g;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}
+
+/// Modification time and length of each file (a missing file is a state
+/// too, so its return is noticed).
+pub(crate) type Stamps = Vec<Option<(std::time::SystemTime, u64)>>;
+
+pub(crate) fn stamps(files: &[&std::path::Path]) -> Stamps {
+    files
+        .iter()
+        .map(|f| {
+            std::fs::metadata(f)
+                .ok()
+                .and_then(|m| Some((m.modified().ok()?, m.len())))
+        })
+        .collect()
+}
+
+/// Calls `reload` whenever `files` change (checked every
+/// [`tls::RELOAD_EVERY`]), starting from `seen`, until `stop`.
+pub(crate) fn watch_files(
+    files: Vec<std::path::PathBuf>,
+    mut seen: Stamps,
+    stop: CancellationToken,
+    reload: impl Fn() + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let paths: Vec<&std::path::Path> = files.iter().map(|p| p.as_path()).collect();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(tls::RELOAD_EVERY) => {}
+                _ = stop.cancelled() => return,
+            }
+            let now = stamps(&paths);
+            if now != seen {
+                seen = now;
+                reload();
+            }
+        }
+    });
+}
+
+/// The running TLS and authentication of one listener.
+#[derive(Debug, Clone, Default)]
+pub struct Secured {
+    pub tls: Option<Arc<ServerTls>>,
+    pub auth: Option<Arc<Authenticator>>,
+}
+
+/// The header Grafana's multi-tenant servers (and proflow's receivers) read
+/// the tenant from.
+pub const TENANT_HEADER: &str = "x-scope-orgid";
+
+impl Secured {
+    /// Loads the files of `tls` and `auth` and watches them until `stop`.
+    /// Errors name the field.
+    pub fn start(
+        tls: Option<&ServerTlsSettings>,
+        auth: Option<&AuthSettings>,
+        what: &str,
+        stop: &CancellationToken,
+    ) -> Result<Secured, String> {
+        Ok(Secured {
+            tls: tls
+                .map(|t| ServerTls::start(t.clone(), what, stop.clone()))
+                .transpose()?,
+            auth: auth
+                .map(|a| Authenticator::start(a.clone(), what, stop.clone()))
+                .transpose()
+                .map_err(|e| format!("auth: {e}"))?,
+        })
+    }
+
+    /// Checks a request's credentials when `auth` is set. A token bound to a
+    /// tenant replaces the request's `X-Scope-OrgID`, so a token cannot write
+    /// as another tenant.
+    pub fn authenticate<B>(&self, req: &mut Request<B>) -> Result<(), Unauthenticated> {
+        let Some(auth) = &self.auth else {
+            return Ok(());
+        };
+        let who = auth.check(req.headers())?;
+        if let Some(tenant) = who.tenant
+            && let Ok(value) = hyper::header::HeaderValue::from_str(&tenant)
+        {
+            req.headers_mut().insert(TENANT_HEADER, value);
+        }
+        Ok(())
+    }
+}
