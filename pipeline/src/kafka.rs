@@ -492,6 +492,9 @@ impl ClientSettings {
                 p.insert("ssl.key.location".to_owned(), path(k));
             }
             if t.insecure_skip_verify {
+                tracing::warn!(
+                    "tls.insecure_skip_verify is on: the brokers' certificates are not checked, so anyone on the path can read and change the records; use it for tests only, and set tls.ca_file instead"
+                );
                 p.insert(
                     "enable.ssl.certificate.verification".to_owned(),
                     "false".to_owned(),

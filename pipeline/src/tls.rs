@@ -44,6 +44,9 @@ pub fn client_config(tls: &ClientTls<'_>, uses_tls: bool) -> Result<ClientConfig
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS setup failed: {e}"))?;
     let builder = if tls.insecure_skip_verify {
+        tracing::warn!(
+            "tls.insecure_skip_verify is on: the peer's certificate is not checked, so anyone on the path can read and change the traffic; use it for tests only, and set tls.ca_file instead"
+        );
         builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(NoVerification {
