@@ -140,6 +140,8 @@ pub struct Replay {
 
 #[derive(Debug)]
 struct Segment {
+    /// Its checksums' salt.
+    salt: u64,
     /// Records written or found and not yet acknowledged.
     live: u64,
     /// The file's length.
@@ -150,6 +152,7 @@ struct Segment {
 
 struct Writer {
     segment: u64,
+    salt: u64,
     file: File,
     len: u64,
 }
@@ -161,6 +164,9 @@ struct Inner {
     written: u64,
     /// Bytes of every segment file.
     disk_bytes: u64,
+    /// Segments sealed since the last group commit (`fsync: batch`): the
+    /// next sync covers them too.
+    unsynced: Vec<File>,
 }
 
 /// One exporter's persistent queue files.
@@ -253,6 +259,7 @@ impl Store {
                 tracing::warn!(segment = %path.display(), offset = d.offset, skipped_bytes = d.skipped, "damaged bytes in the persistent queue (a torn write after a crash, or a bad disk); skipped, every intact record is kept (counted in proflow_exporter_queue_corrupt_total)");
             }
             let acks = segment::read_acks(&dir, n);
+            let salt = scan.salt.unwrap_or(0);
             let mut live = 0;
             if !scan.records.is_empty() {
                 let mut file = File::open(&path)
@@ -263,7 +270,7 @@ impl Store {
                         continue;
                     }
                     // The record passed the scan; read its profile count.
-                    let head = segment::read_record(&mut file, f.offset, f.len)
+                    let head = segment::read_record(&mut file, f.offset, f.len, salt)
                         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
                     match record::profiles(&head) {
                         Ok(profiles) => {
@@ -292,6 +299,7 @@ impl Store {
             segments.insert(
                 n,
                 Segment {
+                    salt,
                     live,
                     bytes: scan.len,
                     acks: None,
@@ -309,6 +317,7 @@ impl Store {
         segments.insert(
             next,
             Segment {
+                salt: writer.salt,
                 live: 0,
                 bytes: writer.len,
                 acks: None,
@@ -324,6 +333,7 @@ impl Store {
                 segments,
                 written: 0,
                 disk_bytes,
+                unsynced: Vec::new(),
             }),
             synced,
             dirty: Notify::new(),
@@ -368,12 +378,12 @@ impl Store {
     }
 
     fn append_locked(&self, inner: &mut Inner, record: &[u8]) -> Result<RecordId, String> {
-        if inner.writer.len > segment::SEGMENT_MAGIC.len() as u64
+        if inner.writer.len > segment::SEGMENT_HEADER as u64
             && inner.writer.len + record.len() as u64 > self.segment_bytes
         {
             self.rotate(inner)?;
         }
-        let header = segment::frame_header(record);
+        let header = segment::frame_header(inner.writer.salt, record);
         let w = &mut inner.writer;
         let offset = w.len;
         let written = w
@@ -407,23 +417,22 @@ impl Store {
         })
     }
 
-    /// Seals the segment being written (synced first unless `never`, so
-    /// group commit never has to reach back to it) and starts the next.
+    /// Seals the segment being written and starts the next. Nothing is
+    /// synced here (no disk wait under the lock): with `always` each
+    /// record's own sync covers it, with `batch` the next group commit
+    /// syncs the sealed file too.
     fn rotate(&self, inner: &mut Inner) -> Result<(), String> {
-        if self.fsync != Fsync::Never {
-            inner
-                .writer
-                .file
-                .sync_data()
-                .map_err(|e| format!("cannot sync a queue segment: {e}"))?;
-        }
         let next = inner.writer.segment + 1;
         let old = inner.writer.segment;
-        inner.writer = new_segment(&self.dir, next)?;
+        let sealed = std::mem::replace(&mut inner.writer, new_segment(&self.dir, next)?);
+        if self.fsync == Fsync::Batch {
+            inner.unsynced.push(sealed.file);
+        }
         inner.disk_bytes += inner.writer.len;
         inner.segments.insert(
             next,
             Segment {
+                salt: inner.writer.salt,
                 live: 0,
                 bytes: inner.writer.len,
                 acks: None,
@@ -488,16 +497,22 @@ impl Store {
                     _ = stop.cancelled() => return,
                 }
             };
-            let (upto, file) = {
-                let inner = self.lock();
-                (inner.written, inner.writer.file.try_clone())
+            let (upto, file, sealed) = {
+                let mut inner = self.lock();
+                let sealed = std::mem::take(&mut inner.unsynced);
+                (inner.written, inner.writer.file.try_clone(), sealed)
             };
             let started = Instant::now();
             let result = match file {
-                Ok(f) => tokio::task::spawn_blocking(move || f.sync_data())
-                    .await
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-                    .and_then(|r| r),
+                Ok(f) => tokio::task::spawn_blocking(move || {
+                    for s in &sealed {
+                        s.sync_data()?;
+                    }
+                    f.sync_data()
+                })
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))
+                .and_then(|r| r),
                 Err(e) => Err(e),
             };
             self.telemetry.queue_fsync(started.elapsed().as_secs_f64());
@@ -572,11 +587,17 @@ impl Store {
     /// no longer match their checksum).
     pub fn read(&self, id: RecordId) -> Result<Vec<u8>, ReadError> {
         let path = segment::segment_path(&self.dir, id.segment);
+        let Some(salt) = self.lock().segments.get(&id.segment).map(|s| s.salt) else {
+            return Err(ReadError {
+                transient: false,
+                message: format!("{} is no longer kept", path.display()),
+            });
+        };
         let mut file = File::open(&path).map_err(|e| ReadError {
             transient: true,
             message: format!("cannot open {}: {e}", path.display()),
         })?;
-        segment::read_record(&mut file, id.offset, id.len).map_err(|e| ReadError {
+        segment::read_record(&mut file, id.offset, id.len, salt).map_err(|e| ReadError {
             transient: e.kind() != std::io::ErrorKind::InvalidData,
             message: format!("cannot read {}: {e}", path.display()),
         })
@@ -614,7 +635,17 @@ fn new_segment(dir: &Path, n: u64) -> Result<Writer, String> {
         .write(true)
         .open(&path)
         .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    file.write_all(segment::SEGMENT_MAGIC)
+    // Unpredictable to clients (the hasher's keys are random per process),
+    // so no profile bytes can carry a frame that passes this segment's checks.
+    let salt = {
+        use std::hash::BuildHasher;
+        std::collections::hash_map::RandomState::new().hash_one((
+            n,
+            std::process::id(),
+            std::time::SystemTime::now(),
+        ))
+    };
+    file.write_all(&segment::segment_header(salt))
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     // The new file's name must survive a crash before records in it count.
     if let Ok(d) = File::open(dir) {
@@ -622,8 +653,9 @@ fn new_segment(dir: &Path, n: u64) -> Result<Writer, String> {
     }
     Ok(Writer {
         segment: n,
+        salt,
         file,
-        len: segment::SEGMENT_MAGIC.len() as u64,
+        len: segment::SEGMENT_HEADER as u64,
     })
 }
 

@@ -2,15 +2,18 @@
 //! beside them, and the scan that finds what is left after a restart.
 //!
 //! A segment `NNNNNNNNNNNNNNNNNNNN.seg` starts with the 8 bytes
-//! `PFLWSEG1`, then frames, each:
+//! `PFLWSEG1` and a random 64-bit salt, then frames, each:
 //!
 //! ```text
-//! u32 magic "PFRC" · u32 length · u32 CRC32C of (length bytes ‖ record) · record
+//! u32 magic "PFRC" · u32 length · u32 CRC32C of (salt ‖ length bytes ‖ record) · record
 //! ```
 //!
 //! The checksum covers the length too, so a damaged length is caught like a
 //! damaged record. After damage the scan looks for the next magic whose frame
-//! checks out, so every intact record after a damaged one is still found.
+//! checks out, so every intact record after a damaged one is still found. The
+//! salt keeps a frame that a client wrote inside its own profile bytes from
+//! ever passing as a record: it cannot know the salt. (A segment whose first
+//! 16 bytes are damaged has no salt to check against, and is lost whole.)
 //!
 //! Its acknowledgements, `NNNNNNNNNNNNNNNNNNNN.ack`, are 12-byte entries: the
 //! byte offset of a finished record (`u64`) and a CRC32C of that offset and
@@ -23,6 +26,8 @@ use std::path::{Path, PathBuf};
 
 /// The first bytes of every segment.
 pub const SEGMENT_MAGIC: &[u8; 8] = b"PFLWSEG1";
+/// Bytes of a segment's header: the magic and the salt.
+pub const SEGMENT_HEADER: usize = 16;
 /// The first bytes of every frame.
 const FRAME_MAGIC: &[u8; 4] = b"PFRC";
 /// Bytes of a frame before its record.
@@ -54,17 +59,26 @@ pub fn list(dir: &Path) -> std::io::Result<Vec<u64>> {
     Ok(out)
 }
 
-fn crc(length: u32, record: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&length.to_le_bytes()), record)
+fn crc(salt: u64, length: u32, record: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&salt.to_le_bytes());
+    crc32c::crc32c_append(crc32c::crc32c_append(c, &length.to_le_bytes()), record)
 }
 
-/// The frame header of `record`.
-pub fn frame_header(record: &[u8]) -> [u8; FRAME_HEADER] {
+/// The header of a new segment with `salt`.
+pub fn segment_header(salt: u64) -> [u8; SEGMENT_HEADER] {
+    let mut h = [0u8; SEGMENT_HEADER];
+    h[..8].copy_from_slice(SEGMENT_MAGIC);
+    h[8..].copy_from_slice(&salt.to_le_bytes());
+    h
+}
+
+/// The frame header of `record` in a segment with `salt`.
+pub fn frame_header(salt: u64, record: &[u8]) -> [u8; FRAME_HEADER] {
     let len = u32::try_from(record.len()).unwrap_or(u32::MAX);
     let mut h = [0u8; FRAME_HEADER];
     h[..4].copy_from_slice(FRAME_MAGIC);
     h[4..8].copy_from_slice(&len.to_le_bytes());
-    h[8..].copy_from_slice(&crc(len, record).to_le_bytes());
+    h[8..].copy_from_slice(&crc(salt, len, record).to_le_bytes());
     h
 }
 
@@ -121,6 +135,8 @@ pub struct Scan {
     pub damage: Vec<Damage>,
     /// The file's length.
     pub len: u64,
+    /// The segment's salt (`None`: its header is damaged).
+    pub salt: Option<u64>,
 }
 
 /// Reads a whole segment and checks every frame. `max_record` bounds a frame's
@@ -135,15 +151,26 @@ fn scan_bytes(bytes: &[u8], max_record: u32) -> Scan {
         len: bytes.len() as u64,
         ..Scan::default()
     };
-    let mut at = if bytes.starts_with(SEGMENT_MAGIC) {
-        SEGMENT_MAGIC.len()
-    } else {
-        // A damaged segment header: look for frames anyway.
-        0
+    let salt = match bytes.get(..SEGMENT_HEADER) {
+        Some(h) if h.starts_with(SEGMENT_MAGIC) => {
+            u64::from_le_bytes(h[8..].try_into().unwrap_or([0; 8]))
+        }
+        _ => {
+            // A damaged or torn header: no salt, so no frame can be trusted.
+            if !bytes.is_empty() {
+                out.damage.push(Damage {
+                    offset: 0,
+                    skipped: bytes.len() as u64,
+                });
+            }
+            return out;
+        }
     };
-    let mut damaged_from: Option<usize> = (at == 0 && !bytes.is_empty()).then_some(0);
+    out.salt = Some(salt);
+    let mut at = SEGMENT_HEADER;
+    let mut damaged_from: Option<usize> = None;
     while at < bytes.len() {
-        match frame_at(bytes, at, max_record) {
+        match frame_at(bytes, at, max_record, salt) {
             Some(len) => {
                 if let Some(from) = damaged_from.take() {
                     out.damage.push(Damage {
@@ -177,7 +204,7 @@ fn scan_bytes(bytes: &[u8], max_record: u32) -> Scan {
 }
 
 /// The record length of an intact frame at `at`, if there is one.
-fn frame_at(bytes: &[u8], at: usize, max_record: u32) -> Option<u32> {
+fn frame_at(bytes: &[u8], at: usize, max_record: u32, salt: u64) -> Option<u32> {
     let header = bytes.get(at..at.checked_add(FRAME_HEADER)?)?;
     if &header[..4] != FRAME_MAGIC {
         return None;
@@ -188,7 +215,7 @@ fn frame_at(bytes: &[u8], at: usize, max_record: u32) -> Option<u32> {
     }
     let record = bytes.get(at + FRAME_HEADER..(at + FRAME_HEADER).checked_add(len as usize)?)?;
     let want = u32::from_le_bytes(header[8..12].try_into().ok()?);
-    (crc(len, record) == want).then_some(len)
+    (crc(salt, len, record) == want).then_some(len)
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -196,11 +223,11 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// Reads the record of the frame at `offset` (`len` bytes) and checks it.
-pub fn read_record(file: &mut File, offset: u64, len: u32) -> std::io::Result<Vec<u8>> {
+pub fn read_record(file: &mut File, offset: u64, len: u32, salt: u64) -> std::io::Result<Vec<u8>> {
     let mut frame = vec![0u8; FRAME_HEADER + len as usize];
     file.seek(SeekFrom::Start(offset))?;
     file.read_exact(&mut frame)?;
-    match frame_at(&frame, 0, len) {
+    match frame_at(&frame, 0, len, salt) {
         Some(l) if l == len => {
             frame.drain(..FRAME_HEADER);
             Ok(frame)
@@ -216,12 +243,14 @@ pub fn read_record(file: &mut File, offset: u64, len: u32) -> std::io::Result<Ve
 mod tests {
     use super::*;
 
+    const SALT: u64 = 0x5eed;
+
     fn segment(records: &[&[u8]]) -> (Vec<u8>, Vec<u64>) {
-        let mut out = SEGMENT_MAGIC.to_vec();
+        let mut out = segment_header(SALT).to_vec();
         let mut offsets = Vec::new();
         for r in records {
             offsets.push(out.len() as u64);
-            out.extend_from_slice(&frame_header(r));
+            out.extend_from_slice(&frame_header(SALT, r));
             out.extend_from_slice(r);
         }
         (out, offsets)
@@ -249,7 +278,7 @@ mod tests {
             let s = scan_bytes(&bytes[..cut], 1 << 20);
             let whole = s.records.len();
             // Every record wholly before the cut is found.
-            let expect = [8 + 15, 8 + 30, 8 + 47]
+            let expect = [16 + 15, 16 + 30, 16 + 47]
                 .iter()
                 .filter(|&&end| end <= cut)
                 .count();
@@ -275,6 +304,36 @@ mod tests {
                 assert_eq!(s.damage[0].offset, off);
             }
         }
+    }
+
+    #[test]
+    fn a_frame_forged_inside_a_record_never_passes() {
+        // A client's profile bytes that hold a well-formed frame (with any
+        // salt but the segment's): after damage to the real frame around it,
+        // the scan finds the forged magic and must refuse it.
+        let forged_inner = b"forged record".to_vec();
+        let mut payload = vec![7u8; 20];
+        for guess in [0u64, 1, SALT + 1] {
+            payload.extend_from_slice(&frame_header(guess, &forged_inner));
+            payload.extend_from_slice(&forged_inner);
+        }
+        let (mut bytes, offsets) = segment(&[&payload, b"after"]);
+        bytes[offsets[0] as usize + 5] ^= 0xff; // the real frame's length
+        let s = scan_bytes(&bytes, 1 << 20);
+        assert_eq!(
+            s.records.iter().map(|f| f.offset).collect::<Vec<_>>(),
+            [offsets[1]],
+            "only the intact record after the damage"
+        );
+    }
+
+    #[test]
+    fn a_damaged_header_loses_the_segment_as_counted_damage() {
+        let (mut bytes, _) = segment(&[b"one"]);
+        bytes[2] ^= 1;
+        let s = scan_bytes(&bytes, 1 << 20);
+        assert!(s.records.is_empty() && s.salt.is_none());
+        assert_eq!(s.damage.len(), 1);
     }
 
     #[test]
