@@ -33,6 +33,55 @@ pub enum NodeValue {
 }
 
 impl Node {
+    /// The value alone, positions left out, as text: equal for two nodes
+    /// that say the same thing wherever they sit in their files (what a
+    /// reload compares to find the components whose config changed).
+    pub fn fingerprint(&self) -> String {
+        let mut out = String::new();
+        self.write_fingerprint(&mut out);
+        out
+    }
+
+    fn write_fingerprint(&self, out: &mut String) {
+        use std::fmt::Write;
+        match &self.value {
+            NodeValue::Null => out.push('~'),
+            NodeValue::Bool(b) => {
+                let _ = write!(out, "{b}");
+            }
+            NodeValue::Int(i) => {
+                let _ = write!(out, "{i}");
+            }
+            NodeValue::UInt(u) => {
+                let _ = write!(out, "{u}");
+            }
+            NodeValue::Float(f) => {
+                let _ = write!(out, "{}", self.raw.clone().unwrap_or_else(|| f.to_string()));
+            }
+            NodeValue::Str(s) => {
+                let _ = write!(out, "{s:?}");
+            }
+            NodeValue::Seq(items) => {
+                out.push('[');
+                for i in items {
+                    i.write_fingerprint(out);
+                    out.push(',');
+                }
+                out.push(']');
+            }
+            NodeValue::Map(entries) => {
+                out.push('{');
+                for (k, v) in entries {
+                    k.write_fingerprint(out);
+                    out.push(':');
+                    v.write_fingerprint(out);
+                    out.push(',');
+                }
+                out.push('}');
+            }
+        }
+    }
+
     pub fn new(value: NodeValue, line: usize, column: usize) -> Self {
         Node {
             value,

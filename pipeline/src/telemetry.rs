@@ -572,7 +572,7 @@ impl Telemetry {
                 }),
             );
         let listen = crate::server::Listen {
-            max_connections: 64,
+            max_connections: 1024,
             read_header_timeout: Some(std::time::Duration::from_secs(10)),
             http2_only: false,
             tls,

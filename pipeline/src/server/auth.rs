@@ -89,6 +89,9 @@ struct Credentials {
     tokens: HashMap<String, Option<Arc<str>>>,
     /// User → bcrypt hash.
     users: HashMap<String, String>,
+    /// A hash of the file's highest cost that no password matches: checked
+    /// for unknown users, so they take as long as known ones.
+    dummy_hash: String,
 }
 
 /// Why a request was turned away (401 / `UNAUTHENTICATED`).
@@ -115,7 +118,16 @@ pub struct Authenticator {
     current: RwLock<Arc<Credentials>>,
     /// Digests of `user:password` pairs bcrypt accepted (cleared on reload).
     verified: Mutex<HashSet<[u8; 16]>>,
+    /// bcrypt runs on the blocking pool, this many at once: a flood of wrong
+    /// passwords waits here instead of taking the async workers.
+    bcrypt_slots: tokio::sync::Semaphore,
 }
+
+/// bcrypt checks running at once.
+const BCRYPT_AT_ONCE: usize = 2;
+/// The highest bcrypt cost accepted in an htpasswd file: each step doubles
+/// the time of every first check (cost 14 is about a second here).
+const MAX_BCRYPT_COST: u32 = 14;
 
 /// Most verified basic-auth pairs remembered.
 const VERIFIED_MAX: usize = 4096;
@@ -134,6 +146,7 @@ impl Authenticator {
             settings,
             current: RwLock::new(Arc::new(credentials)),
             verified: Mutex::new(HashSet::new()),
+            bcrypt_slots: tokio::sync::Semaphore::new(BCRYPT_AT_ONCE),
         });
         let watched = auth.clone();
         let what = what.to_owned();
@@ -166,8 +179,9 @@ impl Authenticator {
     }
 
     /// Checks a request's `Authorization` header. Basic auth runs bcrypt
-    /// (slow by design) once per distinct pair until the file changes.
-    pub fn check(&self, headers: &HeaderMap) -> Result<Authenticated, Unauthenticated> {
+    /// (slow by design) once per distinct pair until the file changes, on
+    /// the blocking pool; an unknown user costs the same as a wrong password.
+    pub async fn check(&self, headers: &HeaderMap) -> Result<Authenticated, Unauthenticated> {
         let Some(value) = headers.get(AUTHORIZATION) else {
             return Err(Unauthenticated(
                 "credentials required (Authorization header)",
@@ -199,8 +213,9 @@ impl Authenticator {
             let (user, password) = pair.split_once(':').ok_or(Unauthenticated(
                 "the basic credentials have no `user:password`",
             ))?;
-            let Some(hash) = credentials.users.get(user) else {
-                return Err(Unauthenticated("unknown user or wrong password"));
+            let (hash, known) = match credentials.users.get(user) {
+                Some(hash) => (hash.as_str(), true),
+                None => (credentials.dummy_hash.as_str(), false),
             };
             let digest: [u8; 16] = md5::Md5::new()
                 .chain_update(hash.as_bytes())
@@ -208,16 +223,25 @@ impl Authenticator {
                 .chain_update(pair.as_bytes())
                 .finalize()
                 .into();
-            let mut verified = self
+            let remembered = self
                 .verified
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if verified.contains(&digest) {
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(&digest);
+            if remembered {
                 return Ok(Authenticated::default());
             }
-            drop(verified);
-            if bcrypt::verify(password, hash).unwrap_or(false) {
-                verified = self
+            let Ok(_slot) = self.bcrypt_slots.acquire().await else {
+                return Err(Unauthenticated("unknown user or wrong password"));
+            };
+            let (password, hash_owned) = (password.to_owned(), hash.to_owned());
+            let ok = tokio::task::spawn_blocking(move || {
+                bcrypt::verify(password, &hash_owned).unwrap_or(false)
+            })
+            .await
+            .unwrap_or(false);
+            if ok && known {
+                let mut verified = self
                     .verified
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -242,6 +266,15 @@ fn load(settings: &AuthSettings) -> Result<Credentials, String> {
     }
     if let Some(b) = &settings.basic_auth {
         c.users = load_htpasswd(&b.htpasswd_file)?;
+        let cost = c
+            .users
+            .values()
+            .filter_map(|h| cost_of(h))
+            .max()
+            .unwrap_or(10);
+        c.dummy_hash = bcrypt::hash_with_salt(b"proflow: no user has this", cost, [0x5a; 16])
+            .map(|h| h.format_for_version(bcrypt::Version::TwoY))
+            .map_err(|e| format!("bcrypt: {e}"))?;
     }
     Ok(c)
 }
@@ -258,6 +291,14 @@ fn load_tokens(path: &Path) -> Result<HashMap<String, Option<Arc<str>>>, String>
         let (Some(token), tenant) = (parts.next(), parts.next()) else {
             continue;
         };
+        if let Some(t) = tenant
+            && hyper::header::HeaderValue::from_str(t).is_err()
+        {
+            return Err(format!(
+                "`{}`: the tenant of a token must be printable text (it becomes X-Scope-OrgID), got {t:?}",
+                path.display()
+            ));
+        }
         out.insert(token.to_owned(), tenant.map(Arc::from));
     }
     if out.is_empty() {
@@ -267,6 +308,11 @@ fn load_tokens(path: &Path) -> Result<HashMap<String, Option<Arc<str>>>, String>
         ));
     }
     Ok(out)
+}
+
+/// The cost of a `$2y$NN$...` hash.
+fn cost_of(hash: &str) -> Option<u32> {
+    hash.get(4..6)?.parse().ok()
 }
 
 fn load_htpasswd(path: &Path) -> Result<HashMap<String, String>, String> {
@@ -293,6 +339,16 @@ fn load_htpasswd(path: &Path) -> Result<HashMap<String, String>, String> {
                 path.display(),
                 n + 1
             ));
+        }
+        match cost_of(hash) {
+            Some(cost) if cost <= MAX_BCRYPT_COST => {}
+            _ => {
+                return Err(format!(
+                    "`{}` line {}: user `{user}` has a bcrypt cost above {MAX_BCRYPT_COST} (or none): every first check of a password would take seconds; make the hash with `htpasswd -B -C 10`",
+                    path.display(),
+                    n + 1
+                ));
+            }
         }
         out.insert(user.to_owned(), hash.to_owned());
     }
@@ -336,38 +392,42 @@ mod tests {
         .unwrap();
         assert_eq!(
             auth.check(&headers("Bearer secret-a"))
+                .await
                 .unwrap()
                 .tenant
                 .as_deref(),
             Some("team-a")
         );
         assert_eq!(
-            auth.check(&headers("bearer secret-b")).unwrap().tenant,
+            auth.check(&headers("bearer secret-b"))
+                .await
+                .unwrap()
+                .tenant,
             None
         );
-        assert!(auth.check(&headers("Bearer nope")).is_err());
-        assert!(auth.check(&HeaderMap::new()).is_err());
+        assert!(auth.check(&headers("Bearer nope")).await.is_err());
+        assert!(auth.check(&HeaderMap::new()).await.is_err());
         let basic = |pair: &str| {
             format!(
                 "Basic {}",
                 base64::engine::general_purpose::STANDARD.encode(pair)
             )
         };
-        assert!(auth.check(&headers(&basic("alice:pw"))).is_ok());
+        assert!(auth.check(&headers(&basic("alice:pw"))).await.is_ok());
         assert!(
-            auth.check(&headers(&basic("alice:pw"))).is_ok(),
+            auth.check(&headers(&basic("alice:pw"))).await.is_ok(),
             "remembered"
         );
-        assert!(auth.check(&headers(&basic("alice:wrong"))).is_err());
-        assert!(auth.check(&headers(&basic("bob:pw"))).is_err());
+        assert!(auth.check(&headers(&basic("alice:wrong"))).await.is_err());
+        assert!(auth.check(&headers(&basic("bob:pw"))).await.is_err());
         // The token file changes: the new token works within seconds.
         std::fs::write(&tokens, "secret-c\n").unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while auth.check(&headers("Bearer secret-c")).is_err() {
+        while auth.check(&headers("Bearer secret-c")).await.is_err() {
             assert!(std::time::Instant::now() < deadline, "not reloaded");
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
-        assert!(auth.check(&headers("Bearer secret-a")).is_err());
+        assert!(auth.check(&headers("Bearer secret-a")).await.is_err());
         stop.cancel();
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -76,8 +76,10 @@ pub async fn accept_loop<S, F, B>(
         .timer(TokioTimer::new())
         .keep_alive_interval(None);
     let builder = Arc::new(builder);
-    let graceful = Arc::new(GracefulShutdown::new());
+    let graceful = GracefulShutdown::new();
     let connections = Arc::new(Semaphore::new(listen.max_connections.max(1)));
+    // Connections still in their TLS handshake when shutdown comes.
+    let handshaking = tokio_util::task::TaskTracker::new();
     loop {
         let permit = tokio::select! {
             permit = connections.clone().acquire_owned() => permit,
@@ -104,89 +106,81 @@ pub async fn accept_loop<S, F, B>(
             let response = service(req, peer);
             async move { Ok::<_, Infallible>(response.await) }
         });
+        let Some(tls) = &listen.tls else {
+            let connection = graceful.watch(
+                builder
+                    .serve_connection(TokioIo::new(stream), per_request)
+                    .into_owned(),
+            );
+            tokio::spawn(async move {
+                // Errors are the client's doing (reset, timeout, bad framing).
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, client = %peer, "connection ended with an error");
+                }
+                drop(permit);
+            });
+            continue;
+        };
+        // TLS: the handshake runs in the connection's own task (a slow
+        // client never holds up accepting), ends with shutdown, and the
+        // connection is watched for the graceful end once it is served.
+        let acceptor = tls.acceptor(listen.http2_only);
+        let watcher = graceful.watcher();
         let builder = builder.clone();
-        let graceful = graceful.clone();
-        let acceptor = listen.tls.as_ref().map(|t| t.acceptor());
-        let id = id.clone();
-        tokio::spawn(async move {
-            // Errors are the client's doing (reset, timeout, bad framing).
-            // The graceful handle is held only until the connection is
-            // watched (during a handshake), so shutdown can take it back.
-            let result = match acceptor {
-                None => {
-                    let connection = graceful.watch(
-                        builder
-                            .serve_connection(TokioIo::new(stream), per_request)
-                            .into_owned(),
-                    );
-                    drop(graceful);
-                    connection.await
-                }
-                Some(acceptor) => {
-                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
-                        .await
-                    {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(e)) => {
-                            tracing::debug!(listener = %id, client = %peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(listener = %id, client = %peer, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    let connection = graceful.watch(
-                        builder
-                            .serve_connection(TokioIo::new(tls), per_request)
-                            .into_owned(),
-                    );
-                    drop(graceful);
-                    connection.await
-                }
+        let (id, stop) = (id.clone(), shutdown.clone());
+        handshaking.spawn(async move {
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+            let tls = tokio::select! {
+                r = handshake => match r {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        tracing::debug!(listener = %id, client = %peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(listener = %id, client = %peer, "TLS handshake timed out");
+                        return;
+                    }
+                },
+                _ = stop.cancelled() => return,
             };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, client = %peer, "connection ended with an error");
-            }
-            drop(permit);
+            let connection = watcher.watch(
+                builder
+                    .serve_connection(TokioIo::new(tls), per_request)
+                    .into_owned(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, client = %peer, "connection ended with an error");
+                }
+                drop(permit);
+            });
         });
     }
     drop(listener);
-    match Arc::try_unwrap(graceful) {
-        Ok(graceful) => graceful.shutdown().await,
-        // Connections still handshaking hold a handle: wait for them as the
-        // graceful shutdown would, bounded by the handshake timeout.
-        Err(graceful) => {
-            let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
-            let mut graceful = graceful;
-            loop {
-                match Arc::try_unwrap(graceful) {
-                    Ok(g) => {
-                        g.shutdown().await;
-                        break;
-                    }
-                    Err(g) if tokio::time::Instant::now() < deadline => {
-                        graceful = g;
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Err(_) => break,
-                }
-            }
-        }
-    }
+    // Handshakes end at once on shutdown; then every served connection
+    // finishes its requests.
+    handshaking.close();
+    handshaking.wait().await;
+    graceful.shutdown().await;
 }
 
-/// Modification time and length of each file (a missing file is a state
-/// too, so its return is noticed).
-pub(crate) type Stamps = Vec<Option<(std::time::SystemTime, u64)>>;
+/// A hash of each file's contents (`None` when it cannot be read, so its
+/// return is noticed). Contents, not times: a rotated token of the same
+/// length written within the clock's resolution, or a copy that keeps the
+/// old time, is still seen. The files are small (certificates, keys,
+/// credentials).
+pub(crate) type Stamps = Vec<Option<u64>>;
 
 pub(crate) fn stamps(files: &[&std::path::Path]) -> Stamps {
+    use std::hash::{Hash, Hasher};
     files
         .iter()
         .map(|f| {
-            std::fs::metadata(f)
-                .ok()
-                .and_then(|m| Some((m.modified().ok()?, m.len())))
+            let bytes = std::fs::read(f).ok()?;
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            bytes.hash(&mut h);
+            Some(h.finish())
         })
         .collect()
 }
@@ -249,11 +243,11 @@ impl Secured {
     /// Checks a request's credentials when `auth` is set. A token bound to a
     /// tenant replaces the request's `X-Scope-OrgID`, so a token cannot write
     /// as another tenant.
-    pub fn authenticate<B>(&self, req: &mut Request<B>) -> Result<(), Unauthenticated> {
+    pub async fn authenticate<B>(&self, req: &mut Request<B>) -> Result<(), Unauthenticated> {
         let Some(auth) = &self.auth else {
             return Ok(());
         };
-        let who = auth.check(req.headers())?;
+        let who = auth.check(req.headers()).await?;
         if let Some(tenant) = who.tenant
             && let Ok(value) = hyper::header::HeaderValue::from_str(&tenant)
         {

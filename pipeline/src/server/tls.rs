@@ -112,7 +112,17 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 #[derive(Debug)]
 pub struct ServerTls {
     settings: ServerTlsSettings,
-    current: RwLock<Arc<ServerConfig>>,
+    /// For HTTP/1 and HTTP/2 listeners, and for HTTP/2-only ones (gRPC:
+    /// ALPN offers `h2` alone, so a client that cannot speak it fails the
+    /// handshake instead of getting a broken connection).
+    current: RwLock<(Arc<ServerConfig>, Arc<ServerConfig>)>,
+}
+
+/// Both configs of one load: ALPN `h2, http/1.1` and `h2` alone.
+fn both(config: ServerConfig) -> (Arc<ServerConfig>, Arc<ServerConfig>) {
+    let mut h2 = config.clone();
+    h2.alpn_protocols = vec![b"h2".to_vec()];
+    (Arc::new(config), Arc::new(h2))
 }
 
 impl ServerTls {
@@ -130,7 +140,7 @@ impl ServerTls {
             .map_err(|(field, e)| format!("tls.{field}: {e}"))?;
         let tls = Arc::new(ServerTls {
             settings,
-            current: RwLock::new(Arc::new(config)),
+            current: RwLock::new(both(config)),
         });
         let watched = tls.clone();
         let what = what.to_owned();
@@ -146,7 +156,7 @@ impl ServerTls {
                     *watched
                         .current
                         .write()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(config);
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = both(config);
                     tracing::info!(listener = %what, "TLS certificate files changed; new connections use them");
                 }
                 Err((field, e)) => {
@@ -157,13 +167,17 @@ impl ServerTls {
         Ok(tls)
     }
 
-    /// The acceptor for the next connection.
-    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        let config = self
+    /// The acceptor for the next connection (of an HTTP/2-only listener
+    /// when `h2_only`).
+    pub fn acceptor(&self, h2_only: bool) -> tokio_rustls::TlsAcceptor {
+        let current = self
             .current
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        tokio_rustls::TlsAcceptor::from(config)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        tokio_rustls::TlsAcceptor::from(if h2_only {
+            current.1.clone()
+        } else {
+            current.0.clone()
+        })
     }
 }

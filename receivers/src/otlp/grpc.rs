@@ -103,7 +103,7 @@ impl Grpc {
         peer: SocketAddr,
     ) -> Response<tonic::body::Body> {
         // Credentials first: a request without them is refused unread.
-        if let Err(why) = self.secured.authenticate(&mut req) {
+        if let Err(why) = self.secured.authenticate(&mut req).await {
             let error = OtlpError::Unauthenticated(why.to_string());
             let status = error.to_grpc();
             self.handler.refused(&Refused::from(error));

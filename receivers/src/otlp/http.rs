@@ -195,7 +195,7 @@ impl Http {
     async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
         let media = media_type(req.headers());
         // Credentials first: a request without them is refused unread.
-        if let Err(why) = self.secured.authenticate(&mut req) {
+        if let Err(why) = self.secured.authenticate(&mut req).await {
             let refused = Refused::from(OtlpError::Unauthenticated(why.to_string()));
             self.handler.refused(&refused);
             let mut response = refusal(&refused.error, media.as_ref());

@@ -149,25 +149,25 @@ impl Receiver for PprofPushReceiver {
                 id.clone(),
                 move |mut req, peer| {
                     let mut app = app.clone();
-                    // Credentials first: a request without them is refused unread.
-                    let refused = secured.authenticate(&mut req).err().map(|why| {
-                        let error = IngestError::Unauthenticated(why.to_string());
-                        telemetry.refused(error.reason(), 0);
-                        let mut response = error.into_response();
-                        response.headers_mut().insert(
-                            axum::http::header::WWW_AUTHENTICATE,
-                            axum::http::HeaderValue::from_static("Bearer, Basic realm=\"proflow\""),
-                        );
-                        response
-                    });
+                    let (secured, telemetry) = (secured.clone(), telemetry.clone());
                     req.extensions_mut().insert(ClientAddr(peer));
                     async move {
-                        match refused {
-                            Some(response) => response,
-                            None => match app.call(req.map(Body::new)).await {
-                                Ok(response) => response,
-                                Err(never) => match never {},
-                            },
+                        // Credentials first: a request without them is refused unread.
+                        if let Err(why) = secured.authenticate(&mut req).await {
+                            let error = IngestError::Unauthenticated(why.to_string());
+                            telemetry.refused(error.reason(), 0);
+                            let mut response = error.into_response();
+                            response.headers_mut().insert(
+                                axum::http::header::WWW_AUTHENTICATE,
+                                axum::http::HeaderValue::from_static(
+                                    "Bearer, Basic realm=\"proflow\"",
+                                ),
+                            );
+                            return response;
+                        }
+                        match app.call(req.map(Body::new)).await {
+                            Ok(response) => response,
+                            Err(never) => match never {},
                         }
                     }
                 },
