@@ -112,7 +112,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match runtime.block_on(run(plan)) {
+            match runtime.block_on(run(path, plan)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e:#}");
@@ -151,12 +151,16 @@ fn init_logging(level: &str, format: LogFormat) -> anyhow::Result<()> {
     result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))
 }
 
-async fn run(plan: Plan) -> anyhow::Result<()> {
+async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
     for w in &plan.warnings {
         tracing::warn!("{w}");
     }
     let telemetry = Arc::new(Telemetry::new());
     let stop_telemetry = CancellationToken::new();
+    // `POST /-/reload` asks here (when service.telemetry.reload_endpoint).
+    let (reload_tx, mut reload_rx) =
+        tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<Result<String, String>>>(4);
+    let started_telemetry = format!("{:?}", plan.telemetry);
     let telemetry_task = match plan
         .telemetry
         .socket_addr()
@@ -180,24 +184,39 @@ async fn run(plan: Plan) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot listen on service.telemetry.address {addr}: is another process using it?"))?;
             tracing::info!(address = %listener.local_addr().unwrap_or(addr), tls = tls.is_some(), "telemetry serving /metrics, /healthz, /readyz, /targets");
+            let reload = plan.telemetry.reload_endpoint.then(|| reload_tx.clone());
             Some(tokio::spawn(telemetry.clone().serve(
                 listener,
                 tls,
+                reload,
                 stop_telemetry.clone(),
             )))
         }
         None => None,
     };
     let shutdown_timeout = plan.shutdown_timeout;
-    let running = plan
+    let mut running = plan
         .start(telemetry.clone())
         .await
         .context("cannot start")?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "proflow is running");
 
-    let failed = tokio::select! {
-        _ = wait_for_signal() => false,
-        _ = running.receiver_failed() => true,
+    let mut stop = StopSignals::new();
+    let mut hangup = ReloadSignal::new();
+    let receiver_failed = running.failed_token();
+    let failed = loop {
+        tokio::select! {
+            _ = stop.recv() => break false,
+            _ = receiver_failed.cancelled() => break true,
+            _ = hangup.recv() => {
+                tracing::info!(config = %path.display(), "SIGHUP: reloading the config");
+                let _ = reload(&path, &mut running, &started_telemetry).await;
+            }
+            Some(reply) = reload_rx.recv() => {
+                tracing::info!(config = %path.display(), "POST /-/reload: reloading the config");
+                let _ = reply.send(reload(&path, &mut running, &started_telemetry).await);
+            }
+        }
     };
     tracing::info!(
         ?shutdown_timeout,
@@ -226,26 +245,122 @@ async fn run(plan: Plan) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM received"),
-                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
-                let _ = tokio::signal::ctrl_c().await;
-            }
+/// Reads the config again and applies it to the running collector; the
+/// summary, or every problem (the running config then stays).
+async fn reload(
+    path: &Path,
+    running: &mut topology::Running,
+    started_telemetry: &str,
+) -> Result<String, String> {
+    let plan = match load(path) {
+        Ok(plan) => plan,
+        Err(e) => {
+            tracing::error!("the new config is refused; the running config stays:\n{e:#}");
+            return Err(format!("{e:#}"));
+        }
+    };
+    for w in &plan.warnings {
+        tracing::warn!("{w}");
+    }
+    if format!("{:?}", plan.telemetry) != started_telemetry {
+        tracing::warn!(
+            "service.telemetry changes (address, tls, logging, reload_endpoint) apply at the next restart only"
+        );
+    }
+    match running.reload(plan).await {
+        Ok(report) => {
+            let summary = format!(
+                "started {:?}, stopped {:?}, kept {} component(s)",
+                report.started,
+                report.stopped,
+                report.kept.len()
+            );
+            tracing::info!(started = ?report.started, stopped = ?report.stopped, kept = ?report.kept, "config reloaded");
+            Ok(summary)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the new config cannot be started; the running config stays");
+            Err(e.to_string())
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+}
+
+/// SIGTERM / SIGINT: stop. Watched from the start, so none is missed
+/// while a reload runs.
+struct StopSignals {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+/// SIGHUP: reload.
+struct ReloadSignal {
+    #[cfg(unix)]
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+#[cfg(unix)]
+fn watch_signal(
+    kind: tokio::signal::unix::SignalKind,
+    name: &str,
+) -> Option<tokio::signal::unix::Signal> {
+    match tokio::signal::unix::signal(kind) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch {name}");
+            None
+        }
+    }
+}
+
+impl StopSignals {
+    fn new() -> Self {
+        StopSignals {
+            #[cfg(unix)]
+            term: watch_signal(tokio::signal::unix::SignalKind::terminate(), "SIGTERM"),
+        }
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            let term = async {
+                match &mut self.term {
+                    Some(t) => {
+                        t.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = term => tracing::info!("SIGTERM received"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+impl ReloadSignal {
+    fn new() -> Self {
+        ReloadSignal {
+            #[cfg(unix)]
+            hup: watch_signal(
+                tokio::signal::unix::SignalKind::hangup(),
+                "SIGHUP (no reload by signal)",
+            ),
+        }
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some(h) = &mut self.hup {
+            h.recv().await;
+            return;
+        }
+        std::future::pending::<()>().await
     }
 }
 

@@ -79,6 +79,10 @@ pub struct TelemetryConfig {
     /// min_version}`.
     #[serde(default)]
     pub tls: Option<crate::ServerTlsSettings>,
+    /// Serve `POST /-/reload` (reload the config, as SIGHUP does). Off by
+    /// default: whoever reaches the address could make the collector reload.
+    #[serde(default)]
+    pub reload_endpoint: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -109,6 +113,7 @@ impl Default for TelemetryConfig {
             log_level: default_log_level(),
             log_format: LogFormat::Text,
             tls: None,
+            reload_endpoint: false,
         }
     }
 }

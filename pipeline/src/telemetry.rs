@@ -532,6 +532,7 @@ impl Telemetry {
         self: Arc<Self>,
         listener: tokio::net::TcpListener,
         tls: Option<Arc<crate::server::ServerTls>>,
+        reload: Option<ReloadRequests>,
         shutdown: CancellationToken,
     ) {
         let t = self.clone();
@@ -571,6 +572,35 @@ impl Telemetry {
                     }
                 }),
             );
+        let app = match reload {
+            Some(requests) => app.route(
+                "/-/reload",
+                axum::routing::post(move || {
+                    let requests = requests.clone();
+                    async move {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        if requests.send(tx).await.is_err() {
+                            return (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "the collector is stopping\n".to_owned(),
+                            );
+                        }
+                        match rx.await {
+                            Ok(Ok(summary)) => (StatusCode::OK, format!("reloaded: {summary}\n")),
+                            Ok(Err(e)) => (
+                                StatusCode::BAD_REQUEST,
+                                format!("not reloaded; the running config stays:\n{e}\n"),
+                            ),
+                            Err(_) => (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "the collector is stopping\n".to_owned(),
+                            ),
+                        }
+                    }
+                }),
+            ),
+            None => app,
+        };
         let listen = crate::server::Listen {
             max_connections: 1024,
             read_header_timeout: Some(std::time::Duration::from_secs(10)),
@@ -595,6 +625,11 @@ impl Telemetry {
         .await;
     }
 }
+
+/// Where `POST /-/reload` asks for a reload; the answer is a summary or
+/// the errors of the new config.
+pub type ReloadRequests =
+    tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<String, String>>>;
 
 /// RFC 3339 UTC timestamp (`2000-02-29T00:00:00Z`) of Unix seconds, for
 /// `/targets` and peers that want one (civil-from-days; no calendar crate).

@@ -71,6 +71,9 @@ pub struct Plan {
     pub max_in_flight_bytes: usize,
     /// Things worth saying that do not stop the collector (unused components).
     pub warnings: Vec<String>,
+    /// Each component's config as text without positions, by
+    /// `<section>.<id>`: what a reload compares.
+    fingerprints: HashMap<String, String>,
 }
 
 struct Defined {
@@ -89,6 +92,7 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
     let mut exporters = BTreeMap::new();
     let mut defined: HashMap<(Kind, String), Defined> = HashMap::new();
     let mut claims: Vec<(Resource, String)> = Vec::new();
+    let mut fingerprints: HashMap<String, String> = HashMap::new();
 
     if let Ok(Some(addr)) = doc.service.telemetry.socket_addr() {
         claims.push((Resource::TcpListen(addr), "service.telemetry".into()));
@@ -123,6 +127,7 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
                 );
                 continue;
             };
+            fingerprints.insert(format!("{}.{id}", kind.section()), entry.body.fingerprint());
             defined.insert(
                 (kind, id.clone()),
                 Defined {
@@ -348,6 +353,7 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
         shutdown_timeout: doc.service.shutdown_timeout.get(),
         max_in_flight_bytes: max_in_flight,
         warnings,
+        fingerprints,
     })
 }
 
@@ -585,20 +591,93 @@ impl Consumer for Fanout {
 
 struct RunningExporter {
     id: String,
+    /// Its config as text, to find it unchanged on a reload.
+    fingerprint: String,
     queue: Arc<ExporterQueue>,
     exporter: Arc<dyn Exporter>,
     tasks: Vec<JoinHandle<()>>,
+    /// Stops this exporter's consumers (a child of the collector's abort).
+    abort: CancellationToken,
+}
+
+/// A receiver that is serving.
+struct RunningReceiver {
+    fingerprint: String,
+    /// Which signals it was started for (a change restarts it).
+    signals: (bool, bool),
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    consumer: Arc<SwapConsumer>,
+    spans: Option<Arc<SwapSpans>>,
+}
+
+/// The consumer a receiver holds: the pipelines behind it are replaced by a
+/// reload while the receiver keeps serving.
+struct SwapConsumer(std::sync::RwLock<Arc<dyn Consumer>>);
+
+impl SwapConsumer {
+    fn new(c: Arc<dyn Consumer>) -> Self {
+        SwapConsumer(std::sync::RwLock::new(c))
+    }
+
+    fn current(&self) -> Arc<dyn Consumer> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Puts `c` in place and returns what was there.
+    fn swap(&self, c: Arc<dyn Consumer>) -> Arc<dyn Consumer> {
+        std::mem::replace(
+            &mut *self
+                .0
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            c,
+        )
+    }
+}
+
+#[async_trait]
+impl Consumer for SwapConsumer {
+    async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError> {
+        // The Arc held for the call is how a reload sees calls in flight.
+        let current = self.current();
+        current.consume(batch, admission).await
+    }
+}
+
+/// The span side of [`SwapConsumer`].
+struct SwapSpans(std::sync::RwLock<Arc<dyn SpanConsumer>>);
+
+impl SpanConsumer for SwapSpans {
+    fn consume_spans(&self, spans: &[Span]) {
+        let current = self
+            .0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        current.consume_spans(spans);
+    }
 }
 
 /// A started collector.
 pub struct Running {
+    /// Parent of every receiver's own stop token.
     receivers_stop: CancellationToken,
     receiver_failed: CancellationToken,
-    receiver_tasks: Vec<(String, JoinHandle<()>)>,
-    exporters: Vec<RunningExporter>,
+    receivers: BTreeMap<String, RunningReceiver>,
+    exporters: BTreeMap<String, RunningExporter>,
+    /// Span-taking processors (one instance shared by pipelines), with their
+    /// config text.
+    span_processors: HashMap<String, (String, Arc<dyn Processor>)>,
+    /// Exporters a reload removed, draining their queues.
+    retired: Vec<JoinHandle<()>>,
     abort: CancellationToken,
     shutdown_timeout: Duration,
     telemetry: Arc<Telemetry>,
+    memory: crate::memory::MemoryBudget,
 }
 
 /// What shutdown could not deliver.
@@ -614,6 +693,17 @@ impl ShutdownReport {
     }
 }
 
+/// What a reload changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// Components built anew (`receivers.x`, `exporters.y`), changed or new.
+    pub started: Vec<String>,
+    /// Components that no longer run (removed or replaced).
+    pub stopped: Vec<String>,
+    /// Components that kept running untouched.
+    pub kept: Vec<String>,
+}
+
 impl Plan {
     /// The ids of the configured exporters (for tests and tools).
     pub fn exporter_ids(&self) -> impl Iterator<Item = &String> {
@@ -623,46 +713,132 @@ impl Plan {
     /// Builds and starts everything. Exporters first, receivers last, so nothing
     /// is accepted before there is somewhere to put it.
     pub async fn start(self, telemetry: Arc<Telemetry>) -> Result<Running, BuildError> {
-        let abort = CancellationToken::new();
-        let receivers_stop = CancellationToken::new();
+        let mut running = Running {
+            receivers_stop: CancellationToken::new(),
+            receiver_failed: CancellationToken::new(),
+            receivers: BTreeMap::new(),
+            exporters: BTreeMap::new(),
+            span_processors: HashMap::new(),
+            retired: Vec::new(),
+            abort: CancellationToken::new(),
+            shutdown_timeout: self.shutdown_timeout,
+            memory: telemetry.memory_budget(self.max_in_flight_bytes),
+            telemetry: telemetry.clone(),
+        };
+        if let Err(e) = running.apply(self).await {
+            running.abort.cancel();
+            running.receivers_stop.cancel();
+            return Err(e);
+        }
+        telemetry.set_ready(true);
+        Ok(running)
+    }
+}
+
+impl Running {
+    /// Reloads the collector onto `plan`: components whose config did not
+    /// change keep running untouched (receivers keep their listeners and get
+    /// the new pipelines behind them); changed and new ones are built and
+    /// started, exporters before the pipelines switch to them; removed
+    /// exporters drain their queues in the background (a persistent queue
+    /// keeps what it holds on disk). A changed receiver is stopped before its
+    /// replacement binds. Nothing running is touched when building a new
+    /// exporter or processor fails.
+    pub async fn reload(&mut self, plan: Plan) -> Result<ReloadReport, BuildError> {
+        if plan.max_in_flight_bytes != self.memory.limit() {
+            tracing::warn!("service.limits.max_in_flight_bytes changes only at a restart");
+        }
+        self.shutdown_timeout = plan.shutdown_timeout;
+        self.apply(plan).await
+    }
+
+    async fn apply(&mut self, plan: Plan) -> Result<ReloadReport, BuildError> {
+        let telemetry = self.telemetry.clone();
         let ctx = |id: &str| BuildContext {
             id: id.to_owned(),
             telemetry: telemetry.clone(),
         };
+        let fingerprint = |section: &str, id: &str| {
+            plan.fingerprints
+                .get(&format!("{section}.{id}"))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let mut report = ReloadReport::default();
 
-        let mut queues: HashMap<String, Arc<ExporterQueue>> = HashMap::new();
-        let mut exporters = Vec::new();
-        let used: HashSet<&String> = self.pipelines.iter().flat_map(|p| &p.exporters).collect();
-        for (id, config) in &self.exporters {
+        // 1. Exporters: the unchanged kept, the others built now. A failure
+        // stops what this step built and leaves everything running as it was.
+        let used: HashSet<&String> = plan.pipelines.iter().flat_map(|p| &p.exporters).collect();
+        let mut next: BTreeMap<String, RunningExporter> = BTreeMap::new();
+        let mut keep: HashSet<String> = HashSet::new();
+        for (id, config) in &plan.exporters {
             if !used.contains(id) {
                 continue; // unused: warned about at plan time; never built or run
             }
-            let c = ctx(id);
-            let exporter = config
-                .build(&c)
-                .map_err(|e| BuildError::new(format!("exporter `{id}`: {e}")))?;
-            let queue = ExporterQueue::open(
-                id.clone(),
-                config.queue(),
-                config.retry(),
-                c.exporter_telemetry(),
-            )
-            .map_err(|e| BuildError::new(format!("exporter `{id}`: sending_queue.storage: {e}")))?;
+            let print = fingerprint("exporters", id);
+            if let Some(old) = self.exporters.get(id) {
+                if old.fingerprint == print {
+                    keep.insert(id.clone());
+                    continue;
+                }
+                if config.queue().storage.is_some() || old.queue.is_persistent() {
+                    stop_built(next);
+                    return Err(BuildError::new(format!(
+                        "exporter `{id}` has a persistent queue (sending_queue.storage); changing it needs a restart, so its files have one owner at a time"
+                    )));
+                }
+            }
+            let built = (|| {
+                let c = ctx(id);
+                let exporter = config
+                    .build(&c)
+                    .map_err(|e| BuildError::new(format!("exporter `{id}`: {e}")))?;
+                let queue = ExporterQueue::open(
+                    id.clone(),
+                    config.queue(),
+                    config.retry(),
+                    c.exporter_telemetry(),
+                )
+                .map_err(|e| {
+                    BuildError::new(format!("exporter `{id}`: sending_queue.storage: {e}"))
+                })?;
+                Ok::<_, BuildError>((exporter, queue))
+            })();
+            let (exporter, queue) = match built {
+                Ok(b) => b,
+                Err(e) => {
+                    stop_built(next);
+                    return Err(e);
+                }
+            };
+            let abort = self.abort.child_token();
             queue.spawn_storage(abort.clone());
             let tasks = queue.spawn_consumers(exporter.clone(), abort.clone());
-            queues.insert(id.clone(), queue.clone());
-            exporters.push(RunningExporter {
-                id: id.clone(),
-                queue,
-                exporter,
-                tasks,
-            });
+            next.insert(
+                id.clone(),
+                RunningExporter {
+                    id: id.clone(),
+                    fingerprint: print,
+                    queue,
+                    exporter,
+                    tasks,
+                    abort,
+                },
+            );
         }
+        let queue_of = |id: &String| -> Option<Arc<ExporterQueue>> {
+            next.get(id)
+                .or_else(|| keep.contains(id).then(|| self.exporters.get(id)).flatten())
+                .map(|e| e.queue.clone())
+        };
 
+        // 2. Processors. Span-taking ones are one instance per collector,
+        // kept when unchanged (their span index survives); the others are
+        // built per pipeline, as the OpenTelemetry Collector does.
         let forms_of = |p: &PipelinePlan| {
             let mut forms = Vec::new();
             for e in &p.exporters {
-                if let Some(f) = self.exporters.get(e).and_then(|c| c.wants())
+                if let Some(f) = plan.exporters.get(e).and_then(|c| c.wants())
                     && !forms.contains(&f)
                 {
                     forms.push(f);
@@ -670,38 +846,49 @@ impl Plan {
             }
             forms
         };
-        // A processor that takes spans is one instance for every pipeline
-        // that lists it (its span index is fed by one and read by another);
-        // it learns the forms of every profiles pipeline it is in.
-        let mut shared: HashMap<String, Arc<dyn Processor>> = HashMap::new();
-        for (pid, config) in &self.processors {
+        let mut shared: HashMap<String, (String, Arc<dyn Processor>)> = HashMap::new();
+        for (pid, config) in &plan.processors {
             if !config.takes_spans() {
                 continue;
             }
+            let print = fingerprint("processors", pid);
+            if let Some((old, proc)) = self.span_processors.get(pid)
+                && *old == print
+            {
+                shared.insert(pid.clone(), (print, proc.clone()));
+                continue;
+            }
             let mut downstream = Vec::new();
-            for p in self.pipelines.iter().filter(|p| p.processors.contains(pid)) {
+            for p in plan.pipelines.iter().filter(|p| p.processors.contains(pid)) {
                 for f in forms_of(p) {
                     if !downstream.contains(&f) {
                         downstream.push(f);
                     }
                 }
             }
-            let proc = config
-                .build_for(&ctx(pid), &downstream)
-                .map_err(|e| BuildError::new(format!("processor `{pid}`: {e}")))?;
-            shared.insert(pid.clone(), proc);
+            match config.build_for(&ctx(pid), &downstream) {
+                Ok(proc) => {
+                    shared.insert(pid.clone(), (print, proc));
+                }
+                Err(e) => {
+                    stop_built(next);
+                    return Err(BuildError::new(format!("processor `{pid}`: {e}")));
+                }
+            }
         }
         let mut by_receiver: HashMap<String, Vec<Arc<PipelineRuntime>>> = HashMap::new();
         // Per receiver: (processor id, its span consumer).
         type Feeds = Vec<(String, Arc<dyn SpanConsumer>)>;
         let mut spans_by_receiver: HashMap<String, Feeds> = HashMap::new();
         let mut span_consumers: HashMap<String, Option<Arc<dyn SpanConsumer>>> = HashMap::new();
-        for p in &self.pipelines {
+        for p in &plan.pipelines {
             if p.signal == Signal::Traces {
                 for pid in &p.processors {
                     let consumer = span_consumers
                         .entry(pid.clone())
-                        .or_insert_with(|| shared.get(pid).and_then(|proc| proc.span_consumer()))
+                        .or_insert_with(|| {
+                            shared.get(pid).and_then(|(_, proc)| proc.span_consumer())
+                        })
                         .clone();
                     let Some(consumer) = consumer else { continue };
                     for r in &p.receivers {
@@ -717,27 +904,26 @@ impl Plan {
             let forms = forms_of(p);
             let mut processors = Vec::new();
             for pid in &p.processors {
-                let config = self
-                    .processors
-                    .get(pid)
-                    .ok_or_else(|| BuildError::new(format!("processor `{pid}` is not defined")))?;
+                let Some(config) = plan.processors.get(pid) else {
+                    stop_built(next);
+                    return Err(BuildError::new(format!("processor `{pid}` is not defined")));
+                };
                 let c = ctx(pid);
                 let proc = match shared.get(pid) {
-                    Some(proc) => proc.clone(),
-                    // One instance per pipeline, as the OpenTelemetry Collector does.
-                    None => config
-                        .build_for(&c, &forms)
-                        .map_err(|e| BuildError::new(format!("processor `{pid}`: {e}")))?,
+                    Some((_, proc)) => proc.clone(),
+                    None => match config.build_for(&c, &forms) {
+                        Ok(proc) => proc,
+                        Err(e) => {
+                            stop_built(next);
+                            return Err(BuildError::new(format!("processor `{pid}`: {e}")));
+                        }
+                    },
                 };
                 processors.push((proc, c.processor_telemetry()));
             }
             let runtime = Arc::new(PipelineRuntime {
                 processors,
-                exporters: p
-                    .exporters
-                    .iter()
-                    .filter_map(|e| queues.get(e).cloned())
-                    .collect(),
+                exporters: p.exporters.iter().filter_map(queue_of).collect(),
                 forms,
             });
             for r in &p.receivers {
@@ -748,11 +934,12 @@ impl Plan {
             }
         }
 
-        let memory = telemetry.memory_budget(self.max_in_flight_bytes);
-        // Every receiver binds before any serves: if one cannot start, none has
-        // accepted anything yet, so failing here loses nothing.
-        let mut serving = Vec::new();
-        for (id, config) in &self.receivers {
+        // 3. Receivers: the unchanged get the new pipelines behind them; the
+        // changed are stopped, then started again with their new config.
+        let mut replaced: Vec<Arc<dyn Consumer>> = Vec::new();
+        let mut to_start = Vec::new();
+        let mut wanted: HashSet<String> = HashSet::new();
+        for (id, config) in &plan.receivers {
             let pipelines = by_receiver.remove(id);
             let spans = spans_by_receiver
                 .remove(id)
@@ -767,64 +954,159 @@ impl Plan {
             if pipelines.is_none() && spans.is_none() {
                 continue; // unused: warned about at plan time
             }
-            let takes_profiles = pipelines.is_some();
-            let pipelines = pipelines.unwrap_or_default();
-            let c = ctx(id);
-            let receiver = config
-                .build(&c)
-                .map_err(|e| BuildError::new(format!("receiver `{id}`: {e}")))?;
-            let serve = receiver
-                .start(ReceiverContext {
-                    id: id.clone(),
-                    consumer: Arc::new(Fanout {
-                        pipelines,
-                        telemetry: telemetry.clone(),
-                    }),
-                    telemetry: c.receiver_telemetry(),
-                    shutdown: receivers_stop.clone(),
-                    memory: memory.clone(),
-                    takes_profiles,
-                    spans,
-                })
-                .await
-                .map_err(|e| BuildError::new(format!("receiver `{id}`: {e}")))?;
-            serving.push((id.clone(), serve));
+            wanted.insert(id.clone());
+            let signals = (pipelines.is_some(), spans.is_some());
+            let fanout: Arc<dyn Consumer> = Arc::new(Fanout {
+                pipelines: pipelines.unwrap_or_default(),
+                telemetry: self.telemetry.clone(),
+            });
+            let print = fingerprint("receivers", id);
+            if let Some(r) = self.receivers.get(id)
+                && r.fingerprint == print
+                && r.signals == signals
+            {
+                replaced.push(r.consumer.swap(fanout));
+                if let (Some(swap), Some(spans)) = (&r.spans, spans) {
+                    *swap
+                        .0
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = spans;
+                }
+                report.kept.push(format!("receivers.{id}"));
+                continue;
+            }
+            to_start.push((id.clone(), config.clone(), print, signals, fanout, spans));
         }
-        let receiver_failed = CancellationToken::new();
-        let receiver_tasks = serving
-            .into_iter()
-            .map(|(id, serve)| {
-                let (stop, failed, name) =
-                    (receivers_stop.clone(), receiver_failed.clone(), id.clone());
-                let task = tokio::spawn(async move {
-                    serve.await;
-                    // A receiver that ends before it was told to can no longer
-                    // accept anything: say so, so the collector stops rather than
-                    // running deaf while /readyz says ready.
-                    if !stop.is_cancelled() {
-                        tracing::error!(receiver = %name, "receiver stopped on its own");
-                        failed.cancel();
-                    }
-                });
-                (id, task)
-            })
+        // Receivers that go or are replaced stop first (a replacement may
+        // need the same address).
+        let going: Vec<String> = self
+            .receivers
+            .keys()
+            .filter(|id| !wanted.contains(*id) || to_start.iter().any(|(new, ..)| new == *id))
+            .cloned()
             .collect();
-        telemetry.set_ready(true);
-        Ok(Running {
-            receivers_stop,
-            receiver_failed,
-            receiver_tasks,
-            exporters,
-            abort,
-            shutdown_timeout: self.shutdown_timeout,
-            telemetry,
-        })
-    }
-}
+        for id in going {
+            if let Some(r) = self.receivers.remove(&id) {
+                r.stop.cancel();
+                if tokio::time::timeout(RECEIVER_STOP_TIMEOUT, r.task)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(receiver = %id, "receiver did not stop within {RECEIVER_STOP_TIMEOUT:?}");
+                }
+                report.stopped.push(format!("receivers.{id}"));
+            }
+        }
+        // Every new receiver binds before any serves: if one cannot start,
+        // none of them has accepted anything yet.
+        let mut serving = Vec::new();
+        let mut start_error = None;
+        for (id, config, print, signals, fanout, spans) in to_start {
+            let c = ctx(&id);
+            let consumer = Arc::new(SwapConsumer::new(fanout));
+            let spans = spans.map(|s| Arc::new(SwapSpans(std::sync::RwLock::new(s))));
+            let stop = self.receivers_stop.child_token();
+            let started = match config.build(&c) {
+                Ok(receiver) => {
+                    receiver
+                        .start(ReceiverContext {
+                            id: id.clone(),
+                            consumer: consumer.clone(),
+                            telemetry: c.receiver_telemetry(),
+                            shutdown: stop.clone(),
+                            memory: self.memory.clone(),
+                            takes_profiles: signals.0,
+                            spans: spans.clone().map(|s| s as Arc<dyn SpanConsumer>),
+                        })
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match started {
+                Ok(serve) => serving.push((id, print, signals, stop, serve, consumer, spans)),
+                Err(e) => {
+                    start_error = Some(BuildError::new(format!("receiver `{id}`: {e}")));
+                    break;
+                }
+            }
+        }
+        if let Some(e) = start_error {
+            for (.., stop, _, _, _) in &serving {
+                stop.cancel();
+            }
+            if self.receivers.is_empty() {
+                // The first start: nothing else runs; stop what was built.
+                stop_built(next);
+                return Err(e);
+            }
+            tracing::error!(error = %e, "a receiver of the reloaded config cannot start; the rest of the reload goes on");
+            serving.clear();
+        }
+        for (id, print, signals, stop, serve, consumer, spans) in serving {
+            let (failed, name, parent) = (
+                self.receiver_failed.clone(),
+                id.clone(),
+                self.receivers_stop.clone(),
+            );
+            let own = stop.clone();
+            let task = tokio::spawn(async move {
+                serve.await;
+                // A receiver that ends before it was told to can no longer
+                // accept anything: say so, so the collector stops rather than
+                // running deaf while /readyz says ready.
+                if !parent.is_cancelled() && !own.is_cancelled() {
+                    tracing::error!(receiver = %name, "receiver stopped on its own");
+                    failed.cancel();
+                }
+            });
+            report.started.push(format!("receivers.{id}"));
+            self.receivers.insert(
+                id,
+                RunningReceiver {
+                    fingerprint: print,
+                    signals,
+                    stop,
+                    task,
+                    consumer,
+                    spans,
+                },
+            );
+        }
 
-impl Running {
-    /// Stops receivers, drains queues for up to `shutdown_timeout`, then stops
-    /// exporters. Reports what could not be delivered.
+        // 4. Calls still running on the replaced pipelines end before their
+        // exporters may go (they reserve in those queues).
+        let deadline = tokio::time::Instant::now() + RECEIVER_STOP_TIMEOUT;
+        for old in replaced {
+            while Arc::strong_count(&old) > 1 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+
+        // 5. Exporters no longer used drain in the background.
+        let old = std::mem::take(&mut self.exporters);
+        for (id, e) in old {
+            if keep.contains(&id) {
+                report.kept.push(format!("exporters.{id}"));
+                next.insert(id, e);
+                continue;
+            }
+            report.stopped.push(format!("exporters.{id}"));
+            self.retired
+                .push(tokio::spawn(retire(e, self.shutdown_timeout)));
+        }
+        for id in next.keys() {
+            let name = format!("exporters.{id}");
+            if !report.kept.contains(&name) {
+                report.started.push(name);
+            }
+        }
+        self.exporters = next;
+        self.span_processors = shared;
+        Ok(report)
+    }
+
+    /// Stops receivers, drains the queues within `shutdown_timeout`, then
+    /// closes the exporters.
     pub async fn shutdown(self) -> ShutdownReport {
         self.telemetry.set_ready(false);
         self.receivers_stop.cancel();
@@ -832,25 +1114,25 @@ impl Running {
         // connection cannot eat the drain budget; what is left is then aborted
         // (a request still in flight gets no answer, so its sender retries).
         let receivers_deadline = tokio::time::Instant::now() + RECEIVER_STOP_TIMEOUT;
-        for (id, mut task) in self.receiver_tasks {
-            if tokio::time::timeout_at(receivers_deadline, &mut task)
+        for (id, mut r) in self.receivers {
+            if tokio::time::timeout_at(receivers_deadline, &mut r.task)
                 .await
                 .is_err()
             {
                 tracing::warn!(receiver = %id, "receiver did not stop within {RECEIVER_STOP_TIMEOUT:?}; aborting it");
-                task.abort();
+                r.task.abort();
             }
         }
-        for e in &self.exporters {
+        let exporters: Vec<RunningExporter> = self.exporters.into_values().collect();
+        for e in &exporters {
             e.queue.close();
         }
         let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
         let mut report = ShutdownReport::default();
         let mut pending: Vec<JoinHandle<()>> = Vec::new();
-        let mut exporters = Vec::with_capacity(self.exporters.len());
-        for mut e in self.exporters {
+        let mut exporters = exporters;
+        for e in &mut exporters {
             pending.append(&mut e.tasks);
-            exporters.push(e);
         }
         let drained =
             tokio::time::timeout_at(deadline, futures_util::future::join_all(&mut pending))
@@ -886,6 +1168,9 @@ impl Running {
         });
         futures_util::future::join_all(closes).await;
         self.abort.cancel();
+        let _ =
+            tokio::time::timeout_at(shutdown_until, futures_util::future::join_all(self.retired))
+                .await;
         report
     }
 
@@ -894,16 +1179,54 @@ impl Running {
         self.receiver_failed.cancelled().await
     }
 
+    /// Cancelled when a receiver stopped before shutdown was asked for.
+    pub fn failed_token(&self) -> CancellationToken {
+        self.receiver_failed.clone()
+    }
+
     /// Profiles waiting per exporter (for tests).
     pub fn queue_levels(&self) -> Vec<(String, usize, usize)> {
         self.exporters
-            .iter()
+            .values()
             .map(|e| {
                 let (p, b) = e.queue.level();
                 (e.id.clone(), p, b)
             })
             .collect()
     }
+}
+
+/// Stops exporters a failed reload built (their queues are empty).
+fn stop_built(built: BTreeMap<String, RunningExporter>) {
+    for e in built.into_values() {
+        e.queue.close();
+        e.abort.cancel();
+    }
+}
+
+/// An exporter a reload removed: its queue drains within `timeout` (a
+/// persistent queue keeps what is left on disk), then it closes.
+async fn retire(mut e: RunningExporter, timeout: Duration) {
+    e.queue.close();
+    let drained = tokio::time::timeout(timeout, futures_util::future::join_all(&mut e.tasks))
+        .await
+        .is_ok();
+    if !drained {
+        e.abort.cancel();
+        let _ = tokio::time::timeout(
+            crate::queue::ABORT_GRACE + Duration::from_millis(500),
+            futures_util::future::join_all(&mut e.tasks),
+        )
+        .await;
+    }
+    let left = e.queue.abandon();
+    if left > 0 {
+        tracing::warn!(exporter = %e.id, undelivered = left, "exporter removed by a reload could not send everything it held within shutdown_timeout");
+    } else {
+        tracing::info!(exporter = %e.id, "exporter removed by a reload drained its queue");
+    }
+    let _ = tokio::time::timeout(EXPORTER_SHUTDOWN_MIN, e.exporter.shutdown()).await;
+    e.abort.cancel();
 }
 
 #[cfg(test)]

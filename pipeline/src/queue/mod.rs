@@ -425,6 +425,11 @@ impl ExporterQueue {
         &self.id
     }
 
+    /// True for a queue kept on disk (`storage`).
+    pub fn is_persistent(&self) -> bool {
+        self.store.is_some()
+    }
+
     pub fn when_full(&self) -> WhenFull {
         self.settings.when_full
     }
