@@ -161,6 +161,10 @@ async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
     let (reload_tx, mut reload_rx) =
         tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<Result<String, String>>>(4);
     let started_telemetry = format!("{:?}", plan.telemetry);
+    // Watched from the start: a SIGHUP while starting must not kill the
+    // process, and no SIGTERM is missed while a reload runs.
+    let mut stop = StopSignals::new();
+    let mut hangup = ReloadSignal::new();
     let telemetry_task = match plan
         .telemetry
         .socket_addr()
@@ -201,8 +205,6 @@ async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
         .context("cannot start")?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "proflow is running");
 
-    let mut stop = StopSignals::new();
-    let mut hangup = ReloadSignal::new();
     let receiver_failed = running.failed_token();
     let failed = loop {
         tokio::select! {
@@ -218,6 +220,8 @@ async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
             }
         }
     };
+    // A reload asked for from now on gets "stopping" instead of waiting.
+    drop(reload_rx);
     tracing::info!(
         ?shutdown_timeout,
         "stopping: receivers first, then draining exporter queues"
@@ -256,7 +260,7 @@ async fn reload(
         Ok(plan) => plan,
         Err(e) => {
             tracing::error!("the new config is refused; the running config stays:\n{e:#}");
-            return Err(format!("{e:#}"));
+            return Err(format!("not reloaded; the running config stays:\n{e:#}"));
         }
     };
     for w in &plan.warnings {
@@ -275,12 +279,19 @@ async fn reload(
                 report.stopped,
                 report.kept.len()
             );
+            if !report.errors.is_empty() {
+                tracing::error!(started = ?report.started, stopped = ?report.stopped, errors = ?report.errors, "config partly reloaded");
+                return Err(format!(
+                    "partly reloaded ({summary}); not applied:\n{}",
+                    report.errors.join("\n")
+                ));
+            }
             tracing::info!(started = ?report.started, stopped = ?report.stopped, kept = ?report.kept, "config reloaded");
             Ok(summary)
         }
         Err(e) => {
             tracing::error!(error = %e, "the new config cannot be started; the running config stays");
-            Err(e.to_string())
+            Err(format!("not reloaded; the running config stays:\n{e}"))
         }
     }
 }
@@ -290,6 +301,8 @@ async fn reload(
 struct StopSignals {
     #[cfg(unix)]
     term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
 }
 
 /// SIGHUP: reload.
@@ -317,23 +330,25 @@ impl StopSignals {
         StopSignals {
             #[cfg(unix)]
             term: watch_signal(tokio::signal::unix::SignalKind::terminate(), "SIGTERM"),
+            #[cfg(unix)]
+            int: watch_signal(tokio::signal::unix::SignalKind::interrupt(), "SIGINT"),
         }
     }
 
     async fn recv(&mut self) {
         #[cfg(unix)]
         {
-            let term = async {
-                match &mut self.term {
-                    Some(t) => {
-                        t.recv().await;
+            async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
                     }
                     None => std::future::pending::<()>().await,
                 }
-            };
+            }
             tokio::select! {
-                _ = term => tracing::info!("SIGTERM received"),
-                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+                _ = next(&mut self.term) => tracing::info!("SIGTERM received"),
+                _ = next(&mut self.int) => tracing::info!("SIGINT received"),
             }
         }
         #[cfg(not(unix))]

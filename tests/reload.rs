@@ -133,11 +133,11 @@ fn reloads_under_load_lose_no_request() {
 
     // 2. Back to the first config over HTTP: file/b goes, and drains.
     std::fs::write(&p.config, config(&p.ports, &a, &b, false)).unwrap();
-    let enqueued_b = metric(&p, "proflow_exporter_enqueued_profiles_total", "file/b");
+    // Taken before asking: the switch happens during the request.
+    let back = Instant::now();
     let (status, body) = post_reload(&p);
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("exporters.file/b"), "{body}");
-    let back = Instant::now();
     std::thread::sleep(Duration::from_millis(1500));
 
     // 3. A broken config: refused, the running one stays.
@@ -173,6 +173,15 @@ fn reloads_under_load_lose_no_request() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(written.len(), pushed.len(), "file wrote every push once");
+    let seqs: std::collections::BTreeSet<String> = written
+        .iter()
+        .filter_map(|e| e.label("seq").map(str::to_owned))
+        .collect();
+    assert_eq!(
+        seqs.len(),
+        pushed.len(),
+        "each push written once, none twice"
+    );
     let stage_of = |seq: usize| {
         written
             .iter()
@@ -193,16 +202,59 @@ fn reloads_under_load_lose_no_request() {
             assert_eq!(stage_of(*seq), None, "push {seq} outside v2");
         }
     }
-    // The removed exporter sent everything it had taken.
-    let b_written = read_index(&b).len() as f64;
-    assert!(b_written >= enqueued_b && b_written > 0.0);
+    // The removed exporter sent everything it had taken, then closed.
     assert!(
         p.log_text().contains("drained its queue"),
         "{}",
         p.log_text()
     );
+    let enqueued_b = metric(&p, "proflow_exporter_enqueued_profiles_total", "file/b");
+    let sent_b = metric(&p, "proflow_exporter_sent_profiles_total", "file/b");
+    let b_written = read_index(&b).len() as f64;
+    assert!(enqueued_b > 0.0);
+    assert_eq!(sent_b, enqueued_b, "file/b sent all it took");
+    assert_eq!(b_written, sent_b);
     eprintln!(
         "{} pushes across 3 reloads, none failed; file/b wrote {b_written} before it was removed",
         pushed.len()
     );
+}
+
+#[test]
+fn a_directory_never_gets_two_writers_and_a_refused_reload_changes_nothing() {
+    let dirs = tempfile::tempdir().unwrap();
+    let (a, b) = (dirs.path().join("a"), dirs.path().join("b"));
+    let p = Proflow::start(|ports, _| config(ports, &a, &b, false));
+    // The `file` exporter renamed: the new one would write `a` while the
+    // old one still drains into it.
+    let renamed = config(&p.ports, &a, &b, false)
+        .replace("  file:\n", "  file/renamed:\n")
+        .replace("exporters: [file]", "exporters: [file/renamed]");
+    std::fs::write(&p.config, renamed).unwrap();
+    let (status, body) = post_reload(&p);
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("restart") && body.contains("file/renamed"),
+        "{body}"
+    );
+    // Still the first config: pushes are written by `file` with team=core.
+    p.post(
+        &common::ingest_query("after-refusal", Some("pprof")),
+        &[("content-type", "application/octet-stream")],
+        profile(),
+    )
+    .expect_status(200, "push after a refused reload");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let index = read_index(&a);
+        if let Some(e) = index
+            .iter()
+            .find(|e| e.label("service_name") == Some("after-refusal"))
+        {
+            assert_eq!(e.label("team"), Some("core"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the push was not written");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

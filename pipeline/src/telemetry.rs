@@ -587,10 +587,7 @@ impl Telemetry {
                         }
                         match rx.await {
                             Ok(Ok(summary)) => (StatusCode::OK, format!("reloaded: {summary}\n")),
-                            Ok(Err(e)) => (
-                                StatusCode::BAD_REQUEST,
-                                format!("not reloaded; the running config stays:\n{e}\n"),
-                            ),
+                            Ok(Err(e)) => (StatusCode::BAD_REQUEST, format!("{e}\n")),
                             Err(_) => (
                                 StatusCode::SERVICE_UNAVAILABLE,
                                 "the collector is stopping\n".to_owned(),

@@ -598,10 +598,14 @@ struct RunningExporter {
     tasks: Vec<JoinHandle<()>>,
     /// Stops this exporter's consumers (a child of the collector's abort).
     abort: CancellationToken,
+    /// What it claims (its directory), so a reload never gives a directory
+    /// two writers.
+    resources: Vec<Resource>,
 }
 
 /// A receiver that is serving.
 struct RunningReceiver {
+    config: Arc<dyn crate::component::ReceiverConfig>,
     fingerprint: String,
     /// Which signals it was started for (a change restarts it).
     signals: (bool, bool),
@@ -662,6 +666,24 @@ impl SpanConsumer for SwapSpans {
     }
 }
 
+/// A receiver to start: its config and what goes behind it.
+struct ReceiverStart {
+    id: String,
+    config: Arc<dyn crate::component::ReceiverConfig>,
+    fingerprint: String,
+    signals: (bool, bool),
+    fanout: Arc<dyn Consumer>,
+    spans: Option<Arc<dyn SpanConsumer>>,
+}
+
+/// A receiver bound to its address, not yet serving.
+struct Bound {
+    stop: CancellationToken,
+    serve: crate::component::ServeFuture,
+    consumer: Arc<SwapConsumer>,
+    spans: Option<Arc<SwapSpans>>,
+}
+
 /// A started collector.
 pub struct Running {
     /// Parent of every receiver's own stop token.
@@ -669,11 +691,14 @@ pub struct Running {
     receiver_failed: CancellationToken,
     receivers: BTreeMap<String, RunningReceiver>,
     exporters: BTreeMap<String, RunningExporter>,
-    /// Span-taking processors (one instance shared by pipelines), with their
-    /// config text.
-    span_processors: HashMap<String, (String, Arc<dyn Processor>)>,
-    /// Exporters a reload removed, draining their queues.
-    retired: Vec<JoinHandle<()>>,
+    /// Span-taking processors (one instance shared by pipelines), with what
+    /// they were built for (config text, downstream forms, fed spans).
+    span_processors: HashMap<String, (SpanProcessorKey, Arc<dyn Processor>)>,
+    /// Exporters a reload removed, draining their queues; each ends with
+    /// its id and the profiles it could not send.
+    retired: Vec<JoinHandle<(String, usize)>>,
+    /// Whether the first start completed.
+    started: bool,
     abort: CancellationToken,
     shutdown_timeout: Duration,
     telemetry: Arc<Telemetry>,
@@ -693,6 +718,10 @@ impl ShutdownReport {
     }
 }
 
+/// What a span-taking processor was built for: kept by a reload only when
+/// all of it is unchanged.
+type SpanProcessorKey = (String, Vec<Format>, bool);
+
 /// What a reload changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReloadReport {
@@ -702,6 +731,9 @@ pub struct ReloadReport {
     pub stopped: Vec<String>,
     /// Components that kept running untouched.
     pub kept: Vec<String>,
+    /// What could not be applied (the rest was): a receiver that could not
+    /// start with its new config runs with its previous one.
+    pub errors: Vec<String>,
 }
 
 impl Plan {
@@ -720,6 +752,7 @@ impl Plan {
             exporters: BTreeMap::new(),
             span_processors: HashMap::new(),
             retired: Vec::new(),
+            started: false,
             abort: CancellationToken::new(),
             shutdown_timeout: self.shutdown_timeout,
             memory: telemetry.memory_budget(self.max_in_flight_bytes),
@@ -730,6 +763,7 @@ impl Plan {
             running.receivers_stop.cancel();
             return Err(e);
         }
+        running.started = true;
         telemetry.set_ready(true);
         Ok(running)
     }
@@ -748,8 +782,10 @@ impl Running {
         if plan.max_in_flight_bytes != self.memory.limit() {
             tracing::warn!("service.limits.max_in_flight_bytes changes only at a restart");
         }
-        self.shutdown_timeout = plan.shutdown_timeout;
-        self.apply(plan).await
+        let timeout = plan.shutdown_timeout;
+        let report = self.apply(plan).await?;
+        self.shutdown_timeout = timeout;
+        Ok(report)
     }
 
     async fn apply(&mut self, plan: Plan) -> Result<ReloadReport, BuildError> {
@@ -788,6 +824,24 @@ impl Running {
                     )));
                 }
             }
+            // A directory an exporter leaving with this reload still writes
+            // while it drains cannot get a second writer.
+            let claims = config.resources();
+            let leaving = self.exporters.values().filter(|e| {
+                !plan.exporters.contains_key(&e.id)
+                    || fingerprint("exporters", &e.id) != e.fingerprint
+                    || !used.contains(&e.id)
+            });
+            for e in leaving {
+                if let Some(r) = claims.iter().find(|r| e.resources.contains(r)) {
+                    stop_built(next);
+                    return Err(BuildError::new(format!(
+                        "exporter `{id}` would write to {} while exporter `{}` (changed or removed by this reload) still writes there until it drains; apply this change with a restart",
+                        describe(r),
+                        e.id
+                    )));
+                }
+            }
             let built = (|| {
                 let c = ctx(id);
                 let exporter = config
@@ -823,6 +877,7 @@ impl Running {
                     exporter,
                     tasks,
                     abort,
+                    resources: claims,
                 },
             );
         }
@@ -846,16 +901,9 @@ impl Running {
             }
             forms
         };
-        let mut shared: HashMap<String, (String, Arc<dyn Processor>)> = HashMap::new();
+        let mut shared: HashMap<String, (SpanProcessorKey, Arc<dyn Processor>)> = HashMap::new();
         for (pid, config) in &plan.processors {
             if !config.takes_spans() {
-                continue;
-            }
-            let print = fingerprint("processors", pid);
-            if let Some((old, proc)) = self.span_processors.get(pid)
-                && *old == print
-            {
-                shared.insert(pid.clone(), (print, proc.clone()));
                 continue;
             }
             let mut downstream = Vec::new();
@@ -866,9 +914,21 @@ impl Running {
                     }
                 }
             }
+            let fed = plan
+                .pipelines
+                .iter()
+                .any(|p| p.signal == Signal::Traces && p.processors.contains(pid));
+            let key: SpanProcessorKey = (fingerprint("processors", pid), downstream.clone(), fed);
+            if let Some((old, proc)) = self.span_processors.get(pid)
+                && *old == key
+            {
+                shared.insert(pid.clone(), (key, proc.clone()));
+                report.kept.push(format!("processors.{pid}"));
+                continue;
+            }
             match config.build_for(&ctx(pid), &downstream) {
                 Ok(proc) => {
-                    shared.insert(pid.clone(), (print, proc));
+                    shared.insert(pid.clone(), (key, proc));
                 }
                 Err(e) => {
                     stop_built(next);
@@ -934,10 +994,13 @@ impl Running {
             }
         }
 
-        // 3. Receivers: the unchanged get the new pipelines behind them; the
-        // changed are stopped, then started again with their new config.
-        let mut replaced: Vec<Arc<dyn Consumer>> = Vec::new();
-        let mut to_start = Vec::new();
+        // 3. Receivers. New ones bind first (a failure there changes
+        // nothing running); then the unchanged get the new pipelines behind
+        // them; then each changed one is stopped and started again with its
+        // new config (on failure, with its previous one).
+        let mut fresh = Vec::new();
+        let mut changed = Vec::new();
+        let mut unchanged = Vec::new();
         let mut wanted: HashSet<String> = HashSet::new();
         for (id, config) in &plan.receivers {
             let pipelines = by_receiver.remove(id);
@@ -955,34 +1018,103 @@ impl Running {
                 continue; // unused: warned about at plan time
             }
             wanted.insert(id.clone());
-            let signals = (pipelines.is_some(), spans.is_some());
-            let fanout: Arc<dyn Consumer> = Arc::new(Fanout {
-                pipelines: pipelines.unwrap_or_default(),
-                telemetry: self.telemetry.clone(),
-            });
-            let print = fingerprint("receivers", id);
-            if let Some(r) = self.receivers.get(id)
-                && r.fingerprint == print
-                && r.signals == signals
-            {
-                replaced.push(r.consumer.swap(fanout));
-                if let (Some(swap), Some(spans)) = (&r.spans, spans) {
+            let start = ReceiverStart {
+                id: id.clone(),
+                config: config.clone(),
+                fingerprint: fingerprint("receivers", id),
+                signals: (pipelines.is_some(), spans.is_some()),
+                fanout: Arc::new(Fanout {
+                    pipelines: pipelines.unwrap_or_default(),
+                    telemetry: self.telemetry.clone(),
+                }),
+                spans,
+            };
+            match self.receivers.get(id) {
+                None => fresh.push(start),
+                Some(r) if r.fingerprint == start.fingerprint && r.signals == start.signals => {
+                    unchanged.push(start)
+                }
+                Some(_) => changed.push(start),
+            }
+        }
+        // New receivers: every one binds before any serves.
+        let mut bound = Vec::new();
+        for start in fresh {
+            match self.bind_receiver(&start).await {
+                Ok(b) => bound.push((start, b)),
+                Err(e) => {
+                    for (_, b) in &bound {
+                        b.stop.cancel();
+                    }
+                    stop_built(next);
+                    return Err(e);
+                }
+            }
+        }
+        for (start, b) in bound {
+            report.started.push(format!("receivers.{}", start.id));
+            self.serve_receiver(start, b);
+        }
+        let mut replaced: Vec<Arc<dyn Consumer>> = Vec::new();
+        for start in unchanged {
+            if let Some(r) = self.receivers.get(&start.id) {
+                replaced.push(r.consumer.swap(start.fanout));
+                if let (Some(swap), Some(spans)) = (&r.spans, start.spans) {
                     *swap
                         .0
                         .write()
                         .unwrap_or_else(std::sync::PoisonError::into_inner) = spans;
                 }
-                report.kept.push(format!("receivers.{id}"));
-                continue;
+                report.kept.push(format!("receivers.{}", start.id));
             }
-            to_start.push((id.clone(), config.clone(), print, signals, fanout, spans));
         }
-        // Receivers that go or are replaced stop first (a replacement may
-        // need the same address).
+        for start in changed {
+            let id = start.id.clone();
+            let Some(old) = self.receivers.remove(&id) else {
+                continue;
+            };
+            old.stop.cancel();
+            if tokio::time::timeout(RECEIVER_STOP_TIMEOUT, old.task)
+                .await
+                .is_err()
+            {
+                tracing::warn!(receiver = %id, "receiver did not stop within {RECEIVER_STOP_TIMEOUT:?}");
+            }
+            match self.bind_receiver(&start).await {
+                Ok(b) => {
+                    report.stopped.push(format!("receivers.{id}"));
+                    report.started.push(format!("receivers.{id}"));
+                    self.serve_receiver(start, b);
+                }
+                Err(e) => {
+                    // Back to its previous config, with the new pipelines.
+                    let previous = ReceiverStart {
+                        config: old.config.clone(),
+                        fingerprint: old.fingerprint.clone(),
+                        ..start
+                    };
+                    match self.bind_receiver(&previous).await {
+                        Ok(b) => {
+                            report.errors.push(format!(
+                                "{e}; receiver `{id}` runs with its previous config"
+                            ));
+                            self.serve_receiver(previous, b);
+                        }
+                        Err(again) => {
+                            tracing::error!(receiver = %id, error = %again, "the receiver starts with neither its new nor its previous config; stopping the collector");
+                            report
+                                .errors
+                                .push(format!("{e}; and with its previous config: {again}"));
+                            self.receiver_failed.cancel();
+                        }
+                    }
+                }
+            }
+        }
         let going: Vec<String> = self
             .receivers
             .keys()
-            .filter(|id| !wanted.contains(*id) || to_start.iter().any(|(new, ..)| new == *id))
+            .filter(|id| !wanted.contains(*id))
             .cloned()
             .collect();
         for id in going {
@@ -997,90 +1129,11 @@ impl Running {
                 report.stopped.push(format!("receivers.{id}"));
             }
         }
-        // Every new receiver binds before any serves: if one cannot start,
-        // none of them has accepted anything yet.
-        let mut serving = Vec::new();
-        let mut start_error = None;
-        for (id, config, print, signals, fanout, spans) in to_start {
-            let c = ctx(&id);
-            let consumer = Arc::new(SwapConsumer::new(fanout));
-            let spans = spans.map(|s| Arc::new(SwapSpans(std::sync::RwLock::new(s))));
-            let stop = self.receivers_stop.child_token();
-            let started = match config.build(&c) {
-                Ok(receiver) => {
-                    receiver
-                        .start(ReceiverContext {
-                            id: id.clone(),
-                            consumer: consumer.clone(),
-                            telemetry: c.receiver_telemetry(),
-                            shutdown: stop.clone(),
-                            memory: self.memory.clone(),
-                            takes_profiles: signals.0,
-                            spans: spans.clone().map(|s| s as Arc<dyn SpanConsumer>),
-                        })
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            match started {
-                Ok(serve) => serving.push((id, print, signals, stop, serve, consumer, spans)),
-                Err(e) => {
-                    start_error = Some(BuildError::new(format!("receiver `{id}`: {e}")));
-                    break;
-                }
-            }
-        }
-        if let Some(e) = start_error {
-            for (.., stop, _, _, _) in &serving {
-                stop.cancel();
-            }
-            if self.receivers.is_empty() {
-                // The first start: nothing else runs; stop what was built.
-                stop_built(next);
-                return Err(e);
-            }
-            tracing::error!(error = %e, "a receiver of the reloaded config cannot start; the rest of the reload goes on");
-            serving.clear();
-        }
-        for (id, print, signals, stop, serve, consumer, spans) in serving {
-            let (failed, name, parent) = (
-                self.receiver_failed.clone(),
-                id.clone(),
-                self.receivers_stop.clone(),
-            );
-            let own = stop.clone();
-            let task = tokio::spawn(async move {
-                serve.await;
-                // A receiver that ends before it was told to can no longer
-                // accept anything: say so, so the collector stops rather than
-                // running deaf while /readyz says ready.
-                if !parent.is_cancelled() && !own.is_cancelled() {
-                    tracing::error!(receiver = %name, "receiver stopped on its own");
-                    failed.cancel();
-                }
-            });
-            report.started.push(format!("receivers.{id}"));
-            self.receivers.insert(
-                id,
-                RunningReceiver {
-                    fingerprint: print,
-                    signals,
-                    stop,
-                    task,
-                    consumer,
-                    spans,
-                },
-            );
-        }
 
-        // 4. Calls still running on the replaced pipelines end before their
-        // exporters may go (they reserve in those queues).
-        let deadline = tokio::time::Instant::now() + RECEIVER_STOP_TIMEOUT;
-        for old in replaced {
-            while Arc::strong_count(&old) > 1 && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
+        // 4. Calls still running on the replaced pipelines may reserve in
+        // the queues of exporters leaving now: each leaving exporter waits
+        // for them before it closes (in the background).
+        let in_flight = Arc::new(replaced);
 
         // 5. Exporters no longer used drain in the background.
         let old = std::mem::take(&mut self.exporters);
@@ -1091,8 +1144,11 @@ impl Running {
                 continue;
             }
             report.stopped.push(format!("exporters.{id}"));
-            self.retired
-                .push(tokio::spawn(retire(e, self.shutdown_timeout)));
+            self.retired.push(tokio::spawn(retire(
+                e,
+                self.shutdown_timeout,
+                in_flight.clone(),
+            )));
         }
         for id in next.keys() {
             let name = format!("exporters.{id}");
@@ -1103,6 +1159,76 @@ impl Running {
         self.exporters = next;
         self.span_processors = shared;
         Ok(report)
+    }
+
+    /// Builds and starts (binds) a receiver; it serves once
+    /// [`Running::serve_receiver`] spawns it.
+    async fn bind_receiver(&self, start: &ReceiverStart) -> Result<Bound, BuildError> {
+        let c = BuildContext {
+            id: start.id.clone(),
+            telemetry: self.telemetry.clone(),
+        };
+        let consumer = Arc::new(SwapConsumer::new(start.fanout.clone()));
+        let spans = start
+            .spans
+            .clone()
+            .map(|s| Arc::new(SwapSpans(std::sync::RwLock::new(s))));
+        let stop = self.receivers_stop.child_token();
+        let receiver = start
+            .config
+            .build(&c)
+            .map_err(|e| BuildError::new(format!("receiver `{}`: {e}", start.id)))?;
+        let serve = receiver
+            .start(ReceiverContext {
+                id: start.id.clone(),
+                consumer: consumer.clone(),
+                telemetry: c.receiver_telemetry(),
+                shutdown: stop.clone(),
+                memory: self.memory.clone(),
+                takes_profiles: start.signals.0,
+                spans: spans.clone().map(|s| s as Arc<dyn SpanConsumer>),
+            })
+            .await
+            .map_err(|e| BuildError::new(format!("receiver `{}`: {e}", start.id)))?;
+        Ok(Bound {
+            stop,
+            serve,
+            consumer,
+            spans,
+        })
+    }
+
+    /// Spawns a bound receiver's serving and records it.
+    fn serve_receiver(&mut self, start: ReceiverStart, b: Bound) {
+        let (failed, name, parent, own) = (
+            self.receiver_failed.clone(),
+            start.id.clone(),
+            self.receivers_stop.clone(),
+            b.stop.clone(),
+        );
+        let serve = b.serve;
+        let task = tokio::spawn(async move {
+            serve.await;
+            // A receiver that ends before it was told to can no longer
+            // accept anything: say so, so the collector stops rather than
+            // running deaf while /readyz says ready.
+            if !parent.is_cancelled() && !own.is_cancelled() {
+                tracing::error!(receiver = %name, "receiver stopped on its own");
+                failed.cancel();
+            }
+        });
+        self.receivers.insert(
+            start.id,
+            RunningReceiver {
+                config: start.config,
+                fingerprint: start.fingerprint,
+                signals: start.signals,
+                stop: b.stop,
+                task,
+                consumer: b.consumer,
+                spans: b.spans,
+            },
+        );
     }
 
     /// Stops receivers, drains the queues within `shutdown_timeout`, then
@@ -1167,10 +1293,16 @@ impl Running {
             }
         });
         futures_util::future::join_all(closes).await;
+        // Exporters a reload removed finish their own drain (bounded by the
+        // timeout they were given) before anything is aborted.
+        for done in futures_util::future::join_all(self.retired).await {
+            if let Ok((id, left)) = done
+                && left > 0
+            {
+                *report.undelivered.entry(id).or_default() += left;
+            }
+        }
         self.abort.cancel();
-        let _ =
-            tokio::time::timeout_at(shutdown_until, futures_util::future::join_all(self.retired))
-                .await;
         report
     }
 
@@ -1204,9 +1336,22 @@ fn stop_built(built: BTreeMap<String, RunningExporter>) {
     }
 }
 
-/// An exporter a reload removed: its queue drains within `timeout` (a
-/// persistent queue keeps what is left on disk), then it closes.
-async fn retire(mut e: RunningExporter, timeout: Duration) {
+/// An exporter a reload removed: once the calls still running on the
+/// pipelines it was in have ended (they may still put profiles in its
+/// queue), its queue drains within `timeout` (a persistent queue keeps what
+/// is left on disk), then it closes. Ends with its id and what it could not
+/// send.
+async fn retire(
+    mut e: RunningExporter,
+    timeout: Duration,
+    in_flight: Arc<Vec<Arc<dyn Consumer>>>,
+) -> (String, usize) {
+    let until = tokio::time::Instant::now() + timeout.max(RECEIVER_STOP_TIMEOUT);
+    // `in_flight` holds one reference of each; any more is a call running.
+    while in_flight.iter().any(|c| Arc::strong_count(c) > 1) && tokio::time::Instant::now() < until
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     e.queue.close();
     let drained = tokio::time::timeout(timeout, futures_util::future::join_all(&mut e.tasks))
         .await
@@ -1227,6 +1372,7 @@ async fn retire(mut e: RunningExporter, timeout: Duration) {
     }
     let _ = tokio::time::timeout(EXPORTER_SHUTDOWN_MIN, e.exporter.shutdown()).await;
     e.abort.cancel();
+    (e.id, left)
 }
 
 #[cfg(test)]
