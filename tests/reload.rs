@@ -1,9 +1,10 @@
 //! Hot reload of the config (SIGHUP and `POST /-/reload`) under load: a
 //! push loop runs the whole time and every push must get 200.
 //!
-//! 1. SIGHUP with a relabel rule and a second `file` exporter added: the rule
-//!    applies to every push sent a second after the signal, and the new
-//!    exporter writes.
+//! 1. SIGHUP with a relabel rule and a second `file` exporter added, and the
+//!    receiver's own config changed (so it is replaced, taking over its
+//!    socket): the rule applies to every push sent a second after the
+//!    signal, and the new exporter writes.
 //! 2. `POST /-/reload` back to the first config: the removed exporter's
 //!    queue drains (everything it took is sent), the rule is gone.
 //! 3. `POST /-/reload` with a broken config: 400 naming the problem, the
@@ -28,18 +29,21 @@ fn profile() -> Vec<u8> {
 }
 
 /// The config: `pprof_push` → relabel (`team=core`, and `stage=v2` when
-/// `v2`) → `file`, plus `file/b` into `b` when `v2`.
+/// `v2`) → `file`, plus `file/b` into `b` when `v2`. `v2` also changes the
+/// receiver's own config (`read_timeout`), so it is replaced on its address.
 fn config(ports: &Ports, a: &Path, b: &Path, v2: bool) -> String {
     let mut rules = "      - {action: replace, target_label: team, replacement: core}\n".to_owned();
     let mut exporters = format!("  file:\n    directory: {}\n", a.display());
     let mut list = "[file]".to_owned();
+    let mut receiver = String::new();
     if v2 {
+        receiver.push_str("    read_timeout: 31s\n");
         rules.push_str("      - {action: replace, target_label: stage, replacement: v2}\n");
         exporters.push_str(&format!("  file/b:\n    directory: {}\n", b.display()));
         list = "[file, file/b]".to_owned();
     }
     format!(
-        "receivers:\n  pprof_push:\n    endpoint: {}\n\
+        "receivers:\n  pprof_push:\n    endpoint: {}\n{receiver}\
          processors:\n  relabel:\n    relabel_configs:\n{rules}\
          exporters:\n{exporters}\
          service:\n  telemetry:\n    address: {}\n    reload_endpoint: true\n  \
@@ -62,7 +66,16 @@ impl Loop {
         let url = p.receiver_url("");
         let (s, r) = (stop.clone(), sent.clone());
         let thread = std::thread::spawn(move || {
-            let http = common::http_client();
+            // A new connection per push: the receiver replaced by the first
+            // reload must refuse no connection. (A kept-alive connection to
+            // the replaced receiver is closed after its request in flight,
+            // as at any server restart; clients reconnect. See README.)
+            let http = reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(15))
+                .no_proxy()
+                .pool_max_idle_per_host(0)
+                .build()
+                .expect("build the HTTP client");
             let body = profile();
             let mut seq = 0;
             while !s.load(Ordering::SeqCst) {
@@ -129,7 +142,13 @@ fn reloads_under_load_lose_no_request() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(1500));
-    assert!(p.log_text().contains("config reloaded"), "{}", p.log_text());
+    assert!(
+        p.log_text()
+            .lines()
+            .any(|l| l.contains("config reloaded") && l.contains("receivers.pprof_push")),
+        "the receiver was replaced: {}",
+        p.log_text()
+    );
 
     // 2. Back to the first config over HTTP: file/b goes, and drains.
     std::fs::write(&p.config, config(&p.ports, &a, &b, false)).unwrap();

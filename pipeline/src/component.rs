@@ -173,6 +173,11 @@ pub struct ReceiverContext {
     /// where its spans go (every span-taking processor of those pipelines).
     /// `None`: it should refuse traces.
     pub spans: Option<Arc<dyn SpanConsumer>>,
+    /// Where listening receivers get their sockets ([`Listeners::bind`]), so a
+    /// reload hands a socket over instead of closing and binding it again.
+    ///
+    /// [`Listeners::bind`]: crate::server::Listeners::bind
+    pub listeners: crate::server::Listeners,
 }
 
 /// The future a started receiver serves with.

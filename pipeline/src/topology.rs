@@ -699,6 +699,9 @@ pub struct Running {
     retired: Vec<JoinHandle<(String, usize)>>,
     /// Whether the first start completed.
     started: bool,
+    /// The receivers' listening sockets, handed from a receiver to its
+    /// replacement by a reload.
+    listeners: crate::server::Listeners,
     abort: CancellationToken,
     shutdown_timeout: Duration,
     telemetry: Arc<Telemetry>,
@@ -753,6 +756,7 @@ impl Plan {
             span_processors: HashMap::new(),
             retired: Vec::new(),
             started: false,
+            listeners: crate::server::Listeners::default(),
             abort: CancellationToken::new(),
             shutdown_timeout: self.shutdown_timeout,
             memory: telemetry.memory_budget(self.max_in_flight_bytes),
@@ -1068,46 +1072,35 @@ impl Running {
                 report.kept.push(format!("receivers.{}", start.id));
             }
         }
+        // A changed receiver: its replacement binds first (on the same
+        // address it takes over the very socket, so no connection is
+        // refused), then the old one stops. If the replacement cannot
+        // start, the old one keeps running.
         for start in changed {
             let id = start.id.clone();
-            let Some(old) = self.receivers.remove(&id) else {
-                continue;
-            };
-            old.stop.cancel();
-            if tokio::time::timeout(RECEIVER_STOP_TIMEOUT, old.task)
-                .await
-                .is_err()
-            {
-                tracing::warn!(receiver = %id, "receiver did not stop within {RECEIVER_STOP_TIMEOUT:?}");
-            }
             match self.bind_receiver(&start).await {
                 Ok(b) => {
+                    if let Some(old) = self.receivers.remove(&id) {
+                        old.stop.cancel();
+                        if tokio::time::timeout(RECEIVER_STOP_TIMEOUT, old.task)
+                            .await
+                            .is_err()
+                        {
+                            tracing::warn!(receiver = %id, "receiver did not stop within {RECEIVER_STOP_TIMEOUT:?}");
+                        }
+                    }
                     report.stopped.push(format!("receivers.{id}"));
                     report.started.push(format!("receivers.{id}"));
                     self.serve_receiver(start, b);
                 }
                 Err(e) => {
-                    // Back to its previous config, with the new pipelines.
-                    let previous = ReceiverStart {
-                        config: old.config.clone(),
-                        fingerprint: old.fingerprint.clone(),
-                        ..start
-                    };
-                    match self.bind_receiver(&previous).await {
-                        Ok(b) => {
-                            report.errors.push(format!(
-                                "{e}; receiver `{id}` runs with its previous config"
-                            ));
-                            self.serve_receiver(previous, b);
-                        }
-                        Err(again) => {
-                            tracing::error!(receiver = %id, error = %again, "the receiver starts with neither its new nor its previous config; stopping the collector");
-                            report
-                                .errors
-                                .push(format!("{e}; and with its previous config: {again}"));
-                            self.receiver_failed.cancel();
-                        }
+                    // It keeps its previous config and gets the new pipelines.
+                    if let Some(r) = self.receivers.get(&id) {
+                        replaced.push(r.consumer.swap(start.fanout));
                     }
+                    report.errors.push(format!(
+                        "{e}; receiver `{id}` keeps running with its previous config"
+                    ));
                 }
             }
         }
@@ -1129,6 +1122,18 @@ impl Running {
                 report.stopped.push(format!("receivers.{id}"));
             }
         }
+
+        // Sockets no running receiver listens on any more are closed.
+        let listening: HashSet<std::net::SocketAddr> = self
+            .receivers
+            .values()
+            .flat_map(|r| r.config.resources())
+            .filter_map(|r| match r {
+                Resource::TcpListen(addr) => Some(addr),
+                Resource::Directory(_) => None,
+            })
+            .collect();
+        self.listeners.retain(&listening);
 
         // 4. Calls still running on the replaced pipelines may reserve in
         // the queues of exporters leaving now: each leaving exporter waits
@@ -1187,6 +1192,7 @@ impl Running {
                 memory: self.memory.clone(),
                 takes_profiles: start.signals.0,
                 spans: spans.clone().map(|s| s as Arc<dyn SpanConsumer>),
+                listeners: self.listeners.clone(),
             })
             .await
             .map_err(|e| BuildError::new(format!("receiver `{}`: {e}", start.id)))?;

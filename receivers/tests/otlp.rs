@@ -133,6 +133,7 @@ impl Harness {
                 memory: MemoryBudget::new(64 << 20),
                 takes_profiles: profiles,
                 spans: traces.then(|| spans.clone() as Arc<dyn SpanConsumer>),
+                listeners: Default::default(),
             })
             .await
             .unwrap();

@@ -102,6 +102,7 @@ impl Harness {
                 memory: MemoryBudget::new(64 << 20),
                 takes_profiles: true,
                 spans: None,
+                listeners: Default::default(),
             })
             .await
             .unwrap();
@@ -956,6 +957,7 @@ async fn bind_errors_name_the_address() {
             memory: MemoryBudget::new(64 << 20),
             takes_profiles: true,
             spans: None,
+            listeners: Default::default(),
         })
         .await
     {

@@ -26,6 +26,10 @@ use tokio_util::sync::CancellationToken;
 pub use auth::{AuthSettings, Authenticated, Authenticator, BasicAuthSettings, Unauthenticated};
 pub use tls::{ServerTls, ServerTlsFiles, ServerTlsSettings, TlsVersion};
 
+/// How long a connection accepted just before shutdown gets to send its
+/// first request before the graceful end (which closes idle connections).
+pub const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(250);
+
 /// The longest a client may take to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -80,6 +84,7 @@ pub async fn accept_loop<S, F, B>(
     let connections = Arc::new(Semaphore::new(listen.max_connections.max(1)));
     // Connections still in their TLS handshake when shutdown comes.
     let handshaking = tokio_util::task::TaskTracker::new();
+    let mut last_accept = std::time::Instant::now();
     loop {
         let permit = tokio::select! {
             permit = connections.clone().acquire_owned() => permit,
@@ -101,6 +106,7 @@ pub async fn accept_loop<S, F, B>(
             }
         };
         let _ = stream.set_nodelay(true);
+        last_accept = std::time::Instant::now();
         let service = service.clone();
         let per_request = hyper::service::service_fn(move |req: Request<Incoming>| {
             let response = service(req, peer);
@@ -158,6 +164,13 @@ pub async fn accept_loop<S, F, B>(
         });
     }
     drop(listener);
+    // A connection accepted a moment ago has not sent its request yet; the
+    // graceful end would close it unanswered. Give it that moment (a
+    // receiver replaced by a reload hands its socket over, so its last
+    // connections must still be served).
+    if let Some(left) = FIRST_REQUEST_GRACE.checked_sub(last_accept.elapsed()) {
+        tokio::time::sleep(left).await;
+    }
     // Handshakes end at once on shutdown; then every served connection
     // finishes its requests.
     handshaking.close();
@@ -207,6 +220,47 @@ pub(crate) fn watch_files(
             }
         }
     });
+}
+
+/// The listening sockets of the running receivers, by address, so a
+/// receiver started again by a reload on the same address takes over the
+/// very socket its predecessor listened on (connections waiting in its
+/// backlog included): no connection is refused while one replaces the other.
+#[derive(Debug, Clone, Default)]
+pub struct Listeners(
+    Arc<std::sync::Mutex<std::collections::HashMap<SocketAddr, std::net::TcpListener>>>,
+);
+
+impl Listeners {
+    /// A listener on `addr`: the socket already open there, or a new one.
+    /// Port 0 always binds a new socket.
+    pub fn bind(&self, addr: SocketAddr) -> std::io::Result<TcpListener> {
+        let mut open = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let socket = match open.get(&addr) {
+            Some(s) if addr.port() != 0 => s.try_clone()?,
+            _ => {
+                let s = std::net::TcpListener::bind(addr)?;
+                if addr.port() != 0 {
+                    open.insert(addr, s.try_clone()?);
+                }
+                s
+            }
+        };
+        socket.set_nonblocking(true)?;
+        TcpListener::from_std(socket)
+    }
+
+    /// Closes the sockets on addresses not in `keep` (receivers removed or
+    /// moved by a reload).
+    pub fn retain(&self, keep: &std::collections::HashSet<SocketAddr>) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|addr, _| keep.contains(addr));
+    }
 }
 
 /// The running TLS and authentication of one listener.

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use proflow_pipeline::component::{BuildError, Receiver, ReceiverContext, ServeFuture};
 use proflow_pipeline::otlp::AttributeLabels;
-use proflow_pipeline::server::{AuthSettings, Secured, ServerTlsSettings};
+use proflow_pipeline::server::{AuthSettings, Listeners, Secured, ServerTlsSettings};
 use tokio::net::TcpListener;
 
 use super::export::Handler;
@@ -76,11 +76,12 @@ fn secure(
 }
 
 async fn bind(
+    listeners: &Listeners,
     id: &str,
     what: &str,
     endpoint: SocketAddr,
 ) -> Result<(TcpListener, SocketAddr), BuildError> {
-    let listener = TcpListener::bind(endpoint).await.map_err(|e| {
+    let listener = listeners.bind(endpoint).map_err(|e| {
         BuildError::new(format!(
             "receiver `{id}`: cannot listen for {what} on {endpoint}: {e}"
         ))
@@ -102,7 +103,8 @@ impl Receiver for OtlpReceiver {
         let grpc = match self.grpc {
             Some(settings) => {
                 let secured = secure(&ctx, "grpc", settings.tls.as_ref(), settings.auth.as_ref())?;
-                let (listener, addr) = bind(&ctx.id, "OTLP/gRPC", settings.endpoint).await?;
+                let (listener, addr) =
+                    bind(&ctx.listeners, &ctx.id, "OTLP/gRPC", settings.endpoint).await?;
                 let _ = self.local.grpc.set(addr);
                 Some((listener, settings, secured))
             }
@@ -111,7 +113,8 @@ impl Receiver for OtlpReceiver {
         let http = match self.http {
             Some(settings) => {
                 let secured = secure(&ctx, "http", settings.tls.as_ref(), settings.auth.as_ref())?;
-                let (listener, addr) = bind(&ctx.id, "OTLP/HTTP", settings.endpoint).await?;
+                let (listener, addr) =
+                    bind(&ctx.listeners, &ctx.id, "OTLP/HTTP", settings.endpoint).await?;
                 let _ = self.local.http.set(addr);
                 Some((listener, settings, secured))
             }

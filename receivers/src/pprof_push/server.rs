@@ -107,14 +107,12 @@ impl Receiver for PprofPushReceiver {
             &ctx.shutdown,
         )
         .map_err(|e| BuildError::new(format!("receiver `{}`: {e}", ctx.id)))?;
-        let listener = tokio::net::TcpListener::bind(self.endpoint)
-            .await
-            .map_err(|e| {
-                BuildError::new(format!(
-                    "receiver `{}`: cannot listen on {}: {e}",
-                    ctx.id, self.endpoint
-                ))
-            })?;
+        let listener = ctx.listeners.bind(self.endpoint).map_err(|e| {
+            BuildError::new(format!(
+                "receiver `{}`: cannot listen on {}: {e}",
+                ctx.id, self.endpoint
+            ))
+        })?;
         let addr = listener.local_addr().map_err(|e| {
             BuildError::new(format!(
                 "receiver `{}`: cannot read the address bound for {}: {e}",
