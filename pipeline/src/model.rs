@@ -273,11 +273,21 @@ struct PayloadInner {
 /// decoded profile is several times larger than its bytes, and a cache filled
 /// after admission would pin memory no queue counted): [`Payload::decoded`],
 /// [`Payload::gzipped`] of plain bytes, and a form the payload lacks.
+///
+/// The one exception is a receiver's own work: a receiver that inflated
+/// gzipped bytes to check them may hand the plain bytes along
+/// ([`Payload::with_plain`]), held by the request it is answering, so that
+/// processors reading the bytes ([`Payload::plain`], [`Payload::decoded`])
+/// do not inflate them again. The pipeline drops them
+/// ([`Payload::drop_plain`]) before the payload enters any exporter queue.
 #[derive(Debug, Clone)]
 pub struct Payload {
     inner: Arc<PayloadInner>,
     /// Cap on the decompressed size when decoding (set by the receiver).
     decode_limit: usize,
+    /// The gzipped bytes decompressed, while the receiver's request holds
+    /// them (see the type's docs).
+    plain: Option<Bytes>,
 }
 
 impl Payload {
@@ -299,6 +309,7 @@ impl Payload {
                 converted_once: AtomicBool::new(false),
             }),
             decode_limit,
+            plain: None,
         }
     }
 
@@ -344,6 +355,45 @@ impl Payload {
             false,
             pprof::DEFAULT_MAX_DECOMPRESSED,
         )
+    }
+
+    /// This payload carrying `plain`, the decompression of its gzipped
+    /// bytes the receiver made within [`Payload::decode_limit`] while
+    /// checking them, and whose memory the receiver's request holds until it
+    /// is answered. Ignored for a payload that did not arrive as gzipped
+    /// pprof bytes.
+    pub fn with_plain(mut self, plain: Bytes) -> Payload {
+        let gzipped = match &self.inner.pprof {
+            Some(f) if f.profile.is_none() => f.encoded.get().is_some_and(|e| e.gzipped),
+            _ => false,
+        };
+        if gzipped && plain.len() <= self.decode_limit {
+            self.plain = Some(plain);
+        }
+        self
+    }
+
+    /// Forgets the plain bytes a receiver handed along: the pipeline calls
+    /// it before the payload enters an exporter queue, so no queue keeps
+    /// memory it did not count.
+    pub fn drop_plain(&mut self) {
+        self.plain = None;
+    }
+
+    /// True while the payload carries its receiver's plain bytes.
+    pub fn has_plain(&self) -> bool {
+        self.plain.is_some()
+    }
+
+    /// The pprof bytes, uncompressed: the receiver's plain bytes when it
+    /// handed them along, the bytes themselves when they are not gzipped,
+    /// else inflated now within [`Payload::decode_limit`] (not cached).
+    pub fn plain(&self) -> Result<Bytes, PayloadError> {
+        if let Some(p) = &self.plain {
+            return Ok(p.clone());
+        }
+        let e = self.encoded()?;
+        Ok(pprof::decompress(&e.bytes, self.decode_limit)?)
     }
 
     /// The cap on the decompressed size the receiver set, for components
@@ -428,10 +478,16 @@ impl Payload {
     /// profile or holding OTLP is returned as it is.
     pub fn detach(&self) -> Payload {
         match (&self.inner.pprof, &self.inner.otlp) {
-            (Some(f), None) if f.profile.is_none() => Payload::from_bytes(
-                Bytes::copy_from_slice(&f.encoded().bytes),
-                self.decode_limit,
-            ),
+            (Some(f), None) if f.profile.is_none() => {
+                let mut detached = Payload::from_bytes(
+                    Bytes::copy_from_slice(&f.encoded().bytes),
+                    self.decode_limit,
+                );
+                // Plain bytes are the receiver's own buffer, never a slice of
+                // the request's.
+                detached.plain = self.plain.clone();
+                detached
+            }
             _ => self.clone(),
         }
     }
@@ -462,9 +518,12 @@ impl Payload {
         if let Some(p) = self.inner.pprof.as_ref().and_then(|f| f.profile.as_ref()) {
             return Ok(p.clone());
         }
-        let e = self.encoded()?;
+        let bytes = match &self.plain {
+            Some(p) => p.clone(),
+            None => self.encoded()?.bytes,
+        };
         self.inner.decoded_once.store(true, Ordering::Relaxed);
-        Ok(pprof::decode(&e.bytes, self.decode_limit).map(Arc::new)?)
+        Ok(pprof::decode(&bytes, self.decode_limit).map(Arc::new)?)
     }
 
     /// The OTLP form: the payload's own, or converted now (not cached).

@@ -512,6 +512,11 @@ impl Consumer for Fanout {
                 continue;
             }
             self.prepare(&p.forms, &mut b, &mut converted);
+            // The plain bytes a receiver handed along served the processors
+            // and the conversions: no queue keeps them.
+            for e in &mut b {
+                e.payload.drop_plain();
+            }
             let n = p.exporters.len();
             for (j, q) in p.exporters.iter().enumerate() {
                 let copy = if j + 1 == n {
@@ -1519,6 +1524,15 @@ mod tests {
     impl Processor for Filter {
         async fn process(&self, mut batch: Vec<Envelope>) -> Vec<Envelope> {
             batch.retain(|e| e.labels.get("keep") != Some("no"));
+            // Profiles labelled keep=plain count whether they came with
+            // their receiver's plain bytes.
+            let plain = batch
+                .iter()
+                .filter(|e| e.labels.get("keep") == Some("plain") && e.payload.has_plain())
+                .count();
+            record("plain-seen")
+                .delivered
+                .fetch_add(plain, Ordering::SeqCst);
             batch
         }
         fn span_consumer(&self) -> Option<Arc<dyn SpanConsumer>> {
@@ -2063,6 +2077,39 @@ mod tests {
             );
             running.shutdown().await;
         }
+    }
+
+    #[tokio::test]
+    async fn a_receivers_plain_bytes_reach_processors_and_no_queue() {
+        let yaml = "receivers:\n  test: {key: pl}\nprocessors:\n  filter: {}\nexporters:\n  test: {key: pl-p, behaviour: ok, wants: pprof}\n  test/o: {key: pl-o, behaviour: ok, wants: otlp}\nservice:\n  pipelines:\n    profiles: {receivers: [test], processors: [filter], exporters: [test, test/o]}\n";
+        let (running, _t) = start(yaml).await;
+        let mut e = envelope("plain");
+        let gzipped = e.payload.encoded().unwrap().bytes;
+        let plain = crate::pprof::decompress(&gzipped, 1 << 20).unwrap();
+        e.payload = e.payload.with_plain(plain.clone());
+        assert!(e.payload.has_plain());
+        assert_eq!(e.payload.plain().unwrap(), plain);
+        consumer("pl")
+            .consume(batch(vec![e]), Admission::Refuse)
+            .await
+            .unwrap();
+        for key in ["pl-p", "pl-o"] {
+            eventually("delivered", || {
+                record(key).delivered.load(Ordering::SeqCst) == 1
+            })
+            .await;
+            let got = record(key).payloads.lock().unwrap()[0].clone();
+            assert!(!got.has_plain(), "{key}: no queue keeps the plain bytes");
+        }
+        let pprof = record("pl-p").payloads.lock().unwrap()[0].clone();
+        assert_eq!(
+            pprof.encoded().unwrap().bytes,
+            gzipped,
+            "the bytes as they came"
+        );
+        assert_eq!(pprof.plain().unwrap(), plain, "inflated again when asked");
+        assert_eq!(record("plain-seen").delivered.load(Ordering::SeqCst), 1);
+        running.shutdown().await;
     }
 
     #[tokio::test]

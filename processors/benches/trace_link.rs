@@ -74,6 +74,18 @@ fn labelled_profile() -> bytes::Bytes {
     pprof::gzip(&pprof::encode(&p))
 }
 
+/// How the profile reaches the processor.
+#[derive(Clone, Copy)]
+enum Input {
+    /// Gzipped, as from `scrape` or `kafka`: the processor inflates it.
+    Gzip,
+    /// Gzipped, with the plain bytes the `pprof_push` receiver inflated to
+    /// check it (what that receiver hands the pipeline).
+    GzipFromPush,
+    /// Sent uncompressed.
+    Plain,
+}
+
 fn envelope(bytes: bytes::Bytes) -> Envelope {
     Envelope {
         labels: Labels::from_pairs([("service_name", "checkout")]),
@@ -108,72 +120,113 @@ fn per_profile(c: &mut Criterion) {
         bytes.len(),
         testdata::TYPICAL_SAMPLES
     );
-    let plain = testdata::typical_cpu_profile_gzip();
-    // The same labelled profile as sent uncompressed (no gunzip to pay).
-    let uncompressed = pprof::decompress(&bytes, pprof::DEFAULT_MAX_DECOMPRESSED).expect("gunzips");
+    let unlabelled = testdata::typical_cpu_profile_gzip();
     let mut g = c.benchmark_group("trace_link");
     g.throughput(Throughput::Elements(1));
+    use Input::{Gzip, GzipFromPush, Plain};
     let cases = [
         (
             "no_span_labels_pass_through",
             "output: [otlp_links, labels]\n",
             false,
             false,
-            &plain,
+            Gzip,
+        ),
+        (
+            "no_span_labels_pass_through_from_pprof_push",
+            "output: [otlp_links, labels]\n",
+            false,
+            false,
+            GzipFromPush,
         ),
         (
             "labels_without_index",
             "output: [labels]\n",
             false,
             false,
-            &bytes,
+            Gzip,
         ),
         (
             "labels_with_index",
             "output: [labels]\nspan_index: {wait: 0s}\n",
             false,
             true,
-            &bytes,
+            Gzip,
         ),
         (
-            "labels_and_trace_id_label_with_index",
-            "output: [labels, trace_id_label]\nspan_index: {wait: 0s}\n",
+            "labels_with_index_from_pprof_push",
+            "output: [labels]\nspan_index: {wait: 0s}\n",
             false,
             true,
-            &bytes,
-        ),
-        (
-            "labels_and_trace_id_label_with_index_uncompressed_input",
-            "output: [labels, trace_id_label]\nspan_index: {wait: 0s}\n",
-            false,
-            true,
-            &uncompressed,
+            GzipFromPush,
         ),
         (
             "labels_with_index_uncompressed_input",
             "output: [labels]\nspan_index: {wait: 0s}\n",
             false,
             true,
-            &uncompressed,
+            Plain,
+        ),
+        (
+            "labels_and_trace_id_label_with_index",
+            "output: [labels, trace_id_label]\nspan_index: {wait: 0s}\n",
+            false,
+            true,
+            Gzip,
+        ),
+        (
+            "labels_and_trace_id_label_with_index_from_pprof_push",
+            "output: [labels, trace_id_label]\nspan_index: {wait: 0s}\n",
+            false,
+            true,
+            GzipFromPush,
+        ),
+        (
+            "labels_and_trace_id_label_with_index_uncompressed_input",
+            "output: [labels, trace_id_label]\nspan_index: {wait: 0s}\n",
+            false,
+            true,
+            Plain,
         ),
         (
             "labels_and_otlp_links_with_index_to_otlp",
             "output: [otlp_links, labels]\nspan_index: {wait: 0s}\n",
             true,
             true,
-            &bytes,
+            Gzip,
+        ),
+        (
+            "labels_and_otlp_links_with_index_to_otlp_from_pprof_push",
+            "output: [otlp_links, labels]\nspan_index: {wait: 0s}\n",
+            true,
+            true,
+            GzipFromPush,
         ),
         (
             "otlp_links_with_index_to_otlp",
             "output: [otlp_links]\nspan_index: {wait: 0s}\n",
             true,
             true,
-            &bytes,
+            Gzip,
         ),
     ];
     for (name, yaml, make_otlp, feed, input) in cases {
         let p = processor(yaml, make_otlp, feed);
-        let e = envelope(input.clone());
+        let gzipped = if name.starts_with("no_span_labels") {
+            &unlabelled
+        } else {
+            &bytes
+        };
+        let inflated =
+            pprof::decompress(gzipped, pprof::DEFAULT_MAX_DECOMPRESSED).expect("gunzips");
+        let mut e = envelope(match input {
+            Gzip | GzipFromPush => gzipped.clone(),
+            Plain => inflated.clone(),
+        });
+        if let GzipFromPush = input {
+            e.payload = e.payload.with_plain(inflated);
+            assert!(e.payload.has_plain());
+        }
         g.bench_function(name, |b| {
             b.iter(|| black_box(rt.block_on(p.process(vec![e.clone()]))))
         });

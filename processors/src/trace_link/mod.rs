@@ -43,7 +43,6 @@ use proflow_pipeline::component::{
 };
 use proflow_pipeline::model::{Envelope, Format, Payload};
 use proflow_pipeline::otlp::{self as potlp, Lost, OtlpProfiles, ProfileData};
-use proflow_pipeline::pprof as ppr;
 use proflow_pipeline::spans::SpanConsumer;
 use proflow_pipeline::telemetry::{Telemetry, TraceLinkTelemetry};
 
@@ -212,11 +211,8 @@ impl TraceLinkProcessor {
             .iter()
             .map(|e| match e.payload.arrived_as() {
                 Format::Pprof => {
-                    let Ok(encoded) = e.payload.encoded() else {
-                        return Work::Pass;
-                    };
-                    let Ok(plain) = ppr::decompress(&encoded.bytes, e.payload.decode_limit())
-                    else {
+                    // The receiver's plain bytes when it handed them along.
+                    let Ok(plain) = e.payload.plain() else {
                         return Work::Pass;
                     };
                     let Some(wire) = pprof::Wire::scan(plain) else {
@@ -399,7 +395,6 @@ impl TraceLinkProcessor {
         found: &[Option<Found>],
         links: &[Option<Link>],
     ) {
-        let touched: Vec<bool> = found.iter().map(Option::is_some).collect();
         // A rewritten profile is larger than it was decompressed: it may
         // pass the receiver's limit by what was added.
         let bytes = |w: pprof::Written| match w {
@@ -416,7 +411,7 @@ impl TraceLinkProcessor {
                 trace_label: self.trace_label,
                 link_labels: true,
             };
-            pprof::write(wire, links, &touched, &self.rules, mode).and_then(|w| {
+            pprof::write(wire, links, found, &self.rules, mode).and_then(|w| {
                 let source = bytes(w);
                 let mut lost = Lost::default();
                 // A profile that does not convert fails the pipeline's
@@ -439,7 +434,7 @@ impl TraceLinkProcessor {
                 link_labels: false,
             };
             if let Some(pprof::Written::New(b)) =
-                pprof::write(wire, links, &touched, &self.rules, mode)
+                pprof::write(wire, links, found, &self.rules, mode)
             {
                 let b = Bytes::from(b);
                 e.payload = Payload::from_bytes(b.clone(), limit(&b));

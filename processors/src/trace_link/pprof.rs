@@ -12,7 +12,7 @@ use bytes::Bytes;
 use proflow_pipeline::wire::{self, Value};
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 
-use super::ids::{self, Found, Key, SmallMap, SpanId, TraceId};
+use super::ids::{self, Found, Key, Shape, SmallMap, SpanId, TraceId};
 use super::{Link, Rules};
 
 const SAMPLE: u32 = 2;
@@ -146,6 +146,7 @@ impl Wire {
                     None
                 };
                 piece.read(key, text, l.num);
+                piece.shape = Shape::of(key, text);
                 f.merge(&piece);
                 seen.insert(id, piece);
             }
@@ -248,20 +249,56 @@ pub enum Written {
     New(Vec<u8>),
 }
 
+/// True when writing `mode` would leave a sample as it is, told from what
+/// [`Wire::read`] found in it and its `link` alone: for the `labels` output
+/// by itself (what Pyroscope's clients mostly send already), a linked
+/// sample with one `span_id` label in normal form for its span and a
+/// `span_name` label (or no name to write), or an unlinked one without
+/// zero ids. Other modes are not told this way (`false`: walk the sample).
+fn unchanged(found: &Found, link: Option<&Link>, rules: &Rules, mode: Mode) -> bool {
+    if !mode.labels || mode.trace_label || mode.link_labels || rules.drop_after_link {
+        return false;
+    }
+    let shape = &found.shape;
+    match link {
+        None => !shape.zero_id,
+        Some(link) => {
+            shape.span_labels == 1
+                && shape.normal_span_labels == 1
+                && found.span_id == Some(link.span)
+                && (shape.name_label || link.name.is_none())
+        }
+    }
+}
+
 /// The profile with its samples' correlation labels written by `links` (one
 /// per sample, as [`Wire::read`] gave them and the index completed them);
-/// `touched` says which samples have any correlation label (the others are
-/// copied as they are). A label already in its normal form is kept where it
-/// is. `None` if the bytes turn out not to be a profile.
+/// `found` is what [`Wire::read`] gave (samples without any correlation
+/// label are copied as they are). A label already in its normal form is
+/// kept where it is. `None` if the bytes turn out not to be a profile.
 pub fn write(
     w: &Wire,
     links: &[Option<Link>],
-    touched: &[bool],
+    found: &[Option<Found>],
     rules: &Rules,
     mode: Mode,
 ) -> Option<Written> {
+    write_samples(w, links, found, rules, mode, true)
+}
+
+/// [`write`], with `shortcut` false walking every sample (tests check that
+/// the shortcut never changes what is written).
+pub(super) fn write_samples(
+    w: &Wire,
+    links: &[Option<Link>],
+    found: &[Option<Found>],
+    rules: &Rules,
+    mode: Mode,
+    shortcut: bool,
+) -> Option<Written> {
     let plain = &w.plain[..];
-    let mut out = Vec::with_capacity(plain.len() + links.len() * 16 + 256);
+    // Made at the first sample that changes.
+    let mut out = Vec::new();
     let mut strings = NewStrings {
         wire: w,
         added: Vec::new(),
@@ -276,7 +313,10 @@ pub fn write(
     let mut copied = 0;
     for (i, &(start, end, _)) in w.samples.iter().enumerate() {
         let link = links.get(i).and_then(Option::as_ref);
-        if !touched.get(i).copied().unwrap_or(false) || (link.is_none() && !mode.labels) {
+        let Some(f) = found.get(i).and_then(Option::as_ref) else {
+            continue;
+        };
+        if (link.is_none() && !mode.labels) || (shortcut && unchanged(f, link, rules, mode)) {
             continue;
         }
         body.clear();
@@ -356,6 +396,9 @@ pub fn write(
         }
         if !sample_changed {
             continue;
+        }
+        if !changed {
+            out.reserve(plain.len() + links.len() * 16 + 256);
         }
         changed = true;
         out.extend_from_slice(&plain[copied..start as usize]);

@@ -35,7 +35,7 @@ fn span_bytes(hex: &str) -> [u8; 8] {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 enum V<'a> {
     S(&'a str),
     N(i64),
@@ -810,4 +810,102 @@ fn hostile_profiles_naming_a_span_per_sample_stay_linear() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// The shortcut that tells from the read alone that a sample needs no
+/// rewrite agrees with walking it, for every mix of correlation labels,
+/// link, output and rule.
+#[test]
+fn the_no_rewrite_shortcut_agrees_with_walking_every_sample() {
+    let labels: &[(&str, V)] = &[
+        ("span_id", V::S(SPAN)),
+        ("span_id", V::S("00F067AA0BA902B7")),
+        ("span_id", V::S("0000000000000000")),
+        ("span_id", V::S("f067aa0ba902b7")),
+        ("span_id", V::S("not an id")),
+        ("span_name", V::S(NAME)),
+        ("span_name", V::S("")),
+        ("trace_id", V::S(TRACE)),
+        ("trace_id", V::S("00000000000000000000000000000000")),
+        ("profile_id", V::S(SPAN)),
+        ("local root span id", V::S("17")),
+        ("span id", V::N(17)),
+    ];
+    let names: [Option<Arc<str>>; 2] = [None, Some(Arc::from("from the index"))];
+    let mut compared = 0;
+    let mut skipped = 0;
+    // Every pair (a label twice included) and every single label.
+    let mut sets: Vec<Vec<(&str, V)>> = labels.iter().map(|l| vec![*l]).collect();
+    for a in labels {
+        for b in labels {
+            sets.push(vec![*a, *b]);
+        }
+    }
+    for set in &sets {
+        let bytes = Bytes::from(pprof::encode(&profile(set, 3)).to_vec());
+        let Some(wire) = super::pprof::Wire::scan(bytes) else {
+            panic!("{set:?}: no correlation key found");
+        };
+        let Some(found) = wire.read() else {
+            panic!("{set:?}: nothing read");
+        };
+        for root_only in [false, true] {
+            for drop_after_link in [false, true] {
+                let rules = Rules {
+                    drop_after_link,
+                    root_only,
+                };
+                for name in &names {
+                    for trace in [None, Some(trace_bytes())] {
+                        for linked in [false, true] {
+                            let links: Vec<Option<Link>> = found
+                                .iter()
+                                .map(|f| {
+                                    let f = f.as_ref()?;
+                                    let span = f.span(root_only)?;
+                                    linked.then(|| Link {
+                                        span,
+                                        trace: f.trace().or(trace),
+                                        name: f.span_name.clone().or(name.clone()),
+                                    })
+                                })
+                                .collect();
+                            for bits in 0..8u8 {
+                                let mode = super::pprof::Mode {
+                                    labels: bits & 1 != 0,
+                                    trace_label: bits & 2 != 0,
+                                    link_labels: bits & 4 != 0,
+                                };
+                                let run = |shortcut| {
+                                    super::pprof::write_samples(
+                                        &wire, &links, &found, &rules, mode, shortcut,
+                                    )
+                                    .map(|w| match w {
+                                        super::pprof::Written::Same => None,
+                                        super::pprof::Written::New(b) => Some(b),
+                                    })
+                                };
+                                let (fast, walked) = (run(true), run(false));
+                                assert_eq!(
+                                    fast, walked,
+                                    "{set:?} {mode:?} root_only={root_only} drop={drop_after_link} name={name:?} trace={trace:?} linked={linked}"
+                                );
+                                compared += 1;
+                                if walked == Some(None)
+                                    && mode.labels
+                                    && !mode.trace_label
+                                    && !mode.link_labels
+                                    && !drop_after_link
+                                {
+                                    skipped += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(compared > 10_000, "{compared}");
+    assert!(skipped > 100, "the shortcut's cases were met: {skipped}");
 }

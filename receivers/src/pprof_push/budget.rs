@@ -20,6 +20,11 @@ use super::error::IngestError;
 /// How much [`DecompressBudget::inflate`] reads at a time.
 const INFLATE_STEP: usize = 32 << 10;
 
+/// Most plain profile bytes one request keeps for the pipeline (see
+/// [`DecompressBudget::scan`]): a typical push keeps all of its profiles',
+/// a request of hundreds of large ones does not hold them all at once.
+pub(crate) const KEPT_PLAIN_BYTES: usize = 4 << 20;
+
 /// What one request may still decompress.
 #[derive(Debug)]
 pub(crate) struct DecompressBudget {
@@ -27,6 +32,8 @@ pub(crate) struct DecompressBudget {
     setting: usize,
     /// Bytes this request has already inflated.
     used: usize,
+    /// Capacity of the plain profiles [`DecompressBudget::scan`] kept.
+    kept: usize,
     /// The request's share of the in-flight memory budget.
     grant: MemoryGrant,
 }
@@ -38,6 +45,7 @@ impl DecompressBudget {
         DecompressBudget {
             setting: max_decompressed,
             used: 0,
+            kept: 0,
             grant,
         }
     }
@@ -134,24 +142,39 @@ impl DecompressBudget {
         }
     }
 
-    /// Reads a pprof profile's metadata; a gzipped one is inflated within
-    /// the budget into a buffer given back once read.
+    /// Reads a pprof profile's metadata. A gzipped one is inflated within
+    /// the budget; the plain bytes are returned too, held by the request
+    /// (their grant stays until it is answered) so the pipeline's processors
+    /// need not inflate them again, while the request holds at most
+    /// [`KEPT_PLAIN_BYTES`] of them; past that they are given back once read.
     pub fn scan(
         &mut self,
         what: impl Fn() -> String,
         profile: &[u8],
-    ) -> Result<Metadata, IngestError> {
+    ) -> Result<(Metadata, Option<Bytes>), IngestError> {
         if !pprof::is_gzip(profile) {
             // Plain bytes already sit in the request's memory: the setting
             // alone bounds them (a body that passed the request limits never
             // exceeds it).
             return pprof::scan_metadata(profile, self.setting)
+                .map(|m| (m, None))
                 .map_err(|e| self.decode_error(&what(), e));
         }
         let plain = self.inflate(&what, profile)?;
         let scanned = pprof::scan_metadata(&plain, plain.len());
-        self.release(plain);
-        scanned.map_err(|e| self.decode_error(&what(), e))
+        let kept = match scanned {
+            Ok(_) if self.kept + plain.capacity() <= KEPT_PLAIN_BYTES => {
+                self.kept += plain.capacity();
+                Some(Bytes::from(plain))
+            }
+            _ => {
+                self.release(plain);
+                None
+            }
+        };
+        scanned
+            .map(|m| (m, kept))
+            .map_err(|e| self.decode_error(&what(), e))
     }
 
     /// Maps a failure to decompress or read `what` under this budget: running
@@ -242,16 +265,51 @@ mod tests {
     }
 
     #[test]
-    fn scanning_a_gzipped_profile_gives_its_buffer_back() {
+    fn scanning_keeps_plain_bytes_for_the_pipeline_up_to_a_bound() {
         let mut b = pprof::ProfileBuilder::new();
         b.sample_type("cpu", "nanoseconds");
-        b.sample_root_first(["main", "hot"], vec![5]);
-        let gz = pprof::gzip(&pprof::encode(&b.build()));
-        let memory = MemoryBudget::new(1 << 20);
-        let mut budget = DecompressBudget::with_grant(1 << 20, memory.grant());
-        let meta = budget.scan(|| "p".into(), &gz).unwrap();
+        // About 700 KB plain: a handful fit the bound, not ten.
+        for i in 0..20_000 {
+            b.sample_root_first(
+                ["main", &format!("function_number_{i:08}_of_many")],
+                vec![5],
+            );
+        }
+        let plain = pprof::encode(&b.build());
+        let gz = pprof::gzip(&plain);
+        let memory = MemoryBudget::new(64 << 20);
+        let mut budget = DecompressBudget::with_grant(64 << 20, memory.grant());
+        let (meta, kept) = budget.scan(|| "p".into(), &gz).unwrap();
         assert_eq!(meta.sample_types.len(), 1);
-        assert_eq!(memory.in_flight(), 0);
-        assert!(budget.remaining() < 1 << 20, "what it inflated stays spent");
+        let kept = kept.expect("the first profile's plain bytes are kept");
+        assert_eq!(kept, plain, "they are the profile, inflated");
+        assert!(
+            memory.in_flight() >= kept.len(),
+            "the request's grant holds them"
+        );
+        let mut given_back = 0;
+        for _ in 0..10 {
+            let before = memory.in_flight();
+            let (_, kept) = budget.scan(|| "p".into(), &gz).unwrap();
+            if kept.is_none() {
+                given_back += 1;
+                assert_eq!(
+                    memory.in_flight(),
+                    before,
+                    "a buffer not kept is given back"
+                );
+            }
+        }
+        assert!(given_back > 0, "past the bound nothing more is kept");
+        assert!(memory.in_flight() <= KEPT_PLAIN_BYTES);
+        // Plain input is not copied.
+        let (_, kept) = budget.scan(|| "p".into(), &plain).unwrap();
+        assert!(kept.is_none());
+        drop(budget);
+        assert_eq!(
+            memory.in_flight(),
+            0,
+            "answering the request gives all back"
+        );
     }
 }

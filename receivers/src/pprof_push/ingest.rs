@@ -178,7 +178,7 @@ pub(crate) fn pprof_batch(
                 "sample_type_config is not a JSON object of sample types ({e}); send {{\"<sample type>\": {{\"display-name\": \"...\"}}}}"
             )))
         })?;
-    let mut meta = budget
+    let (mut meta, plain) = budget
         .scan(|| "the profile".to_owned(), &profile)
         .map_err(refuse)?;
     let profile_name = profile_name_from_sample_types(
@@ -206,8 +206,16 @@ pub(crate) fn pprof_batch(
         sample_types,
         period_type,
         period,
-        payload: Payload::from_bytes(profile, budget.setting()),
+        payload: with_plain(Payload::from_bytes(profile, budget.setting()), plain),
     }])
+}
+
+/// `payload` carrying the plain bytes its scan inflated, if it kept them.
+pub(crate) fn with_plain(payload: Payload, plain: Option<Bytes>) -> Payload {
+    match plain {
+        Some(p) => payload.with_plain(p),
+        None => payload,
+    }
 }
 
 /// A folded or lines body converted to one pprof profile (or none when it
@@ -426,6 +434,12 @@ mod tests {
         assert_eq!(e.period, 10_000);
         assert_eq!(e.payload.encoded().unwrap().bytes, raw);
         assert!(!e.payload.is_decoded());
+        // The plain bytes the check inflated go along for the processors.
+        assert!(e.payload.has_plain());
+        assert_eq!(
+            e.payload.plain().unwrap(),
+            pprof::decompress(&raw, 1 << 20).unwrap()
+        );
         assert!(
             pprof_batch(&p, Bytes::new(), None, &mut DecompressBudget::new(1 << 20))
                 .unwrap()

@@ -23,6 +23,7 @@ use serde::de::{self, SeqAccess, Visitor};
 
 use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
+use super::ingest::with_plain;
 use super::labels::{LabelsBuilder, MAX_LABELS_PER_SERIES, UNKNOWN_SERVICE};
 use super::profile_type::profile_name_from_sample_types;
 
@@ -451,7 +452,7 @@ pub(crate) fn to_batch(
             // Formatted only when a refusal needs it.
             let what = || format!("series {si} profile {pi}");
             let raw = sample.raw_profile;
-            let mut meta = budget.scan(what, &raw).map_err(refuse)?;
+            let (mut meta, plain) = budget.scan(what, &raw).map_err(refuse)?;
             if meta.sample_types.is_empty() {
                 return Err(refuse(IngestError::bad_request(format!(
                     "{}: the profile has no sample types; send a pprof profile with at least one sample type",
@@ -484,7 +485,7 @@ pub(crate) fn to_batch(
                 sample_types,
                 period_type,
                 period,
-                payload: Payload::from_bytes(raw, budget.setting()),
+                payload: with_plain(Payload::from_bytes(raw, budget.setting()), plain),
             });
         }
     }
@@ -617,6 +618,11 @@ mod tests {
         assert_eq!(e.payload.encoded().unwrap().bytes, raw);
         assert!(e.payload.encoded().unwrap().gzipped);
         assert!(!e.payload.is_decoded());
+        // The plain bytes the check inflated go along for the processors.
+        for e in &batch {
+            assert!(e.payload.has_plain());
+            assert_eq!(e.payload.plain().unwrap(), cpu_profile(T));
+        }
     }
 
     #[test]
