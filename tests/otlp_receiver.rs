@@ -813,11 +813,20 @@ fn the_collector_delivers_over_tls_with_a_token_and_is_refused_without_one() {
         );
         post_and_check(&proflow, &otelcol.url());
     }
-    // A wrong token: refused (UNAUTHENTICATED / 401), counted, nothing written.
+    // A wrong token: refused (UNAUTHENTICATED / 401), counted, nothing written;
+    // one protocol after the other, so each one's refusal is seen.
     let before = common::read_index(&proflow.profiles).len();
-    // Kept running until proflow saw both: their exporters send from a queue.
+    let refused = || {
+        common::metric_sum(
+            &proflow.metrics(),
+            "proflow_receiver_refused_requests_total",
+            &[("reason", "unauthenticated")],
+        )
+    };
+    // Kept running until proflow saw the refusal: their exporters send from a queue.
     let mut running = Vec::new();
     for (ty, endpoint) in [("otlp_grpc", &grpc_endpoint), ("otlp_http", &http_endpoint)] {
+        let already = refused();
         let otelcol = Otelcol::start(&bin, ty, &secured_exporter(endpoint, &ca, "wrong"));
         let _ = http_client()
             .post(otelcol.url())
@@ -825,24 +834,16 @@ fn the_collector_delivers_over_tls_with_a_token_and_is_refused_without_one() {
             .body(request("refused-service").encode_to_vec())
             .send()
             .unwrap();
-        running.push(otelcol);
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let refused = common::metric_sum(
-            &proflow.metrics(),
-            "proflow_receiver_refused_requests_total",
-            &[("reason", "unauthenticated")],
-        );
-        if refused >= 2.0 {
-            break;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while refused() <= already {
+            assert!(
+                Instant::now() < deadline,
+                "the collector's {ty} requests with a wrong token were not refused as unauthenticated ({already})\n{}",
+                proflow.metrics()
+            );
+            std::thread::sleep(Duration::from_millis(200));
         }
-        assert!(
-            Instant::now() < deadline,
-            "the collector's requests with a wrong token were not refused as unauthenticated ({refused})\n{}",
-            proflow.metrics()
-        );
-        std::thread::sleep(Duration::from_millis(200));
+        running.push(otelcol);
     }
     assert_eq!(common::read_index(&proflow.profiles).len(), before);
     drop(running);

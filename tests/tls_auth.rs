@@ -5,9 +5,11 @@
 //!   TLS port and a client without the CA get nothing;
 //! - mutual TLS: a client without a certificate is refused at the handshake,
 //!   one with a certificate of the CA is served;
-//! - bearer tokens: none or a wrong one gets 401 (counted, body unread); the
-//!   token file edited, the new token is accepted within seconds and the old
-//!   one refused; a token bound to a tenant writes as that tenant;
+//! - bearer tokens: none or a wrong one gets 401 (counted; a client asking
+//!   with `Expect: 100-continue` is never asked for the body); the token file
+//!   edited, the new token is accepted within seconds and the old one
+//!   refused; a token bound to a tenant writes as that tenant, one bound to
+//!   none keeps the client's `X-Scope-OrgID`;
 //! - basic auth from an htpasswd file (bcrypt);
 //! - the telemetry address over TLS;
 //! - a renewed server certificate is served without a restart.
@@ -221,6 +223,32 @@ fn tokens_are_checked_before_the_body_and_reloaded_when_the_file_changes() {
     );
     assert_eq!(refused, 2.0);
 
+    // Refused before the body is read: a client that asks first
+    // (`Expect: 100-continue`) gets its 401 without being asked for the
+    // body, while an accepted one is asked for it.
+    let asking = |token: &str, app: &str| {
+        let header = format!("authorization: Bearer {token}");
+        let url = ingest(&p, "http", app);
+        let mut args = vec!["-v", "-H", "expect: 100-continue", "-H", &header];
+        args.extend(post_args(&file));
+        args.push(&url);
+        curl(&args)
+    };
+    let refused_early = asking("nope", "early");
+    assert_eq!(refused_early.status, 401, "{}", refused_early.body);
+    assert!(
+        !refused_early.stderr.contains("100 Continue"),
+        "the body was asked for: {}",
+        refused_early.stderr
+    );
+    let accepted = asking("token-one", "asked");
+    assert_eq!(accepted.status, 200, "{}", accepted.body);
+    assert!(
+        accepted.stderr.contains("100 Continue"),
+        "curl -v shows the server asking for the body: {}",
+        accepted.stderr
+    );
+
     // The file changes: the new token works within seconds, the old one not.
     std::fs::write(&tokens, "token-two\n").unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -238,9 +266,10 @@ fn tokens_are_checked_before_the_body_and_reloaded_when_the_file_changes() {
     }
     assert_eq!(push(Some("token-one"), "stale").status, 401);
     assert!(
-        common::read_index(&p.profiles)
-            .iter()
-            .all(|e| !matches!(e.label("service_name"), Some("anon" | "wrong" | "stale"))),
+        common::read_index(&p.profiles).iter().all(|e| !matches!(
+            e.label("service_name"),
+            Some("anon" | "wrong" | "stale" | "early")
+        )),
         "nothing refused was written"
     );
 }
@@ -249,7 +278,7 @@ fn tokens_are_checked_before_the_body_and_reloaded_when_the_file_changes() {
 fn a_token_bound_to_a_tenant_writes_as_that_tenant() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, "token-team team-t\n").unwrap();
+    std::fs::write(&tokens, "token-team team-t\ntoken-free\n").unwrap();
     // The tenant reaches exporters in the batch metadata; the `pyroscope`
     // exporter sends it as X-Scope-OrgID, which a second proflow's file
     // exporter does not keep, so the first's own file output is read: the
@@ -273,6 +302,24 @@ fn a_token_bound_to_a_tenant_writes_as_that_tenant() {
     assert_eq!(
         e[0].raw.get("tenant").and_then(|t| t.as_str()),
         Some("team-t"),
+        "index entry: {}",
+        e[0].raw
+    );
+    // A token bound to no tenant keeps the client's X-Scope-OrgID.
+    let mut args = post_args(&file);
+    args.extend([
+        "-H",
+        "authorization: Bearer token-free",
+        "-H",
+        "x-scope-orgid: from-the-client",
+    ]);
+    let url = ingest(&p, "http", "free-app");
+    args.push(&url);
+    assert_eq!(curl(&args).status, 200);
+    let e = p.wait_for_files(1, |e| e.label("service_name") == Some("free-app"));
+    assert_eq!(
+        e[0].raw.get("tenant").and_then(|t| t.as_str()),
+        Some("from-the-client"),
         "index entry: {}",
         e[0].raw
     );
