@@ -35,6 +35,8 @@ pub mod spans;
 #[cfg(feature = "symbolize")]
 pub mod symbolize;
 pub mod telemetry;
+#[cfg(feature = "test-pki")]
+pub mod test_pki;
 #[doc(hidden)]
 pub mod testdata;
 pub mod tls;

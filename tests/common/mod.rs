@@ -12,7 +12,9 @@
 
 #[path = "../peer_skip/mod.rs"]
 pub mod peer_skip;
-pub mod pki;
+// Certificates made at test time (tests/tls_auth.rs, tests/otlp_receiver.rs).
+#[allow(unused_imports)]
+pub use proflow_pipeline::test_pki as pki;
 
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -871,53 +871,22 @@ async fn a_split_batch_reports_refused_indexes_and_never_resends_delivered_ones(
 
 // ------------------------------------------------------------------ TLS
 
-/// A CA, a server certificate it signed for `localhost` and `127.0.0.1`, and
-/// an unrelated CA, as PEM files; plus the server's TLS acceptor.
+/// The shared test certificates (`proflow_pipeline::test_pki`), plus the
+/// server's TLS acceptor and file paths as text.
 struct Pki {
-    dir: tempfile::TempDir,
+    pki: proflow_pipeline::test_pki::Pki,
     acceptor: tokio_rustls::TlsAcceptor,
 }
 
 impl Pki {
     fn new() -> Pki {
-        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-        let ca = |name: &str| {
-            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-            params
-                .distinguished_name
-                .push(rcgen::DnType::CommonName, name);
-            CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-        };
-        let ours = ca("proflow test CA");
-        let other = ca("some other CA");
-        let server_key = KeyPair::generate().unwrap();
-        let server = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .unwrap()
-            .signed_by(&server_key, &ours)
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("ca.pem"), ours.pem()).unwrap();
-        std::fs::write(dir.path().join("other-ca.pem"), other.pem()).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![server.der().clone()],
-                rustls::pki_types::PrivateKeyDer::try_from(server_key.serialize_der()).unwrap(),
-            )
-            .unwrap();
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Pki {
-            dir,
-            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
-        }
+        let pki = proflow_pipeline::test_pki::Pki::new();
+        let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config());
+        Pki { pki, acceptor }
     }
 
     fn file(&self, name: &str) -> String {
-        self.dir.path().join(name).display().to_string()
+        self.pki.file(name).display().to_string()
     }
 }
 

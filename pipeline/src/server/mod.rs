@@ -45,6 +45,25 @@ pub struct Listen {
     pub tls: Option<Arc<ServerTls>>,
 }
 
+/// Serves one connection to its end in its own task, holding its place
+/// among the listener's connections until then.
+fn spawn_connection<C, E>(
+    connection: C,
+    peer: SocketAddr,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) where
+    C: Future<Output = Result<(), E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    tokio::spawn(async move {
+        // Errors are the client's doing (reset, timeout, bad framing).
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, client = %peer, "connection ended with an error");
+        }
+        drop(permit);
+    });
+}
+
 /// Accepts connections until `shutdown` and serves each request with
 /// `service(request, client address)`; then lets the open connections
 /// finish their requests. With TLS, the handshake runs in the connection's
@@ -118,13 +137,7 @@ pub async fn accept_loop<S, F, B>(
                     .serve_connection(TokioIo::new(stream), per_request)
                     .into_owned(),
             );
-            tokio::spawn(async move {
-                // Errors are the client's doing (reset, timeout, bad framing).
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, client = %peer, "connection ended with an error");
-                }
-                drop(permit);
-            });
+            spawn_connection(connection, peer, permit);
             continue;
         };
         // TLS: the handshake runs in the connection's own task (a slow
@@ -155,12 +168,7 @@ pub async fn accept_loop<S, F, B>(
                     .serve_connection(TokioIo::new(tls), per_request)
                     .into_owned(),
             );
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, client = %peer, "connection ended with an error");
-                }
-                drop(permit);
-            });
+            spawn_connection(connection, peer, permit);
         });
     }
     drop(listener);
