@@ -152,6 +152,15 @@ pub enum Admission {
 #[async_trait]
 pub trait Consumer: Send + Sync {
     async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError>;
+
+    /// True when something behind this consumer reads the profiles' bytes
+    /// before they are queued (a processor, or a conversion to another
+    /// form): a receiver that inflated a profile to check it then hands the
+    /// plain bytes along ([`Payload::with_plain`](crate::model::Payload::with_plain))
+    /// instead of letting them go.
+    fn reads_profiles(&self) -> bool {
+        true
+    }
 }
 
 /// What a running receiver gets.

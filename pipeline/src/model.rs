@@ -367,7 +367,8 @@ impl Payload {
             Some(f) if f.profile.is_none() => f.encoded.get().is_some_and(|e| e.gzipped),
             _ => false,
         };
-        if gzipped && plain.len() <= self.decode_limit {
+        // Plain means plain: a profile gzipped twice keeps no "plain" gzip.
+        if gzipped && plain.len() <= self.decode_limit && !pprof::is_gzip(&plain) {
             self.plain = Some(plain);
         }
         self
@@ -461,7 +462,7 @@ impl Payload {
             (Some(_), None) => inner.size,
         };
         let size = own + otlp.size_bytes();
-        let payload = Payload::new(
+        let mut payload = Payload::new(
             inner.arrived,
             pprof,
             Some(otlp),
@@ -470,6 +471,8 @@ impl Payload {
             self.decode_limit,
         );
         payload.inner.converted_once.store(true, Ordering::Relaxed);
+        // The pprof form is this payload's own: its plain bytes still are.
+        payload.plain = self.plain.clone();
         payload
     }
 

@@ -480,6 +480,15 @@ impl Fanout {
 
 #[async_trait]
 impl Consumer for Fanout {
+    /// Processors may read the bytes; exporters that want OTLP make the
+    /// pipeline convert pprof payloads (a pipeline of pprof exporters alone
+    /// passes the bytes through unread).
+    fn reads_profiles(&self) -> bool {
+        self.pipelines
+            .iter()
+            .any(|p| !p.processors.is_empty() || p.forms.contains(&Format::Otlp))
+    }
+
     async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError> {
         let Batch {
             envelopes,
@@ -654,6 +663,10 @@ impl Consumer for SwapConsumer {
         // The Arc held for the call is how a reload sees calls in flight.
         let current = self.current();
         current.consume(batch, admission).await
+    }
+
+    fn reads_profiles(&self) -> bool {
+        self.current().reads_profiles()
     }
 }
 
@@ -2083,6 +2096,7 @@ mod tests {
     async fn a_receivers_plain_bytes_reach_processors_and_no_queue() {
         let yaml = "receivers:\n  test: {key: pl}\nprocessors:\n  filter: {}\nexporters:\n  test: {key: pl-p, behaviour: ok, wants: pprof}\n  test/o: {key: pl-o, behaviour: ok, wants: otlp}\nservice:\n  pipelines:\n    profiles: {receivers: [test], processors: [filter], exporters: [test, test/o]}\n";
         let (running, _t) = start(yaml).await;
+        assert!(consumer("pl").reads_profiles(), "a processor reads them");
         let mut e = envelope("plain");
         let gzipped = e.payload.encoded().unwrap().bytes;
         let plain = crate::pprof::decompress(&gzipped, 1 << 20).unwrap();
@@ -2110,6 +2124,16 @@ mod tests {
         assert_eq!(pprof.plain().unwrap(), plain, "inflated again when asked");
         assert_eq!(record("plain-seen").delivered.load(Ordering::SeqCst), 1);
         running.shutdown().await;
+        // pprof exporters alone read nothing: receivers keep no plain bytes
+        // for them; an OTLP exporter makes the pipeline convert (read) them.
+        for (key, wants, reads) in [("pl2", "pprof", false), ("pl3", "otlp", true)] {
+            let yaml = format!(
+                "receivers:\n  test: {{key: {key}}}\nexporters:\n  test: {{key: {key}-x, behaviour: ok, wants: {wants}}}\nservice:\n  pipelines:\n    profiles: {{receivers: [test], exporters: [test]}}\n"
+            );
+            let (running, _t) = start(&yaml).await;
+            assert_eq!(consumer(key).reads_profiles(), reads, "{wants}");
+            running.shutdown().await;
+        }
     }
 
     #[tokio::test]

@@ -129,9 +129,10 @@ pub fn is_hex_of(text: &str, id: &[u8]) -> bool {
 /// A map that stays a short vector while it is small (a profile names a
 /// few spans: a scan beats hashing) and becomes a hash map when it is not
 /// (a hostile profile naming a span per sample stays linear). It hashes
-/// with foldhash, seeded at random per map: a sender cannot aim at its
-/// buckets, and it is cheaper than SipHash on these small keys (the
-/// `trace_link` bench: 15% less per profile).
+/// with foldhash, seeded per process and per map (foldhash calls itself
+/// minimally DoS-resistant: collisions cannot be written into a profile
+/// ahead of time without the seed), cheaper than SipHash on these small
+/// keys (the `trace_link` bench: 15% less per profile).
 #[derive(Debug)]
 pub struct SmallMap<K, V> {
     few: Vec<(K, V)>,

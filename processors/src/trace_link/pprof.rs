@@ -336,7 +336,15 @@ pub(super) fn write_samples(
             let keep = match (field, value) {
                 (SAMPLE_LABEL, Value::Bytes(l)) => {
                     let l = label(l)?;
-                    let text = || w.text(l.str).unwrap_or_default();
+                    // String 0 is the empty string (read so, as `read` does,
+                    // whatever a profile put there).
+                    let text = || {
+                        if l.str == 0 {
+                            ""
+                        } else {
+                            w.text(l.str).unwrap_or_default()
+                        }
+                    };
                     match (w.key(l.key), link) {
                         (None, _) => true,
                         // All-zero ids mean none: dropped where labels are written.

@@ -34,6 +34,9 @@ pub(crate) struct DecompressBudget {
     used: usize,
     /// Capacity of the plain profiles [`DecompressBudget::scan`] kept.
     kept: usize,
+    /// Whether [`DecompressBudget::scan`] keeps plain bytes at all (only
+    /// when something behind the receiver reads them).
+    keep_plain: bool,
     /// The request's share of the in-flight memory budget.
     grant: MemoryGrant,
 }
@@ -46,6 +49,7 @@ impl DecompressBudget {
             setting: max_decompressed,
             used: 0,
             kept: 0,
+            keep_plain: true,
             grant,
         }
     }
@@ -104,6 +108,12 @@ impl DecompressBudget {
         Ok(out)
     }
 
+    /// Whether [`DecompressBudget::scan`] keeps the plain bytes it inflated
+    /// for the pipeline (it does unless told otherwise).
+    pub fn keep_plain(&mut self, keep: bool) {
+        self.keep_plain = keep;
+    }
+
     /// Grants `bytes` more of in-flight memory for a copy the request is
     /// about to make (429 when the collector has no room).
     pub fn reserve(&mut self, bytes: usize) -> Result<(), IngestError> {
@@ -143,9 +153,10 @@ impl DecompressBudget {
     }
 
     /// Reads a pprof profile's metadata. A gzipped one is inflated within
-    /// the budget; the plain bytes are returned too, held by the request
-    /// (their grant stays until it is answered) so the pipeline's processors
-    /// need not inflate them again, while the request holds at most
+    /// the budget; the plain bytes are returned too (see
+    /// [`DecompressBudget::keep_plain`]), held by the request (their grant
+    /// stays until it is answered) so the pipeline's processors need not
+    /// inflate them again, while the request holds at most
     /// [`KEPT_PLAIN_BYTES`] of them; past that they are given back once read.
     pub fn scan(
         &mut self,
@@ -160,10 +171,14 @@ impl DecompressBudget {
                 .map(|m| (m, None))
                 .map_err(|e| self.decode_error(&what(), e));
         }
-        let plain = self.inflate(&what, profile)?;
+        let mut plain = self.inflate(&what, profile)?;
         let scanned = pprof::scan_metadata(&plain, plain.len());
         let kept = match scanned {
-            Ok(_) if self.kept + plain.capacity() <= KEPT_PLAIN_BYTES => {
+            Ok(_) if self.keep_plain && self.kept + plain.len() <= KEPT_PLAIN_BYTES => {
+                // Kept at its length: the request holds no spare capacity.
+                let before = plain.capacity();
+                plain.shrink_to_fit();
+                self.grant.shrink(before.saturating_sub(plain.capacity()));
                 self.kept += plain.capacity();
                 Some(Bytes::from(plain))
             }
@@ -283,9 +298,10 @@ mod tests {
         assert_eq!(meta.sample_types.len(), 1);
         let kept = kept.expect("the first profile's plain bytes are kept");
         assert_eq!(kept, plain, "they are the profile, inflated");
-        assert!(
-            memory.in_flight() >= kept.len(),
-            "the request's grant holds them"
+        assert_eq!(
+            memory.in_flight(),
+            kept.len(),
+            "the request's grant holds them, and no spare capacity"
         );
         let mut given_back = 0;
         for _ in 0..10 {
@@ -311,5 +327,11 @@ mod tests {
             0,
             "answering the request gives all back"
         );
+        // Nothing behind the receiver reads them: nothing is kept.
+        let mut budget = DecompressBudget::with_grant(64 << 20, memory.grant());
+        budget.keep_plain(false);
+        let (_, kept) = budget.scan(|| "p".into(), &gz).unwrap();
+        assert!(kept.is_none());
+        assert_eq!(memory.in_flight(), 0);
     }
 }

@@ -389,6 +389,7 @@ impl Shared {
         let inline = decode_inline(encoding, body.len());
         // One budget for everything this request inflates.
         let mut budget = DecompressBudget::with_grant(self.limits.max_decompressed, grant);
+        budget.keep_plain(self.consumer.reads_profiles());
         let (batch, budget) = match kind {
             BodyKind::Multipart => {
                 let (body, part_limit, budget) = match encoding {
@@ -467,6 +468,7 @@ impl Shared {
         let inline = decode_inline(encoding, body.len());
         // One budget for the body and every profile in it.
         let mut budget = DecompressBudget::with_grant(self.limits.max_decompressed, grant);
+        budget.keep_plain(self.consumer.reads_profiles());
         let now = now_unix_nanos();
         let (batch, budget) = blocking(inline, move || {
             let plain = encoding.decode(body, &mut budget)?;
