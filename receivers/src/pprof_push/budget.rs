@@ -20,6 +20,12 @@ use super::error::IngestError;
 /// How much [`DecompressBudget::inflate`] reads at a time.
 const INFLATE_STEP: usize = 32 << 10;
 
+thread_local! {
+    /// Each thread's buffer for [`DecompressBudget::inflate`]'s steps.
+    static STEP: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0u8; INFLATE_STEP].into_boxed_slice());
+}
+
 /// Most plain profile bytes one request keeps for the pipeline (see
 /// [`DecompressBudget::scan`]): a typical push keeps all of its profiles',
 /// a request of hundreds of large ones does not hold them all at once.
@@ -70,12 +76,22 @@ impl DecompressBudget {
         what: impl Fn() -> String,
         compressed: &[u8],
     ) -> Result<Vec<u8>, IngestError> {
+        // The step buffer is the thread's own, made once: a fresh one was
+        // 32 KiB zeroed for every profile.
+        STEP.with(|step| self.inflate_through(&what, compressed, &mut step.borrow_mut()[..]))
+    }
+
+    fn inflate_through(
+        &mut self,
+        what: &impl Fn() -> String,
+        compressed: &[u8],
+        step: &mut [u8],
+    ) -> Result<Vec<u8>, IngestError> {
         let limit = self.remaining();
         let mut out: Vec<u8> = Vec::new();
         let mut decoder = flate2::bufread::MultiGzDecoder::new(compressed);
-        let mut step = [0u8; INFLATE_STEP];
         loop {
-            let n = match decoder.read(&mut step) {
+            let n = match decoder.read(step) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
