@@ -277,3 +277,65 @@ fn a_directory_never_gets_two_writers_and_a_refused_reload_changes_nothing() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_scrape_receiver_a_reload_removes_leaves_the_targets_page() {
+    let dirs = tempfile::tempdir().unwrap();
+    let (a, b) = (dirs.path().join("a"), dirs.path().join("b"));
+    // The first config plus a scrape job of one target (nothing answers
+    // there: it is listed down, which is all this test needs).
+    let with_scrape = |ports: &Ports| {
+        config(ports, &a, &b, false)
+            .replace(
+                "receivers:\n",
+                "receivers:\n  scrape:\n    scrape_configs:\n      - job_name: leaving\n        static_configs: [{targets: ['127.0.0.1:9']}]\n",
+            )
+            .replace("receivers: [pprof_push]", "receivers: [pprof_push, scrape]")
+    };
+    let p = Proflow::start(|ports, _| with_scrape(ports));
+    let targets = || -> serde_json::Value {
+        let text = common::http_client()
+            .get(format!("http://{}/targets", p.ports.telemetry))
+            .send()
+            .expect("GET /targets")
+            .text()
+            .unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    };
+    // The jobs on the page (a target per address and profile: once each).
+    let jobs = |page: &serde_json::Value| -> Vec<String> {
+        let mut jobs: Vec<String> = page["activeTargets"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| t["labels"]["job"].as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        jobs.dedup();
+        jobs
+    };
+    assert_eq!(jobs(&targets()), ["leaving"], "{}", targets());
+    // Reloaded with the scrape job's receiver changed: the new one's target.
+    std::fs::write(
+        &p.config,
+        with_scrape(&p.ports).replace("leaving", "staying"),
+    )
+    .unwrap();
+    let (status, body) = post_reload(&p);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(jobs(&targets()), ["staying"], "{}", targets());
+    // Reloaded without it: the page is empty.
+    std::fs::write(&p.config, config(&p.ports, &a, &b, false)).unwrap();
+    let (status, body) = post_reload(&p);
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !jobs(&targets()).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "a removed receiver's targets stay: {}",
+            targets()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

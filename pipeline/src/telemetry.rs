@@ -489,6 +489,15 @@ impl Telemetry {
         }
     }
 
+    /// Takes a pull receiver's targets off `/targets` when it stops, if
+    /// `view` is still the one registered under its id (a receiver replaced
+    /// by a reload leaves its successor's).
+    pub fn unregister_targets(&self, receiver: &str, view: &TargetsView) {
+        if let Ok(mut targets) = self.targets.lock() {
+            targets.retain(|(id, v)| !(id == receiver && Arc::ptr_eq(v, view)));
+        }
+    }
+
     /// `/targets`: every pull receiver's active and dropped targets, each
     /// object tagged with its `receiver`.
     pub fn targets_json(&self) -> serde_json::Value {
@@ -1069,6 +1078,25 @@ mod tests {
         assert!(t.render().contains(
             "proflow_scrape_failures_total{receiver=\"scrape\",job=\"job\",reason=\"connection\"} 1"
         ));
+        // A reload replaces the receiver: the new one registers, then the
+        // old one stops, leaving the new one's targets; stopping for good
+        // takes them off.
+        let view = |url: &'static str| -> TargetsView {
+            Arc::new(move || (vec![serde_json::json!({ "scrapeUrl": url })], Vec::new()))
+        };
+        let (old, new) = (view("http://old"), view("http://new"));
+        t.register_targets("scrape", old.clone());
+        t.register_targets("scrape", new.clone());
+        t.unregister_targets("scrape", &old);
+        assert_eq!(
+            t.targets_json()["activeTargets"][0]["scrapeUrl"],
+            "http://new"
+        );
+        t.unregister_targets("scrape", &new);
+        assert_eq!(
+            t.targets_json()["activeTargets"].as_array().map(Vec::len),
+            Some(0)
+        );
     }
 
     #[test]

@@ -380,6 +380,12 @@ fn describe(r: &Resource) -> String {
     }
 }
 
+/// Runs a component's build inside a span naming it, so what the build
+/// logs (a warning about its settings) says which component it is.
+fn building<T>(id: &str, build: impl FnOnce() -> T) -> T {
+    tracing::info_span!("build", component = %id).in_scope(build)
+}
+
 struct PipelineRuntime {
     processors: Vec<(Arc<dyn Processor>, ProcessorTelemetry)>,
     exporters: Vec<Arc<ExporterQueue>>,
@@ -866,8 +872,7 @@ impl Running {
             }
             let built = (|| {
                 let c = ctx(id);
-                let exporter = config
-                    .build(&c)
+                let exporter = building(id, || config.build(&c))
                     .map_err(|e| BuildError::new(format!("exporter `{id}`: {e}")))?;
                 let queue = ExporterQueue::open(
                     id.clone(),
@@ -948,7 +953,7 @@ impl Running {
                 report.kept.push(format!("processors.{pid}"));
                 continue;
             }
-            match config.build_for(&ctx(pid), &downstream) {
+            match building(pid, || config.build_for(&ctx(pid), &downstream)) {
                 Ok(proc) => {
                     shared.insert(pid.clone(), (key, proc));
                 }
@@ -993,7 +998,7 @@ impl Running {
                 let c = ctx(pid);
                 let proc = match shared.get(pid) {
                     Some((_, proc)) => proc.clone(),
-                    None => match config.build_for(&c, &forms) {
+                    None => match building(pid, || config.build_for(&c, &forms)) {
                         Ok(proc) => proc,
                         Err(e) => {
                             stop_built(next);
@@ -1197,9 +1202,7 @@ impl Running {
             .clone()
             .map(|s| Arc::new(SwapSpans(std::sync::RwLock::new(s))));
         let stop = self.receivers_stop.child_token();
-        let receiver = start
-            .config
-            .build(&c)
+        let receiver = building(&start.id, || start.config.build(&c))
             .map_err(|e| BuildError::new(format!("receiver `{}`: {e}", start.id)))?;
         let serve = receiver
             .start(ReceiverContext {

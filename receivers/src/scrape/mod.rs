@@ -38,7 +38,7 @@ use proflow_pipeline::component::{
     Validate,
 };
 use proflow_pipeline::model::BatchMeta;
-use proflow_pipeline::telemetry::ScrapeTelemetry;
+use proflow_pipeline::telemetry::{ScrapeTelemetry, TargetsView, Telemetry};
 
 use client::{ClientSettings, HttpClient};
 pub use config::ScrapeReceiverConfig;
@@ -66,6 +66,9 @@ pub struct ScrapeReceiver {
     jobs: Vec<Job>,
     scrape: ScrapeTelemetry,
     deltas: Arc<DeltaStore>,
+    /// On `/targets` while the receiver runs.
+    targets: TargetsView,
+    telemetry: Arc<Telemetry>,
 }
 
 impl ReceiverConfig for ScrapeReceiverConfig {
@@ -108,14 +111,14 @@ impl ReceiverConfig for ScrapeReceiverConfig {
                 view,
             });
         }
-        ctx.telemetry
-            .register_targets(&ctx.id, Arc::new(move || manager::views_json(&views)));
         Ok(Box::new(ScrapeReceiver {
             jobs,
             scrape: ctx.telemetry.scrape(&ctx.id),
             deltas: DeltaStore::new(
                 usize::try_from(self.max_delta_state.bytes()).unwrap_or(usize::MAX),
             ),
+            targets: Arc::new(move || manager::views_json(&views)),
+            telemetry: ctx.telemetry.clone(),
         }))
     }
 }
@@ -147,8 +150,13 @@ impl Receiver for ScrapeReceiver {
                 ctx.shutdown.clone(),
             ));
         }
+        // On `/targets` from its start (a config a reload refuses never
+        // shows) until it stops (a receiver a reload removes leaves).
+        let (telemetry, targets, id) = (self.telemetry, self.targets, ctx.id.clone());
+        telemetry.register_targets(&id, targets.clone());
         Ok(Box::pin(async move {
             while tasks.join_next().await.is_some() {}
+            telemetry.unregister_targets(&id, &targets);
         }))
     }
 }
