@@ -446,6 +446,7 @@ impl Telemetry {
         ExporterTelemetry {
             t: self.clone(),
             id: vec![("exporter", id.to_string())],
+            gauges_muted: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -948,6 +949,9 @@ impl ProcessorTelemetry {
 pub struct ExporterTelemetry {
     t: Arc<Telemetry>,
     id: LabelSet,
+    /// Set for the queue of an exporter a reload replaced: its successor,
+    /// under the same id, alone sets the queue gauges.
+    gauges_muted: Arc<AtomicBool>,
 }
 
 impl ExporterTelemetry {
@@ -987,7 +991,15 @@ impl ExporterTelemetry {
         self.t.exporter_retries.get_or_create(&self.id).inc();
     }
 
+    /// Stops this handle from setting the queue gauges (counters go on).
+    pub fn mute_gauges(&self) {
+        self.gauges_muted.store(true, Ordering::Relaxed);
+    }
+
     pub fn queue_level(&self, profiles: usize, bytes: usize) {
+        if self.gauges_muted.load(Ordering::Relaxed) {
+            return;
+        }
         self.t
             .exporter_queue_profiles
             .get_or_create(&self.id)
@@ -1000,6 +1012,9 @@ impl ExporterTelemetry {
 
     /// A persistent queue's files: bytes, and records not yet finished.
     pub fn queue_stored(&self, bytes: u64, records: u64) {
+        if self.gauges_muted.load(Ordering::Relaxed) {
+            return;
+        }
         self.t
             .exporter_queue_stored_bytes
             .get_or_create(&self.id)
@@ -1096,6 +1111,34 @@ mod tests {
         assert_eq!(
             t.targets_json()["activeTargets"].as_array().map(Vec::len),
             Some(0)
+        );
+    }
+
+    #[test]
+    fn a_replaced_queue_leaves_the_gauges_to_its_successor() {
+        let t = Arc::new(Telemetry::new());
+        let (old, new) = (t.exporter("file"), t.exporter("file"));
+        old.mute_gauges();
+        new.queue_level(1, 100);
+        old.queue_level(7, 700);
+        old.queue_stored(9, 9);
+        old.enqueued(3);
+        let text = t.render();
+        assert!(
+            text.contains(r#"proflow_exporter_queue_profiles{exporter="file"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"proflow_exporter_queue_bytes{exporter="file"} 100"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("proflow_exporter_queue_stored_records{"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"proflow_exporter_enqueued_profiles_total{exporter="file"} 3"#),
+            "counters go on: {text}"
         );
     }
 

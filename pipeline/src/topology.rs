@@ -1172,6 +1172,10 @@ impl Running {
                 continue;
             }
             report.stopped.push(format!("exporters.{id}"));
+            if next.contains_key(&id) {
+                // Changed: the new queue reports the gauges of this id.
+                e.queue.mute_gauges();
+            }
             self.retired.push(tokio::spawn(retire(
                 e,
                 self.shutdown_timeout,

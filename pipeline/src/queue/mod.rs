@@ -421,6 +421,12 @@ impl ExporterQueue {
         }))
     }
 
+    /// Leaves the queue gauges to the queue that replaced this one under
+    /// the same exporter id (a reload).
+    pub fn mute_gauges(&self) {
+        self.telemetry.mute_gauges();
+    }
+
     pub fn id(&self) -> &str {
         &self.id
     }
