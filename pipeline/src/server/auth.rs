@@ -150,13 +150,7 @@ impl Authenticator {
         });
         let watched = auth.clone();
         let what = what.to_owned();
-        let paths: Vec<PathBuf> = watched
-            .settings
-            .files()
-            .iter()
-            .map(|p| p.to_path_buf())
-            .collect();
-        super::watch_files(paths, stamped, stop, move || {
+        super::watch_files(&auth.settings.files(), stamped, stop, move || {
             match load(&watched.settings) {
                 Ok(c) => {
                     *watched

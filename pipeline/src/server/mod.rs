@@ -209,11 +209,12 @@ pub(crate) fn stamps(files: &[&std::path::Path]) -> Stamps {
 /// Calls `reload` whenever `files` change (checked every
 /// [`tls::RELOAD_EVERY`]), starting from `seen`, until `stop`.
 pub(crate) fn watch_files(
-    files: Vec<std::path::PathBuf>,
+    files: &[&std::path::Path],
     mut seen: Stamps,
     stop: CancellationToken,
     reload: impl Fn() + Send + 'static,
 ) {
+    let files: Vec<std::path::PathBuf> = files.iter().map(|p| p.to_path_buf()).collect();
     tokio::spawn(async move {
         let paths: Vec<&std::path::Path> = files.iter().map(|p| p.as_path()).collect();
         loop {

@@ -144,24 +144,19 @@ impl ServerTls {
         });
         let watched = tls.clone();
         let what = what.to_owned();
-        let paths: Vec<std::path::PathBuf> = watched
+        super::watch_files(&tls.settings.files(), stamped, stop, move || match watched
             .settings
-            .files()
-            .iter()
-            .map(|p| p.to_path_buf())
-            .collect();
-        super::watch_files(paths, stamped, stop, move || {
-            match watched.settings.load() {
-                Ok(config) => {
-                    *watched
-                        .current
-                        .write()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = both(config);
-                    tracing::info!(listener = %what, "TLS certificate files changed; new connections use them");
-                }
-                Err((field, e)) => {
-                    tracing::error!(listener = %what, field = %format!("tls.{field}"), error = %e, "TLS files changed but do not load; still serving the previous certificate");
-                }
+            .load()
+        {
+            Ok(config) => {
+                *watched
+                    .current
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = both(config);
+                tracing::info!(listener = %what, "TLS certificate files changed; new connections use them");
+            }
+            Err((field, e)) => {
+                tracing::error!(listener = %what, field = %format!("tls.{field}"), error = %e, "TLS files changed but do not load; still serving the previous certificate");
             }
         });
         Ok(tls)
