@@ -635,6 +635,20 @@ struct RunningReceiver {
     spans: Option<Arc<SwapSpans>>,
 }
 
+impl RunningReceiver {
+    /// Stops it (a reload replaced or removed it), waiting at most
+    /// [`RECEIVER_STOP_TIMEOUT`] for its calls in flight.
+    async fn stop(self, id: &str) {
+        self.stop.cancel();
+        if tokio::time::timeout(RECEIVER_STOP_TIMEOUT, self.task)
+            .await
+            .is_err()
+        {
+            tracing::warn!(receiver = %id, "receiver did not stop within {RECEIVER_STOP_TIMEOUT:?}");
+        }
+    }
+}
+
 /// The consumer a receiver holds: the pipelines behind it are replaced by a
 /// reload while the receiver keeps serving.
 struct SwapConsumer(std::sync::RwLock<Arc<dyn Consumer>>);
@@ -1104,13 +1118,7 @@ impl Running {
             match self.bind_receiver(&start).await {
                 Ok(b) => {
                     if let Some(old) = self.receivers.remove(&id) {
-                        old.stop.cancel();
-                        if tokio::time::timeout(RECEIVER_STOP_TIMEOUT, old.task)
-                            .await
-                            .is_err()
-                        {
-                            tracing::warn!(receiver = %id, "receiver did not stop within {RECEIVER_STOP_TIMEOUT:?}");
-                        }
+                        old.stop(&id).await;
                     }
                     report.stopped.push(format!("receivers.{id}"));
                     report.started.push(format!("receivers.{id}"));
@@ -1135,13 +1143,7 @@ impl Running {
             .collect();
         for id in going {
             if let Some(r) = self.receivers.remove(&id) {
-                r.stop.cancel();
-                if tokio::time::timeout(RECEIVER_STOP_TIMEOUT, r.task)
-                    .await
-                    .is_err()
-                {
-                    tracing::warn!(receiver = %id, "receiver did not stop within {RECEIVER_STOP_TIMEOUT:?}");
-                }
+                r.stop(&id).await;
                 report.stopped.push(format!("receivers.{id}"));
             }
         }
