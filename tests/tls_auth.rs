@@ -288,40 +288,33 @@ fn a_token_bound_to_a_tenant_writes_as_that_tenant() {
         tokens.display()
     ));
     let file = format!("@{}", profile_file(p.dir.path()));
-    let mut args = post_args(&file);
-    args.extend([
-        "-H",
-        "authorization: Bearer token-team",
-        "-H",
-        "x-scope-orgid: someone-else",
-    ]);
-    let url = ingest(&p, "http", "tenant-app");
-    args.push(&url);
-    assert_eq!(curl(&args).status, 200);
-    let e = p.wait_for_files(1, |e| e.label("service_name") == Some("tenant-app"));
-    assert_eq!(
-        e[0].raw.get("tenant").and_then(|t| t.as_str()),
-        Some("team-t"),
-        "index entry: {}",
-        e[0].raw
-    );
+    // Pushes as `app` with `token` and the client's `org`; the tenant the
+    // file index holds for it.
+    let tenant_of = |token: &str, org: &str, app: &str| {
+        let (auth, org) = (
+            format!("authorization: Bearer {token}"),
+            format!("x-scope-orgid: {org}"),
+        );
+        let url = ingest(&p, "http", app);
+        let mut args = post_args(&file);
+        args.extend(["-H", &auth, "-H", &org, &url]);
+        assert_eq!(curl(&args).status, 200);
+        let e = p.wait_for_files(1, |e| e.label("service_name") == Some(app));
+        let tenant = e[0]
+            .raw
+            .get("tenant")
+            .and_then(|t| t.as_str())
+            .map(str::to_owned);
+        (tenant, e[0].raw.to_string())
+    };
+    let (tenant, entry) = tenant_of("token-team", "someone-else", "tenant-app");
+    assert_eq!(tenant.as_deref(), Some("team-t"), "index entry: {entry}");
     // A token bound to no tenant keeps the client's X-Scope-OrgID.
-    let mut args = post_args(&file);
-    args.extend([
-        "-H",
-        "authorization: Bearer token-free",
-        "-H",
-        "x-scope-orgid: from-the-client",
-    ]);
-    let url = ingest(&p, "http", "free-app");
-    args.push(&url);
-    assert_eq!(curl(&args).status, 200);
-    let e = p.wait_for_files(1, |e| e.label("service_name") == Some("free-app"));
+    let (tenant, entry) = tenant_of("token-free", "from-the-client", "free-app");
     assert_eq!(
-        e[0].raw.get("tenant").and_then(|t| t.as_str()),
+        tenant.as_deref(),
         Some("from-the-client"),
-        "index entry: {}",
-        e[0].raw
+        "index entry: {entry}"
     );
 }
 
