@@ -227,16 +227,28 @@ async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
         "stopping: receivers first, then draining exporter queues"
     );
     let report = running.shutdown().await;
-    if report.total_undelivered() == 0 {
+    if report.all_delivered() {
         tracing::info!("stopped; every accepted profile was delivered");
     } else {
         for (exporter, n) in &report.undelivered {
             tracing::warn!(exporter = %exporter, undelivered = n, "profiles not delivered before shutdown_timeout");
         }
+        for (exporter, lost) in &report.lost {
+            if lost.dropped > 0 {
+                tracing::warn!(exporter = %exporter, dropped = lost.dropped, "profiles dropped by this exporter's full queue while running (when_full: drop_newest)");
+            }
+            if lost.failed > 0 {
+                tracing::warn!(exporter = %exporter, failed = lost.failed, "profiles this exporter gave up on while running (refused by its peer, or retries ran out)");
+            }
+        }
         tracing::warn!(
             undelivered = report.total_undelivered(),
-            "stopped with {} profile(s) not delivered",
-            report.total_undelivered()
+            dropped = report.total_dropped(),
+            failed = report.total_failed(),
+            "stopped; not every accepted profile was delivered: {} left at shutdown, {} dropped by full queues, {} given up on",
+            report.total_undelivered(),
+            report.total_dropped(),
+            report.total_failed()
         );
     }
     stop_telemetry.cancel();

@@ -115,8 +115,9 @@ impl BuildContext {
 /// Why the pipeline did not take a batch.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConsumeError {
-    /// An exporter queue with `when_full: block` is full: nothing was enqueued
-    /// anywhere; the sender should retry later.
+    /// Exporter queues are full: a `when_full: block` queue stayed full for
+    /// its `wait_when_full`, or no exporter could queue any copy of the
+    /// batch. Nothing was enqueued anywhere; the sender should retry later.
     #[error("exporter `{exporter}` is behind and its queue is full; retry after {retry_after:?}")]
     Backpressure {
         exporter: String,
@@ -132,21 +133,33 @@ pub enum ConsumeError {
     NotStored { exporter: String, error: String },
 }
 
-/// How a receiver wants to be held back when an exporter queue with
-/// `when_full: block` is full.
+/// How a receiver is held back by full exporter queues. A full queue first
+/// holds the batch for up to its `sending_queue.wait_when_full` while it
+/// drains (at once, without waiting, when its last wait ran out and it had
+/// no room since); what happens then depends on the receiver:
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
-    /// Refuse the batch at once ([`ConsumeError::Backpressure`]): for push
-    /// receivers, whose clients retry on 429 / `RESOURCE_EXHAUSTED`.
+    /// For push receivers, whose clients retry a refusal (429 /
+    /// `RESOURCE_EXHAUSTED`): a `block` queue that stays full refuses the
+    /// batch everywhere ([`ConsumeError::Backpressure`]); a `drop_newest`
+    /// queue drops its copy, unless no queue could take any copy: then the
+    /// batch is refused too, so success always means some exporter has it.
     Refuse,
-    /// Wait until every such queue has room: for receivers that can hold
-    /// their source (scrape, Kafka). Only shutdown ends the wait.
+    /// For receivers that set their own pace and cannot send again (scrape,
+    /// eBPF): a `block` queue is waited for until it has room; a
+    /// `drop_newest` queue that stays full drops its copy. Only shutdown
+    /// ends the wait.
     Wait,
+    /// For receivers that can hold their source and read it again (Kafka):
+    /// every full queue, `drop_newest` too, is waited for until it has room,
+    /// so no copy is ever dropped. Only shutdown ends the wait.
+    WaitAll,
 }
 
 /// Where a receiver hands what it accepted. `Ok` means the batch is in every
-/// target exporter's queue (or was dropped there by a `drop_newest` policy, or
-/// filtered out by a processor): the receiver may acknowledge its sender.
+/// target exporter's queue (or was dropped there by a `drop_newest` policy
+/// while another queue took it, or filtered out by a processor): the
+/// receiver may acknowledge its sender.
 /// What then became of it is reported through the batch's
 /// [`Ack`](crate::delivery::Ack), if the receiver made a tracked one.
 #[async_trait]

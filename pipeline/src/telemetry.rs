@@ -47,6 +47,7 @@ pub struct Telemetry {
     exporter_failed_profiles: Counters,
     exporter_dropped_profiles: Counters,
     exporter_retries: Counters,
+    exporter_queue_waits: Counters,
     exporter_queue_profiles: Gauges,
     exporter_queue_bytes: Gauges,
     exporter_send_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
@@ -63,6 +64,9 @@ pub struct Telemetry {
     conversion_lost: Counters,
     /// What conversions lost that was logged already (logged once each).
     lost_logged: std::sync::Mutex<std::collections::HashSet<&'static str>>,
+    /// Profiles each exporter dropped or gave up on since the start, by
+    /// exporter id (over reloads), for the shutdown report.
+    losses: std::sync::Mutex<std::collections::BTreeMap<String, Losses>>,
     scrapes: Counters,
     scrape_failures: Counters,
     scrape_targets: Gauges,
@@ -180,6 +184,11 @@ impl Telemetry {
             exporter_retries: family!(
                 "exporter_retries",
                 "Send attempts an exporter retried after a retryable failure",
+                Counters::default()
+            ),
+            exporter_queue_waits: family!(
+                "exporter_queue_waits",
+                "Batches held back by an exporter's full queue, by how the wait ended (room, timeout: when_full applied after wait_when_full, stalled: applied at once after an earlier timeout)",
                 Counters::default()
             ),
             exporter_queue_profiles: family!(
@@ -384,6 +393,7 @@ impl Telemetry {
             ),
             targets: Default::default(),
             lost_logged: Default::default(),
+            losses: Default::default(),
             registry,
             ready: AtomicBool::new(false),
         }
@@ -944,6 +954,43 @@ impl ProcessorTelemetry {
     }
 }
 
+/// What one exporter lost since the collector started (its metrics say the
+/// same by reason): what the shutdown report adds to what was left queued.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Losses {
+    /// Dropped by a full `drop_newest` queue.
+    pub dropped: u64,
+    /// Given up on: refused for good by the peer, retries ran out, or the
+    /// exporter failed.
+    pub failed: u64,
+}
+
+impl Telemetry {
+    /// Each exporter's losses since the start, by id (only exporters that lost any).
+    pub fn losses(&self) -> std::collections::BTreeMap<String, Losses> {
+        self.losses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn add_loss(&self, id: &LabelSet, add: impl FnOnce(&mut Losses)) {
+        let Some((_, name)) = id.first() else { return };
+        let mut losses = self
+            .losses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match losses.get_mut(name) {
+            Some(l) => add(l),
+            None => {
+                let mut l = Losses::default();
+                add(&mut l);
+                losses.insert(name.clone(), l);
+            }
+        }
+    }
+}
+
 /// Metric handle of one exporter (its queue reports through it too).
 #[derive(Clone, Debug)]
 pub struct ExporterTelemetry {
@@ -978,17 +1025,38 @@ impl ExporterTelemetry {
             .exporter_failed_profiles
             .get_or_create(&with(&self.id, "reason", reason))
             .inc_by(profiles);
+        if profiles > 0 {
+            self.t.add_loss(&self.id, |l| l.failed += profiles);
+        }
     }
 
+    /// Profiles dropped for `reason`, also kept for the shutdown report:
+    /// `queue_full` as dropped, a peer's refusal as failed (those of
+    /// `shutdown` are in it as undelivered already).
     pub fn dropped(&self, reason: &str, profiles: u64) {
         self.t
             .exporter_dropped_profiles
             .get_or_create(&with(&self.id, "reason", reason))
             .inc_by(profiles);
+        match reason {
+            _ if profiles == 0 => {}
+            "shutdown" => {}
+            "queue_full" => self.t.add_loss(&self.id, |l| l.dropped += profiles),
+            _ => self.t.add_loss(&self.id, |l| l.failed += profiles),
+        }
     }
 
     pub fn retried(&self) {
         self.t.exporter_retries.get_or_create(&self.id).inc();
+    }
+
+    /// A batch waited for room in this exporter's full queue; `result`:
+    /// `room`, `timeout` or `stalled`.
+    pub fn held(&self, result: &str) {
+        self.t
+            .exporter_queue_waits
+            .get_or_create(&with(&self.id, "result", result))
+            .inc();
     }
 
     /// Stops this handle from setting the queue gauges (counters go on).

@@ -459,28 +459,99 @@ struct Target {
 }
 
 impl Fanout {
-    /// Tries to reserve room in every target queue at once. On a full `block`
-    /// queue nothing stays reserved and the error names it; a full
-    /// `drop_newest` queue gets `None` (its copy is dropped).
-    fn reserve_all(targets: &[Target]) -> Result<Vec<Option<Reservation>>, (usize, Refusal)> {
-        let mut reserved: Vec<Option<Reservation>> = Vec::with_capacity(targets.len());
-        for (i, t) in targets.iter().enumerate() {
-            match t.queue.reserve(t.envelopes.len(), t.bytes) {
-                Ok(r) => reserved.push(Some(r)),
-                Err(Refusal::Full) if t.queue.when_full() == WhenFull::DropNewest => {
+    /// Reserves room for every target's copy, holding the batch back while
+    /// a queue is full (see [`Admission`]): each full queue is waited for up
+    /// to its `wait_when_full` (at once when it is stalled), then its
+    /// `when_full` applies. Returns one reservation per target, `None` for a
+    /// `drop_newest` copy given up on (the caller drops it), or the refusal.
+    /// Nothing stays reserved while waiting or when refused.
+    async fn reserve_all(
+        targets: &[Target],
+        admission: Admission,
+    ) -> Result<Vec<Option<Reservation>>, ConsumeError> {
+        let started = tokio::time::Instant::now();
+        let mut given_up = vec![false; targets.len()];
+        let mut waited = vec![false; targets.len()];
+        loop {
+            let mut reserved: Vec<Option<Reservation>> = Vec::with_capacity(targets.len());
+            let mut full = None;
+            let mut closed = false;
+            for (i, t) in targets.iter().enumerate() {
+                if given_up[i] {
                     reserved.push(None);
+                    continue;
                 }
-                Err(refusal) => {
-                    for (t, r) in targets.iter().zip(reserved) {
-                        if let Some(r) = r {
-                            t.queue.release(r);
-                        }
+                match t.queue.reserve(t.envelopes.len(), t.bytes) {
+                    Ok(r) => reserved.push(Some(r)),
+                    Err(refusal) => {
+                        closed |= refusal == Refusal::Closed;
+                        full.get_or_insert(i);
+                        reserved.push(None);
                     }
-                    return Err((i, refusal));
                 }
             }
+            let Some(i) = full else {
+                for (t, w) in targets.iter().zip(&waited) {
+                    if *w {
+                        t.queue.telemetry().held("room");
+                    }
+                }
+                return Ok(reserved);
+            };
+            // Hold nothing while waiting, nor when refusing.
+            for (t, r) in targets.iter().zip(reserved) {
+                if let Some(r) = r {
+                    t.queue.release(r);
+                }
+            }
+            if closed {
+                return Err(ConsumeError::ShuttingDown);
+            }
+            let t = &targets[i];
+            let policy = t.queue.when_full();
+            let unbounded = match admission {
+                Admission::WaitAll => true,
+                Admission::Wait => policy == WhenFull::Block,
+                Admission::Refuse => false,
+            };
+            waited[i] = true;
+            if unbounded {
+                t.queue.wait_for_space(t.envelopes.len(), t.bytes).await;
+                continue;
+            }
+            let room = if t.queue.is_stalled() {
+                t.queue.telemetry().held("stalled");
+                false
+            } else {
+                let deadline = started + t.queue.wait_when_full();
+                let room = t
+                    .queue
+                    .wait_for_space_until(t.envelopes.len(), t.bytes, deadline)
+                    .await;
+                if !room {
+                    t.queue.telemetry().held("timeout");
+                }
+                room
+            };
+            if room {
+                continue;
+            }
+            if policy == WhenFull::Block {
+                return Err(ConsumeError::Backpressure {
+                    exporter: t.queue.id().to_owned(),
+                    retry_after: RETRY_AFTER,
+                });
+            }
+            given_up[i] = true;
+            waited[i] = false;
+            if admission == Admission::Refuse && given_up.iter().all(|g| *g) {
+                // No exporter could take any copy: a 200 would be a lie.
+                return Err(ConsumeError::Backpressure {
+                    exporter: t.queue.id().to_owned(),
+                    retry_after: RETRY_AFTER,
+                });
+            }
         }
-        Ok(reserved)
     }
 }
 
@@ -556,26 +627,10 @@ impl Consumer for Fanout {
         for t in &mut targets {
             t.bytes = batch_bytes(&t.envelopes);
         }
-        // `block` queues first: if one refuses, nothing was dropped anywhere.
+        // `block` queues first: one that refuses is found before any wait
+        // on a `drop_newest` one.
         targets.sort_by_key(|t| t.queue.when_full() == WhenFull::DropNewest);
-        let reserved = loop {
-            match Fanout::reserve_all(&targets) {
-                Ok(reserved) => break reserved,
-                Err((_, Refusal::Closed)) => return Err(ConsumeError::ShuttingDown),
-                Err((i, Refusal::Full)) => match admission {
-                    Admission::Refuse => {
-                        return Err(ConsumeError::Backpressure {
-                            exporter: targets[i].queue.id().to_owned(),
-                            retry_after: RETRY_AFTER,
-                        });
-                    }
-                    Admission::Wait => {
-                        let t = &targets[i];
-                        t.queue.wait_for_space(t.envelopes.len(), t.bytes).await;
-                    }
-                },
-            }
-        };
+        let reserved = Fanout::reserve_all(&targets, admission).await?;
         // Counted only now that the batch is accepted: a refused batch dropped nothing.
         let mut filtered_share = ack.share(filtered);
         filtered_share.report(Outcome::Filtered, filtered);
@@ -746,16 +801,36 @@ pub struct Running {
     memory: crate::memory::MemoryBudget,
 }
 
-/// What shutdown could not deliver.
+/// What the collector could not deliver.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
     /// Profiles left in queues (or in flight) when the drain deadline passed, per exporter.
     pub undelivered: BTreeMap<String, usize>,
+    /// Profiles each exporter dropped (full `drop_newest` queue) or gave up
+    /// on (refused by its peer, retries ran out) while the collector ran,
+    /// per exporter that lost any.
+    pub lost: BTreeMap<String, crate::telemetry::Losses>,
 }
 
 impl ShutdownReport {
     pub fn total_undelivered(&self) -> usize {
         self.undelivered.values().sum()
+    }
+
+    /// Profiles dropped by full queues since the start, every exporter.
+    pub fn total_dropped(&self) -> u64 {
+        self.lost.values().map(|l| l.dropped).sum()
+    }
+
+    /// Profiles exporters gave up on since the start, every exporter.
+    pub fn total_failed(&self) -> u64 {
+        self.lost.values().map(|l| l.failed).sum()
+    }
+
+    /// True when every profile accepted reached every exporter it was for
+    /// (or a persistent queue keeps it): nothing left, dropped or given up.
+    pub fn all_delivered(&self) -> bool {
+        self.total_undelivered() == 0 && self.total_dropped() == 0 && self.total_failed() == 0
     }
 }
 
@@ -1336,6 +1411,7 @@ impl Running {
             }
         }
         self.abort.cancel();
+        report.lost = self.telemetry.losses();
         report
     }
 
@@ -2494,6 +2570,145 @@ mod tests {
             errs.contains("exporters.test.retry_on_failure.multiplier"),
             "{errs}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_holds_the_sender_until_it_has_room_instead_of_dropping() {
+        let yaml = "receivers:\n  test: {key: hold}\nexporters:\n  test: {key: hold-x, behaviour: down, sending_queue: {queue_size: 1, num_consumers: 1, wait_when_full: 30s}, retry_on_failure: {initial_interval: 10ms, max_interval: 10ms, max_elapsed_time: 0s}}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, t) = start(yaml).await;
+        let c = consumer("hold");
+        c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+            .await
+            .unwrap();
+        // The queue (1) is full and its exporter failing: the next batch waits.
+        let second = tokio::spawn({
+            let c = c.clone();
+            async move {
+                c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+                    .await
+            }
+        });
+        eventually("the exporter tried the first batch twice", || {
+            record("hold-x").attempts.load(Ordering::SeqCst) >= 2
+        })
+        .await;
+        assert!(!second.is_finished(), "held back while the queue is full");
+        record("hold-x").up.store(1, Ordering::SeqCst);
+        second
+            .await
+            .unwrap()
+            .expect("queued once the exporter made room");
+        eventually("both delivered", || {
+            record("hold-x").delivered.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        let text = t.render();
+        assert!(
+            text.contains(r#"proflow_exporter_queue_waits_total{exporter="test",result="room"} 1"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("proflow_exporter_dropped_profiles_total"),
+            "{text}"
+        );
+        let report = running.shutdown().await;
+        assert!(report.all_delivered(), "{report:?}");
+    }
+
+    #[tokio::test]
+    async fn a_stalled_queue_costs_one_wait_then_drops_and_a_batch_nobody_took_is_refused() {
+        let yaml = "receivers:\n  test: {key: stall}\nexporters:\n  test/dead: {key: stall-dead, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1, wait_when_full: 50ms}}\n  test/ok: {key: stall-ok, behaviour: ok}\nservice:\n  shutdown_timeout: 50ms\n  pipelines:\n    profiles/both: {receivers: [test], exporters: [test/dead, test/ok]}\n";
+        let (running, t) = start(yaml).await;
+        let c = consumer("stall");
+        for _ in 0..4 {
+            c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+                .await
+                .expect("the healthy exporter takes every batch");
+        }
+        eventually("the healthy exporter got all four", || {
+            record("stall-ok").delivered.load(Ordering::SeqCst) == 4
+        })
+        .await;
+        let text = t.render();
+        for want in [
+            r#"proflow_exporter_queue_waits_total{exporter="test/dead",result="timeout"} 1"#,
+            r#"proflow_exporter_queue_waits_total{exporter="test/dead",result="stalled"} 2"#,
+            r#"proflow_exporter_dropped_profiles_total{exporter="test/dead",reason="queue_full"} 3"#,
+        ] {
+            assert!(text.contains(want), "{want}\n{text}");
+        }
+        let report = running.shutdown().await;
+        assert_eq!(report.total_dropped(), 3, "{report:?}");
+        assert_eq!(report.total_undelivered(), 1, "the hanging send");
+        assert!(!report.all_delivered());
+
+        // Alone, the dead exporter takes nothing: refused, not dropped.
+        let yaml = "receivers:\n  test: {key: alone}\nexporters:\n  test: {key: alone-x, behaviour: hang, sending_queue: {queue_size: 1, num_consumers: 1, wait_when_full: 20ms}}\nservice:\n  shutdown_timeout: 50ms\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, t) = start(yaml).await;
+        let c = consumer("alone");
+        c.consume(batch(vec![envelope("yes")]), Admission::Refuse)
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            let err = c
+                .consume(batch(vec![envelope("yes")]), Admission::Refuse)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, ConsumeError::Backpressure { ref exporter, .. } if exporter == "test"),
+                "{err:?}"
+            );
+        }
+        assert!(
+            !t.render()
+                .contains("proflow_exporter_dropped_profiles_total")
+        );
+        // A receiver that cannot be refused (scrape, eBPF) drops, counted.
+        c.consume(batch(vec![envelope("yes")]), Admission::Wait)
+            .await
+            .unwrap();
+        let text = t.render();
+        assert!(
+            text.contains(
+                r#"proflow_exporter_dropped_profiles_total{exporter="test",reason="queue_full"} 1"#
+            ),
+            "{text}"
+        );
+        assert_eq!(running.shutdown().await.total_dropped(), 1);
+    }
+
+    #[tokio::test]
+    async fn wait_all_waits_for_drop_newest_queues_too() {
+        let yaml = "receivers:\n  test: {key: wall}\nexporters:\n  test: {key: wall-x, behaviour: down, sending_queue: {queue_size: 1, num_consumers: 1, wait_when_full: 10ms}, retry_on_failure: {initial_interval: 10ms, max_interval: 10ms, max_elapsed_time: 0s}}\nservice:\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+        let (running, t) = start(yaml).await;
+        let c = consumer("wall");
+        c.consume(batch(vec![envelope("yes")]), Admission::WaitAll)
+            .await
+            .unwrap();
+        let second = tokio::spawn({
+            let c = c.clone();
+            async move {
+                c.consume(batch(vec![envelope("yes")]), Admission::WaitAll)
+                    .await
+            }
+        });
+        // Far past wait_when_full, it still waits: nothing is dropped.
+        eventually("the exporter retried a few times", || {
+            record("wall-x").attempts.load(Ordering::SeqCst) >= 5
+        })
+        .await;
+        assert!(!second.is_finished());
+        record("wall-x").up.store(1, Ordering::SeqCst);
+        second.await.unwrap().unwrap();
+        eventually("both delivered", || {
+            record("wall-x").delivered.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        assert!(
+            !t.render()
+                .contains("proflow_exporter_dropped_profiles_total")
+        );
+        assert!(running.shutdown().await.all_delivered());
     }
 
     #[test]

@@ -86,6 +86,13 @@ pub struct QueueSettings {
     pub max_bytes: ByteSize,
     /// `drop_newest` (default) or `block`.
     pub when_full: WhenFull,
+    /// How long a full queue holds a sender back, waiting for room, before
+    /// `when_full` applies: the receiver waits (its client's TCP slows
+    /// down) while the exporter drains, so a burst is delivered late rather
+    /// than dropped. A queue whose last wait ran out applies `when_full` at
+    /// once until it has room again, so a dead exporter costs one wait, not
+    /// one per request. `0s` applies `when_full` at once.
+    pub wait_when_full: Duration,
     /// How many sends run at once.
     pub num_consumers: usize,
     /// How each send is gathered from the queue.
@@ -100,6 +107,7 @@ impl Default for QueueSettings {
             queue_size: 1000,
             max_bytes: ByteSize::mib(256),
             when_full: WhenFull::DropNewest,
+            wait_when_full: Duration::from_secs(1),
             num_consumers: 4,
             batch: BatchSettings::default(),
             storage: None,
@@ -184,6 +192,15 @@ pub fn queue_problems(queue: &QueueSettings, retry: &RetrySettings) -> Vec<Field
             "must be more than 0, such as 16MiB",
         ));
     }
+    if queue.wait_when_full.get() > std::time::Duration::from_secs(60) {
+        problems.push(FieldError::new(
+            "sending_queue.wait_when_full",
+            format!(
+                "{} holds senders for too long (their own timeouts end first and they send again); use at most 60s (default 1s)",
+                queue.wait_when_full
+            ),
+        ));
+    }
     if queue.batch.flush_timeout.get() > std::time::Duration::from_secs(60) {
         problems.push(FieldError::new(
             "sending_queue.batch.flush_timeout",
@@ -228,6 +245,9 @@ struct State {
     /// Profiles dropped since the queue last had room: a drop episode is
     /// logged once when it starts and once when it ends.
     dropping: Option<u64>,
+    /// A wait for room ran out and no reservation succeeded since: senders
+    /// do not wait again until the queue has room.
+    stalled: bool,
 }
 
 #[derive(Debug)]
@@ -465,6 +485,7 @@ impl ExporterQueue {
         s.profiles += profiles;
         s.bytes += bytes;
         s.reservations += 1;
+        s.stalled = false;
         if let Some(dropped) = s.dropping.take() {
             tracing::info!(exporter = %self.id, dropped, "exporter queue has room again; the profiles dropped while it was full are lost for this exporter");
         }
@@ -606,6 +627,36 @@ impl ExporterQueue {
             }
         }
         notified.await;
+    }
+
+    /// Waits for room as [`ExporterQueue::wait_for_space`] does, until
+    /// `deadline` at most: `true` when the batch might fit now (the caller
+    /// tries `reserve` again), `false` when the wait ran out (the queue is
+    /// then stalled until a reservation succeeds: see
+    /// [`ExporterQueue::is_stalled`]).
+    pub async fn wait_for_space_until(
+        &self,
+        profiles: usize,
+        bytes: usize,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        let waited = tokio::time::timeout_at(deadline, self.wait_for_space(profiles, bytes)).await;
+        if waited.is_ok() {
+            return true;
+        }
+        self.lock().stalled = true;
+        false
+    }
+
+    /// True when the last wait for room ran out and the queue has not had
+    /// room since: `when_full` applies without waiting.
+    pub fn is_stalled(&self) -> bool {
+        self.lock().stalled
+    }
+
+    /// How long a full queue holds senders back (`wait_when_full`).
+    pub fn wait_when_full(&self) -> std::time::Duration {
+        self.settings.wait_when_full.get()
     }
 
     /// Profiles and bytes admitted and not finished.

@@ -10,11 +10,14 @@
 //!   leaves Kafka with the labels it entered with.
 //! - **At least once**: each record's batch is handed to the pipeline with a
 //!   tracked acknowledgement ([`proflow_pipeline::delivery`]) and
-//!   [`Admission::Wait`](proflow_pipeline::component::Admission::Wait) (a
-//!   full `block` queue holds the consumer back rather than refusing). When
-//!   the acknowledgement resolves — every copy delivered, refused for good,
-//!   dropped by a full `drop_newest` queue or filtered, all counted by the
-//!   exporters — the record is resolved, and the partition's committable
+//!   [`Admission::WaitAll`](proflow_pipeline::component::Admission::WaitAll)
+//!   (a full queue, `drop_newest` too, holds the consumer back until it has
+//!   room; with `commit_dropped: true`,
+//!   [`Admission::Wait`](proflow_pipeline::component::Admission::Wait): a
+//!   `drop_newest` queue that stays full for its `wait_when_full` drops its
+//!   copy). When the acknowledgement resolves — every copy delivered,
+//!   refused for good, dropped or filtered, all counted by the exporters —
+//!   the record is resolved, and the partition's committable
 //!   position moves past the longest resolved run ([`offsets`]).
 //!   librdkafka commits the stored positions every `commit_interval`
 //!   (`enable.auto.offset.store=false`), and once more when the receiver
@@ -25,9 +28,9 @@
 //! - **Bounded**: at most `max_unacknowledged` records are in the pipeline
 //!   and unresolved at once; the consumer waits for acknowledgements beyond
 //!   that, so a slow exporter slows the consumer instead of filling memory.
-//!   With `when_full: drop_newest` queues (the default), a burst beyond the
-//!   queue can still be dropped (and committed, counted as dropped): give
-//!   exporters fed by Kafka `when_full: block` for no drops at all.
+//!   By default nothing is dropped, so one stalled exporter stops the
+//!   consumer for every exporter it feeds; `commit_dropped: true` trades
+//!   that for drops (counted, and committed past).
 //! - **Bad records** are counted (`proflow_receiver_refused_profiles_total`,
 //!   reason `invalid_record`), logged with topic, partition and offset, and
 //!   committed past: they never stop the consumer.
@@ -141,6 +144,13 @@ pub struct KafkaReceiverConfig {
     /// How often acknowledged positions are committed. Default 1s.
     #[serde(default = "default_commit_interval")]
     pub commit_interval: Duration,
+    /// Whether a record may be committed when a full `drop_newest` exporter
+    /// queue dropped its copy (after the queue's `wait_when_full`), counted
+    /// as dropped, so that one stalled exporter never stops the consumer.
+    /// Default false: the consumer waits until every exporter it feeds has
+    /// room, so nothing read from Kafka is dropped.
+    #[serde(default)]
+    pub commit_dropped: bool,
     /// Most bytes a gzip pprof value may inflate to (and an OTLP JSON value
     /// take once decoded). Default 64MiB.
     #[serde(default = "default_max_decompressed_size")]
@@ -301,6 +311,11 @@ impl ReceiverConfig for KafkaReceiverConfig {
                 mapping: self.resource_to_labels.clone(),
             },
             max_unacknowledged: self.max_unacknowledged,
+            admission: if self.commit_dropped {
+                Admission::Wait
+            } else {
+                Admission::WaitAll
+            },
         }))
     }
 }
@@ -311,6 +326,8 @@ pub struct KafkaReceiver {
     topics: Vec<String>,
     reading: Reading,
     max_unacknowledged: usize,
+    /// How full queues hold the consumer back (`commit_dropped`).
+    admission: Admission,
 }
 
 /// Follows assignments into [`Offsets`] and routes librdkafka's logs.
@@ -493,7 +510,7 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
             client: None,
         });
         let (batch, delivery) = Batch::tracked(decoded.envelopes, meta);
-        match ctx.consumer.consume(batch, Admission::Wait).await {
+        match ctx.consumer.consume(batch, receiver.admission).await {
             Ok(()) => {
                 shared.telemetry.accepted(profiles, bytes);
                 let shared = shared.clone();
@@ -511,7 +528,7 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
             }
             Err(ConsumeError::ShuttingDown) => break,
             Err(e) => {
-                // `Admission::Wait` never refuses; should it, the record
+                // Waiting admissions never refuse; should one, the record
                 // stays uncommitted and is read again after a restart.
                 tracing::error!(receiver = %shared.id, error = %e, "the pipeline refused a record");
             }
