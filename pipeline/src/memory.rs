@@ -111,6 +111,14 @@ impl MemoryBudget {
         grant.grow(bytes, wait).await?;
         Ok(grant)
     }
+
+    /// Waits up to `wait` until `bytes` could be granted, and holds nothing
+    /// afterwards: for a request that says how much it will send, so it is
+    /// refused before sending when the budget cannot take it, while its
+    /// memory is still granted only as its bytes arrive.
+    pub async fn room_for(&self, bytes: usize, wait: Duration) -> Result<(), OverBudget> {
+        self.acquire(bytes, wait).await.map(drop)
+    }
 }
 
 /// Memory one request holds; given back when dropped.
@@ -126,6 +134,11 @@ impl MemoryGrant {
     /// Bytes held.
     pub fn held(&self) -> usize {
         self.held
+    }
+
+    /// The budget this grant draws from.
+    pub fn budget(&self) -> &MemoryBudget {
+        &self.budget
     }
 
     /// The permits to take from each semaphore to grow by `bytes`: from the

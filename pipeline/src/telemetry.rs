@@ -619,10 +619,8 @@ impl Telemetry {
             None => app,
         };
         let listen = crate::server::Listen {
-            max_connections: 1024,
             read_header_timeout: Some(std::time::Duration::from_secs(10)),
-            http2_only: false,
-            tls,
+            ..crate::server::Listen::new(1024, tls)
         };
         crate::server::accept_loop(
             listener,

@@ -1,11 +1,16 @@
 //! What every listener shares: the accept loop ([`accept_loop`]: at most
-//! `max_connections` at once, the rest wait in the kernel's backlog; a
-//! header timeout for HTTP/1; TLS when configured; a graceful end on
-//! shutdown, open connections finishing their requests), `tls` ([`tls`]:
-//! certificates reloaded on change, optional mutual TLS) and receivers'
-//! `auth` ([`auth`]: bearer tokens, basic auth, reloaded on change).
+//! `max_connections` at once, connections that hold a slot without a request
+//! closed after `idle_timeout` — or at once for a new client when every slot
+//! is taken ([`connections`]) —, a header timeout for HTTP/1, at most
+//! `max_concurrent_streams` requests per HTTP/2 connection, TLS when
+//! configured, a graceful end on shutdown, open connections finishing their
+//! requests), `tls` ([`tls`]: certificates reloaded on change, optional
+//! mutual TLS) and receivers' `auth` ([`auth`]: bearer tokens, basic auth,
+//! reloaded on change).
 
 pub mod auth;
+pub mod body;
+mod connections;
 pub mod tls;
 
 use std::convert::Infallible;
@@ -18,13 +23,14 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::GracefulConnection;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{AuthSettings, Authenticated, Authenticator, BasicAuthSettings, Unauthenticated};
 pub use tls::{ServerTls, ServerTlsFiles, ServerTlsSettings, TlsVersion};
+
+use connections::{Conn, Connections};
 
 /// How long a connection accepted just before shutdown gets to send its
 /// first request before the graceful end (which closes idle connections).
@@ -33,35 +39,88 @@ pub const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(250);
 /// The longest a client may take to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a connection told to close (idle, or shutdown) may take to
+/// finish what it is doing before it is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// The default `idle_timeout` of every listener (the OpenTelemetry
+/// Collector's for HTTP servers).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The default `max_concurrent_streams` of every listener.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 100;
+
 /// How [`accept_loop`] serves connections.
 #[derive(Debug, Clone)]
 pub struct Listen {
     pub max_connections: usize,
     /// HTTP/1 header read timeout (`None`: hyper's default).
     pub read_header_timeout: Option<Duration>,
+    /// How long a connection may stay open without a request in flight;
+    /// its first request is due within `read_header_timeout` (or this).
+    pub idle_timeout: Duration,
+    /// Most requests in flight on one HTTP/2 connection.
+    pub max_concurrent_streams: u32,
     /// Serve HTTP/2 only (gRPC).
     pub http2_only: bool,
     /// TLS on every connection, when set.
     pub tls: Option<Arc<ServerTls>>,
 }
 
-/// Serves one connection to its end in its own task, holding its place
-/// among the listener's connections until then.
-fn spawn_connection<C, E>(
-    connection: C,
-    peer: SocketAddr,
-    permit: tokio::sync::OwnedSemaphorePermit,
-) where
-    C: Future<Output = Result<(), E>> + Send + 'static,
-    E: std::fmt::Display,
-{
-    tokio::spawn(async move {
-        // Errors are the client's doing (reset, timeout, bad framing).
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, client = %peer, "connection ended with an error");
+impl Listen {
+    /// A listener's settings with the defaults for what is not given.
+    pub fn new(max_connections: usize, tls: Option<Arc<ServerTls>>) -> Self {
+        Listen {
+            max_connections,
+            read_header_timeout: None,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            http2_only: false,
+            tls,
         }
-        drop(permit);
-    });
+    }
+
+    fn first_request_timeout(&self) -> Duration {
+        self.read_header_timeout
+            .unwrap_or(HANDSHAKE_TIMEOUT)
+            .min(self.idle_timeout)
+    }
+}
+
+/// Serves one connection to its end, holding its slot until then: until
+/// the client closes it, it stays unused too long ([`Conn::unused`]), or
+/// `drain` (shutdown); then it ends gracefully, finishing the requests in
+/// flight within [`CLOSE_GRACE`].
+async fn serve_connection<C>(
+    connection: C,
+    conn: Arc<Conn>,
+    listen: &Listen,
+    drain: CancellationToken,
+    peer: SocketAddr,
+) where
+    C: GracefulConnection,
+    C::Error: std::fmt::Display,
+{
+    let mut connection = std::pin::pin!(connection);
+    let ended = tokio::select! {
+        ended = connection.as_mut() => Some(ended),
+        _ = drain.cancelled() => None,
+        _ = conn.unused(listen.first_request_timeout(), listen.idle_timeout) => None,
+    };
+    let ended = match ended {
+        Some(ended) => ended,
+        None => {
+            connection.as_mut().graceful_shutdown();
+            match tokio::time::timeout(CLOSE_GRACE, connection).await {
+                Ok(ended) => ended,
+                Err(_) => return,
+            }
+        }
+    };
+    // Errors are the client's doing (reset, timeout, bad framing).
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, client = %peer, "connection ended with an error");
+    }
 }
 
 /// Accepts connections until `shutdown` and serves each request with
@@ -97,19 +156,22 @@ pub async fn accept_loop<S, F, B>(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .keep_alive_interval(None);
+        .keep_alive_interval(None)
+        .max_concurrent_streams(listen.max_concurrent_streams.max(1));
     let builder = Arc::new(builder);
-    let graceful = GracefulShutdown::new();
-    let connections = Arc::new(Semaphore::new(listen.max_connections.max(1)));
-    // Connections still in their TLS handshake when shutdown comes.
-    let handshaking = tokio_util::task::TaskTracker::new();
+    let listen = Arc::new(listen);
+    let connections = Connections::new(listen.max_connections);
+    // Every connection's task, handshakes included; `drain` ends the
+    // served ones gracefully once accepting stopped.
+    let tasks = tokio_util::task::TaskTracker::new();
+    let drain = CancellationToken::new();
     let mut last_accept = std::time::Instant::now();
     loop {
-        let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => permit,
+        let slot = tokio::select! {
+            slot = connections.slot() => slot,
             _ = shutdown.cancelled() => break,
         };
-        let Ok(permit) = permit else { break };
+        let Ok(slot) = slot else { break };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = shutdown.cancelled() => break,
@@ -126,28 +188,33 @@ pub async fn accept_loop<S, F, B>(
         };
         let _ = stream.set_nodelay(true);
         last_accept = std::time::Instant::now();
-        let service = service.clone();
-        let per_request = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let response = service(req, peer);
-            async move { Ok::<_, Infallible>(response.await) }
-        });
-        let Some(tls) = &listen.tls else {
-            let connection = graceful.watch(
-                builder
-                    .serve_connection(TokioIo::new(stream), per_request)
-                    .into_owned(),
-            );
-            spawn_connection(connection, peer, permit);
-            continue;
+        let conn = slot.conn();
+        let per_request = {
+            let (service, conn) = (service.clone(), conn.clone());
+            hyper::service::service_fn(move |req: Request<Incoming>| {
+                let busy = conn.begin();
+                let response = service(req, peer);
+                async move {
+                    let response = response.await;
+                    drop(busy);
+                    Ok::<_, Infallible>(response)
+                }
+            })
         };
-        // TLS: the handshake runs in the connection's own task (a slow
-        // client never holds up accepting), ends with shutdown, and the
-        // connection is watched for the graceful end once it is served.
-        let acceptor = tls.acceptor(listen.http2_only);
-        let watcher = graceful.watcher();
-        let builder = builder.clone();
+        let (builder, listen, drain) = (builder.clone(), listen.clone(), drain.clone());
         let (id, stop) = (id.clone(), shutdown.clone());
-        handshaking.spawn(async move {
+        tasks.spawn(async move {
+            let _slot = slot;
+            let Some(tls) = &listen.tls else {
+                let connection = builder
+                    .serve_connection(TokioIo::new(stream), per_request)
+                    .into_owned();
+                serve_connection(connection, conn, &listen, drain, peer).await;
+                return;
+            };
+            // TLS: the handshake runs here (a slow client never holds up
+            // accepting) and ends at once with shutdown.
+            let acceptor = tls.acceptor(listen.http2_only);
             let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
             let tls = tokio::select! {
                 r = handshake => match r {
@@ -163,12 +230,10 @@ pub async fn accept_loop<S, F, B>(
                 },
                 _ = stop.cancelled() => return,
             };
-            let connection = watcher.watch(
-                builder
-                    .serve_connection(TokioIo::new(tls), per_request)
-                    .into_owned(),
-            );
-            spawn_connection(connection, peer, permit);
+            let connection = builder
+                .serve_connection(TokioIo::new(tls), per_request)
+                .into_owned();
+            serve_connection(connection, conn, &listen, drain, peer).await;
         });
     }
     drop(listener);
@@ -179,11 +244,10 @@ pub async fn accept_loop<S, F, B>(
     if let Some(left) = FIRST_REQUEST_GRACE.checked_sub(last_accept.elapsed()) {
         tokio::time::sleep(left).await;
     }
-    // Handshakes end at once on shutdown; then every served connection
-    // finishes its requests.
-    handshaking.close();
-    handshaking.wait().await;
-    graceful.shutdown().await;
+    // Then every served connection finishes its requests and closes.
+    drain.cancel();
+    tasks.close();
+    tasks.wait().await;
 }
 
 /// A hash of each file's contents (`None` when it cannot be read, so its

@@ -47,6 +47,8 @@ pub(crate) struct Settings {
     pub max_message: usize,
     pub read_timeout: Duration,
     pub max_connections: usize,
+    pub idle_timeout: Duration,
+    pub max_concurrent_streams: u32,
     pub tls: Option<ServerTlsSettings>,
     pub auth: Option<AuthSettings>,
 }
@@ -67,10 +69,11 @@ pub(crate) async fn serve(
 ) {
     let id = handler.id.clone();
     let listen = Listen {
-        max_connections: settings.max_connections,
         read_header_timeout: None,
         http2_only: true,
-        tls: secured.tls.clone(),
+        idle_timeout: settings.idle_timeout,
+        max_concurrent_streams: settings.max_concurrent_streams,
+        ..Listen::new(settings.max_connections, secured.tls.clone())
     };
     let grpc = Arc::new(Grpc {
         settings,

@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use proflow_pipeline::memory::{self, MemoryGrant, OverBudget};
+use proflow_pipeline::memory::MemoryGrant;
 use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
 use tokio::net::TcpListener;
@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
+use proflow_pipeline::server::body::{BodyError, read_body};
 use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
 
 /// The one path profiles are posted to.
@@ -56,6 +57,8 @@ pub(crate) struct Settings {
     pub read_header_timeout: Duration,
     pub read_timeout: Duration,
     pub max_connections: usize,
+    pub idle_timeout: Duration,
+    pub max_concurrent_streams: u32,
     pub tls: Option<ServerTlsSettings>,
     pub auth: Option<AuthSettings>,
 }
@@ -76,10 +79,11 @@ pub(crate) async fn serve(
 ) {
     let id = handler.id.clone();
     let listen = Listen {
-        max_connections: settings.max_connections,
         read_header_timeout: Some(settings.read_header_timeout),
         http2_only: false,
-        tls: secured.tls.clone(),
+        idle_timeout: settings.idle_timeout,
+        max_concurrent_streams: settings.max_concurrent_streams,
+        ..Listen::new(settings.max_connections, secured.tls.clone())
     };
     let http = Arc::new(Http {
         settings,
@@ -311,68 +315,37 @@ impl Http {
         Ok((media, Reply::Profiles(response)))
     }
 
-    /// Reads the whole body within `read_timeout`, refusing as soon as it
-    /// passes `max_request_body_size` (the declared `Content-Length` is
-    /// checked first, the stream cut at the limit whatever it declared).
-    /// Every byte of the buffer is granted before it is allocated.
+    /// Reads the whole body within `read_timeout` and
+    /// `max_request_body_size` (a larger declared `Content-Length` is
+    /// refused before anything is read), every byte of the buffer granted
+    /// from the in-flight memory budget as it arrives.
     async fn read_body(
         &self,
         headers: &HeaderMap,
         body: Incoming,
     ) -> Result<(Bytes, MemoryGrant), OtlpError> {
-        let limit = self.settings.max_request_body;
-        let too_large = || {
-            OtlpError::TooLarge(format!(
-                "request body exceeds max_request_body_size ({limit} bytes); send smaller requests or raise max_request_body_size"
-            ))
-        };
         let declared = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > limit as u64) {
-            return Err(too_large());
-        }
-        let declared = declared.unwrap_or(0) as usize;
-        let memory_error = |e: OverBudget| OtlpError::MemoryLimit(e.to_string());
-        let mut grant = self
-            .handler
-            .memory
-            .acquire(declared, memory::DEFAULT_WAIT)
-            .await
-            .map_err(memory_error)?;
-        let read = async {
-            let mut body = body;
-            let mut buf: Vec<u8> = Vec::with_capacity(declared);
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| {
-                    OtlpError::bad_request(format!(
-                        "could not read the request body ({e}); send it again"
-                    ))
-                })?;
-                let Ok(data) = frame.into_data() else {
-                    continue; // trailers
-                };
-                let len = buf.len() + data.len();
-                if len > limit {
-                    return Err(too_large());
-                }
-                if len > buf.capacity() {
-                    let want = (buf.capacity() * 2).max(len).max(16 << 10).min(limit);
-                    grant
-                        .grow(want - buf.capacity(), memory::DEFAULT_WAIT)
-                        .await
-                        .map_err(memory_error)?;
-                    buf.reserve_exact(want - buf.len());
-                }
-                buf.extend_from_slice(&data);
-            }
-            Ok(Bytes::from(buf))
-        };
-        match tokio::time::timeout(self.settings.read_timeout, read).await {
-            Ok(body) => Ok((body?, grant)),
-            Err(_) => Err(OtlpError::Timeout(self.settings.read_timeout)),
-        }
+        let mut grant = self.handler.memory.grant();
+        let body = read_body(
+            body,
+            declared,
+            self.settings.max_request_body,
+            &mut grant,
+            self.settings.read_timeout,
+        )
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge { limit } => OtlpError::TooLarge(format!(
+                "request body exceeds max_request_body_size ({limit} bytes); send smaller requests or raise max_request_body_size"
+            )),
+            BodyError::OverBudget(e) => OtlpError::MemoryLimit(e.to_string()),
+            BodyError::Unreadable(_) => OtlpError::bad_request(e.to_string()),
+            BodyError::TimedOut(t) => OtlpError::Timeout(t),
+        })?;
+        Ok((body, grant))
     }
 }
 

@@ -103,9 +103,15 @@ pub struct GrpcConfig {
     /// How long a client may take to send a request's message; a slower
     /// one gets `DEADLINE_EXCEEDED`.
     pub read_timeout: Duration,
-    /// Most connections served at once; more wait in the kernel's listen
-    /// backlog until one closes.
+    /// Most connections served at once. When all are taken, a new client
+    /// makes the connection idle the longest close; while every one is in a
+    /// request, new ones wait in the kernel's listen backlog.
     pub max_connections: usize,
+    /// How long a connection may stay open without a request in flight;
+    /// then it is closed (gRPC clients reconnect by themselves).
+    pub idle_timeout: Duration,
+    /// Most requests in flight at once on one HTTP/2 connection.
+    pub max_concurrent_streams: u32,
     /// TLS: `{cert_file, key_file, client_ca_file, min_version}`.
     pub tls: Option<ServerTlsSettings>,
     /// Credentials every request must carry: `{bearer_tokens_file,
@@ -127,6 +133,8 @@ impl Default for GrpcConfig {
             max_recv_msg_size_mib: 4,
             read_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            idle_timeout: Duration::from_secs(60),
+            max_concurrent_streams: 100,
             tls: None,
             auth: None,
         }
@@ -156,9 +164,15 @@ pub struct HttpConfig {
     /// How long a client may take to send a request's body; a slower one
     /// gets 408.
     pub read_timeout: Duration,
-    /// Most connections served at once; more wait in the kernel's listen
-    /// backlog until one closes.
+    /// Most connections served at once. When all are taken, a new client
+    /// makes the connection idle the longest close; while every one is in a
+    /// request, new ones wait in the kernel's listen backlog.
     pub max_connections: usize,
+    /// How long a connection may stay open without a request in flight;
+    /// then it is closed (gRPC clients reconnect by themselves).
+    pub idle_timeout: Duration,
+    /// Most requests in flight at once on one HTTP/2 connection.
+    pub max_concurrent_streams: u32,
     /// TLS: `{cert_file, key_file, client_ca_file, min_version}`.
     pub tls: Option<ServerTlsSettings>,
     /// Credentials every request must carry: `{bearer_tokens_file,
@@ -176,6 +190,8 @@ impl Default for HttpConfig {
             read_header_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            idle_timeout: Duration::from_secs(60),
+            max_concurrent_streams: 100,
             tls: None,
             auth: None,
         }
@@ -226,6 +242,13 @@ impl Validate for OtlpConfig {
                 problems.push(FieldError::new(
                     p("max_connections"),
                     "must be at least 1, such as 1024",
+                ));
+            }
+            positive_duration(&mut problems, p("idle_timeout"), g.idle_timeout);
+            if g.max_concurrent_streams == 0 {
+                problems.push(FieldError::new(
+                    p("max_concurrent_streams"),
+                    "must be at least 1, such as 100",
                 ));
             }
             if let Some(tls) = &g.tls {
@@ -280,6 +303,13 @@ impl Validate for OtlpConfig {
                     "must be at least 1, such as 1024",
                 ));
             }
+            positive_duration(&mut problems, p("idle_timeout"), h.idle_timeout);
+            if h.max_concurrent_streams == 0 {
+                problems.push(FieldError::new(
+                    p("max_concurrent_streams"),
+                    "must be at least 1, such as 100",
+                ));
+            }
             if let Some(tls) = &h.tls {
                 problems.extend(tls.problems(&p("tls")));
             }
@@ -315,6 +345,8 @@ impl OtlpConfig {
                 max_message: g.max_message_bytes(),
                 read_timeout: g.read_timeout.get(),
                 max_connections: g.max_connections,
+                idle_timeout: g.idle_timeout.get(),
+                max_concurrent_streams: g.max_concurrent_streams,
                 tls: g.tls.clone(),
                 auth: g.auth.clone(),
             }),
@@ -329,6 +361,8 @@ impl OtlpConfig {
                 read_header_timeout: h.read_header_timeout.get(),
                 read_timeout: h.read_timeout.get(),
                 max_connections: h.max_connections,
+                idle_timeout: h.idle_timeout.get(),
+                max_concurrent_streams: h.max_concurrent_streams,
                 tls: h.tls.clone(),
                 auth: h.auth.clone(),
             }),

@@ -66,9 +66,16 @@ pub struct PprofPushConfig {
     /// How long a client may take to send a request's body; a slower one
     /// gets 408, so slow clients cannot hold memory for long.
     pub read_timeout: Duration,
-    /// Most connections served at once; more wait in the kernel's listen
-    /// backlog until one closes.
+    /// Most connections served at once. When all are taken, a new client
+    /// makes the connection idle the longest close; while every one is in a
+    /// request, new ones wait in the kernel's listen backlog.
     pub max_connections: usize,
+    /// How long a connection may stay open without a request in flight
+    /// (between requests, kept alive); then it is closed. Its first request
+    /// is due within `read_header_timeout`.
+    pub idle_timeout: Duration,
+    /// Most requests in flight at once on one HTTP/2 connection.
+    pub max_concurrent_streams: u32,
     /// TLS: `{cert_file, key_file, client_ca_file, min_version}`; the files
     /// are read again when they change.
     pub tls: Option<ServerTlsSettings>,
@@ -86,6 +93,8 @@ impl Default for PprofPushConfig {
             read_header_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            idle_timeout: Duration::from_secs(60),
+            max_concurrent_streams: 100,
             tls: None,
             auth: None,
         }
@@ -125,6 +134,7 @@ impl Validate for PprofPushConfig {
         for (name, value) in [
             ("read_header_timeout", self.read_header_timeout),
             ("read_timeout", self.read_timeout),
+            ("idle_timeout", self.idle_timeout),
         ] {
             if value.is_zero() {
                 problems.push(FieldError::new(
@@ -132,6 +142,12 @@ impl Validate for PprofPushConfig {
                     "must be more than 0, such as 10s: without it a client that stops sending holds its connection and memory forever",
                 ));
             }
+        }
+        if self.max_concurrent_streams == 0 {
+            problems.push(FieldError::new(
+                "max_concurrent_streams",
+                "must be at least 1, such as 100",
+            ));
         }
         if self.max_connections == 0 {
             problems.push(FieldError::new(
@@ -164,6 +180,8 @@ impl PprofPushConfig {
                 read_header_timeout: self.read_header_timeout.get(),
                 read_timeout: self.read_timeout.get(),
                 max_connections: self.max_connections,
+                idle_timeout: self.idle_timeout.get(),
+                max_concurrent_streams: self.max_concurrent_streams,
             },
             self.tls.clone(),
             self.auth.clone(),

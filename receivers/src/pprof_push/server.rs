@@ -18,12 +18,12 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use proflow_pipeline::component::{
     Admission, BuildError, ConsumeError, Consumer, Receiver, ReceiverContext, ServeFuture,
 };
-use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant, OverBudget};
+use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope, batch_bytes, now_unix_nanos};
+use proflow_pipeline::server::body::{BodyError, read_body};
 use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
 use tower::Service;
 
@@ -46,6 +46,10 @@ pub(crate) struct Limits {
     pub read_timeout: Duration,
     /// Most connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// How long a connection may stay open without a request in flight.
+    pub idle_timeout: Duration,
+    /// Most requests in flight on one HTTP/2 connection.
+    pub max_concurrent_streams: u32,
 }
 
 /// The address a receiver listens on, known once [`Receiver::start`] has
@@ -132,10 +136,10 @@ impl Receiver for PprofPushReceiver {
         });
         let app = router(shared);
         let listen = Listen {
-            max_connections: self.limits.max_connections,
             read_header_timeout: Some(self.limits.read_header_timeout),
-            http2_only: false,
-            tls: secured.tls.clone(),
+            idle_timeout: self.limits.idle_timeout,
+            max_concurrent_streams: self.limits.max_concurrent_streams,
+            ..Listen::new(self.limits.max_connections, secured.tls.clone())
         };
         let id = ctx.id.clone();
         let shutdown = ctx.shutdown.clone();
@@ -312,67 +316,36 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Shared {
-    /// Reads the whole body within `read_timeout`, refusing as soon as it
-    /// passes the limit: the declared `Content-Length` is checked first, and
-    /// the stream is cut at the limit whatever it declared. Every byte of the
-    /// buffer is granted from the in-flight memory budget before it is
-    /// allocated; the grant comes back with the body and is held until the
-    /// request's profiles are queued.
+    /// Reads the whole body within `read_timeout` and
+    /// `max_request_body_size` (a larger declared `Content-Length` is
+    /// refused before anything is read), every byte of the buffer granted
+    /// from the in-flight memory budget as it arrives; the grant comes back
+    /// with the body and is held until the request's profiles are queued.
     async fn read_body(
         &self,
         headers: &HeaderMap,
         body: Body,
     ) -> Result<(Bytes, MemoryGrant), IngestError> {
-        let limit = self.limits.max_request_body;
-        let too_large = IngestError::BodyTooLarge { limit };
         let declared = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > limit as u64) {
-            return Err(too_large);
-        }
-        let declared = declared.unwrap_or(0) as usize;
-        let memory_error = |e: OverBudget| IngestError::MemoryLimit(e.to_string());
-        let mut grant = self
-            .memory
-            .acquire(declared, memory::DEFAULT_WAIT)
-            .await
-            .map_err(memory_error)?;
-        let read = async {
-            let mut body = body;
-            let mut buf: Vec<u8> = Vec::with_capacity(declared);
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| {
-                    IngestError::bad_request(format!(
-                        "could not read the request body ({e}); send it again"
-                    ))
-                })?;
-                let Ok(data) = frame.into_data() else {
-                    continue; // trailers
-                };
-                let len = buf.len() + data.len();
-                if len > limit {
-                    return Err(too_large.clone());
-                }
-                if len > buf.capacity() {
-                    // The body is longer than declared (or chunked): grow by
-                    // doubling, granted before allocating.
-                    let want = (buf.capacity() * 2).max(len).max(16 << 10).min(limit);
-                    grant
-                        .grow(want - buf.capacity(), memory::DEFAULT_WAIT)
-                        .await
-                        .map_err(memory_error)?;
-                    buf.reserve_exact(want - buf.len());
-                }
-                buf.extend_from_slice(&data);
-            }
-            Ok(Bytes::from(buf))
-        };
-        match tokio::time::timeout(self.limits.read_timeout, read).await {
-            Ok(body) => Ok((body?, grant)),
-            Err(_) => Err(IngestError::Timeout(self.limits.read_timeout)),
-        }
+        let mut grant = self.memory.grant();
+        let body = read_body(
+            body,
+            declared,
+            self.limits.max_request_body,
+            &mut grant,
+            self.limits.read_timeout,
+        )
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge { limit } => IngestError::BodyTooLarge { limit },
+            BodyError::OverBudget(e) => IngestError::MemoryLimit(e.to_string()),
+            BodyError::Unreadable(_) => IngestError::bad_request(e.to_string()),
+            BodyError::TimedOut(t) => IngestError::Timeout(t),
+        })?;
+        Ok((body, grant))
     }
 
     async fn ingest(&self, req: Request) -> Result<Response, Refused> {

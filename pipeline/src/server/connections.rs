@@ -1,0 +1,266 @@
+//! The connections of one listener: `max_connections` slots, and for each
+//! connection its requests in flight and since when it has had none, so
+//! that a connection holding a slot without using it lets it go: it is
+//! closed after `idle_timeout` with no request in flight (its first request
+//! is due within `first_request_timeout` of the accept), and when every slot
+//! is taken while a new client waits, the connection idle the longest is
+//! closed at once to make room. A crowd of clients that connect and send
+//! nothing (or stop between requests) therefore never keeps out a client
+//! that sends.
+//!
+//! What may depend on this: the accept loop ([`super::accept_loop`]) only.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// How often a listener whose connections are all busy looks for one that
+/// became idle, while a new client waits.
+const EVICT_EVERY: Duration = Duration::from_millis(100);
+
+/// Every connection of one listener.
+#[derive(Debug)]
+pub(crate) struct Connections {
+    slots: Arc<Semaphore>,
+    live: Mutex<HashMap<u64, Arc<Conn>>>,
+    next_id: AtomicU64,
+    epoch: Instant,
+}
+
+/// One connection's use of its slot.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    in_flight: AtomicUsize,
+    /// Milliseconds after the listener's epoch when it last had no request
+    /// in flight (its accept, at first).
+    idle_since_ms: AtomicU64,
+    /// Whether it has begun a request yet.
+    served: AtomicBool,
+    /// Cancelled to close it for a waiting client.
+    evicted: CancellationToken,
+    epoch: Instant,
+}
+
+/// A connection's slot: given back (and the connection forgotten) when dropped.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    connections: Arc<Connections>,
+    id: u64,
+    conn: Arc<Conn>,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// A request in flight on a connection; the connection is idle again once
+/// the last one is dropped.
+#[derive(Debug)]
+pub(crate) struct Busy(Arc<Conn>);
+
+impl Connections {
+    pub fn new(max_connections: usize) -> Arc<Self> {
+        Arc::new(Connections {
+            slots: Arc::new(Semaphore::new(
+                max_connections.clamp(1, Semaphore::MAX_PERMITS),
+            )),
+            live: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            epoch: Instant::now(),
+        })
+    }
+
+    /// A slot for the next connection: a free one, else one freed by
+    /// closing the connection idle the longest, else the first given back.
+    pub async fn slot(self: &Arc<Self>) -> Result<Slot, AcquireError> {
+        let permit = loop {
+            if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+                break permit;
+            }
+            // Every slot is taken: one idle connection makes room; while all
+            // are busy, look again as they finish their requests.
+            self.evict_longest_idle();
+            tokio::select! {
+                permit = self.slots.clone().acquire_owned() => break permit?,
+                _ = tokio::time::sleep(EVICT_EVERY) => {}
+            }
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn {
+            in_flight: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(millis_since(self.epoch)),
+            served: AtomicBool::new(false),
+            evicted: CancellationToken::new(),
+            epoch: self.epoch,
+        });
+        self.lock().insert(id, conn.clone());
+        Ok(Slot {
+            connections: self.clone(),
+            id,
+            conn,
+            _permit: permit,
+        })
+    }
+
+    /// Connections holding a slot now.
+    #[cfg(test)]
+    pub fn open(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Closes the connection that has had no request in flight the longest
+    /// (none when every connection is busy, or one evicted is still closing).
+    fn evict_longest_idle(&self) {
+        let live = self.lock();
+        if live.values().any(|c| c.evicted.is_cancelled()) {
+            return;
+        }
+        let idle = live
+            .values()
+            .filter(|c| c.in_flight.load(Ordering::Acquire) == 0 && !c.evicted.is_cancelled())
+            .min_by_key(|c| c.idle_since_ms.load(Ordering::Relaxed));
+        if let Some(conn) = idle {
+            conn.evicted.cancel();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.connections.lock().remove(&self.id);
+    }
+}
+
+impl Slot {
+    pub fn conn(&self) -> Arc<Conn> {
+        self.conn.clone()
+    }
+}
+
+impl Conn {
+    /// Marks a request begun; it ends when the returned guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> Busy {
+        self.served.store(true, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Busy(self.clone())
+    }
+
+    /// Completes when the connection should close: it had no request in
+    /// flight for `idle_timeout` (for `first_request_timeout` before its
+    /// first request), or it was evicted for a waiting client.
+    pub async fn unused(&self, first_request_timeout: Duration, idle_timeout: Duration) {
+        loop {
+            let limit = if self.served.load(Ordering::Relaxed) {
+                idle_timeout
+            } else {
+                first_request_timeout
+            };
+            let wait = if self.in_flight.load(Ordering::Acquire) == 0 {
+                let since = Duration::from_millis(self.idle_since_ms.load(Ordering::Relaxed));
+                let idle_for = self.epoch.elapsed().saturating_sub(since);
+                match limit.checked_sub(idle_for) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => return,
+                }
+            } else {
+                // Busy: look again later (a request's own timeouts bound it).
+                limit
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.evicted.cancelled() => return,
+            }
+        }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let conn = &self.0;
+        conn.idle_since_ms
+            .store(millis_since(conn.epoch), Ordering::Relaxed);
+        conn.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn millis_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIRST: Duration = Duration::from_secs(10);
+    const IDLE: Duration = Duration::from_secs(60);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_without_requests_goes_after_the_first_request_timeout() {
+        let conns = Connections::new(4);
+        let slot = conns.slot().await.unwrap();
+        let conn = slot.conn();
+        let start = Instant::now();
+        conn.unused(FIRST, IDLE).await;
+        assert_eq!(start.elapsed(), FIRST);
+        drop(slot);
+        assert_eq!(conns.open(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_connection_stays_and_goes_idle_timeout_after_its_last_request() {
+        let conns = Connections::new(4);
+        let slot = conns.slot().await.unwrap();
+        let conn = slot.conn();
+        let busy = conn.begin();
+        let watch = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.unused(FIRST, IDLE).await }
+        });
+        tokio::time::sleep(IDLE * 3).await;
+        assert!(!watch.is_finished(), "a request in flight keeps it");
+        let ended = Instant::now();
+        drop(busy);
+        watch.await.unwrap();
+        assert!(ended.elapsed() >= IDLE, "{:?}", ended.elapsed());
+        assert!(ended.elapsed() <= IDLE * 2, "{:?}", ended.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_listener_closes_its_longest_idle_connection_for_a_new_one() {
+        let conns = Connections::new(2);
+        let older = conns.slot().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let newer = conns.slot().await.unwrap();
+        let (older_conn, newer_conn) = (older.conn(), newer.conn());
+        let third = tokio::spawn({
+            let conns = conns.clone();
+            async move { conns.slot().await.unwrap() }
+        });
+        // The older one is told to go at once (no timeout passed), the newer stays.
+        tokio::time::timeout(Duration::from_millis(1), older_conn.unused(FIRST, IDLE))
+            .await
+            .expect("the longest-idle connection is evicted");
+        assert!(!newer_conn.evicted.is_cancelled());
+        assert!(!third.is_finished(), "its slot comes when it closes");
+        drop(older);
+        let third = third.await.unwrap();
+        assert_eq!(conns.open(), 2);
+        // Busy connections are never evicted: the next one waits.
+        let _busy = (newer_conn.begin(), third.conn().begin());
+        let fourth = tokio::spawn({
+            let conns = conns.clone();
+            async move { conns.slot().await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!fourth.is_finished());
+        assert!(!newer_conn.evicted.is_cancelled() && !third.conn().evicted.is_cancelled());
+        drop(third);
+        fourth.await.unwrap();
+    }
+}
