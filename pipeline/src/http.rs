@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http::header::{AUTHORIZATION, HeaderValue, LOCATION, USER_AGENT};
 use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -45,11 +46,14 @@ pub enum FetchError {
     /// Redirects led nowhere usable.
     #[error("{0}")]
     Redirect(String),
+    /// The in-flight memory budget had no room for the body.
+    #[error("{0}")]
+    Memory(String),
 }
 
 impl FetchError {
     /// The metric reason: `connection`, `http_status`, `too_large`,
-    /// `body`, `redirect`.
+    /// `body`, `redirect`, `memory_limit`.
     pub fn reason(&self) -> &'static str {
         match self {
             FetchError::Connection(_) => "connection",
@@ -57,6 +61,7 @@ impl FetchError {
             FetchError::TooLarge { .. } => "too_large",
             FetchError::Body(_) => "body",
             FetchError::Redirect(_) => "redirect",
+            FetchError::Memory(_) => "memory_limit",
         }
     }
 }
@@ -120,6 +125,46 @@ impl HttpClient {
     /// GETs `url` and returns its body, at most `limit` bytes; follows
     /// redirects when the settings say so. The caller bounds the time.
     pub async fn get(&self, url: Uri, limit: usize) -> Result<Bytes, FetchError> {
+        let response = self.response(url).await?;
+        if declared_length(&response).is_some_and(|len| len > limit as u64) {
+            return Err(FetchError::TooLarge { limit });
+        }
+        match Limited::new(response.into_body(), limit).collect().await {
+            Ok(body) => Ok(body.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                Err(FetchError::TooLarge { limit })
+            }
+            Err(e) => Err(FetchError::Body(error_chain(&*e))),
+        }
+    }
+
+    /// [`HttpClient::get`], with every byte of the body granted from
+    /// `grant` as it arrives (see [`crate::server::body`]): a slow or large
+    /// answer takes only memory the in-flight budget gave it.
+    pub async fn get_granted(
+        &self,
+        url: Uri,
+        limit: usize,
+        grant: &mut crate::memory::MemoryGrant,
+    ) -> Result<Bytes, FetchError> {
+        use crate::server::body::{BodyError, read_body};
+        let response = self.response(url).await?;
+        let declared = declared_length(&response);
+        // The caller bounds the time: no timeout of our own.
+        let unbounded = Duration::from_secs(u64::from(u32::MAX));
+        read_body(response.into_body(), declared, limit, grant, unbounded)
+            .await
+            .map_err(|e| match e {
+                BodyError::TooLarge { limit } => FetchError::TooLarge { limit },
+                BodyError::OverBudget(e) => FetchError::Memory(e.to_string()),
+                BodyError::Unreadable(m) => FetchError::Body(m),
+                BodyError::TimedOut(_) => FetchError::Body("timed out".to_owned()),
+            })
+    }
+
+    /// The answer to a GET of `url` with a success status, redirects
+    /// followed as the settings say.
+    async fn response(&self, url: Uri) -> Result<hyper::Response<Incoming>, FetchError> {
         let origin = url.authority().cloned();
         let mut url = url;
         for _ in 0..=MAX_REDIRECTS {
@@ -175,22 +220,7 @@ impl HttpClient {
                     message: text.split_whitespace().collect::<Vec<_>>().join(" "),
                 });
             }
-            if let Some(len) = response
-                .headers()
-                .get(http::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok())
-                && len > limit as u64
-            {
-                return Err(FetchError::TooLarge { limit });
-            }
-            return match Limited::new(response.into_body(), limit).collect().await {
-                Ok(body) => Ok(body.to_bytes()),
-                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                    Err(FetchError::TooLarge { limit })
-                }
-                Err(e) => Err(FetchError::Body(error_chain(&*e))),
-            };
+            return Ok(response);
         }
         Err(FetchError::Redirect(format!(
             "more than {MAX_REDIRECTS} redirects"
@@ -204,6 +234,15 @@ pub fn header_value(text: &str, field: &str) -> Result<HeaderValue, String> {
         .map_err(|_| format!("{field}: holds characters an HTTP header cannot carry"))?;
     v.set_sensitive(true);
     Ok(v)
+}
+
+/// The `Content-Length` an answer declares.
+fn declared_length<B>(response: &hyper::Response<B>) -> Option<u64> {
+    response
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
 }
 
 /// A `Location` (absolute, or a path on the same origin) against `base`.

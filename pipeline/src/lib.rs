@@ -20,6 +20,8 @@ pub mod component;
 pub mod delivery;
 #[cfg(feature = "http-client")]
 pub mod http;
+pub mod inflate;
+pub mod json_shape;
 pub mod kafka;
 pub mod memory;
 pub mod model;

@@ -91,6 +91,14 @@ impl MemoryBudget {
         self.inner.limit
     }
 
+    /// The most one grant can ever hold: a grant past [`SMALL_REQUEST`]
+    /// draws from the large share too. Asking more waits in vain.
+    pub fn max_grant(&self) -> usize {
+        self.inner
+            .large_limit
+            .max(SMALL_REQUEST.min(self.inner.limit))
+    }
+
     /// Bytes held by grants now.
     pub fn in_flight(&self) -> usize {
         self.inner.limit - self.inner.all.available_permits()

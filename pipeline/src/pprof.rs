@@ -662,6 +662,19 @@ impl ProfileBuilder {
         self
     }
 
+    /// Distinct frames (functions) so far.
+    pub fn frames(&self) -> usize {
+        self.profile.function.len()
+    }
+
+    /// Whether a frame named `name` was added already ([`ProfileBuilder::frame`]
+    /// would allocate nothing for it).
+    pub fn has_frame(&self, name: &str) -> bool {
+        self.strings
+            .get(name)
+            .is_some_and(|i| self.functions.contains_key(i))
+    }
+
     /// The location id of a function-only frame named `name` (one location per function).
     pub fn frame(&mut self, name: &str) -> u64 {
         let name_idx = self.intern(name);

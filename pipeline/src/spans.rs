@@ -197,6 +197,21 @@ fn read_span(bytes: &[u8], service: &Arc<str>, out: &mut Decoded) -> Result<(), 
     Ok(())
 }
 
+/// The fewest bytes an accepted span takes on the wire: its trace id and
+/// span id fields (a tag, a length and 16 or 8 bytes).
+const MIN_SPAN_WIRE: usize = 2 + 16 + 2 + 8;
+
+/// An upper bound of the memory [`decode`] allocates for `body`: at most
+/// one span per [`MIN_SPAN_WIRE`] bytes (in a vector that may have
+/// doubled), names copied from the body, known before decoding.
+pub fn decode_cost(body: &[u8]) -> usize {
+    let spans = body.len() / MIN_SPAN_WIRE + 1;
+    spans
+        .saturating_mul(2 * std::mem::size_of::<Span>())
+        .saturating_add(body.len())
+        .saturating_add(crate::json_shape::BASE)
+}
+
 /// Reads a protobuf `ExportTraceServiceRequest` (resource_spans=1:
 /// {resource=1, scope_spans=2: {spans=2}}).
 pub fn decode(body: &[u8]) -> Result<Decoded, DecodeError> {
@@ -304,6 +319,31 @@ impl JsonU64 {
             JsonU64::Text(s) => s.parse().ok(),
         }
     }
+}
+
+/// An upper bound of the memory [`decode_json`] allocates for `body` (the
+/// request's structs and the spans made from them), known before decoding.
+pub fn json_decode_cost(body: &[u8]) -> usize {
+    use std::mem::size_of;
+    let largest = [
+        size_of::<JsonResourceSpans>(),
+        size_of::<JsonResource>(),
+        size_of::<JsonKeyValue>(),
+        size_of::<JsonAnyValue>(),
+        size_of::<JsonScopeSpans>(),
+        size_of::<JsonSpan>(),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    let shape = crate::json_shape::JsonShape::scan(body);
+    // Each object is one struct and perhaps a span; a scalar may be
+    // buffered (untagged numbers); strings are copied into the structs and
+    // the spans' names.
+    shape
+        .built_bytes(largest + size_of::<Span>(), 32)
+        .saturating_add(shape.string_bytes)
+        .saturating_add(crate::json_shape::BASE)
 }
 
 /// Reads an OTLP JSON `ExportTraceServiceRequest` (ids in hex, as OTLP JSON writes them).

@@ -383,6 +383,54 @@ fn dictionary(v: &Value, path: &str) -> Result<proto::ProfilesDictionary> {
     })
 }
 
+/// The largest message [`decode_request`] builds from one JSON object.
+const LARGEST_MESSAGE: usize = {
+    use std::mem::size_of;
+    let sizes = [
+        size_of::<collector::ExportProfilesServiceRequest>(),
+        size_of::<proto::ResourceProfiles>(),
+        size_of::<proto::ScopeProfiles>(),
+        size_of::<proto::Profile>(),
+        size_of::<proto::ProfilesDictionary>(),
+        size_of::<proto::Sample>(),
+        size_of::<proto::Mapping>(),
+        size_of::<proto::Location>(),
+        size_of::<proto::Line>(),
+        size_of::<proto::Function>(),
+        size_of::<proto::Link>(),
+        size_of::<proto::KeyValueAndUnit>(),
+        size_of::<proto::Stack>(),
+        size_of::<proto::ValueType>(),
+        size_of::<Resource>(),
+        size_of::<InstrumentationScope>(),
+        size_of::<KeyValue>(),
+        size_of::<AnyValue>(),
+        size_of::<ArrayValue>(),
+        size_of::<KeyValueList>(),
+    ];
+    let mut largest = 0;
+    let mut i = 0;
+    while i < sizes.len() {
+        if sizes[i] > largest {
+            largest = sizes[i];
+        }
+        i += 1;
+    }
+    largest
+};
+
+/// An upper bound of the memory [`decode_request`] allocates for `bytes`
+/// (the JSON tree and the messages built from it, alive together), known
+/// before decoding: grant it, or refuse the request, first.
+pub fn decode_cost(bytes: &[u8]) -> usize {
+    let shape = crate::json_shape::JsonShape::scan(bytes);
+    // Each object becomes at most one message, each scalar at most a
+    // string or an integer.
+    shape
+        .tree_bytes()
+        .saturating_add(shape.built_bytes(LARGEST_MESSAGE, std::mem::size_of::<String>()))
+}
+
 /// Reads one `ExportProfilesServiceRequest` from OTLP JSON.
 pub fn decode_request(bytes: &[u8]) -> Result<collector::ExportProfilesServiceRequest> {
     let v: Value =

@@ -52,6 +52,7 @@ use proflow_pipeline::component::{
 use proflow_pipeline::kafka::{
     self, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
 };
+use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{Batch, BatchMeta, batch_bytes};
 use proflow_pipeline::otlp::AttributeLabels;
 use proflow_pipeline::telemetry::ReceiverTelemetry;
@@ -63,9 +64,10 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 use offsets::{Offsets, Slot};
-use record::Reading;
+use record::{Reading, RecordError};
 
 /// How long the receiver waits at shutdown for records in the pipeline to
 /// resolve before the final commit (the collector gives receivers 5 s).
@@ -469,7 +471,14 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
             Some(h) => RecordHeaders::from_pairs(h.iter().map(|h| (h.key, h.value))),
             None => Ok(RecordHeaders::default()),
         };
-        let value = Bytes::copy_from_slice(message.payload().unwrap_or_default());
+        // The value is copied out of librdkafka's buffer: granted first.
+        let payload = message.payload().unwrap_or_default();
+        let mut grant = ctx.memory.grant();
+        let copied = match grow_waiting(&mut grant, payload.len(), &ctx.shutdown).await {
+            Waited::Granted => Ok(Bytes::copy_from_slice(payload)),
+            Waited::Stopped => break,
+            Waited::Never(why) => Err(why),
+        };
         drop(message);
         let Some(slot) = shared
             .offsets
@@ -479,7 +488,29 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
         else {
             continue;
         };
-        let decoded = headers.and_then(|h| record::decode(value, h, &receiver.reading));
+        // Decoded under the grant; a grant the budget cannot give now is
+        // waited for and the record decoded again.
+        let decoded = loop {
+            let attempt = match (&copied, &headers) {
+                (Err(why), _) | (_, Err(why)) => Err(RecordError::Invalid(why.clone())),
+                (Ok(value), Ok(h)) => {
+                    record::decode(value.clone(), h.clone(), &receiver.reading, &mut grant)
+                }
+            };
+            match attempt {
+                Err(RecordError::Memory(e)) => {
+                    match room_waiting(&ctx.memory, e.wanted, &ctx.shutdown).await {
+                        Waited::Granted => continue,
+                        Waited::Stopped => break None,
+                        Waited::Never(why) => break Some(Err(why)),
+                    }
+                }
+                Err(RecordError::Invalid(why)) => break Some(Err(why)),
+                Ok(d) => break Some(Ok(d)),
+            }
+        };
+        // Stopping while waiting for memory: left uncommitted, read again.
+        let Some(decoded) = decoded else { break };
         let decoded = match decoded {
             Ok(d) => d,
             Err(why) => {
@@ -535,6 +566,55 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
         }
     }
     finish(shared, permits, receiver.max_unacknowledged).await;
+}
+
+/// How a wait for memory ended.
+enum Waited {
+    Granted,
+    /// The receiver is stopping.
+    Stopped,
+    /// The budget can never give that much to one grant.
+    Never(String),
+}
+
+/// Why a record can never be granted.
+fn never(bytes: usize, memory: &MemoryBudget) -> Waited {
+    Waited::Never(format!(
+        "the record needs {bytes} bytes of memory at once, more than service.limits.max_in_flight_bytes ({} bytes) gives one record; raise it or write smaller records",
+        memory.limit()
+    ))
+}
+
+/// Grows `grant` by `bytes`, waiting as long as it takes: a Kafka consumer
+/// can hold back its source, so a full budget slows it down instead of
+/// losing a record.
+async fn grow_waiting(grant: &mut MemoryGrant, bytes: usize, stop: &CancellationToken) -> Waited {
+    if grant.held().saturating_add(bytes) > grant.budget().max_grant() {
+        return never(bytes, grant.budget());
+    }
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Waited::Stopped,
+            grown = grant.grow(bytes, memory::DEFAULT_WAIT) => if grown.is_ok() {
+                return Waited::Granted;
+            },
+        }
+    }
+}
+
+/// Waits until the budget has room for `bytes` (holding nothing).
+async fn room_waiting(memory: &MemoryBudget, bytes: usize, stop: &CancellationToken) -> Waited {
+    if bytes > memory.max_grant() {
+        return never(bytes, memory);
+    }
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Waited::Stopped,
+            room = memory.room_for(bytes, memory::DEFAULT_WAIT) => if room.is_ok() {
+                return Waited::Granted;
+            },
+        }
+    }
 }
 
 /// Waits (bounded) for records still in the pipeline, then commits the

@@ -2,6 +2,13 @@
 //! receiver's `encoding`, or a sniff of the value; labels, time range and
 //! tenant from proflow's headers where the record has them
 //! ([`proflow_pipeline::kafka`]), else from the profile itself.
+//!
+//! Everything decoding allocates is granted from the in-flight memory
+//! budget first: a gzip value inflates under the grant, an OTLP JSON value
+//! is granted what its shape says decoding takes
+//! ([`otlp::json::decode_cost`]). A grant the budget cannot give now is
+//! [`RecordError::Memory`]: the receiver waits for room and decodes the
+//! record again, it does not skip it.
 
 use bytes::Bytes;
 use proflow_pipeline::kafka::{Encoding, RecordHeaders, sniff_encoding};
@@ -10,9 +17,24 @@ use proflow_pipeline::otlp::{self, AttributeLabels};
 use proflow_pipeline::pprof;
 use proflow_pipeline::profile_type::profile_name_from_sample_types;
 
-/// What reading OTLP JSON may take per byte of it (as the `otlp` receiver).
-const JSON_DECODE_FACTOR: usize = 16;
+use proflow_pipeline::inflate::{self, InflateError};
+use proflow_pipeline::memory::{MemoryGrant, OverBudget};
 use proflow_pipeline::model::UNKNOWN_SERVICE;
+
+/// Why a record was not decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RecordError {
+    /// The record itself is broken or too large: skip it (counted).
+    Invalid(String),
+    /// The memory budget has no room for it now: try again once it has.
+    Memory(OverBudget),
+}
+
+impl From<String> for RecordError {
+    fn from(why: String) -> Self {
+        RecordError::Invalid(why)
+    }
+}
 
 /// The profiles of one record.
 #[derive(Debug, Default)]
@@ -36,32 +58,35 @@ pub(crate) struct Reading {
     pub mapping: AttributeLabels,
 }
 
-/// The envelopes of one record, or why the whole record is refused.
+/// The envelopes of one record, or why the whole record is refused; what
+/// decoding allocates is granted from `grant` first.
 pub(crate) fn decode(
     value: Bytes,
     headers: RecordHeaders,
     reading: &Reading,
-) -> Result<Decoded, String> {
+    grant: &mut MemoryGrant,
+) -> Result<Decoded, RecordError> {
     if value.is_empty() {
-        return Err("the record has no value".to_owned());
+        return Err(RecordError::Invalid("the record has no value".to_owned()));
     }
     let encoding = reading
         .encoding
         .or(headers.encoding)
         .unwrap_or_else(|| sniff_encoding(&value));
     let mut decoded = match encoding {
-        Encoding::Pprof => pprof_record(value, &headers, reading.max_decompressed)?,
+        Encoding::Pprof => pprof_record(value, &headers, reading.max_decompressed, grant)?,
         Encoding::OtlpProto | Encoding::OtlpJson => {
             let split = if encoding == Encoding::OtlpProto {
                 otlp::split_raw(&value, &reading.mapping)
             } else {
-                let estimate = value.len().saturating_mul(JSON_DECODE_FACTOR);
+                let estimate = otlp::json::decode_cost(&value);
                 if estimate > reading.max_decompressed {
-                    return Err(format!(
-                        "the OTLP JSON value would take about {estimate} bytes once decoded, more than max_decompressed_size ({} bytes)",
+                    return Err(RecordError::Invalid(format!(
+                        "the OTLP JSON value would take up to {estimate} bytes once decoded, more than max_decompressed_size ({} bytes)",
                         reading.max_decompressed
-                    ));
+                    )));
                 }
+                grant.try_grow(estimate).map_err(RecordError::Memory)?;
                 let request = otlp::json::decode_request(&value)
                     .map_err(|e| format!("the value is not OTLP JSON: {e}"))?;
                 otlp::split_decoded(request, &reading.mapping)
@@ -85,11 +110,24 @@ pub(crate) fn decode(
 }
 
 /// A gzip (or plain) pprof value: scanned, never decoded; its bytes are the
-/// payload as they arrived.
-fn pprof_record(value: Bytes, headers: &RecordHeaders, limit: usize) -> Result<Decoded, String> {
-    let mut meta = pprof::scan_metadata(&value, limit).map_err(|e| {
-        format!("the value is not a pprof profile within max_decompressed_size: {e}")
+/// payload as they arrived. A gzip one is inflated under `grant` for the
+/// scan, and the plain bytes let go after it.
+fn pprof_record(
+    value: Bytes,
+    headers: &RecordHeaders,
+    limit: usize,
+    grant: &mut MemoryGrant,
+) -> Result<Decoded, RecordError> {
+    let not_pprof =
+        |e: String| format!("the value is not a pprof profile within max_decompressed_size: {e}");
+    let scanned = inflate::read_plain(&value, limit, grant, |plain| {
+        pprof::scan_metadata(plain, limit)
+    })
+    .map_err(|e| match e {
+        InflateError::OverBudget(e) => RecordError::Memory(e),
+        e => RecordError::Invalid(not_pprof(e.to_string())),
     })?;
+    let mut meta = scanned.map_err(|e| not_pprof(e.to_string()))?;
     let mut labels = if headers.labels.is_empty() {
         Labels::from_pairs([(SERVICE_NAME_LABEL, UNKNOWN_SERVICE)])
     } else {
@@ -102,10 +140,10 @@ fn pprof_record(value: Bytes, headers: &RecordHeaders, limit: usize) -> Result<D
         ) {
             Some(name) => labels.set("__name__", name),
             None => {
-                return Err(
+                return Err(RecordError::Invalid(
                     "the pprof profile has no named sample types and the record names no profile type (proflow.label.__name__)"
                         .to_owned(),
-                );
+                ));
             }
         }
     }
@@ -134,7 +172,19 @@ fn pprof_record(value: Bytes, headers: &RecordHeaders, limit: usize) -> Result<D
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proflow_pipeline::memory::MemoryBudget;
     use proflow_pipeline::pprof::ProfileBuilder;
+
+    /// Decodes under a grant of a budget with room to spare; a refusal as
+    /// its message.
+    fn decode(value: Bytes, headers: RecordHeaders, reading: &Reading) -> Result<Decoded, String> {
+        let budget = MemoryBudget::new(256 << 20);
+        match super::decode(value, headers, reading, &mut budget.grant()) {
+            Ok(d) => Ok(d),
+            Err(RecordError::Invalid(why)) => Err(why),
+            Err(RecordError::Memory(e)) => panic!("no room in a budget of 256 MiB: {e}"),
+        }
+    }
 
     fn reading(encoding: Option<Encoding>) -> Reading {
         Reading {
@@ -233,5 +283,59 @@ mod tests {
         small.max_decompressed = 16;
         let e = decode(gz_profile(), RecordHeaders::default(), &small).unwrap_err();
         assert!(e.contains("max_decompressed_size"), "{e}");
+    }
+
+    #[test]
+    fn decoding_grants_what_it_allocates_and_waits_when_the_budget_is_full() {
+        // A gzip value inflates under the grant, and lets its plain bytes go.
+        let budget = MemoryBudget::new(1 << 20);
+        let mut grant = budget.grant();
+        let d = super::decode(
+            gz_profile(),
+            RecordHeaders::default(),
+            &reading(None),
+            &mut grant,
+        )
+        .unwrap();
+        assert_eq!(d.envelopes.len(), 1);
+        assert_eq!(
+            grant.held(),
+            0,
+            "the plain bytes were given back after the scan"
+        );
+        // OTLP JSON is granted what its shape says decoding takes.
+        let json = proflow_pipeline::otlp::json::encode_request(
+            &proflow_pipeline::testdata::otlp_request(1, 20, 10),
+        );
+        let cost = proflow_pipeline::otlp::json::decode_cost(&json);
+        let value = Bytes::from(json);
+        let d = super::decode(
+            value.clone(),
+            RecordHeaders::default(),
+            &reading(None),
+            &mut grant,
+        )
+        .unwrap();
+        assert_eq!(d.envelopes.len(), 2);
+        assert_eq!(grant.held(), cost);
+        drop(grant);
+        // With the budget held elsewhere, the record waits for memory: it is
+        // not refused as invalid.
+        let hog = budget.grant();
+        let mut hog = hog;
+        hog.try_grow(budget.limit() - 1000).unwrap();
+        let mut grant = budget.grant();
+        let err =
+            super::decode(value, RecordHeaders::default(), &reading(None), &mut grant).unwrap_err();
+        assert!(matches!(err, RecordError::Memory(_)), "{err:?}");
+        let err = super::decode(
+            pprof::gzip(&vec![0u8; 200_000]),
+            RecordHeaders::default(),
+            &reading(Some(Encoding::Pprof)),
+            &mut grant,
+        )
+        .unwrap_err();
+        assert!(matches!(err, RecordError::Memory(_)), "{err:?}");
+        assert_eq!(grant.held(), 0);
     }
 }

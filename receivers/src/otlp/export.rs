@@ -4,9 +4,10 @@
 //! 1. Protobuf ([`otlp::split_raw`]) is never decoded but for resources and
 //!    scopes: the dictionary and each profile are checked on the wire and the
 //!    payloads hold slices of the body, so the body is all a request holds.
-//!    JSON ([`otlp::split_decoded`]) is decoded: its decoded size is estimated first
-//!    ([`JSON_DECODE_FACTOR`] times its size), refused past
-//!    `max_decoded_size`, and the request's memory grant grown by it.
+//!    JSON ([`otlp::split_decoded`]) is decoded: what decoding takes is
+//!    bounded first from the document's shape ([`otlp::json::decode_cost`]),
+//!    refused past `max_decoded_size`, and the request's memory grant grown
+//!    by it.
 //! 2. A broken dictionary refuses the whole request; a broken profile is
 //!    refused alone and reported in `partial_success` (when every profile is
 //!    broken the request is refused as invalid, 400 / `INVALID_ARGUMENT`).
@@ -28,13 +29,6 @@ use proflow_pipeline::telemetry::ReceiverTelemetry;
 use prost::Message;
 
 use super::error::{OtlpError, Refused};
-
-/// What reading OTLP JSON may take per byte of it: `serde_json`'s tree of a
-/// document of small numbers is about 16 times its text.
-pub(crate) const JSON_DECODE_FACTOR: usize = 16;
-
-/// What decoding spans may take per byte of protobuf.
-const SPAN_DECODE_FACTOR: usize = 4;
 
 /// Bodies up to this size are decoded on the async worker itself (a few
 /// hundred microseconds at most; a hop to the blocking pool costs two thread
@@ -87,7 +81,7 @@ impl Handler {
         // decoded but resources and scopes, so the body is all it holds.
         let estimate = match encoding {
             Encoding::Protobuf => 0,
-            Encoding::Json => body.len().saturating_mul(JSON_DECODE_FACTOR),
+            Encoding::Json => otlp::json::decode_cost(&body),
         };
         if estimate > max_decoded {
             return Err(OtlpError::TooLarge(format!(
@@ -154,13 +148,10 @@ impl Handler {
         max_decoded: usize,
     ) -> Result<spans::ExportTraceServiceResponse, OtlpError> {
         let consumer = self.span_consumer()?.clone();
-        // A decoded span is about 90 bytes plus its name; the smallest one
-        // with ids is about 30 on the wire.
-        let factor = match encoding {
-            Encoding::Protobuf => SPAN_DECODE_FACTOR,
-            Encoding::Json => JSON_DECODE_FACTOR,
+        let estimate = match encoding {
+            Encoding::Protobuf => spans::decode_cost(&body),
+            Encoding::Json => spans::json_decode_cost(&body),
         };
-        let estimate = body.len().saturating_mul(factor);
         if estimate > max_decoded {
             return Err(OtlpError::TooLarge(format!(
                 "the request would take about {estimate} bytes once decoded, more than max_decoded_size ({max_decoded} bytes); send fewer spans per request or raise max_decoded_size"

@@ -3,11 +3,15 @@
 //! handler the raw message bytes, so the request is decoded under the memory
 //! budget by [`Handler::export`], not by tonic before anyone counted it.
 //!
-//! tonic bounds the message (`max_recv_msg_size_mib`, compressed and
-//! decompressed); the codec grants its bytes from the memory budget before
-//! copying them out. A refusal tonic makes itself (a message too large, a
-//! corrupt frame) is counted here; tonic's `OUT_OF_RANGE` for an oversized
-//! message is answered as gRPC-Go and the collector answer it,
+//! The request body is read here first, within `read_timeout` and
+//! `max_recv_msg_size_mib` (plus the 5-byte message header), every byte
+//! granted from the memory budget as it arrives, so a stream that stalls
+//! holds only what it sent and tonic never buffers anything uncounted:
+//! tonic's copy of the body is granted before tonic gets it, and a gzip
+//! message's inflated bytes by the codec. tonic then bounds the message
+//! (compressed and decompressed). A refusal tonic makes itself (a message
+//! too large, a corrupt frame) is counted here; tonic's `OUT_OF_RANGE` for
+//! an oversized message is answered as gRPC-Go and the collector answer it,
 //! `RESOURCE_EXHAUSTED`.
 
 use std::future::Future;
@@ -18,9 +22,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper::{Request, Response};
-use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
+use proflow_pipeline::memory::MemoryGrant;
 use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
 use tokio::net::TcpListener;
@@ -31,6 +36,7 @@ use tonic::{Code, Status};
 use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
 use super::http::TENANT_HEADER;
+use proflow_pipeline::server::body::{BodyError, read_body};
 use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
 
 /// The profiles method.
@@ -88,16 +94,18 @@ pub(crate) async fn serve(
 }
 
 /// What became of a request before the handler saw it: set once, by the
-/// codec (refused for memory), the body (timed out) or the handler (which
-/// counts its own refusals).
+/// codec (refused for memory) or the handler (which counts its own
+/// refusals).
 type Outcome = Arc<OnceLock<Stage>>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
     Handled,
     MemoryLimit,
-    TimedOut,
 }
+
+/// The gRPC message header: a compressed flag and a 4-byte length.
+const MESSAGE_HEADER: usize = 5;
 
 impl Grpc {
     async fn handle(
@@ -136,23 +144,25 @@ impl Grpc {
             self.handler.refused(&Refused::from(error));
             return status.into_http();
         }
+        let (req, grant, compressed) = match self.read_request(req).await {
+            Ok(read) => read,
+            Err(error) => {
+                let status = error.to_grpc();
+                self.handler.refused(&Refused::from(error));
+                return status.into_http();
+            }
+        };
         let outcome: Outcome = Arc::new(OnceLock::new());
-        let read_timeout = self.settings.read_timeout;
-        let req = req.map(|body| TimedBody {
-            inner: body,
-            deadline: Box::pin(tokio::time::sleep(read_timeout)),
-            outcome: outcome.clone(),
-        });
+        let granted = Granted::new(grant, compressed);
         let response = if traces {
-            let codec = RawCodec::<TraceResponse>::new(&self.handler.memory, &outcome);
+            let codec = RawCodec::<TraceResponse>::new(&granted, &outcome);
             let service = TraceExportService {
                 handler: self.handler.clone(),
                 outcome: outcome.clone(),
             };
             self.server(codec).unary(service, req).await
         } else {
-            let codec =
-                RawCodec::<ExportProfilesServiceResponse>::new(&self.handler.memory, &outcome);
+            let codec = RawCodec::<ExportProfilesServiceResponse>::new(&granted, &outcome);
             let service = ExportService {
                 handler: self.handler.clone(),
                 peer,
@@ -164,7 +174,6 @@ impl Grpc {
         let refused = match outcome.get() {
             Some(Stage::Handled) => None,
             Some(Stage::MemoryLimit) => Some((OtlpError::MemoryLimit(String::new()), false)),
-            Some(Stage::TimedOut) => Some((OtlpError::Timeout(read_timeout), true)),
             None => match grpc_status(&response) {
                 Some(Code::Ok) | None => None,
                 Some(Code::OutOfRange | Code::ResourceExhausted) => Some((
@@ -195,6 +204,42 @@ impl Grpc {
 }
 
 impl Grpc {
+    /// Reads the request's body under a fresh memory grant (see the module
+    /// docs) and hands the request on with the body in memory; tonic's copy
+    /// of it is granted too. Also says whether the message is compressed.
+    async fn read_request(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<(Request<Full<Bytes>>, MemoryGrant, bool), OtlpError> {
+        let (parts, body) = req.into_parts();
+        let compressed = parts
+            .headers
+            .get("grpc-encoding")
+            .is_some_and(|v| v.as_bytes() != b"identity");
+        let limit = self.settings.max_message.saturating_add(MESSAGE_HEADER);
+        let mut grant = self.handler.memory.grant();
+        let body = read_body(body, None, limit, &mut grant, self.settings.read_timeout)
+            .await
+            .map_err(|e| match e {
+                BodyError::TooLarge { .. } => OtlpError::TooLarge(format!(
+                    "the request message exceeds max_recv_msg_size_mib ({} bytes); send smaller requests or raise max_recv_msg_size_mib",
+                    self.settings.max_message
+                )),
+                BodyError::OverBudget(e) => OtlpError::MemoryLimit(e.to_string()),
+                BodyError::Unreadable(_) => OtlpError::bad_request(e.to_string()),
+                BodyError::TimedOut(t) => OtlpError::Timeout(t),
+            })?;
+        // tonic copies the body into a buffer of its own.
+        grant
+            .try_grow(body.len())
+            .map_err(|e| OtlpError::MemoryLimit(e.to_string()))?;
+        Ok((
+            Request::from_parts(parts, Full::new(body)),
+            grant,
+            compressed,
+        ))
+    }
+
     fn server<R: Message + Send + 'static>(
         &self,
         codec: RawCodec<R>,
@@ -263,17 +308,43 @@ struct Raw {
     grant: MemoryGrant,
 }
 
+/// A request's memory grant on its way from [`Grpc::read_request`] to the
+/// codec, which hands it to the handler with the message.
+#[derive(Clone)]
+struct Granted {
+    grant: Arc<std::sync::Mutex<Option<MemoryGrant>>>,
+    /// The message arrives compressed: tonic inflates it into a buffer of
+    /// its own, which the codec grants.
+    compressed: bool,
+}
+
+impl Granted {
+    fn new(grant: MemoryGrant, compressed: bool) -> Self {
+        Granted {
+            grant: Arc::new(std::sync::Mutex::new(Some(grant))),
+            compressed,
+        }
+    }
+
+    fn take(&self) -> Option<MemoryGrant> {
+        self.grant
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
 /// Hands the handler the message bytes; encodes the response (`R`) with prost.
 struct RawCodec<R> {
-    memory: MemoryBudget,
+    granted: Granted,
     outcome: Outcome,
     response: std::marker::PhantomData<fn() -> R>,
 }
 
 impl<R> RawCodec<R> {
-    fn new(memory: &MemoryBudget, outcome: &Outcome) -> Self {
+    fn new(granted: &Granted, outcome: &Outcome) -> Self {
         RawCodec {
-            memory: memory.clone(),
+            granted: granted.clone(),
             outcome: outcome.clone(),
             response: std::marker::PhantomData,
         }
@@ -292,7 +363,7 @@ impl<R: Message + Send + 'static> Codec for RawCodec<R> {
 
     fn decoder(&mut self) -> Self::Decoder {
         RawDecoder {
-            memory: self.memory.clone(),
+            granted: self.granted.clone(),
             outcome: self.outcome.clone(),
         }
     }
@@ -311,7 +382,7 @@ impl<R: Message> Encoder for ResponseEncoder<R> {
 }
 
 struct RawDecoder {
-    memory: MemoryBudget,
+    granted: Granted,
     outcome: Outcome,
 }
 
@@ -321,8 +392,17 @@ impl Decoder for RawDecoder {
 
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Raw>, Status> {
         let len = src.remaining();
-        let mut grant = self.memory.grant();
-        if let Err(e) = grant.try_grow(len) {
+        let Some(mut grant) = self.granted.take() else {
+            // A unary request has one message; a second is refused.
+            return Err(Status::invalid_argument(
+                "a unary request carries one message; send one per request",
+            ));
+        };
+        // An uncompressed message is a slice of tonic's buffer (granted
+        // already); an inflated one is a buffer of its own.
+        if self.granted.compressed
+            && let Err(e) = grant.try_grow(len)
+        {
             let _ = self.outcome.set(Stage::MemoryLimit);
             return Err(OtlpError::MemoryLimit(e.to_string()).to_grpc());
         }
@@ -385,41 +465,5 @@ impl tower::Service<tonic::Request<Raw>> for ExportService {
                 }
             }
         })
-    }
-}
-
-/// A request body that fails once `read_timeout` has passed.
-struct TimedBody {
-    inner: Incoming,
-    deadline: Pin<Box<tokio::time::Sleep>>,
-    outcome: Outcome,
-}
-
-impl Body for TimedBody {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            let _ = this.outcome.set(Stage::TimedOut);
-            return Poll::Ready(Some(Err(
-                "the request did not arrive within read_timeout".into()
-            )));
-        }
-        Pin::new(&mut this.inner)
-            .poll_frame(cx)
-            .map(|frame| frame.map(|f| f.map_err(Into::into)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }

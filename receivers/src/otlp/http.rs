@@ -9,7 +9,6 @@
 //! every byte granted from the memory budget before it is allocated; a gzip
 //! body inflates within `max_decompressed_size`, likewise granted.
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +18,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
+use proflow_pipeline::inflate::{self, InflateError};
 use proflow_pipeline::memory::MemoryGrant;
 use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
@@ -367,41 +367,15 @@ fn content_encoding_is_gzip(headers: &HeaderMap) -> Result<bool, OtlpError> {
 /// Inflates a gzip body to at most `limit` bytes, growing `grant` before
 /// every allocation of the output buffer.
 fn inflate(compressed: &[u8], limit: usize, grant: &mut MemoryGrant) -> Result<Vec<u8>, OtlpError> {
-    let mut out: Vec<u8> = Vec::new();
-    let mut decoder = flate2::bufread::MultiGzDecoder::new(compressed);
-    let mut step = vec![0u8; INFLATE_STEP];
-    loop {
-        let n = match decoder.read(&mut step) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) => {
-                grant.shrink(out.capacity());
-                return Err(OtlpError::bad_request(format!(
-                    "the gzip request body is corrupt ({e}); send a valid gzip stream or an uncompressed body"
-                )));
-            }
-        };
-        let len = out.len() + n;
-        if len > limit {
-            grant.shrink(out.capacity());
-            return Err(OtlpError::TooLarge(format!(
-                "the gzip request body exceeds max_decompressed_size ({limit} bytes) once decompressed; send smaller requests or raise max_decompressed_size"
-            )));
-        }
-        if len > out.capacity() {
-            let want = (out.capacity() * 2)
-                .max(compressed.len().saturating_mul(4))
-                .max(len)
-                .min(limit);
-            if let Err(e) = grant.try_grow(want - out.capacity()) {
-                grant.shrink(out.capacity());
-                return Err(OtlpError::MemoryLimit(e.to_string()));
-            }
-            out.reserve_exact(want - out.len());
-        }
-        out.extend_from_slice(&step[..n]);
-    }
-    Ok(out)
+    inflate::inflate(compressed, limit, grant).map_err(|e| match e {
+        InflateError::Corrupt(detail) => OtlpError::bad_request(format!(
+            "the gzip request body is corrupt ({detail}); send a valid gzip stream or an uncompressed body"
+        )),
+        InflateError::TooLarge { limit } => OtlpError::TooLarge(format!(
+            "the gzip request body exceeds max_decompressed_size ({limit} bytes) once decompressed; send smaller requests or raise max_decompressed_size"
+        )),
+        InflateError::OverBudget(e) => OtlpError::MemoryLimit(e.to_string()),
+    })
 }
 
 #[cfg(test)]

@@ -9,22 +9,12 @@
 //! grows the grant before every allocation it makes, so the sum over all
 //! concurrent requests stays bounded too, not just each one.
 
-use std::io::Read;
-
 use bytes::Bytes;
+use proflow_pipeline::inflate::{self, InflateError};
 use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
 use proflow_pipeline::pprof::{self, DecodeError, Metadata};
 
 use super::error::IngestError;
-
-/// How much [`DecompressBudget::inflate`] reads at a time.
-const INFLATE_STEP: usize = 32 << 10;
-
-thread_local! {
-    /// Each thread's buffer for [`DecompressBudget::inflate`]'s steps.
-    static STEP: std::cell::RefCell<Box<[u8]>> =
-        std::cell::RefCell::new(vec![0u8; INFLATE_STEP].into_boxed_slice());
-}
 
 /// Most plain profile bytes one request keeps for the pipeline (see
 /// [`DecompressBudget::scan`]): a typical push keeps all of its profiles',
@@ -76,50 +66,18 @@ impl DecompressBudget {
         what: impl Fn() -> String,
         compressed: &[u8],
     ) -> Result<Vec<u8>, IngestError> {
-        // The step buffer is the thread's own, made once: a fresh one was
-        // 32 KiB zeroed for every profile.
-        STEP.with(|step| self.inflate_through(&what, compressed, &mut step.borrow_mut()[..]))
-    }
-
-    fn inflate_through(
-        &mut self,
-        what: &impl Fn() -> String,
-        compressed: &[u8],
-        step: &mut [u8],
-    ) -> Result<Vec<u8>, IngestError> {
-        let limit = self.remaining();
-        let mut out: Vec<u8> = Vec::new();
-        let mut decoder = flate2::bufread::MultiGzDecoder::new(compressed);
-        loop {
-            let n = match decoder.read(step) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    self.grant.shrink(out.capacity());
-                    return Err(self.decode_error(&what(), DecodeError::Gzip(e.to_string())));
-                }
-            };
-            let len = out.len() + n;
-            if len > limit {
-                self.grant.shrink(out.capacity());
-                return Err(self.too_large(&what()));
-            }
-            if len > out.capacity() {
-                // Double (at least 4x the compressed size at first), never
-                // past the limit; the grant grows before the allocation.
-                let want = (out.capacity() * 2)
-                    .max(compressed.len().saturating_mul(4))
-                    .max(len)
-                    .min(limit);
-                if let Err(e) = self.grant.try_grow(want - out.capacity()) {
-                    self.grant.shrink(out.capacity());
-                    return Err(IngestError::MemoryLimit(format!("{}: {e}", what())));
-                }
-                out.reserve_exact(want - out.len());
-            }
-            out.extend_from_slice(&step[..n]);
-        }
+        let out =
+            inflate::inflate(compressed, self.remaining(), &mut self.grant).map_err(
+                |e| match e {
+                    InflateError::Corrupt(detail) => {
+                        self.decode_error(&what(), DecodeError::Gzip(detail))
+                    }
+                    InflateError::TooLarge { .. } => self.too_large(&what()),
+                    InflateError::OverBudget(e) => {
+                        IngestError::MemoryLimit(format!("{}: {e}", what()))
+                    }
+                },
+            )?;
         self.used += out.len();
         Ok(out)
     }

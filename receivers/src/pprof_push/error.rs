@@ -21,6 +21,10 @@ pub enum IngestError {
         "request body exceeds max_request_body_size ({limit} bytes); send smaller requests or raise max_request_body_size"
     )]
     BodyTooLarge { limit: usize },
+    /// A text body converts to more than `max_text_stacks` or
+    /// `max_text_frames` allow.
+    #[error("{0}")]
+    TooComplex(String),
     /// Something grew past `max_decompressed_size` when decompressed.
     #[error(
         "{what} exceeds max_decompressed_size ({limit} bytes) once decompressed (the limit covers everything one request decompresses); send smaller or fewer profiles per request or raise max_decompressed_size"
@@ -66,6 +70,18 @@ impl IngestError {
         IngestError::BadRequest(message.into())
     }
 
+    /// Maps a failure to read or convert a text body to a refusal.
+    pub(crate) fn from_text(e: super::folded::FoldedError) -> Self {
+        use super::folded::FoldedError;
+        match e {
+            FoldedError::BadCount { .. } => IngestError::BadRequest(e.to_string()),
+            FoldedError::TooManyStacks { .. } | FoldedError::TooManyFrames { .. } => {
+                IngestError::TooComplex(e.to_string())
+            }
+            FoldedError::Memory(message) => IngestError::MemoryLimit(message),
+        }
+    }
+
     /// Maps a pprof decoding failure of `what` (such as "profile 2") to a refusal.
     pub(crate) fn from_decode(what: &str, e: DecodeError) -> Self {
         match e {
@@ -88,9 +104,9 @@ impl IngestError {
     pub fn status(&self) -> StatusCode {
         match self {
             IngestError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            IngestError::BodyTooLarge { .. } | IngestError::DecompressedTooLarge { .. } => {
-                StatusCode::PAYLOAD_TOO_LARGE
-            }
+            IngestError::BodyTooLarge { .. }
+            | IngestError::DecompressedTooLarge { .. }
+            | IngestError::TooComplex(_) => StatusCode::PAYLOAD_TOO_LARGE,
             IngestError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             IngestError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             IngestError::NotFound { .. } => StatusCode::NOT_FOUND,
@@ -112,6 +128,7 @@ impl IngestError {
             IngestError::BadRequest(_) => "invalid_argument",
             IngestError::BodyTooLarge { .. }
             | IngestError::DecompressedTooLarge { .. }
+            | IngestError::TooComplex(_)
             | IngestError::Backpressure { .. }
             | IngestError::MemoryLimit(_) => "resource_exhausted",
             IngestError::Timeout(_) => "deadline_exceeded",
@@ -128,9 +145,9 @@ impl IngestError {
     pub fn reason(&self) -> &'static str {
         match self {
             IngestError::BadRequest(_) => "bad_request",
-            IngestError::BodyTooLarge { .. } | IngestError::DecompressedTooLarge { .. } => {
-                "too_large"
-            }
+            IngestError::BodyTooLarge { .. }
+            | IngestError::DecompressedTooLarge { .. }
+            | IngestError::TooComplex(_) => "too_large",
             IngestError::UnsupportedMediaType(_) => "unsupported_media_type",
             IngestError::MethodNotAllowed { .. } => "method_not_allowed",
             IngestError::NotFound { .. } => "not_found",

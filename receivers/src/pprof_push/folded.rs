@@ -5,10 +5,18 @@
 //! Grouped lines split at the last space; a line without one is skipped and a
 //! count that is not a whole number refuses the request (as in Pyroscope).
 //! Frames are separated by `;`, root first. Identical stacks are merged.
+//!
+//! Everything the conversion holds beside the body (the distinct stacks, the
+//! profile's strings, functions, locations and samples) is charged as it
+//! grows ([`Charge`]), and the distinct stacks and frames are capped
+//! ([`TextLimits`]), so a body of millions of distinct frames is refused
+//! before it takes memory nobody granted.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::mem::size_of;
 
-use proflow_pipeline::pprof::{Profile, ProfileBuilder};
+use proflow_pipeline::pprof::{Profile, ProfileBuilder, Sample};
 
 use super::profile_type::FoldedType;
 
@@ -21,38 +29,111 @@ pub(crate) enum TextFormat {
     Lines,
 }
 
+/// Caps on what one text body may convert to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TextLimits {
+    /// Most distinct stacks (`max_text_stacks`).
+    pub max_stacks: usize,
+    /// Most distinct frame names (`max_text_frames`).
+    pub max_frames: usize,
+}
+
+/// `max_text_stacks` by default.
+pub(crate) const DEFAULT_MAX_STACKS: usize = 100_000;
+/// `max_text_frames` by default.
+pub(crate) const DEFAULT_MAX_FRAMES: usize = 100_000;
+
+impl Default for TextLimits {
+    fn default() -> Self {
+        TextLimits {
+            max_stacks: DEFAULT_MAX_STACKS,
+            max_frames: DEFAULT_MAX_FRAMES,
+        }
+    }
+}
+
+/// Grows the request's memory grant by the bytes given, before the
+/// conversion allocates them; an error (the budget has no room) stops it.
+pub(crate) type Charge<'c> = dyn FnMut(usize) -> Result<(), String> + 'c;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum FoldedError {
     #[error(
         "line {line}: {count:?} is not a sample count; folded lines are `frame;frame;frame <whole number>`"
     )]
     BadCount { line: usize, count: String },
+    #[error(
+        "the body has more than {limit} distinct stacks (max_text_stacks); send fewer distinct stacks per request or raise max_text_stacks"
+    )]
+    TooManyStacks { limit: usize },
+    #[error(
+        "the body has more than {limit} distinct frames (max_text_frames); send fewer distinct frames per request or raise max_text_frames"
+    )]
+    TooManyFrames { limit: usize },
+    /// The memory budget had no room for the conversion.
+    #[error("{0}")]
+    Memory(String),
 }
 
-/// Stacks with their summed counts, in first-seen order.
+/// What one distinct stack costs while parsing, beside any text it owns:
+/// its entry in the list and in the index, each with its share of spare
+/// capacity (both double as they grow).
+const STACK_ENTRY: usize = 2 * (size_of::<(Cow<str>, i64)>() + size_of::<(Cow<str>, usize)>() + 8);
+/// What one distinct frame costs in the profile beside its name (held
+/// twice: the string table and the builder's index): a function, a
+/// location with its line, and two index entries, spare capacity included.
+const FRAME_ENTRY: usize = 2
+    * (size_of::<proflow_pipeline::pprof::Function>()
+        + size_of::<proflow_pipeline::pprof::Location>()
+        + size_of::<proflow_pipeline::pprof::Line>()
+        + size_of::<(String, i64)>()
+        + size_of::<(i64, u64)>()
+        + 16);
+/// What one sample costs beside its location ids.
+const SAMPLE_ENTRY: usize = 2 * size_of::<Sample>() + size_of::<i64>();
+
+/// Stacks with their summed counts, in first-seen order; borrowed from the
+/// body where it is valid UTF-8.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Stacks {
-    pub stacks: Vec<(String, i64)>,
+pub(crate) struct Stacks<'a> {
+    pub stacks: Vec<(Cow<'a, str>, i64)>,
 }
 
-impl Stacks {
+impl Stacks<'_> {
     pub fn is_empty(&self) -> bool {
         self.stacks.is_empty()
     }
 }
 
+/// `stack count` split at the last space, borrowing what `line` borrows.
+fn split_count(line: Cow<'_, str>) -> Option<(Cow<'_, str>, Cow<'_, str>)> {
+    match line {
+        Cow::Borrowed(l) => l
+            .rsplit_once(' ')
+            .map(|(s, c)| (Cow::Borrowed(s), Cow::Borrowed(c))),
+        Cow::Owned(l) => l
+            .rsplit_once(' ')
+            .map(|(s, c)| (Cow::Owned(s.to_owned()), Cow::Owned(c.to_owned()))),
+    }
+}
+
 /// Reads the stacks of a text body. Invalid UTF-8 is replaced, not refused:
 /// frame names are only displayed.
-pub(crate) fn parse_stacks(body: &[u8], format: TextFormat) -> Result<Stacks, FoldedError> {
-    let mut index: HashMap<String, usize> = HashMap::new();
-    let mut stacks: Vec<(String, i64)> = Vec::new();
+pub(crate) fn parse_stacks<'a>(
+    body: &'a [u8],
+    format: TextFormat,
+    limits: TextLimits,
+    charge: &mut Charge<'_>,
+) -> Result<Stacks<'a>, FoldedError> {
+    let mut index: HashMap<Cow<'a, str>, usize> = HashMap::new();
+    let mut stacks: Vec<(Cow<'a, str>, i64)> = Vec::new();
     for (i, raw) in body.split(|&b| b == b'\n').enumerate() {
         let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
         let line = String::from_utf8_lossy(raw);
         let (stack, count) = match format {
-            TextFormat::Lines => (line.as_ref(), 1i64),
+            TextFormat::Lines => (line, 1i64),
             TextFormat::Folded => {
-                let Some((stack, count)) = line.rsplit_once(' ') else {
+                let Some((stack, count)) = split_count(line) else {
                     continue;
                 };
                 let count = count
@@ -69,11 +150,21 @@ pub(crate) fn parse_stacks(body: &[u8], format: TextFormat) -> Result<Stacks, Fo
         if count == 0 || stack.split(';').all(str::is_empty) {
             continue;
         }
-        match index.get(stack) {
+        match index.get(stack.as_ref()) {
             Some(&at) => stacks[at].1 = stacks[at].1.saturating_add(count),
             None => {
-                index.insert(stack.to_owned(), stacks.len());
-                stacks.push((stack.to_owned(), count));
+                if stacks.len() >= limits.max_stacks {
+                    return Err(FoldedError::TooManyStacks {
+                        limit: limits.max_stacks,
+                    });
+                }
+                let owned = match &stack {
+                    Cow::Owned(s) => 2 * s.len(),
+                    Cow::Borrowed(_) => 0,
+                };
+                charge(STACK_ENTRY + owned).map_err(FoldedError::Memory)?;
+                index.insert(stack.clone(), stacks.len());
+                stacks.push((stack, count));
             }
         }
     }
@@ -113,13 +204,16 @@ pub(crate) fn conversion(ty: FoldedType, sample_rate: u32) -> Conversion {
     }
 }
 
-/// Builds the pprof profile of parsed stacks.
+/// Builds the pprof profile of parsed stacks, charging every distinct
+/// frame and every sample before it is added.
 pub(crate) fn to_profile(
-    stacks: &Stacks,
+    stacks: &Stacks<'_>,
     conv: &Conversion,
     time_nanos: i64,
     duration_nanos: i64,
-) -> Profile {
+    limits: TextLimits,
+    charge: &mut Charge<'_>,
+) -> Result<Profile, FoldedError> {
     let mut b = ProfileBuilder::new();
     b.sample_type(&conv.sample_type.0, &conv.sample_type.1);
     if let Some(((ty, unit), period)) = &conv.period {
@@ -127,10 +221,25 @@ pub(crate) fn to_profile(
     }
     b.time(time_nanos, duration_nanos);
     for (stack, count) in &stacks.stacks {
+        let mut depth = 0;
+        for frame in stack.split(';').filter(|f| !f.is_empty()) {
+            depth += 1;
+            if !b.has_frame(frame) {
+                if b.frames() >= limits.max_frames {
+                    return Err(FoldedError::TooManyFrames {
+                        limit: limits.max_frames,
+                    });
+                }
+                // Its entries and two copies of its name.
+                charge(FRAME_ENTRY + 2 * frame.len()).map_err(FoldedError::Memory)?;
+                b.frame(frame);
+            }
+        }
+        charge(SAMPLE_ENTRY + depth * size_of::<u64>()).map_err(FoldedError::Memory)?;
         let frames = stack.split(';').filter(|f| !f.is_empty());
         b.sample_root_first(frames, vec![count.saturating_mul(conv.scale)]);
     }
-    b.build()
+    Ok(b.build())
 }
 
 #[cfg(test)]
@@ -139,23 +248,40 @@ mod tests {
     use crate::pprof_push::profile_type::folded_type;
     use proflow_pipeline::pprof::stacks_root_first;
 
+    fn free(_: usize) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn parse_stacks(body: &[u8], format: TextFormat) -> Result<Stacks<'_>, FoldedError> {
+        super::parse_stacks(body, format, TextLimits::default(), &mut free)
+    }
+
+    fn to_profile(stacks: &Stacks<'_>, conv: &Conversion, time: i64, duration: i64) -> Profile {
+        super::to_profile(
+            stacks,
+            conv,
+            time,
+            duration,
+            TextLimits::default(),
+            &mut free,
+        )
+        .unwrap()
+    }
+
     #[test]
     fn folded_lines_merge_and_skip() {
         let body = b"main;work;hot 30\r\nmain;idle 10\nno-count-line\n\nmain;work;hot 2\nzero 0\n";
         let s = parse_stacks(body, TextFormat::Folded).unwrap();
         assert_eq!(
             s.stacks,
-            vec![
-                ("main;work;hot".to_string(), 32),
-                ("main;idle".to_string(), 10)
-            ]
+            vec![("main;work;hot".into(), 32), ("main;idle".into(), 10)]
         );
     }
 
     #[test]
     fn frames_may_contain_spaces() {
         let s = parse_stacks(b"a b;c d 7", TextFormat::Folded).unwrap();
-        assert_eq!(s.stacks, vec![("a b;c d".to_string(), 7)]);
+        assert_eq!(s.stacks, vec![("a b;c d".into(), 7)]);
     }
 
     #[test]
@@ -180,10 +306,7 @@ mod tests {
     #[test]
     fn lines_count_occurrences() {
         let s = parse_stacks(b"a;b\na;c\na;b\n\n", TextFormat::Lines).unwrap();
-        assert_eq!(
-            s.stacks,
-            vec![("a;b".to_string(), 2), ("a;c".to_string(), 1)]
-        );
+        assert_eq!(s.stacks, vec![("a;b".into(), 2), ("a;c".into(), 1)]);
     }
 
     #[test]
@@ -219,6 +342,81 @@ mod tests {
         let wall = conversion(folded_type("wall").unwrap(), 50);
         assert_eq!(wall.sample_type.0, "wall");
         assert_eq!(wall.scale, 20_000_000);
+    }
+
+    #[test]
+    fn distinct_stacks_and_frames_are_capped() {
+        let limits = TextLimits {
+            max_stacks: 3,
+            max_frames: 4,
+        };
+        let body = b"a;b 1\na;c 1\na;b 5\na;d 1\n";
+        let s = super::parse_stacks(body, TextFormat::Folded, limits, &mut free).unwrap();
+        assert_eq!(
+            s.stacks.len(),
+            3,
+            "a repeated stack is merged, not counted twice"
+        );
+        let err = super::parse_stacks(b"a 1\nb 1\nc 1\nd 1", TextFormat::Folded, limits, &mut free)
+            .unwrap_err();
+        assert_eq!(err, FoldedError::TooManyStacks { limit: 3 });
+        assert!(err.to_string().contains("max_text_stacks"), "{err}");
+        // One line of five distinct frames: past max_text_frames.
+        let s = super::parse_stacks(b"f0;f1;f2;f3;f4 1", TextFormat::Folded, limits, &mut free)
+            .unwrap();
+        let conv = conversion(folded_type("cpu").unwrap(), 100);
+        let err = super::to_profile(&s, &conv, 0, 0, limits, &mut free).unwrap_err();
+        assert_eq!(err, FoldedError::TooManyFrames { limit: 4 });
+        assert!(err.to_string().contains("max_text_frames"), "{err}");
+        // Repeated frames are one frame each.
+        let s =
+            super::parse_stacks(b"a;a;a;a;a;a;b 1", TextFormat::Folded, limits, &mut free).unwrap();
+        let p = super::to_profile(&s, &conv, 0, 0, limits, &mut free).unwrap();
+        assert_eq!(p.function.len(), 2);
+    }
+
+    #[test]
+    fn the_conversion_charges_what_it_grows_and_stops_when_refused() {
+        let body: String = (0..2000)
+            .map(|i| format!("main;frame_{i:05};leaf_{i} 1\n"))
+            .collect();
+        let charged = std::cell::Cell::new(0usize);
+        let mut count = |n: usize| -> Result<(), String> {
+            charged.set(charged.get() + n);
+            Ok(())
+        };
+        let s = super::parse_stacks(
+            body.as_bytes(),
+            TextFormat::Folded,
+            TextLimits::default(),
+            &mut count,
+        )
+        .unwrap();
+        let parsed = charged.get();
+        assert!(parsed >= 2000 * STACK_ENTRY, "{parsed}");
+        let conv = conversion(folded_type("cpu").unwrap(), 100);
+        let p = super::to_profile(&s, &conv, 0, 0, TextLimits::default(), &mut count).unwrap();
+        let built = charged.get() - parsed;
+        // Every frame's name twice, and its entries; every sample.
+        let names: usize = p.string_table.iter().map(String::len).sum();
+        assert!(
+            built >= 2 * names + 4001 * FRAME_ENTRY,
+            "{built} for {names} bytes of names"
+        );
+        let encoded = proflow_pipeline::pprof::encode(&p).len();
+        assert!(
+            built > encoded,
+            "charged {built}, the profile encodes to {encoded}"
+        );
+        // A budget that runs out stops the conversion with its message.
+        let mut left = 10_000usize;
+        let mut tight = |n: usize| -> Result<(), String> {
+            left = left.checked_sub(n).ok_or("no room")?;
+            Ok(())
+        };
+        let err =
+            super::to_profile(&s, &conv, 0, 0, TextLimits::default(), &mut tight).unwrap_err();
+        assert_eq!(err, FoldedError::Memory("no room".into()));
     }
 
     proptest::proptest! {

@@ -13,7 +13,7 @@ use proflow_pipeline::model::{Envelope, Payload, ValueType};
 
 use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
-use super::folded::{self, TextFormat};
+use super::folded::{self, TextFormat, TextLimits};
 use super::labels::{ingest_folded_labels, ingest_pprof_labels};
 use super::multipart::is_multipart;
 use super::name::{AppName, parse_name};
@@ -220,11 +220,13 @@ pub(crate) fn with_plain(payload: Payload, plain: Option<Bytes>) -> Payload {
 
 /// A folded or lines body converted to one pprof profile (or none when it
 /// holds no stacks). A gzipped body is inflated within what is left of the
-/// request's decompression `budget`.
+/// request's decompression `budget`; the conversion's memory is granted
+/// from it as it grows, within `limits`.
 pub(crate) fn text_batch(
     params: &IngestParams,
     format: TextFormat,
     body: Bytes,
+    limits: TextLimits,
     budget: &mut DecompressBudget,
 ) -> Result<Vec<Envelope>, Refused> {
     let refuse = |error: IngestError| Refused { error, profiles: 1 };
@@ -233,8 +235,9 @@ pub(crate) fn text_batch(
     let text = budget
         .decompress(|| "the text body".to_owned(), body)
         .map_err(refuse)?;
-    let stacks = folded::parse_stacks(&text, format)
-        .map_err(|e| refuse(IngestError::bad_request(e.to_string())))?;
+    let mut charge = |bytes: usize| budget.reserve(bytes).map_err(|e| e.to_string());
+    let stacks = folded::parse_stacks(&text, format, limits, &mut charge)
+        .map_err(|e| refuse(IngestError::from_text(e)))?;
     if stacks.is_empty() {
         return Ok(Vec::new());
     }
@@ -246,7 +249,10 @@ pub(crate) fn text_batch(
         &conv,
         params.start_nanos,
         params.end_nanos - params.start_nanos,
-    );
+        limits,
+        &mut charge,
+    )
+    .map_err(|e| refuse(IngestError::from_text(e)))?;
     Ok(vec![Envelope {
         labels,
         start_unix_nanos: params.start_nanos,
@@ -361,10 +367,24 @@ mod tests {
         // Plain bodies inflate nothing.
         let mut budget = DecompressBudget::new(64);
         let text = Bytes::from_static(b"a;b 1\n");
-        text_batch(&p, TextFormat::Folded, text, &mut budget).unwrap();
+        text_batch(
+            &p,
+            TextFormat::Folded,
+            text,
+            TextLimits::default(),
+            &mut budget,
+        )
+        .unwrap();
         assert_eq!(budget.remaining(), 64);
         let gz = pprof::gzip(&[b'x'; 100]);
-        let err = text_batch(&p, TextFormat::Folded, gz, &mut budget).unwrap_err();
+        let err = text_batch(
+            &p,
+            TextFormat::Folded,
+            gz,
+            TextLimits::default(),
+            &mut budget,
+        )
+        .unwrap_err();
         assert_eq!(
             err.error.status(),
             axum::http::StatusCode::PAYLOAD_TOO_LARGE
@@ -471,6 +491,7 @@ mod tests {
             &p,
             TextFormat::Folded,
             Bytes::from_static(b"main;work 3\nmain;idle 1\n"),
+            TextLimits::default(),
             &mut DecompressBudget::new(1 << 20),
         )
         .unwrap();
@@ -492,6 +513,7 @@ mod tests {
                 &p,
                 TextFormat::Folded,
                 gz,
+                TextLimits::default(),
                 &mut DecompressBudget::new(1 << 20)
             )
             .unwrap()
@@ -503,6 +525,7 @@ mod tests {
             &bad,
             TextFormat::Folded,
             Bytes::from_static(b"a 1"),
+            TextLimits::default(),
             &mut DecompressBudget::new(1 << 20),
         )
         .unwrap_err();
@@ -511,6 +534,7 @@ mod tests {
             &p,
             TextFormat::Folded,
             Bytes::from_static(b"a x"),
+            TextLimits::default(),
             &mut DecompressBudget::new(1 << 20),
         )
         .unwrap_err();
@@ -520,6 +544,7 @@ mod tests {
                 &p,
                 TextFormat::Folded,
                 Bytes::new(),
+                TextLimits::default(),
                 &mut DecompressBudget::new(1 << 20)
             )
             .unwrap()
@@ -534,8 +559,8 @@ mod tests {
             let body = Bytes::from(body);
             let _ = pprof_batch(&p, body.clone(), None, &mut DecompressBudget::new(4096));
             let _ = pprof_batch(&p, body.clone(), Some(&body), &mut DecompressBudget::new(4096));
-            let _ = text_batch(&p, TextFormat::Folded, body.clone(), &mut DecompressBudget::new(4096));
-            let _ = text_batch(&p, TextFormat::Lines, body, &mut DecompressBudget::new(4096));
+            let _ = text_batch(&p, TextFormat::Folded, body.clone(), TextLimits::default(), &mut DecompressBudget::new(4096));
+            let _ = text_batch(&p, TextFormat::Lines, body, TextLimits::default(), &mut DecompressBudget::new(4096));
         }
 
         #[test]

@@ -60,6 +60,12 @@ pub struct PprofPushConfig {
     /// and every gzipped profile in it share this one budget, and a request
     /// that would grow past it is refused with 413 before more memory is used.
     pub max_decompressed_size: ByteSize,
+    /// Most distinct stacks a folded or lines body may hold; a body with
+    /// more gets 413.
+    pub max_text_stacks: usize,
+    /// Most distinct frame names a folded or lines body may hold; a body
+    /// with more gets 413.
+    pub max_text_frames: usize,
     /// How long a client may take to send a request's headers (the
     /// OpenTelemetry Collector's name); a slower one is disconnected.
     pub read_header_timeout: Duration,
@@ -90,6 +96,8 @@ impl Default for PprofPushConfig {
             endpoint: DEFAULT_ENDPOINT.to_owned(),
             max_request_body_size: ByteSize::mib(16),
             max_decompressed_size: ByteSize::mib(64),
+            max_text_stacks: folded::DEFAULT_MAX_STACKS,
+            max_text_frames: folded::DEFAULT_MAX_FRAMES,
             read_header_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(30),
             max_connections: 1024,
@@ -143,6 +151,14 @@ impl Validate for PprofPushConfig {
                 ));
             }
         }
+        for (name, value) in [
+            ("max_text_stacks", self.max_text_stacks),
+            ("max_text_frames", self.max_text_frames),
+        ] {
+            if value == 0 {
+                problems.push(FieldError::new(name, "must be at least 1, such as 100000"));
+            }
+        }
         if self.max_concurrent_streams == 0 {
             problems.push(FieldError::new(
                 "max_concurrent_streams",
@@ -177,6 +193,10 @@ impl PprofPushConfig {
             server::Limits {
                 max_request_body: self.max_request_body_size.as_usize(),
                 max_decompressed: self.max_decompressed_size.as_usize(),
+                text: folded::TextLimits {
+                    max_stacks: self.max_text_stacks,
+                    max_frames: self.max_text_frames,
+                },
                 read_header_timeout: self.read_header_timeout.get(),
                 read_timeout: self.read_timeout.get(),
                 max_connections: self.max_connections,
@@ -316,8 +336,13 @@ pub mod fuzzing {
                     ingest::pprof_batch(&params, body, None, &mut DecompressBudget::new(1 << 20));
             }
             Ok(BodyKind::Text(format)) => {
-                let _ =
-                    ingest::text_batch(&params, format, body, &mut DecompressBudget::new(1 << 20));
+                let _ = ingest::text_batch(
+                    &params,
+                    format,
+                    body,
+                    Default::default(),
+                    &mut DecompressBudget::new(1 << 20),
+                );
             }
             Err(_) => {}
         }

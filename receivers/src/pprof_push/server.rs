@@ -31,6 +31,7 @@ use proflow_pipeline::telemetry::ReceiverTelemetry;
 
 use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
+use super::folded::TextLimits;
 use super::ingest::{self, BodyKind};
 use super::multipart::{PartLimit, read_form};
 use super::push::{self, Codec};
@@ -40,6 +41,8 @@ use super::push::{self, Codec};
 pub(crate) struct Limits {
     pub max_request_body: usize,
     pub max_decompressed: usize,
+    /// What a folded or lines body may convert to.
+    pub text: TextLimits,
     /// How long a client may take to send a request's headers.
     pub read_header_timeout: Duration,
     /// How long a client may take to send a request's body.
@@ -416,9 +419,10 @@ impl Shared {
                 .await?
             }
             BodyKind::Text(format) => {
+                let limits = self.limits.text;
                 blocking(inline, move || {
                     let body = encoding.decode(body, &mut budget)?;
-                    let batch = ingest::text_batch(&params, format, body, &mut budget)?;
+                    let batch = ingest::text_batch(&params, format, body, limits, &mut budget)?;
                     Ok((batch, budget))
                 })
                 .await?

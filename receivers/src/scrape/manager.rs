@@ -61,7 +61,8 @@ pub async fn run_job(
     let (tx, mut rx) = mpsc::channel::<Update>(16);
     let mut tasks = JoinSet::new();
     let mut sets: Vec<Vec<TargetGroup>> = vec![Vec::new(); discoverers.len()];
-    for (i, d) in discoverers.into_iter().enumerate() {
+    for (i, mut d) in discoverers.into_iter().enumerate() {
+        d.grant_from(&shared.memory);
         tasks.spawn(d.run(i, tx.clone(), shutdown.child_token()));
     }
     drop(tx);

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use proflow_pipeline::component::{Admission, ConsumeError, Consumer};
+use proflow_pipeline::inflate::{self, InflateError};
 use proflow_pipeline::memory::MemoryBudget;
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope, Payload, ValueType};
 use proflow_pipeline::pprof::{self, DecodeError};
@@ -203,32 +204,52 @@ async fn scrape_once(
         job.timeout
     };
     let deadline = tokio::time::Instant::now() + timeout;
-    let body: Bytes =
-        tokio::time::timeout_at(deadline, shared.client.get(target.url.clone(), limit))
-            .await
-            .map_err(|_| ScrapeError::Timeout(timeout))?
-            .map_err(ScrapeError::Fetch)?;
+    // Every byte of the answer is granted as it arrives, and all that is
+    // made from it before it is made.
+    let mut grant = shared.memory.grant();
+    let body: Bytes = tokio::time::timeout_at(
+        deadline,
+        shared
+            .client
+            .get_granted(target.url.clone(), limit, &mut grant),
+    )
+    .await
+    .map_err(|_| ScrapeError::Timeout(timeout))?
+    .map_err(|e| match e {
+        FetchError::Memory(m) => ScrapeError::Memory(m),
+        e => ScrapeError::Fetch(e),
+    })?;
     if body.is_empty() {
         return Err(ScrapeError::Invalid("the body is empty".to_owned()));
     }
-    let mut grant = shared.memory.grant();
-    let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-    grant
-        .grow(body.len(), wait)
-        .await
-        .map_err(|e| ScrapeError::Memory(e.to_string()))?;
     let refused = |e: DecodeError| match e {
         DecodeError::TooLarge { .. } => ScrapeError::TooLarge(limit),
         other => ScrapeError::Invalid(other.to_string()),
     };
-    // A cumulative profile is decoded below: inflate it once, here (up to
-    // `limit`, as the scan would), and scan and decode the plain bytes.
-    let data = if delta.is_some() {
-        pprof::decompress(&body, limit).map_err(refused)?
-    } else {
-        body.clone()
+    let inflate_refused = |e: InflateError| match e {
+        InflateError::TooLarge { .. } => ScrapeError::TooLarge(limit),
+        InflateError::OverBudget(e) => ScrapeError::Memory(e.to_string()),
+        InflateError::Corrupt(detail) => refused(DecodeError::Gzip(detail)),
     };
-    let mut meta = pprof::scan_metadata(&data, limit).map_err(refused)?;
+    // A cumulative profile is decoded below: inflate it once, here (up to
+    // `limit`, as the scan would), under the grant, and scan and decode the
+    // plain bytes. Others are scanned from a plain copy let go at once.
+    let (data, mut meta) = if delta.is_some() {
+        let data = if pprof::is_gzip(&body) {
+            Bytes::from(inflate::inflate(&body, limit, &mut grant).map_err(inflate_refused)?)
+        } else {
+            body.clone()
+        };
+        let meta = pprof::scan_metadata(&data, limit).map_err(refused)?;
+        (data, meta)
+    } else {
+        let meta = inflate::read_plain(&body, limit, &mut grant, |plain| {
+            pprof::scan_metadata(plain, limit)
+        })
+        .map_err(inflate_refused)?
+        .map_err(refused)?;
+        (body.clone(), meta)
+    };
     if meta.sample_types.is_empty() {
         return Err(ScrapeError::Invalid(
             "the profile has no sample types".to_owned(),
@@ -263,10 +284,9 @@ async fn scrape_once(
         )));
     };
     let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-    // The plain bytes (when they were gzipped) and what decoding makes.
-    let inflated = if pprof::is_gzip(&body) { data.len() } else { 0 };
+    // What decoding makes (the plain bytes are granted already).
     grant
-        .grow(inflated.saturating_add(meta.decoded_size), wait)
+        .grow(meta.decoded_size, wait)
         .await
         .map_err(|e| ScrapeError::Memory(e.to_string()))?;
     drop(body);

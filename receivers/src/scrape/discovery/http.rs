@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use http::Uri;
+use proflow_pipeline::memory::MemoryBudget;
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +41,8 @@ pub struct HttpDiscoverer {
     configured: String,
     refresh: Duration,
     client: HttpClient,
+    /// Where an answer's memory is granted from, once given.
+    memory: Option<MemoryBudget>,
 }
 
 impl HttpDiscoverer {
@@ -81,15 +84,24 @@ impl HttpDiscoverer {
             // Validation refuses 0; tokio's interval panics on it, so never pass it.
             refresh: config.refresh_interval.get().max(Duration::from_millis(1)),
             client,
+            memory: None,
         })
     }
 
     /// One fetch: the groups with `__meta_url`, and the skipped entries; or
     /// why there are none.
     async fn fetch(&self) -> Result<(Vec<TargetGroup>, Vec<String>), String> {
+        // The answer is granted as it arrives, and its parse before it is
+        // made (the parse builds less than a JSON tree of it would take).
+        let memory = self
+            .memory
+            .clone()
+            .unwrap_or_else(|| MemoryBudget::new(usize::MAX));
+        let mut grant = memory.grant();
         let body = match tokio::time::timeout(
             FETCH_TIMEOUT,
-            self.client.get(self.url.clone(), MAX_SD_BYTES),
+            self.client
+                .get_granted(self.url.clone(), MAX_SD_BYTES, &mut grant),
         )
         .await
         {
@@ -110,6 +122,10 @@ impl HttpDiscoverer {
             Ok(Err(e)) => return Err(format!("GET failed: {e}")),
             Ok(Ok(body)) => body,
         };
+        let parse = proflow_pipeline::json_shape::JsonShape::scan(&body).tree_bytes();
+        grant
+            .try_grow(parse)
+            .map_err(|e| format!("no memory to read the answer now: {e}"))?;
         let parsed = parse_groups(&body, Format::Json).map_err(|e| format!("the answer {e}"))?;
         let groups = parsed
             .groups
@@ -128,6 +144,10 @@ impl HttpDiscoverer {
 impl Discoverer for HttpDiscoverer {
     fn describe(&self) -> String {
         format!("http_sd {}", self.configured)
+    }
+
+    fn grant_from(&mut self, memory: &MemoryBudget) {
+        self.memory = Some(memory.clone());
     }
 
     async fn run(

@@ -66,6 +66,11 @@ pub trait Discoverer: Send {
     /// targets/*.json`, `http_sd http://…`).
     fn describe(&self) -> String;
 
+    /// The in-flight memory budget the answers of remote sources are
+    /// granted from (given before [`Discoverer::run`]); local sources
+    /// (static targets, files the operator wrote) ignore it.
+    fn grant_from(&mut self, _memory: &proflow_pipeline::memory::MemoryBudget) {}
+
     /// Sends an [`Update`] with `provider` as soon as the first set is known
     /// and again whenever it changes, until `shutdown` (or until `updates`
     /// is closed). A provider that fails (a file that does not parse, an

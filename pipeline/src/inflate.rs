@@ -1,0 +1,162 @@
+//! Gzip inflation under a memory grant: the output buffer grows only by
+//! what the in-flight budget grants first, and never past a limit, so a
+//! decompression bomb costs at most the limit and only memory somebody
+//! counted. Every receiver that inflates what a sender sent uses this one.
+//!
+//! What may depend on this: receivers.
+
+use std::io::Read;
+
+use crate::memory::{MemoryGrant, OverBudget};
+
+/// How much is inflated at a time.
+const STEP: usize = 32 << 10;
+
+thread_local! {
+    /// Each thread's step buffer, made once (a fresh one was 32 KiB zeroed
+    /// for every profile).
+    static STEP_BUF: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0u8; STEP].into_boxed_slice());
+}
+
+/// Why inflating failed; nothing stays granted for the output then.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InflateError {
+    /// Not a gzip stream, or a damaged one.
+    #[error("corrupt gzip data ({0})")]
+    Corrupt(String),
+    /// The output would pass `limit` bytes.
+    #[error("inflates to more than {limit} bytes")]
+    TooLarge { limit: usize },
+    /// The in-flight budget had no room for the next step.
+    #[error(transparent)]
+    OverBudget(#[from] OverBudget),
+}
+
+/// Inflates (every member of) gzip `compressed` to at most `limit` bytes,
+/// growing `grant` before every allocation of the output (by doubling, at
+/// least 4 times the input at first, never past `limit`). On success the
+/// grant holds the output's capacity; on failure it holds nothing more than
+/// before.
+pub fn inflate(
+    compressed: &[u8],
+    limit: usize,
+    grant: &mut MemoryGrant,
+) -> Result<Vec<u8>, InflateError> {
+    STEP_BUF.with(|step| match step.try_borrow_mut() {
+        Ok(mut step) => inflate_through(compressed, limit, grant, &mut step[..]),
+        // Re-entered on this thread (never done): a buffer of its own.
+        Err(_) => inflate_through(compressed, limit, grant, &mut vec![0u8; STEP]),
+    })
+}
+
+/// Runs `read` on the plain bytes of `bytes`: `bytes` themselves, or, when
+/// they are gzip, their inflation under `grant` (at most `limit` bytes),
+/// given back once `read` returned. For a check that needs the plain bytes
+/// only for a moment (a scan).
+pub fn read_plain<T>(
+    bytes: &[u8],
+    limit: usize,
+    grant: &mut MemoryGrant,
+    read: impl FnOnce(&[u8]) -> T,
+) -> Result<T, InflateError> {
+    if !crate::pprof::is_gzip(bytes) {
+        return Ok(read(bytes));
+    }
+    let plain = inflate(bytes, limit, grant)?;
+    let out = read(&plain);
+    grant.shrink(plain.capacity());
+    Ok(out)
+}
+
+fn inflate_through(
+    compressed: &[u8],
+    limit: usize,
+    grant: &mut MemoryGrant,
+    step: &mut [u8],
+) -> Result<Vec<u8>, InflateError> {
+    let mut out: Vec<u8> = Vec::new();
+    let mut decoder = flate2::bufread::MultiGzDecoder::new(compressed);
+    let give_back = |grant: &mut MemoryGrant, out: &Vec<u8>| grant.shrink(out.capacity());
+    loop {
+        let n = match decoder.read(step) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                give_back(grant, &out);
+                return Err(InflateError::Corrupt(e.to_string()));
+            }
+        };
+        let len = out.len() + n;
+        if len > limit {
+            give_back(grant, &out);
+            return Err(InflateError::TooLarge { limit });
+        }
+        if len > out.capacity() {
+            let want = (out.capacity() * 2)
+                .max(compressed.len().saturating_mul(4))
+                .max(len)
+                .min(limit);
+            if let Err(e) = grant.try_grow(want - out.capacity()) {
+                give_back(grant, &out);
+                return Err(e.into());
+            }
+            out.reserve_exact(want - out.len());
+        }
+        out.extend_from_slice(&step[..n]);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryBudget;
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        crate::pprof::gzip(data).to_vec()
+    }
+
+    #[test]
+    fn inflates_within_the_grant_and_the_limit() {
+        let budget = MemoryBudget::new(8 << 20);
+        let mut grant = budget.grant();
+        let data = vec![5u8; 300_000];
+        let out = inflate(&gzip(&data), 1 << 20, &mut grant).unwrap();
+        assert_eq!(out, data);
+        assert!(
+            grant.held() >= out.capacity(),
+            "{} < {}",
+            grant.held(),
+            out.capacity()
+        );
+        // Two members are one stream.
+        let mut two = gzip(b"ab");
+        two.extend(gzip(b"cd"));
+        assert_eq!(inflate(&two, 10, &mut budget.grant()).unwrap(), b"abcd");
+    }
+
+    #[test]
+    fn failures_hold_nothing() {
+        let budget = MemoryBudget::new(1 << 20);
+        let bomb = gzip(&vec![0u8; 4 << 20]);
+        let mut grant = budget.grant();
+        assert!(matches!(
+            inflate(&bomb, 2 << 20, &mut grant),
+            Err(InflateError::OverBudget(OverBudget { limit, .. })) if limit == 1 << 20
+        ));
+        assert_eq!(budget.in_flight(), 0);
+        let big = MemoryBudget::new(64 << 20);
+        let mut grant = big.grant();
+        assert_eq!(
+            inflate(&bomb, 1 << 20, &mut grant),
+            Err(InflateError::TooLarge { limit: 1 << 20 })
+        );
+        assert!(matches!(
+            inflate(&[0x1f, 0x8b, 8, 0, 1, 2], 100, &mut grant),
+            Err(InflateError::Corrupt(_))
+        ));
+        assert_eq!(big.in_flight(), 0);
+    }
+}
