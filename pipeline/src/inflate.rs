@@ -33,11 +33,26 @@ pub enum InflateError {
     OverBudget(#[from] OverBudget),
 }
 
+/// The plain size gzip's trailer states (of the last member, modulo 4 GiB).
+fn stated_size(compressed: &[u8]) -> Option<usize> {
+    // The smallest gzip member is 18 bytes (10 of header, 8 of trailer).
+    let trailer = compressed
+        .len()
+        .checked_sub(4)
+        .filter(|_| compressed.len() >= 18)?;
+    let bytes: [u8; 4] = compressed[trailer..].try_into().ok()?;
+    usize::try_from(u32::from_le_bytes(bytes)).ok()
+}
+
 /// Inflates (every member of) gzip `compressed` to at most `limit` bytes,
-/// growing `grant` before every allocation of the output (by doubling, at
-/// least 4 times the input at first, never past `limit`). On success the
-/// grant holds the output's capacity; on failure it holds nothing more than
-/// before.
+/// growing `grant` before every allocation of the output. The trailer's
+/// stated size sizes the output at once (one allocation for an honest
+/// single-member stream); a stream that states more than `limit` is too
+/// large (the whole stream is at least its last member) or has a damaged
+/// trailer, and is refused without keeping anything it inflates. Past the
+/// stated size, the output doubles, never past `limit`. On
+/// success the grant holds the output's capacity; on failure it holds
+/// nothing more than before.
 pub fn inflate(
     compressed: &[u8],
     limit: usize,
@@ -48,6 +63,31 @@ pub fn inflate(
         // Re-entered on this thread (never done): a buffer of its own.
         Err(_) => inflate_through(compressed, limit, grant, &mut vec![0u8; STEP]),
     })
+}
+
+/// Why a stream whose trailer states more than `limit` fails: it is too
+/// large, or (a damaged trailer) corrupt. Told apart by inflating it into
+/// nothing, at most `limit + 1` bytes: no memory, bounded work.
+fn oversized(compressed: &[u8], limit: usize, step: &mut [u8]) -> InflateError {
+    let mut decoder = flate2::bufread::MultiGzDecoder::new(compressed);
+    let mut total = 0usize;
+    loop {
+        match decoder.read(step) {
+            Ok(0) => {
+                return InflateError::Corrupt(
+                    "the trailer states more than the stream holds".into(),
+                );
+            }
+            Ok(n) => {
+                total += n;
+                if total > limit {
+                    return InflateError::TooLarge { limit };
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return InflateError::Corrupt(e.to_string()),
+        }
+    }
 }
 
 /// Runs `read` on the plain bytes of `bytes`: `bytes` themselves, or, when
@@ -75,7 +115,15 @@ fn inflate_through(
     grant: &mut MemoryGrant,
     step: &mut [u8],
 ) -> Result<Vec<u8>, InflateError> {
+    let stated = stated_size(compressed);
+    if stated.is_some_and(|s| s > limit) {
+        return Err(oversized(compressed, limit, step));
+    }
     let mut out: Vec<u8> = Vec::new();
+    if let Some(stated) = stated.filter(|s| *s > 0) {
+        grant.try_grow(stated)?;
+        out.reserve_exact(stated);
+    }
     let mut decoder = flate2::bufread::MultiGzDecoder::new(compressed);
     let give_back = |grant: &mut MemoryGrant, out: &Vec<u8>| grant.shrink(out.capacity());
     loop {
@@ -94,15 +142,19 @@ fn inflate_through(
             return Err(InflateError::TooLarge { limit });
         }
         if len > out.capacity() {
-            let want = (out.capacity() * 2)
+            let old = out.capacity();
+            let want = (old * 2)
                 .max(compressed.len().saturating_mul(4))
                 .max(len)
                 .min(limit);
-            if let Err(e) = grant.try_grow(want - out.capacity()) {
+            // The old and the new buffer are both held while one is copied
+            // into the other: both granted for that moment.
+            if let Err(e) = grant.try_grow(want) {
                 give_back(grant, &out);
                 return Err(e.into());
             }
             out.reserve_exact(want - out.len());
+            grant.shrink(old);
         }
         out.extend_from_slice(&step[..n]);
     }
@@ -138,12 +190,49 @@ mod tests {
     }
 
     #[test]
+    fn the_stated_size_sizes_the_output_and_refuses_a_bomb_at_once() {
+        let budget = MemoryBudget::new(64 << 20);
+        let mut grant = budget.grant();
+        let data = vec![3u8; 1_000_003];
+        let out = inflate(&gzip(&data), 2 << 20, &mut grant).unwrap();
+        assert_eq!(
+            out.capacity(),
+            data.len(),
+            "one allocation, of the stated size"
+        );
+        assert_eq!(grant.held(), data.len());
+        drop((out, grant));
+        // A bomb states its size: refused before a byte is inflated.
+        let bomb = gzip(&vec![0u8; 4 << 20]);
+        let mut grant = budget.grant();
+        assert_eq!(
+            inflate(&bomb, 2 << 20, &mut grant),
+            Err(InflateError::TooLarge { limit: 2 << 20 })
+        );
+        assert_eq!(grant.held(), 0);
+        // A trailer that understates (here: a second member) still works.
+        let mut two = gzip(&vec![1u8; 100_000]);
+        two.extend(gzip(b"x"));
+        assert_eq!(inflate(&two, 1 << 20, &mut grant).unwrap().len(), 100_001);
+        // One that lies is corrupt (the check at the end of the member).
+        let mut lying = gzip(&data);
+        let n = lying.len();
+        lying[n - 4..].copy_from_slice(&10u32.to_le_bytes());
+        assert!(matches!(
+            inflate(&lying, 2 << 20, &mut budget.grant()),
+            Err(InflateError::Corrupt(_))
+        ));
+        drop(grant);
+        assert_eq!(budget.in_flight(), 0);
+    }
+
+    #[test]
     fn failures_hold_nothing() {
         let budget = MemoryBudget::new(1 << 20);
         let bomb = gzip(&vec![0u8; 4 << 20]);
         let mut grant = budget.grant();
         assert!(matches!(
-            inflate(&bomb, 2 << 20, &mut grant),
+            inflate(&bomb, 8 << 20, &mut grant),
             Err(InflateError::OverBudget(OverBudget { limit, .. })) if limit == 1 << 20
         ));
         assert_eq!(budget.in_flight(), 0);
@@ -151,6 +240,14 @@ mod tests {
         let mut grant = big.grant();
         assert_eq!(
             inflate(&bomb, 1 << 20, &mut grant),
+            Err(InflateError::TooLarge { limit: 1 << 20 })
+        );
+        // A trailer that understates a bomb: refused once past the limit.
+        let mut hidden = bomb.clone();
+        let n = hidden.len();
+        hidden[n - 4..].copy_from_slice(&16u32.to_le_bytes());
+        assert_eq!(
+            inflate(&hidden, 1 << 20, &mut grant),
             Err(InflateError::TooLarge { limit: 1 << 20 })
         );
         assert!(matches!(

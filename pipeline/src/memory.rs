@@ -6,7 +6,10 @@
 //! A receiver takes a [`MemoryGrant`] before it reads a body and grows it
 //! before every allocation the request makes; a grant that cannot grow within
 //! a short wait is refused, and the receiver answers 429 (or
-//! `RESOURCE_EXHAUSTED`). Dropping the grant gives the bytes back.
+//! `RESOURCE_EXHAUSTED`). Dropping the grant gives the bytes back. A grant
+//! waiting for memory holds no place in line (it looks again whenever
+//! memory is given back), so a small request is never held up behind a
+//! large one waiting to grow.
 //!
 //! Large requests may not take the whole budget: grants above
 //! [`SMALL_REQUEST`] draw only from the first three quarters, so a crowd of
@@ -48,6 +51,8 @@ struct Inner {
     limit: usize,
     large_limit: usize,
     in_flight: Gauge,
+    /// Signalled whenever memory is given back (for [`MemoryBudget::room_for`]).
+    freed: tokio::sync::Notify,
 }
 
 impl Inner {
@@ -82,6 +87,7 @@ impl MemoryBudget {
                 limit,
                 large_limit,
                 in_flight,
+                freed: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -120,12 +126,36 @@ impl MemoryBudget {
         Ok(grant)
     }
 
-    /// Waits up to `wait` until `bytes` could be granted, and holds nothing
-    /// afterwards: for a request that says how much it will send, so it is
-    /// refused before sending when the budget cannot take it, while its
-    /// memory is still granted only as its bytes arrive.
+    /// Whether a grant of `bytes` could be had now (a large one from the
+    /// large share too).
+    pub fn has_room(&self, bytes: usize) -> bool {
+        let inner = &self.inner;
+        bytes <= inner.all.available_permits()
+            && (bytes <= SMALL_REQUEST || bytes <= inner.large.available_permits())
+    }
+
+    /// Waits up to `wait` until `bytes` could be granted, taking nothing and
+    /// holding no place in line: for a request that says how much it will
+    /// send, so it is refused before sending when the budget cannot take
+    /// it, while its memory is still granted only as its bytes arrive (a
+    /// crowd of such checks never delays the grants of others).
     pub async fn room_for(&self, bytes: usize, wait: Duration) -> Result<(), OverBudget> {
-        self.acquire(bytes, wait).await.map(drop)
+        let over = || self.inner.over(bytes);
+        if bytes > self.max_grant() {
+            return Err(over());
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let freed = self.inner.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.has_room(bytes) {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Err(over());
+            }
+        }
     }
 }
 
@@ -207,30 +237,27 @@ impl MemoryGrant {
         Ok(())
     }
 
-    /// Grows by `bytes`, waiting up to `wait` for them.
+    /// Grows by `bytes`, waiting up to `wait` for them. A waiting grant
+    /// holds no place in line: a small one that fits is granted while a
+    /// large one waits, so no request waits behind another's growth.
     pub async fn grow(&mut self, bytes: usize, wait: Duration) -> Result<(), OverBudget> {
         if bytes == 0 {
             return Ok(());
         }
-        let (all, large) = self.need(bytes)?;
+        // Could never be had, however long it waited: at once.
+        self.need(bytes)?;
         let inner = self.budget.inner.clone();
-        let acquired = tokio::time::timeout(wait, async {
-            let large_permit = match large {
-                0 => None,
-                n => Some(inner.large.acquire_many(n).await.ok()?),
-            };
-            let all_permit = inner.all.acquire_many(all).await.ok()?;
-            Some((all_permit, large_permit))
-        })
-        .await;
-        match acquired {
-            Ok(Some((all_permit, large_permit))) => {
-                self.take(bytes, all_permit, large_permit);
-                Ok(())
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let freed = inner.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.try_grow(bytes).is_ok() {
+                return Ok(());
             }
-            // Timed out (permits taken so far go back as they drop), or a
-            // semaphore was closed (never done).
-            _ => Err(inner.over(bytes)),
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Err(inner.over(bytes));
+            }
         }
     }
 
@@ -247,6 +274,7 @@ impl MemoryGrant {
             inner.large.add_permits(n);
         }
         inner.in_flight.dec_by(n as i64);
+        inner.freed.notify_waiters();
     }
 }
 
@@ -323,6 +351,29 @@ mod tests {
         drop(held);
         let got = waiter.await.unwrap().unwrap();
         assert_eq!(got.held(), 3 << 20);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn room_for_takes_nothing_and_waits_for_memory_given_back() {
+        let budget = MemoryBudget::new(4 << 20);
+        budget.room_for(3 << 20, DEFAULT_WAIT).await.unwrap();
+        assert_eq!(budget.in_flight(), 0, "a check holds nothing");
+        let held = budget.acquire(3 << 20, DEFAULT_WAIT).await.unwrap();
+        assert!(!budget.has_room(3 << 20));
+        let err = budget.room_for(3 << 20, DEFAULT_WAIT).await.unwrap_err();
+        assert_eq!(err.wanted, 3 << 20);
+        let waiter = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.room_for(2 << 20, Duration::from_secs(5)).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiter.is_finished());
+        // Small grants still get in while it waits: it holds no place in line.
+        budget.acquire(512 << 10, DEFAULT_WAIT).await.unwrap();
+        drop(held);
+        waiter.await.unwrap().unwrap();
+        // More than one grant may ever hold: refused at once.
+        assert!(budget.room_for(4 << 20, DEFAULT_WAIT).await.is_err());
     }
 
     #[test]

@@ -22,6 +22,9 @@ use tokio_util::sync::CancellationToken;
 /// How often a listener whose connections are all busy looks for one that
 /// became idle, while a new client waits.
 const EVICT_EVERY: Duration = Duration::from_millis(100);
+/// The least a connection must have been idle to be closed for a new
+/// client: a kept-alive client between two pushes is about to send again.
+const EVICT_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// Every connection of one listener.
 #[derive(Debug)]
@@ -117,9 +120,12 @@ impl Connections {
         if live.values().any(|c| c.evicted.is_cancelled()) {
             return;
         }
+        let now = millis_since(self.epoch);
+        let longest = u64::try_from(EVICT_IDLE_AFTER.as_millis()).unwrap_or(u64::MAX);
         let idle = live
             .values()
             .filter(|c| c.in_flight.load(Ordering::Acquire) == 0 && !c.evicted.is_cancelled())
+            .filter(|c| now.saturating_sub(c.idle_since_ms.load(Ordering::Relaxed)) >= longest)
             .min_by_key(|c| c.idle_since_ms.load(Ordering::Relaxed));
         if let Some(conn) = idle {
             conn.evicted.cancel();
@@ -235,14 +241,15 @@ mod tests {
     async fn a_full_listener_closes_its_longest_idle_connection_for_a_new_one() {
         let conns = Connections::new(2);
         let older = conns.slot().await.unwrap();
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
         let newer = conns.slot().await.unwrap();
         let (older_conn, newer_conn) = (older.conn(), newer.conn());
         let third = tokio::spawn({
             let conns = conns.clone();
             async move { conns.slot().await.unwrap() }
         });
-        // The older one is told to go at once (no timeout passed), the newer stays.
+        // The older one is told to go at once (no timeout passed), the newer
+        // stays (it could not be evicted anyway: idle less than a second).
         tokio::time::timeout(Duration::from_millis(1), older_conn.unused(FIRST, IDLE))
             .await
             .expect("the longest-idle connection is evicted");
