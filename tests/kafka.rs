@@ -421,3 +421,72 @@ fn a_broker_stopped_for_30s_mid_stream_loses_nothing() {
         started.elapsed()
     );
 }
+
+/// The consumer's only exporter stalls with the default `drop_newest`
+/// queue (a file stands where it must create the service's directory, a
+/// retryable failure) while more records arrive than its queue holds: by
+/// default the full queue holds the consumer back instead of dropping the
+/// copies (and committing past them), so once the exporter recovers every
+/// record is written and nothing was dropped.
+#[test]
+fn a_stalled_exporter_holds_the_consumer_back_instead_of_dropping() {
+    let Some(kafka) = peer_env::peer("kafka") else {
+        return;
+    };
+    let broker = kafka.endpoint();
+    let topic = peer_env::unique("proflow-stall-");
+    let first = producer(broker, &topic, "pprof");
+    const N: usize = 40;
+    const SERVICE: &str = "kafka-stall";
+    for i in 0..N {
+        push(&first, SERVICE, i);
+    }
+    let second = Proflow::start(|ports, profiles| {
+        std::fs::create_dir_all(profiles).unwrap();
+        std::fs::write(profiles.join(SERVICE), b"in the way").unwrap();
+        format!(
+            "receivers:\n  kafka:\n    brokers: [\"{broker}\"]\n    topics: [{topic}]\n    group_id: {}\n    initial_offset: earliest\n    commit_interval: 500ms\n\
+             exporters:\n  file:\n    directory: {}\n    sending_queue: {{queue_size: 5, num_consumers: 1, wait_when_full: 200ms}}\n    retry_on_failure: {{initial_interval: 100ms, max_interval: 100ms, max_elapsed_time: 0s}}\n\
+             service:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles: {{receivers: [kafka], exporters: [file]}}\n",
+            peer_env::unique("g-"),
+            profiles.display(),
+            ports.telemetry
+        )
+    });
+    // The queue fills and the consumer is held back, far past wait_when_full.
+    let deadline = Instant::now() + ARRIVAL_TIMEOUT;
+    loop {
+        let metrics = second.metrics();
+        let queued = common::metric_sum(&metrics, "proflow_exporter_queue_profiles", &[]);
+        if queued >= 5.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stalled exporter's queue never filled\n{metrics}\nlog:\n{}",
+            second.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let metrics = second.metrics();
+    assert_eq!(
+        common::metric_sum(&metrics, "proflow_exporter_dropped_profiles_total", &[]),
+        0.0,
+        "nothing dropped while the exporter is stalled\n{metrics}"
+    );
+    std::fs::remove_file(second.profiles.join(SERVICE)).unwrap();
+    let got = wait_distinct(&second, N, ARRIVAL_TIMEOUT);
+    let distinct: BTreeSet<&str> = got.iter().filter_map(|e| e.label("seq")).collect();
+    assert_eq!(
+        distinct.len(),
+        N,
+        "every record written once the exporter recovered"
+    );
+    let metrics = second.metrics();
+    assert_eq!(
+        common::metric_sum(&metrics, "proflow_exporter_dropped_profiles_total", &[]),
+        0.0,
+        "{metrics}"
+    );
+}

@@ -848,3 +848,88 @@ fn the_collector_delivers_over_tls_with_a_token_and_is_refused_without_one() {
     assert_eq!(common::read_index(&proflow.profiles).len(), before);
     drop(running);
 }
+
+/// proflow's only exporter stalls with a full queue (the default
+/// `drop_newest`): what no exporter can take is refused with
+/// `RESOURCE_EXHAUSTED` and `RetryInfo`, not answered OK and dropped, so
+/// the real Collector's `otlp_grpc` exporter keeps it and sends it again;
+/// once the exporter recovers, every request the Collector took arrives.
+#[test]
+fn the_collector_sends_again_what_a_stalled_proflow_refused() {
+    let Some(peer) = peer_env::peer("otelcol") else {
+        return;
+    };
+    let bin = otelcol_bin(&peer);
+    let service = peer_env::unique("proflow-stalled-");
+    let http_port = free_port();
+    let proflow = Proflow::start(|ports, profiles| {
+        std::fs::create_dir_all(profiles).unwrap();
+        // Where the exporter must create the service's directory, a file is in the way.
+        std::fs::write(profiles.join(&service), b"in the way").unwrap();
+        format!(
+            "receivers:\n  otlp:\n    protocols:\n      grpc: {{endpoint: {}}}\n      http: {{endpoint: 127.0.0.1:{http_port}}}\nexporters:\n  file:\n    directory: {}\n    format: otlp_json\n    sending_queue: {{queue_size: 1, num_consumers: 1, wait_when_full: 100ms}}\n    retry_on_failure: {{initial_interval: 100ms, max_interval: 100ms, max_elapsed_time: 0s}}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [otlp]\n      exporters: [file]\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry
+        )
+    });
+    let otelcol = Otelcol::start(
+        &bin,
+        "otlp_grpc",
+        &format!(
+            "    endpoint: {}\n    tls: {{insecure: true}}\n    retry_on_failure: {{initial_interval: 200ms, max_interval: 1s, max_elapsed_time: 120s}}\n",
+            proflow.ports.receiver
+        ),
+    );
+    const N: usize = 4;
+    let send = || {
+        let reply = http_client()
+            .post(otelcol.url())
+            .header("content-type", "application/x-protobuf")
+            .body(request(&service).encode_to_vec())
+            .send()
+            .unwrap();
+        assert!(reply.status().is_success(), "{:?}", reply.text());
+    };
+    let wait_metric = |what: &str, metric: &str, labels: &[(&str, &str)]| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while common::metric_sum(&proflow.metrics(), metric, labels) < 1.0 {
+            assert!(
+                Instant::now() < deadline,
+                "{what} never happened\n{}\ncollector:\n{}",
+                proflow.log_text(),
+                otelcol.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // The first fills the stalled exporter's queue; the Collector's sends
+    // after it find no exporter with room and are refused as retryable.
+    send();
+    wait_metric(
+        "the first request queued",
+        "proflow_exporter_queue_profiles",
+        &[("exporter", "file")],
+    );
+    for _ in 1..N {
+        send();
+    }
+    wait_metric(
+        "a refusal of the Collector's send",
+        "proflow_receiver_refused_requests_total",
+        &[("receiver", "otlp"), ("reason", "backpressure")],
+    );
+    std::fs::remove_file(proflow.profiles.join(&service)).unwrap();
+    let entries = proflow.wait_for_files(N, |e| e.label("service_name") == Some(&service));
+    assert_eq!(
+        entries.len(),
+        N,
+        "every request the Collector took arrived once"
+    );
+    let metrics = proflow.metrics();
+    assert_eq!(
+        common::metric_sum(&metrics, "proflow_exporter_dropped_profiles_total", &[]),
+        0.0,
+        "nothing answered OK was dropped\n{metrics}"
+    );
+}

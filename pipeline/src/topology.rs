@@ -470,14 +470,14 @@ impl Fanout {
         admission: Admission,
     ) -> Result<Vec<Option<Reservation>>, ConsumeError> {
         let started = tokio::time::Instant::now();
-        let mut given_up = vec![false; targets.len()];
-        let mut waited = vec![false; targets.len()];
+        // Made only once a queue is full: the usual call allocates neither.
+        let (mut given_up, mut waited) = (Vec::new(), Vec::new());
         loop {
             let mut reserved: Vec<Option<Reservation>> = Vec::with_capacity(targets.len());
             let mut full = None;
             let mut closed = false;
             for (i, t) in targets.iter().enumerate() {
-                if given_up[i] {
+                if given_up.get(i) == Some(&true) {
                     reserved.push(None);
                     continue;
                 }
@@ -506,6 +506,10 @@ impl Fanout {
             }
             if closed {
                 return Err(ConsumeError::ShuttingDown);
+            }
+            if given_up.is_empty() {
+                given_up = vec![false; targets.len()];
+                waited = vec![false; targets.len()];
             }
             let t = &targets[i];
             let policy = t.queue.when_full();
