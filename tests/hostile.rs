@@ -431,3 +431,27 @@ fn hostile_clients_stay_inside_the_budget_and_never_starve_a_small_push() {
     );
     assert_eq!(reply.status, 200, "{}", reply.text());
 }
+
+/// A client that comes long after the listener's last accept (longer than
+/// a first request may take) is served: a connection's clock starts when
+/// it is accepted, not when room was taken for it.
+#[test]
+fn a_client_long_after_the_last_one_is_served() {
+    let proflow = Proflow::start(|ports, _| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\n    read_header_timeout: 1s\nexporters:\n  nop: {{}}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [nop]}}\n",
+            ports.receiver, ports.telemetry
+        )
+    });
+    let url = proflow.receiver_url(&ingest_query("later.app", Some("pprof")));
+    for _ in 0..2 {
+        // A fresh client each time: a new connection.
+        let status = common::http_client()
+            .post(&url)
+            .body(gzip(&cpu_profile()))
+            .send()
+            .map(|r| r.status().as_u16());
+        assert!(matches!(status, Ok(200)), "{status:?}");
+        thread::sleep(Duration::from_millis(2500));
+    }
+}

@@ -291,14 +291,10 @@ impl Proflow {
     /// The Prometheus text of `/metrics`.
     pub fn metrics(&self) -> String {
         let url = format!("http://{}/metrics", self.ports.telemetry);
-        // A kept-alive connection idle past read_header_timeout is closed by
-        // the server; a GET sent on it just then is sent again, as browsers
-        // and Go's client do for idempotent requests.
         let resp = self
             .http
             .get(&url)
             .send()
-            .or_else(|_| self.http.get(&url).send())
             .unwrap_or_else(|e| panic!("GET {url} failed: {e:?}"));
         assert_eq!(resp.status().as_u16(), 200, "GET {url}");
         resp.text().expect("read /metrics")

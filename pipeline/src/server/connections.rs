@@ -75,21 +75,26 @@ impl Connections {
         })
     }
 
-    /// A slot for the next connection: a free one, else one freed by
+    /// Room for the next connection: a free slot, else one freed by
     /// closing the connection idle the longest, else the first given back.
-    pub async fn slot(self: &Arc<Self>) -> Result<Slot, AcquireError> {
-        let permit = loop {
+    /// Its clock starts only when the connection comes ([`Connections::open`]).
+    pub async fn room(&self) -> Result<OwnedSemaphorePermit, AcquireError> {
+        loop {
             if let Ok(permit) = self.slots.clone().try_acquire_owned() {
-                break permit;
+                return Ok(permit);
             }
             // Every slot is taken: one idle connection makes room; while all
             // are busy, look again as they finish their requests.
             self.evict_longest_idle();
             tokio::select! {
-                permit = self.slots.clone().acquire_owned() => break permit?,
+                permit = self.slots.clone().acquire_owned() => return permit,
                 _ = tokio::time::sleep(EVICT_EVERY) => {}
             }
-        };
+        }
+    }
+
+    /// The slot of a connection just accepted, in the room taken for it.
+    pub fn open(self: &Arc<Self>, room: OwnedSemaphorePermit) -> Slot {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::new(Conn {
             in_flight: AtomicUsize::new(0),
@@ -99,17 +104,24 @@ impl Connections {
             epoch: self.epoch,
         });
         self.lock().insert(id, conn.clone());
-        Ok(Slot {
+        Slot {
             connections: self.clone(),
             id,
             conn,
-            _permit: permit,
-        })
+            _permit: room,
+        }
+    }
+
+    /// Room and a slot at once (tests).
+    #[cfg(test)]
+    async fn slot(self: &Arc<Self>) -> Result<Slot, AcquireError> {
+        let room = self.room().await?;
+        Ok(self.open(room))
     }
 
     /// Connections holding a slot now.
     #[cfg(test)]
-    pub fn open(&self) -> usize {
+    fn live(&self) -> usize {
         self.lock().len()
     }
 
@@ -215,7 +227,20 @@ mod tests {
         conn.unused(FIRST, IDLE).await;
         assert_eq!(start.elapsed(), FIRST);
         drop(slot);
-        assert_eq!(conns.open(), 0);
+        assert_eq!(conns.live(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_request_is_timed_from_the_accept_not_from_the_wait_for_it() {
+        let conns = Connections::new(4);
+        // Room is taken for the next connection long before it comes.
+        let room = conns.room().await.unwrap();
+        tokio::time::sleep(FIRST * 3).await;
+        let slot = conns.open(room);
+        let conn = slot.conn();
+        let start = Instant::now();
+        conn.unused(FIRST, IDLE).await;
+        assert_eq!(start.elapsed(), FIRST);
     }
 
     #[tokio::test(start_paused = true)]
@@ -257,7 +282,7 @@ mod tests {
         assert!(!third.is_finished(), "its slot comes when it closes");
         drop(older);
         let third = third.await.unwrap();
-        assert_eq!(conns.open(), 2);
+        assert_eq!(conns.live(), 2);
         // Busy connections are never evicted: the next one waits.
         let _busy = (newer_conn.begin(), third.conn().begin());
         let fourth = tokio::spawn({

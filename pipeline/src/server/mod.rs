@@ -167,11 +167,11 @@ pub async fn accept_loop<S, F, B>(
     let drain = CancellationToken::new();
     let mut last_accept = std::time::Instant::now();
     loop {
-        let slot = tokio::select! {
-            slot = connections.slot() => slot,
+        let room = tokio::select! {
+            room = connections.room() => room,
             _ = shutdown.cancelled() => break,
         };
-        let Ok(slot) = slot else { break };
+        let Ok(room) = room else { break };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = shutdown.cancelled() => break,
@@ -188,6 +188,8 @@ pub async fn accept_loop<S, F, B>(
         };
         let _ = stream.set_nodelay(true);
         last_accept = std::time::Instant::now();
+        // The connection's clock starts now, not when room was taken for it.
+        let slot = connections.open(room);
         let conn = slot.conn();
         let per_request = {
             let (service, conn) = (service.clone(), conn.clone());
