@@ -16,7 +16,7 @@ use proflow_pipeline::model::UNKNOWN_SERVICE;
 
 /// The profiles of one record.
 #[derive(Debug, Default)]
-pub(crate) struct Decoded {
+pub struct Decoded {
     pub envelopes: Vec<Envelope>,
     /// Profiles of an OTLP request refused alone.
     pub rejected: u64,
@@ -129,6 +129,39 @@ fn pprof_record(value: Bytes, headers: &RecordHeaders, limit: usize) -> Result<D
         }],
         ..Decoded::default()
     })
+}
+
+/// Entry points for the fuzz targets in `fuzz/` (feature `kafka-record`):
+/// one record's headers and value, read as the receiver reads them. Not a
+/// stable API.
+#[cfg(feature = "kafka-record")]
+pub mod fuzzing {
+    use bytes::Bytes;
+    use proflow_pipeline::kafka::{Encoding, RecordHeaders};
+    use proflow_pipeline::otlp::AttributeLabels;
+
+    pub use super::Decoded;
+
+    /// Most bytes a value may inflate to (or OTLP JSON take) here.
+    pub const MAX_DECOMPRESSED: usize = 1 << 20;
+
+    /// The headers (Kafka's: a name and maybe a value each) and value of one
+    /// record, read with the receiver's `encoding` (`None`: the header's, else
+    /// a sniff). `Err` is why the record is refused.
+    pub fn decode<'a>(
+        headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
+        value: &[u8],
+        encoding: Option<Encoding>,
+    ) -> Result<(RecordHeaders, Decoded), String> {
+        let headers = RecordHeaders::from_pairs(headers)?;
+        let reading = super::Reading {
+            encoding,
+            max_decompressed: MAX_DECOMPRESSED,
+            mapping: AttributeLabels::default(),
+        };
+        let decoded = super::decode(Bytes::copy_from_slice(value), headers.clone(), &reading)?;
+        Ok((headers, decoded))
+    }
 }
 
 #[cfg(test)]

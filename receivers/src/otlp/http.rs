@@ -393,7 +393,11 @@ fn content_encoding_is_gzip(headers: &HeaderMap) -> Result<bool, OtlpError> {
 
 /// Inflates a gzip body to at most `limit` bytes, growing `grant` before
 /// every allocation of the output buffer.
-fn inflate(compressed: &[u8], limit: usize, grant: &mut MemoryGrant) -> Result<Vec<u8>, OtlpError> {
+pub(super) fn inflate(
+    compressed: &[u8],
+    limit: usize,
+    grant: &mut MemoryGrant,
+) -> Result<Vec<u8>, OtlpError> {
     let mut out: Vec<u8> = Vec::new();
     let mut decoder = flate2::bufread::MultiGzDecoder::new(compressed);
     let mut step = vec![0u8; INFLATE_STEP];
