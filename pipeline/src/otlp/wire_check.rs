@@ -56,6 +56,82 @@ fn wire_type(what: &str, field: u32) -> ConvertError {
     ConvertError::new(format!("{what}: field {field} has the wrong wire type"))
 }
 
+/// What a known field's wire type must be for decoding to take it.
+#[derive(Clone, Copy)]
+enum Kind {
+    Varint,
+    Fixed64,
+    /// A string, bytes or a message.
+    Bytes,
+    /// A repeated varint field: one varint, or packed ones.
+    Varints,
+    /// A repeated fixed64 field: one, or packed ones.
+    Fixed64s,
+}
+
+/// The wire kinds of each message's fields 1, 2, 3, ... (OTLP profiles 1.10).
+const PROFILE: &[Kind] = &[
+    Kind::Bytes,
+    Kind::Bytes,
+    Kind::Fixed64,
+    Kind::Varint,
+    Kind::Bytes,
+    Kind::Varint,
+    Kind::Bytes,
+    Kind::Varint,
+    Kind::Bytes,
+    Kind::Bytes,
+    Kind::Varints,
+];
+const SAMPLE: &[Kind] = &[
+    Kind::Varint,
+    Kind::Varints,
+    Kind::Varint,
+    Kind::Varints,
+    Kind::Fixed64s,
+];
+const VALUE_TYPE: &[Kind] = &[Kind::Varint, Kind::Varint];
+const MAPPING: &[Kind] = &[
+    Kind::Varint,
+    Kind::Varint,
+    Kind::Varint,
+    Kind::Varint,
+    Kind::Varints,
+];
+const LOCATION: &[Kind] = &[Kind::Varint, Kind::Varint, Kind::Bytes, Kind::Varints];
+const LINE: &[Kind] = &[Kind::Varint, Kind::Varint, Kind::Varint];
+const FUNCTION: &[Kind] = &[Kind::Varint, Kind::Varint, Kind::Varint, Kind::Varint];
+const LINK: &[Kind] = &[Kind::Bytes, Kind::Bytes];
+const ATTRIBUTE: &[Kind] = &[Kind::Varint, Kind::Bytes, Kind::Varint];
+const STACK: &[Kind] = &[Kind::Varints];
+
+/// Refuses a known field (by `schema`) whose wire type decoding would
+/// refuse, as it would: unknown fields are skipped, as decoding skips them.
+fn known(schema: &[Kind], what: &str, field: u32, v: &Value<'_>) -> Result<(), ConvertError> {
+    let Some(kind) = (field as usize).checked_sub(1).and_then(|i| schema.get(i)) else {
+        return Ok(());
+    };
+    let ok = match (kind, v) {
+        (Kind::Varint | Kind::Varints, Value::Varint(_))
+        | (Kind::Fixed64 | Kind::Fixed64s, Value::Fixed64(_))
+        | (Kind::Bytes, Value::Bytes(_)) => true,
+        (Kind::Varints, Value::Bytes(packed)) => {
+            let mut rest = *packed;
+            while !rest.is_empty() {
+                wire::read_varint(&mut rest).map_err(|e| bad(what, e))?;
+            }
+            true
+        }
+        (Kind::Fixed64s, Value::Bytes(packed)) => packed.len() % 8 == 0,
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(wire_type(what, field))
+    }
+}
+
 /// An index as the wire holds it (`int32`, sign-extended to 64 bits when
 /// negative), checked against its table.
 fn index(v: u64, len: usize, what: &str) -> Result<(), ConvertError> {
@@ -170,13 +246,21 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
     let strings = d.strings.len();
     for f in wire::fields(bytes) {
         let (field, v) = f.map_err(|e| bad("dictionary", e))?;
-        // Strings (5) are not messages; links (4) refer to nothing.
+        // Strings (5) are not messages; links (4) refer to nothing, but
+        // their fields must still decode.
         let Value::Bytes(m) = v else { continue };
-        if matches!(field, 4 | 5) {
-            continue;
-        }
+        let (schema, what) = match field {
+            1 => (MAPPING, "mapping"),
+            2 => (LOCATION, "location"),
+            3 => (FUNCTION, "function"),
+            4 => (LINK, "link"),
+            6 => (ATTRIBUTE, "attribute"),
+            7 => (STACK, "stack"),
+            _ => continue,
+        };
         for g in wire::fields(m) {
             let (n, v) = g.map_err(|e| bad("dictionary", e))?;
+            known(schema, what, n, &v)?;
             match (field, n) {
                 // mapping: filename_strindex, attribute_indices
                 (1, 4) => index(varint(v, "mapping", n)?, strings, "string")?,
@@ -191,6 +275,7 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
                 (2, 3) => {
                     for h in wire::fields(message(v, "location line", n)?) {
                         let (k, v) = h.map_err(|e| bad("location line", e))?;
+                        known(LINE, "line", k, &v)?;
                         if k == 1 {
                             index(varint(v, "line", k)?, d.functions, "function")?;
                         }
@@ -222,6 +307,7 @@ fn value_type(bytes: &[u8], d: &DictionaryIndex<'_>) -> Result<(i32, i32), Conve
     let (mut ty, mut unit) = (0, 0);
     for f in wire::fields(bytes) {
         let (n, v) = f.map_err(|e| bad("value type", e))?;
+        known(VALUE_TYPE, "value type", n, &v)?;
         match n {
             1 | 2 => {
                 let i = varint(v, "value type", n)?;
@@ -246,6 +332,7 @@ pub fn check_profile_wire(
     let mut n = 0usize;
     for f in wire::fields(bytes) {
         let (field, v) = f.map_err(|e| bad("profile", e))?;
+        known(PROFILE, "profile", field, &v)?;
         match field {
             1 => facts.sample_type = Some(value_type(message(v, "profile", field)?, d)?),
             2 => {
@@ -279,6 +366,7 @@ fn check_sample(d: &DictionaryIndex<'_>, bytes: &[u8], n: usize) -> Result<(), C
     let (mut values, mut timestamps) = (0usize, 0usize);
     for f in wire::fields(bytes) {
         let (field, v) = f.map_err(|e| bad("sample", e))?;
+        known(SAMPLE, "sample", field, &v)?;
         match field {
             1 => index(varint(v, "sample", field)?, d.stacks, "stack")?,
             2 => varints(
@@ -413,6 +501,30 @@ mod tests {
         let index = check_dictionary_wire(&dbytes).unwrap();
         let e = check_profile_wire(&index, &profile).unwrap_err().0;
         assert!(e.contains("1.10"), "{e}");
+    }
+
+    /// Found by the `otlp_proto` fuzz target: a known field with a wire
+    /// type decoding refuses (`profile_id` as a fixed64, a link's
+    /// `trace_id` as a varint) passed the wire check, so the receiver took a
+    /// profile that no exporter could decode.
+    #[test]
+    fn known_fields_of_the_wrong_wire_type_are_refused() {
+        let (d, ps) = parts();
+        let dbytes = d.encode_to_vec();
+        let index = check_dictionary_wire(&dbytes).unwrap();
+        let mut p = ps[0].encode_to_vec();
+        p.push(0x39); // field 7, fixed64
+        p.extend_from_slice(&[0; 8]);
+        assert!(proto::Profile::decode(p.as_slice()).is_err());
+        let e = check_profile_wire(&index, &p).unwrap_err().0;
+        assert!(e.contains("field 7 has the wrong wire type"), "{e}");
+
+        // A zero link, then one whose trace_id (field 1) is a varint.
+        let mut bad = dbytes.clone();
+        bad.extend_from_slice(&[0x22, 0x00, 0x22, 0x02, 0x08, 0x01]);
+        assert!(proto::ProfilesDictionary::decode(bad.as_slice()).is_err());
+        let e = check_dictionary_wire(&bad).unwrap_err().0;
+        assert!(e.contains("link: field 1 has the wrong wire type"), "{e}");
     }
 
     #[test]
