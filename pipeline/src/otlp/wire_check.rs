@@ -67,6 +67,10 @@ enum Kind {
     Varints,
     /// A repeated fixed64 field: one, or packed ones.
     Fixed64s,
+    /// A repeated message field.
+    Messages,
+    /// An optional `AnyValue` message.
+    AnyValue,
 }
 
 /// The wire kinds of each message's fields 1, 2, 3, ... (OTLP profiles 1.10).
@@ -98,11 +102,11 @@ const MAPPING: &[Kind] = &[
     Kind::Varint,
     Kind::Varints,
 ];
-const LOCATION: &[Kind] = &[Kind::Varint, Kind::Varint, Kind::Bytes, Kind::Varints];
+const LOCATION: &[Kind] = &[Kind::Varint, Kind::Varint, Kind::Messages, Kind::Varints];
 const LINE: &[Kind] = &[Kind::Varint, Kind::Varint, Kind::Varint];
 const FUNCTION: &[Kind] = &[Kind::Varint, Kind::Varint, Kind::Varint, Kind::Varint];
 const LINK: &[Kind] = &[Kind::Bytes, Kind::Bytes];
-const ATTRIBUTE: &[Kind] = &[Kind::Varint, Kind::Bytes, Kind::Varint];
+const ATTRIBUTE: &[Kind] = &[Kind::Varint, Kind::AnyValue, Kind::Varint];
 const STACK: &[Kind] = &[Kind::Varints];
 
 /// Refuses a known field (by `schema`) whose wire type decoding would
@@ -114,7 +118,7 @@ fn known(schema: &[Kind], what: &str, field: u32, v: &Value<'_>) -> Result<(), C
     let ok = match (kind, v) {
         (Kind::Varint | Kind::Varints, Value::Varint(_))
         | (Kind::Fixed64 | Kind::Fixed64s, Value::Fixed64(_))
-        | (Kind::Bytes, Value::Bytes(_)) => true,
+        | (Kind::Bytes | Kind::Messages | Kind::AnyValue, Value::Bytes(_)) => true,
         (Kind::Varints, Value::Bytes(packed)) => {
             let mut rest = *packed;
             while !rest.is_empty() {
@@ -179,21 +183,38 @@ fn message<'a>(value: Value<'a>, what: &str, field: u32) -> Result<&'a [u8], Con
     }
 }
 
-/// True when every field of the message is its zero value (what entry 0 of
-/// each table must be).
-fn is_zero(msg: &[u8]) -> Result<bool, ConvertError> {
+/// True when the message decodes to its zero value (what entry 0 of each
+/// table must be), as decoding sees it: unknown fields are dropped, the last
+/// of a repeated singular field wins, any element of a repeated field makes
+/// it non-empty, and an `AnyValue` is zero when it holds no value.
+fn is_zero(schema: &[Kind], msg: &[u8]) -> Result<bool, ConvertError> {
+    // Per known field: whether its value (the last one, for singular fields) is not zero.
+    let mut set = [false; 8];
+    let mut any_value: Vec<u8> = Vec::new();
     for f in wire::fields(msg) {
-        let (_, v) = f.map_err(|e| bad("dictionary", e))?;
-        let zero = match v {
-            Value::Varint(n) | Value::Fixed64(n) => n == 0,
-            Value::Fixed32(n) => n == 0,
-            Value::Bytes(b) => b.is_empty(),
+        let (n, v) = f.map_err(|e| bad("dictionary", e))?;
+        known(schema, "dictionary", n, &v)?;
+        let Some(&kind) = (n as usize).checked_sub(1).and_then(|i| schema.get(i)) else {
+            continue;
         };
-        if !zero {
+        let slot = &mut set[n as usize - 1];
+        match (kind, v) {
+            (Kind::Varint | Kind::Fixed64, Value::Varint(x) | Value::Fixed64(x)) => *slot = x != 0,
+            (Kind::Bytes, Value::Bytes(b)) => *slot = !b.is_empty(),
+            // Messages merge: their bytes read as one.
+            (Kind::AnyValue, Value::Bytes(b)) => any_value.extend_from_slice(b),
+            (Kind::Varints | Kind::Fixed64s, Value::Bytes(b)) => *slot |= !b.is_empty(),
+            _ => *slot = true,
+        }
+    }
+    if !any_value.is_empty() {
+        let value =
+            AnyValue::decode(any_value.as_slice()).map_err(|e| bad("an attribute value", e))?;
+        if value.value.is_some() {
             return Ok(false);
         }
     }
-    Ok(true)
+    Ok(!set.contains(&true))
 }
 
 /// Checks a dictionary's bytes: the same rules as
@@ -227,7 +248,7 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
                 let a = message(v, "dictionary attribute_table", field)?;
                 // The value may be an empty AnyValue (`{"value": {}}`, as the
                 // collector writes entry 0): zero too.
-                if d.attributes == 0 && !is_zero(a)? {
+                if d.attributes == 0 && !is_zero(ATTRIBUTE, a)? {
                     return Err(zero("attribute_table"));
                 }
                 d.attributes += 1;
@@ -237,7 +258,14 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
             _ => continue,
         };
         let m = message(v, "dictionary", field)?;
-        if *count == 0 && !is_zero(m)? {
+        let schema = match field {
+            1 => MAPPING,
+            2 => LOCATION,
+            3 => FUNCTION,
+            4 => LINK,
+            _ => STACK,
+        };
+        if *count == 0 && !is_zero(schema, m)? {
             return Err(zero(name));
         }
         *count += 1;
@@ -525,6 +553,34 @@ mod tests {
         assert!(proto::ProfilesDictionary::decode(bad.as_slice()).is_err());
         let e = check_dictionary_wire(&bad).unwrap_err().0;
         assert!(e.contains("link: field 1 has the wrong wire type"), "{e}");
+    }
+
+    /// Found by the `otlp_wire` fuzz target: entry 0 was zero on the wire
+    /// only if every field was, unknown ones included, while decoding drops
+    /// unknown fields (and counts an empty element of a repeated field).
+    #[test]
+    fn entry_0_is_zero_as_decoding_sees_it() {
+        let decoded_ok = |bytes: &[u8]| {
+            proto::ProfilesDictionary::decode(bytes)
+                .ok()
+                .is_some_and(|d| check_dictionary(&d).is_ok())
+        };
+        // Strings [""], then stack 0 holding an unknown fixed32 field only.
+        let unknown = [0x2a, 0x00, 0x3a, 0x05, 0x55, 1, 2, 3, 4];
+        assert!(decoded_ok(&unknown));
+        check_dictionary_wire(&unknown).unwrap();
+        // Attribute 0 whose value holds only an unknown field: no value.
+        let attribute = [0x2a, 0x00, 0x32, 0x04, 0x12, 0x02, 0x78, 0x01];
+        assert!(decoded_ok(&attribute));
+        check_dictionary_wire(&attribute).unwrap();
+        // Location 0 with one empty line is not the zero location.
+        let line = [0x2a, 0x00, 0x12, 0x02, 0x1a, 0x00];
+        assert!(!decoded_ok(&line));
+        assert!(check_dictionary_wire(&line).is_err());
+        // Stack 0 with an unpacked index 0 holds one location: not zero.
+        let index_0 = [0x2a, 0x00, 0x3a, 0x02, 0x08, 0x00];
+        assert!(!decoded_ok(&index_0));
+        assert!(check_dictionary_wire(&index_0).is_err());
     }
 
     #[test]
