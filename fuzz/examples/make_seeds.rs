@@ -212,6 +212,12 @@ fn main() {
     put("scrape_delta", "heap", &join_parts(&heap, &heap_later));
     put("scrape_delta", "cpu", &join_parts(&cpu, &cpu));
 
+    // trace_link: a profile whose samples carry otel-profiling-go's
+    // labels (span_id, span_name, trace_id), as pprof (0) and as OTLP (2).
+    let traced = traced_profile();
+    put("trace_link", "pprof", &with(0, &traced));
+    put("trace_link", "otlp_drop", &with(3, &traced));
+
     // Config: the project's own example.
     put(
         "config",
@@ -252,6 +258,41 @@ fn heap_profile(stacks: &[(&[&str], i64)]) -> Vec<u8> {
         });
     }
     pprof::encode(&p).to_vec()
+}
+
+/// Two samples in one span (labels as otel-profiling-go writes them) and
+/// one outside any.
+fn traced_profile() -> Vec<u8> {
+    let mut b = ProfileBuilder::new();
+    b.sample_type("cpu", "nanoseconds")
+        .period("cpu", "nanoseconds", 10_000_000)
+        .time(1_700_000_000_000_000_000, 10_000_000_000);
+    b.sample_root_first(["main", "handle"], vec![20_000_000]);
+    b.sample_root_first(["main", "handle", "db"], vec![10_000_000]);
+    b.sample_root_first(["main", "idle"], vec![5_000_000]);
+    let mut p = b.build();
+    let mut intern = |s: &str| {
+        p.string_table.push(s.to_owned());
+        p.string_table.len() as i64 - 1
+    };
+    let labels = [
+        (intern("span_id"), intern("1112131415161718")),
+        (intern("span_name"), intern("GET /cart")),
+        (
+            intern("trace_id"),
+            intern("0102030405060708090a0b0c0d0e0f10"),
+        ),
+    ];
+    for s in p.sample.iter_mut().take(2) {
+        for &(key, str) in &labels {
+            s.label.push(pprof::Label {
+                key,
+                str,
+                ..Default::default()
+            });
+        }
+    }
+    pprof::gzip(&pprof::encode(&p)).to_vec()
 }
 
 fn trace_request() -> ExportTraceServiceRequest {
