@@ -131,10 +131,10 @@ fn pprof_record(value: Bytes, headers: &RecordHeaders, limit: usize) -> Result<D
     })
 }
 
-/// Entry points for the fuzz targets in `fuzz/` (feature `kafka-record`):
-/// one record's headers and value, read as the receiver reads them. Not a
-/// stable API.
-#[cfg(feature = "kafka-record")]
+/// Entry points for the fuzz targets in `fuzz/` (feature `kafka-record`,
+/// which compiles this file alone as `kafka_record`): one record's headers
+/// and value, read as the receiver reads them. Not a stable API.
+#[cfg(all(feature = "kafka-record", not(feature = "kafka")))]
 pub mod fuzzing {
     use bytes::Bytes;
     use proflow_pipeline::kafka::{Encoding, RecordHeaders};
