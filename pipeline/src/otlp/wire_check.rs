@@ -136,17 +136,14 @@ fn known(schema: &[Kind], what: &str, field: u32, v: &Value<'_>) -> Result<(), C
     }
 }
 
-/// An index as the wire holds it (`int32`, sign-extended to 64 bits when
-/// negative), checked against its table.
+/// An index as the wire holds it (`int32`: decoding keeps the low 32 bits
+/// of the varint, a negative one sign-extended to 64), checked against its
+/// table.
 fn index(v: u64, len: usize, what: &str) -> Result<(), ConvertError> {
-    let i = v as i64;
+    let i = v as i32;
     match usize::try_from(i) {
         Ok(u) if u < len.max(1) => Ok(()),
-        _ => Err(out_of_range(
-            what,
-            i32::try_from(i).unwrap_or(i32::MIN),
-            len.max(1),
-        )),
+        _ => Err(out_of_range(what, i, len.max(1))),
     }
 }
 
@@ -286,65 +283,76 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
             7 => (STACK, "stack"),
             _ => continue,
         };
+        // Singular fields: decoding keeps the last of each (by field
+        // number), and merges the parts of a message field (the value).
+        let mut last: [Option<u64>; 5] = [None; 5];
+        let mut value: Vec<u8> = Vec::new();
         for g in wire::fields(m) {
             let (n, v) = g.map_err(|e| bad("dictionary", e))?;
             known(schema, what, n, &v)?;
             match (field, n) {
-                // mapping: filename_strindex, attribute_indices
-                (1, 4) => index(varint(v, "mapping", n)?, strings, "string")?,
+                // mapping: filename_strindex; location: mapping_index;
+                // function: name, system name, filename; attribute: key, unit
+                (1, 4) | (2, 1) | (3, 1..=3) | (6, 1) | (6, 3) => {
+                    last[n as usize] = Some(varint(v, what, n)?);
+                }
+                // mapping, location: attribute_indices
                 (1, 5) | (2, 4) => varints(
                     v,
                     |a| index(a, d.attributes, "attribute"),
                     "attribute_indices",
                     n,
                 )?,
-                // location: mapping_index, lines
-                (2, 1) => index(varint(v, "location", n)?, d.mappings, "mapping")?,
+                // location: lines (each line's function_index, the last one)
                 (2, 3) => {
+                    let mut function = 0;
                     for h in wire::fields(message(v, "location line", n)?) {
                         let (k, v) = h.map_err(|e| bad("location line", e))?;
                         known(LINE, "line", k, &v)?;
                         if k == 1 {
-                            index(varint(v, "line", k)?, d.functions, "function")?;
+                            function = varint(v, "line", k)?;
                         }
                     }
+                    index(function, d.functions, "function")?;
                 }
-                // function: name, system name, filename
-                (3, 1..=3) => index(varint(v, "function", n)?, strings, "string")?,
-                // attribute: key, unit, value
-                (6, 1) | (6, 3) => index(varint(v, "attribute", n)?, strings, "string")?,
-                (6, 2) => {
-                    let value = AnyValue::decode(message(v, "attribute value", n)?)
-                        .map_err(|e| bad("an attribute value", e))?;
-                    if let Some(super::common::any_value::Value::StringValueStrindex(i)) =
-                        value.value
-                    {
-                        index(i as i64 as u64, strings, "string")?;
-                    }
-                }
+                (6, 2) => value.extend_from_slice(message(v, "attribute value", n)?),
                 // stack: location_indices
                 (7, 1) => varints(v, |l| index(l, d.locations, "location"), "stack", n)?,
                 _ => {}
+            }
+        }
+        for (n, v) in last.iter().enumerate() {
+            let Some(&v) = v.as_ref() else { continue };
+            match (field, n) {
+                (2, 1) => index(v, d.mappings, "mapping")?,
+                _ => index(v, strings, "string")?,
+            }
+        }
+        if !value.is_empty() {
+            let value =
+                AnyValue::decode(value.as_slice()).map_err(|e| bad("an attribute value", e))?;
+            if let Some(super::common::any_value::Value::StringValueStrindex(i)) = value.value {
+                index(i as i64 as u64, strings, "string")?;
             }
         }
     }
     Ok(d)
 }
 
-fn value_type(bytes: &[u8], d: &DictionaryIndex<'_>) -> Result<(i32, i32), ConvertError> {
-    let (mut ty, mut unit) = (0, 0);
+/// A value type's `(type, unit)` merged into `into` (decoding merges the
+/// parts of a message field that appears more than once); its indexes are
+/// checked once the whole profile is read.
+fn value_type(bytes: &[u8], into: Option<(i32, i32)>) -> Result<(i32, i32), ConvertError> {
+    let (mut ty, mut unit) = into.unwrap_or_default();
     for f in wire::fields(bytes) {
         let (n, v) = f.map_err(|e| bad("value type", e))?;
         known(VALUE_TYPE, "value type", n, &v)?;
-        match n {
-            1 | 2 => {
-                let i = varint(v, "value type", n)?;
-                index(i, d.strings.len(), "string")?;
-                // In range of a table, so it fits an i32.
-                let i = i as i32;
-                if n == 1 { ty = i } else { unit = i }
+        if let Value::Varint(i) = v {
+            match n {
+                1 => ty = i as i32,
+                2 => unit = i as i32,
+                _ => {}
             }
-            _ => {}
         }
     }
     Ok((ty, unit))
@@ -362,7 +370,10 @@ pub fn check_profile_wire(
         let (field, v) = f.map_err(|e| bad("profile", e))?;
         known(PROFILE, "profile", field, &v)?;
         match field {
-            1 => facts.sample_type = Some(value_type(message(v, "profile", field)?, d)?),
+            1 => {
+                let into = facts.sample_type;
+                facts.sample_type = Some(value_type(message(v, "profile", field)?, into)?);
+            }
             2 => {
                 check_sample(d, message(v, "profile", field)?, n)?;
                 n += 1;
@@ -372,7 +383,10 @@ pub fn check_profile_wire(
                 _ => return Err(wire_type("profile", field)),
             },
             4 => facts.duration_nano = varint(v, "profile", field)?,
-            5 => facts.period_type = Some(value_type(message(v, "profile", field)?, d)?),
+            5 => {
+                let into = facts.period_type;
+                facts.period_type = Some(value_type(message(v, "profile", field)?, into)?);
+            }
             6 => facts.period = varint(v, "profile", field)? as i64,
             9 => {
                 std::str::from_utf8(message(v, "profile", field)?)
@@ -387,23 +401,29 @@ pub fn check_profile_wire(
             _ => {}
         }
     }
+    for (ty, unit) in facts.sample_type.iter().chain(&facts.period_type) {
+        index(*ty as u64, d.strings.len(), "string")?;
+        index(*unit as u64, d.strings.len(), "string")?;
+    }
     Ok(facts)
 }
 
 fn check_sample(d: &DictionaryIndex<'_>, bytes: &[u8], n: usize) -> Result<(), ConvertError> {
     let (mut values, mut timestamps) = (0usize, 0usize);
+    // Decoding keeps the last stack and link index.
+    let (mut stack, mut link) = (0, 0);
     for f in wire::fields(bytes) {
         let (field, v) = f.map_err(|e| bad("sample", e))?;
         known(SAMPLE, "sample", field, &v)?;
         match field {
-            1 => index(varint(v, "sample", field)?, d.stacks, "stack")?,
+            1 => stack = varint(v, "sample", field)?,
             2 => varints(
                 v,
                 |a| index(a, d.attributes, "attribute"),
                 "sample attribute_indices",
                 field,
             )?,
-            3 => index(varint(v, "sample", field)?, d.links, "link")?,
+            3 => link = varint(v, "sample", field)?,
             4 => match v {
                 Value::Varint(_) => values += 1,
                 Value::Bytes(packed) => values += wire::count_varints(packed),
@@ -417,6 +437,8 @@ fn check_sample(d: &DictionaryIndex<'_>, bytes: &[u8], n: usize) -> Result<(), C
             _ => {}
         }
     }
+    index(stack, d.stacks, "stack")?;
+    index(link, d.links, "link")?;
     match (values, timestamps) {
         (0, 0) => Err(ConvertError::new(format!(
             "sample {n} has neither values nor timestamps; {VERSION_HINT}"
@@ -581,6 +603,32 @@ mod tests {
         let index_0 = [0x2a, 0x00, 0x3a, 0x02, 0x08, 0x00];
         assert!(!decoded_ok(&index_0));
         assert!(check_dictionary_wire(&index_0).is_err());
+    }
+
+    /// Found by the `otlp_wire` fuzz target: a field given twice is read
+    /// as decoding reads it (a message field's parts merged, the last of a
+    /// singular field kept), so the wire check's facts and verdict are the
+    /// decoded profile's: a period type in two parts read as its last part
+    /// alone gave the envelope another period type than the profile's.
+    #[test]
+    fn fields_given_twice_are_read_as_decoding_reads_them() {
+        let (d, ps) = parts();
+        let dbytes = d.encode_to_vec();
+        let index = check_dictionary_wire(&dbytes).unwrap();
+        let mut p = ps[0].clone();
+        p.period_type = None;
+        let mut bytes = p.encode_to_vec();
+        // period_type {type: 1}, then period_type {unit: 2}
+        bytes.extend_from_slice(&[0x2a, 0x02, 0x08, 0x01, 0x2a, 0x02, 0x10, 0x02]);
+        // a sample whose stack index is 9999, then 1; one value
+        bytes.extend_from_slice(&[0x12, 0x07, 0x08, 0x8f, 0x4e, 0x08, 0x01, 0x20, 0x05]);
+        let decoded = proto::Profile::decode(bytes.as_slice()).unwrap();
+        check_profile(&d, &decoded).unwrap();
+        let facts = check_profile_wire(&index, &bytes).unwrap();
+        let pt = decoded.period_type.unwrap();
+        assert_eq!(pt.type_strindex, 1);
+        assert_eq!(pt.unit_strindex, 2);
+        assert_eq!(facts.period_type, Some((1, 2)));
     }
 
     #[test]
