@@ -8,6 +8,14 @@ use libfuzzer_sys::fuzz_target;
 use proflow_pipeline::otlp::{self, Lost, proto};
 use prost::Message;
 
+/// The one known difference: the wire walker refuses protobuf groups
+/// (wire types 3 and 4, deprecated since proto2; no OTLP sender writes
+/// them), where decoding skips a group in an unknown field. Stricter, so
+/// nothing is taken that decoding would refuse.
+fn is_group_refusal(e: &impl ToString) -> bool {
+    e.to_string().contains("groups are not supported")
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((dict_bytes, profile_bytes)) = proflow_fuzz::two_parts(data) else {
         return;
@@ -25,6 +33,7 @@ fuzz_target!(|data: &[u8]| {
         (Ok(index), Ok(dict)) => (index, dict),
         (Err(_), Err(_)) => return,
         (Ok(_), Err(e)) => panic!("the wire check took a dictionary decoding refuses: {e}"),
+        (Err(e), Ok(_)) if is_group_refusal(&e) => return,
         (Err(e), Ok(_)) => panic!("the wire check refused a dictionary decoding takes: {e}"),
     };
     assert_eq!(index.strings, dict.string_table, "string tables differ");
@@ -59,6 +68,7 @@ fuzz_target!(|data: &[u8]| {
         (Ok(facts), Ok(profile)) => (facts, profile),
         (Err(_), Err(_)) => return,
         (Ok(_), Err(e)) => panic!("the wire check took a profile decoding refuses: {e}"),
+        (Err(e), Ok(_)) if is_group_refusal(&e) => return,
         (Err(e), Ok(_)) => panic!("the wire check refused a profile decoding takes: {e}"),
     };
     let pair = |t: &proto::ValueType| (t.type_strindex, t.unit_strindex);
