@@ -1,4 +1,6 @@
-//! `/ingest` requests: the bytes up to the first NUL are the query string, the rest the body.
+//! `/ingest` requests: the bytes up to the first NUL are the query string,
+//! the rest the body (pprof, folded or lines, as the query's `format` says);
+//! each envelope made is checked.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
@@ -6,5 +8,7 @@ fuzz_target!(|data: &[u8]| {
     let split = data.iter().position(|&b| b == 0).unwrap_or(data.len());
     let query = String::from_utf8_lossy(&data[..split]);
     let body = data.get(split + 1..).unwrap_or(&[]);
-    proflow_receivers::pprof_push::fuzzing::ingest(&query, body);
+    if let Ok(envelopes) = proflow_receivers::pprof_push::fuzzing::ingest(&query, body) {
+        envelopes.iter().for_each(proflow_fuzz::check_envelope);
+    }
 });

@@ -26,6 +26,12 @@ pub mod ebpf;
 mod endpoint;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+/// The kafka receiver's record decoder without the receiver (feature
+/// `kafka-record`: no rdkafka), for the fuzz targets in `fuzz/`.
+#[cfg(all(feature = "kafka-record", not(feature = "kafka")))]
+#[doc(hidden)]
+#[path = "kafka/record.rs"]
+pub mod kafka_record;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 #[cfg(feature = "pprof_push")]

@@ -146,9 +146,12 @@ pub fn split_raw(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, Split
 
     let mut rejected = 0u64;
     let mut first_error: Option<String> = None;
+    // A broken resource or scope without profiles refuses nothing.
     let mut refuse = |n: usize, why: String| {
-        rejected += n as u64;
-        first_error.get_or_insert(why);
+        if n > 0 {
+            rejected += n as u64;
+            first_error.get_or_insert(why);
+        }
     };
     let mut shared = body.len();
     let mut valid: Vec<(Arc<OtlpContext>, super::ProfileFacts, &[u8])> = Vec::with_capacity(count);
@@ -285,9 +288,12 @@ pub fn split_decoded(
 
     let mut rejected = 0u64;
     let mut first_error: Option<String> = None;
+    // A broken resource or scope without profiles refuses nothing.
     let mut refuse = |n: usize, why: String| {
-        rejected += n as u64;
-        first_error.get_or_insert(why);
+        if n > 0 {
+            rejected += n as u64;
+            first_error.get_or_insert(why);
+        }
     };
     let mut valid: Vec<(Arc<OtlpContext>, proto::Profile)> = Vec::with_capacity(count);
     for rp in request.resource_profiles {
@@ -409,5 +415,32 @@ fn envelope(
         period_type,
         period,
         payload,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    /// Found by the `otlp_proto` fuzz target: a resource that does not
+    /// decode, with a scope holding no profiles, refuses nothing, so the
+    /// request reports no refusal (it reported "0 of N profiles were
+    /// refused").
+    #[test]
+    fn a_broken_resource_without_profiles_refuses_nothing() {
+        let request = crate::testdata::otlp_request(1, 4, 3);
+        let mut body = request.encode_to_vec();
+        // resource_profiles { resource: <a truncated varint>, scope_profiles: {} }
+        body.extend_from_slice(&[0x0a, 0x05, 0x0a, 0x01, 0xff, 0x12, 0x00]);
+        let body = Bytes::from(body);
+        for split in [
+            split_raw(&body, &AttributeLabels::default()).unwrap(),
+            split_decoded(request, &AttributeLabels::default()).unwrap(),
+        ] {
+            assert_eq!(split.envelopes.len(), 2);
+            assert_eq!(split.rejected, 0);
+            assert_eq!(split.error_message, "");
+        }
     }
 }

@@ -544,6 +544,37 @@ fn the_dictionary_holds_each_entry_once_with_zero_values_first() {
     );
 }
 
+/// Found by the `otlp_wire` fuzz target: the checks take a table a sender
+/// left empty as holding just its zero entry 0, so a profile that passed
+/// them must convert; an empty dictionary and profile made conversion fail
+/// on string 0.
+#[test]
+fn empty_tables_hold_their_zero_entry_when_converting() {
+    let d = proto::ProfilesDictionary::default();
+    let empty = proto::Profile::default();
+    check_dictionary(&d).unwrap();
+    check_dictionary_references(&d).unwrap();
+    check_profile(&d, &empty).unwrap();
+    let out = otlp_to_pprof(&d, &[empty], &mut Lost::default()).unwrap();
+    assert_eq!(out.len(), 1);
+    assert!(out[0].sample.is_empty());
+    // Stack 0 and attribute 0 of empty tables: a sample with no frames and no label.
+    let p = proto::Profile {
+        samples: vec![proto::Sample {
+            values: vec![5],
+            attribute_indices: vec![0],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    check_profile(&d, &p).unwrap();
+    let out = otlp_to_pprof(&d, &[p], &mut Lost::default()).unwrap();
+    assert_eq!(out[0].sample.len(), 1);
+    assert_eq!(out[0].sample[0].value, [5]);
+    assert!(out[0].sample[0].location_id.is_empty());
+    assert!(out[0].sample[0].label.is_empty());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(100))]
 

@@ -1,12 +1,28 @@
 //! OTLP → pprof: profiles of one time window and period merge into one pprof
 //! profile with one sample type per OTLP profile.
 
+use std::borrow::Cow;
+
 use super::dictionary::HashMap;
 
 use super::check::{check_dictionary, get};
 use super::common::any_value;
 use super::{BUILD_ID_KEYS, ConvertError, Lost, hex, proto};
 use crate::pprof;
+
+/// `table[i]`, where index 0 of an empty table is the zero value: the checks
+/// take a table a sender left empty as holding just its entry 0, so a
+/// profile they passed must convert too.
+fn entry<'t, T: Clone + Default>(
+    table: &'t [T],
+    what: &str,
+    i: i32,
+) -> Result<Cow<'t, T>, ConvertError> {
+    if i == 0 && table.is_empty() {
+        return Ok(Cow::Owned(T::default()));
+    }
+    get(table, what, i).map(Cow::Borrowed)
+}
 
 /// Builds one pprof profile, adding only what samples reference.
 struct Builder<'d> {
@@ -45,6 +61,9 @@ impl<'d> Builder<'d> {
     }
 
     fn string(&self, i: i32) -> Result<&'d str, ConvertError> {
+        if i == 0 && self.dict.string_table.is_empty() {
+            return Ok("");
+        }
         get(&self.dict.string_table, "string", i).map(String::as_str)
     }
 
@@ -75,10 +94,10 @@ impl<'d> Builder<'d> {
         let mut build_id = None;
         let mut others = 0;
         for &a in &m.attribute_indices {
-            let attr = get(&self.dict.attribute_table, "attribute", a)?;
+            let attr = entry(&self.dict.attribute_table, "attribute", a)?;
             let key = self.string(attr.key_strindex)?;
             let rank = BUILD_ID_KEYS.iter().position(|k| *k == key);
-            match (rank, self.attribute_text(attr)?) {
+            match (rank, self.attribute_text(&attr)?) {
                 (Some(rank), Some(text)) => {
                     if build_id.as_ref().is_none_or(|(r, _)| rank < *r) {
                         build_id = Some((rank, text));
@@ -110,7 +129,7 @@ impl<'d> Builder<'d> {
         if let Some(&id) = self.functions.get(&i) {
             return Ok(id);
         }
-        let f = get(&self.dict.function_table, "function", i)?;
+        let f = entry(&self.dict.function_table, "function", i)?;
         let id = self.profile.function.len() as u64 + 1;
         let function = pprof::Function {
             id,
@@ -128,7 +147,7 @@ impl<'d> Builder<'d> {
         if let Some(&id) = self.locations.get(&i) {
             return Ok(id);
         }
-        let l = get(&self.dict.location_table, "location", i)?;
+        let l = entry(&self.dict.location_table, "location", i)?;
         lost.add("location attributes", l.attribute_indices.len());
         let mapping_id = self.mapping(l.mapping_index, lost)?;
         let mut lines = Vec::with_capacity(l.lines.len());
@@ -162,7 +181,7 @@ impl<'d> Builder<'d> {
     }
 
     fn label(&mut self, a: i32, lost: &mut Lost) -> Result<Option<pprof::Label>, ConvertError> {
-        let attr = get(&self.dict.attribute_table, "attribute", a)?;
+        let attr = entry(&self.dict.attribute_table, "attribute", a)?;
         let key = self.intern_ref(attr.key_strindex)?;
         let unit = self.intern_ref(attr.unit_strindex)?;
         let text = |s: &str, b: &mut Self| pprof::Label {
@@ -231,7 +250,7 @@ impl<'d> Builder<'d> {
                 *slot = slot.saturating_add(value);
                 continue;
             }
-            let stack = get(&self.dict.stack_table, "stack", s.stack_index)?;
+            let stack = entry(&self.dict.stack_table, "stack", s.stack_index)?;
             let mut location_id = Vec::with_capacity(stack.location_indices.len());
             for &l in &stack.location_indices {
                 location_id.push(self.location(l, lost)?);

@@ -56,17 +56,94 @@ fn wire_type(what: &str, field: u32) -> ConvertError {
     ConvertError::new(format!("{what}: field {field} has the wrong wire type"))
 }
 
-/// An index as the wire holds it (`int32`, sign-extended to 64 bits when
-/// negative), checked against its table.
+/// What a known field's wire type must be for decoding to take it.
+#[derive(Clone, Copy)]
+enum Kind {
+    Varint,
+    Fixed64,
+    /// A string, bytes or a message.
+    Bytes,
+    /// A repeated varint field: one varint, or packed ones.
+    Varints,
+    /// A repeated fixed64 field: one, or packed ones.
+    Fixed64s,
+    /// A repeated message field.
+    Messages,
+    /// An optional `AnyValue` message.
+    AnyValue,
+}
+
+/// The wire kinds of each message's fields 1, 2, 3, ... (OTLP profiles 1.10).
+const PROFILE: &[Kind] = &[
+    Kind::Bytes,
+    Kind::Bytes,
+    Kind::Fixed64,
+    Kind::Varint,
+    Kind::Bytes,
+    Kind::Varint,
+    Kind::Bytes,
+    Kind::Varint,
+    Kind::Bytes,
+    Kind::Bytes,
+    Kind::Varints,
+];
+const SAMPLE: &[Kind] = &[
+    Kind::Varint,
+    Kind::Varints,
+    Kind::Varint,
+    Kind::Varints,
+    Kind::Fixed64s,
+];
+const VALUE_TYPE: &[Kind] = &[Kind::Varint, Kind::Varint];
+const MAPPING: &[Kind] = &[
+    Kind::Varint,
+    Kind::Varint,
+    Kind::Varint,
+    Kind::Varint,
+    Kind::Varints,
+];
+const LOCATION: &[Kind] = &[Kind::Varint, Kind::Varint, Kind::Messages, Kind::Varints];
+const LINE: &[Kind] = &[Kind::Varint, Kind::Varint, Kind::Varint];
+const FUNCTION: &[Kind] = &[Kind::Varint, Kind::Varint, Kind::Varint, Kind::Varint];
+const LINK: &[Kind] = &[Kind::Bytes, Kind::Bytes];
+const ATTRIBUTE: &[Kind] = &[Kind::Varint, Kind::AnyValue, Kind::Varint];
+const STACK: &[Kind] = &[Kind::Varints];
+
+/// Refuses a known field (by `schema`) whose wire type decoding would
+/// refuse, as it would: unknown fields are skipped, as decoding skips them.
+fn known(schema: &[Kind], what: &str, field: u32, v: &Value<'_>) -> Result<(), ConvertError> {
+    let Some(kind) = (field as usize).checked_sub(1).and_then(|i| schema.get(i)) else {
+        return Ok(());
+    };
+    let ok = match (kind, v) {
+        (Kind::Varint | Kind::Varints, Value::Varint(_))
+        | (Kind::Fixed64 | Kind::Fixed64s, Value::Fixed64(_))
+        | (Kind::Bytes | Kind::Messages | Kind::AnyValue, Value::Bytes(_)) => true,
+        (Kind::Varints, Value::Bytes(packed)) => {
+            let mut rest = *packed;
+            while !rest.is_empty() {
+                wire::read_varint(&mut rest).map_err(|e| bad(what, e))?;
+            }
+            true
+        }
+        (Kind::Fixed64s, Value::Bytes(packed)) => packed.len() % 8 == 0,
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(wire_type(what, field))
+    }
+}
+
+/// An index as the wire holds it (`int32`: decoding keeps the low 32 bits
+/// of the varint, a negative one sign-extended to 64), checked against its
+/// table.
 fn index(v: u64, len: usize, what: &str) -> Result<(), ConvertError> {
-    let i = v as i64;
+    let i = v as i32;
     match usize::try_from(i) {
         Ok(u) if u < len.max(1) => Ok(()),
-        _ => Err(out_of_range(
-            what,
-            i32::try_from(i).unwrap_or(i32::MIN),
-            len.max(1),
-        )),
+        _ => Err(out_of_range(what, i, len.max(1))),
     }
 }
 
@@ -103,21 +180,38 @@ fn message<'a>(value: Value<'a>, what: &str, field: u32) -> Result<&'a [u8], Con
     }
 }
 
-/// True when every field of the message is its zero value (what entry 0 of
-/// each table must be).
-fn is_zero(msg: &[u8]) -> Result<bool, ConvertError> {
+/// True when the message decodes to its zero value (what entry 0 of each
+/// table must be), as decoding sees it: unknown fields are dropped, the last
+/// of a repeated singular field wins, any element of a repeated field makes
+/// it non-empty, and an `AnyValue` is zero when it holds no value.
+fn is_zero(schema: &[Kind], msg: &[u8]) -> Result<bool, ConvertError> {
+    // Per known field: whether its value (the last one, for singular fields) is not zero.
+    let mut set = [false; 8];
+    let mut any_value: Vec<u8> = Vec::new();
     for f in wire::fields(msg) {
-        let (_, v) = f.map_err(|e| bad("dictionary", e))?;
-        let zero = match v {
-            Value::Varint(n) | Value::Fixed64(n) => n == 0,
-            Value::Fixed32(n) => n == 0,
-            Value::Bytes(b) => b.is_empty(),
+        let (n, v) = f.map_err(|e| bad("dictionary", e))?;
+        known(schema, "dictionary", n, &v)?;
+        let Some(&kind) = (n as usize).checked_sub(1).and_then(|i| schema.get(i)) else {
+            continue;
         };
-        if !zero {
+        let slot = &mut set[n as usize - 1];
+        match (kind, v) {
+            (Kind::Varint | Kind::Fixed64, Value::Varint(x) | Value::Fixed64(x)) => *slot = x != 0,
+            (Kind::Bytes, Value::Bytes(b)) => *slot = !b.is_empty(),
+            // Messages merge: their bytes read as one.
+            (Kind::AnyValue, Value::Bytes(b)) => any_value.extend_from_slice(b),
+            (Kind::Varints | Kind::Fixed64s, Value::Bytes(b)) => *slot |= !b.is_empty(),
+            _ => *slot = true,
+        }
+    }
+    if !any_value.is_empty() {
+        let value =
+            AnyValue::decode(any_value.as_slice()).map_err(|e| bad("an attribute value", e))?;
+        if value.value.is_some() {
             return Ok(false);
         }
     }
-    Ok(true)
+    Ok(!set.contains(&true))
 }
 
 /// Checks a dictionary's bytes: the same rules as
@@ -151,7 +245,7 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
                 let a = message(v, "dictionary attribute_table", field)?;
                 // The value may be an empty AnyValue (`{"value": {}}`, as the
                 // collector writes entry 0): zero too.
-                if d.attributes == 0 && !is_zero(a)? {
+                if d.attributes == 0 && !is_zero(ATTRIBUTE, a)? {
                     return Err(zero("attribute_table"));
                 }
                 d.attributes += 1;
@@ -161,7 +255,14 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
             _ => continue,
         };
         let m = message(v, "dictionary", field)?;
-        if *count == 0 && !is_zero(m)? {
+        let schema = match field {
+            1 => MAPPING,
+            2 => LOCATION,
+            3 => FUNCTION,
+            4 => LINK,
+            _ => STACK,
+        };
+        if *count == 0 && !is_zero(schema, m)? {
             return Err(zero(name));
         }
         *count += 1;
@@ -170,67 +271,88 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
     let strings = d.strings.len();
     for f in wire::fields(bytes) {
         let (field, v) = f.map_err(|e| bad("dictionary", e))?;
-        // Strings (5) are not messages; links (4) refer to nothing.
+        // Strings (5) are not messages; links (4) refer to nothing, but
+        // their fields must still decode.
         let Value::Bytes(m) = v else { continue };
-        if matches!(field, 4 | 5) {
-            continue;
-        }
+        let (schema, what) = match field {
+            1 => (MAPPING, "mapping"),
+            2 => (LOCATION, "location"),
+            3 => (FUNCTION, "function"),
+            4 => (LINK, "link"),
+            6 => (ATTRIBUTE, "attribute"),
+            7 => (STACK, "stack"),
+            _ => continue,
+        };
+        // Singular fields: decoding keeps the last of each (by field
+        // number), and merges the parts of a message field (the value).
+        let mut last: [Option<u64>; 5] = [None; 5];
+        let mut value: Vec<u8> = Vec::new();
         for g in wire::fields(m) {
             let (n, v) = g.map_err(|e| bad("dictionary", e))?;
+            known(schema, what, n, &v)?;
             match (field, n) {
-                // mapping: filename_strindex, attribute_indices
-                (1, 4) => index(varint(v, "mapping", n)?, strings, "string")?,
+                // mapping: filename_strindex; location: mapping_index;
+                // function: name, system name, filename; attribute: key, unit
+                (1, 4) | (2, 1) | (3, 1..=3) | (6, 1) | (6, 3) => {
+                    last[n as usize] = Some(varint(v, what, n)?);
+                }
+                // mapping, location: attribute_indices
                 (1, 5) | (2, 4) => varints(
                     v,
                     |a| index(a, d.attributes, "attribute"),
                     "attribute_indices",
                     n,
                 )?,
-                // location: mapping_index, lines
-                (2, 1) => index(varint(v, "location", n)?, d.mappings, "mapping")?,
+                // location: lines (each line's function_index, the last one)
                 (2, 3) => {
+                    let mut function = 0;
                     for h in wire::fields(message(v, "location line", n)?) {
                         let (k, v) = h.map_err(|e| bad("location line", e))?;
+                        known(LINE, "line", k, &v)?;
                         if k == 1 {
-                            index(varint(v, "line", k)?, d.functions, "function")?;
+                            function = varint(v, "line", k)?;
                         }
                     }
+                    index(function, d.functions, "function")?;
                 }
-                // function: name, system name, filename
-                (3, 1..=3) => index(varint(v, "function", n)?, strings, "string")?,
-                // attribute: key, unit, value
-                (6, 1) | (6, 3) => index(varint(v, "attribute", n)?, strings, "string")?,
-                (6, 2) => {
-                    let value = AnyValue::decode(message(v, "attribute value", n)?)
-                        .map_err(|e| bad("an attribute value", e))?;
-                    if let Some(super::common::any_value::Value::StringValueStrindex(i)) =
-                        value.value
-                    {
-                        index(i as i64 as u64, strings, "string")?;
-                    }
-                }
+                (6, 2) => value.extend_from_slice(message(v, "attribute value", n)?),
                 // stack: location_indices
                 (7, 1) => varints(v, |l| index(l, d.locations, "location"), "stack", n)?,
                 _ => {}
+            }
+        }
+        for (n, v) in last.iter().enumerate() {
+            let Some(&v) = v.as_ref() else { continue };
+            match (field, n) {
+                (2, 1) => index(v, d.mappings, "mapping")?,
+                _ => index(v, strings, "string")?,
+            }
+        }
+        if !value.is_empty() {
+            let value =
+                AnyValue::decode(value.as_slice()).map_err(|e| bad("an attribute value", e))?;
+            if let Some(super::common::any_value::Value::StringValueStrindex(i)) = value.value {
+                index(i as i64 as u64, strings, "string")?;
             }
         }
     }
     Ok(d)
 }
 
-fn value_type(bytes: &[u8], d: &DictionaryIndex<'_>) -> Result<(i32, i32), ConvertError> {
-    let (mut ty, mut unit) = (0, 0);
+/// A value type's `(type, unit)` merged into `into` (decoding merges the
+/// parts of a message field that appears more than once); its indexes are
+/// checked once the whole profile is read.
+fn value_type(bytes: &[u8], into: Option<(i32, i32)>) -> Result<(i32, i32), ConvertError> {
+    let (mut ty, mut unit) = into.unwrap_or_default();
     for f in wire::fields(bytes) {
         let (n, v) = f.map_err(|e| bad("value type", e))?;
-        match n {
-            1 | 2 => {
-                let i = varint(v, "value type", n)?;
-                index(i, d.strings.len(), "string")?;
-                // In range of a table, so it fits an i32.
-                let i = i as i32;
-                if n == 1 { ty = i } else { unit = i }
+        known(VALUE_TYPE, "value type", n, &v)?;
+        if let Value::Varint(i) = v {
+            match n {
+                1 => ty = i as i32,
+                2 => unit = i as i32,
+                _ => {}
             }
-            _ => {}
         }
     }
     Ok((ty, unit))
@@ -246,8 +368,12 @@ pub fn check_profile_wire(
     let mut n = 0usize;
     for f in wire::fields(bytes) {
         let (field, v) = f.map_err(|e| bad("profile", e))?;
+        known(PROFILE, "profile", field, &v)?;
         match field {
-            1 => facts.sample_type = Some(value_type(message(v, "profile", field)?, d)?),
+            1 => {
+                let into = facts.sample_type;
+                facts.sample_type = Some(value_type(message(v, "profile", field)?, into)?);
+            }
             2 => {
                 check_sample(d, message(v, "profile", field)?, n)?;
                 n += 1;
@@ -257,7 +383,10 @@ pub fn check_profile_wire(
                 _ => return Err(wire_type("profile", field)),
             },
             4 => facts.duration_nano = varint(v, "profile", field)?,
-            5 => facts.period_type = Some(value_type(message(v, "profile", field)?, d)?),
+            5 => {
+                let into = facts.period_type;
+                facts.period_type = Some(value_type(message(v, "profile", field)?, into)?);
+            }
             6 => facts.period = varint(v, "profile", field)? as i64,
             9 => {
                 std::str::from_utf8(message(v, "profile", field)?)
@@ -272,22 +401,29 @@ pub fn check_profile_wire(
             _ => {}
         }
     }
+    for (ty, unit) in facts.sample_type.iter().chain(&facts.period_type) {
+        index(*ty as u64, d.strings.len(), "string")?;
+        index(*unit as u64, d.strings.len(), "string")?;
+    }
     Ok(facts)
 }
 
 fn check_sample(d: &DictionaryIndex<'_>, bytes: &[u8], n: usize) -> Result<(), ConvertError> {
     let (mut values, mut timestamps) = (0usize, 0usize);
+    // Decoding keeps the last stack and link index.
+    let (mut stack, mut link) = (0, 0);
     for f in wire::fields(bytes) {
         let (field, v) = f.map_err(|e| bad("sample", e))?;
+        known(SAMPLE, "sample", field, &v)?;
         match field {
-            1 => index(varint(v, "sample", field)?, d.stacks, "stack")?,
+            1 => stack = varint(v, "sample", field)?,
             2 => varints(
                 v,
                 |a| index(a, d.attributes, "attribute"),
                 "sample attribute_indices",
                 field,
             )?,
-            3 => index(varint(v, "sample", field)?, d.links, "link")?,
+            3 => link = varint(v, "sample", field)?,
             4 => match v {
                 Value::Varint(_) => values += 1,
                 Value::Bytes(packed) => values += wire::count_varints(packed),
@@ -301,6 +437,8 @@ fn check_sample(d: &DictionaryIndex<'_>, bytes: &[u8], n: usize) -> Result<(), C
             _ => {}
         }
     }
+    index(stack, d.stacks, "stack")?;
+    index(link, d.links, "link")?;
     match (values, timestamps) {
         (0, 0) => Err(ConvertError::new(format!(
             "sample {n} has neither values nor timestamps; {VERSION_HINT}"
@@ -413,6 +551,84 @@ mod tests {
         let index = check_dictionary_wire(&dbytes).unwrap();
         let e = check_profile_wire(&index, &profile).unwrap_err().0;
         assert!(e.contains("1.10"), "{e}");
+    }
+
+    /// Found by the `otlp_proto` fuzz target: a known field with a wire
+    /// type decoding refuses (`profile_id` as a fixed64, a link's
+    /// `trace_id` as a varint) passed the wire check, so the receiver took a
+    /// profile that no exporter could decode.
+    #[test]
+    fn known_fields_of_the_wrong_wire_type_are_refused() {
+        let (d, ps) = parts();
+        let dbytes = d.encode_to_vec();
+        let index = check_dictionary_wire(&dbytes).unwrap();
+        let mut p = ps[0].encode_to_vec();
+        p.push(0x39); // field 7, fixed64
+        p.extend_from_slice(&[0; 8]);
+        assert!(proto::Profile::decode(p.as_slice()).is_err());
+        let e = check_profile_wire(&index, &p).unwrap_err().0;
+        assert!(e.contains("field 7 has the wrong wire type"), "{e}");
+
+        // A zero link, then one whose trace_id (field 1) is a varint.
+        let mut bad = dbytes.clone();
+        bad.extend_from_slice(&[0x22, 0x00, 0x22, 0x02, 0x08, 0x01]);
+        assert!(proto::ProfilesDictionary::decode(bad.as_slice()).is_err());
+        let e = check_dictionary_wire(&bad).unwrap_err().0;
+        assert!(e.contains("link: field 1 has the wrong wire type"), "{e}");
+    }
+
+    /// Found by the `otlp_wire` fuzz target: entry 0 was zero on the wire
+    /// only if every field was, unknown ones included, while decoding drops
+    /// unknown fields (and counts an empty element of a repeated field).
+    #[test]
+    fn entry_0_is_zero_as_decoding_sees_it() {
+        let decoded_ok = |bytes: &[u8]| {
+            proto::ProfilesDictionary::decode(bytes)
+                .ok()
+                .is_some_and(|d| check_dictionary(&d).is_ok())
+        };
+        // Strings [""], then stack 0 holding an unknown fixed32 field only.
+        let unknown = [0x2a, 0x00, 0x3a, 0x05, 0x55, 1, 2, 3, 4];
+        assert!(decoded_ok(&unknown));
+        check_dictionary_wire(&unknown).unwrap();
+        // Attribute 0 whose value holds only an unknown field: no value.
+        let attribute = [0x2a, 0x00, 0x32, 0x04, 0x12, 0x02, 0x78, 0x01];
+        assert!(decoded_ok(&attribute));
+        check_dictionary_wire(&attribute).unwrap();
+        // Location 0 with one empty line is not the zero location.
+        let line = [0x2a, 0x00, 0x12, 0x02, 0x1a, 0x00];
+        assert!(!decoded_ok(&line));
+        assert!(check_dictionary_wire(&line).is_err());
+        // Stack 0 with an unpacked index 0 holds one location: not zero.
+        let index_0 = [0x2a, 0x00, 0x3a, 0x02, 0x08, 0x00];
+        assert!(!decoded_ok(&index_0));
+        assert!(check_dictionary_wire(&index_0).is_err());
+    }
+
+    /// Found by the `otlp_wire` fuzz target: a field given twice is read
+    /// as decoding reads it (a message field's parts merged, the last of a
+    /// singular field kept), so the wire check's facts and verdict are the
+    /// decoded profile's: a period type in two parts read as its last part
+    /// alone gave the envelope another period type than the profile's.
+    #[test]
+    fn fields_given_twice_are_read_as_decoding_reads_them() {
+        let (d, ps) = parts();
+        let dbytes = d.encode_to_vec();
+        let index = check_dictionary_wire(&dbytes).unwrap();
+        let mut p = ps[0].clone();
+        p.period_type = None;
+        let mut bytes = p.encode_to_vec();
+        // period_type {type: 1}, then period_type {unit: 2}
+        bytes.extend_from_slice(&[0x2a, 0x02, 0x08, 0x01, 0x2a, 0x02, 0x10, 0x02]);
+        // a sample whose stack index is 9999, then 1; one value
+        bytes.extend_from_slice(&[0x12, 0x07, 0x08, 0x8f, 0x4e, 0x08, 0x01, 0x20, 0x05]);
+        let decoded = proto::Profile::decode(bytes.as_slice()).unwrap();
+        check_profile(&d, &decoded).unwrap();
+        let facts = check_profile_wire(&index, &bytes).unwrap();
+        let pt = decoded.period_type.unwrap();
+        assert_eq!(pt.type_strindex, 1);
+        assert_eq!(pt.unit_strindex, 2);
+        assert_eq!(facts.period_type, Some((1, 2)));
     }
 
     #[test]

@@ -31,6 +31,46 @@ pub mod pprof;
 #[cfg(test)]
 mod tests;
 
+/// Entry points for the fuzz targets in `fuzz/`: envelopes through the
+/// processor as a pipeline runs it. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::sync::Arc;
+
+    use proflow_pipeline::component::Processor;
+    use proflow_pipeline::model::Envelope;
+    use proflow_pipeline::telemetry::Telemetry;
+
+    use super::TraceLinkProcessor;
+    use super::config::{Output, TraceLinkProcessorConfig};
+
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a current-thread runtime");
+    }
+
+    /// `envelopes` through a processor writing every output (labels, a
+    /// `trace_id` label, OTLP links, for a pipeline that converts to OTLP),
+    /// without a span index.
+    pub fn process(envelopes: Vec<Envelope>, drop_after_link: bool) -> Vec<Envelope> {
+        let config = TraceLinkProcessorConfig {
+            output: vec![Output::OtlpLinks, Output::Labels, Output::TraceIdLabel],
+            drop_span_labels_after_link: drop_after_link,
+            root_spans_only: false,
+            span_index: None,
+        };
+        let telemetry = Arc::new(Telemetry::new());
+        let processor = TraceLinkProcessor::new(
+            &config,
+            true,
+            Some(&telemetry),
+            telemetry.trace_link("trace_link"),
+        );
+        RUNTIME.with(|rt| rt.block_on(processor.process(envelopes)))
+    }
+}
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

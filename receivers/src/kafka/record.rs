@@ -38,7 +38,7 @@ impl From<String> for RecordError {
 
 /// The profiles of one record.
 #[derive(Debug, Default)]
-pub(crate) struct Decoded {
+pub struct Decoded {
     pub envelopes: Vec<Envelope>,
     /// Profiles of an OTLP request refused alone.
     pub rejected: u64,
@@ -167,6 +167,53 @@ fn pprof_record(
         }],
         ..Decoded::default()
     })
+}
+
+/// Entry points for the fuzz targets in `fuzz/` (feature `kafka-record`,
+/// which compiles this file alone as `kafka_record`): one record's headers
+/// and value, read as the receiver reads them. Not a stable API.
+#[cfg(all(feature = "kafka-record", not(feature = "kafka")))]
+pub mod fuzzing {
+    use bytes::Bytes;
+    use proflow_pipeline::kafka::{Encoding, RecordHeaders};
+    use proflow_pipeline::memory::MemoryBudget;
+    use proflow_pipeline::otlp::AttributeLabels;
+
+    pub use super::Decoded;
+
+    /// Most bytes a value may inflate to (or OTLP JSON take) here.
+    pub const MAX_DECOMPRESSED: usize = 1 << 20;
+
+    /// The headers (Kafka's: a name and maybe a value each) and value of one
+    /// record, read with the receiver's `encoding` (`None`: the header's, else
+    /// a sniff). `Err` is why the record is refused.
+    pub fn decode<'a>(
+        headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
+        value: &[u8],
+        encoding: Option<Encoding>,
+    ) -> Result<(RecordHeaders, Decoded), String> {
+        let headers = RecordHeaders::from_pairs(headers)?;
+        let reading = super::Reading {
+            encoding,
+            max_decompressed: MAX_DECOMPRESSED,
+            mapping: AttributeLabels::default(),
+        };
+        // A budget with room for anything a record may take here, so a
+        // refusal is the record's, and what decoding holds is checked.
+        let budget = MemoryBudget::new(16 * MAX_DECOMPRESSED);
+        let mut grant = budget.grant();
+        let decoded = super::decode(
+            Bytes::copy_from_slice(value),
+            headers.clone(),
+            &reading,
+            &mut grant,
+        )
+        .map_err(|e| match e {
+            super::RecordError::Invalid(why) => why,
+            super::RecordError::Memory(e) => panic!("a record wanted more than it may: {e}"),
+        })?;
+        Ok((headers, decoded))
+    }
 }
 
 #[cfg(test)]

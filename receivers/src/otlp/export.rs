@@ -96,15 +96,7 @@ impl Handler {
         let inline = body.len() <= DECODE_INLINE_MAX;
         let mapping = self.labels.clone();
         let work = move || -> Result<(Split, MemoryGrant), Refused> {
-            let built = match encoding {
-                // Profiles and dictionary travel on as slices of `body`.
-                Encoding::Protobuf => otlp::split_raw(&body, &mapping),
-                Encoding::Json => otlp::split_decoded(decode(&body, encoding)?, &mapping),
-            }
-            .map_err(|e| Refused {
-                error: OtlpError::BadRequest(e.message),
-                profiles: e.profiles,
-            })?;
+            let built = split(&body, encoding, &mapping)?;
             Ok((built, grant))
         };
         let (built, mut grant) = if inline {
@@ -277,6 +269,23 @@ impl Handler {
             );
         }
     }
+}
+
+/// The envelopes of one request body (step 1 of [`Handler::export`]).
+pub(crate) fn split(
+    body: &Bytes,
+    encoding: Encoding,
+    mapping: &AttributeLabels,
+) -> Result<Split, Refused> {
+    match encoding {
+        // Profiles and dictionary travel on as slices of `body`.
+        Encoding::Protobuf => otlp::split_raw(body, mapping),
+        Encoding::Json => otlp::split_decoded(decode(body, encoding)?, mapping),
+    }
+    .map_err(|e| Refused {
+        error: OtlpError::BadRequest(e.message),
+        profiles: e.profiles,
+    })
 }
 
 /// Decodes a request body.

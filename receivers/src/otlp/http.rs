@@ -366,7 +366,11 @@ fn content_encoding_is_gzip(headers: &HeaderMap) -> Result<bool, OtlpError> {
 
 /// Inflates a gzip body to at most `limit` bytes, growing `grant` before
 /// every allocation of the output buffer.
-fn inflate(compressed: &[u8], limit: usize, grant: &mut MemoryGrant) -> Result<Vec<u8>, OtlpError> {
+pub(super) fn inflate(
+    compressed: &[u8],
+    limit: usize,
+    grant: &mut MemoryGrant,
+) -> Result<Vec<u8>, OtlpError> {
     inflate::inflate(compressed, limit, grant).map_err(|e| match e {
         InflateError::Corrupt(detail) => OtlpError::bad_request(format!(
             "the gzip request body is corrupt ({detail}); send a valid gzip stream or an uncompressed body"

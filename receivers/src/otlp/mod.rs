@@ -417,6 +417,51 @@ impl ReceiverConfig for OtlpConfig {
     }
 }
 
+/// Entry points for the fuzz targets in `fuzz/`: a request body, run the
+/// way both protocols run it. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use bytes::Bytes;
+    use proflow_pipeline::memory::MemoryBudget;
+    use proflow_pipeline::otlp::{AttributeLabels, Split};
+
+    use super::export::{self, Encoding};
+
+    /// Most bytes a gzip body may inflate to here.
+    pub const MAX_INFLATED: usize = 1 << 20;
+
+    /// A profiles request body: inflated first when `gzip` (as OTLP/HTTP's
+    /// `Content-Encoding: gzip`), then split into envelopes as the handler
+    /// does. `Err` is the refusal's message.
+    pub fn export(body: &[u8], json: bool, gzip: bool) -> Result<Split, String> {
+        let body = if gzip {
+            let budget = MemoryBudget::new(4 * MAX_INFLATED);
+            let mut grant = budget.grant();
+            let inflated = super::http::inflate(body, MAX_INFLATED, &mut grant);
+            // What the output holds is granted, and never more than the limit.
+            assert!(budget.in_flight() <= 4 * MAX_INFLATED);
+            match &inflated {
+                Ok(out) => {
+                    assert!(out.len() <= MAX_INFLATED, "inflated past the limit");
+                    assert!(grant.held() >= out.capacity(), "an ungranted allocation");
+                }
+                Err(_) => assert_eq!(grant.held(), 0, "a refusal kept its grant"),
+            }
+            drop(grant);
+            assert_eq!(budget.in_flight(), 0, "a grant was not given back");
+            Bytes::from(inflated.map_err(|e| e.to_string())?)
+        } else {
+            Bytes::copy_from_slice(body)
+        };
+        let encoding = if json {
+            Encoding::Json
+        } else {
+            Encoding::Protobuf
+        };
+        export::split(&body, encoding, &AttributeLabels::default()).map_err(|r| r.error.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -317,43 +317,100 @@ mod tests {
 pub mod fuzzing {
     use bytes::Bytes;
 
+    use futures_util::FutureExt;
+    use proflow_pipeline::model::Envelope;
+    use proflow_pipeline::pprof::Profile;
+
     use super::budget::DecompressBudget;
+    use super::folded::{self, TextFormat};
     use super::ingest::{self, BodyKind};
+    use super::multipart::{self, PartLimit};
+    use super::profile_type::folded_type;
     use super::push::{self, Codec};
 
-    /// An `/ingest` request: query string and body (multipart is left to multer's own fuzzing).
-    pub fn ingest(query: &str, body: &[u8]) {
-        let Ok(uri) = format!("/ingest?{query}").parse::<axum::http::Uri>() else {
-            return;
-        };
-        let Ok(params) = ingest::parse_params(&uri, 1_700_000_000_000_000_000) else {
-            return;
-        };
+    /// An `/ingest` request: query string and body (multipart is [`multipart`]).
+    /// `Err` is the refusal's message.
+    pub fn ingest(query: &str, body: &[u8]) -> Result<Vec<Envelope>, String> {
+        let uri = format!("/ingest?{query}")
+            .parse::<axum::http::Uri>()
+            .map_err(|e| e.to_string())?;
+        let params =
+            ingest::parse_params(&uri, 1_700_000_000_000_000_000).map_err(|e| e.to_string())?;
         let body = Bytes::copy_from_slice(body);
-        match ingest::body_kind(&params.format, None) {
-            Ok(BodyKind::Pprof) | Ok(BodyKind::Multipart) => {
-                let _ =
-                    ingest::pprof_batch(&params, body, None, &mut DecompressBudget::new(1 << 20));
+        let mut budget = DecompressBudget::new(1 << 20);
+        match ingest::body_kind(&params.format, None).map_err(|e| e.to_string())? {
+            BodyKind::Pprof | BodyKind::Multipart => {
+                ingest::pprof_batch(&params, body, None, &mut budget)
             }
-            Ok(BodyKind::Text(format)) => {
-                let _ = ingest::text_batch(
-                    &params,
-                    format,
-                    body,
-                    Default::default(),
-                    &mut DecompressBudget::new(1 << 20),
-                );
+            BodyKind::Text(format) => {
+                ingest::text_batch(&params, format, body, Default::default(), &mut budget)
             }
-            Err(_) => {}
         }
+        .map_err(|r| r.error.to_string())
     }
 
-    /// A Connect Push body, binary protobuf or JSON.
-    pub fn push(json: bool, body: &[u8]) {
+    /// A folded (`lines`: lines) text body as a CPU profile sampled at
+    /// `sample_rate`, converted as `/ingest` converts it: the stacks read,
+    /// and the profile made of them. Every stack read counts more than zero.
+    pub fn folded(body: &[u8], lines: bool, sample_rate: u32) -> Result<Profile, String> {
+        let format = if lines {
+            TextFormat::Lines
+        } else {
+            TextFormat::Folded
+        };
+        // What the conversion charges, checked against what it made.
+        let charged = std::cell::Cell::new(0usize);
+        let mut charge = |n: usize| -> Result<(), String> {
+            charged.set(charged.get() + n);
+            Ok(())
+        };
+        let limits = folded::TextLimits::default();
+        let stacks =
+            folded::parse_stacks(body, format, limits, &mut charge).map_err(|e| e.to_string())?;
+        assert!(
+            stacks.stacks.iter().all(|(_, count)| *count > 0),
+            "a stack read with no samples"
+        );
+        let ty = folded_type("cpu").ok_or("no cpu type")?;
+        let conv = folded::conversion(ty, sample_rate);
+        let profile = folded::to_profile(&stacks, &conv, 1, 1, limits, &mut charge)
+            .map_err(|e| e.to_string())?;
+        let names: usize = profile.string_table.iter().map(String::len).sum();
+        assert!(
+            charged.get() >= names,
+            "the conversion charged {} bytes for {names} bytes of names",
+            charged.get()
+        );
+        Ok(profile)
+    }
+
+    /// A `multipart/form-data` body read as `/ingest` reads it, each part at
+    /// most `part_limit` bytes: the `profile` and `sample_type_config` parts.
+    /// The body is all in memory, so reading never waits.
+    pub fn multipart(
+        content_type: &str,
+        body: &[u8],
+        part_limit: usize,
+    ) -> Result<(Option<Bytes>, Option<Bytes>), String> {
+        let read = multipart::read_form(
+            content_type,
+            Bytes::copy_from_slice(body),
+            PartLimit::RequestBody(part_limit),
+        );
+        let form = read
+            .now_or_never()
+            .expect("reading a body in memory waited")
+            .map_err(|e| e.to_string())?;
+        Ok((form.profile, form.sample_type_config))
+    }
+
+    /// A Connect Push body, binary protobuf or JSON. `Err` is the refusal's message.
+    pub fn push(json: bool, body: &[u8]) -> Result<Vec<Envelope>, String> {
         let codec = if json { Codec::Json } else { Codec::Proto };
-        if let Ok(request) = push::decode_request(codec, Bytes::copy_from_slice(body)) {
-            let mut budget = DecompressBudget::new(1 << 20);
-            let _ = push::to_batch(request, &mut budget, 1_700_000_000_000_000_000);
-        }
+        let request =
+            push::decode_request(codec, Bytes::copy_from_slice(body)).map_err(|e| e.to_string())?;
+        let mut budget = DecompressBudget::new(1 << 20);
+        push::to_batch(request, &mut budget, 1_700_000_000_000_000_000)
+            .map_err(|r| r.error.to_string())
     }
 }

@@ -98,6 +98,11 @@ pub fn ack_entry(segment: u64, offset: u64) -> [u8; ACK_ENTRY] {
 /// are skipped).
 pub fn read_acks(dir: &Path, segment: u64) -> std::collections::HashSet<u64> {
     let bytes = std::fs::read(ack_path(dir, segment)).unwrap_or_default();
+    acks_in(&bytes, segment)
+}
+
+/// The offsets the bytes of segment `segment`'s acknowledgement file name.
+fn acks_in(bytes: &[u8], segment: u64) -> std::collections::HashSet<u64> {
     bytes
         .chunks_exact(ACK_ENTRY)
         .filter(|c| {
@@ -236,6 +241,21 @@ pub fn read_record(file: &mut File, offset: u64, len: u32, salt: u64) -> std::io
             std::io::ErrorKind::InvalidData,
             format!("the record at offset {offset} no longer matches its checksum"),
         )),
+    }
+}
+
+/// Entry points for the fuzz targets in `fuzz/`: the readers of a segment's
+/// and an acknowledgement file's bytes, as a restart runs them. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// The scan of a segment file's bytes.
+    pub fn scan(bytes: &[u8], max_record: u32) -> super::Scan {
+        super::scan_bytes(bytes, max_record)
+    }
+
+    /// The offsets an acknowledgement file's bytes name.
+    pub fn acks(bytes: &[u8], segment: u64) -> std::collections::HashSet<u64> {
+        super::acks_in(bytes, segment)
     }
 }
 
