@@ -30,7 +30,6 @@ pub mod elf;
 pub mod kallsyms;
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -39,53 +38,16 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
 use kallsyms::Kallsyms;
 
-/// A fast hasher for the caches' keys (addresses, build ids, names): a
-/// multiply-rotate per word, as compilers use for their own tables. The
-/// caches are bounded, so SipHash's resistance to chosen keys buys nothing
-/// here, and it was a tenth of the processor's time.
-#[derive(Default, Clone, Copy)]
-pub struct FastHasher(u64);
-
-const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl FastHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(SEED);
-    }
-}
-
-impl Hasher for FastHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut last = [0u8; 8];
-            last[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(last));
-        }
-    }
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A map with [`FastHasher`].
-pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+/// A map keyed by what profiles say (addresses, build ids, names, a
+/// profile's ids and strings): foldhash, seeded at random per process and
+/// per map, so keys chosen to collide cannot be written into a profile
+/// ahead of time (the unseeded multiply-rotate hash it replaced put keys
+/// that differ only in their high bits in one bucket), at a fraction of
+/// SipHash's cost (which was a tenth of the processor's time). Its
+/// `quality` variant: `fast` hashes an integer with one multiply by a
+/// per-process seed, and with some seeds integers that differ only in
+/// their high bits still share low bits.
+pub type FastMap<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 
 /// One line of a location: a function and where in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -380,6 +342,26 @@ fn code(info: Option<&blazesym::symbolize::CodeInfo<'_>>) -> (Option<String>, u3
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keys a profile chooses (mapping ids, kernel addresses) that differ
+    /// only in their high bits spread over the buckets (the unseeded
+    /// multiply-rotate hash before put them in one), and two maps hash a
+    /// key differently.
+    #[test]
+    fn fast_maps_are_seeded_each_and_spread_keys_that_share_low_bits() {
+        use std::hash::BuildHasher;
+        let keys: Vec<u64> = (1..=4096u64).map(|x| x << 40).collect();
+        let (a, b): (FastMap<u64, ()>, FastMap<u64, ()>) = Default::default();
+        let buckets: std::collections::HashSet<u64> = keys
+            .iter()
+            .map(|&k| a.hasher().hash_one(k) & 0xffff)
+            .collect();
+        assert!(buckets.len() > 3500, "{} buckets", buckets.len());
+        assert!(
+            keys.iter()
+                .any(|&k| a.hasher().hash_one(k) != b.hasher().hash_one(k))
+        );
+    }
 
     #[inline(never)]
     fn a_function_to_find() -> u64 {
