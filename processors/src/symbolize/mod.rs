@@ -38,7 +38,7 @@ use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
 use proflow_pipeline::http::{HttpClient, Options};
-use proflow_pipeline::model::{Envelope, Format, Payload};
+use proflow_pipeline::model::{BatchMeta, Envelope, Format, Payload};
 use proflow_pipeline::otlp::SharedDictionary;
 use proflow_pipeline::symbolize::{Limits, Symbols};
 use proflow_pipeline::telemetry::SymbolizeTelemetry;
@@ -197,7 +197,7 @@ const WORKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[async_trait]
 impl Processor for SymbolizeProcessor {
-    async fn process(&self, batch: Vec<Envelope>) -> Vec<Envelope> {
+    async fn process(&self, batch: Vec<Envelope>, _meta: &BatchMeta) -> Vec<Envelope> {
         // Envelopes share their payloads: keeping a copy costs pointers, and
         // a batch whose work failed goes on as it came.
         let unchanged = batch.clone();

@@ -356,10 +356,13 @@ async fn the_processor_names_pprof_payloads_and_passes_the_rest_as_they_came() {
         1 << 20,
     );
     let out = processor
-        .process(vec![
-            envelope(Payload::from_bytes(gz, 1 << 20)),
-            envelope(named_already.clone()),
-        ])
+        .process(
+            vec![
+                envelope(Payload::from_bytes(gz, 1 << 20)),
+                envelope(named_already.clone()),
+            ],
+            &BatchMeta::default(),
+        )
         .await;
     assert_eq!(out.len(), 2);
     expect_full_names(&out[0].payload.decoded().unwrap());
@@ -379,7 +382,10 @@ async fn the_processor_names_pprof_payloads_and_passes_the_rest_as_they_came() {
 
     // The second time, from the cache.
     let again = processor
-        .process(vec![envelope(Payload::from_bytes(bytes, 1 << 20))])
+        .process(
+            vec![envelope(Payload::from_bytes(bytes, 1 << 20))],
+            &BatchMeta::default(),
+        )
         .await;
     expect_full_names(&again[0].payload.decoded().unwrap());
     assert!(
@@ -507,11 +513,14 @@ async fn otlp_payloads_named_in_their_dictionary_once_per_request() {
     let native = otlp_payload(&profile, Some(&full));
     // Two envelopes of one request share its dictionary.
     let out = processor
-        .process(vec![
-            envelope(runtime.clone()),
-            envelope(runtime),
-            envelope(native),
-        ])
+        .process(
+            vec![
+                envelope(runtime.clone()),
+                envelope(runtime),
+                envelope(native),
+            ],
+            &BatchMeta::default(),
+        )
         .await;
     for e in &out {
         assert!(e.payload.has(Format::Otlp) && !e.payload.has(Format::Pprof));

@@ -41,7 +41,7 @@ use bytes::Bytes;
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate, joined_problems,
 };
-use proflow_pipeline::model::{Envelope, Format, Payload};
+use proflow_pipeline::model::{BatchMeta, Envelope, Format, Payload};
 use proflow_pipeline::otlp::{self as potlp, Lost, OtlpProfiles, ProfileData};
 use proflow_pipeline::spans::SpanConsumer;
 use proflow_pipeline::telemetry::{Telemetry, TraceLinkTelemetry};
@@ -448,7 +448,7 @@ impl TraceLinkProcessor {
 
 #[async_trait]
 impl Processor for TraceLinkProcessor {
-    async fn process(&self, mut envelopes: Vec<Envelope>) -> Vec<Envelope> {
+    async fn process(&self, mut envelopes: Vec<Envelope>, _meta: &BatchMeta) -> Vec<Envelope> {
         let mut groups = Vec::new();
         let work = self.read(&envelopes, &mut groups);
         if work.iter().all(|w| matches!(w, Work::Pass)) {
