@@ -339,7 +339,7 @@ impl Telemetry {
             ),
             symbolize_open_files: family!(
                 "symbolize_open_files",
-                "Files (binaries and debug files) a symbolize processor holds open (bounded by open_binaries)",
+                "Files a symbolize processor holds open: up to open_binaries binaries or debug files, each with the debug file its .gnu_debuglink names, and the dwz files they need",
                 Gauges::default()
             ),
             receiver_accepted_spans: family!(

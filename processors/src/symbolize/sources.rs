@@ -5,8 +5,8 @@
 //!   address in the kernel's half with no mapping: this host's kallsyms.
 //! - **local binary**: the mapping's path on this host, first under
 //!   `/proc/<pid>/root` when the series has a `pid` label; taken only when
-//!   its build id is the mapping's (or the mapping has none). blazesym
-//!   follows its `.gnu_debuglink` into `debug_dirs`.
+//!   its build id is the mapping's (or the mapping has none). Its
+//!   `.gnu_debuglink` is followed into `debug_dirs`.
 //! - **debug file by build id**: `<dir>/.build-id/ab/cdef….debug` in each of
 //!   `debug_dirs`, with the mapping's build id; preferred over the local
 //!   binary when both are found (a stripped binary's debug file has the
@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use proflow_pipeline::symbolize::elf::{ElfInfo, build_id_path};
 
 use super::debuginfod::{Debuginfod, Lookup};
-use proflow_pipeline::symbolize::{Addr, FileKey, FileRef, Lines, Symbols};
+use proflow_pipeline::symbolize::{Addr, FileId, FileKey, FileRef, Lines, Symbols};
 
 /// Addresses at or above this are the kernel's (x86-64 and arm64).
 pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
@@ -78,7 +78,9 @@ pub enum Source {
     File {
         key: FileKey,
         path: PathBuf,
-        debug_size: u64,
+        /// The file that was checked (build id, segments): another one
+        /// found at `path` later is not read.
+        id: Option<FileId>,
         translate: Translate,
     },
     /// Not to be found; the reason.
@@ -241,14 +243,14 @@ impl Sources {
                 Source::File {
                     key: FileKey::Path(path.to_string_lossy().into()),
                     path,
-                    debug_size: info.debug_size,
+                    id: info.file,
                     translate,
                 }
             }
             (Some((path, info)), None) => Source::File {
                 key: binary_key(&path, &info),
                 path,
-                debug_size: info.debug_size,
+                id: info.file,
                 translate: Translate::FileOffset,
             },
             (None, None) if m.build_id.is_none() => Source::Missing(reason::NO_BUILD_ID),
@@ -287,7 +289,7 @@ pub fn lookup(
         Source::File {
             key,
             path,
-            debug_size,
+            id,
             translate,
         } => {
             let addr = match kind {
@@ -306,11 +308,7 @@ pub fn lookup(
             let Some(addr) = addr else {
                 return Err(reason::NOT_FOUND);
             };
-            let file = FileRef {
-                key,
-                path,
-                debug_size: *debug_size,
-            };
+            let file = FileRef { key, path, id: *id };
             symbols.file(file, addr)
         }
     };

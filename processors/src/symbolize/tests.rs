@@ -40,14 +40,14 @@ int main(void) {
 
 /// A built program: the stripped binary, its debug file under
 /// `debug/.build-id/…`, an unstripped copy, and its build id.
-struct Built {
-    dir: PathBuf,
-    stripped: PathBuf,
-    full: PathBuf,
-    build_id: String,
+pub(super) struct Built {
+    pub(super) dir: PathBuf,
+    pub(super) stripped: PathBuf,
+    pub(super) full: PathBuf,
+    pub(super) build_id: String,
 }
 
-fn run(cmd: &mut Command) {
+pub(super) fn run(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
         out.status.success(),
@@ -56,7 +56,7 @@ fn run(cmd: &mut Command) {
     );
 }
 
-fn build(name: &str) -> Built {
+pub(super) fn build(name: &str) -> Built {
     let dir = std::env::temp_dir().join(format!("proflow-symbolize-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -95,10 +95,10 @@ fn build(name: &str) -> Built {
 
 /// A running program and the runtime addresses it printed: its leaf
 /// function, and a return address in the function inlined into its caller.
-struct Running {
-    child: Child,
-    leaf: u64,
-    inlined: u64,
+pub(super) struct Running {
+    pub(super) child: Child,
+    pub(super) leaf: u64,
+    pub(super) inlined: u64,
 }
 
 impl Drop for Running {
@@ -108,7 +108,7 @@ impl Drop for Running {
     }
 }
 
-fn start(binary: &Path) -> Running {
+pub(super) fn start(binary: &Path) -> Running {
     let mut child = Command::new(binary).stdout(Stdio::piped()).spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.as_mut().unwrap())
@@ -126,7 +126,7 @@ fn start(binary: &Path) -> Running {
 
 /// A profile of one sample, `[leaf, inlined]`, in the program's executable
 /// mapping as `/proc/PID/maps` has it, named as `path` with `build_id`.
-fn profile_of(r: &Running, path: &str, build_id: Option<&str>) -> pprof::Profile {
+pub(super) fn profile_of(r: &Running, path: &str, build_id: Option<&str>) -> pprof::Profile {
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", r.child.id())).unwrap();
     let (start, end, offset) = maps
         .lines()
@@ -188,7 +188,7 @@ fn profile_of(r: &Running, path: &str, build_id: Option<&str>) -> pprof::Profile
 
 /// [`profile::symbolize`] on a copy: the named copy, or `None` when
 /// nothing changed.
-fn symbolize_copy(
+pub(super) fn symbolize_copy(
     p: &pprof::Profile,
     pid: Option<u32>,
     sources: &mut Sources,
@@ -199,7 +199,7 @@ fn symbolize_copy(
     (changed.then_some(copy), counts)
 }
 
-fn limits() -> Limits {
+pub(super) fn limits() -> Limits {
     Limits {
         max_entries: 1000,
         max_open: 4,
@@ -208,7 +208,7 @@ fn limits() -> Limits {
 }
 
 /// Each location's lines as (function, file's base name, has a line).
-fn names(p: &pprof::Profile) -> Vec<Vec<(String, String, bool)>> {
+pub(super) fn names(p: &pprof::Profile) -> Vec<Vec<(String, String, bool)>> {
     let s = |i: i64| p.string_table[i as usize].clone();
     p.location
         .iter()
@@ -230,7 +230,7 @@ fn names(p: &pprof::Profile) -> Vec<Vec<(String, String, bool)>> {
         .collect()
 }
 
-fn expect_full_names(p: &pprof::Profile) {
+pub(super) fn expect_full_names(p: &pprof::Profile) {
     let n = names(p);
     assert_eq!(
         n[0],
@@ -326,7 +326,7 @@ fn processor_for(b: &Built) -> (SymbolizeProcessor, Arc<Telemetry>) {
     (processor, telemetry)
 }
 
-fn envelope(payload: Payload) -> Envelope {
+pub(super) fn envelope(payload: Payload) -> Envelope {
     Envelope {
         labels: Labels::from_pairs([("__name__", "process_cpu"), ("service_name", "prog")]),
         start_unix_nanos: 1,
@@ -400,7 +400,7 @@ async fn the_processor_names_pprof_payloads_and_passes_the_rest_as_they_came() {
 
 /// The kernel's `schedule` function. Needs root: kallsyms shows other
 /// users zero addresses.
-fn schedule_address() -> u64 {
+pub(super) fn schedule_address() -> u64 {
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap();
     let schedule = kallsyms
         .lines()
