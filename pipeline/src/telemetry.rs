@@ -319,7 +319,7 @@ impl Telemetry {
             ),
             symbolize_frames: family!(
                 "symbolize_frames",
-                "Frames a symbolize processor was asked to name, by result (symbolized, or why not: no_mapping, no_build_id, not_found, debuginfod_timeout)",
+                "Frames a symbolize processor was asked to name, by result (symbolized, or why not: no_mapping, no_build_id, not_found, kernel_disabled, kernel_not_this_host, local_not_this_host, debuginfod_timeout)",
                 Counters::default()
             ),
             symbolize_cache_hits: family!(

@@ -21,6 +21,10 @@
 //! it came and the next batch starts a new worker (with empty caches).
 //! A profile with nothing to name (every location has lines) goes on as it
 //! came: its bytes are decoded once to see that, and never re-encoded.
+//!
+//! Local files and kallsyms serve by default only the batches this host
+//! made ([`BatchMeta::this_host`]: the `ebpf` receiver's); see
+//! [`config::HostSource`].
 
 pub mod config;
 pub mod debuginfod;
@@ -43,7 +47,7 @@ use proflow_pipeline::otlp::SharedDictionary;
 use proflow_pipeline::symbolize::{Limits, Symbols};
 use proflow_pipeline::telemetry::SymbolizeTelemetry;
 
-pub use config::{DebuginfodConfig, SymbolizeProcessorConfig};
+pub use config::{DebuginfodConfig, HostSource, SymbolizeProcessorConfig};
 use debuginfod::Debuginfod;
 use sources::Sources;
 
@@ -106,8 +110,13 @@ struct State {
     symbols: Symbols,
 }
 
-/// A batch for the worker, and where its answer goes.
-type Job = (Vec<Envelope>, tokio::sync::oneshot::Sender<Vec<Envelope>>);
+/// A batch for the worker, whether it was made on this host, and where its
+/// answer goes.
+type Job = (
+    Vec<Envelope>,
+    bool,
+    tokio::sync::oneshot::Sender<Vec<Envelope>>,
+);
 
 /// The running `symbolize` processor.
 pub struct SymbolizeProcessor {
@@ -170,8 +179,8 @@ fn spawn_worker(
                 symbols: Symbols::new(limits, Some(config.debug_dirs.clone())),
             };
             let wait = config.debuginfod.timeout.get();
-            while let Ok((batch, reply)) = rx.recv() {
-                state.sources.set_deadline(Instant::now() + wait);
+            while let Ok((batch, this_host, reply)) = rx.recv() {
+                state.sources.begin_batch(Instant::now() + wait, this_host);
                 let mut named = HashMap::new();
                 let out: Vec<Envelope> = batch
                     .into_iter()
@@ -197,7 +206,7 @@ const WORKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[async_trait]
 impl Processor for SymbolizeProcessor {
-    async fn process(&self, batch: Vec<Envelope>, _meta: &BatchMeta) -> Vec<Envelope> {
+    async fn process(&self, batch: Vec<Envelope>, meta: &BatchMeta) -> Vec<Envelope> {
         // Envelopes share their payloads: keeping a copy costs pointers, and
         // a batch whose work failed goes on as it came.
         let unchanged = batch.clone();
@@ -207,7 +216,7 @@ impl Processor for SymbolizeProcessor {
                 Ok(w) => w,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            if let Err(mpsc::SendError(job)) = worker.send((batch, reply)) {
+            if let Err(mpsc::SendError(job)) = worker.send((batch, meta.this_host, reply)) {
                 // The worker ended (it panicked): a new one takes this batch.
                 tracing::error!("symbolize: the worker stopped; a new one starts");
                 *worker = self.new_worker();

@@ -1,6 +1,7 @@
-//! What a local user cannot make the processor do: open a FIFO swapped in
-//! for a file (directly, through a `.gnu_debuglink`, or through a dwz
-//! `.gnu_debugaltlink`).
+//! What a sender or a local user cannot make the processor do: read this
+//! host's files or kallsyms for profiles from elsewhere (by default), open
+//! a FIFO swapped in for a file (directly, through a `.gnu_debuglink`, or
+//! through a dwz `.gnu_debugaltlink`).
 
 use std::path::Path;
 use std::process::Command;
@@ -13,13 +14,22 @@ use proflow_pipeline::symbolize::elf::ElfInfo;
 use proflow_pipeline::telemetry::Telemetry;
 
 use super::tests::{
-    build, envelope, expect_full_names, limits, names, profile_of, run, start, symbolize_copy,
+    Built, build, envelope, expect_full_names, limits, names, profile_of, run, schedule_address,
+    start, symbolize_copy,
 };
 use super::*;
 
 fn pushed() -> BatchMeta {
     BatchMeta {
         receiver: "pprof_push".into(),
+        ..Default::default()
+    }
+}
+
+fn from_ebpf() -> BatchMeta {
+    BatchMeta {
+        receiver: "ebpf".into(),
+        this_host: true,
         ..Default::default()
     }
 }
@@ -56,6 +66,92 @@ fn mkfifo(path: &Path) {
     run(Command::new("mkfifo").arg(path));
 }
 
+/// A profile of `r` mapping `path` with `b`'s build id, with one more
+/// location: a kernel address with no mapping.
+fn with_kernel_frame(b: &Built, r: &super::tests::Running, path: &str) -> pprof::Profile {
+    let mut p = profile_of(r, path, Some(&b.build_id));
+    p.location.push(pprof::Location {
+        id: 3,
+        mapping_id: 0,
+        address: schedule_address() + 1,
+        ..Default::default()
+    });
+    p
+}
+
+#[tokio::test]
+async fn profiles_from_elsewhere_get_no_local_files_or_kallsyms_by_default() {
+    let b = build("origin");
+    let r = start(&b.full);
+    let profile = with_kernel_frame(&b, &r, b.full.to_str().unwrap());
+    let payload = Payload::from_bytes(pprof::encode(&profile), 1 << 20);
+    let telemetry = Arc::new(Telemetry::new());
+    let config = SymbolizeProcessorConfig {
+        debug_dirs: vec![],
+        ..Default::default()
+    };
+    let processor = SymbolizeProcessor::new(&config, telemetry.symbolize("symbolize"));
+
+    // Pushed: the binary at the named path has the mapping's build id and
+    // its DWARF, and the kernel address is one kallsyms names; neither is
+    // read for it.
+    let out = processor
+        .process(vec![envelope(payload.clone())], &pushed())
+        .await;
+    assert_eq!(out[0].payload.identity(), payload.identity(), "as it came");
+    assert_eq!(frames(&telemetry, "local_not_this_host"), 2.0);
+    assert_eq!(frames(&telemetry, "kernel_not_this_host"), 1.0);
+
+    // The same profile made by this host's ebpf receiver: named.
+    let out = processor
+        .process(vec![envelope(payload.clone())], &from_ebpf())
+        .await;
+    let named = out[0].payload.decoded().unwrap();
+    expect_full_names(&named);
+    assert_eq!(names(&named)[2][0].0, "schedule");
+
+    // Pushed again: what was decided and opened for this host's profile
+    // is not used for it.
+    let out = processor
+        .process(vec![envelope(payload.clone())], &pushed())
+        .await;
+    assert_eq!(out[0].payload.identity(), payload.identity());
+    assert_eq!(frames(&telemetry, "local_not_this_host"), 4.0);
+    assert_eq!(frames(&telemetry, "kernel_not_this_host"), 2.0);
+
+    // `local: true` and `kernel: true`: every profile, pushed ones too.
+    let trusting = SymbolizeProcessorConfig {
+        local: HostSource::Every,
+        kernel: HostSource::Every,
+        ..config.clone()
+    };
+    let t2 = Arc::new(Telemetry::new());
+    let processor = SymbolizeProcessor::new(&trusting, t2.symbolize("symbolize"));
+    let out = processor
+        .process(vec![envelope(payload.clone())], &pushed())
+        .await;
+    let named = out[0].payload.decoded().unwrap();
+    expect_full_names(&named);
+    assert_eq!(names(&named)[2][0].0, "schedule");
+    assert_eq!(frames(&t2, "symbolized"), 3.0);
+
+    // `false`: not even this host's.
+    let never = SymbolizeProcessorConfig {
+        local: HostSource::Never,
+        kernel: HostSource::Never,
+        ..config
+    };
+    let t3 = Arc::new(Telemetry::new());
+    let processor = SymbolizeProcessor::new(&never, t3.symbolize("symbolize"));
+    let out = processor
+        .process(vec![envelope(payload.clone())], &from_ebpf())
+        .await;
+    assert_eq!(out[0].payload.identity(), payload.identity());
+    assert_eq!(frames(&t3, "kernel_disabled"), 1.0);
+    assert_eq!(frames(&t3, "not_found"), 2.0);
+    let _ = std::fs::remove_dir_all(&b.dir);
+}
+
 /// The race a FIFO swap exploits: the file is checked (build id), then
 /// swapped for a FIFO, then opened to be read. The open finds the FIFO,
 /// refuses it without waiting for a writer, and the frames go unnamed.
@@ -66,7 +162,7 @@ fn a_file_swapped_for_a_fifo_after_it_was_checked_is_not_opened() {
     let app = b.dir.join("app");
     std::fs::copy(&b.full, &app).unwrap();
     let profile = profile_of(&r, app.to_str().unwrap(), Some(&b.build_id));
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mapping = sources::MappingId {
         path: app.to_string_lossy().into_owned(),
         build_id: Some(b.build_id.clone()),
@@ -91,7 +187,7 @@ fn a_file_swapped_for_a_fifo_after_it_was_checked_is_not_opened() {
     // A new decision refuses the FIFO too, and so does the whole
     // processor path.
     let (named, counts) = without_blocking("a new decision", move || {
-        let mut sources = Sources::new(true, vec![], true);
+        let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
         let mut symbols = Symbols::new(limits(), Some(vec![]));
         symbolize_copy(&profile, None, &mut sources, &mut symbols)
     });
@@ -111,6 +207,7 @@ async fn a_file_swapped_for_a_fifo_between_two_profiles_does_not_block_the_worke
     std::fs::copy(&b.full, &app).unwrap();
     let telemetry = Arc::new(Telemetry::new());
     let config = SymbolizeProcessorConfig {
+        local: HostSource::Every,
         debug_dirs: vec![],
         ..Default::default()
     };
@@ -174,7 +271,7 @@ fn a_debuglink_is_followed_to_a_checked_file_and_never_to_a_fifo() {
     let profile = profile_of(&r, app.to_str().unwrap(), Some(&b.build_id));
     let name = |p: pprof::Profile| {
         without_blocking("symbolize", move || {
-            let mut sources = Sources::new(true, vec![], true);
+            let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
             let mut symbols = Symbols::new(limits(), Some(vec![]));
             symbolize_copy(&p, None, &mut sources, &mut symbols).0
         })
@@ -234,7 +331,7 @@ fn a_dwz_supplementary_file_is_found_by_build_id_and_a_fifo_path_is_never_opened
     let profile = profile_of(&r, app.to_str().unwrap(), Some(&b.build_id));
     let name = |p: pprof::Profile, dirs: Vec<std::path::PathBuf>| {
         without_blocking("symbolize", move || {
-            let mut sources = Sources::new(true, vec![], true);
+            let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
             let mut symbols = Symbols::new(limits(), Some(dirs));
             let named = symbolize_copy(&p, None, &mut sources, &mut symbols).0;
             (named, symbols.open_files())

@@ -260,20 +260,20 @@ fn a_stripped_binary_named_from_its_debug_file_by_build_id() {
     let debug_dirs = vec![b.dir.join("debug")];
 
     // The binary here too: its segments give the exact virtual address.
-    let mut sources = Sources::new(true, debug_dirs.clone(), true);
+    let mut sources = Sources::new(HostSource::Every, debug_dirs.clone(), HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(debug_dirs.clone()));
     let (named, counts) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     expect_full_names(&named.expect("named"));
     assert_eq!(counts.get("symbolized"), Some(&2), "{counts:?}");
 
     // The debug file alone (the binary is on another host).
-    let mut sources = Sources::new(false, debug_dirs.clone(), true);
+    let mut sources = Sources::new(HostSource::Never, debug_dirs.clone(), HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(debug_dirs));
     let (named, _) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     expect_full_names(&named.expect("named from the debug file alone"));
 
     // No debug file: a stripped binary names nothing; counted, not touched.
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
     let (named, counts) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     assert!(named.is_none());
@@ -289,7 +289,7 @@ fn a_local_binary_with_dwarf_and_the_cases_that_cannot_be_named() {
 
     // By file offset in the binary itself, found through /proc/PID/root.
     let profile = profile_of(&r, path, Some(&b.build_id));
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
     let (named, _) = symbolize_copy(&profile, Some(r.child.id()), &mut sources, &mut symbols);
     expect_full_names(&named.expect("named"));
@@ -446,7 +446,7 @@ fn kernel_frames_named_from_kallsyms() {
         string_table: vec![String::new(), "[kernel.kallsyms]".into()],
         ..Default::default()
     };
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
     let (named, counts) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     let named = named.expect("named");
@@ -459,7 +459,7 @@ fn kernel_frames_named_from_kallsyms() {
     );
     assert_eq!(counts.get("symbolized"), Some(&2), "{counts:?}");
 
-    let mut off = Sources::new(true, vec![], false);
+    let mut off = Sources::new(HostSource::Every, vec![], HostSource::Never);
     let (named, counts) = symbolize_copy(&profile, None, &mut off, &mut symbols);
     assert!(named.is_none());
     assert_eq!(counts.get("kernel_disabled"), Some(&2), "{counts:?}");
@@ -600,7 +600,7 @@ fn leaf_name_of(name: &str, compile: impl FnOnce(&Path, &Path)) -> String {
     let r = start(&bin);
     let build_id = ElfInfo::read(&bin).and_then(|i| i.build_id);
     let profile = profile_of(&r, bin.to_str().unwrap(), build_id.as_deref());
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
     let (named, _) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     let n = names(&named.expect("named"));
@@ -639,7 +639,7 @@ fn hostile_profiles_neither_panic_nor_block() {
     let b = build("hostile");
     let r = start(&b.full);
     let path = b.full.to_str().unwrap();
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
 
     // A function id of u64::MAX leaves no room for new ones: as it came.
