@@ -1,7 +1,7 @@
 //! What a sender or a local user cannot make the processor do: read this
 //! host's files or kallsyms for profiles from elsewhere (by default), open
 //! a FIFO swapped in for a file (directly, through a `.gnu_debuglink`, or
-//! through a dwz `.gnu_debugaltlink`).
+//! through a dwz `.gnu_debugaltlink`), or pile up stuck workers.
 
 use std::path::Path;
 use std::process::Command;
@@ -241,6 +241,14 @@ async fn a_file_swapped_for_a_fifo_between_two_profiles_does_not_block_the_worke
     let n = names(&out[0].payload.decoded().unwrap());
     assert_eq!(n[0][0].0, "proflow_leaf", "{n:?}");
     assert_eq!(frames(&telemetry, "symbolized"), 4.0);
+    assert_eq!(
+        metric(
+            &telemetry,
+            "proflow_symbolize_skipped_profiles_total",
+            "reason=\"worker_timeout\""
+        ),
+        0.0
+    );
     let _ = std::fs::remove_dir_all(&b.dir);
 }
 
@@ -352,4 +360,76 @@ fn a_dwz_supplementary_file_is_found_by_build_id_and_a_fifo_path_is_never_opened
     assert_eq!(open, 1);
     let _ = std::fs::remove_dir_all(&b.dir);
     let _ = std::fs::remove_dir_all(&other.dir);
+}
+
+/// A worker held (as by a file system that does not answer) past the
+/// timeout is given up on and replaced, at most MAX_STUCK_WORKERS at a
+/// time: then batches go on unnamed at once, counted, and no thread
+/// starts; once a stuck worker returns it ends and a new one may start.
+#[tokio::test]
+async fn stuck_workers_are_given_up_on_and_bounded() {
+    let telemetry = Arc::new(Telemetry::new());
+    let config = SymbolizeProcessorConfig {
+        debug_dirs: vec![],
+        ..Default::default()
+    };
+    let mut processor = SymbolizeProcessor::new(&config, telemetry.symbolize("symbolize"));
+    processor.worker_timeout = Duration::from_millis(50);
+    let skipped = |reason: &str| {
+        metric(
+            &telemetry,
+            "proflow_symbolize_skipped_profiles_total",
+            &format!("reason=\"{reason}\""),
+        )
+    };
+    let stuck_gauge = || {
+        telemetry
+            .render()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("proflow_symbolize_stuck_workers{processor=\"symbolize\"} ")
+                    .map(|v| v.parse::<f64>().unwrap())
+            })
+            .unwrap()
+    };
+    let batch = || {
+        vec![envelope(Payload::from_bytes(
+            pprof::encode(&pprof::Profile::default()),
+            1 << 20,
+        ))]
+    };
+
+    let mut holds = Vec::new();
+    for n in 1..=MAX_STUCK_WORKERS {
+        holds.push(processor.stall_worker());
+        let out = processor.process(batch(), &pushed()).await;
+        assert_eq!(out.len(), 1, "the batch goes on");
+        assert_eq!(skipped("worker_timeout"), n as f64);
+        assert_eq!(stuck_gauge(), n as f64);
+    }
+    let started = lock(&processor.workers).started;
+    assert_eq!(started, MAX_STUCK_WORKERS as u64);
+    // The most are stuck: no worker starts, the batch goes on at once.
+    let out = processor.process(batch(), &pushed()).await;
+    assert_eq!(out.len(), 1);
+    assert_eq!(skipped("workers_stuck"), 1.0);
+    assert_eq!(lock(&processor.workers).started, started);
+
+    // One returns: it ends (its caches with it), and the next batch gets a
+    // new worker, which answers.
+    drop(holds.remove(0));
+    for _ in 0..600 {
+        if stuck_gauge() < MAX_STUCK_WORKERS as f64 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(stuck_gauge(), (MAX_STUCK_WORKERS - 1) as f64);
+    processor.worker_timeout = WORKER_TIMEOUT;
+    let out = processor.process(batch(), &pushed()).await;
+    assert_eq!(out.len(), 1);
+    assert_eq!(lock(&processor.workers).started, started + 1);
+    assert_eq!(skipped("worker_timeout"), MAX_STUCK_WORKERS as f64);
+    assert_eq!(skipped("workers_stuck"), 1.0);
+    drop(holds);
 }
