@@ -178,11 +178,13 @@ impl Symbols {
     /// into `debug_dirs` (`/usr/lib/debug` and `/lib/debug` when `None`).
     pub fn new(limits: Limits, debug_dirs: Option<Vec<PathBuf>>) -> Self {
         let supplements = Supplements::new();
-        // blazesym opens nothing by a path of its own choosing: its only
-        // debug directory is the private one of checked supplementary
-        // files, it never sees a file with a .gnu_debuglink or .debug_sup
-        // while reading DWARF (those are found here), and files do not
-        // change under the descriptors it is given (no reload checks).
+        // blazesym opens only the /proc/self/fd/N paths it is given and
+        // the links of its one debug directory, the private one of checked
+        // supplementary files: it never reads DWARF of a file with a
+        // .gnu_debuglink or .debug_sup (those are found here, or the file
+        // is read without DWARF), the `.dwp` it looks for next to a file
+        // (`/proc/self/fd/N.dwp`) cannot exist, and files do not change
+        // under the descriptors it is given (no reload checks).
         let blaze_dirs: Vec<PathBuf> = supplements
             .dir()
             .map(Path::to_path_buf)
