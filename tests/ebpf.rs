@@ -642,3 +642,40 @@ fn a_stripped_binary_named_downstream_by_the_symbolize_processor_into_pyroscope(
     pyroscope_has(&pyroscope, &app, &want, &proflow);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The `symbolize` processor serves this host's profiles from this host:
+/// with its defaults (`local` and `kernel`: `this_host`) the `ebpf`
+/// receiver's profiles (`symbolize: none`: addresses) are named from the
+/// binary at the path the process maps (no debug directory), which a
+/// pushed profile would not be (`tests/symbolize.rs`).
+#[test]
+fn this_hosts_profiles_named_by_the_symbolize_processor_from_local_files() {
+    let _one_at_a_time = require_root();
+    let full = ebpf_targets::build(Target::CNoFp).unwrap_or_else(|e| panic!("{e}"));
+    let (child, pid) = ebpf_targets::spawn(&full, 20);
+    let _child = KillOnDrop(child);
+    let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 2s\n    symbolize: none\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{pid}', action: keep}}\nprocessors:\n  symbolize:\n    debug_dirs: []\n    debuginfod: {{urls: []}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      processors: [symbolize]\n      exporters: [file]\n",
+            profiles.display(),
+            ports.telemetry
+        )
+    });
+    let stacks = stacks_of(&proflow, pid, 500);
+    assert!(
+        count_with(&stacks, "proflow_hot_two") > 0,
+        "not named from the local binary: {stacks:?}"
+    );
+    let metrics = proflow.metrics();
+    for refused in ["local_not_this_host", "kernel_not_this_host"] {
+        assert_eq!(
+            common::metric_sum(
+                &metrics,
+                "proflow_symbolize_frames_total",
+                &[("result", refused)]
+            ),
+            0.0,
+            "{metrics}"
+        );
+    }
+}

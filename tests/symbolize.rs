@@ -6,9 +6,14 @@
 //! names the frames. Also: a build id no server has is asked once (negative
 //! cache), and a server that never answers does not hold profiles back.
 //!
+//! Also: a pushed profile is named from no local file and no kallsyms by
+//! default (`local`/`kernel: this_host`), and is with `true`; a file
+//! swapped for a FIFO between two pushes does not hold a worker.
+//!
 //! The processor's other sources (local binaries, debug directories,
-//! kallsyms, OTLP) are tested in `processors/src/symbolize/tests.rs`, and
-//! the `ebpf` receiver → `symbolize` → Pyroscope path in `tests/ebpf.rs`.
+//! kallsyms, OTLP) are tested in `processors/src/symbolize/tests.rs` and
+//! `safety_tests.rs`, and the `ebpf` receiver → `symbolize` → Pyroscope
+//! path (this host's profiles, named locally) in `tests/ebpf.rs`.
 
 mod common;
 #[allow(dead_code)] // Only the C target is used here.
@@ -132,36 +137,47 @@ fn runtime_address(
 /// A CPU profile of the running stripped program, 2:1 between its two hot
 /// functions, each called from `main`; the mapping names `build_id`.
 fn profile_of(s: &Stripped, pid: u32, build_id: &str) -> Vec<u8> {
-    let addr = |symbol| runtime_address(pid, &s.binary, &s.full, symbol, 4);
+    profile_mapping(&s.binary, &s.full, pid, build_id, None)
+}
+
+/// The same profile of a process that runs `path` (a copy of `full`),
+/// the mapping named `path`; with `kernel`, a kernel frame (no mapping) at
+/// that address on top of each stack.
+fn profile_mapping(
+    path: &Path,
+    full: &Path,
+    pid: u32,
+    build_id: &str,
+    kernel: Option<u64>,
+) -> Vec<u8> {
+    let addr = |symbol| runtime_address(pid, path, full, symbol, 4);
     let (two, mapping) = addr("proflow_hot_two");
     let (one, _) = addr("proflow_hot_one");
     let (main, _) = addr("main");
-    let strings: Vec<String> = [
-        "",
-        "cpu",
-        "nanoseconds",
-        s.binary.to_str().unwrap(),
-        build_id,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let strings: Vec<String> = ["", "cpu", "nanoseconds", path.to_str().unwrap(), build_id]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let location = |id, address| pprof::Location {
         id,
         mapping_id: 1,
         address,
         ..Default::default()
     };
-    let p = pprof::Profile {
+    let on_top = |stack: Vec<u64>| match kernel {
+        Some(_) => [vec![4], stack].concat(),
+        None => stack,
+    };
+    let mut p = pprof::Profile {
         sample_type: vec![pprof::ValueType { r#type: 1, unit: 2 }],
         sample: vec![
             pprof::Sample {
-                location_id: vec![1, 3],
+                location_id: on_top(vec![1, 3]),
                 value: vec![200_000_000],
                 label: vec![],
             },
             pprof::Sample {
-                location_id: vec![2, 3],
+                location_id: on_top(vec![2, 3]),
                 value: vec![100_000_000],
                 label: vec![],
             },
@@ -183,6 +199,14 @@ fn profile_of(s: &Stripped, pid: u32, build_id: &str) -> Vec<u8> {
         duration_nanos: 10_000_000_000,
         ..Default::default()
     };
+    if let Some(address) = kernel {
+        p.location.push(pprof::Location {
+            id: 4,
+            mapping_id: 0,
+            address,
+            ..Default::default()
+        });
+    }
     common::gzip(&pprof::encode(&p))
 }
 
@@ -373,4 +397,166 @@ fn a_server_that_never_answers_does_not_hold_profiles_back() {
         proflow.metrics()
     );
     drop(held);
+}
+
+/// proflow: `pprof_push` → `symbolize` (`settings`, no debug directories,
+/// no debuginfod) → `file`.
+fn proflow_local(settings: &str) -> Proflow {
+    Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\nprocessors:\n  symbolize:\n    debug_dirs: []\n    debuginfod: {{urls: []}}\n{settings}exporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [pprof_push]\n      processors: [symbolize]\n      exporters: [file]\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry
+        )
+    })
+}
+
+/// The kernel's `schedule` function, plus one (a return address into it).
+/// Needs root, as the test command runs: kallsyms shows others zeros.
+fn kernel_address() -> u64 {
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    let schedule = kallsyms
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 3 && f[1] == "T" && f[2] == "schedule")
+                .then(|| u64::from_str_radix(f[0], 16).unwrap())
+        })
+        .expect("the kernel has a `schedule` function");
+    assert_ne!(
+        schedule, 0,
+        "kallsyms hides addresses: run the tests as root"
+    );
+    schedule + 1
+}
+
+/// A pushed profile names a binary that is on this host (with its build id
+/// and symbols) and a kernel address: by default neither the file nor
+/// kallsyms is read for it, and the frames are counted as such; with
+/// `local: true` and `kernel: true` (senders trusted) both name it.
+#[test]
+fn a_pushed_profile_is_named_from_local_files_and_kallsyms_only_when_the_config_trusts_senders() {
+    let s = stripped();
+    let (child, pid) = ebpf_targets::spawn(&s.full, 60);
+    let _child = KillOnDrop(child);
+    let body = profile_mapping(&s.full, &s.full, pid, &s.build_id, Some(kernel_address()));
+    let local = ["proflow_hot_two", "proflow_hot_one", "main"];
+
+    let proflow = proflow_local("");
+    let app = common::unique_name("pushed-default");
+    push(&proflow, &app, body.clone());
+    let names = names_of(&proflow, &app, 1);
+    for f in local.iter().chain(&["schedule"]) {
+        assert!(!names.iter().any(|n| n == f), "{f} named: {names:?}");
+    }
+    assert_eq!(
+        metric(
+            &proflow,
+            "proflow_symbolize_frames_total",
+            "local_not_this_host"
+        ),
+        3.0,
+        "{}",
+        proflow.metrics()
+    );
+    assert_eq!(
+        metric(
+            &proflow,
+            "proflow_symbolize_frames_total",
+            "kernel_not_this_host"
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(&proflow, "proflow_symbolize_frames_total", "symbolized"),
+        0.0
+    );
+    drop(proflow);
+
+    let proflow = proflow_local("    local: true\n    kernel: true\n");
+    let app = common::unique_name("pushed-trusted");
+    push(&proflow, &app, body);
+    let names = names_of(&proflow, &app, 1);
+    for f in local.iter().chain(&["schedule"]) {
+        assert!(names.iter().any(|n| n == f), "{f} missing: {names:?}");
+    }
+    assert_eq!(
+        metric(&proflow, "proflow_symbolize_frames_total", "symbolized"),
+        4.0
+    );
+}
+
+/// With `local: true`: a binary whose `.gnu_debuglink` names a debug file
+/// that was swapped for a FIFO (blazesym followed such a link itself and
+/// waited on the FIFO for good), then the binary itself swapped for a FIFO
+/// between two pushes (a new lookup finds the FIFO at the path). Both
+/// pushes are written, named as far as the files that are there allow,
+/// and no worker was held (none timed out).
+#[test]
+fn fifos_swapped_in_for_a_debug_file_and_a_binary_hold_no_worker() {
+    let s = stripped();
+    let app = s.dir.join("app");
+    let debug = s.dir.join("app.debug");
+    std::fs::copy(&s.debug, &debug).unwrap();
+    let linked = Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(format!("--add-gnu-debuglink={}", debug.display()))
+        .arg(&s.full)
+        .arg(&app)
+        .status()
+        .unwrap();
+    assert!(linked.success());
+    let mkfifo = |path: &Path| {
+        std::fs::remove_file(path).unwrap();
+        let made = Command::new("mkfifo").arg(path).status().unwrap();
+        assert!(made.success());
+    };
+    mkfifo(&debug);
+    let (child, pid) = ebpf_targets::spawn(&app, 60);
+    let _child = KillOnDrop(child);
+    let proflow = proflow_local("    local: true\n");
+    let name = common::unique_name("fifo-swap");
+    let body = profile_mapping(&app, &s.full, pid, &s.build_id, None);
+    push(&proflow, &name, body.clone());
+    let names = names_of(&proflow, &name, 1);
+    assert!(
+        names.iter().any(|n| n == "proflow_hot_two"),
+        "named from the binary's symbol table: {names:?}\n{}",
+        proflow.log_text()
+    );
+
+    // The running process keeps its (unlinked) file; the path is a FIFO.
+    mkfifo(&app);
+    // Another build id at the same path: a new lookup, which finds the FIFO.
+    let other = "00112233445566778899aabbccddeeff00112233";
+    push(
+        &proflow,
+        &name,
+        profile_mapping_again(&body, &s.build_id, other),
+    );
+    let names = names_of(&proflow, &name, 2);
+    assert!(!names.iter().any(|n| n == "proflow_hot_two"), "{names:?}");
+    let metrics = proflow.metrics();
+    assert_eq!(
+        common::metric_sum(&metrics, "proflow_symbolize_skipped_profiles_total", &[]),
+        0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&proflow, "proflow_symbolize_frames_total", "not_found"),
+        3.0,
+        "{metrics}"
+    );
+}
+
+/// `body` (gzipped pprof) with the mapping's build id `from` replaced by `to`.
+fn profile_mapping_again(body: &[u8], from: &str, to: &str) -> Vec<u8> {
+    let mut p = pprof::decode(&body.to_vec().into(), 1 << 20).unwrap();
+    for s in &mut p.string_table {
+        if s == from {
+            *s = to.to_owned();
+        }
+    }
+    common::gzip(&pprof::encode(&p))
 }

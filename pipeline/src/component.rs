@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::memory::MemoryBudget;
-use crate::model::{Batch, Envelope, ExportBatch, Format};
+use crate::model::{Batch, BatchMeta, Envelope, ExportBatch, Format};
 use crate::queue::{QueueSettings, RetrySettings};
 use crate::spans::SpanConsumer;
 use crate::telemetry::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry, Telemetry};
@@ -239,7 +239,10 @@ pub trait ReceiverConfig: Validate + Debug + Send + Sync {
 /// filtered to the batch's acknowledgement).
 #[async_trait]
 pub trait Processor: Send + Sync {
-    async fn process(&self, envelopes: Vec<Envelope>) -> Vec<Envelope>;
+    /// The profiles of one batch, with where the batch came from (a
+    /// processor that reads this host's files decides by
+    /// [`BatchMeta::this_host`] whether it may).
+    async fn process(&self, envelopes: Vec<Envelope>, meta: &BatchMeta) -> Vec<Envelope>;
 
     /// For a processor that takes spans ([`ProcessorConfig::takes_spans`]):
     /// where a `traces` pipeline's receivers hand them.

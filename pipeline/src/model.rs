@@ -658,6 +658,13 @@ pub struct BatchMeta {
     pub tenant: Option<String>,
     /// The sender's address, for receivers that have one.
     pub client: Option<std::net::SocketAddr>,
+    /// True only for profiles proflow made on this host (the `ebpf`
+    /// receiver's): their mappings name this host's files and their kernel
+    /// frames this host's kernel, so processors may read those (the
+    /// `symbolize` processor's `local` and `kernel` sources). False for
+    /// everything that came from elsewhere (pushed, from Kafka, scraped),
+    /// whose paths and addresses a sender chose.
+    pub this_host: bool,
 }
 
 /// The unit that moves through the pipeline: the profiles of one request (or

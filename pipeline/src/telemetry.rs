@@ -85,6 +85,8 @@ pub struct Telemetry {
     symbolize_debuginfod_fetches: Counters,
     symbolize_cache_entries: Gauges,
     symbolize_open_files: Gauges,
+    symbolize_stuck_workers: Gauges,
+    symbolize_skipped_profiles: Counters,
     receiver_accepted_spans: Counters,
     receiver_refused_spans: Counters,
     trace_link_samples: Counters,
@@ -328,7 +330,7 @@ impl Telemetry {
             ),
             symbolize_frames: family!(
                 "symbolize_frames",
-                "Frames a symbolize processor was asked to name, by result (symbolized, or why not: no_mapping, no_build_id, not_found, debuginfod_timeout)",
+                "Frames a symbolize processor was asked to name, by result (symbolized, or why not: no_mapping, no_build_id, not_found, kernel_disabled, kernel_not_this_host, local_not_this_host, debuginfod_timeout)",
                 Counters::default()
             ),
             symbolize_cache_hits: family!(
@@ -348,8 +350,18 @@ impl Telemetry {
             ),
             symbolize_open_files: family!(
                 "symbolize_open_files",
-                "Files (binaries and debug files) a symbolize processor holds open (bounded by open_binaries)",
+                "Files a symbolize processor holds open: up to open_binaries binaries or debug files, each with the debug file its .gnu_debuglink names, and the dwz files they need",
                 Gauges::default()
+            ),
+            symbolize_stuck_workers: family!(
+                "symbolize_stuck_workers",
+                "Worker threads a symbolize processor gave up on (a batch took longer than 30s: a file system that does not answer) that have not returned yet; at most 2",
+                Gauges::default()
+            ),
+            symbolize_skipped_profiles: family!(
+                "symbolize_skipped_profiles",
+                "Profiles a symbolize processor passed on as they came without naming them, by reason (worker_timeout: their batch took longer than 30s; workers_stuck: the most workers that may be stuck are; worker_failed: the worker stopped)",
+                Counters::default()
             ),
             receiver_accepted_spans: family!(
                 "receiver_accepted_spans",
@@ -914,6 +926,25 @@ impl SymbolizeTelemetry {
             .symbolize_debuginfod_fetches
             .get_or_create(&labels)
             .inc();
+    }
+
+    /// `n` more profiles passed on unnamed, for `reason`.
+    pub fn skipped(&self, reason: &str, n: u64) {
+        if n > 0 {
+            let labels = with(&self.id, "reason", reason);
+            self.t
+                .symbolize_skipped_profiles
+                .get_or_create(&labels)
+                .inc_by(n);
+        }
+    }
+
+    /// Worker threads given up on and not yet returned, now.
+    pub fn stuck_workers(&self, n: usize) {
+        self.t
+            .symbolize_stuck_workers
+            .get_or_create(&self.id)
+            .set(n as i64);
     }
 
     /// Cache entries and open files now.

@@ -595,7 +595,7 @@ impl Consumer for Fanout {
                     break;
                 }
                 telemetry.received(b.len() as u64);
-                b = proc.process(b).await;
+                b = proc.process(b, &meta).await;
             }
             filtered += before.saturating_sub(b.len());
             if b.is_empty() {
@@ -1624,7 +1624,7 @@ mod tests {
     struct Filter(Option<String>);
     #[async_trait]
     impl Processor for Filter {
-        async fn process(&self, mut batch: Vec<Envelope>) -> Vec<Envelope> {
+        async fn process(&self, mut batch: Vec<Envelope>, meta: &BatchMeta) -> Vec<Envelope> {
             batch.retain(|e| e.labels.get("keep") != Some("no"));
             // Profiles labelled keep=plain count whether they came with
             // their receiver's plain bytes.
@@ -1635,6 +1635,13 @@ mod tests {
             record("plain-seen")
                 .delivered
                 .fetch_add(plain, Ordering::SeqCst);
+            // Profiles labelled keep=meta count the batches they came in as
+            // the receiver made them, under `meta-<receiver>-<this_host>`.
+            if batch.iter().any(|e| e.labels.get("keep") == Some("meta")) {
+                record(&format!("meta-{}-{}", meta.receiver, meta.this_host))
+                    .delivered
+                    .fetch_add(1, Ordering::SeqCst);
+            }
             batch
         }
         fn span_consumer(&self) -> Option<Arc<dyn SpanConsumer>> {
@@ -2179,6 +2186,31 @@ mod tests {
             );
             running.shutdown().await;
         }
+    }
+
+    #[tokio::test]
+    async fn processors_get_the_batch_meta_as_the_receiver_made_it() {
+        let yaml = "receivers:\n  test: {key: meta}\nprocessors:\n  filter: {}\nexporters:\n  test: {key: meta-x, behaviour: ok}\nservice:\n  pipelines:\n    profiles: {receivers: [test], processors: [filter], exporters: [test]}\n";
+        let (running, _t) = start(yaml).await;
+        for this_host in [true, false] {
+            let meta = Arc::new(BatchMeta {
+                receiver: "ebpf/x".into(),
+                this_host,
+                ..Default::default()
+            });
+            consumer("meta")
+                .consume(Batch::new(vec![envelope("meta")], meta), Admission::Refuse)
+                .await
+                .unwrap();
+        }
+        eventually("delivered", || {
+            record("meta-x").delivered.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        for key in ["meta-ebpf/x-true", "meta-ebpf/x-false"] {
+            assert_eq!(record(key).delivered.load(Ordering::SeqCst), 1, "{key}");
+        }
+        running.shutdown().await;
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use proflow_config::{Node, from_node};
 use proflow_pipeline::component::{BuildContext, ProcessorConfig};
-use proflow_pipeline::model::{Envelope, Labels, Payload};
+use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload};
 use proflow_pipeline::relabel::{RelabelConfig, Relabeler};
 use proflow_pipeline::telemetry::Telemetry;
 use proflow_processors::RelabelProcessorConfig;
@@ -83,10 +83,11 @@ fn relabel(c: &mut Criterion) {
         payload: Payload::from_bytes(Bytes::from_static(b"\x1f\x8b not decoded"), 1 << 20),
     };
     g.throughput(Throughput::Elements(100));
+    let meta = BatchMeta::default();
     g.bench_function("process_batch_of_100", |b| {
         b.iter_batched(
             || vec![envelope.clone(); 100],
-            |batch| rt.block_on(processor.process(batch)).len(),
+            |batch| rt.block_on(processor.process(batch, &meta)).len(),
             BatchSize::SmallInput,
         )
     });

@@ -15,6 +15,7 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use proflow_pipeline::pprof;
 use proflow_pipeline::symbolize::elf::ElfInfo;
 use proflow_pipeline::symbolize::{Limits, Symbols};
+use proflow_processors::symbolize::config::HostSource;
 use proflow_processors::symbolize::profile;
 use proflow_processors::symbolize::sources::Sources;
 
@@ -139,7 +140,7 @@ fn symbolize(c: &mut Criterion) {
     let mut group = c.benchmark_group("symbolize");
     group.throughput(Throughput::Elements(1));
 
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
     let mut named = p.clone();
     let (changed, counts) = profile::symbolize(&mut named, None, &mut sources, &mut symbols);
@@ -178,7 +179,7 @@ fn symbolize(c: &mut Criterion) {
             || {
                 (
                     libc.clone(),
-                    Sources::new(true, vec![], true),
+                    Sources::new(HostSource::Every, vec![], HostSource::Every),
                     Symbols::new(limits(), Some(vec![])),
                 )
             },

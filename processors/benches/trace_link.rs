@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use proflow_pipeline::component::Processor;
-use proflow_pipeline::model::{Envelope, Labels, Payload};
+use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload};
 use proflow_pipeline::pprof::{self, Label};
 use proflow_pipeline::spans::Span;
 use proflow_pipeline::telemetry::Telemetry;
@@ -227,8 +227,9 @@ fn per_profile(c: &mut Criterion) {
             e.payload = e.payload.with_plain(inflated);
             assert!(e.payload.has_plain());
         }
+        let meta = BatchMeta::default();
         g.bench_function(name, |b| {
-            b.iter(|| black_box(rt.block_on(p.process(vec![e.clone()]))))
+            b.iter(|| black_box(rt.block_on(p.process(vec![e.clone()], &meta))))
         });
     }
     // What reading any gzipped profile costs before anything is looked at.

@@ -86,7 +86,11 @@ pub fn build(target: Target) -> Result<PathBuf, String> {
     if newer(&bin, &source) {
         return Ok(bin);
     }
-    let tmp = dir.join(format!("{name}.tmp-{}", std::process::id()));
+    // Per build, not per process: two tests of one binary may build the
+    // same target at once, and each renames its own file into place.
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{name}.tmp-{}-{n}", std::process::id()));
     match target {
         Target::CFp | Target::CNoFp => {
             let fp = if matches!(target, Target::CFp) {

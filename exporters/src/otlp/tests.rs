@@ -208,6 +208,7 @@ fn meta(tenant: Option<&str>) -> Arc<BatchMeta> {
         receiver: "pprof_push".into(),
         tenant: tenant.map(str::to_owned),
         client: None,
+        this_host: false,
     })
 }
 

@@ -387,6 +387,7 @@ fn batch(envelopes: Vec<Envelope>) -> ExportBatch {
             receiver: "pprof_push".into(),
             tenant: None,
             client: None,
+            this_host: false,
         }),
     );
     b

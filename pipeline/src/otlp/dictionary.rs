@@ -2,94 +2,22 @@
 //! profiles of one OTLP request.
 
 use std::collections::HashMap as StdHashMap;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::OnceLock;
 
 use super::common::{AnyValue, any_value};
 use super::{index, proto};
 
-/// A fast, non-cryptographic hasher for the conversion and request tables
-/// (keys are small integers, short vectors and strings): the multiply-rotate
-/// scheme rustc uses, a word at a time, about four times cheaper than SipHash
-/// here. Its state starts from a per-process random seed ([`Seeded`]), so a
-/// sender cannot precompute keys that all collide.
-#[derive(Clone, Copy)]
-pub(crate) struct FastHasher(u64);
-
-const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl FastHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(SEED);
-    }
-}
-
-impl Hasher for FastHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.add(u64::from_le_bytes(w));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 56));
-        }
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-    #[inline]
-    fn write_i32(&mut self, i: i32) {
-        self.add(i as u32 as u64);
-    }
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    #[inline]
-    fn write_i64(&mut self, i: i64) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Builds [`FastHasher`]s from one random seed per process.
-#[derive(Clone, Copy)]
-pub(crate) struct Seeded(u64);
-
-impl Default for Seeded {
-    fn default() -> Self {
-        static SEED: OnceLock<u64> = OnceLock::new();
-        Seeded(*SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0u64)))
-    }
-}
-
-impl BuildHasher for Seeded {
-    type Hasher = FastHasher;
-    fn build_hasher(&self) -> FastHasher {
-        FastHasher(self.0)
-    }
-}
-
-pub(crate) type HashMap<K, V> = StdHashMap<K, V, Seeded>;
+/// The conversion and request tables' maps (keys are a sender's ids,
+/// addresses, short vectors and strings): foldhash, seeded at random per
+/// process and per map. The multiply-rotate hash these tables had before
+/// started from a secret seed, but its low bits (the bucket a key lands in)
+/// depended only on the key's low bits, so ids that differ only in their
+/// high bits shared one bucket whatever the seed: a profile could make
+/// every lookup walk all of them. foldhash's `quality` variant, not `fast`:
+/// `fast` hashes an integer with one multiply by a per-process seed, and
+/// with some seeds integers that differ only in their high bits still
+/// share low bits (8 to a bucket in one process measured); `quality` mixes
+/// once more, for about a nanosecond a key.
+pub(crate) type HashMap<K, V> = StdHashMap<K, V, foldhash::quality::RandomState>;
 
 /// An attribute value as the builder writes them (what pprof labels hold).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -279,5 +207,33 @@ impl DictionaryBuilder {
     /// The dictionary built so far.
     pub fn finish(self) -> proto::ProfilesDictionary {
         self.dict
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+
+    use super::HashMap;
+
+    /// pprof ids that differ only above their low 32 bits (all in one
+    /// bucket under the seeded multiply-rotate hash these tables had: the
+    /// seed moved the bucket, not the collision) spread over the buckets,
+    /// and two tables hash one id differently.
+    #[test]
+    fn ids_that_differ_in_their_high_bits_spread_and_each_table_has_its_own_seed() {
+        let ids: Vec<u64> = (1..=4096u64).map(|x| x << 32).collect();
+        let (a, b): (HashMap<u64, i32>, HashMap<u64, i32>) = Default::default();
+        let buckets: std::collections::HashSet<u64> = ids
+            .iter()
+            .map(|&id| a.hasher().hash_one(id) & 0xffff)
+            .collect();
+        // 4096 keys over 65536 buckets: about 3970 distinct if spread.
+        assert!(buckets.len() > 3500, "{} buckets", buckets.len());
+        assert!(
+            ids.iter()
+                .any(|&id| a.hasher().hash_one(id) != b.hasher().hash_one(id)),
+            "two tables, two seeds"
+        );
     }
 }

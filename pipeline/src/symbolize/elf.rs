@@ -1,11 +1,16 @@
 //! What the symbolizer needs to know of an ELF file before handing it to
-//! blazesym: its build id, the size of its DWARF, and its loadable segments
-//! (to turn a file offset into the virtual address DWARF speaks in).
+//! blazesym: its build id, the size of its DWARF, its loadable segments
+//! (to turn a file offset into the virtual address DWARF speaks in), and
+//! the other files its DWARF names (which blazesym would open by path).
+//! Files are opened with [`super::open::open_regular`], and read through
+//! that descriptor.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
+
+use super::open::{FileId, open_regular};
 
 /// One PT_LOAD segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,34 +29,69 @@ pub struct ElfInfo {
     /// Size of its DWARF: every `.debug_*` section, uncompressed (0: none).
     pub debug_size: u64,
     pub loads: Vec<Load>,
+    /// The file it was read from (`None` when parsed from memory): a file
+    /// found at the same path later is another one if this differs.
+    pub file: Option<FileId>,
+    /// The other files its DWARF names.
+    pub links: Links,
+}
+
+/// The files an ELF file's DWARF names, which a DWARF reader looks for by
+/// path: the symbolizer finds and opens them itself, or reads no DWARF.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Links {
+    /// `.gnu_debuglink`: the separate debug file's name and CRC-32.
+    pub debuglink: Option<(String, u32)>,
+    /// `.gnu_debugaltlink` (dwz): the supplementary file's path and build
+    /// id (lowercase hex).
+    pub altlink: Option<(PathBuf, String)>,
+    /// A `.debug_sup` section (DWARF 5's supplementary file, by path).
+    pub debug_sup: bool,
+}
+
+/// An ELF file open for reading, and what was read of it.
+#[derive(Debug)]
+pub struct ElfFile {
+    pub file: File,
+    pub info: ElfInfo,
+}
+
+impl ElfFile {
+    /// Opens `path` (only a regular file: see [`super::open`]) and reads
+    /// its headers through that descriptor (lazily: the headers, the
+    /// build-id note and the link sections, never the whole file). `None`
+    /// when it is not a regular file, not ELF, or cannot be opened.
+    pub fn open(path: &Path) -> Option<ElfFile> {
+        // Mapped by blazesym, not read into memory: no size bound.
+        let regular = open_regular(path, u64::MAX).ok()?;
+        let info = {
+            let cache = object::ReadCache::new(&regular.file);
+            let elf = object::File::parse(&cache).ok()?;
+            ElfInfo::of(&elf, Some(regular.id))
+        };
+        Some(ElfFile {
+            file: regular.file,
+            info,
+        })
+    }
 }
 
 impl ElfInfo {
-    /// Reads `path`'s headers (lazily: only the headers and the build-id
-    /// note are read, never the whole file). `None` when it is not a regular
-    /// file (a FIFO or a device named by a profile would block the open or
-    /// the read), not an ELF file, or cannot be opened.
+    /// [`ElfFile::open`]'s info, the file closed again.
     pub fn read(path: &Path) -> Option<ElfInfo> {
-        if !std::fs::metadata(path).ok()?.is_file() {
-            return None;
-        }
-        let file = File::open(path).ok()?;
-        if !file.metadata().ok()?.is_file() {
-            // Replaced between the two looks.
-            return None;
-        }
-        let cache = object::ReadCache::new(file);
-        let elf = object::File::parse(&cache).ok()?;
-        Some(ElfInfo::of(&elf))
+        ElfFile::open(path).map(|f| f.info)
     }
 
     /// The same of an ELF file in memory (a fetched debug file).
     pub fn parse(bytes: &[u8]) -> Option<ElfInfo> {
         let elf = object::File::parse(bytes).ok()?;
-        Some(ElfInfo::of(&elf))
+        Some(ElfInfo::of(&elf, None))
     }
 
-    fn of<'data, R: object::ReadRef<'data>>(elf: &object::File<'data, R>) -> ElfInfo {
+    fn of<'data, R: object::ReadRef<'data>>(
+        elf: &object::File<'data, R>,
+        file: Option<FileId>,
+    ) -> ElfInfo {
         let loads = elf
             .segments()
             .map(|s| {
@@ -64,10 +104,26 @@ impl ElfInfo {
                 }
             })
             .collect();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let links = Links {
+            debuglink: elf
+                .gnu_debuglink()
+                .ok()
+                .flatten()
+                .map(|(name, crc)| (text(name), crc)),
+            altlink: elf
+                .gnu_debugaltlink()
+                .ok()
+                .flatten()
+                .map(|(path, id)| (PathBuf::from(text(path)), hex(id))),
+            debug_sup: elf.section_by_name(".debug_sup").is_some(),
+        };
         ElfInfo {
             build_id: elf.build_id().ok().flatten().map(hex),
             debug_size: dwarf_size(elf),
             loads,
+            file,
+            links,
         }
     }
 

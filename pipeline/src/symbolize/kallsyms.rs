@@ -1,5 +1,9 @@
 //! The kernel's text symbols from `/proc/kallsyms`, in one sorted table.
 
+/// The most of `/proc/kallsyms` read: a distribution kernel with its
+/// modules lists about 200,000 symbols in 10 MB.
+pub const MAX_KALLSYMS_BYTES: u64 = 64 << 20;
+
 /// The kernel's text symbols: addresses sorted, names in one string (about
 /// 4 MB for 120,000 symbols, a fifth of what a general symbolizer keeps).
 pub struct Kallsyms {
@@ -11,9 +15,13 @@ pub struct Kallsyms {
 
 impl Kallsyms {
     /// This machine's `/proc/kallsyms` (empty when it cannot be read, or
-    /// when `kptr_restrict` hides the addresses from this user).
+    /// when `kptr_restrict` hides the addresses from this user), opened
+    /// only if it is a regular file ([`super::open`]: a bind mount could
+    /// put a FIFO there) and read up to [`MAX_KALLSYMS_BYTES`].
     pub fn from_proc() -> Kallsyms {
-        Kallsyms::parse(&std::fs::read_to_string("/proc/kallsyms").unwrap_or_default())
+        let text =
+            super::open::read_text(std::path::Path::new("/proc/kallsyms"), MAX_KALLSYMS_BYTES);
+        Kallsyms::parse(&text.unwrap_or_default())
     }
 
     /// Reads `/proc/kallsyms` text (`ADDR TYPE NAME [MODULE]`), keeping text

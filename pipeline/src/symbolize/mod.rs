@@ -6,8 +6,15 @@
 //!   and DWARF (inlined functions as extra lines of one location, innermost
 //!   first, as pprof has them; Rust and C++ names demangled), and kernel
 //!   frames from [`kallsyms`].
-//! - [`elf`]: build id, DWARF size and segments of a file, read before it is
-//!   handed to blazesym, and the `.build-id/xx/rest.debug` layout.
+//! - [`elf`]: build id, DWARF size, segments and links of a file, read
+//!   before it is handed to blazesym, and the `.build-id/xx/rest.debug`
+//!   layout.
+//! - [`open`]: every file is opened only if it is a regular file, without
+//!   blocking (a FIFO, a device), and read through that descriptor: blazesym
+//!   is given `/proc/self/fd/N`, kept open while the file is.
+//! - [`links`]: the debug file a `.gnu_debuglink` names and the dwz file a
+//!   `.gnu_debugaltlink` names, found and opened here (blazesym would look
+//!   for them by path, and open what it finds plainly).
 //!
 //! DWARF costs memory about its own size while a file is open (more when
 //! it is compressed, as Go compresses it; without `.debug_aranges`, as Rust
@@ -24,68 +31,40 @@
 //!   refilled from what is asked next, so its memory is bounded and the
 //!   common addresses come back soon;
 //! - open files: blazesym keeps each file's parsed symbols and DWARF; past
-//!   `max_open` files the least recently used is closed (evicted).
+//!   `max_open` files the least recently used is closed (evicted), its
+//!   descriptors with it. A file stays what it was while open: a binary
+//!   replaced on disk is read as it was until it is closed (a file known by
+//!   path, not build id, is reopened once the caller sees another file
+//!   there).
 
 pub mod elf;
 pub mod kallsyms;
+pub mod links;
+pub mod open;
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
+use elf::{ElfFile, ElfInfo};
 use kallsyms::Kallsyms;
+use links::Supplements;
+pub use open::FileId;
 
-/// A fast hasher for the caches' keys (addresses, build ids, names): a
-/// multiply-rotate per word, as compilers use for their own tables. The
-/// caches are bounded, so SipHash's resistance to chosen keys buys nothing
-/// here, and it was a tenth of the processor's time.
-#[derive(Default, Clone, Copy)]
-pub struct FastHasher(u64);
-
-const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl FastHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(SEED);
-    }
-}
-
-impl Hasher for FastHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut last = [0u8; 8];
-            last[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(last));
-        }
-    }
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A map with [`FastHasher`].
-pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+/// A map keyed by what profiles say (addresses, build ids, names, a
+/// profile's ids and strings): foldhash, seeded at random per process and
+/// per map, so keys chosen to collide cannot be written into a profile
+/// ahead of time (the unseeded multiply-rotate hash it replaced put keys
+/// that differ only in their high bits in one bucket), at a fraction of
+/// SipHash's cost (which was a tenth of the processor's time). Its
+/// `quality` variant: `fast` hashes an integer with one multiply by a
+/// per-process seed, and with some seeds integers that differ only in
+/// their high bits still share low bits.
+pub type FastMap<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 
 /// One line of a location: a function and where in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,12 +99,14 @@ pub enum Addr {
 /// A file to look an address up in.
 #[derive(Debug, Clone, Copy)]
 pub struct FileRef<'a> {
-    /// The file's identity: equal keys share cached frames.
+    /// The file's identity: equal keys share cached frames and the open
+    /// file.
     pub key: &'a FileKey,
     /// Where to open it now.
     pub path: &'a Path,
-    /// Its DWARF size ([`elf::ElfInfo::debug_size`]).
-    pub debug_size: u64,
+    /// The file the caller read (its build id, its segments), when it did:
+    /// another file found at `path` by now is not used.
+    pub id: Option<FileId>,
 }
 
 /// Bounds of a [`Symbols`].
@@ -139,17 +120,48 @@ pub struct Limits {
     pub max_debug_info: u64,
 }
 
+/// A file blazesym reads, through the descriptor kept here.
+struct Readable {
+    file: File,
+    /// blazesym reads its DWARF (else its symbol table only).
+    dwarf: bool,
+    /// DWARF bytes it counts against the budget (0 without DWARF).
+    dwarf_bytes: u64,
+    /// The build id of the supplementary file it needs, held in
+    /// [`Supplements`] while it is open.
+    supplement: Option<String>,
+}
+
+/// An open file (see [`Symbols`]).
+struct Open {
+    key: FileKey,
+    id: Option<FileId>,
+    main: Readable,
+    /// The separate debug file its `.gnu_debuglink` names, with the main
+    /// file's segments (a file offset in the main file becomes the virtual
+    /// address the debug file knows).
+    debug: Option<(Readable, ElfInfo)>,
+}
+
+impl Open {
+    fn dwarf_bytes(&self) -> u64 {
+        self.main.dwarf_bytes + self.debug.as_ref().map_or(0, |(d, _)| d.dwarf_bytes)
+    }
+}
+
 /// A symbolizer with bounded caches; see the module docs.
 pub struct Symbols {
     blaze: Symbolizer,
+    /// Where a `.gnu_debuglink`'s and a dwz file's targets are looked for.
+    debug_dirs: Vec<PathBuf>,
+    supplements: Supplements,
     /// `/proc/kallsyms`, read at the first kernel frame.
     kallsyms: Option<Kallsyms>,
     frames: FastMap<(FileKey, Addr), Lines>,
     kernel: FastMap<u64, Lines>,
     limits: Limits,
-    /// Files blazesym has open, least recently used first, with the path
-    /// each was opened by and the DWARF bytes it was opened with.
-    open: VecDeque<(FileKey, PathBuf, u64)>,
+    /// Files open, least recently used first.
+    open: VecDeque<Open>,
     empty: Lines,
     /// Interned function and file names.
     names: FastMap<Arc<str>, ()>,
@@ -157,19 +169,39 @@ pub struct Symbols {
     hits: u64,
 }
 
+/// blazesym's default debug directories, where separate debug files are
+/// looked for when none are given.
+const DEFAULT_DEBUG_DIRS: [&str; 2] = ["/usr/lib/debug", "/lib/debug"];
+
 impl Symbols {
-    /// A symbolizer that follows a file's `.gnu_debuglink` into
-    /// `debug_dirs` (blazesym's defaults, `/usr/lib/debug` and
-    /// `/lib/debug`, when `None`).
+    /// A symbolizer that follows a file's `.gnu_debuglink` and dwz link
+    /// into `debug_dirs` (`/usr/lib/debug` and `/lib/debug` when `None`).
     pub fn new(limits: Limits, debug_dirs: Option<Vec<PathBuf>>) -> Self {
+        let supplements = Supplements::new();
+        // blazesym opens only the /proc/self/fd/N paths it is given and
+        // the links of its one debug directory, the private one of checked
+        // supplementary files: it never reads DWARF of a file with a
+        // .gnu_debuglink or .debug_sup (those are found here, or the file
+        // is read without DWARF), the `.dwp` it looks for next to a file
+        // (`/proc/self/fd/N.dwp`) cannot exist, and files do not change
+        // under the descriptors it is given (no reload checks).
+        let blaze_dirs: Vec<PathBuf> = supplements
+            .dir()
+            .map(Path::to_path_buf)
+            .into_iter()
+            .collect();
         Symbols {
             kallsyms: None,
             blaze: Symbolizer::builder()
                 .enable_code_info(true)
                 .enable_inlined_fns(true)
                 .enable_demangling(true)
-                .set_debug_dirs(debug_dirs)
+                .enable_auto_reload(false)
+                .set_debug_dirs(Some(blaze_dirs))
                 .build(),
+            debug_dirs: debug_dirs
+                .unwrap_or_else(|| DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect()),
+            supplements,
             frames: FastMap::default(),
             kernel: FastMap::default(),
             limits,
@@ -194,9 +226,13 @@ impl Symbols {
         self.len() == 0
     }
 
-    /// Files open now.
+    /// Files open now (binaries, debug files and supplementary files).
     pub fn open_files(&self) -> usize {
-        self.open.len()
+        self.open
+            .iter()
+            .map(|o| 1 + usize::from(o.debug.is_some()))
+            .sum::<usize>()
+            + self.supplements.len()
     }
 
     fn make_room(&mut self) {
@@ -241,31 +277,24 @@ impl Symbols {
     }
 
     /// `addr` in `file` (already adjusted for return addresses). Empty
-    /// lines when the file does not name it.
+    /// lines when the file does not name it, or is not the regular ELF
+    /// file `file.id` says.
     pub fn file(&mut self, file: FileRef<'_>, addr: Addr) -> Lines {
         if let Some(l) = self.frames.get(&(file.key.clone(), addr)) {
             self.hits += 1;
             return l.clone();
         }
         self.make_room();
-        let debug = file.debug_size <= self.limits.max_debug_info;
-        let dwarf = if debug { file.debug_size } else { 0 };
-        let path = self.opened(file.key, file.path, dwarf);
-        let mut result = self.resolve(&path, addr, debug);
-        if result.is_none() && path.as_path() != file.path {
-            // Opened by a path that is gone (its process ended): reopen.
-            self.close(file.key);
-            let path = self.opened(file.key, file.path, dwarf);
-            result = self.resolve(&path, addr, debug);
+        if !self.opened(file) {
+            return self.empty.clone();
         }
-        match result {
+        match self.resolve(addr) {
             Some(lines) => {
                 self.frames.insert((file.key.clone(), addr), lines.clone());
                 lines
             }
-            // The file could not be read (its process ended before it was
-            // opened, say): not remembered, so the next process that maps
-            // the same file names the address.
+            // The file could not be read: not remembered, so the next
+            // process that maps the same file names the address.
             None => {
                 self.close(file.key);
                 self.empty.clone()
@@ -273,10 +302,25 @@ impl Symbols {
         }
     }
 
-    fn resolve(&mut self, path: &Path, addr: Addr, debug_syms: bool) -> Option<Lines> {
-        let mut elf = Elf::new(path);
-        elf.debug_syms = debug_syms;
-        let src = Source::Elf(elf);
+    /// Looks `addr` up in the most recently used open file: in its debug
+    /// file first, then in its own symbols. `None` when it cannot be read.
+    fn resolve(&mut self, addr: Addr) -> Option<Lines> {
+        let open = self.open.back()?;
+        if let Some((debug, binary)) = &open.debug {
+            let vaddr = match addr {
+                Addr::FileOffset(o) => binary.vaddr_of_offset(o),
+                Addr::Virtual(v) => Some(v),
+            };
+            if let Some(v) = vaddr {
+                let src = source(debug);
+                if let Ok(s @ Symbolized::Sym(_)) =
+                    self.blaze.symbolize_single(&src, Input::VirtOffset(v))
+                {
+                    return Some(lines(&mut self.names, &self.empty, s));
+                }
+            }
+        }
+        let src = source(&open.main);
         let input = match addr {
             Addr::FileOffset(o) => Input::FileOffset(o),
             Addr::Virtual(v) => Input::VirtOffset(v),
@@ -287,44 +331,129 @@ impl Symbols {
         }
     }
 
-    /// The path `key` is open by, opening it (and closing the least
-    /// recently used files beyond `max_open` files or twice
-    /// `max_debug_info` of DWARF) if needed.
-    fn opened(&mut self, key: &FileKey, path: &Path, dwarf: u64) -> PathBuf {
-        if let Some(i) = self.open.iter().position(|(k, _, _)| k == key) {
-            let entry = self.open.remove(i).expect("index from position");
-            let path = entry.1.clone();
-            self.open.push_back(entry);
-            return path;
+    /// Makes `file` the most recently used open file, opening it (and
+    /// closing the least recently used files beyond `max_open` files or
+    /// twice `max_debug_info` of DWARF) if needed. False when it cannot be
+    /// opened as the file the caller means.
+    fn opened(&mut self, file: FileRef<'_>) -> bool {
+        if let Some(i) = self.open.iter().position(|o| o.key == *file.key) {
+            // A file known by its path is another one once the path names
+            // another file; one known by build id is the same content
+            // wherever it is found.
+            let replaced = matches!(file.key, FileKey::Path(_))
+                && file.id.is_some()
+                && self.open[i].id != file.id;
+            if !replaced {
+                if let Some(o) = self.open.remove(i) {
+                    self.open.push_back(o);
+                }
+                return true;
+            }
+            if let Some(o) = self.open.remove(i) {
+                self.evict(o);
+            }
         }
-        let budget = self.limits.max_debug_info.saturating_mul(2);
-        let over = |open: &VecDeque<(FileKey, PathBuf, u64)>| {
-            open.iter().map(|(_, _, d)| d).sum::<u64>() + dwarf > budget
+        let Some(elf) = ElfFile::open(file.path) else {
+            return false;
         };
-        while self.open.len() >= self.limits.max_open || (!self.open.is_empty() && over(&self.open))
-        {
-            let Some((_, old, _)) = self.open.pop_front() else {
+        if file.id.is_some() && elf.info.file != file.id {
+            return false;
+        }
+        let o = self.readable_pair(file.key.clone(), file.path, elf);
+        let budget = self.limits.max_debug_info.saturating_mul(2);
+        let incoming = o.dwarf_bytes();
+        loop {
+            let dwarf: u64 = self.open.iter().map(Open::dwarf_bytes).sum();
+            if self.open.len() < self.limits.max_open && dwarf + incoming <= budget {
+                break;
+            }
+            let Some(old) = self.open.pop_front() else {
                 break;
             };
             self.evict(old);
         }
-        self.open
-            .push_back((key.clone(), path.to_path_buf(), dwarf));
-        path.to_path_buf()
+        self.open.push_back(o);
+        true
     }
 
-    fn close(&mut self, key: &FileKey) {
-        if let Some(i) = self.open.iter().position(|(k, _, _)| k == key) {
-            let (_, old, _) = self.open.remove(i).expect("index from position");
-            self.evict(old);
+    /// `elf` as an open file, with the debug file its `.gnu_debuglink`
+    /// names when that is found.
+    fn readable_pair(&mut self, key: FileKey, path: &Path, elf: ElfFile) -> Open {
+        let id = elf.info.file;
+        let debug = if elf.info.links.debuglink.is_some() {
+            links::find_debuglink(path, &elf.info, &self.debug_dirs)
+                .map(|d| (self.readable(d), elf.info.clone()))
+        } else {
+            None
+        };
+        Open {
+            key,
+            id,
+            main: self.readable(elf),
+            debug,
         }
     }
 
-    fn evict(&mut self, path: PathBuf) {
-        let _ = self.blaze.evict(&blazesym::symbolize::evict::Evict::Elf(
-            blazesym::symbolize::evict::Elf::new(path),
-        ));
+    /// Whether blazesym may read `elf`'s DWARF: within `max_debug_info`,
+    /// and every file that DWARF names found and checked here.
+    fn readable(&mut self, elf: ElfFile) -> Readable {
+        let info = &elf.info;
+        let mut dwarf = info.debug_size > 0
+            && info.debug_size <= self.limits.max_debug_info
+            && info.links.debuglink.is_none()
+            && !info.links.debug_sup;
+        let mut supplement = None;
+        if dwarf && let Some(alt) = &info.links.altlink {
+            dwarf = self.supplements.hold(alt, &self.debug_dirs);
+            if dwarf {
+                supplement = Some(alt.1.clone());
+            }
+        }
+        Readable {
+            dwarf_bytes: if dwarf { info.debug_size } else { 0 },
+            dwarf,
+            supplement,
+            file: elf.file,
+        }
     }
+
+    fn close(&mut self, key: &FileKey) {
+        if let Some(i) = self.open.iter().position(|o| o.key == *key)
+            && let Some(o) = self.open.remove(i)
+        {
+            self.evict(o);
+        }
+    }
+
+    /// Makes blazesym forget `o`'s files before their descriptors close
+    /// (a descriptor number, and so its path, is reused by the next file).
+    fn evict(&mut self, o: Open) {
+        let Open { main, debug, .. } = o;
+        for r in std::iter::once(main).chain(debug.map(|(d, _)| d)) {
+            forget(&mut self.blaze, open::fd_path(&r.file));
+            if let Some(id) = &r.supplement
+                && let Some(link) = self.supplements.release(id)
+            {
+                forget(&mut self.blaze, link);
+            }
+            // Its descriptor closes here, after blazesym let go of it.
+            drop(r);
+        }
+    }
+}
+
+/// Makes blazesym drop what it keeps of the file at `path`.
+fn forget(blaze: &mut Symbolizer, path: PathBuf) {
+    let _ = blaze.evict(&blazesym::symbolize::evict::Evict::Elf(
+        blazesym::symbolize::evict::Elf::new(path),
+    ));
+}
+
+/// How blazesym reads `r`.
+fn source(r: &Readable) -> Source<'static> {
+    let mut elf = Elf::new(open::fd_path(&r.file));
+    elf.debug_syms = r.dwarf;
+    Source::Elf(elf)
 }
 
 fn intern(names: &mut FastMap<Arc<str>, ()>, s: &str) -> Arc<str> {
@@ -381,6 +510,26 @@ fn code(info: Option<&blazesym::symbolize::CodeInfo<'_>>) -> (Option<String>, u3
 mod tests {
     use super::*;
 
+    /// Keys a profile chooses (mapping ids, kernel addresses) that differ
+    /// only in their high bits spread over the buckets (the unseeded
+    /// multiply-rotate hash before put them in one), and two maps hash a
+    /// key differently.
+    #[test]
+    fn fast_maps_are_seeded_each_and_spread_keys_that_share_low_bits() {
+        use std::hash::BuildHasher;
+        let keys: Vec<u64> = (1..=4096u64).map(|x| x << 40).collect();
+        let (a, b): (FastMap<u64, ()>, FastMap<u64, ()>) = Default::default();
+        let buckets: std::collections::HashSet<u64> = keys
+            .iter()
+            .map(|&k| a.hasher().hash_one(k) & 0xffff)
+            .collect();
+        assert!(buckets.len() > 3500, "{} buckets", buckets.len());
+        assert!(
+            keys.iter()
+                .any(|&k| a.hasher().hash_one(k) != b.hasher().hash_one(k))
+        );
+    }
+
     #[inline(never)]
     fn a_function_to_find() -> u64 {
         std::hint::black_box(7)
@@ -414,7 +563,7 @@ mod tests {
         let file = FileRef {
             key: &key,
             path: &me,
-            debug_size: info.debug_size,
+            id: info.file,
         };
         let limits = Limits {
             max_entries: 10,
@@ -435,6 +584,18 @@ mod tests {
         // The same by virtual address.
         let vaddr = info.vaddr_of_offset(file_offset).unwrap();
         assert_eq!(symbols.file(file, Addr::Virtual(vaddr)), lines);
+        assert_eq!(symbols.open_files(), 1);
+
+        // Another file than the caller read: not used.
+        let other = FileRef {
+            id: Some(FileId { dev: 0, ino: 0 }),
+            ..file
+        };
+        assert!(
+            symbols
+                .file(other, Addr::FileOffset(file_offset + 1))
+                .is_empty()
+        );
 
         // Over max_debug_info: the symbol table's name, no file or line.
         let mut symbols = Symbols::new(

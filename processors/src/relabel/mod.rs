@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
-use proflow_pipeline::model::Envelope;
+use proflow_pipeline::model::{BatchMeta, Envelope};
 use proflow_pipeline::relabel::{RelabelConfig, Relabeler, validate_configs};
 use proflow_pipeline::telemetry::ProcessorTelemetry;
 use serde::Deserialize;
@@ -54,7 +54,7 @@ pub struct RelabelProcessor {
 
 #[async_trait]
 impl Processor for RelabelProcessor {
-    async fn process(&self, mut batch: Vec<Envelope>) -> Vec<Envelope> {
+    async fn process(&self, mut batch: Vec<Envelope>, _meta: &BatchMeta) -> Vec<Envelope> {
         let before = batch.len();
         batch.retain_mut(|envelope| self.relabeler.apply(&mut envelope.labels));
         let dropped = before - batch.len();

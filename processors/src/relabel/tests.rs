@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use proflow_config::Node;
 use proflow_pipeline::component::{BuildContext, Processor};
-use proflow_pipeline::model::{Envelope, Labels, Payload, ValueType};
+use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload, ValueType};
 use proflow_pipeline::pprof::{self, ProfileBuilder};
 use proflow_pipeline::registry::{AnyConfig, Kind, Stability};
 use proflow_pipeline::telemetry::Telemetry;
@@ -91,7 +91,7 @@ async fn relabels_and_filters_a_batch_without_decoding() {
     ];
     let payloads: Vec<Payload> = batch.iter().map(|e| e.payload.clone()).collect();
 
-    let out = processor.process(batch).await;
+    let out = processor.process(batch, &BatchMeta::default()).await;
 
     let selectors: Vec<String> = out.iter().map(|e| e.labels.to_selector_string()).collect();
     assert_eq!(
@@ -122,7 +122,9 @@ async fn relabels_and_filters_a_batch_without_decoding() {
 async fn a_batch_with_nothing_dropped_reports_no_drops() {
     let telemetry = Arc::new(Telemetry::new());
     let processor = build(CONFIG, &telemetry);
-    let out = processor.process(vec![envelope(&[("env", "prod")])]).await;
+    let out = processor
+        .process(vec![envelope(&[("env", "prod")])], &BatchMeta::default())
+        .await;
     assert_eq!(out.len(), 1);
     assert!(!telemetry.render().contains("relabel_drop"));
 }

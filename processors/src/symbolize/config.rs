@@ -7,6 +7,64 @@ use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::FieldError;
 use serde::Deserialize;
 
+/// For which profiles a source that reads this host (its files, its
+/// `/proc/kallsyms`) is used: `this_host`, `true` or `false` in the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostSource {
+    /// `this_host` (the default): only for the profiles proflow made on
+    /// this host (the `ebpf` receiver's), whose paths and addresses are
+    /// this host's. Profiles from elsewhere (pushed, from Kafka, scraped)
+    /// are named by build id only.
+    #[default]
+    ThisHost,
+    /// `true`: for every profile, whoever sent it (senders you trust).
+    Every,
+    /// `false`: for none.
+    Never,
+}
+
+impl HostSource {
+    /// Whether the source serves a profile that was (`this_host`) or was
+    /// not made on this host.
+    pub fn serves(self, this_host: bool) -> bool {
+        match self {
+            HostSource::ThisHost => this_host,
+            HostSource::Every => true,
+            HostSource::Never => false,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for HostSource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = HostSource;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "this_host (only the profiles of this host's ebpf receiver: the default), true (every profile, for senders you trust) or false (none)",
+                )
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<HostSource, E> {
+                Ok(if v {
+                    HostSource::Every
+                } else {
+                    HostSource::Never
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<HostSource, E> {
+                match v {
+                    "this_host" => Ok(HostSource::ThisHost),
+                    "true" => Ok(HostSource::Every),
+                    "false" => Ok(HostSource::Never),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 /// Config of the `symbolize` processor.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -14,11 +72,14 @@ pub struct SymbolizeProcessorConfig {
     /// Look for each mapping's file on this host, at the path the profile
     /// names (first under `/proc/<pid>/root` when the series has a `pid`
     /// label, so files inside a container are found). A file is used only
-    /// when its build id is the mapping's (or the mapping has none).
-    /// This opens paths the profiles name: on a gateway that takes
-    /// profiles from untrusted senders, set it to false. Default true.
-    #[serde(default = "yes")]
-    pub local: bool,
+    /// when its build id is the mapping's (or the mapping has none). This
+    /// opens paths the profiles name, so by default (`this_host`) only for
+    /// the profiles proflow made on this host (its `ebpf` receiver's);
+    /// `true` does it for every profile, pushed ones included (only for
+    /// senders you trust: a crafted profile could learn the function names
+    /// of any ELF file here); `false` never.
+    #[serde(default)]
+    pub local: HostSource,
     /// Directories holding debug files by build id
     /// (`<dir>/.build-id/ab/cdef….debug`, as distributions install them),
     /// also searched for a binary's `.gnu_debuglink`. Default
@@ -27,10 +88,13 @@ pub struct SymbolizeProcessorConfig {
     pub debug_dirs: Vec<PathBuf>,
     /// Name kernel frames (a mapping named `[kernel.kallsyms]`, or an
     /// address in the kernel's half without a mapping) from this host's
-    /// `/proc/kallsyms`. Only right for profiles of this host's kernel.
-    /// Default true.
-    #[serde(default = "yes")]
-    pub kernel: bool,
+    /// `/proc/kallsyms`. Only right for profiles of this host's kernel, and
+    /// an answer to "what is at this kernel address" (which kernel address
+    /// randomization hides), so by default (`this_host`) only for the
+    /// profiles of this host's `ebpf` receiver; `true` for every profile
+    /// (senders on this host you trust), `false` never.
+    #[serde(default)]
+    pub kernel: HostSource,
     /// Most symbolized addresses kept (per file and address). Default 100000.
     #[serde(default = "default_symbol_cache_entries")]
     pub symbol_cache_entries: usize,
@@ -165,19 +229,15 @@ fn default_max_concurrent_fetches() -> usize {
 impl Default for SymbolizeProcessorConfig {
     fn default() -> Self {
         SymbolizeProcessorConfig {
-            local: true,
+            local: HostSource::ThisHost,
             debug_dirs: default_debug_dirs(),
-            kernel: true,
+            kernel: HostSource::ThisHost,
             symbol_cache_entries: default_symbol_cache_entries(),
             open_binaries: default_open_binaries(),
             max_debug_info: default_max_debug_info(),
             debuginfod: DebuginfodConfig::default(),
         }
     }
-}
-
-fn yes() -> bool {
-    true
 }
 
 fn default_debug_dirs() -> Vec<PathBuf> {
@@ -287,5 +347,30 @@ mod tests {
             serde_saphyr::from_str::<SymbolizeProcessorConfig>("{debuginfo: x}").is_err(),
             "unknown fields are refused"
         );
+    }
+
+    #[test]
+    fn local_and_kernel_default_to_this_hosts_profiles_and_take_true_and_false() {
+        let c: SymbolizeProcessorConfig = serde_saphyr::from_str("{}").unwrap();
+        assert_eq!(
+            (c.local, c.kernel),
+            (HostSource::ThisHost, HostSource::ThisHost)
+        );
+        for (yaml, want) in [
+            ("true", HostSource::Every),
+            ("false", HostSource::Never),
+            ("this_host", HostSource::ThisHost),
+            ("'true'", HostSource::Every),
+        ] {
+            let c: SymbolizeProcessorConfig =
+                serde_saphyr::from_str(&format!("{{local: {yaml}, kernel: {yaml}}}")).unwrap();
+            assert_eq!((c.local, c.kernel), (want, want), "{yaml}");
+        }
+        let e = serde_saphyr::from_str::<SymbolizeProcessorConfig>("{local: yes_please}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("this_host"), "the error names the values: {e}");
+        assert!(HostSource::ThisHost.serves(true) && !HostSource::ThisHost.serves(false));
+        assert!(HostSource::Every.serves(false) && !HostSource::Never.serves(true));
     }
 }

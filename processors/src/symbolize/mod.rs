@@ -19,6 +19,15 @@
 //! that owns the caches and names one batch at a time; `process` hands it
 //! the batch and waits. Should the worker ever panic, the batch goes on as
 //! it came and the next batch starts a new worker (with empty caches).
+//! Files are opened so that no open or read can wait on a FIFO or device
+//! ([`proflow_pipeline::symbolize::open`]); a file system that does not
+//! answer can still hold a worker, so a batch waits at most 30 s, then the
+//! worker is given up on (it ends, caches and all, when it returns) and a
+//! new one starts, while at most [`MAX_STUCK_WORKERS`] are stuck.
+//!
+//! Local files and kallsyms serve by default only the batches this host
+//! made ([`BatchMeta::this_host`]: the `ebpf` receiver's); see
+//! [`config::HostSource`].
 //! A profile with nothing to name (every location has lines) goes on as it
 //! came: its bytes are decoded once to see that, and never re-encoded.
 
@@ -29,21 +38,22 @@ pub mod profile;
 pub mod sources;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
 use proflow_pipeline::http::{HttpClient, Options};
-use proflow_pipeline::model::{Envelope, Format, Payload};
+use proflow_pipeline::model::{BatchMeta, Envelope, Format, Payload};
 use proflow_pipeline::otlp::SharedDictionary;
 use proflow_pipeline::symbolize::{Limits, Symbols};
 use proflow_pipeline::telemetry::SymbolizeTelemetry;
 
-pub use config::{DebuginfodConfig, SymbolizeProcessorConfig};
+pub use config::{DebuginfodConfig, HostSource, SymbolizeProcessorConfig};
 use debuginfod::Debuginfod;
 use sources::Sources;
 
@@ -106,14 +116,58 @@ struct State {
     symbols: Symbols,
 }
 
-/// A batch for the worker, and where its answer goes.
-type Job = (Vec<Envelope>, tokio::sync::oneshot::Sender<Vec<Envelope>>);
+/// Work for the worker.
+enum Job {
+    /// A batch, whether it was made on this host, and where its answer
+    /// goes.
+    Batch(
+        Vec<Envelope>,
+        bool,
+        tokio::sync::oneshot::Sender<Vec<Envelope>>,
+    ),
+    /// Holds the worker until the sender is dropped or sends: a worker
+    /// stuck in a file system, for tests.
+    #[cfg(test)]
+    Stall(mpsc::Receiver<()>),
+}
+
+/// Longest a batch waits for the worker. Naming a batch takes milliseconds
+/// warm and seconds for new large files; past this the worker is taken to
+/// be stuck (a file system that does not answer: files are opened so that
+/// nothing else can block), given up on, and the batch goes on as it came.
+const WORKER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Most workers given up on that may still be running (stuck). Past it no
+/// new worker starts and batches go on unnamed at once, until one returns:
+/// a file system that hangs every worker that touches it costs this many
+/// threads and their caches, not one per timeout.
+pub const MAX_STUCK_WORKERS: usize = 2;
+
+/// The worker batches go to now.
+struct Worker {
+    jobs: mpsc::Sender<Job>,
+    /// Which one it is (a timed-out batch gives up only on the worker it
+    /// was sent to, not on one that replaced it since).
+    number: u64,
+    /// Set when it is given up on: it then ends after its current job,
+    /// dropping its caches, rather than take more.
+    abandoned: Arc<AtomicBool>,
+}
+
+/// The processor's workers.
+struct Workers {
+    current: Option<Worker>,
+    started: u64,
+}
 
 /// The running `symbolize` processor.
 pub struct SymbolizeProcessor {
     config: SymbolizeProcessorConfig,
     debuginfod: Option<Arc<Debuginfod>>,
-    worker: Mutex<mpsc::Sender<Job>>,
+    workers: Mutex<Workers>,
+    /// Workers given up on that have not ended yet.
+    stuck: Arc<AtomicUsize>,
+    worker_timeout: Duration,
     telemetry: SymbolizeTelemetry,
 }
 
@@ -128,121 +182,208 @@ impl SymbolizeProcessor {
         telemetry: SymbolizeTelemetry,
         debuginfod: Option<Arc<Debuginfod>>,
     ) -> Self {
-        SymbolizeProcessor {
-            worker: Mutex::new(spawn_worker(
-                config.clone(),
-                debuginfod.clone(),
-                telemetry.clone(),
-            )),
+        let p = SymbolizeProcessor {
+            workers: Mutex::new(Workers {
+                current: None,
+                started: 0,
+            }),
+            stuck: Arc::new(AtomicUsize::new(0)),
+            worker_timeout: WORKER_TIMEOUT,
             config: config.clone(),
             debuginfod,
             telemetry,
+        };
+        p.telemetry.stuck_workers(0);
+        // The first worker starts now, so that a config it cannot run with
+        // (no thread) shows at once in the log.
+        if let Ok(mut w) = p.workers.lock() {
+            p.current_worker(&mut w);
+        }
+        p
+    }
+
+    /// The current worker, started if there is none and fewer than
+    /// [`MAX_STUCK_WORKERS`] are stuck; `None` otherwise.
+    fn current_worker<'w>(&self, workers: &'w mut Workers) -> Option<&'w Worker> {
+        if workers.current.is_none() && self.stuck.load(Ordering::SeqCst) < MAX_STUCK_WORKERS {
+            workers.started += 1;
+            workers.current = self.spawn_worker(workers.started);
+        }
+        workers.current.as_ref()
+    }
+
+    /// Starts worker `number`; it ends when its sender is dropped, or after
+    /// the job during which it was given up on.
+    fn spawn_worker(&self, number: u64) -> Option<Worker> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let config = self.config.clone();
+        let debuginfod = self.debuginfod.clone();
+        let telemetry = self.telemetry.clone();
+        let stuck = self.stuck.clone();
+        let given_up = abandoned.clone();
+        let started = std::thread::Builder::new()
+            .name("symbolize".into())
+            .spawn(move || {
+                let mut state = State::new(&config, debuginfod);
+                let wait = config.debuginfod.timeout.get();
+                while let Ok(job) = rx.recv() {
+                    match job {
+                        Job::Batch(batch, this_host, reply) => {
+                            state.sources.begin_batch(Instant::now() + wait, this_host);
+                            let mut named = HashMap::new();
+                            let out: Vec<Envelope> = batch
+                                .into_iter()
+                                .map(|e| state.envelope(e, &mut named, &telemetry))
+                                .collect();
+                            telemetry.cache_hits(state.symbols.take_hits());
+                            telemetry.state(state.symbols.len(), state.symbols.open_files());
+                            let _ = reply.send(out);
+                        }
+                        #[cfg(test)]
+                        Job::Stall(until) => {
+                            let _ = until.recv();
+                        }
+                    }
+                    if given_up.load(Ordering::SeqCst) {
+                        break;
+                    }
+                }
+                // Given up on while stuck: its caches go with it now, and
+                // it no longer counts against MAX_STUCK_WORKERS.
+                drop(state);
+                if given_up.load(Ordering::SeqCst) {
+                    let left = stuck.fetch_sub(1, Ordering::SeqCst).saturating_sub(1);
+                    telemetry.stuck_workers(left);
+                    tracing::info!("symbolize: a worker given up on has returned and ended");
+                }
+            });
+        match started {
+            Ok(_) => Some(Worker {
+                jobs: tx,
+                number,
+                abandoned,
+            }),
+            Err(e) => {
+                tracing::error!(error = %e, "symbolize: could not start a worker thread; profiles go on unnamed");
+                None
+            }
+        }
+    }
+
+    /// Gives up on worker `number` if it is still the current one: it is
+    /// counted as stuck until it returns, and the next batch starts another
+    /// (while fewer than [`MAX_STUCK_WORKERS`] are stuck).
+    fn give_up_on(&self, number: u64) {
+        let mut workers = lock(&self.workers);
+        if workers.current.as_ref().is_some_and(|w| w.number == number)
+            && let Some(w) = workers.current.take()
+        {
+            let stuck = self.stuck.fetch_add(1, Ordering::SeqCst) + 1;
+            w.abandoned.store(true, Ordering::SeqCst);
+            self.telemetry.stuck_workers(stuck);
+            tracing::error!(
+                stuck,
+                "symbolize: a batch took more than {:?}; it goes on unnamed, the worker is given up on (at most {MAX_STUCK_WORKERS} may be stuck; past that profiles go on unnamed until one returns)",
+                self.worker_timeout
+            );
+        }
+    }
+
+    /// Sends `job` to the current worker, starting one if needed; the
+    /// number of the worker that took it.
+    fn send(&self, mut job: Job) -> Option<u64> {
+        let mut workers = lock(&self.workers);
+        for _ in 0..2 {
+            let w = self.current_worker(&mut workers)?;
+            match w.jobs.send(job) {
+                Ok(()) => return Some(w.number),
+                Err(mpsc::SendError(back)) => {
+                    // The worker ended (it panicked): a new one takes it.
+                    tracing::error!("symbolize: the worker stopped; a new one starts");
+                    workers.current = None;
+                    job = back;
+                }
+            }
+        }
+        None
+    }
+
+    #[cfg(test)]
+    fn stall_worker(&self) -> mpsc::Sender<()> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Job::Stall(rx));
+        tx
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+impl State {
+    fn new(config: &SymbolizeProcessorConfig, debuginfod: Option<Arc<Debuginfod>>) -> State {
+        let limits = Limits {
+            max_entries: config.symbol_cache_entries,
+            max_open: config.open_binaries,
+            max_debug_info: config.max_debug_info.bytes(),
+        };
+        let mut sources = Sources::new(config.local, config.debug_dirs.clone(), config.kernel);
+        if let Some(d) = debuginfod {
+            // What an earlier run left over the cap goes first.
+            debuginfod::trim(
+                &config.debuginfod.resolved_cache_dir(),
+                config.debuginfod.max_cache_size.bytes(),
+            );
+            sources = sources.with_debuginfod(d);
+        }
+        State {
+            sources,
+            symbols: Symbols::new(limits, Some(config.debug_dirs.clone())),
         }
     }
 }
-
-/// Starts a worker thread; it ends when its sender is dropped.
-fn spawn_worker(
-    config: SymbolizeProcessorConfig,
-    debuginfod: Option<Arc<Debuginfod>>,
-    telemetry: SymbolizeTelemetry,
-) -> mpsc::Sender<Job> {
-    let (tx, rx) = mpsc::channel::<Job>();
-    let started = std::thread::Builder::new()
-        .name("symbolize".into())
-        .spawn(move || {
-            let limits = Limits {
-                max_entries: config.symbol_cache_entries,
-                max_open: config.open_binaries,
-                max_debug_info: config.max_debug_info.bytes(),
-            };
-            let mut sources = Sources::new(config.local, config.debug_dirs.clone(), config.kernel);
-            if let Some(d) = debuginfod {
-                // What an earlier run left over the cap goes first.
-                debuginfod::trim(
-                    &config.debuginfod.resolved_cache_dir(),
-                    config.debuginfod.max_cache_size.bytes(),
-                );
-                sources = sources.with_debuginfod(d);
-            }
-            let mut state = State {
-                sources,
-                symbols: Symbols::new(limits, Some(config.debug_dirs.clone())),
-            };
-            let wait = config.debuginfod.timeout.get();
-            while let Ok((batch, reply)) = rx.recv() {
-                state.sources.set_deadline(Instant::now() + wait);
-                let mut named = HashMap::new();
-                let out: Vec<Envelope> = batch
-                    .into_iter()
-                    .map(|e| state.envelope(e, &mut named, &telemetry))
-                    .collect();
-                telemetry.cache_hits(state.symbols.take_hits());
-                telemetry.state(state.symbols.len(), state.symbols.open_files());
-                let _ = reply.send(out);
-            }
-        });
-    if let Err(e) = started {
-        // The batches go on unsymbolized (their jobs find no receiver).
-        tracing::error!(error = %e, "symbolize: could not start its worker thread");
-    }
-    tx
-}
-
-/// Longest a batch waits for the worker. Naming a batch takes milliseconds
-/// warm and seconds for new large files; past this the worker is taken to
-/// be stuck (a file system that does not answer), replaced, and the batch
-/// goes on as it came.
-const WORKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[async_trait]
 impl Processor for SymbolizeProcessor {
-    async fn process(&self, batch: Vec<Envelope>) -> Vec<Envelope> {
+    async fn process(&self, batch: Vec<Envelope>, meta: &BatchMeta) -> Vec<Envelope> {
         // Envelopes share their payloads: keeping a copy costs pointers, and
         // a batch whose work failed goes on as it came.
         let unchanged = batch.clone();
+        let n = batch.len() as u64;
         let (reply, answer) = tokio::sync::oneshot::channel();
-        {
-            let mut worker = match self.worker.lock() {
-                Ok(w) => w,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            if let Err(mpsc::SendError(job)) = worker.send((batch, reply)) {
-                // The worker ended (it panicked): a new one takes this batch.
-                tracing::error!("symbolize: the worker stopped; a new one starts");
-                *worker = self.new_worker();
-                let _ = worker.send(job);
-            }
-        }
-        match tokio::time::timeout(WORKER_TIMEOUT, answer).await {
+        let Some(number) = self.send(Job::Batch(batch, meta.this_host, reply)) else {
+            self.telemetry.skipped(skip::WORKERS_STUCK, n);
+            return unchanged;
+        };
+        match tokio::time::timeout(self.worker_timeout, answer).await {
             Ok(Ok(out)) => out,
             Ok(Err(_)) => {
                 tracing::error!("symbolize: the worker stopped during a batch; it goes on unnamed");
+                self.telemetry.skipped(skip::WORKER_FAILED, n);
                 unchanged
             }
             Err(_) => {
-                tracing::error!(
-                    "symbolize: a batch took more than {WORKER_TIMEOUT:?}; it goes on unnamed and a new worker takes the next ones"
-                );
-                let mut worker = match self.worker.lock() {
-                    Ok(w) => w,
-                    Err(poisoned) => poisoned.into_inner(),
-                };
-                *worker = self.new_worker();
+                self.give_up_on(number);
+                self.telemetry.skipped(skip::WORKER_TIMEOUT, n);
                 unchanged
             }
         }
     }
 }
 
-impl SymbolizeProcessor {
-    fn new_worker(&self) -> mpsc::Sender<Job> {
-        spawn_worker(
-            self.config.clone(),
-            self.debuginfod.clone(),
-            self.telemetry.clone(),
-        )
-    }
+/// Why profiles went on unnamed (the `reason` label of
+/// `proflow_symbolize_skipped_profiles_total`).
+pub mod skip {
+    /// Their batch took longer than the worker timeout (30s).
+    pub const WORKER_TIMEOUT: &str = "worker_timeout";
+    /// [`super::MAX_STUCK_WORKERS`] workers are stuck: no new one starts.
+    pub const WORKERS_STUCK: &str = "workers_stuck";
+    /// The worker stopped during their batch (it panicked).
+    pub const WORKER_FAILED: &str = "worker_failed";
 }
 
 /// The dictionaries of one batch already named, by the dictionary's address
@@ -313,3 +454,6 @@ impl State {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod safety_tests;

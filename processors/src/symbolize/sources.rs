@@ -5,8 +5,17 @@
 //!   address in the kernel's half with no mapping: this host's kallsyms.
 //! - **local binary**: the mapping's path on this host, first under
 //!   `/proc/<pid>/root` when the series has a `pid` label; taken only when
-//!   its build id is the mapping's (or the mapping has none). blazesym
-//!   follows its `.gnu_debuglink` into `debug_dirs`.
+//!   its build id is the mapping's (or the mapping has none). Its
+//!   `.gnu_debuglink` is followed into `debug_dirs`.
+//!
+//! The two sources that read this host (kernel, local binary) serve a
+//! batch as the config says ([`HostSource`]): by default only the batches
+//! this host made (its `ebpf` receiver's, [`BatchMeta::this_host`]), whose
+//! paths and kernel addresses are this host's. Frames of other batches that
+//! only they could have named are counted as [`reason::KERNEL_NOT_THIS_HOST`]
+//! and [`reason::LOCAL_NOT_THIS_HOST`].
+//!
+//! [`BatchMeta::this_host`]: proflow_pipeline::model::BatchMeta::this_host
 //! - **debug file by build id**: `<dir>/.build-id/ab/cdef….debug` in each of
 //!   `debug_dirs`, with the mapping's build id; preferred over the local
 //!   binary when both are found (a stripped binary's debug file has the
@@ -33,8 +42,9 @@ use std::time::{Duration, Instant};
 
 use proflow_pipeline::symbolize::elf::{ElfInfo, build_id_path};
 
+use super::config::HostSource;
 use super::debuginfod::{Debuginfod, Lookup};
-use proflow_pipeline::symbolize::{Addr, FileKey, FileRef, Lines, Symbols};
+use proflow_pipeline::symbolize::{Addr, FileId, FileKey, FileRef, Lines, Symbols};
 
 /// Addresses at or above this are the kernel's (x86-64 and arm64).
 pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
@@ -57,6 +67,13 @@ pub mod reason {
     pub const NOT_FOUND: &str = "not_found";
     /// A kernel frame while `kernel: false`.
     pub const KERNEL_OFF: &str = "kernel_disabled";
+    /// A kernel frame of a profile not made on this host, while `kernel`
+    /// serves only this host's (`this_host`, the default).
+    pub const KERNEL_NOT_THIS_HOST: &str = "kernel_not_this_host";
+    /// A frame no debug file named, of a profile not made on this host,
+    /// while `local` serves only this host's (`this_host`, the default):
+    /// the file at the mapping's path was not looked at.
+    pub const LOCAL_NOT_THIS_HOST: &str = "local_not_this_host";
     /// The debug file is being fetched from debuginfod, and was not there
     /// by the batch's deadline.
     pub const DEBUGINFOD_TIMEOUT: &str = "debuginfod_timeout";
@@ -78,7 +95,9 @@ pub enum Source {
     File {
         key: FileKey,
         path: PathBuf,
-        debug_size: u64,
+        /// The file that was checked (build id, segments): another one
+        /// found at `path` later is not read.
+        id: Option<FileId>,
         translate: Translate,
     },
     /// Not to be found; the reason.
@@ -118,23 +137,27 @@ impl Translate {
 
 /// The sources as configured, and the decisions made recently.
 pub struct Sources {
-    local: bool,
+    local: HostSource,
     debug_dirs: Vec<PathBuf>,
-    kernel: bool,
+    kernel: HostSource,
     debuginfod: Option<Arc<Debuginfod>>,
     /// Until when the current batch may wait for debuginfod.
     deadline: Instant,
-    decisions: HashMap<MappingId, (Instant, Source)>,
+    /// Whether the current batch was made on this host.
+    this_host: bool,
+    /// By mapping and whether local files could be used for it.
+    decisions: HashMap<(MappingId, bool), (Instant, Source)>,
 }
 
 impl Sources {
-    pub fn new(local: bool, debug_dirs: Vec<PathBuf>, kernel: bool) -> Self {
+    pub fn new(local: HostSource, debug_dirs: Vec<PathBuf>, kernel: HostSource) -> Self {
         Sources {
             local,
             debug_dirs,
             kernel,
             debuginfod: None,
             deadline: Instant::now(),
+            this_host: false,
             decisions: HashMap::new(),
         }
     }
@@ -145,18 +168,21 @@ impl Sources {
         self
     }
 
-    /// Fetches from debuginfod are waited for until `deadline` (set at the
-    /// start of each batch).
-    pub fn set_deadline(&mut self, deadline: Instant) {
+    /// Starts a batch: fetches from debuginfod are waited for until
+    /// `deadline`; `this_host` says whether it was made on this host.
+    pub fn begin_batch(&mut self, deadline: Instant, this_host: bool) {
         self.deadline = deadline;
+        self.this_host = this_host;
     }
 
     /// The source of kernel frames.
     pub fn kernel(&self) -> Source {
-        if self.kernel {
+        if self.kernel.serves(self.this_host) {
             Source::Kernel
-        } else {
+        } else if self.kernel == HostSource::Never {
             Source::Missing(reason::KERNEL_OFF)
+        } else {
+            Source::Missing(reason::KERNEL_NOT_THIS_HOST)
         }
     }
 
@@ -166,7 +192,11 @@ impl Sources {
             return self.kernel();
         }
         let now = Instant::now();
-        if let Some((at, s)) = self.decisions.get(m)
+        let local = self.local.serves(self.this_host);
+        // A decision made with local files is never one for a batch that
+        // may not use them.
+        let key = (m.clone(), local);
+        if let Some((at, s)) = self.decisions.get(&key)
             && now.duration_since(*at) < DECISION_TTL
         {
             return s.clone();
@@ -174,17 +204,17 @@ impl Sources {
         if self.decisions.len() >= MAX_DECISIONS {
             self.decisions.clear();
         }
-        let (s, lasting) = self.decide(m);
+        let (s, lasting) = self.decide(m, local);
         if lasting {
-            self.decisions.insert(m.clone(), (now, s.clone()));
+            self.decisions.insert(key, (now, s.clone()));
         }
         s
     }
 
     /// The source of `m`, and whether that may be remembered (not while a
     /// debuginfod fetch for it is under way).
-    fn decide(&self, m: &MappingId) -> (Source, bool) {
-        let binary = if self.local {
+    fn decide(&self, m: &MappingId, local: bool) -> (Source, bool) {
+        let binary = if local {
             local_candidates(m).into_iter().find_map(|p| {
                 let info = ElfInfo::read(&p)?;
                 let matches = match (&m.build_id, &info.build_id) {
@@ -241,16 +271,23 @@ impl Sources {
                 Source::File {
                     key: FileKey::Path(path.to_string_lossy().into()),
                     path,
-                    debug_size: info.debug_size,
+                    id: info.file,
                     translate,
                 }
             }
             (Some((path, info)), None) => Source::File {
                 key: binary_key(&path, &info),
                 path,
-                debug_size: info.debug_size,
+                id: info.file,
                 translate: Translate::FileOffset,
             },
+            // Only this host's files could have named it, and they are not
+            // for this batch.
+            (None, None)
+                if !local && self.local != HostSource::Never && m.path.starts_with('/') =>
+            {
+                Source::Missing(reason::LOCAL_NOT_THIS_HOST)
+            }
             (None, None) if m.build_id.is_none() => Source::Missing(reason::NO_BUILD_ID),
             (None, None) => Source::Missing(reason::NOT_FOUND),
         };
@@ -287,7 +324,7 @@ pub fn lookup(
         Source::File {
             key,
             path,
-            debug_size,
+            id,
             translate,
         } => {
             let addr = match kind {
@@ -306,11 +343,7 @@ pub fn lookup(
             let Some(addr) = addr else {
                 return Err(reason::NOT_FOUND);
             };
-            let file = FileRef {
-                key,
-                path,
-                debug_size: *debug_size,
-            };
+            let file = FileRef { key, path, id: *id };
             symbols.file(file, addr)
         }
     };
@@ -412,7 +445,7 @@ mod tests {
 
     #[test]
     fn a_missing_file_without_build_id_says_so() {
-        let mut s = Sources::new(true, vec![], true);
+        let mut s = Sources::new(HostSource::Every, vec![], HostSource::Every);
         let m = MappingId {
             path: "/nonexistent/app".into(),
             build_id: None,
@@ -430,7 +463,7 @@ mod tests {
             pid: None,
         };
         assert!(matches!(s.find(&m), Source::Kernel));
-        let mut off = Sources::new(true, vec![], false);
+        let mut off = Sources::new(HostSource::Every, vec![], HostSource::Never);
         assert!(matches!(off.find(&m), Source::Missing(reason::KERNEL_OFF)));
     }
 }

@@ -40,14 +40,14 @@ int main(void) {
 
 /// A built program: the stripped binary, its debug file under
 /// `debug/.build-id/…`, an unstripped copy, and its build id.
-struct Built {
-    dir: PathBuf,
-    stripped: PathBuf,
-    full: PathBuf,
-    build_id: String,
+pub(super) struct Built {
+    pub(super) dir: PathBuf,
+    pub(super) stripped: PathBuf,
+    pub(super) full: PathBuf,
+    pub(super) build_id: String,
 }
 
-fn run(cmd: &mut Command) {
+pub(super) fn run(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
         out.status.success(),
@@ -56,7 +56,7 @@ fn run(cmd: &mut Command) {
     );
 }
 
-fn build(name: &str) -> Built {
+pub(super) fn build(name: &str) -> Built {
     let dir = std::env::temp_dir().join(format!("proflow-symbolize-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -95,10 +95,10 @@ fn build(name: &str) -> Built {
 
 /// A running program and the runtime addresses it printed: its leaf
 /// function, and a return address in the function inlined into its caller.
-struct Running {
-    child: Child,
-    leaf: u64,
-    inlined: u64,
+pub(super) struct Running {
+    pub(super) child: Child,
+    pub(super) leaf: u64,
+    pub(super) inlined: u64,
 }
 
 impl Drop for Running {
@@ -108,7 +108,7 @@ impl Drop for Running {
     }
 }
 
-fn start(binary: &Path) -> Running {
+pub(super) fn start(binary: &Path) -> Running {
     let mut child = Command::new(binary).stdout(Stdio::piped()).spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.as_mut().unwrap())
@@ -126,7 +126,7 @@ fn start(binary: &Path) -> Running {
 
 /// A profile of one sample, `[leaf, inlined]`, in the program's executable
 /// mapping as `/proc/PID/maps` has it, named as `path` with `build_id`.
-fn profile_of(r: &Running, path: &str, build_id: Option<&str>) -> pprof::Profile {
+pub(super) fn profile_of(r: &Running, path: &str, build_id: Option<&str>) -> pprof::Profile {
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", r.child.id())).unwrap();
     let (start, end, offset) = maps
         .lines()
@@ -188,7 +188,7 @@ fn profile_of(r: &Running, path: &str, build_id: Option<&str>) -> pprof::Profile
 
 /// [`profile::symbolize`] on a copy: the named copy, or `None` when
 /// nothing changed.
-fn symbolize_copy(
+pub(super) fn symbolize_copy(
     p: &pprof::Profile,
     pid: Option<u32>,
     sources: &mut Sources,
@@ -199,7 +199,7 @@ fn symbolize_copy(
     (changed.then_some(copy), counts)
 }
 
-fn limits() -> Limits {
+pub(super) fn limits() -> Limits {
     Limits {
         max_entries: 1000,
         max_open: 4,
@@ -208,7 +208,7 @@ fn limits() -> Limits {
 }
 
 /// Each location's lines as (function, file's base name, has a line).
-fn names(p: &pprof::Profile) -> Vec<Vec<(String, String, bool)>> {
+pub(super) fn names(p: &pprof::Profile) -> Vec<Vec<(String, String, bool)>> {
     let s = |i: i64| p.string_table[i as usize].clone();
     p.location
         .iter()
@@ -230,7 +230,7 @@ fn names(p: &pprof::Profile) -> Vec<Vec<(String, String, bool)>> {
         .collect()
 }
 
-fn expect_full_names(p: &pprof::Profile) {
+pub(super) fn expect_full_names(p: &pprof::Profile) {
     let n = names(p);
     assert_eq!(
         n[0],
@@ -260,20 +260,20 @@ fn a_stripped_binary_named_from_its_debug_file_by_build_id() {
     let debug_dirs = vec![b.dir.join("debug")];
 
     // The binary here too: its segments give the exact virtual address.
-    let mut sources = Sources::new(true, debug_dirs.clone(), true);
+    let mut sources = Sources::new(HostSource::Every, debug_dirs.clone(), HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(debug_dirs.clone()));
     let (named, counts) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     expect_full_names(&named.expect("named"));
     assert_eq!(counts.get("symbolized"), Some(&2), "{counts:?}");
 
     // The debug file alone (the binary is on another host).
-    let mut sources = Sources::new(false, debug_dirs.clone(), true);
+    let mut sources = Sources::new(HostSource::Never, debug_dirs.clone(), HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(debug_dirs));
     let (named, _) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     expect_full_names(&named.expect("named from the debug file alone"));
 
     // No debug file: a stripped binary names nothing; counted, not touched.
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
     let (named, counts) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     assert!(named.is_none());
@@ -289,7 +289,7 @@ fn a_local_binary_with_dwarf_and_the_cases_that_cannot_be_named() {
 
     // By file offset in the binary itself, found through /proc/PID/root.
     let profile = profile_of(&r, path, Some(&b.build_id));
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
     let (named, _) = symbolize_copy(&profile, Some(r.child.id()), &mut sources, &mut symbols);
     expect_full_names(&named.expect("named"));
@@ -326,7 +326,7 @@ fn processor_for(b: &Built) -> (SymbolizeProcessor, Arc<Telemetry>) {
     (processor, telemetry)
 }
 
-fn envelope(payload: Payload) -> Envelope {
+pub(super) fn envelope(payload: Payload) -> Envelope {
     Envelope {
         labels: Labels::from_pairs([("__name__", "process_cpu"), ("service_name", "prog")]),
         start_unix_nanos: 1,
@@ -356,10 +356,13 @@ async fn the_processor_names_pprof_payloads_and_passes_the_rest_as_they_came() {
         1 << 20,
     );
     let out = processor
-        .process(vec![
-            envelope(Payload::from_bytes(gz, 1 << 20)),
-            envelope(named_already.clone()),
-        ])
+        .process(
+            vec![
+                envelope(Payload::from_bytes(gz, 1 << 20)),
+                envelope(named_already.clone()),
+            ],
+            &BatchMeta::default(),
+        )
         .await;
     assert_eq!(out.len(), 2);
     expect_full_names(&out[0].payload.decoded().unwrap());
@@ -379,7 +382,10 @@ async fn the_processor_names_pprof_payloads_and_passes_the_rest_as_they_came() {
 
     // The second time, from the cache.
     let again = processor
-        .process(vec![envelope(Payload::from_bytes(bytes, 1 << 20))])
+        .process(
+            vec![envelope(Payload::from_bytes(bytes, 1 << 20))],
+            &BatchMeta::default(),
+        )
         .await;
     expect_full_names(&again[0].payload.decoded().unwrap());
     assert!(
@@ -394,7 +400,7 @@ async fn the_processor_names_pprof_payloads_and_passes_the_rest_as_they_came() {
 
 /// The kernel's `schedule` function. Needs root: kallsyms shows other
 /// users zero addresses.
-fn schedule_address() -> u64 {
+pub(super) fn schedule_address() -> u64 {
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap();
     let schedule = kallsyms
         .lines()
@@ -440,7 +446,7 @@ fn kernel_frames_named_from_kallsyms() {
         string_table: vec![String::new(), "[kernel.kallsyms]".into()],
         ..Default::default()
     };
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
     let (named, counts) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     let named = named.expect("named");
@@ -453,7 +459,7 @@ fn kernel_frames_named_from_kallsyms() {
     );
     assert_eq!(counts.get("symbolized"), Some(&2), "{counts:?}");
 
-    let mut off = Sources::new(true, vec![], false);
+    let mut off = Sources::new(HostSource::Every, vec![], HostSource::Never);
     let (named, counts) = symbolize_copy(&profile, None, &mut off, &mut symbols);
     assert!(named.is_none());
     assert_eq!(counts.get("kernel_disabled"), Some(&2), "{counts:?}");
@@ -507,11 +513,14 @@ async fn otlp_payloads_named_in_their_dictionary_once_per_request() {
     let native = otlp_payload(&profile, Some(&full));
     // Two envelopes of one request share its dictionary.
     let out = processor
-        .process(vec![
-            envelope(runtime.clone()),
-            envelope(runtime),
-            envelope(native),
-        ])
+        .process(
+            vec![
+                envelope(runtime.clone()),
+                envelope(runtime),
+                envelope(native),
+            ],
+            &BatchMeta::default(),
+        )
         .await;
     for e in &out {
         assert!(e.payload.has(Format::Otlp) && !e.payload.has(Format::Pprof));
@@ -591,7 +600,7 @@ fn leaf_name_of(name: &str, compile: impl FnOnce(&Path, &Path)) -> String {
     let r = start(&bin);
     let build_id = ElfInfo::read(&bin).and_then(|i| i.build_id);
     let profile = profile_of(&r, bin.to_str().unwrap(), build_id.as_deref());
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
     let (named, _) = symbolize_copy(&profile, None, &mut sources, &mut symbols);
     let n = names(&named.expect("named"));
@@ -630,7 +639,7 @@ fn hostile_profiles_neither_panic_nor_block() {
     let b = build("hostile");
     let r = start(&b.full);
     let path = b.full.to_str().unwrap();
-    let mut sources = Sources::new(true, vec![], true);
+    let mut sources = Sources::new(HostSource::Every, vec![], HostSource::Every);
     let mut symbols = Symbols::new(limits(), Some(vec![]));
 
     // A function id of u64::MAX leaves no room for new ones: as it came.

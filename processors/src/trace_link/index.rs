@@ -17,7 +17,6 @@
 //! lookups take it once per request or per batch.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,25 +55,15 @@ struct Entry {
     name: u32,
 }
 
-/// Span ids are random: their own bits are the hash (mixed once).
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (n ^ (n >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type IdMap = HashMap<u64, Entry, BuildHasherDefault<IdHasher>>;
+/// Span ids are the senders': random when well made, chosen by whoever
+/// sends them otherwise. foldhash, seeded at random per process and per
+/// map, so ids cannot be chosen to collide (the unseeded multiply this had
+/// put every id whose `id ^ id >> 32` ends in the same bits in one bucket,
+/// and a service sending such ids stalled every insert and lookup under the
+/// index's lock). The `quality` variant: `fast` hashes a u64 with one
+/// multiply by a per-process seed, and with some seeds ids that differ only
+/// in their high bits still share a bucket by the handful.
+type IdMap = HashMap<u64, Entry, foldhash::quality::RandomState>;
 
 struct Generation {
     spans: IdMap,
@@ -407,6 +396,43 @@ mod tests {
         assert!(index.has_all(&[1u64.to_be_bytes()]));
         index.insert_at(&[span(3, "newer")], t0 + Duration::from_secs(95));
         assert_eq!(index.size().0, 2);
+    }
+
+    /// Ids that all fell in one bucket under the unseeded multiply the
+    /// index hashed with (`(id ^ id >> 32) * K`: the low bits of a product
+    /// are those of the low bits multiplied) spread over the buckets now,
+    /// and two maps hash one id differently (each is seeded on its own).
+    #[test]
+    fn ids_built_to_collide_spread_and_each_map_has_its_own_seed() {
+        use std::hash::BuildHasher;
+        let ids: Vec<u64> = (1..=4096u64).map(|x| (x << 32) | x).collect();
+        let old = |id: u64| (id ^ (id >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mask = 0xffff;
+        let old_buckets: std::collections::HashSet<u64> =
+            ids.iter().map(|&id| old(id) & mask).collect();
+        assert_eq!(
+            old_buckets.len(),
+            1,
+            "the old hash put them all in one bucket"
+        );
+        let (a, b) = (IdMap::default(), IdMap::default());
+        let buckets: std::collections::HashSet<u64> = ids
+            .iter()
+            .map(|&id| a.hasher().hash_one(id) & mask)
+            .collect();
+        // 4096 keys over 65536 buckets: about 3970 distinct if spread.
+        assert!(buckets.len() > 3500, "{} buckets", buckets.len());
+        assert!(
+            ids.iter()
+                .any(|&id| a.hasher().hash_one(id) != b.hasher().hash_one(id)),
+            "two maps, two seeds"
+        );
+        let index = SpanIndex::new(Duration::from_secs(60), 100_000, None);
+        let spans: Vec<Span> = ids.iter().map(|&id| span(id, "op")).collect();
+        index.insert(&spans);
+        let all: Vec<SpanId> = ids.iter().map(|id| id.to_be_bytes()).collect();
+        assert!(index.has_all(&all));
+        assert_eq!(index.size().0, ids.len());
     }
 
     #[test]

@@ -67,7 +67,8 @@ pub mod fuzzing {
             Some(&telemetry),
             telemetry.trace_link("trace_link"),
         );
-        RUNTIME.with(|rt| rt.block_on(processor.process(envelopes)))
+        let meta = proflow_pipeline::model::BatchMeta::default();
+        RUNTIME.with(|rt| rt.block_on(processor.process(envelopes, &meta)))
     }
 }
 
@@ -81,7 +82,7 @@ use bytes::Bytes;
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate, joined_problems,
 };
-use proflow_pipeline::model::{Envelope, Format, Payload};
+use proflow_pipeline::model::{BatchMeta, Envelope, Format, Payload};
 use proflow_pipeline::otlp::{self as potlp, Lost, OtlpProfiles, ProfileData};
 use proflow_pipeline::spans::SpanConsumer;
 use proflow_pipeline::telemetry::{Telemetry, TraceLinkTelemetry};
@@ -488,7 +489,7 @@ impl TraceLinkProcessor {
 
 #[async_trait]
 impl Processor for TraceLinkProcessor {
-    async fn process(&self, mut envelopes: Vec<Envelope>) -> Vec<Envelope> {
+    async fn process(&self, mut envelopes: Vec<Envelope>, _meta: &BatchMeta) -> Vec<Envelope> {
         let mut groups = Vec::new();
         let work = self.read(&envelopes, &mut groups);
         if work.iter().all(|w| matches!(w, Work::Pass)) {

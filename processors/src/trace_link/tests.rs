@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use proflow_pipeline::model::{Envelope, Labels, Payload};
+use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload};
 use proflow_pipeline::otlp::common::any_value::Value;
 use proflow_pipeline::pprof::{self, Label, Profile};
 use proflow_pipeline::spans::Span;
@@ -329,7 +329,7 @@ async fn every_convention_converts_to_every_output_and_back() {
         let yaml = format!("output: [{name}]\nspan_index: {{wait: 0s}}\n");
         for (convention, e) in conventions() {
             let s = fed(&yaml, true).await;
-            let out = s.processor.process(vec![e]).await;
+            let out = s.processor.process(vec![e], &BatchMeta::default()).await;
             assert_eq!(out.len(), 1);
             let (t, sp, n) = ids_of(&out[0].payload, output);
             assert_eq!(sp, span, "{convention} → {name}: the span");
@@ -386,7 +386,10 @@ async fn every_convention_converts_to_every_output_and_back() {
                     (Output::OtlpLinks, processor("output: [otlp_links]\n", true))
                 }
             };
-            let again = back.processor.process(vec![envelope(wire)]).await;
+            let again = back
+                .processor
+                .process(vec![envelope(wire)], &BatchMeta::default())
+                .await;
             let (t, sp, _) = ids_of(&again[0].payload, back_output);
             assert_eq!(
                 (t, sp),
@@ -405,7 +408,7 @@ async fn without_the_index_span_only_samples_stay_unlinked_and_are_counted() {
         &[("span_id", V::S(SPAN)), ("span_name", V::S(NAME))],
         2,
     ));
-    let out = s.processor.process(vec![e]).await;
+    let out = s.processor.process(vec![e], &BatchMeta::default()).await;
     let labels = &pprof_labels(&out[0].payload)[0];
     assert_eq!(labels.get("span_id").map(String::as_str), Some(SPAN));
     assert_eq!(labels.get("trace_id"), None);
@@ -440,7 +443,10 @@ async fn samples_of_one_stack_in_different_spans_stay_apart() {
         "output: [otlp_links]\ndrop_span_labels_after_link: true\n",
         true,
     );
-    let out = s.processor.process(vec![pprof_envelope(&p)]).await;
+    let out = s
+        .processor
+        .process(vec![pprof_envelope(&p)], &BatchMeta::default())
+        .await;
     let samples = otlp_samples(&out[0].payload).unwrap();
     assert_eq!(samples.len(), 2, "{samples:?}");
     assert_eq!(samples[0].0, Some((TRACE.to_owned(), SPAN.to_owned())));
@@ -456,7 +462,7 @@ async fn samples_of_one_stack_in_different_spans_stay_apart() {
 async fn malformed_ids_are_counted_and_left_alone_and_zero_ids_dropped() {
     let s = processor("output: [labels]\n", false);
     let e = pprof_envelope(&profile(&[("span_id", V::S("not-an-id"))], 2));
-    let out = s.processor.process(vec![e]).await;
+    let out = s.processor.process(vec![e], &BatchMeta::default()).await;
     assert_eq!(
         pprof_labels(&out[0].payload)[0]
             .get("span_id")
@@ -478,7 +484,7 @@ async fn malformed_ids_are_counted_and_left_alone_and_zero_ids_dropped() {
         ],
         2,
     ));
-    let out = s.processor.process(vec![e]).await;
+    let out = s.processor.process(vec![e], &BatchMeta::default()).await;
     let labels = &pprof_labels(&out[0].payload)[0];
     assert_eq!(labels.get("span_id"), None, "{labels:?}");
 
@@ -497,7 +503,7 @@ async fn malformed_ids_are_counted_and_left_alone_and_zero_ids_dropped() {
         0,
     ));
     let s = processor("output: [otlp_links]\n", false);
-    s.processor.process(vec![e]).await;
+    s.processor.process(vec![e], &BatchMeta::default()).await;
     // One sample in each of the two OTLP profiles (one per sample type).
     assert_eq!(
         metric(
@@ -524,7 +530,7 @@ async fn root_spans_only_keeps_the_local_root() {
         ],
         2,
     ));
-    let out = s.processor.process(vec![e]).await;
+    let out = s.processor.process(vec![e], &BatchMeta::default()).await;
     let labels = &pprof_labels(&out[0].payload)[0];
     assert_eq!(labels.get("span_id").map(String::as_str), Some(ROOT));
     assert_eq!(labels.get("trace_id").map(String::as_str), Some(TRACE));
@@ -535,11 +541,11 @@ async fn profiles_without_correlation_go_on_as_they_came() {
     let s = processor("output: [otlp_links, labels]\n", true);
     let e = pprof_envelope(&testdata::cpu_profile(10, 10));
     let before = e.payload.identity();
-    let out = s.processor.process(vec![e]).await;
+    let out = s.processor.process(vec![e], &BatchMeta::default()).await;
     assert_eq!(out[0].payload.identity(), before);
     let e = otlp_envelope(&testdata::cpu_profile(10, 10));
     let before = e.payload.identity();
-    let out = s.processor.process(vec![e]).await;
+    let out = s.processor.process(vec![e], &BatchMeta::default()).await;
     assert_eq!(out[0].payload.identity(), before);
 }
 
@@ -556,7 +562,7 @@ async fn a_span_that_arrives_late_is_waited_for_and_one_that_never_does_is_not()
         consumer.consume_spans(&index_spans());
     });
     let started = std::time::Instant::now();
-    let out = s.processor.process(vec![e]).await;
+    let out = s.processor.process(vec![e], &BatchMeta::default()).await;
     late.await.unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(4),
@@ -584,7 +590,10 @@ async fn a_span_that_arrives_late_is_waited_for_and_one_that_never_does_is_not()
     let _ = s.processor.span_consumer();
     let e = pprof_envelope(&profile(&[("span_id", V::S("0123456789abcdef"))], 2));
     let started = std::time::Instant::now();
-    let out = s.processor.process(vec![e.clone()]).await;
+    let out = s
+        .processor
+        .process(vec![e.clone()], &BatchMeta::default())
+        .await;
     let waited = started.elapsed();
     assert!(
         waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
@@ -607,7 +616,7 @@ async fn a_span_that_arrives_late_is_waited_for_and_one_that_never_does_is_not()
     );
     // A span waited for in vain is not waited for again.
     let started = std::time::Instant::now();
-    s.processor.process(vec![e]).await;
+    s.processor.process(vec![e], &BatchMeta::default()).await;
     assert!(
         started.elapsed() < Duration::from_millis(250),
         "{:?}",
@@ -620,7 +629,7 @@ async fn an_index_nobody_feeds_is_never_waited_for() {
     let s = processor("output: [labels]\nspan_index: {wait: 10s}\n", false);
     let e = pprof_envelope(&profile(&[("span_id", V::S(SPAN))], 2));
     let started = std::time::Instant::now();
-    s.processor.process(vec![e]).await;
+    s.processor.process(vec![e], &BatchMeta::default()).await;
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
@@ -648,7 +657,10 @@ async fn otlp_payloads_of_one_request_share_the_new_dictionary() {
         true,
     )
     .await;
-    let out = s.processor.process(vec![make(), make()]).await;
+    let out = s
+        .processor
+        .process(vec![make(), make()], &BatchMeta::default())
+        .await;
     let a = out[0].payload.otlp().unwrap();
     let b = out[1].payload.otlp().unwrap();
     assert!(Arc::ptr_eq(&a.dictionary, &b.dictionary));
@@ -709,7 +721,10 @@ async fn the_rewrite_keeps_everything_but_the_labels() {
         false,
     )
     .await;
-    let out = s.processor.process(vec![pprof_envelope(&p)]).await;
+    let out = s
+        .processor
+        .process(vec![pprof_envelope(&p)], &BatchMeta::default())
+        .await;
     let q = out[0].payload.decoded().unwrap();
     assert_eq!(q.sample.len(), p.sample.len());
     for (a, b) in p.sample.iter().zip(&q.sample) {
@@ -742,7 +757,7 @@ async fn labels_already_in_normal_form_go_on_as_they_came() {
         3,
     ));
     let before = e.payload.identity();
-    let out = s.processor.process(vec![e]).await;
+    let out = s.processor.process(vec![e], &BatchMeta::default()).await;
     assert_eq!(out[0].payload.identity(), before);
     assert!(out[0].payload.encoded().unwrap().gzipped);
     assert_eq!(
@@ -763,7 +778,7 @@ async fn labels_already_in_normal_form_go_on_as_they_came() {
         3,
     ));
     let before = e.payload.identity();
-    let out = s.processor.process(vec![e]).await;
+    let out = s.processor.process(vec![e], &BatchMeta::default()).await;
     assert_ne!(out[0].payload.identity(), before);
 }
 
@@ -777,7 +792,7 @@ async fn spans_only_the_index_would_name_are_not_waited_for() {
         2,
     ));
     let started = std::time::Instant::now();
-    s.processor.process(vec![e]).await;
+    s.processor.process(vec![e], &BatchMeta::default()).await;
     assert!(
         started.elapsed() < Duration::from_secs(1),
         "{:?}",

@@ -295,6 +295,9 @@ impl Receiver for EbpfReceiver {
             receiver: id.as_str().into(),
             tenant: None,
             client: None,
+            // Made here, from this host's processes: the symbolize processor
+            // may read their files and this kernel's symbols.
+            this_host: true,
         });
         let shutdown = ctx.shutdown.clone();
         Ok(Box::pin(async move {

@@ -17,7 +17,6 @@
 //! the unwind sections are kept, never the whole file.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,6 +27,8 @@ use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
 use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 use proflow_pipeline::model::Labels;
 use proflow_pipeline::relabel::Relabeler;
+use proflow_pipeline::symbolize::FileId;
+use proflow_pipeline::symbolize::open::open_regular;
 
 use super::config::GroupBy;
 
@@ -54,8 +55,9 @@ pub struct Binary {
     pub path: Arc<str>,
     /// The GNU build id, hex.
     pub build_id: Option<Arc<str>>,
-    /// Size of its DWARF: every `.debug_*` section, uncompressed (0: none).
-    pub debug_size: u64,
+    /// The file that was read (the symbolizer reads no other one found at
+    /// its path later); `None` when it could not be opened.
+    pub id: Option<FileId>,
     /// Executable PT_LOAD segments: (p_vaddr, p_offset).
     exec_segments: Vec<(u64, u64)>,
     unwind: Option<UnwindSections>,
@@ -379,18 +381,20 @@ fn read_binary(open: &Path, path: &str) -> Binary {
     let mut b = Binary {
         path: path.into(),
         build_id: None,
-        debug_size: 0,
+        id: None,
         exec_segments: Vec::new(),
         unwind: None,
     };
-    let Ok(file) = File::open(open) else {
+    // Only a regular file, opened without blocking (the path is the
+    // process's, and may name a FIFO by now).
+    let Ok(regular) = open_regular(open, u64::MAX) else {
         return b;
     };
-    let cache = object::ReadCache::new(file);
+    b.id = Some(regular.id);
+    let cache = object::ReadCache::new(regular.file);
     let Ok(elf) = object::File::parse(&cache) else {
         return b;
     };
-    b.debug_size = proflow_pipeline::symbolize::elf::dwarf_size(&elf);
     if let Ok(Some(id)) = elf.build_id() {
         b.build_id = Some(proflow_pipeline::symbolize::elf::hex(id).into());
     }

@@ -25,7 +25,7 @@ pub fn user(symbols: &mut Symbols, mapping: &Mapping, lookup: u64) -> Lines {
     let file = FileRef {
         key: &key,
         path: &mapping.open_path,
-        debug_size: mapping.binary.debug_size,
+        id: mapping.binary.id,
     };
     symbols.file(file, Addr::FileOffset(mapping.file_offset(lookup)))
 }

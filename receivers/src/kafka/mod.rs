@@ -539,6 +539,7 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
             receiver: receiver_id.clone(),
             tenant: decoded.tenant,
             client: None,
+            this_host: false,
         });
         let (batch, delivery) = Batch::tracked(decoded.envelopes, meta);
         match ctx.consumer.consume(batch, receiver.admission).await {

@@ -215,6 +215,7 @@ impl Handler {
             receiver: self.receiver.clone(),
             tenant: origin.tenant.filter(|t| !t.is_empty()),
             client: origin.client,
+            this_host: false,
         });
         match self
             .consumer

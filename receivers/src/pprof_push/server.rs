@@ -488,6 +488,7 @@ impl Shared {
             receiver: self.receiver.clone(),
             tenant: header_text(&parts.headers, TENANT_HEADER.clone()).filter(|t| !t.is_empty()),
             client: parts.extensions.get::<ClientAddr>().map(|c| c.0),
+            this_host: false,
         });
         match self
             .consumer

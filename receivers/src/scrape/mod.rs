@@ -130,6 +130,7 @@ impl Receiver for ScrapeReceiver {
             receiver: ctx.id.as_str().into(),
             tenant: None,
             client: None,
+            this_host: false,
         });
         let mut tasks = tokio::task::JoinSet::new();
         for job in self.jobs {

@@ -144,6 +144,8 @@ pub fn decode(record: &Bytes) -> Result<(Vec<Envelope>, Arc<BatchMeta>), String>
         receiver,
         tenant,
         client,
+        // Not stored: the queue is after the processors, the only readers.
+        this_host: false,
     });
     let mut envelopes = Vec::with_capacity(n);
     for _ in 0..n {
@@ -349,6 +351,7 @@ mod tests {
             receiver: Arc::from("pprof_push"),
             tenant: Some("team".to_owned()),
             client: Some("127.0.0.1:9".parse().unwrap()),
+            this_host: false,
         };
         let envelopes = vec![envelope(1), envelope(2)];
         let bytes = Bytes::from(encode(&envelopes, &meta).unwrap());
