@@ -159,6 +159,7 @@ impl HttpClient {
                 BodyError::OverBudget(e) => FetchError::Memory(e.to_string()),
                 BodyError::Unreadable(m) => FetchError::Body(m),
                 BodyError::TimedOut(_) => FetchError::Body("timed out".to_owned()),
+                BodyError::TooSlow => FetchError::Body(BodyError::TooSlow.to_string()),
             })
     }
 

@@ -58,10 +58,22 @@ pub fn inflate(
     limit: usize,
     grant: &mut MemoryGrant,
 ) -> Result<Vec<u8>, InflateError> {
+    inflate_after(&[], compressed, limit, grant)
+}
+
+/// [`inflate`], with the output starting with `prefix` (a frame's header,
+/// so the inflated bytes need not be copied behind it); `limit` bounds
+/// what is inflated, the prefix aside.
+pub fn inflate_after(
+    prefix: &[u8],
+    compressed: &[u8],
+    limit: usize,
+    grant: &mut MemoryGrant,
+) -> Result<Vec<u8>, InflateError> {
     STEP_BUF.with(|step| match step.try_borrow_mut() {
-        Ok(mut step) => inflate_through(compressed, limit, grant, &mut step[..]),
+        Ok(mut step) => inflate_through(prefix, compressed, limit, grant, &mut step[..]),
         // Re-entered on this thread (never done): a buffer of its own.
-        Err(_) => inflate_through(compressed, limit, grant, &mut vec![0u8; STEP]),
+        Err(_) => inflate_through(prefix, compressed, limit, grant, &mut vec![0u8; STEP]),
     })
 }
 
@@ -110,20 +122,25 @@ pub fn read_plain<T>(
 }
 
 fn inflate_through(
+    prefix: &[u8],
     compressed: &[u8],
     limit: usize,
     grant: &mut MemoryGrant,
     step: &mut [u8],
 ) -> Result<Vec<u8>, InflateError> {
+    // The output may reach the limit plus the prefix.
+    let cap = limit.saturating_add(prefix.len());
     let stated = stated_size(compressed);
     if stated.is_some_and(|s| s > limit) {
         return Err(oversized(compressed, limit, step));
     }
     let mut out: Vec<u8> = Vec::new();
-    if let Some(stated) = stated.filter(|s| *s > 0) {
-        grant.try_grow(stated)?;
-        out.reserve_exact(stated);
+    let first = stated.unwrap_or(0).saturating_add(prefix.len());
+    if first > 0 {
+        grant.try_grow(first)?;
+        out.reserve_exact(first);
     }
+    out.extend_from_slice(prefix);
     let mut decoder = flate2::bufread::MultiGzDecoder::new(compressed);
     let give_back = |grant: &mut MemoryGrant, out: &Vec<u8>| grant.shrink(out.capacity());
     loop {
@@ -137,7 +154,7 @@ fn inflate_through(
             }
         };
         let len = out.len() + n;
-        if len > limit {
+        if len > cap {
             give_back(grant, &out);
             return Err(InflateError::TooLarge { limit });
         }
@@ -146,7 +163,7 @@ fn inflate_through(
             let want = (old * 2)
                 .max(compressed.len().saturating_mul(4))
                 .max(len)
-                .min(limit);
+                .min(cap);
             // The old and the new buffer are both held while one is copied
             // into the other: both granted for that moment.
             if let Err(e) = grant.try_grow(want) {

@@ -42,6 +42,9 @@ pub struct JsonShape {
 /// What a decoder takes whatever the document: the error it may make and
 /// its message, the path it names.
 pub const BASE: usize = 4096;
+/// The deepest nesting decoders read (`serde_json`'s limit); the scan, and
+/// its own stack, stop there.
+pub const MAX_DEPTH: usize = 128;
 /// What one `serde_json::Value` takes where it is stored.
 const VALUE: usize = 32;
 /// A B-tree node of a `serde_json::Map`: 11 keys (`String`) and values.
@@ -107,6 +110,11 @@ impl JsonShape {
                         shape.objects += 1;
                     } else {
                         shape.arrays += 1;
+                    }
+                    if open.len() >= MAX_DEPTH {
+                        // Decoders refuse deeper documents without reading
+                        // on: what they built so far is all there is.
+                        return shape;
                     }
                     open.push((is_object, false));
                 }

@@ -32,14 +32,36 @@ pub const SMALL_REQUEST: usize = 1 << 20;
 /// How long a request may wait for memory before it is refused.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(1);
 
+/// Most grants and room checks waiting for memory at once; more are
+/// refused at once, so a crowd of waiting requests never makes each release
+/// of memory wake thousands of them.
+pub const MAX_WAITING: usize = 256;
+
 /// Why memory could not be had.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the collector is at its in-flight memory limit (service.limits.max_in_flight_bytes = {limit} bytes, {wanted} more bytes wanted); retry later"
-)]
+#[error("{}", self.message())]
 pub struct OverBudget {
     pub limit: usize,
     pub wanted: usize,
+    /// More than one grant can ever hold (see [`MemoryBudget::max_grant`]):
+    /// waiting or sending again cannot help.
+    pub never: bool,
+}
+
+impl OverBudget {
+    fn message(&self) -> String {
+        if self.never {
+            format!(
+                "the request needs more memory than service.limits.max_in_flight_bytes ({} bytes) lets one request hold ({} more bytes wanted); send smaller requests or raise max_in_flight_bytes",
+                self.limit, self.wanted
+            )
+        } else {
+            format!(
+                "the collector is at its in-flight memory limit (service.limits.max_in_flight_bytes = {} bytes, {} more bytes wanted); retry later",
+                self.limit, self.wanted
+            )
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -53,6 +75,8 @@ struct Inner {
     in_flight: Gauge,
     /// Signalled whenever memory is given back (for [`MemoryBudget::room_for`]).
     freed: tokio::sync::Notify,
+    /// Grants and room checks waiting for memory now.
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl Inner {
@@ -60,8 +84,42 @@ impl Inner {
         OverBudget {
             limit: self.limit,
             wanted,
+            never: false,
         }
     }
+
+    fn never(&self, wanted: usize) -> OverBudget {
+        OverBudget {
+            never: true,
+            ..self.over(wanted)
+        }
+    }
+
+    /// Waits until memory is given back or `deadline`; false when the
+    /// deadline passed or [`MAX_WAITING`] wait already. `freed` must have
+    /// been enabled before the caller last looked for room.
+    async fn wait_freed(
+        &self,
+        freed: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        let woke = tokio::time::timeout_at(deadline, freed).await.is_ok();
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        woke
+    }
+}
+
+/// The most one grant of a budget of `limit` bytes can hold: three
+/// quarters of it (a grant past [`SMALL_REQUEST`] draws from the large
+/// share too), or all of a budget too small for that to matter.
+pub fn max_grant(limit: usize) -> usize {
+    let limit = limit.min(Semaphore::MAX_PERMITS);
+    (limit - limit / 4).max(SMALL_REQUEST.min(limit))
 }
 
 /// The budget: cheap to clone, shared by every receiver.
@@ -88,6 +146,7 @@ impl MemoryBudget {
                 large_limit,
                 in_flight,
                 freed: tokio::sync::Notify::new(),
+                waiting: std::sync::atomic::AtomicUsize::new(0),
             }),
         }
     }
@@ -100,9 +159,7 @@ impl MemoryBudget {
     /// The most one grant can ever hold: a grant past [`SMALL_REQUEST`]
     /// draws from the large share too. Asking more waits in vain.
     pub fn max_grant(&self) -> usize {
-        self.inner
-            .large_limit
-            .max(SMALL_REQUEST.min(self.inner.limit))
+        max_grant(self.inner.limit)
     }
 
     /// Bytes held by grants now.
@@ -129,9 +186,7 @@ impl MemoryBudget {
     /// Whether a grant of `bytes` could be had now (a large one from the
     /// large share too).
     pub fn has_room(&self, bytes: usize) -> bool {
-        let inner = &self.inner;
-        bytes <= inner.all.available_permits()
-            && (bytes <= SMALL_REQUEST || bytes <= inner.large.available_permits())
+        self.grant().has_room(bytes).unwrap_or(false)
     }
 
     /// Waits up to `wait` until `bytes` could be granted, taking nothing and
@@ -140,22 +195,7 @@ impl MemoryBudget {
     /// it, while its memory is still granted only as its bytes arrive (a
     /// crowd of such checks never delays the grants of others).
     pub async fn room_for(&self, bytes: usize, wait: Duration) -> Result<(), OverBudget> {
-        let over = || self.inner.over(bytes);
-        if bytes > self.max_grant() {
-            return Err(over());
-        }
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let freed = self.inner.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            if self.has_room(bytes) {
-                return Ok(());
-            }
-            if tokio::time::timeout_at(deadline, freed).await.is_err() {
-                return Err(over());
-            }
-        }
+        self.grant().room_to_grow(bytes, wait).await
     }
 }
 
@@ -185,7 +225,7 @@ impl MemoryGrant {
     fn need(&self, bytes: usize) -> Result<(u32, u32), OverBudget> {
         let inner = &self.budget.inner;
         let total = self.held.saturating_add(bytes);
-        let over = || inner.over(bytes);
+        let never = || inner.never(bytes);
         let large_need = if self.large {
             bytes
         } else if total > SMALL_REQUEST {
@@ -195,10 +235,10 @@ impl MemoryGrant {
         };
         if total > inner.limit || (large_need > 0 && total > inner.large_limit) {
             // Could never be had, however long it waited.
-            return Err(over());
+            return Err(never());
         }
-        let all = u32::try_from(bytes).map_err(|_| over())?;
-        let large = u32::try_from(large_need).map_err(|_| over())?;
+        let all = u32::try_from(bytes).map_err(|_| never())?;
+        let large = u32::try_from(large_need).map_err(|_| never())?;
         Ok((all, large))
     }
 
@@ -229,12 +269,44 @@ impl MemoryGrant {
                     .map_err(|_| inner.over(bytes))?,
             ),
         };
-        let all_permit = inner
-            .all
-            .try_acquire_many(all)
-            .map_err(|_| inner.over(bytes))?;
+        let Ok(all_permit) = inner.all.try_acquire_many(all) else {
+            if let Some(large) = large_permit {
+                // Taken for a moment: a waiter that looked meanwhile is told.
+                drop(large);
+                inner.freed.notify_waiters();
+            }
+            return Err(inner.over(bytes));
+        };
         self.take(bytes, all_permit, large_permit);
         Ok(())
+    }
+
+    /// Whether this grant could grow by `bytes` now (from the large share
+    /// too when it is or becomes large); `Err` when it never could.
+    fn has_room(&self, bytes: usize) -> Result<bool, OverBudget> {
+        let (all, large) = self.need(bytes)?;
+        let inner = &self.budget.inner;
+        Ok(all as usize <= inner.all.available_permits()
+            && large as usize <= inner.large.available_permits())
+    }
+
+    /// Waits up to `wait` until this grant could grow by `bytes`, taking
+    /// nothing and holding no place in line; refused at once (`never`) when
+    /// it never could.
+    pub async fn room_to_grow(&self, bytes: usize, wait: Duration) -> Result<(), OverBudget> {
+        let inner = self.budget.inner.clone();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let freed = inner.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.has_room(bytes)? {
+                return Ok(());
+            }
+            if !inner.wait_freed(freed, deadline).await {
+                return Err(inner.over(bytes));
+            }
+        }
     }
 
     /// Grows by `bytes`, waiting up to `wait` for them. A waiting grant
@@ -255,7 +327,7 @@ impl MemoryGrant {
             if self.try_grow(bytes).is_ok() {
                 return Ok(());
             }
-            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+            if !inner.wait_freed(freed, deadline).await {
                 return Err(inner.over(bytes));
             }
         }

@@ -330,13 +330,17 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
             0,
             "must be more than 0, such as 256MiB",
         ));
-    } else if let Some((id, need)) = largest.filter(|(_, need)| *need > max_in_flight) {
+    } else if let Some((id, need)) =
+        largest.filter(|(_, need)| *need > crate::memory::max_grant(max_in_flight))
+    {
         errors.push(Error::new(
             "service.limits.max_in_flight_bytes",
             0,
             0,
             format!(
-                "is {max_in_flight} bytes, less than one request of receiver `{id}` may need ({need} bytes: its max_request_body_size plus max_decompressed_size); raise it or lower those"
+                "is {max_in_flight} bytes: one request may hold three quarters of it ({} bytes), less than one request of receiver `{id}` may need ({need} bytes: what it reads and decompresses); raise it to at least {} bytes or lower those limits",
+                crate::memory::max_grant(max_in_flight),
+                need.saturating_mul(4).div_ceil(3)
             ),
         ));
     }
@@ -469,9 +473,10 @@ impl Fanout {
         targets: &[Target],
         admission: Admission,
     ) -> Result<Vec<Option<Reservation>>, ConsumeError> {
-        let started = tokio::time::Instant::now();
-        // Made only once a queue is full: the usual call allocates neither.
+        // Made only once a queue is full: the usual call allocates none.
         let (mut given_up, mut waited) = (Vec::new(), Vec::new());
+        // When each full queue was first waited for: its wait runs from then.
+        let mut first_wait: Vec<Option<tokio::time::Instant>> = Vec::new();
         loop {
             let mut reserved: Vec<Option<Reservation>> = Vec::with_capacity(targets.len());
             let mut full = None;
@@ -510,6 +515,7 @@ impl Fanout {
             if given_up.is_empty() {
                 given_up = vec![false; targets.len()];
                 waited = vec![false; targets.len()];
+                first_wait = vec![None; targets.len()];
             }
             let t = &targets[i];
             let policy = t.queue.when_full();
@@ -527,6 +533,7 @@ impl Fanout {
                 t.queue.telemetry().held("stalled");
                 false
             } else {
+                let started = *first_wait[i].get_or_insert_with(tokio::time::Instant::now);
                 let deadline = started + t.queue.wait_when_full();
                 let room = t
                     .queue

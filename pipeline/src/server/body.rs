@@ -6,9 +6,12 @@
 //! moment), before anything is read (a client sending `Expect:
 //! 100-continue` is not asked for the body); it also caps how far the
 //! buffer grows ahead of what arrived, so an honest one ends at exactly its
-//! size. A body refused for memory half-way is read to its end and thrown
-//! away (no memory held), so the client gets to read its 429 instead of a
-//! broken connection.
+//! size. A body refused half-way (for memory, or too large) is read on and
+//! thrown away for a bounded while (no memory held), so the client gets to
+//! read its 429 or 413 instead of a broken connection. A body that comes
+//! slower than [`MIN_RATE`] bytes a second, after [`RATE_GRACE`], ends in
+//! [`BodyError::TooSlow`] (408), so a crowd of trickling clients cannot
+//! hold every connection for all of `read_timeout`.
 //!
 //! What may depend on this: receivers that read whole bodies (`pprof_push`,
 //! the `otlp` receiver's HTTP side).
@@ -22,6 +25,22 @@ use crate::memory::{self, MemoryGrant, OverBudget};
 
 /// The smallest step the buffer grows by.
 const MIN_STEP: usize = 16 << 10;
+
+/// The least average rate a body must keep once [`RATE_GRACE`] has passed
+/// (as Kestrel's `MinRequestBodyDataRate`): a client trickling a body holds
+/// its connection and grant for seconds, not for all of `read_timeout`.
+pub const MIN_RATE: usize = 240;
+/// How long a body may arrive slower than [`MIN_RATE`] at first.
+pub const RATE_GRACE: Duration = Duration::from_secs(5);
+/// How often a body that sends nothing is looked at.
+const RATE_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Most bytes read and thrown away after a refusal, so the client can read it.
+const DISCARD_MAX: usize = 16 << 20;
+
+/// Whether `received` bytes in `elapsed` are below the least rate, past the grace.
+fn too_slow(received: usize, elapsed: Duration) -> bool {
+    elapsed > RATE_GRACE && (received as u128) < (MIN_RATE as u128) * elapsed.as_millis() / 1000
+}
 
 /// Why a body could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,11 +57,17 @@ pub enum BodyError {
     /// The body did not arrive within the read timeout.
     #[error("the request body did not arrive within {0:?}")]
     TimedOut(Duration),
+    /// The body came slower than [`MIN_RATE`] bytes a second on average
+    /// (after [`RATE_GRACE`]).
+    #[error("the request body came slower than {MIN_RATE} bytes a second; send it faster")]
+    TooSlow,
 }
 
 /// Reads `body` whole within `read_timeout` and `limit` bytes, growing
 /// `grant` before every allocation of the buffer, by what arrived (at most
-/// doubling, never past `declared` while the body keeps to it).
+/// doubling, never past `declared` while the body keeps to it; the old and
+/// the new buffer both granted while one is copied into the other). A body
+/// slower than [`MIN_RATE`] past [`RATE_GRACE`] ends early.
 pub async fn read_body<B>(
     body: B,
     declared: Option<u64>,
@@ -67,29 +92,48 @@ where
         }
         let mut body = body;
         let mut buf: Vec<u8> = Vec::new();
-        while let Some(frame) = body.frame().await {
+        let started = tokio::time::Instant::now();
+        loop {
+            // Looked at every second: a body that keeps below the least
+            // rate past the grace ends now, not at read_timeout.
+            let Ok(frame) = tokio::time::timeout(RATE_CHECK_EVERY, body.frame()).await else {
+                if too_slow(buf.len(), started.elapsed()) {
+                    return Err(BodyError::TooSlow);
+                }
+                continue;
+            };
+            let Some(frame) = frame else { break };
             let frame = frame.map_err(|e| BodyError::Unreadable(e.to_string()))?;
             let Ok(data) = frame.into_data() else {
                 continue; // trailers
             };
             let len = buf.len() + data.len();
             if len > limit {
+                // Read on (thrown away, a bounded while) so the client gets
+                // to read the refusal.
+                drop(buf);
+                grant.shrink(grant.held());
+                discard(&mut body, limit.min(DISCARD_MAX)).await;
                 return Err(BodyError::TooLarge { limit });
             }
             if len > buf.capacity() {
-                let want = next_capacity(buf.capacity(), len, declared, limit);
-                if let Err(e) = grant
-                    .grow(want - buf.capacity(), memory::DEFAULT_WAIT)
-                    .await
-                {
+                let old = buf.capacity();
+                let want = next_capacity(old, len, declared, limit);
+                // Growing copies into a new buffer while the old one is
+                // still there: both are granted for that moment.
+                if let Err(e) = grant.grow(want, memory::DEFAULT_WAIT).await {
                     drop(buf);
                     grant.shrink(grant.held());
-                    discard(&mut body, limit.saturating_sub(len)).await;
+                    discard(&mut body, limit.saturating_sub(len).min(DISCARD_MAX)).await;
                     return Err(e.into());
                 }
                 buf.reserve_exact(want - buf.len());
+                grant.shrink(old);
             }
             buf.extend_from_slice(&data);
+            if too_slow(buf.len(), started.elapsed()) {
+                return Err(BodyError::TooSlow);
+            }
         }
         Ok(Bytes::from(buf))
     };
@@ -183,33 +227,80 @@ mod tests {
         assert_eq!(err, BodyError::TooLarge { limit: 50_000 });
     }
 
+    /// A body fed by the test: `send` bytes every `every`, `times` times.
+    fn trickle(
+        send: usize,
+        every: Duration,
+        times: usize,
+    ) -> StreamBody<
+        impl futures_util::Stream<Item = Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>
+        + Unpin,
+    > {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            for _ in 0..times {
+                tokio::time::sleep(every).await;
+                let frame = hyper::body::Frame::data(Bytes::from(vec![1u8; send]));
+                if tx.send(Ok(frame)).await.is_err() {
+                    return;
+                }
+            }
+            // Then nothing more, and the sender kept: the body never ends.
+            std::future::pending::<()>().await;
+        });
+        StreamBody::new(tokio_stream_from(rx))
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_promised_body_that_never_comes_holds_nothing_and_times_out() {
+    async fn a_promised_body_that_never_comes_holds_nothing_and_ends_early() {
         let budget = MemoryBudget::new(64 << 20);
-        let (_tx, rx) = tokio::sync::mpsc::channel::<
-            Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
-        >(1);
-        let body = StreamBody::new(tokio_stream_from(rx));
         let reading = tokio::spawn({
             let budget = budget.clone();
             async move {
                 let mut grant = budget.grant();
+                let started = tokio::time::Instant::now();
                 let r = read_body(
-                    body,
+                    trickle(0, Duration::from_secs(1), 0),
                     Some(16 << 20),
                     16 << 20,
                     &mut grant,
                     Duration::from_secs(30),
                 )
                 .await;
-                (r, grant.held())
+                (r, grant.held(), started.elapsed())
             }
         });
-        tokio::time::sleep(Duration::from_secs(29)).await;
+        tokio::time::sleep(RATE_GRACE).await;
         assert_eq!(budget.in_flight(), 0, "a declared length takes nothing");
-        let (r, held) = reading.await.unwrap();
-        assert_eq!(r.unwrap_err(), BodyError::TimedOut(Duration::from_secs(30)));
+        let (r, held, took) = reading.await.unwrap();
+        assert_eq!(r.unwrap_err(), BodyError::TooSlow);
         assert_eq!(held, 0);
+        assert!(took <= RATE_GRACE + 2 * RATE_CHECK_EVERY, "{took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_body_is_cut_below_the_least_rate_and_at_read_timeout_above_it() {
+        let budget = MemoryBudget::new(64 << 20);
+        let read = |body, timeout| {
+            let budget = budget.clone();
+            async move { read_body(body, None, 16 << 20, &mut budget.grant(), timeout).await }
+        };
+        // Under the rate: ended once the grace is over.
+        let err = read(
+            trickle(MIN_RATE / 2, Duration::from_secs(1), 100),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err, BodyError::TooSlow);
+        // Above it, but not done within read_timeout: 408 all the same.
+        let err = read(
+            trickle(2 * MIN_RATE, Duration::from_secs(1), 100),
+            Duration::from_secs(20),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err, BodyError::TimedOut(Duration::from_secs(20)));
     }
 
     /// The receiving half of a channel as a stream of frames.

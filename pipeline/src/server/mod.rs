@@ -47,6 +47,16 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// Collector's for HTTP servers).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// What one HTTP/1 connection may buffer of a request before the handler
+/// reads it (headers, and body bytes read ahead): hyper's default is 400 KiB.
+const H1_MAX_BUF: usize = 64 << 10;
+/// What one HTTP/2 stream, and one connection in all, may have sent that
+/// the handler has not read yet (flow control; hyper's default is 1 MiB
+/// each). Bytes past it wait in the client: a connection holds at most this
+/// much that no grant counts, while its handler waits for memory.
+const H2_STREAM_WINDOW: u32 = 256 << 10;
+const H2_CONNECTION_WINDOW: u32 = 512 << 10;
+
 /// The default `max_concurrent_streams` of every listener.
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 100;
 
@@ -148,7 +158,7 @@ pub async fn accept_loop<S, F, B>(
     }
     {
         let mut http1 = builder.http1();
-        http1.timer(TokioTimer::new());
+        http1.timer(TokioTimer::new()).max_buf_size(H1_MAX_BUF);
         if let Some(timeout) = listen.read_header_timeout {
             http1.header_read_timeout(timeout);
         }
@@ -157,7 +167,9 @@ pub async fn accept_loop<S, F, B>(
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(None)
-        .max_concurrent_streams(listen.max_concurrent_streams.max(1));
+        .max_concurrent_streams(listen.max_concurrent_streams.max(1))
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW);
     let builder = Arc::new(builder);
     let listen = Arc::new(listen);
     let connections = Connections::new(listen.max_connections);
@@ -219,6 +231,9 @@ pub async fn accept_loop<S, F, B>(
             let acceptor = tls.acceptor(listen.http2_only);
             let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
             let tls = tokio::select! {
+                // A handshake takes its slot like a first request does: it
+                // ends when that is due, or when evicted for a new client.
+                _ = conn.unused(listen.first_request_timeout(), listen.idle_timeout) => return,
                 r = handshake => match r {
                     Ok(Ok(tls)) => tls,
                     Ok(Err(e)) => {

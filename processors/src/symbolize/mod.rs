@@ -152,6 +152,53 @@ struct Worker {
     /// Set when it is given up on: it then ends after its current job,
     /// dropping its caches, rather than take more.
     abandoned: Arc<AtomicBool>,
+    /// When it last moved (began a job or a profile of one), for telling a
+    /// worker that is busy with earlier batches from a stuck one.
+    progress: Progress,
+}
+
+/// When a worker last moved: milliseconds after its start.
+#[derive(Clone)]
+struct Progress {
+    epoch: Instant,
+    last_ms: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            epoch: Instant::now(),
+            last_ms: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        }
+    }
+
+    fn moved(&self) {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn since(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+}
+
+/// Counts a given-up worker off the stuck ones when its thread ends,
+/// however it ends (a panic too).
+struct StuckGuard {
+    given_up: Arc<AtomicBool>,
+    stuck: Arc<AtomicUsize>,
+    telemetry: SymbolizeTelemetry,
+}
+
+impl Drop for StuckGuard {
+    fn drop(&mut self) {
+        if self.given_up.load(Ordering::SeqCst) {
+            let left = self.stuck.fetch_sub(1, Ordering::SeqCst).saturating_sub(1);
+            self.telemetry.stuck_workers(left);
+            tracing::info!("symbolize: a worker given up on has returned and ended");
+        }
+    }
 }
 
 /// The processor's workers.
@@ -222,19 +269,30 @@ impl SymbolizeProcessor {
         let telemetry = self.telemetry.clone();
         let stuck = self.stuck.clone();
         let given_up = abandoned.clone();
+        let progress = Progress::new();
+        let moved = progress.clone();
         let started = std::thread::Builder::new()
             .name("symbolize".into())
             .spawn(move || {
+                let _guard = StuckGuard {
+                    given_up: given_up.clone(),
+                    stuck,
+                    telemetry: telemetry.clone(),
+                };
                 let mut state = State::new(&config, debuginfod);
                 let wait = config.debuginfod.timeout.get();
                 while let Ok(job) = rx.recv() {
                     match job {
                         Job::Batch(batch, this_host, reply) => {
+                            moved.moved();
                             state.sources.begin_batch(Instant::now() + wait, this_host);
                             let mut named = HashMap::new();
                             let out: Vec<Envelope> = batch
                                 .into_iter()
-                                .map(|e| state.envelope(e, &mut named, &telemetry))
+                                .map(|e| {
+                                    moved.moved();
+                                    state.envelope(e, &mut named, &telemetry)
+                                })
                                 .collect();
                             telemetry.cache_hits(state.symbols.take_hits());
                             telemetry.state(state.symbols.len(), state.symbols.open_files());
@@ -250,19 +308,15 @@ impl SymbolizeProcessor {
                     }
                 }
                 // Given up on while stuck: its caches go with it now, and
-                // it no longer counts against MAX_STUCK_WORKERS.
+                // (the guard) it no longer counts against MAX_STUCK_WORKERS.
                 drop(state);
-                if given_up.load(Ordering::SeqCst) {
-                    let left = stuck.fetch_sub(1, Ordering::SeqCst).saturating_sub(1);
-                    telemetry.stuck_workers(left);
-                    tracing::info!("symbolize: a worker given up on has returned and ended");
-                }
             });
         match started {
             Ok(_) => Some(Worker {
                 jobs: tx,
                 number,
                 abandoned,
+                progress,
             }),
             Err(e) => {
                 tracing::error!(error = %e, "symbolize: could not start a worker thread; profiles go on unnamed");
@@ -291,13 +345,13 @@ impl SymbolizeProcessor {
     }
 
     /// Sends `job` to the current worker, starting one if needed; the
-    /// number of the worker that took it.
-    fn send(&self, mut job: Job) -> Option<u64> {
+    /// number of the worker that took it, and how to see it move.
+    fn send(&self, mut job: Job) -> Option<(u64, Progress)> {
         let mut workers = lock(&self.workers);
         for _ in 0..2 {
             let w = self.current_worker(&mut workers)?;
             match w.jobs.send(job) {
-                Ok(()) => return Some(w.number),
+                Ok(()) => return Some((w.number, w.progress.clone())),
                 Err(mpsc::SendError(back)) => {
                     // The worker ended (it panicked): a new one takes it.
                     tracing::error!("symbolize: the worker stopped; a new one starts");
@@ -355,21 +409,29 @@ impl Processor for SymbolizeProcessor {
         let unchanged = batch.clone();
         let n = batch.len() as u64;
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let Some(number) = self.send(Job::Batch(batch, meta.this_host, reply)) else {
+        let Some((number, progress)) = self.send(Job::Batch(batch, meta.this_host, reply)) else {
             self.telemetry.skipped(skip::WORKERS_STUCK, n);
             return unchanged;
         };
-        match tokio::time::timeout(self.worker_timeout, answer).await {
-            Ok(Ok(out)) => out,
-            Ok(Err(_)) => {
-                tracing::error!("symbolize: the worker stopped during a batch; it goes on unnamed");
-                self.telemetry.skipped(skip::WORKER_FAILED, n);
-                unchanged
-            }
-            Err(_) => {
-                self.give_up_on(number);
-                self.telemetry.skipped(skip::WORKER_TIMEOUT, n);
-                unchanged
+        let mut answer = answer;
+        loop {
+            match tokio::time::timeout(self.worker_timeout, &mut answer).await {
+                Ok(Ok(out)) => return out,
+                Ok(Err(_)) => {
+                    tracing::error!(
+                        "symbolize: the worker stopped during a batch; it goes on unnamed"
+                    );
+                    self.telemetry.skipped(skip::WORKER_FAILED, n);
+                    return unchanged;
+                }
+                // Still on earlier batches, and moving: a backlog, not a
+                // stuck file system. Wait on.
+                Err(_) if progress.since() < self.worker_timeout => {}
+                Err(_) => {
+                    self.give_up_on(number);
+                    self.telemetry.skipped(skip::WORKER_TIMEOUT, n);
+                    return unchanged;
+                }
             }
         }
     }

@@ -311,7 +311,9 @@ impl Receiver for EbpfReceiver {
                         .await
                     {
                         Ok(()) => ctx.telemetry.accepted(n, bytes),
-                        Err(ConsumeError::ShuttingDown) => break,
+                        // A queue closes under a running receiver only when a
+                        // reload retires its exporter: not a reason to stop.
+                        Err(ConsumeError::ShuttingDown) if ctx.shutdown.is_cancelled() => break,
                         Err(e) => {
                             ctx.telemetry.refused("backpressure", n);
                             tracing::warn!(receiver = %id, "profiles of one interval not taken: {e}");

@@ -490,61 +490,92 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
         };
         // Decoded under the grant; a grant the budget cannot give now is
         // waited for and the record decoded again.
-        let decoded = loop {
-            let attempt = match (&copied, &headers) {
-                (Err(why), _) | (_, Err(why)) => Err(RecordError::Invalid(why.clone())),
-                (Ok(value), Ok(h)) => {
-                    record::decode(value.clone(), h.clone(), &receiver.reading, &mut grant)
+        let value_bytes = grant.held();
+        // Decoded under the grant and handed to the pipeline; a grant the
+        // budget cannot give now is waited for, and a pipeline a reload
+        // replaced while the record waited in it takes it again from the
+        // start (through the pipelines that replaced it).
+        let delivered = 'record: loop {
+            grant.shrink(grant.held().saturating_sub(value_bytes));
+            let decoded = loop {
+                let attempt = match (&copied, &headers) {
+                    (Err(why), _) | (_, Err(why)) => Err(RecordError::Invalid(why.clone())),
+                    (Ok(value), Ok(h)) => {
+                        record::decode(value.clone(), h.clone(), &receiver.reading, &mut grant)
+                    }
+                };
+                match attempt {
+                    Err(RecordError::Memory(e)) => {
+                        match room_waiting(&grant, e.wanted, &ctx.shutdown).await {
+                            Waited::Granted => continue,
+                            Waited::Stopped => break 'record None,
+                            Waited::Never(why) => break Err(why),
+                        }
+                    }
+                    Err(RecordError::Invalid(why)) => break Err(why),
+                    Ok(d) => break Ok(d),
                 }
             };
-            match attempt {
-                Err(RecordError::Memory(e)) => {
-                    match room_waiting(&ctx.memory, e.wanted, &ctx.shutdown).await {
-                        Waited::Granted => continue,
-                        Waited::Stopped => break None,
-                        Waited::Never(why) => break Some(Err(why)),
+            let decoded = match decoded {
+                Ok(d) => d,
+                Err(why) => {
+                    invalid += 1;
+                    shared.telemetry.refused("invalid_record", 1);
+                    if invalid <= LOG_EACH_INVALID || invalid.is_power_of_two() {
+                        tracing::warn!(receiver = %shared.id, topic = %topic, partition, offset, invalid_so_far = invalid, error = %why, "undecodable record skipped");
                     }
+                    shared.resolve(&slot);
+                    break Some(None);
                 }
-                Err(RecordError::Invalid(why)) => break Some(Err(why)),
-                Ok(d) => break Some(Ok(d)),
+            };
+            if decoded.rejected > 0 {
+                shared
+                    .telemetry
+                    .refused("invalid_profile", decoded.rejected);
+                tracing::warn!(receiver = %shared.id, topic = %topic, partition, offset, rejected = decoded.rejected, error = %decoded.rejected_message, "profiles of a record refused");
             }
-        };
-        // Stopping while waiting for memory: left uncommitted, read again.
-        let Some(decoded) = decoded else { break };
-        let decoded = match decoded {
-            Ok(d) => d,
-            Err(why) => {
-                invalid += 1;
-                shared.telemetry.refused("invalid_record", 1);
-                if invalid <= LOG_EACH_INVALID || invalid.is_power_of_two() {
-                    tracing::warn!(receiver = %shared.id, topic = %topic, partition, offset, invalid_so_far = invalid, error = %why, "undecodable record skipped");
-                }
+            if decoded.envelopes.is_empty() {
                 shared.resolve(&slot);
-                continue;
+                break Some(None);
+            }
+            let profiles = decoded.envelopes.len() as u64;
+            let bytes = batch_bytes(&decoded.envelopes) as u64;
+            let meta = Arc::new(BatchMeta {
+                receiver: receiver_id.clone(),
+                tenant: decoded.tenant,
+                client: None,
+                this_host: false,
+            });
+            let (batch, delivery) = Batch::tracked(decoded.envelopes, meta);
+            match ctx.consumer.consume(batch, receiver.admission).await {
+                Ok(()) => {
+                    shared.telemetry.accepted(profiles, bytes);
+                    break Some(Some(delivery));
+                }
+                // A queue closed under the record while the receiver runs:
+                // a reload retired its exporter. Again, through the
+                // pipelines that replaced it.
+                Err(ConsumeError::ShuttingDown) if !ctx.shutdown.is_cancelled() => {
+                    tracing::debug!(receiver = %shared.id, topic = %topic, partition, offset, "an exporter of the record's pipelines was replaced; handing it over again");
+                    tokio::time::sleep(StdDuration::from_millis(50)).await;
+                    continue 'record;
+                }
+                Err(ConsumeError::ShuttingDown) => break 'record None,
+                Err(e) => {
+                    // Waiting admissions never refuse; should one, the record
+                    // stays uncommitted and is read again after a restart.
+                    tracing::error!(receiver = %shared.id, error = %e, "the pipeline refused a record");
+                    break Some(None);
+                }
             }
         };
-        if decoded.rejected > 0 {
-            shared
-                .telemetry
-                .refused("invalid_profile", decoded.rejected);
-            tracing::warn!(receiver = %shared.id, topic = %topic, partition, offset, rejected = decoded.rejected, error = %decoded.rejected_message, "profiles of a record refused");
-        }
-        if decoded.envelopes.is_empty() {
-            shared.resolve(&slot);
-            continue;
-        }
-        let profiles = decoded.envelopes.len() as u64;
-        let bytes = batch_bytes(&decoded.envelopes) as u64;
-        let meta = Arc::new(BatchMeta {
-            receiver: receiver_id.clone(),
-            tenant: decoded.tenant,
-            client: None,
-            this_host: false,
-        });
-        let (batch, delivery) = Batch::tracked(decoded.envelopes, meta);
-        match ctx.consumer.consume(batch, receiver.admission).await {
-            Ok(()) => {
-                shared.telemetry.accepted(profiles, bytes);
+        drop(grant);
+        match delivered {
+            // Stopping: left uncommitted, read again after the restart.
+            None => break,
+            // Resolved already (or left unresolved after an error).
+            Some(None) => {}
+            Some(Some(delivery)) => {
                 let shared = shared.clone();
                 tokio::spawn(async move {
                     let report = delivery.wait().await;
@@ -557,12 +588,6 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
                     }
                     drop(permit);
                 });
-            }
-            Err(ConsumeError::ShuttingDown) => break,
-            Err(e) => {
-                // Waiting admissions never refuse; should one, the record
-                // stays uncommitted and is read again after a restart.
-                tracing::error!(receiver = %shared.id, error = %e, "the pipeline refused a record");
             }
         }
     }
@@ -590,29 +615,35 @@ fn never(bytes: usize, memory: &MemoryBudget) -> Waited {
 /// can hold back its source, so a full budget slows it down instead of
 /// losing a record.
 async fn grow_waiting(grant: &mut MemoryGrant, bytes: usize, stop: &CancellationToken) -> Waited {
-    if grant.held().saturating_add(bytes) > grant.budget().max_grant() {
-        return never(bytes, grant.budget());
-    }
     loop {
         tokio::select! {
             _ = stop.cancelled() => return Waited::Stopped,
-            grown = grant.grow(bytes, memory::DEFAULT_WAIT) => if grown.is_ok() {
-                return Waited::Granted;
+            grown = grant.grow(bytes, memory::DEFAULT_WAIT) => match grown {
+                Ok(()) => return Waited::Granted,
+                Err(e) if e.never => return never(grant.held() + bytes, grant.budget()),
+                // The wait ran out, or too many wait already (then it ends
+                // at once): again, after a moment.
+                Err(_) => tokio::time::sleep(StdDuration::from_millis(50)).await,
             },
         }
     }
 }
 
-/// Waits until the budget has room for `bytes` (holding nothing).
-async fn room_waiting(memory: &MemoryBudget, bytes: usize, stop: &CancellationToken) -> Waited {
-    if bytes > memory.max_grant() {
-        return never(bytes, memory);
-    }
+/// Waits until `grant` could grow by `bytes` (taking nothing); a record
+/// whose grant never could is [`Waited::Never`].
+async fn room_waiting(grant: &MemoryGrant, bytes: usize, stop: &CancellationToken) -> Waited {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return Waited::Stopped,
-            room = memory.room_for(bytes, memory::DEFAULT_WAIT) => if room.is_ok() {
-                return Waited::Granted;
+            room = grant.room_to_grow(bytes, memory::DEFAULT_WAIT) => match room {
+                // Another grant may take it first: look again in a moment
+                // rather than spin.
+                Ok(()) => {
+                    tokio::time::sleep(StdDuration::from_millis(10)).await;
+                    return Waited::Granted;
+                }
+                Err(e) if e.never => return never(grant.held() + bytes, grant.budget()),
+                Err(_) => tokio::time::sleep(StdDuration::from_millis(50)).await,
             },
         }
     }

@@ -41,6 +41,8 @@ pub enum OtlpError {
         detail: String,
     },
     /// The collector's in-flight memory budget is spent: retry later.
+    /// (A request no single grant could ever hold is [`OtlpError::from_memory`]'s
+    /// `TooLarge` instead.)
     #[error("{0}")]
     MemoryLimit(String),
     /// The request did not arrive within `read_timeout`.
@@ -48,6 +50,9 @@ pub enum OtlpError {
         "the request did not arrive within read_timeout ({0:?}); send it faster or in smaller requests"
     )]
     Timeout(Duration),
+    /// The body came slower than the least rate a body must keep.
+    #[error("{0}")]
+    SlowBody(String),
     #[error("the collector is shutting down and takes no new data; retry later")]
     ShuttingDown,
     /// A bug on our side (a decoding task died); the request may be retried.
@@ -56,6 +61,16 @@ pub enum OtlpError {
 }
 
 impl OtlpError {
+    /// A request the memory budget cannot take: retry later, or too large
+    /// when no single request may ever hold that much.
+    pub(crate) fn from_memory(e: proflow_pipeline::memory::OverBudget) -> Self {
+        if e.never {
+            OtlpError::TooLarge(e.to_string())
+        } else {
+            OtlpError::MemoryLimit(e.to_string())
+        }
+    }
+
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         OtlpError::BadRequest(message.into())
     }
@@ -71,7 +86,7 @@ impl OtlpError {
             OtlpError::Backpressure { .. } | OtlpError::MemoryLimit(_) => {
                 StatusCode::TOO_MANY_REQUESTS
             }
-            OtlpError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            OtlpError::Timeout(_) | OtlpError::SlowBody(_) => StatusCode::REQUEST_TIMEOUT,
             OtlpError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             OtlpError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -88,7 +103,7 @@ impl OtlpError {
             | OtlpError::NotFound(_)
             | OtlpError::NotServed(_) => tonic::Code::Unimplemented,
             OtlpError::Unauthenticated(_) => tonic::Code::Unauthenticated,
-            OtlpError::Timeout(_) => tonic::Code::DeadlineExceeded,
+            OtlpError::Timeout(_) | OtlpError::SlowBody(_) => tonic::Code::DeadlineExceeded,
             OtlpError::ShuttingDown => tonic::Code::Unavailable,
             OtlpError::Internal(_) => tonic::Code::Internal,
         }
@@ -115,7 +130,7 @@ impl OtlpError {
             OtlpError::Unauthenticated(_) => "unauthenticated",
             OtlpError::Backpressure { .. } => "backpressure",
             OtlpError::MemoryLimit(_) => "memory_limit",
-            OtlpError::Timeout(_) => "timeout",
+            OtlpError::Timeout(_) | OtlpError::SlowBody(_) => "timeout",
             OtlpError::ShuttingDown => "shutting_down",
             OtlpError::Internal(_) => "internal",
         }

@@ -92,7 +92,7 @@ impl Handler {
         grant
             .grow(estimate, memory::DEFAULT_WAIT)
             .await
-            .map_err(|e| OtlpError::MemoryLimit(e.to_string()))?;
+            .map_err(OtlpError::from_memory)?;
         let inline = body.len() <= DECODE_INLINE_MAX;
         let mapping = self.labels.clone();
         let work = move || -> Result<(Split, MemoryGrant), Refused> {
@@ -152,7 +152,7 @@ impl Handler {
         grant
             .grow(estimate, memory::DEFAULT_WAIT)
             .await
-            .map_err(|e| OtlpError::MemoryLimit(e.to_string()))?;
+            .map_err(OtlpError::from_memory)?;
         let inline = body.len() <= DECODE_INLINE_MAX;
         // Decoded and handed on in one go, on the blocking pool for large
         // requests (inserting many spans holds the index's lock a while).

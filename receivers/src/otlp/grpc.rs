@@ -6,10 +6,12 @@
 //! The request body is read here first, within `read_timeout` and
 //! `max_recv_msg_size_mib` (plus the 5-byte message header), every byte
 //! granted from the memory budget as it arrives, so a stream that stalls
-//! holds only what it sent and tonic never buffers anything uncounted:
-//! tonic's copy of the body is granted before tonic gets it, and a gzip
-//! message's inflated bytes by the codec. tonic then bounds the message
-//! (compressed and decompressed). A refusal tonic makes itself (a message
+//! holds only what it sent and tonic never buffers anything uncounted: a
+//! gzip message is inflated here, under the grant (within
+//! `max_recv_msg_size_mib`), and handed to tonic uncompressed; tonic's copy
+//! of the body is granted before tonic gets it (a message in another
+//! compression tonic inflates, and the codec grants it). tonic then bounds
+//! the message. A refusal tonic makes itself (a message
 //! too large, a corrupt frame) is counted here; tonic's `OUT_OF_RANGE` for
 //! an oversized message is answered as gRPC-Go and the collector answer it,
 //! `RESOURCE_EXHAUSTED`.
@@ -25,7 +27,8 @@ use bytes::{Buf, Bytes};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use proflow_pipeline::memory::MemoryGrant;
+use proflow_pipeline::inflate::{self, InflateError};
+use proflow_pipeline::memory::{self, MemoryGrant};
 use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
 use tokio::net::TcpListener;
@@ -212,6 +215,7 @@ impl Grpc {
         req: Request<Incoming>,
     ) -> Result<(Request<Full<Bytes>>, MemoryGrant, bool), OtlpError> {
         let (parts, body) = req.into_parts();
+        // A compression other than gzip is left to tonic (which refuses it).
         let compressed = parts
             .headers
             .get("grpc-encoding")
@@ -225,14 +229,41 @@ impl Grpc {
                     "the request message exceeds max_recv_msg_size_mib ({} bytes); send smaller requests or raise max_recv_msg_size_mib",
                     self.settings.max_message
                 )),
-                BodyError::OverBudget(e) => OtlpError::MemoryLimit(e.to_string()),
+                BodyError::OverBudget(e) => OtlpError::from_memory(e),
                 BodyError::Unreadable(_) => OtlpError::bad_request(e.to_string()),
                 BodyError::TimedOut(t) => OtlpError::Timeout(t),
+                BodyError::TooSlow => OtlpError::SlowBody(e.to_string()),
             })?;
+        let (parts, body, compressed) = match gzip_message(&parts.headers, &body) {
+            // A gzip message is inflated here, under the grant, and handed
+            // to tonic as an uncompressed one.
+            Some(payload) => {
+                let max = self.settings.max_message;
+                let framed = inflate::inflate_after(&[0; MESSAGE_HEADER], payload, max, &mut grant)
+                    .map_err(|e| match e {
+                        InflateError::TooLarge { .. } => OtlpError::TooLarge(format!(
+                            "the request message exceeds max_recv_msg_size_mib ({max} bytes) once decompressed; send smaller requests or raise max_recv_msg_size_mib"
+                        )),
+                        InflateError::Corrupt(detail) => OtlpError::bad_request(format!(
+                            "the gzip message is corrupt ({detail}); send a valid gzip message or an uncompressed one"
+                        )),
+                        InflateError::OverBudget(e) => OtlpError::from_memory(e),
+                    })?;
+                let mut framed = framed;
+                let len = u32::try_from(framed.len() - MESSAGE_HEADER).unwrap_or(u32::MAX);
+                framed[1..MESSAGE_HEADER].copy_from_slice(&len.to_be_bytes());
+                grant.shrink(body.len());
+                let mut parts = parts;
+                parts.headers.remove("grpc-encoding");
+                (parts, Bytes::from(framed), false)
+            }
+            None => (parts, body, compressed),
+        };
         // tonic copies the body into a buffer of its own.
         grant
-            .try_grow(body.len())
-            .map_err(|e| OtlpError::MemoryLimit(e.to_string()))?;
+            .grow(body.len(), memory::DEFAULT_WAIT)
+            .await
+            .map_err(OtlpError::from_memory)?;
         Ok((
             Request::from_parts(parts, Full::new(body)),
             grant,
@@ -300,6 +331,17 @@ impl tower::Service<tonic::Request<Raw>> for TraceExportService {
 fn grpc_status<B>(response: &Response<B>) -> Option<Code> {
     let value = response.headers().get("grpc-status")?.to_str().ok()?;
     value.parse::<i32>().ok().map(Code::from_i32)
+}
+
+/// The gzip payload of a unary request's one message, when the request is
+/// gzip-encoded and its body is exactly one compressed message.
+fn gzip_message<'a>(headers: &hyper::HeaderMap, body: &'a [u8]) -> Option<&'a [u8]> {
+    if headers.get("grpc-encoding")?.as_bytes() != b"gzip" {
+        return None;
+    }
+    let (header, payload) = body.split_at_checked(MESSAGE_HEADER)?;
+    let len = u32::from_be_bytes(header[1..].try_into().ok()?) as usize;
+    (header[0] == 1 && len == payload.len()).then_some(payload)
 }
 
 /// A request message as it arrived, with the memory granted for it.
@@ -404,7 +446,7 @@ impl Decoder for RawDecoder {
             && let Err(e) = grant.try_grow(len)
         {
             let _ = self.outcome.set(Stage::MemoryLimit);
-            return Err(OtlpError::MemoryLimit(e.to_string()).to_grpc());
+            return Err(OtlpError::from_memory(e).to_grpc());
         }
         Ok(Some(Raw {
             bytes: src.copy_to_bytes(len),

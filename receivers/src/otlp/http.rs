@@ -341,9 +341,10 @@ impl Http {
             BodyError::TooLarge { limit } => OtlpError::TooLarge(format!(
                 "request body exceeds max_request_body_size ({limit} bytes); send smaller requests or raise max_request_body_size"
             )),
-            BodyError::OverBudget(e) => OtlpError::MemoryLimit(e.to_string()),
+            BodyError::OverBudget(e) => OtlpError::from_memory(e),
             BodyError::Unreadable(_) => OtlpError::bad_request(e.to_string()),
             BodyError::TimedOut(t) => OtlpError::Timeout(t),
+            BodyError::TooSlow => OtlpError::SlowBody(e.to_string()),
         })?;
         Ok((body, grant))
     }
@@ -378,7 +379,7 @@ pub(super) fn inflate(
         InflateError::TooLarge { limit } => OtlpError::TooLarge(format!(
             "the gzip request body exceeds max_decompressed_size ({limit} bytes) once decompressed; send smaller requests or raise max_decompressed_size"
         )),
-        InflateError::OverBudget(e) => OtlpError::MemoryLimit(e.to_string()),
+        InflateError::OverBudget(e) => OtlpError::from_memory(e),
     })
 }
 
@@ -412,9 +413,18 @@ mod tests {
         assert_eq!(err.http_status(), StatusCode::PAYLOAD_TOO_LARGE);
         let bomb = proflow_pipeline::pprof::gzip(&vec![0u8; 4 << 20]);
         let mut small = memory.grant();
+        // More than one request may ever hold: 413, sending again cannot help.
         let err = inflate(&bomb, 8 << 20, &mut small).unwrap_err();
-        assert_eq!(err.reason(), "memory_limit", "{err}");
+        assert_eq!(err.reason(), "too_large", "{err}");
+        assert!(err.to_string().contains("max_in_flight_bytes"), "{err}");
         assert_eq!(small.held(), 0);
+        // What could fit but is held elsewhere now: 429.
+        let mut hog = memory.grant();
+        hog.try_grow(900 << 10).unwrap();
+        let some = proflow_pipeline::pprof::gzip(&vec![0u8; 200 << 10]);
+        let err = inflate(&some, 8 << 20, &mut small).unwrap_err();
+        assert_eq!(err.reason(), "memory_limit", "{err}");
+        drop(hog);
         let err = inflate(&[0x1f, 0x8b, 1, 2], 100, &mut small).unwrap_err();
         assert_eq!(err.http_status(), StatusCode::BAD_REQUEST);
     }

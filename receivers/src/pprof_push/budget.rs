@@ -73,9 +73,12 @@ impl DecompressBudget {
                         self.decode_error(&what(), DecodeError::Gzip(detail))
                     }
                     InflateError::TooLarge { .. } => self.too_large(&what()),
-                    InflateError::OverBudget(e) => {
-                        IngestError::MemoryLimit(format!("{}: {e}", what()))
-                    }
+                    InflateError::OverBudget(e) => match IngestError::from_memory(e) {
+                        IngestError::MemoryLimit(m) => {
+                            IngestError::MemoryLimit(format!("{}: {m}", what()))
+                        }
+                        other => other,
+                    },
                 },
             )?;
         self.used += out.len();
@@ -91,15 +94,18 @@ impl DecompressBudget {
     /// Grants `bytes` more of in-flight memory for a copy the request is
     /// about to make (429 when the collector has no room).
     pub fn reserve(&mut self, bytes: usize) -> Result<(), IngestError> {
-        self.grant
-            .try_grow(bytes)
-            .map_err(|e| IngestError::MemoryLimit(e.to_string()))
+        self.grant.try_grow(bytes).map_err(IngestError::from_memory)
     }
 
     /// Gives back the memory of a buffer [`DecompressBudget::inflate`] made
     /// that the request no longer holds (what it decompressed stays spent).
     pub fn release(&mut self, buffer: Vec<u8>) {
         self.grant.shrink(buffer.capacity());
+    }
+
+    /// Grows the request's grant by `bytes` now, or says why not.
+    pub fn charge(&mut self, bytes: usize) -> Result<(), proflow_pipeline::memory::OverBudget> {
+        self.grant.try_grow(bytes)
     }
 
     /// `max_decompressed_size`.
@@ -228,8 +234,8 @@ mod tests {
         assert_eq!(err.reason(), "bad_request", "{err}");
     }
 
-    #[test]
-    fn inflating_grows_the_memory_grant_and_is_refused_past_it() {
+    #[tokio::test]
+    async fn inflating_grows_the_memory_grant_and_is_refused_past_it() {
         let memory = MemoryBudget::new(1 << 20);
         let mut budget = DecompressBudget::with_grant(64 << 20, memory.grant());
         let small = pprof::gzip(&vec![7u8; 100 << 10]);
@@ -243,12 +249,23 @@ mod tests {
         );
         budget.release(out);
         assert_eq!(memory.in_flight(), 0);
-        // 4 MiB of zeros gzip to a few KiB but do not fit a 1 MiB budget:
-        // refused with 429, and nothing stays held.
+        // 4 MiB of zeros gzip to a few KiB but can never fit a 1 MiB
+        // budget: refused with 413 (sending it again cannot help), and
+        // nothing stays held.
         let bomb = pprof::gzip(&vec![0u8; 4 << 20]);
         let err = budget.inflate(|| "the bomb".into(), &bomb).unwrap_err();
-        assert_eq!(err.reason(), "memory_limit", "{err}");
+        assert_eq!(err.reason(), "too_large", "{err}");
         assert!(err.to_string().contains("max_in_flight_bytes"), "{err}");
+        assert_eq!(memory.in_flight(), 0);
+        // What fits but is held elsewhere now: 429, retry later.
+        let hog = memory
+            .acquire(900 << 10, proflow_pipeline::memory::DEFAULT_WAIT)
+            .await
+            .unwrap();
+        let some = pprof::gzip(&vec![0u8; 200 << 10]);
+        let err = budget.inflate(|| "some".into(), &some).unwrap_err();
+        assert_eq!(err.reason(), "memory_limit", "{err}");
+        drop(hog);
         assert_eq!(memory.in_flight(), 0);
         drop(budget);
     }

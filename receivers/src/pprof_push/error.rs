@@ -53,6 +53,9 @@ pub enum IngestError {
         "the request body did not arrive within read_timeout ({0:?}); send it faster or in smaller requests"
     )]
     Timeout(Duration),
+    /// The body came slower than the least rate a body must keep.
+    #[error("{0}")]
+    SlowBody(String),
     #[error("the collector is shutting down and takes no new data; retry later")]
     ShuttingDown,
     /// `auth` is set and the request's credentials are missing or wrong.
@@ -70,6 +73,16 @@ impl IngestError {
         IngestError::BadRequest(message.into())
     }
 
+    /// A request the memory budget cannot take: 429 (retry later), or 413
+    /// when no single request may ever hold that much.
+    pub(crate) fn from_memory(e: proflow_pipeline::memory::OverBudget) -> Self {
+        if e.never {
+            IngestError::TooComplex(e.to_string())
+        } else {
+            IngestError::MemoryLimit(e.to_string())
+        }
+    }
+
     /// Maps a failure to read or convert a text body to a refusal.
     pub(crate) fn from_text(e: super::folded::FoldedError) -> Self {
         use super::folded::FoldedError;
@@ -78,7 +91,7 @@ impl IngestError {
             FoldedError::TooManyStacks { .. } | FoldedError::TooManyFrames { .. } => {
                 IngestError::TooComplex(e.to_string())
             }
-            FoldedError::Memory(message) => IngestError::MemoryLimit(message),
+            FoldedError::Memory(e) => IngestError::from_memory(e),
         }
     }
 
@@ -113,7 +126,7 @@ impl IngestError {
             IngestError::Backpressure { .. } | IngestError::MemoryLimit(_) => {
                 StatusCode::TOO_MANY_REQUESTS
             }
-            IngestError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            IngestError::Timeout(_) | IngestError::SlowBody(_) => StatusCode::REQUEST_TIMEOUT,
             IngestError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             IngestError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             IngestError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -131,7 +144,7 @@ impl IngestError {
             | IngestError::TooComplex(_)
             | IngestError::Backpressure { .. }
             | IngestError::MemoryLimit(_) => "resource_exhausted",
-            IngestError::Timeout(_) => "deadline_exceeded",
+            IngestError::Timeout(_) | IngestError::SlowBody(_) => "deadline_exceeded",
             IngestError::UnsupportedMediaType(_)
             | IngestError::MethodNotAllowed { .. }
             | IngestError::NotFound { .. } => "unimplemented",
@@ -153,7 +166,7 @@ impl IngestError {
             IngestError::NotFound { .. } => "not_found",
             IngestError::Backpressure { .. } => "backpressure",
             IngestError::MemoryLimit(_) => "memory_limit",
-            IngestError::Timeout(_) => "timeout",
+            IngestError::Timeout(_) | IngestError::SlowBody(_) => "timeout",
             IngestError::ShuttingDown => "shutting_down",
             IngestError::Unauthenticated(_) => "unauthenticated",
             IngestError::Internal(_) => "internal",

@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::mem::size_of;
 
+use proflow_pipeline::memory::OverBudget;
 use proflow_pipeline::pprof::{Profile, ProfileBuilder, Sample};
 
 use super::profile_type::FoldedType;
@@ -54,7 +55,7 @@ impl Default for TextLimits {
 
 /// Grows the request's memory grant by the bytes given, before the
 /// conversion allocates them; an error (the budget has no room) stops it.
-pub(crate) type Charge<'c> = dyn FnMut(usize) -> Result<(), String> + 'c;
+pub(crate) type Charge<'c> = dyn FnMut(usize) -> Result<(), OverBudget> + 'c;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum FoldedError {
@@ -72,7 +73,7 @@ pub(crate) enum FoldedError {
     TooManyFrames { limit: usize },
     /// The memory budget had no room for the conversion.
     #[error("{0}")]
-    Memory(String),
+    Memory(OverBudget),
 }
 
 /// What one distinct stack costs while parsing, beside any text it owns:
@@ -129,6 +130,12 @@ pub(crate) fn parse_stacks<'a>(
     let mut stacks: Vec<(Cow<'a, str>, i64)> = Vec::new();
     for (i, raw) in body.split(|&b| b == b'\n').enumerate() {
         let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if std::str::from_utf8(raw).is_err() {
+            // Made valid, it is copied (each bad byte may become the 3-byte
+            // replacement character), then split into copies again: both
+            // granted before they are made.
+            charge(6 * raw.len()).map_err(FoldedError::Memory)?;
+        }
         let line = String::from_utf8_lossy(raw);
         let (stack, count) = match format {
             TextFormat::Lines => (line, 1i64),
@@ -248,7 +255,7 @@ mod tests {
     use crate::pprof_push::profile_type::folded_type;
     use proflow_pipeline::pprof::stacks_root_first;
 
-    fn free(_: usize) -> Result<(), String> {
+    fn free(_: usize) -> Result<(), OverBudget> {
         Ok(())
     }
 
@@ -376,12 +383,39 @@ mod tests {
     }
 
     #[test]
+    fn invalid_utf8_is_charged_before_it_is_made_valid() {
+        // Every 0xFF becomes a 3-byte replacement character.
+        let mut body = vec![0xffu8; 10_000];
+        body.extend_from_slice(b" 1\n");
+        let charged = std::cell::Cell::new(0usize);
+        let mut count = |n: usize| -> Result<(), OverBudget> {
+            charged.set(charged.get() + n);
+            Ok(())
+        };
+        let s = super::parse_stacks(&body, TextFormat::Folded, TextLimits::default(), &mut count)
+            .unwrap();
+        let made: usize = s.stacks.iter().map(|(st, _)| st.len()).sum();
+        assert_eq!(made, 30_000);
+        assert!(charged.get() >= 2 * made, "{} for {made}", charged.get());
+        // Refused before the copy when the budget cannot take it.
+        let no_room = OverBudget {
+            limit: 1,
+            wanted: 1,
+            never: false,
+        };
+        let mut none = |_: usize| -> Result<(), OverBudget> { Err(no_room.clone()) };
+        let err = super::parse_stacks(&body, TextFormat::Folded, TextLimits::default(), &mut none)
+            .unwrap_err();
+        assert_eq!(err, FoldedError::Memory(no_room.clone()));
+    }
+
+    #[test]
     fn the_conversion_charges_what_it_grows_and_stops_when_refused() {
         let body: String = (0..2000)
             .map(|i| format!("main;frame_{i:05};leaf_{i} 1\n"))
             .collect();
         let charged = std::cell::Cell::new(0usize);
-        let mut count = |n: usize| -> Result<(), String> {
+        let mut count = |n: usize| -> Result<(), OverBudget> {
             charged.set(charged.get() + n);
             Ok(())
         };
@@ -410,13 +444,18 @@ mod tests {
         );
         // A budget that runs out stops the conversion with its message.
         let mut left = 10_000usize;
-        let mut tight = |n: usize| -> Result<(), String> {
-            left = left.checked_sub(n).ok_or("no room")?;
+        let no_room = OverBudget {
+            limit: 10_000,
+            wanted: 1,
+            never: false,
+        };
+        let mut tight = |n: usize| -> Result<(), OverBudget> {
+            left = left.checked_sub(n).ok_or(no_room.clone())?;
             Ok(())
         };
         let err =
             super::to_profile(&s, &conv, 0, 0, TextLimits::default(), &mut tight).unwrap_err();
-        assert_eq!(err, FoldedError::Memory("no room".into()));
+        assert_eq!(err, FoldedError::Memory(no_room.clone()));
     }
 
     proptest::proptest! {

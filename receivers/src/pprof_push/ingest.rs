@@ -235,7 +235,7 @@ pub(crate) fn text_batch(
     let text = budget
         .decompress(|| "the text body".to_owned(), body)
         .map_err(refuse)?;
-    let mut charge = |bytes: usize| budget.reserve(bytes).map_err(|e| e.to_string());
+    let mut charge = |bytes: usize| budget.charge(bytes);
     let stacks = folded::parse_stacks(&text, format, limits, &mut charge)
         .map_err(|e| refuse(IngestError::from_text(e)))?;
     if stacks.is_empty() {

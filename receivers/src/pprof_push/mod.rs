@@ -360,7 +360,7 @@ pub mod fuzzing {
         };
         // What the conversion charges, checked against what it made.
         let charged = std::cell::Cell::new(0usize);
-        let mut charge = |n: usize| -> Result<(), String> {
+        let mut charge = |n: usize| -> Result<(), proflow_pipeline::memory::OverBudget> {
             charged.set(charged.get() + n);
             Ok(())
         };

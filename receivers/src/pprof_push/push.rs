@@ -120,7 +120,14 @@ fn too_many_labels(series: usize) -> IngestError {
 /// Malformed framing is refused too, with the same message prost would give
 /// cause to.
 fn check_proto_counts(body: &[u8]) -> Result<(), IngestError> {
+    proto_counts(body).map(drop)
+}
+
+/// The series, labels and samples of a protobuf request, counted on the
+/// wire and refused past the limits.
+fn proto_counts(body: &[u8]) -> Result<(usize, usize, usize), IngestError> {
     let mut series = 0usize;
+    let mut total_labels = 0usize;
     let mut total_samples = 0usize;
     walk_wire(body, |tag, series_bytes| {
         if tag != 1 {
@@ -152,9 +159,11 @@ fn check_proto_counts(body: &[u8]) -> Result<(), IngestError> {
             }
             Ok(())
         })?;
+        total_labels += labels;
         series += 1;
         Ok(())
-    })
+    })?;
+    Ok((series, total_labels, total_samples))
 }
 
 fn malformed_proto(detail: impl fmt::Display) -> IngestError {
@@ -365,6 +374,42 @@ fn decode_json(body: &[u8]) -> Result<PushRequest, IngestError> {
 /// Decodes a PushRequest (already decompressed) in the given codec, refusing
 /// it before decoding allocates when it holds more series, labels or samples
 /// than the limits above allow.
+/// An upper bound of what decoding a request body of `codec` allocates
+/// beside the body, known before decoding: protobuf copies its labels and
+/// ids (raw profiles stay slices of the body) into structs its counts bound;
+/// JSON builds a struct of each object and copies every string, and
+/// base64 decodes each raw profile into a buffer of its own.
+pub(crate) fn decode_cost(codec: Codec, body: &[u8]) -> usize {
+    use std::mem::size_of;
+    match codec {
+        // A request refused by its counts is refused before it decodes.
+        Codec::Proto => proto_counts(body).map_or(0, |(series, labels, samples)| {
+            body.len()
+                + 2 * (series * size_of::<RawProfileSeries>()
+                    + labels * size_of::<LabelPair>()
+                    + samples * size_of::<RawSample>())
+        }),
+        Codec::Json => {
+            let largest = [
+                size_of::<JsonSeries>(),
+                size_of::<JsonLabelPair>(),
+                size_of::<JsonSample>(),
+                size_of::<RawProfileSeries>(),
+                size_of::<RawSample>(),
+                size_of::<LabelPair>(),
+            ]
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+            let shape = proflow_pipeline::json_shape::JsonShape::scan(body);
+            shape
+                .built_bytes(2 * largest, 32)
+                .saturating_add(2 * body.len())
+                .saturating_add(proflow_pipeline::json_shape::BASE)
+        }
+    }
+}
+
 pub(crate) fn decode_request(codec: Codec, body: Bytes) -> Result<PushRequest, IngestError> {
     let request = match codec {
         Codec::Proto => {
@@ -529,6 +574,31 @@ mod tests {
     }
 
     const T: i64 = 1_700_000_000_000_000_000;
+
+    #[test]
+    fn decoding_is_bounded_before_it_starts() {
+        let typical = request(
+            &[("__name__", "process_cpu"), ("service_name", "app")],
+            vec![cpu_profile(1)],
+        );
+        let proto = typical.encode_to_vec();
+        let cost = decode_cost(Codec::Proto, &proto);
+        assert!(
+            cost >= proto.len() && cost < 16 * 1024 + proto.len(),
+            "{cost}"
+        );
+        // Empty labels are two bytes each on the wire and a struct each decoded.
+        let json = format!(
+            r#"{{"series":[{{"labels":[{}]}}]}}"#,
+            vec!["{}"; 120].join(",")
+        );
+        let cost = decode_cost(Codec::Json, json.as_bytes());
+        assert!(
+            cost >= 120 * std::mem::size_of::<LabelPair>() + json.len(),
+            "{cost} for {} bytes",
+            json.len()
+        );
+    }
 
     #[test]
     fn proto_roundtrip_shares_the_profile_bytes() {

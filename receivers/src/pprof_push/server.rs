@@ -344,9 +344,10 @@ impl Shared {
         .await
         .map_err(|e| match e {
             BodyError::TooLarge { limit } => IngestError::BodyTooLarge { limit },
-            BodyError::OverBudget(e) => IngestError::MemoryLimit(e.to_string()),
+            BodyError::OverBudget(e) => IngestError::from_memory(e),
             BodyError::Unreadable(_) => IngestError::bad_request(e.to_string()),
             BodyError::TimedOut(t) => IngestError::Timeout(t),
+            BodyError::TooSlow => IngestError::SlowBody(e.to_string()),
         })?;
         Ok((body, grant))
     }
@@ -449,6 +450,7 @@ impl Shared {
         let now = now_unix_nanos();
         let (batch, budget) = blocking(inline, move || {
             let plain = encoding.decode(body, &mut budget)?;
+            budget.reserve(push::decode_cost(codec, &plain))?;
             let request = push::decode_request(codec, plain)?;
             let batch = push::to_batch(request, &mut budget, now)?;
             Ok((batch, budget))

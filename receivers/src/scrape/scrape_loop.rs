@@ -155,7 +155,9 @@ pub async fn run(shared: Arc<JobShared>, status: Arc<TargetStatus>, cancel: Canc
                         shared.receiver.accepted(1, bytes);
                         Ok(())
                     }
-                    Err(ConsumeError::ShuttingDown) => return,
+                    // A queue closes under a running target only when a
+                    // reload retires its exporter: not a reason to stop.
+                    Err(ConsumeError::ShuttingDown) if cancel.is_cancelled() => return,
                     Err(e) => {
                         shared.receiver.refused("backpressure", 1);
                         Err(("backpressure", e.to_string()))
