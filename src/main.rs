@@ -184,12 +184,13 @@ async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
                 })
                 .transpose()
                 .map_err(|e| anyhow::anyhow!("service.telemetry.{e}"))?;
-            let listener = proflow_pipeline::telemetry::bind(addr)
+            let listener = proflow_pipeline::admin::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on service.telemetry.address {addr}: is another process using it?"))?;
             tracing::info!(address = %listener.local_addr().unwrap_or(addr), tls = tls.is_some(), "telemetry serving /metrics, /healthz, /readyz, /targets");
             let reload = plan.telemetry.reload_endpoint.then(|| reload_tx.clone());
-            Some(tokio::spawn(telemetry.clone().serve(
+            Some(tokio::spawn(proflow_pipeline::admin::serve(
+                telemetry.clone(),
                 listener,
                 tls,
                 reload,

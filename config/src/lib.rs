@@ -1,7 +1,9 @@
 //! proflow's configuration loading. Lives here: the located YAML tree ([`Node`]),
 //! a serde deserializer over it that reports the YAML path and line of every error
 //! ([`from_node`]), `${env:VAR}` expansion, [`Duration`] and [`ByteSize`] values,
-//! [`ComponentId`]s and the top-level [`Document`].
+//! [`ComponentId`]s and the top-level [`Document`]; what every component config
+//! answers to ([`Validate`], [`FieldError`]) and the settings every exporter
+//! shares (`sending_queue`, `retry_on_failure`).
 //!
 //! This crate depends on no other proflow crate; `pipeline` and the components
 //! depend on it to read their typed configs.
@@ -11,7 +13,9 @@ mod document;
 mod env;
 mod error;
 mod node;
+mod sending;
 mod tls;
+mod validate;
 mod values;
 
 pub use de::{Located, from_node};
@@ -22,5 +26,10 @@ pub use document::{
 pub use env::expand_env;
 pub use error::{Error, Errors};
 pub use node::{Node, NodeValue};
+pub use sending::{
+    BatchSettings, Fsync, MIN_STORAGE_SIZE, QueueSettings, RetrySettings, StorageSettings,
+    WhenFull, queue_problems,
+};
 pub use tls::{ServerTlsSettings, TlsVersion};
+pub use validate::{FieldError, Validate, joined_problems};
 pub use values::{ByteSize, Duration, null_as_default};

@@ -16,28 +16,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+pub use proflow_config::{FieldError, Validate, joined_problems};
+
 use crate::memory::MemoryBudget;
 use crate::model::{Batch, BatchMeta, Envelope, ExportBatch, Format};
-use crate::queue::{QueueSettings, RetrySettings};
 use crate::spans::SpanConsumer;
 use crate::telemetry::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry, Telemetry};
-
-/// A problem found by [`Validate::validate`]: `path` is relative to the
-/// component's body, dotted, sequence items by index (`relabel_configs.1.regex`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
-    pub path: String,
-    pub message: String,
-}
-
-impl FieldError {
-    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
-        FieldError {
-            path: path.into(),
-            message: message.into(),
-        }
-    }
-}
+use proflow_config::{QueueSettings, RetrySettings};
 
 /// An error and its sources, `a: b: c` (hyper's and tonic's errors say
 /// what went wrong only in their sources).
@@ -53,20 +38,6 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
-}
-
-/// Config problems as one build error message: `path: message; …`.
-pub fn joined_problems(problems: &[FieldError]) -> String {
-    problems
-        .iter()
-        .map(|p| format!("{}: {}", p.path, p.message))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// Checks a config and reports every problem, not just the first.
-pub trait Validate {
-    fn validate(&self) -> Vec<FieldError>;
 }
 
 /// Something a component claims exclusively; two components claiming the same

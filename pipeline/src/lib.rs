@@ -4,7 +4,8 @@
 //! profile type rules ([`profile_type`]), Pyroscope's push messages ([`push_v1`]), the
 //! component traits ([`component`]), the in-flight memory budget
 //! ([`memory`]), exporter queues with retry ([`queue`]), the running graph
-//! ([`topology`]) and self-telemetry ([`telemetry`]), plus the protobuf wire
+//! ([`topology`]), self-telemetry ([`telemetry`]) and the admin HTTP server
+//! that shows it ([`admin`]), plus the protobuf wire
 //! walker ([`wire`]) that bounds untrusted messages before they are decoded,
 //! query escaping for URLs components build ([`url`]),
 //! the rustls client setup of components that connect out ([`tls`]), the
@@ -16,6 +17,7 @@
 //! Only this crate knows how data moves between components. It depends on
 //! `proflow-config` for config values; components depend on it, never the reverse.
 
+pub mod admin;
 pub mod component;
 pub mod delivery;
 #[cfg(feature = "http-client")]

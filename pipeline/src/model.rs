@@ -170,6 +170,21 @@ impl ValueType {
     }
 }
 
+/// Here rather than beside [`pprof::Metadata`], so that the codec knows
+/// nothing of the envelope.
+impl pprof::Metadata {
+    /// The envelope's value types, moving the strings out of the scan.
+    pub fn take_value_types(&mut self) -> (Vec<ValueType>, Option<ValueType>) {
+        (
+            std::mem::take(&mut self.sample_types)
+                .into_iter()
+                .map(|(t, u)| ValueType::new(t, u))
+                .collect(),
+            self.period_type.take().map(|(t, u)| ValueType::new(t, u)),
+        )
+    }
+}
+
 /// The encoded form of a pprof payload, as it arrived or as we encoded it.
 #[derive(Debug, Clone)]
 pub struct Encoded {

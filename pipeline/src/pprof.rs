@@ -273,26 +273,6 @@ pub struct Metadata {
     pub decoded_size: usize,
 }
 
-impl Metadata {
-    /// The envelope's value types, moving the strings out of the scan.
-    pub fn take_value_types(
-        &mut self,
-    ) -> (
-        Vec<crate::model::ValueType>,
-        Option<crate::model::ValueType>,
-    ) {
-        (
-            std::mem::take(&mut self.sample_types)
-                .into_iter()
-                .map(|(t, u)| crate::model::ValueType::new(t, u))
-                .collect(),
-            self.period_type
-                .take()
-                .map(|(t, u)| crate::model::ValueType::new(t, u)),
-        )
-    }
-}
-
 thread_local! {
     static SCAN_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use proflow_config::{Error, Node, from_node};
 use serde::de::DeserializeOwned;
 
-use crate::component::{ExporterConfig, FieldError, ProcessorConfig, ReceiverConfig, Validate};
-use crate::queue::queue_problems;
+use crate::component::{ExporterConfig, ProcessorConfig, ReceiverConfig};
+use proflow_config::queue_problems;
+use proflow_config::{FieldError, Validate};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {

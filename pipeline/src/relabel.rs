@@ -23,8 +23,9 @@ use md5::{Digest, Md5};
 use regex::{Captures, Regex};
 use serde::{Deserialize, Deserializer};
 
-use crate::component::{BuildError, FieldError};
+use crate::component::BuildError;
 use crate::model::{Labels, is_valid_label_name};
+use proflow_config::FieldError;
 
 /// The default `separator`.
 pub const DEFAULT_SEPARATOR: &str = ";";

@@ -1,27 +1,21 @@
-//! Self-telemetry: the metrics every component reports, and the HTTP server for
-//! `/metrics` (Prometheus text), `/healthz`, `/readyz` and `/targets` (pull
-//! receivers' targets, JSON in the shape of Prometheus's targets API).
+//! Self-telemetry: the metrics every component reports, readiness, and the
+//! pull receivers' targets (JSON in the shape of Prometheus's targets API).
+//! The HTTP server that shows them is [`crate::admin`].
 //!
 //! Components never register metrics themselves: they get a handle
 //! ([`ReceiverTelemetry`], [`ProcessorTelemetry`], [`ExporterTelemetry`]) whose
 //! methods update the shared families, so every component reports the same core
 //! metrics under the same names.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::Router;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio_util::sync::CancellationToken;
 
 type LabelSet = Vec<(&'static str, String)>;
 type Counters = Family<LabelSet, Counter>;
@@ -557,106 +551,7 @@ impl Telemetry {
         let _ = encode(&mut out, &self.registry);
         out
     }
-
-    /// Serves `/metrics`, `/healthz`, `/readyz` and `/targets` on `listener`
-    /// until `shutdown`, over TLS when `tls` is set.
-    pub async fn serve(
-        self: Arc<Self>,
-        listener: tokio::net::TcpListener,
-        tls: Option<Arc<crate::server::ServerTls>>,
-        reload: Option<ReloadRequests>,
-        shutdown: CancellationToken,
-    ) {
-        let t = self.clone();
-        let t2 = self.clone();
-        let t3 = self.clone();
-        let app = Router::new()
-            .route(
-                "/metrics",
-                get(move || {
-                    let t = t.clone();
-                    async move {
-                        (
-                            [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-                            t.render(),
-                        )
-                    }
-                }),
-            )
-            .route("/healthz", get(|| async { "ok\n" }))
-            .route(
-                "/targets",
-                get(move || {
-                    let t = t3.clone();
-                    async move { axum::Json(t.targets_json()) }
-                }),
-            )
-            .route(
-                "/readyz",
-                get(move || {
-                    let t = t2.clone();
-                    async move {
-                        if t.is_ready() {
-                            (StatusCode::OK, "ready\n").into_response()
-                        } else {
-                            (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
-                        }
-                    }
-                }),
-            );
-        let app = match reload {
-            Some(requests) => app.route(
-                "/-/reload",
-                axum::routing::post(move || {
-                    let requests = requests.clone();
-                    async move {
-                        let (tx, rx) = tokio::sync::oneshot::channel();
-                        if requests.send(tx).await.is_err() {
-                            return (
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                "the collector is stopping\n".to_owned(),
-                            );
-                        }
-                        match rx.await {
-                            Ok(Ok(summary)) => (StatusCode::OK, format!("reloaded: {summary}\n")),
-                            Ok(Err(e)) => (StatusCode::BAD_REQUEST, format!("{e}\n")),
-                            Err(_) => (
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                "the collector is stopping\n".to_owned(),
-                            ),
-                        }
-                    }
-                }),
-            ),
-            None => app,
-        };
-        let listen = crate::server::Listen {
-            read_header_timeout: Some(std::time::Duration::from_secs(10)),
-            ..crate::server::Listen::new(1024, tls)
-        };
-        crate::server::accept_loop(
-            listener,
-            listen,
-            shutdown,
-            "telemetry".to_owned(),
-            move |req, _peer| {
-                let mut app = app.clone();
-                async move {
-                    match tower::Service::call(&mut app, req.map(axum::body::Body::new)).await {
-                        Ok(response) => response,
-                        Err(never) => match never {},
-                    }
-                }
-            },
-        )
-        .await;
-    }
 }
-
-/// Where `POST /-/reload` asks for a reload; the answer is a summary or
-/// the errors of the new config.
-pub type ReloadRequests =
-    tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<String, String>>>;
 
 /// RFC 3339 UTC timestamp (`2000-02-29T00:00:00Z`) of Unix seconds, for
 /// `/targets` and peers that want one (civil-from-days; no calendar crate).
@@ -678,11 +573,6 @@ pub fn rfc3339(secs: i64) -> String {
         rem % 3600 / 60,
         rem % 60
     )
-}
-
-/// Binds the telemetry address; an error names the address.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await
 }
 
 fn with(id: &LabelSet, k: &'static str, v: &str) -> LabelSet {

@@ -23,7 +23,7 @@ use md5::Digest;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::component::FieldError;
+use proflow_config::FieldError;
 
 /// `auth.basic_auth`.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]

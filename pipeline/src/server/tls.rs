@@ -15,7 +15,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use tokio_util::sync::CancellationToken;
 
-use crate::component::FieldError;
+use proflow_config::FieldError;
 
 /// How often the files are checked for changes.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(1);

@@ -29,85 +29,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use proflow_config::ByteSize;
-use serde::Deserialize;
 use tokio::sync::{Notify, watch};
 
-use crate::component::FieldError;
 use crate::telemetry::ExporterTelemetry;
 
-/// When a written record counts as stored.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Fsync {
-    /// Group commit: one sync at a time covers every record written before
-    /// it started; a receiver waits for at most the sync in progress and the
-    /// next one. Far fewer syncs than `always` under load.
-    #[default]
-    Batch,
-    /// Sync each record before its receiver is answered.
-    Always,
-    /// Never sync: records survive the process being killed (they are in
-    /// the kernel's page cache), not a power loss.
-    Never,
-}
-
-/// `sending_queue.storage`: a persistent queue in a directory.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct StorageSettings {
-    /// Where the segment files go; each exporter gets a folder in it named
-    /// after its id. Must be on a local file system that keeps what was
-    /// synced (not tmpfs, if restarts of the machine must be survived).
-    pub directory: PathBuf,
-    /// Most bytes of records the queue keeps; then `when_full` applies.
-    #[serde(default = "default_max_size")]
-    pub max_size: ByteSize,
-    /// `batch` (default), `always` or `never`.
-    #[serde(default)]
-    pub fsync: Fsync,
-}
-
-fn default_max_size() -> ByteSize {
-    ByteSize::mib(1024)
-}
-
-impl StorageSettings {
-    /// Every problem, with paths relative to the exporter's body.
-    pub fn problems(&self) -> Vec<FieldError> {
-        let mut out = Vec::new();
-        if self.directory.as_os_str().is_empty() {
-            out.push(FieldError::new(
-                "sending_queue.storage.directory",
-                "must name a directory, such as /var/lib/proflow/queue",
-            ));
-        }
-        if self.max_size.bytes() < MIN_SIZE {
-            out.push(FieldError::new(
-                "sending_queue.storage.max_size",
-                format!("must be at least 1MiB (got {})", self.max_size),
-            ));
-        }
-        out
-    }
-
-    /// The folder of exporter `id`: its id with every character other than
-    /// letters, digits, `-`, `_` and `.` written as `~XX` (hex), so distinct
-    /// ids never share a folder.
-    pub fn folder(&self, id: &str) -> PathBuf {
-        let mut name = String::with_capacity(id.len());
-        for b in id.bytes() {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
-                name.push(char::from(b));
-            } else {
-                name.push_str(&format!("~{b:02x}"));
-            }
-        }
-        self.directory.join(name)
-    }
-}
-
-const MIN_SIZE: u64 = 1 << 20;
+pub use proflow_config::{Fsync, MIN_STORAGE_SIZE as MIN_SIZE, StorageSettings};
 
 /// A record's place on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::telemetry::Telemetry;
+use proflow_config::ByteSize;
 
 fn settings(dir: &Path, fsync: Fsync) -> StorageSettings {
     StorageSettings {

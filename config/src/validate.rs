@@ -1,0 +1,34 @@
+//! What every component config answers to: [`Validate`] reports every
+//! problem as a [`FieldError`] (a dotted path relative to the component's
+//! body and what to do), and [`joined_problems`] makes them one message.
+
+/// A problem found by [`Validate::validate`]: `path` is relative to the
+/// component's body, dotted, sequence items by index (`relabel_configs.1.regex`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub path: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Config problems as one build error message: `path: message; …`.
+pub fn joined_problems(problems: &[FieldError]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("{}: {}", p.path, p.message))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Checks a config and reports every problem, not just the first.
+pub trait Validate {
+    fn validate(&self) -> Vec<FieldError>;
+}

@@ -1,0 +1,121 @@
+//! The admin HTTP server on `service.telemetry.address`: `/metrics`
+//! (Prometheus text), `/healthz`, `/readyz`, `/targets` (the pull receivers'
+//! targets) and, when enabled, `POST /-/reload`. What it shows lives in
+//! [`crate::telemetry`]; how it accepts connections (TLS, timeouts) in
+//! [`crate::server`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio_util::sync::CancellationToken;
+
+use crate::server::{Listen, ServerTls, accept_loop};
+use crate::telemetry::Telemetry;
+
+/// Where `POST /-/reload` asks for a reload; the answer is a summary or
+/// the errors of the new config.
+pub type ReloadRequests =
+    tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<String, String>>>;
+
+/// Binds the telemetry address; an error names the address.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+/// Serves `/metrics`, `/healthz`, `/readyz` and `/targets` on `listener`
+/// until `shutdown`, over TLS when `tls` is set.
+pub async fn serve(
+    telemetry: Arc<Telemetry>,
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<ServerTls>>,
+    reload: Option<ReloadRequests>,
+    shutdown: CancellationToken,
+) {
+    let t = telemetry.clone();
+    let t2 = telemetry.clone();
+    let t3 = telemetry;
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let t = t.clone();
+                async move {
+                    (
+                        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                        t.render(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/targets",
+            get(move || {
+                let t = t3.clone();
+                async move { axum::Json(t.targets_json()) }
+            }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let t = t2.clone();
+                async move {
+                    if t.is_ready() {
+                        (StatusCode::OK, "ready\n").into_response()
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+                    }
+                }
+            }),
+        );
+    let app = match reload {
+        Some(requests) => app.route(
+            "/-/reload",
+            axum::routing::post(move || {
+                let requests = requests.clone();
+                async move {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    if requests.send(tx).await.is_err() {
+                        return (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "the collector is stopping\n".to_owned(),
+                        );
+                    }
+                    match rx.await {
+                        Ok(Ok(summary)) => (StatusCode::OK, format!("reloaded: {summary}\n")),
+                        Ok(Err(e)) => (StatusCode::BAD_REQUEST, format!("{e}\n")),
+                        Err(_) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "the collector is stopping\n".to_owned(),
+                        ),
+                    }
+                }
+            }),
+        ),
+        None => app,
+    };
+    let listen = Listen {
+        read_header_timeout: Some(std::time::Duration::from_secs(10)),
+        ..Listen::new(1024, tls)
+    };
+    accept_loop(
+        listener,
+        listen,
+        shutdown,
+        "telemetry".to_owned(),
+        move |req, _peer| {
+            let mut app = app.clone();
+            async move {
+                match tower::Service::call(&mut app, req.map(axum::body::Body::new)).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
+            }
+        },
+    )
+    .await;
+}
