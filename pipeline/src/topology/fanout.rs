@@ -1,0 +1,290 @@
+//! The consumer a receiver gets: its pipelines' processors in order, the
+//! conversions the exporters want, then admission to every exporter queue
+//! at once (all or nothing across `block` queues).
+
+use super::*;
+
+pub(super) struct PipelineRuntime {
+    pub(super) processors: Vec<(Arc<dyn Processor>, ProcessorTelemetry)>,
+    pub(super) exporters: Vec<Arc<ExporterQueue>>,
+    /// The payload forms this pipeline's exporters want.
+    pub(super) forms: Vec<Format>,
+}
+
+/// The consumer a receiver gets: runs each of its pipelines, then admits the
+/// results to every exporter queue at once.
+pub(super) struct Fanout {
+    pub(super) pipelines: Vec<Arc<PipelineRuntime>>,
+    pub(super) telemetry: Arc<Telemetry>,
+}
+
+impl Fanout {
+    /// Gives every profile the forms the pipeline's exporters want, before
+    /// any queue counts it: each payload is converted once per consume call
+    /// (`done` holds what other pipelines already converted) and shared by
+    /// every exporter. A profile that cannot be converted keeps its form;
+    /// the exporter that needs the other one reports it as failed.
+    pub(super) fn prepare(
+        &self,
+        forms: &[Format],
+        envelopes: &mut [Envelope],
+        done: &mut HashMap<(usize, Format), Payload>,
+    ) {
+        for form in forms {
+            for e in envelopes.iter_mut() {
+                if e.payload.has(*form) {
+                    continue;
+                }
+                let key = (e.payload.identity(), *form);
+                if let Some(p) = done.get(&key) {
+                    e.payload = p.clone();
+                    continue;
+                }
+                let mut lost = Lost::default();
+                match e.payload.with_form(*form, &mut lost) {
+                    Ok(p) => {
+                        self.telemetry.converted(*form, &lost);
+                        done.insert(key, p.clone());
+                        e.payload = p;
+                    }
+                    Err(err) => {
+                        self.telemetry.conversion_failed(*form);
+                        tracing::debug!(error = %err, series = %e.labels.to_selector_string(), "profile not converted to {form}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The span consumer of a receiver in several `traces` pipelines (or one
+/// with several span-taking processors): every one gets every span.
+pub(super) struct SpanFanout(pub(super) Vec<Arc<dyn SpanConsumer>>);
+
+impl SpanConsumer for SpanFanout {
+    fn consume_spans(&self, spans: &[Span]) {
+        for c in &self.0 {
+            c.consume_spans(spans);
+        }
+    }
+}
+
+/// One exporter queue's part of a fan-out.
+pub(super) struct Target {
+    pub(super) queue: Arc<ExporterQueue>,
+    pub(super) envelopes: Vec<Envelope>,
+    pub(super) bytes: usize,
+}
+
+impl Fanout {
+    /// Reserves room for every target's copy, holding the batch back while
+    /// a queue is full (see [`Admission`]): each full queue is waited for up
+    /// to its `wait_when_full` (at once when it is stalled), then its
+    /// `when_full` applies. Returns one reservation per target, `None` for a
+    /// `drop_newest` copy given up on (the caller drops it), or the refusal.
+    /// Nothing stays reserved while waiting or when refused.
+    pub(super) async fn reserve_all(
+        targets: &[Target],
+        admission: Admission,
+    ) -> Result<Vec<Option<Reservation>>, ConsumeError> {
+        // Made only once a queue is full: the usual call allocates none.
+        let (mut given_up, mut waited) = (Vec::new(), Vec::new());
+        // When each full queue was first waited for: its wait runs from then.
+        let mut first_wait: Vec<Option<tokio::time::Instant>> = Vec::new();
+        loop {
+            let mut reserved: Vec<Option<Reservation>> = Vec::with_capacity(targets.len());
+            let mut full = None;
+            let mut closed = false;
+            for (i, t) in targets.iter().enumerate() {
+                if given_up.get(i) == Some(&true) {
+                    reserved.push(None);
+                    continue;
+                }
+                match t.queue.reserve(t.envelopes.len(), t.bytes) {
+                    Ok(r) => reserved.push(Some(r)),
+                    Err(refusal) => {
+                        closed |= refusal == Refusal::Closed;
+                        full.get_or_insert(i);
+                        reserved.push(None);
+                    }
+                }
+            }
+            let Some(i) = full else {
+                for (t, w) in targets.iter().zip(&waited) {
+                    if *w {
+                        t.queue.telemetry().held("room");
+                    }
+                }
+                return Ok(reserved);
+            };
+            // Hold nothing while waiting, nor when refusing.
+            for (t, r) in targets.iter().zip(reserved) {
+                if let Some(r) = r {
+                    t.queue.release(r);
+                }
+            }
+            if closed {
+                return Err(ConsumeError::ShuttingDown);
+            }
+            if given_up.is_empty() {
+                given_up = vec![false; targets.len()];
+                waited = vec![false; targets.len()];
+                first_wait = vec![None; targets.len()];
+            }
+            let t = &targets[i];
+            let policy = t.queue.when_full();
+            let unbounded = match admission {
+                Admission::WaitAll => true,
+                Admission::Wait => policy == WhenFull::Block,
+                Admission::Refuse => false,
+            };
+            waited[i] = true;
+            if unbounded {
+                t.queue.wait_for_space(t.envelopes.len(), t.bytes).await;
+                continue;
+            }
+            let room = if t.queue.is_stalled() {
+                t.queue.telemetry().held("stalled");
+                false
+            } else {
+                let started = *first_wait[i].get_or_insert_with(tokio::time::Instant::now);
+                let deadline = started + t.queue.wait_when_full();
+                let room = t
+                    .queue
+                    .wait_for_space_until(t.envelopes.len(), t.bytes, deadline)
+                    .await;
+                if !room {
+                    t.queue.telemetry().held("timeout");
+                }
+                room
+            };
+            if room {
+                continue;
+            }
+            if policy == WhenFull::Block {
+                return Err(ConsumeError::Backpressure {
+                    exporter: t.queue.id().to_owned(),
+                    retry_after: RETRY_AFTER,
+                });
+            }
+            given_up[i] = true;
+            waited[i] = false;
+            if admission == Admission::Refuse && given_up.iter().all(|g| *g) {
+                // No exporter could take any copy: a 200 would be a lie.
+                return Err(ConsumeError::Backpressure {
+                    exporter: t.queue.id().to_owned(),
+                    retry_after: RETRY_AFTER,
+                });
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Consumer for Fanout {
+    /// Processors may read the bytes; exporters that want OTLP make the
+    /// pipeline convert pprof payloads (a pipeline of pprof exporters alone
+    /// passes the bytes through unread).
+    fn reads_profiles(&self) -> bool {
+        self.pipelines
+            .iter()
+            .any(|p| !p.processors.is_empty() || p.forms.contains(&Format::Otlp))
+    }
+
+    async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError> {
+        let Batch {
+            envelopes,
+            meta,
+            ack,
+        } = batch;
+        let mut targets: Vec<Target> = Vec::new();
+        let mut filtered = 0;
+        let last = self.pipelines.len().saturating_sub(1);
+        let mut envelopes = Some(envelopes);
+        let mut converted = HashMap::new();
+        for (i, p) in self.pipelines.iter().enumerate() {
+            // Clone for all pipelines but the last: envelopes share payloads, so
+            // a clone copies only labels and a few integers.
+            let mut b = if i == last {
+                envelopes.take().unwrap_or_default()
+            } else {
+                envelopes.clone().unwrap_or_default()
+            };
+            let before = b.len();
+            for (proc, telemetry) in &p.processors {
+                if b.is_empty() {
+                    break;
+                }
+                telemetry.received(b.len() as u64);
+                b = proc.process(b, &meta).await;
+            }
+            filtered += before.saturating_sub(b.len());
+            if b.is_empty() {
+                continue;
+            }
+            self.prepare(&p.forms, &mut b, &mut converted);
+            // The plain bytes a receiver handed along served the processors
+            // and the conversions: no queue keeps them.
+            for e in &mut b {
+                e.payload.drop_plain();
+            }
+            let n = p.exporters.len();
+            for (j, q) in p.exporters.iter().enumerate() {
+                let copy = if j + 1 == n {
+                    std::mem::take(&mut b)
+                } else {
+                    b.clone()
+                };
+                // One reservation per queue: an exporter fed by two of these
+                // pipelines gets both copies as one batch (two reservations
+                // would count the first against the second and could refuse
+                // an idle queue forever).
+                match targets.iter_mut().find(|t| Arc::ptr_eq(&t.queue, q)) {
+                    Some(t) => t.envelopes.extend(copy),
+                    None => targets.push(Target {
+                        queue: q.clone(),
+                        envelopes: copy,
+                        bytes: 0,
+                    }),
+                }
+            }
+        }
+        for t in &mut targets {
+            t.bytes = batch_bytes(&t.envelopes);
+        }
+        // `block` queues first: one that refuses is found before any wait
+        // on a `drop_newest` one.
+        targets.sort_by_key(|t| t.queue.when_full() == WhenFull::DropNewest);
+        let reserved = Fanout::reserve_all(&targets, admission).await?;
+        // Counted only now that the batch is accepted: a refused batch dropped nothing.
+        let mut filtered_share = ack.share(filtered);
+        filtered_share.report(Outcome::Filtered, filtered);
+        let mut stores = Vec::new();
+        for (t, r) in targets.into_iter().zip(reserved) {
+            let share = ack.share(t.envelopes.len());
+            match r {
+                Some(r) => {
+                    if let Some(wait) = t.queue.push(r, t.envelopes, meta.clone(), share) {
+                        stores.push((t.queue.id().to_owned(), wait));
+                    }
+                }
+                None => {
+                    t.queue.dropped_full(t.envelopes.len());
+                    share.resolve(Outcome::Dropped);
+                }
+            }
+        }
+        ack.retire();
+        // Accepted only once every persistent queue holds it durably.
+        let results = futures_util::future::join_all(
+            stores
+                .into_iter()
+                .map(|(id, w)| async move { w.wait().await.map_err(|e| (id, e)) }),
+        )
+        .await;
+        if let Some((exporter, error)) = results.into_iter().find_map(Result::err) {
+            return Err(ConsumeError::NotStored { exporter, error });
+        }
+        Ok(())
+    }
+}

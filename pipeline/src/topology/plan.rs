@@ -1,0 +1,318 @@
+//! Checking a parsed config: every component read through the registry and
+//! validated, pipelines and claimed resources checked, all problems at once.
+
+use super::*;
+
+pub(super) struct Defined {
+    pub(super) kind: Kind,
+    pub(super) line: usize,
+    pub(super) column: usize,
+    pub(super) path: String,
+}
+
+/// Reads every component through the registry, validates it, and checks the
+/// pipelines and claimed resources. Returns all problems at once.
+pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
+    let mut errors = Errors::default();
+    let mut receivers = BTreeMap::new();
+    let mut processors = BTreeMap::new();
+    let mut exporters = BTreeMap::new();
+    let mut defined: HashMap<(Kind, String), Defined> = HashMap::new();
+    let mut claims: Vec<(Resource, String)> = Vec::new();
+    let mut fingerprints: HashMap<String, String> = HashMap::new();
+
+    if let Ok(Some(addr)) = doc.service.telemetry.socket_addr() {
+        claims.push((Resource::TcpListen(addr), "service.telemetry".into()));
+    }
+    if let Some(tls) = &doc.service.telemetry.tls {
+        use crate::server::ServerTlsFiles;
+        for p in tls.problems("service.telemetry.tls") {
+            errors.push(Error::new(&p.path, 0, 0, p.message));
+        }
+    }
+
+    for (kind, entries) in [
+        (Kind::Receiver, &doc.receivers),
+        (Kind::Processor, &doc.processors),
+        (Kind::Exporter, &doc.exporters),
+    ] {
+        for entry in entries {
+            let id = entry.id.to_string();
+            let Some(factory) = registry.get(kind, &entry.id.kind) else {
+                errors.push(
+                    Error::new(
+                        &entry.path,
+                        entry.line,
+                        entry.column,
+                        format!(
+                            "unknown {kind} type `{}`; known types: {}",
+                            entry.id.kind,
+                            registry.names(kind).join(", ")
+                        ),
+                    )
+                    .in_component(format!("{}::{id}", kind.section())),
+                );
+                continue;
+            };
+            fingerprints.insert(format!("{}.{id}", kind.section()), entry.body.fingerprint());
+            defined.insert(
+                (kind, id.clone()),
+                Defined {
+                    kind,
+                    line: entry.line,
+                    column: entry.column,
+                    path: entry.path.clone(),
+                },
+            );
+            match factory.parse(&entry.body, &entry.path) {
+                Err(errs) => {
+                    for e in errs {
+                        errors.push(e.in_component(format!("{}::{id}", kind.section())));
+                    }
+                }
+                Ok(config) => {
+                    let resources = match &config {
+                        AnyConfig::Receiver(c) => c.resources(),
+                        AnyConfig::Exporter(c) => c.resources(),
+                        AnyConfig::Processor(_) => Vec::new(),
+                    };
+                    for r in resources {
+                        let owner = format!("{}::{id}", kind.section());
+                        if let Some((_, other)) = claims.iter().find(|(c, _)| conflicts(c, &r)) {
+                            errors.push(
+                                Error::new(&entry.path, entry.line, entry.column, format!("{} is already used by {other}; give each component its own", describe(&r)))
+                                    .in_component(owner.clone()),
+                            );
+                        } else {
+                            claims.push((r, owner));
+                        }
+                    }
+                    match config {
+                        AnyConfig::Receiver(c) => {
+                            receivers.insert(id, c);
+                        }
+                        AnyConfig::Processor(c) => {
+                            processors.insert(id, c);
+                        }
+                        AnyConfig::Exporter(c) => {
+                            exporters.insert(id, c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    let mut used: HashSet<(Kind, String)> = HashSet::new();
+    let mut pipelines = Vec::new();
+    for (pid, p) in &doc.service.pipelines {
+        let mut check =
+            |kind: Kind, refs: &[Located<String>], errors: &mut Errors| -> Vec<String> {
+                let mut seen = HashSet::new();
+                let mut out = Vec::new();
+                for r in refs {
+                    if let Err(msg) = ComponentId::parse(&r.value) {
+                        errors.push(Error::new(&r.path, r.line, r.column, msg));
+                        continue;
+                    }
+                    if !defined.contains_key(&(kind, r.value.clone())) {
+                        errors.push(Error::new(
+                            &r.path,
+                            r.line,
+                            r.column,
+                            format!(
+                                "{kind} `{}` is not defined: add it under `{}:` or fix the name",
+                                r.value,
+                                kind.section()
+                            ),
+                        ));
+                        continue;
+                    }
+                    if !seen.insert(r.value.clone()) {
+                        errors.push(Error::new(
+                            &r.path,
+                            r.line,
+                            r.column,
+                            format!("{kind} `{}` is listed twice in this pipeline", r.value),
+                        ));
+                        continue;
+                    }
+                    used.insert((kind, r.value.clone()));
+                    out.push(r.value.clone());
+                }
+                out
+            };
+        let receivers_ = check(Kind::Receiver, &p.receivers, &mut errors);
+        let processors_ = check(Kind::Processor, &p.processors, &mut errors);
+        let exporters_ = check(Kind::Exporter, &p.exporters, &mut errors);
+        let signal = if pid.value == "traces" || pid.value.starts_with("traces/") {
+            Signal::Traces
+        } else {
+            Signal::Profiles
+        };
+        let at = |errors: &mut Errors, message: String| {
+            errors.push(Error::new(&pid.path, pid.line, pid.column, message));
+        };
+        match signal {
+            Signal::Profiles => {
+                for (what, list) in [("receiver", &p.receivers), ("exporter", &p.exporters)] {
+                    if list.is_empty() {
+                        at(
+                            &mut errors,
+                            format!("pipeline `{}` needs at least one {what}", pid.value),
+                        );
+                    }
+                }
+            }
+            Signal::Traces => {
+                if p.receivers.is_empty() {
+                    at(
+                        &mut errors,
+                        format!(
+                            "pipeline `{}` needs at least one receiver, such as otlp",
+                            pid.value
+                        ),
+                    );
+                }
+                if p.processors.is_empty() {
+                    at(
+                        &mut errors,
+                        format!(
+                            "pipeline `{}` needs a processor to feed: a trace_link with a span_index",
+                            pid.value
+                        ),
+                    );
+                }
+                if !p.exporters.is_empty() {
+                    at(
+                        &mut errors,
+                        format!(
+                            "pipeline `{}` lists exporters, but proflow exports no traces: a traces pipeline only feeds the span index of its trace_link processors; remove `exporters`",
+                            pid.value
+                        ),
+                    );
+                }
+                for r in &p.receivers {
+                    if receivers.get(&r.value).is_some_and(
+                        |c: &Arc<dyn crate::component::ReceiverConfig>| !c.accepts_spans(),
+                    ) {
+                        errors.push(Error::new(&r.path, r.line, r.column, format!("receiver `{}` takes no traces; in a traces pipeline use an otlp receiver", r.value)));
+                    }
+                }
+                for r in &p.processors {
+                    if processors.get(&r.value).is_some_and(
+                        |c: &Arc<dyn crate::component::ProcessorConfig>| !c.takes_spans(),
+                    ) {
+                        errors.push(Error::new(&r.path, r.line, r.column, format!("processor `{}` takes no spans; a traces pipeline feeds trace_link processors that have a span_index", r.value)));
+                    }
+                }
+            }
+        }
+        pipelines.push(PipelinePlan {
+            id: pid.value.clone(),
+            signal,
+            receivers: receivers_,
+            processors: processors_,
+            exporters: exporters_,
+        });
+    }
+
+    let mut warnings = Vec::new();
+    let mut unused: Vec<_> = defined.iter().filter(|(k, _)| !used.contains(k)).collect();
+    unused.sort_by_key(|(_, d)| d.line);
+    for ((_, id), d) in unused {
+        warnings.push(format!(
+            "line {}:{}: {} `{id}` is defined at `{}` but used by no pipeline",
+            d.line, d.column, d.kind, d.path
+        ));
+    }
+
+    for (id, config) in &processors {
+        let listed = |signal: Signal| {
+            pipelines
+                .iter()
+                .any(|p: &PipelinePlan| p.signal == signal && p.processors.contains(id))
+        };
+        if config.takes_spans() && listed(Signal::Profiles) && !listed(Signal::Traces) {
+            warnings.push(format!(
+                "processor `{id}` has a span index but no traces pipeline feeds it: samples that name a span only stay unlinked; add `traces: {{receivers: [otlp], processors: [{id}]}}`"
+            ));
+        }
+        if listed(Signal::Traces) && !listed(Signal::Profiles) {
+            warnings.push(format!(
+                "processor `{id}` is fed spans but is in no profiles pipeline: its span index is never read; list it in the profiles pipeline whose samples it should link"
+            ));
+        }
+    }
+
+    let max_in_flight = doc.service.limits.max_in_flight_bytes.as_usize();
+    let largest = receivers
+        .iter()
+        .map(|(id, c)| (id, c.max_request_memory()))
+        .max_by_key(|(_, m)| *m);
+    if max_in_flight == 0 {
+        errors.push(Error::new(
+            "service.limits.max_in_flight_bytes",
+            0,
+            0,
+            "must be more than 0, such as 256MiB",
+        ));
+    } else if let Some((id, need)) =
+        largest.filter(|(_, need)| *need > crate::memory::max_grant(max_in_flight))
+    {
+        errors.push(Error::new(
+            "service.limits.max_in_flight_bytes",
+            0,
+            0,
+            format!(
+                "is {max_in_flight} bytes: one request may hold three quarters of it ({} bytes), less than one request of receiver `{id}` may need ({need} bytes: what it reads and decompresses); raise it to at least {} bytes or lower those limits",
+                crate::memory::max_grant(max_in_flight),
+                need.saturating_mul(4).div_ceil(3)
+            ),
+        ));
+    }
+
+    if !errors.is_empty() {
+        return Err(errors.sorted());
+    }
+    Ok(Plan {
+        receivers,
+        processors,
+        exporters,
+        pipelines,
+        telemetry: doc.service.telemetry.clone(),
+        shutdown_timeout: doc.service.shutdown_timeout.get(),
+        max_in_flight_bytes: max_in_flight,
+        warnings,
+        fingerprints,
+    })
+}
+
+/// Two listeners conflict on the same port when their addresses are equal or
+/// either is the unspecified address (`0.0.0.0`, `[::]`); two directories
+/// conflict when one contains the other (one exporter's start-up clean-up
+/// would delete the other's temporary files).
+pub(super) fn conflicts(a: &Resource, b: &Resource) -> bool {
+    match (a, b) {
+        (Resource::TcpListen(x), Resource::TcpListen(y)) => {
+            x.port() == y.port()
+                && x.port() != 0
+                && (x.ip() == y.ip() || x.ip().is_unspecified() || y.ip().is_unspecified())
+        }
+        (Resource::Directory(x), Resource::Directory(y)) => x.starts_with(y) || y.starts_with(x),
+        _ => false,
+    }
+}
+
+pub(super) fn describe(r: &Resource) -> String {
+    match r {
+        Resource::TcpListen(a) => format!("listen address {a}"),
+        Resource::Directory(d) => format!("directory {}", d.display()),
+    }
+}
+
+/// Runs a component's build inside a span naming it, so what the build
+/// logs (a warning about its settings) says which component it is.
+pub(super) fn building<T>(id: &str, build: impl FnOnce() -> T) -> T {
+    tracing::info_span!("build", component = %id).in_scope(build)
+}
