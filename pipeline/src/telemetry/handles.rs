@@ -1,0 +1,441 @@
+//! The handles components report through: one per component, each with the
+//! methods for the metrics its kind has, all writing the shared families of
+//! [`Telemetry`](super::Telemetry).
+
+use super::*;
+
+pub(super) fn with(id: &LabelSet, k: &'static str, v: &str) -> LabelSet {
+    let mut l = id.clone();
+    l.push((k, v.to_string()));
+    l
+}
+
+/// Metric handle of one receiver.
+#[derive(Clone, Debug)]
+pub struct ReceiverTelemetry {
+    pub(super) t: Arc<Telemetry>,
+    pub(super) id: LabelSet,
+}
+
+impl ReceiverTelemetry {
+    pub fn accepted(&self, profiles: u64, bytes: u64) {
+        self.t
+            .receiver_accepted_profiles
+            .get_or_create(&self.id)
+            .inc_by(profiles);
+        self.t
+            .receiver_accepted_bytes
+            .get_or_create(&self.id)
+            .inc_by(bytes);
+    }
+
+    /// Spans taken for span indexes, and spans refused.
+    pub fn spans(&self, accepted: u64, refused: u64) {
+        if accepted > 0 {
+            self.t
+                .receiver_accepted_spans
+                .get_or_create(&self.id)
+                .inc_by(accepted);
+        }
+        if refused > 0 {
+            self.t
+                .receiver_refused_spans
+                .get_or_create(&self.id)
+                .inc_by(refused);
+        }
+    }
+
+    /// A request refused for `reason` (a short snake_case word such as `bad_request`,
+    /// `too_large`, `backpressure`), with the profiles it carried if known.
+    pub fn refused(&self, reason: &str, profiles: u64) {
+        self.t
+            .receiver_refused_requests
+            .get_or_create(&with(&self.id, "reason", reason))
+            .inc();
+        if profiles > 0 {
+            self.t
+                .receiver_refused_profiles
+                .get_or_create(&with(&self.id, "reason", reason))
+                .inc_by(profiles);
+        }
+    }
+}
+
+/// Metric handle of a pull (scrape) receiver: scrapes and their failures by
+/// job, target counts, delta state.
+#[derive(Clone, Debug)]
+pub struct ScrapeTelemetry {
+    pub(super) t: Arc<Telemetry>,
+    pub(super) id: LabelSet,
+}
+
+impl ScrapeTelemetry {
+    /// One scrape of `job` that took `seconds`.
+    pub fn scraped(&self, job: &str, seconds: f64) {
+        let labels = with(&self.id, "job", job);
+        self.t.scrapes.get_or_create(&labels).inc();
+        self.t
+            .scrape_duration
+            .get_or_create(&labels)
+            .observe(seconds);
+    }
+
+    /// A scrape of `job` that gave no profile, for `reason`.
+    pub fn failed(&self, job: &str, reason: &str) {
+        let mut labels = with(&self.id, "job", job);
+        labels.push(("reason", reason.to_owned()));
+        self.t.scrape_failures.get_or_create(&labels).inc();
+    }
+
+    /// How many targets `job` has now, active and dropped.
+    pub fn targets(&self, job: &str, active: usize, dropped: usize) {
+        for (state, n) in [("active", active), ("dropped", dropped)] {
+            let mut labels = with(&self.id, "job", job);
+            labels.push(("state", state.to_owned()));
+            self.t.scrape_targets.get_or_create(&labels).set(n as i64);
+        }
+    }
+
+    /// What the delta state holds now.
+    pub fn delta_state(&self, bytes: usize, series: usize) {
+        self.t
+            .scrape_delta_state_bytes
+            .get_or_create(&self.id)
+            .set(bytes as i64);
+        self.t
+            .scrape_delta_series
+            .get_or_create(&self.id)
+            .set(series as i64);
+    }
+}
+
+/// Metric handle of an eBPF receiver.
+#[derive(Clone, Debug)]
+pub struct EbpfTelemetry {
+    pub(super) t: Arc<Telemetry>,
+    pub(super) id: LabelSet,
+}
+
+impl EbpfTelemetry {
+    /// `n` samples of `bytes` in all read from the kernel.
+    pub fn samples(&self, n: u64, bytes: u64) {
+        self.t.ebpf_samples.get_or_create(&self.id).inc_by(n);
+        self.t
+            .ebpf_sample_bytes
+            .get_or_create(&self.id)
+            .inc_by(bytes);
+    }
+
+    /// `n` more user stacks unwound as `how`.
+    pub fn unwound(&self, how: &str, n: u64) {
+        if n > 0 {
+            let labels = with(&self.id, "unwound", how);
+            self.t.ebpf_user_stacks.get_or_create(&labels).inc_by(n);
+        }
+    }
+
+    /// `n` more samples the kernel could not hand over (ring buffer full).
+    pub fn lost(&self, n: u64) {
+        self.t.ebpf_samples_lost.get_or_create(&self.id).inc_by(n);
+    }
+
+    /// A sample read but not kept, for `reason`.
+    pub fn dropped(&self, reason: &str) {
+        let labels = with(&self.id, "reason", reason);
+        self.t.ebpf_samples_dropped.get_or_create(&labels).inc();
+    }
+
+    /// Processes held and symbol cache size now.
+    pub fn state(&self, processes: usize, symbols: usize) {
+        self.t
+            .ebpf_processes
+            .get_or_create(&self.id)
+            .set(processes as i64);
+        self.t
+            .ebpf_symbol_cache_entries
+            .get_or_create(&self.id)
+            .set(symbols as i64);
+    }
+}
+
+/// Metric handle of a `trace_link` processor.
+#[derive(Clone, Debug)]
+pub struct TraceLinkTelemetry {
+    pub(super) t: Arc<Telemetry>,
+    pub(super) id: LabelSet,
+}
+
+impl TraceLinkTelemetry {
+    /// `n` more samples with `result` (`linked`, `no_trace_id`, `malformed`).
+    pub fn samples(&self, result: &str, n: u64) {
+        if n > 0 {
+            let labels = with(&self.id, "result", result);
+            self.t.trace_link_samples.get_or_create(&labels).inc_by(n);
+        }
+    }
+
+    /// Spans indexed and let go.
+    pub fn indexed(&self, n: u64, evicted_window: u64, evicted_max: u64) {
+        if n > 0 {
+            self.t
+                .trace_link_spans_indexed
+                .get_or_create(&self.id)
+                .inc_by(n);
+        }
+        for (reason, n) in [("window", evicted_window), ("max_spans", evicted_max)] {
+            if n > 0 {
+                let labels = with(&self.id, "reason", reason);
+                self.t
+                    .trace_link_spans_evicted
+                    .get_or_create(&labels)
+                    .inc_by(n);
+            }
+        }
+    }
+
+    /// One batch held for spans, ended with `result` (`found`, `timed_out`).
+    pub fn waited(&self, result: &str) {
+        let labels = with(&self.id, "result", result);
+        self.t.trace_link_waits.get_or_create(&labels).inc();
+    }
+
+    /// The index's size now.
+    pub fn index(&self, spans: usize, bytes: usize) {
+        self.t
+            .trace_link_index_spans
+            .get_or_create(&self.id)
+            .set(spans as i64);
+        self.t
+            .trace_link_index_bytes
+            .get_or_create(&self.id)
+            .set(bytes as i64);
+    }
+}
+
+/// Metric handle of a `symbolize` processor.
+#[derive(Clone, Debug)]
+pub struct SymbolizeTelemetry {
+    pub(super) t: Arc<Telemetry>,
+    pub(super) id: LabelSet,
+}
+
+impl SymbolizeTelemetry {
+    /// `n` more frames with `result` (`symbolized` or the reason they were not).
+    pub fn frames(&self, result: &str, n: u64) {
+        if n > 0 {
+            let labels = with(&self.id, "result", result);
+            self.t.symbolize_frames.get_or_create(&labels).inc_by(n);
+        }
+    }
+
+    /// `n` more addresses named from the cache.
+    pub fn cache_hits(&self, n: u64) {
+        if n > 0 {
+            self.t
+                .symbolize_cache_hits
+                .get_or_create(&self.id)
+                .inc_by(n);
+        }
+    }
+
+    /// One more fetch from debuginfod servers ended with `result`.
+    pub fn debuginfod_fetch(&self, result: &str) {
+        let labels = with(&self.id, "result", result);
+        self.t
+            .symbolize_debuginfod_fetches
+            .get_or_create(&labels)
+            .inc();
+    }
+
+    /// `n` more profiles passed on unnamed, for `reason`.
+    pub fn skipped(&self, reason: &str, n: u64) {
+        if n > 0 {
+            let labels = with(&self.id, "reason", reason);
+            self.t
+                .symbolize_skipped_profiles
+                .get_or_create(&labels)
+                .inc_by(n);
+        }
+    }
+
+    /// Worker threads given up on and not yet returned, now.
+    pub fn stuck_workers(&self, n: usize) {
+        self.t
+            .symbolize_stuck_workers
+            .get_or_create(&self.id)
+            .set(n as i64);
+    }
+
+    /// Cache entries and open files now.
+    pub fn state(&self, entries: usize, open_files: usize) {
+        self.t
+            .symbolize_cache_entries
+            .get_or_create(&self.id)
+            .set(entries as i64);
+        self.t
+            .symbolize_open_files
+            .get_or_create(&self.id)
+            .set(open_files as i64);
+    }
+}
+
+/// Metric handle of one processor.
+#[derive(Clone, Debug)]
+pub struct ProcessorTelemetry {
+    pub(super) t: Arc<Telemetry>,
+    pub(super) id: LabelSet,
+}
+
+impl ProcessorTelemetry {
+    pub fn received(&self, profiles: u64) {
+        self.t
+            .processor_received_profiles
+            .get_or_create(&self.id)
+            .inc_by(profiles);
+    }
+
+    pub fn dropped(&self, reason: &str, profiles: u64) {
+        self.t
+            .processor_dropped_profiles
+            .get_or_create(&with(&self.id, "reason", reason))
+            .inc_by(profiles);
+    }
+}
+
+/// Metric handle of one exporter (its queue reports through it too).
+#[derive(Clone, Debug)]
+pub struct ExporterTelemetry {
+    pub(super) t: Arc<Telemetry>,
+    pub(super) id: LabelSet,
+    /// Set for the queue of an exporter a reload replaced: its successor,
+    /// under the same id, alone sets the queue gauges.
+    pub(super) gauges_muted: Arc<AtomicBool>,
+}
+
+impl ExporterTelemetry {
+    pub fn enqueued(&self, profiles: u64) {
+        self.t
+            .exporter_enqueued_profiles
+            .get_or_create(&self.id)
+            .inc_by(profiles);
+    }
+
+    pub fn sent(&self, profiles: u64, bytes: u64) {
+        self.t
+            .exporter_sent_profiles
+            .get_or_create(&self.id)
+            .inc_by(profiles);
+        self.t
+            .exporter_sent_bytes
+            .get_or_create(&self.id)
+            .inc_by(bytes);
+    }
+
+    pub fn failed(&self, reason: &str, profiles: u64) {
+        self.t
+            .exporter_failed_profiles
+            .get_or_create(&with(&self.id, "reason", reason))
+            .inc_by(profiles);
+        if profiles > 0 {
+            self.t.add_loss(&self.id, |l| l.failed += profiles);
+        }
+    }
+
+    /// Profiles dropped for `reason`, also kept for the shutdown report:
+    /// `queue_full` as dropped, a peer's refusal as failed (those of
+    /// `shutdown` are in it as undelivered already).
+    pub fn dropped(&self, reason: &str, profiles: u64) {
+        self.t
+            .exporter_dropped_profiles
+            .get_or_create(&with(&self.id, "reason", reason))
+            .inc_by(profiles);
+        match reason {
+            _ if profiles == 0 => {}
+            "shutdown" => {}
+            "queue_full" => self.t.add_loss(&self.id, |l| l.dropped += profiles),
+            _ => self.t.add_loss(&self.id, |l| l.failed += profiles),
+        }
+    }
+
+    pub fn retried(&self) {
+        self.t.exporter_retries.get_or_create(&self.id).inc();
+    }
+
+    /// A batch waited for room in this exporter's full queue; `result`:
+    /// `room`, `timeout` or `stalled`.
+    pub fn held(&self, result: &str) {
+        self.t
+            .exporter_queue_waits
+            .get_or_create(&with(&self.id, "result", result))
+            .inc();
+    }
+
+    /// Stops this handle from setting the queue gauges (counters go on).
+    pub fn mute_gauges(&self) {
+        self.gauges_muted.store(true, Ordering::Relaxed);
+    }
+
+    pub fn queue_level(&self, profiles: usize, bytes: usize) {
+        if self.gauges_muted.load(Ordering::Relaxed) {
+            return;
+        }
+        self.t
+            .exporter_queue_profiles
+            .get_or_create(&self.id)
+            .set(profiles as i64);
+        self.t
+            .exporter_queue_bytes
+            .get_or_create(&self.id)
+            .set(bytes as i64);
+    }
+
+    /// A persistent queue's files: bytes, and records not yet finished.
+    pub fn queue_stored(&self, bytes: u64, records: u64) {
+        if self.gauges_muted.load(Ordering::Relaxed) {
+            return;
+        }
+        self.t
+            .exporter_queue_stored_bytes
+            .get_or_create(&self.id)
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.t
+            .exporter_queue_stored_records
+            .get_or_create(&self.id)
+            .set(i64::try_from(records).unwrap_or(i64::MAX));
+    }
+
+    pub fn queue_replayed(&self, records: u64) {
+        self.t
+            .exporter_queue_replayed_records
+            .get_or_create(&self.id)
+            .inc_by(records);
+    }
+
+    pub fn queue_corrupt(&self, n: u64) {
+        self.t
+            .exporter_queue_corrupt
+            .get_or_create(&self.id)
+            .inc_by(n);
+    }
+
+    pub fn queue_storage_error(&self) {
+        self.t
+            .exporter_queue_storage_errors
+            .get_or_create(&self.id)
+            .inc();
+    }
+
+    pub fn queue_fsync(&self, seconds: f64) {
+        self.t
+            .exporter_queue_fsync_duration
+            .get_or_create(&self.id)
+            .observe(seconds);
+    }
+
+    pub fn send_duration(&self, seconds: f64) {
+        self.t
+            .exporter_send_duration
+            .get_or_create(&self.id)
+            .observe(seconds);
+    }
+}

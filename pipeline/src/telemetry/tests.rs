@@ -1,0 +1,106 @@
+//! Metric names, labels and the shutdown losses.
+
+use super::*;
+
+#[test]
+fn rfc3339_formats_known_instants() {
+    assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+    assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+    assert_eq!(rfc3339(-1), "1969-12-31T23:59:59Z");
+}
+
+#[test]
+fn targets_page_tags_each_receivers_targets() {
+    let t = Arc::new(Telemetry::new());
+    t.register_targets(
+        "scrape",
+        Arc::new(|| {
+            (
+                vec![serde_json::json!({"scrapeUrl": "http://h:1/x"})],
+                Vec::new(),
+            )
+        }),
+    );
+    let page = t.targets_json();
+    assert_eq!(page["activeTargets"][0]["receiver"], "scrape");
+    assert_eq!(page["activeTargets"][0]["scrapeUrl"], "http://h:1/x");
+    assert_eq!(page["droppedTargets"].as_array().map(Vec::len), Some(0));
+    t.scrape("scrape").failed("job", "connection");
+    assert!(t.render().contains(
+        "proflow_scrape_failures_total{receiver=\"scrape\",job=\"job\",reason=\"connection\"} 1"
+    ));
+    // A reload replaces the receiver: the new one registers, then the
+    // old one stops, leaving the new one's targets; stopping for good
+    // takes them off.
+    let view = |url: &'static str| -> TargetsView {
+        Arc::new(move || (vec![serde_json::json!({ "scrapeUrl": url })], Vec::new()))
+    };
+    let (old, new) = (view("http://old"), view("http://new"));
+    t.register_targets("scrape", old.clone());
+    t.register_targets("scrape", new.clone());
+    t.unregister_targets("scrape", &old);
+    assert_eq!(
+        t.targets_json()["activeTargets"][0]["scrapeUrl"],
+        "http://new"
+    );
+    t.unregister_targets("scrape", &new);
+    assert_eq!(
+        t.targets_json()["activeTargets"].as_array().map(Vec::len),
+        Some(0)
+    );
+}
+
+#[test]
+fn a_replaced_queue_leaves_the_gauges_to_its_successor() {
+    let t = Arc::new(Telemetry::new());
+    let (old, new) = (t.exporter("file"), t.exporter("file"));
+    old.mute_gauges();
+    new.queue_level(1, 100);
+    old.queue_level(7, 700);
+    old.queue_stored(9, 9);
+    old.enqueued(3);
+    let text = t.render();
+    assert!(
+        text.contains(r#"proflow_exporter_queue_profiles{exporter="file"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"proflow_exporter_queue_bytes{exporter="file"} 100"#),
+        "{text}"
+    );
+    assert!(
+        !text.contains("proflow_exporter_queue_stored_records{"),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"proflow_exporter_enqueued_profiles_total{exporter="file"} 3"#),
+        "counters go on: {text}"
+    );
+}
+
+#[test]
+fn renders_component_metrics() {
+    let t = Arc::new(Telemetry::new());
+    t.receiver("pprof_push").accepted(2, 100);
+    t.receiver("pprof_push").refused("bad_request", 0);
+    t.exporter("file").queue_level(3, 300);
+    let text = t.render();
+    assert!(
+        text.contains(r#"proflow_receiver_accepted_profiles_total{receiver="pprof_push"} 2"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"proflow_receiver_refused_requests_total{receiver="pprof_push",reason="bad_request"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"proflow_exporter_queue_bytes{exporter="file"} 300"#),
+        "{text}"
+    );
+    let help: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP")).collect();
+    assert!(!help.is_empty(), "{text}");
+    for line in help {
+        assert!(
+            line.ends_with('.') && !line.ends_with(".."),
+            "one period per help text: {line}"
+        );
+    }
+}
