@@ -10,8 +10,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use proflow_pipeline::otlp::{self, AttributeLabels, json};
-use proflow_pipeline::{spans, testdata};
+use proflow_model::otlp::{self, AttributeLabels, json};
+use proflow_model::{spans, testdata};
 
 struct Counting;
 

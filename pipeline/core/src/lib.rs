@@ -17,33 +17,28 @@
 //! Only this crate knows how data moves between components. It depends on
 //! `proflow-config` for config values; components depend on it, never the reverse.
 
+// The data model and codecs, where they were before they had a crate of
+// their own (`proflow_pipeline::model` and the like keep working).
+#[doc(hidden)]
+pub use proflow_model::testdata;
+pub use proflow_model::{
+    delivery, inflate, json_shape, memory, model, otlp, pprof, profile_type, push_v1, spans, wire,
+};
+
 pub mod admin;
 pub mod component;
-pub mod delivery;
 #[cfg(feature = "http-client")]
 pub mod http;
-pub mod inflate;
-pub mod json_shape;
 pub mod kafka;
-pub mod memory;
-pub mod model;
-pub mod otlp;
-pub mod pprof;
-pub mod profile_type;
-pub mod push_v1;
 pub mod queue;
 pub mod registry;
 pub mod relabel;
 pub mod server;
-pub mod spans;
 #[cfg(feature = "symbolize")]
 pub mod symbolize;
 pub mod telemetry;
 #[cfg(feature = "test-pki")]
 pub mod test_pki;
-#[doc(hidden)]
-pub mod testdata;
 pub mod tls;
 pub mod topology;
 pub mod url;
-pub mod wire;

@@ -1,9 +1,9 @@
 //! pprof ↔ OTLP conversion on the typical CPU profile (two sample types).
-//! Run: `cargo bench -p proflow-pipeline --bench otlp_convert`
+//! Run: `cargo bench -p proflow-model --bench otlp_convert`
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use proflow_pipeline::otlp::{DictionaryBuilder, Lost, otlp_to_pprof, pprof_to_otlp};
-use proflow_pipeline::testdata::{TYPICAL_FUNCTIONS, TYPICAL_SAMPLES, cpu_profile};
+use proflow_model::otlp::{DictionaryBuilder, Lost, otlp_to_pprof, pprof_to_otlp};
+use proflow_model::testdata::{TYPICAL_FUNCTIONS, TYPICAL_SAMPLES, cpu_profile};
 use std::hint::black_box;
 
 fn convert(c: &mut Criterion) {
@@ -33,9 +33,9 @@ fn convert(c: &mut Criterion) {
 /// exporter's work): profiles sharing one dictionary are written by
 /// reference; profiles of several requests are re-indexed into one.
 fn request(c: &mut Criterion) {
-    use proflow_pipeline::model::Labels;
-    use proflow_pipeline::otlp::{OtlpProfiles, RequestBuilder, SharedDictionary};
-    use proflow_pipeline::testdata::otlp_request;
+    use proflow_model::model::Labels;
+    use proflow_model::otlp::{OtlpProfiles, RequestBuilder, SharedDictionary};
+    use proflow_model::testdata::otlp_request;
     use std::sync::Arc;
     // The load tool's large request: 4 services, 8 profiles, ~61 KB.
     let received = |n: usize| -> Vec<OtlpProfiles> {

@@ -1,9 +1,9 @@
 //! pprof decode, encode and metadata scan on a typical ~4 KB gzip CPU profile.
-//! Run: `cargo bench -p proflow-pipeline --bench pprof_codec`
+//! Run: `cargo bench -p proflow-model --bench pprof_codec`
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use proflow_pipeline::pprof;
-use proflow_pipeline::testdata::{
+use proflow_model::pprof;
+use proflow_model::testdata::{
     TYPICAL_FUNCTIONS, TYPICAL_SAMPLES, cpu_profile, typical_cpu_profile_gzip,
 };
 use std::hint::black_box;

@@ -10,8 +10,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use bytes::Bytes;
-use proflow_pipeline::pprof::{self, Profile};
-use proflow_pipeline::testdata;
+use proflow_model::pprof::{self, Profile};
+use proflow_model::testdata;
 use proptest::prelude::*;
 
 struct Counting;
