@@ -17,28 +17,13 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 pub use proflow_config::{FieldError, Validate, joined_problems};
+pub use proflow_net::error_chain;
 
 use crate::memory::MemoryBudget;
 use crate::model::{Batch, BatchMeta, Envelope, ExportBatch, Format};
 use crate::spans::SpanConsumer;
 use crate::telemetry::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry, Telemetry};
 use proflow_config::{QueueSettings, RetrySettings};
-
-/// An error and its sources, `a: b: c` (hyper's and tonic's errors say
-/// what went wrong only in their sources).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
-}
 
 /// Something a component claims exclusively; two components claiming the same
 /// resource fail validation instead of failing at bind time.

@@ -25,20 +25,20 @@ pub use proflow_model::{
     delivery, inflate, json_shape, memory, model, otlp, pprof, profile_type, push_v1, spans, wire,
 };
 
+// The network edges, where they were before they had a crate of their own.
+#[cfg(feature = "http-client")]
+pub use proflow_net::http;
+#[cfg(feature = "test-pki")]
+pub use proflow_net::test_pki;
+pub use proflow_net::{server, tls, url};
+
 pub mod admin;
 pub mod component;
-#[cfg(feature = "http-client")]
-pub mod http;
 pub mod kafka;
 pub mod queue;
 pub mod registry;
 pub mod relabel;
-pub mod server;
 #[cfg(feature = "symbolize")]
 pub mod symbolize;
 pub mod telemetry;
-#[cfg(feature = "test-pki")]
-pub mod test_pki;
-pub mod tls;
 pub mod topology;
-pub mod url;

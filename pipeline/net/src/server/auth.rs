@@ -458,7 +458,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!(
             "proflow-auth-{}-{}",
             std::process::id(),
-            crate::model::now_unix_nanos()
+            proflow_model::model::now_unix_nanos()
         ));
         std::fs::create_dir_all(&dir).unwrap();
         dir

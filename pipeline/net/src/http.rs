@@ -18,7 +18,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::component::error_chain;
+use crate::error_chain;
 use crate::tls::ClientTls;
 
 /// Most redirects one request follows (Go's and Prometheus's limit).

@@ -1,0 +1,35 @@
+//! What proflow's network edges share: the accept loop every listener runs
+//! ([`server`]: connection limits and eviction, timeouts, TLS, auth, request
+//! bodies read under the memory budget as they arrive), the rustls client
+//! setup of components that connect out ([`tls`]), (feature `http-client`)
+//! their GET client ([`http`]), query escaping for the URLs they build
+//! ([`url`]), and (feature `test-pki`) certificates made at test time.
+//!
+//! It depends on `proflow-config` and `proflow-model` only.
+
+/// An error and its sources, `a: b: c` (hyper's and tonic's errors say
+/// what went wrong only in their sources).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(feature = "http-client")]
+pub mod http;
+pub mod server;
+#[cfg(feature = "test-pki")]
+pub mod test_pki;
+pub mod tls;
+pub mod url;
+
+// The memory budget, named `crate::memory` by the network code.
+use proflow_model::memory;
