@@ -555,7 +555,7 @@ fn a_stripped_binary_named_downstream_by_the_symbolize_processor_into_pyroscope(
     let full = ebpf_targets::build(Target::CNoFp).unwrap_or_else(|e| panic!("{e}"));
     let dir = std::env::temp_dir().join(common::unique_name("ebpf-stripped"));
     std::fs::create_dir_all(&dir).unwrap();
-    let build_id = proflow_pipeline::symbolize::elf::ElfInfo::read(&full)
+    let build_id = proflow_symbolize::elf::ElfInfo::read(&full)
         .and_then(|i| i.build_id)
         .expect("cc links with a build id");
     let debug = dir

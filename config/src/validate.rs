@@ -1,6 +1,7 @@
 //! What every component config answers to: [`Validate`] reports every
 //! problem as a [`FieldError`] (a dotted path relative to the component's
-//! body and what to do), and [`joined_problems`] makes them one message.
+//! body and what to do), and [`joined_problems`] makes them one message;
+//! a config that passed but could not be built says so as a [`BuildError`].
 
 /// A problem found by [`Validate::validate`]: `path` is relative to the
 /// component's body, dotted, sequence items by index (`relabel_configs.1.regex`).
@@ -31,4 +32,15 @@ pub fn joined_problems(problems: &[FieldError]) -> String {
 /// Checks a config and reports every problem, not just the first.
 pub trait Validate {
     fn validate(&self) -> Vec<FieldError>;
+}
+
+/// Why a component could not be built or started.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BuildError(pub String);
+
+impl BuildError {
+    pub fn new(msg: impl Into<String>) -> Self {
+        BuildError(msg.into())
+    }
 }

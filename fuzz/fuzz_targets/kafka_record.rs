@@ -7,7 +7,7 @@
 //! receiver's are, and carry the record's tenant and labels.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use proflow_pipeline::kafka::{Encoding, RecordHeaders};
+use proflow_kafka::{Encoding, RecordHeaders};
 use proflow_pipeline::otlp::Split;
 use proflow_receivers::kafka_record::fuzzing;
 
@@ -46,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
     );
     let used = encoding
         .or(read.encoding)
-        .unwrap_or_else(|| proflow_pipeline::kafka::sniff_encoding(value));
+        .unwrap_or_else(|| proflow_kafka::sniff_encoding(value));
     if used == Encoding::Pprof {
         assert_eq!(decoded.envelopes.len(), 1, "a pprof record is one profile");
         let e = &decoded.envelopes[0];

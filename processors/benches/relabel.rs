@@ -9,9 +9,9 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use proflow_config::{Node, from_node};
 use proflow_pipeline::component::{BuildContext, ProcessorConfig};
 use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload};
-use proflow_pipeline::relabel::{RelabelConfig, Relabeler};
 use proflow_pipeline::telemetry::Telemetry;
 use proflow_processors::RelabelProcessorConfig;
+use proflow_relabel::{RelabelConfig, Relabeler};
 
 /// A rule set like a user's: a constant label, a filter, a copy, a rewrite
 /// with groups, a shard and a cleanup.

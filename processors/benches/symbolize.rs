@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use proflow_pipeline::pprof;
-use proflow_pipeline::symbolize::elf::ElfInfo;
-use proflow_pipeline::symbolize::{Limits, Symbols};
 use proflow_processors::symbolize::config::HostSource;
 use proflow_processors::symbolize::profile;
 use proflow_processors::symbolize::sources::Sources;
+use proflow_symbolize::elf::ElfInfo;
+use proflow_symbolize::{Limits, Symbols};
 
 /// Shared libraries a Debian machine has; the first nine found are used,
 /// with this binary as the tenth.

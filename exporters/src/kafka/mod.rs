@@ -2,7 +2,7 @@
 //! broker that speaks its protocol), through librdkafka (`rdkafka`, built
 //! from source into the binary).
 //!
-//! - **Records** follow proflow's record format ([`proflow_pipeline::kafka`]):
+//! - **Records** follow proflow's record format ([`proflow_kafka`]):
 //!   the value is the profile (`encoding: pprof`: gzip pprof, the bytes as
 //!   they arrived when they arrived gzipped; `otlp_proto` / `otlp_json`: one
 //!   `ExportProfilesServiceRequest` holding the one profile), the headers
@@ -40,12 +40,13 @@ use std::time::{Duration as StdDuration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use proflow_config::Duration;
+use proflow_kafka::{
+    self as kafka, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
+    TopicTemplate,
+};
 use proflow_pipeline::component::{
     BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
     Validate,
-};
-use proflow_pipeline::kafka::{
-    self, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings, TopicTemplate,
 };
 use proflow_pipeline::model::{Envelope, ExportBatch, Format};
 use proflow_pipeline::otlp;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-pub use proflow_config::{FieldError, Validate, joined_problems};
+pub use proflow_config::{BuildError, FieldError, Validate, joined_problems};
 pub use proflow_net::error_chain;
 
 use crate::memory::MemoryBudget;
@@ -33,17 +33,6 @@ pub enum Resource {
     TcpListen(SocketAddr),
     /// A directory written by one component only.
     Directory(std::path::PathBuf),
-}
-
-/// Why a component could not be built or started.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct BuildError(pub String);
-
-impl BuildError {
-    pub fn new(msg: impl Into<String>) -> Self {
-        BuildError(msg.into())
-    }
 }
 
 /// What every `build` gets.

@@ -34,11 +34,7 @@ pub use proflow_net::{server, tls, url};
 
 pub mod admin;
 pub mod component;
-pub mod kafka;
 pub mod queue;
 pub mod registry;
-pub mod relabel;
-#[cfg(feature = "symbolize")]
-pub mod symbolize;
 pub mod telemetry;
 pub mod topology;

@@ -10,8 +10,8 @@ use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
 use proflow_pipeline::model::{BatchMeta, Envelope};
-use proflow_pipeline::relabel::{RelabelConfig, Relabeler, validate_configs};
 use proflow_pipeline::telemetry::ProcessorTelemetry;
+use proflow_relabel::{RelabelConfig, Relabeler, validate_configs};
 use serde::Deserialize;
 
 /// The `reason` label of `proflow_processor_dropped_profiles` for profiles a

@@ -20,8 +20,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use proflow_pipeline::http::{FetchError, HttpClient};
-use proflow_pipeline::symbolize::elf::ElfInfo;
 use proflow_pipeline::telemetry::SymbolizeTelemetry;
+use proflow_symbolize::elf::ElfInfo;
 
 /// Most build ids being fetched or waiting for a fetch; more are answered
 /// as timed out, without a fetch, and asked again later.

@@ -13,14 +13,14 @@
 //! - [`otlp`]: naming the unnamed locations of an OTLP payload's dictionary
 //!   (once per dictionary that payloads of one request share).
 //!
-//! The lookups themselves are [`proflow_pipeline::symbolize`], the same the
+//! The lookups themselves are [`proflow_symbolize`], the same the
 //! `ebpf` receiver uses. They read files and parse DWARF, and blazesym's
 //! symbolizer stays on one thread, so each processor has one worker thread
 //! that owns the caches and names one batch at a time; `process` hands it
 //! the batch and waits. Should the worker ever panic, the batch goes on as
 //! it came and the next batch starts a new worker (with empty caches).
 //! Files are opened so that no open or read can wait on a FIFO or device
-//! ([`proflow_pipeline::symbolize::open`]); a file system that does not
+//! ([`proflow_symbolize::open`]); a file system that does not
 //! answer can still hold a worker, so a batch waits at most 30 s, then the
 //! worker is given up on (it ends, caches and all, when it returns) and a
 //! new one starts, while at most [`MAX_STUCK_WORKERS`] are stuck.
@@ -50,8 +50,8 @@ use proflow_pipeline::component::{
 use proflow_pipeline::http::{HttpClient, Options};
 use proflow_pipeline::model::{BatchMeta, Envelope, Format, Payload};
 use proflow_pipeline::otlp::SharedDictionary;
-use proflow_pipeline::symbolize::{Limits, Symbols};
 use proflow_pipeline::telemetry::SymbolizeTelemetry;
+use proflow_symbolize::{Limits, Symbols};
 
 pub use config::{DebuginfodConfig, HostSource, SymbolizeProcessorConfig};
 use debuginfod::Debuginfod;

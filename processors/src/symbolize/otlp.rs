@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use proflow_pipeline::otlp::{self, OtlpProfiles, SharedDictionary, common, proto};
-use proflow_pipeline::symbolize::Symbols;
+use proflow_symbolize::Symbols;
 
 use super::profile::Counts;
 use super::sources::{self, AddressKind, KERNEL_START, MappingId, Source, Sources, reason};

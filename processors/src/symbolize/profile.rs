@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use proflow_pipeline::pprof;
-use proflow_pipeline::symbolize::{FastMap, Lines, Symbols};
+use proflow_symbolize::{FastMap, Lines, Symbols};
 
 use super::sources::{self, AddressKind, KERNEL_START, MappingId, Source, Sources, reason};
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use proflow_pipeline::model::{BatchMeta, Payload};
 use proflow_pipeline::pprof;
-use proflow_pipeline::symbolize::elf::ElfInfo;
 use proflow_pipeline::telemetry::Telemetry;
+use proflow_symbolize::elf::ElfInfo;
 
 use super::tests::{
     Built, build, envelope, expect_full_names, limits, names, profile_of, run, schedule_address,
@@ -312,7 +312,7 @@ fn a_dwz_supplementary_file_is_found_by_build_id_and_a_fifo_path_is_never_opened
     let other = build("altlink-sup");
     let sup_id = other.build_id.clone();
     let debug_dir = b.dir.join("debug-sup");
-    let sup = proflow_pipeline::symbolize::elf::build_id_path(&debug_dir, &sup_id).unwrap();
+    let sup = proflow_symbolize::elf::build_id_path(&debug_dir, &sup_id).unwrap();
     std::fs::create_dir_all(sup.parent().unwrap()).unwrap();
     std::fs::copy(&other.full, &sup).unwrap();
     let fifo = b.dir.join("common.dwz");

@@ -40,11 +40,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proflow_pipeline::symbolize::elf::{ElfInfo, build_id_path};
+use proflow_symbolize::elf::{ElfInfo, build_id_path};
 
 use super::config::HostSource;
 use super::debuginfod::{Debuginfod, Lookup};
-use proflow_pipeline::symbolize::{Addr, FileId, FileKey, FileRef, Lines, Symbols};
+use proflow_symbolize::{Addr, FileId, FileKey, FileRef, Lines, Symbols};
 
 /// Addresses at or above this are the kernel's (x86-64 and arm64).
 pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use proflow_pipeline::model::{Envelope, Labels, Payload};
 use proflow_pipeline::pprof;
-use proflow_pipeline::symbolize::elf::ElfInfo;
 use proflow_pipeline::telemetry::Telemetry;
+use proflow_symbolize::elf::ElfInfo;
 
 use super::*;
 

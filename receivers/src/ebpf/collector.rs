@@ -518,7 +518,7 @@ impl Strings {
 mod tests {
     use super::super::sample::tests::record;
     use super::*;
-    use proflow_pipeline::relabel::Relabeler;
+    use proflow_relabel::Relabeler;
 
     #[test]
     fn samples_of_one_stack_count_once_and_become_a_profile() {

@@ -5,7 +5,7 @@
 
 use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::FieldError;
-use proflow_pipeline::relabel::{self, RelabelConfig};
+use proflow_relabel::{self as relabel, RelabelConfig};
 use serde::Deserialize;
 
 /// Highest `sample_rate`: above it the sampler itself becomes the load.

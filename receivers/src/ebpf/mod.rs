@@ -98,8 +98,8 @@ use proflow_pipeline::component::{
     ReceiverContext, ServeFuture, Validate,
 };
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope};
-use proflow_pipeline::relabel::Relabeler;
 use proflow_pipeline::telemetry::EbpfTelemetry;
+use proflow_relabel::Relabeler;
 
 use collector::Collector;
 pub use config::EbpfReceiverConfig;

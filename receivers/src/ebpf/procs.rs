@@ -26,9 +26,9 @@ use framehop::x86_64::UnwinderX86_64;
 use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
 use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 use proflow_pipeline::model::Labels;
-use proflow_pipeline::relabel::Relabeler;
-use proflow_pipeline::symbolize::FileId;
-use proflow_pipeline::symbolize::open::open_regular;
+use proflow_relabel::Relabeler;
+use proflow_symbolize::FileId;
+use proflow_symbolize::open::open_regular;
 
 use super::config::GroupBy;
 
@@ -396,7 +396,7 @@ fn read_binary(open: &Path, path: &str) -> Binary {
         return b;
     };
     if let Ok(Some(id)) = elf.build_id() {
-        b.build_id = Some(proflow_pipeline::symbolize::elf::hex(id).into());
+        b.build_id = Some(proflow_symbolize::elf::hex(id).into());
     }
     for seg in elf.segments() {
         if let SegmentFlags::Elf { p_flags } = seg.flags()
@@ -642,7 +642,7 @@ mod tests {
         assert_eq!(l.get("__name__"), Some("process_cpu"));
         assert!(l.get("__meta_process_exe").is_none());
 
-        let configs: Vec<proflow_pipeline::relabel::RelabelConfig> = serde_saphyr::from_str(
+        let configs: Vec<proflow_relabel::RelabelConfig> = serde_saphyr::from_str(
             "- {source_labels: [__meta_process_comm], regex: 'kworker.*', action: drop}\n- {source_labels: [__meta_container_id], regex: '(.{12}).*', target_label: service_name, replacement: 'ctr-$1'}\n",
         )
         .unwrap();

@@ -1,6 +1,6 @@
 //! Addresses → function, file and line inside the receiver (`symbolize:
 //! local`), through the symbolizer the `symbolize` processor uses too
-//! ([`proflow_pipeline::symbolize`], where the caches and their bounds are
+//! ([`proflow_symbolize`], where the caches and their bounds are
 //! described). This adds what is the receiver's own: a user frame is looked
 //! up by its file offset in the file its process maps, opened through the
 //! first live process that maps it (`/proc/PID/root/...`, so files inside
@@ -8,8 +8,8 @@
 //! open, and a new one is taken if it had to be reopened after its process
 //! ended.
 
-use proflow_pipeline::symbolize::{Addr, FileKey, FileRef};
-pub use proflow_pipeline::symbolize::{Limits, Lines, Symbols};
+use proflow_symbolize::{Addr, FileKey, FileRef};
+pub use proflow_symbolize::{Limits, Lines, Symbols};
 
 use super::procs::Mapping;
 

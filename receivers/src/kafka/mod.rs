@@ -45,12 +45,12 @@ use std::time::Duration as StdDuration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use proflow_config::{ByteSize, Duration};
+use proflow_kafka::{
+    self as kafka, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
+};
 use proflow_pipeline::component::{
     Admission, BuildContext, BuildError, ConsumeError, FieldError, Receiver, ReceiverConfig,
     ReceiverContext, ServeFuture, Validate, joined_problems,
-};
-use proflow_pipeline::kafka::{
-    self, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
 };
 use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{Batch, BatchMeta, batch_bytes};

@@ -1,7 +1,7 @@
 //! One Kafka record into envelopes: the encoding from proflow's header, the
 //! receiver's `encoding`, or a sniff of the value; labels, time range and
 //! tenant from proflow's headers where the record has them
-//! ([`proflow_pipeline::kafka`]), else from the profile itself.
+//! ([`proflow_kafka`]), else from the profile itself.
 //!
 //! Everything decoding allocates is granted from the in-flight memory
 //! budget first: a gzip value inflates under the grant, an OTLP JSON value
@@ -11,7 +11,7 @@
 //! record again, it does not skip it.
 
 use bytes::Bytes;
-use proflow_pipeline::kafka::{Encoding, RecordHeaders, sniff_encoding};
+use proflow_kafka::{Encoding, RecordHeaders, sniff_encoding};
 use proflow_pipeline::model::{Envelope, Labels, Payload, SERVICE_NAME_LABEL, now_unix_nanos};
 use proflow_pipeline::otlp::{self, AttributeLabels};
 use proflow_pipeline::pprof;
@@ -175,7 +175,7 @@ fn pprof_record(
 #[cfg(all(feature = "kafka-record", not(feature = "kafka")))]
 pub mod fuzzing {
     use bytes::Bytes;
-    use proflow_pipeline::kafka::{Encoding, RecordHeaders};
+    use proflow_kafka::{Encoding, RecordHeaders};
     use proflow_pipeline::memory::MemoryBudget;
     use proflow_pipeline::otlp::AttributeLabels;
 

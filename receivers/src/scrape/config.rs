@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::FieldError;
 use proflow_pipeline::model::is_valid_label_name;
-use proflow_pipeline::relabel::{self, RelabelConfig};
+use proflow_relabel::{self as relabel, RelabelConfig};
 use serde::Deserialize;
 
 /// Shortest `scrape_interval` (as Alloy's): a CPU profile needs a second of

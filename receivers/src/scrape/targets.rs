@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use http::Uri;
 use proflow_pipeline::model::{Labels, SERVICE_NAME_LABEL};
-use proflow_pipeline::relabel::Relabeler;
 use proflow_pipeline::url::percent_encode;
+use proflow_relabel::Relabeler;
 
 use super::config::{ProfileTarget, ScrapeJobConfig, target_problem};
 use super::discovery::TargetGroup;

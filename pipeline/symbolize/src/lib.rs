@@ -575,7 +575,9 @@ mod tests {
         let last = lines.last().expect("symbolized");
         assert!(last.function.contains("a_function_to_find"), "{lines:?}");
         assert!(
-            last.file.as_deref().is_some_and(|f| f.ends_with("mod.rs")),
+            last.file
+                .as_deref()
+                .is_some_and(|f| f.ends_with("symbolize/src/lib.rs")),
             "{lines:?}"
         );
         // The second time comes from the cache.

@@ -31,8 +31,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::model::{Labels, is_valid_label_name};
 use proflow_config::FieldError;
+use proflow_model::model::{Labels, is_valid_label_name};
 
 /// Header naming the record's encoding.
 pub const ENCODING_HEADER: &str = "proflow.encoding";

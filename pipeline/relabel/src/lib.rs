@@ -12,9 +12,9 @@
 //! both from the regex engines: Rust's `\d`, `\w`, `\s` and `\b` are
 //! Unicode-aware where Go's are ASCII-only, and `\Q...\E` is not supported.
 //!
-//! This module knows nothing about components: the `relabel` processor and the
+//! This crate knows nothing about components: the `relabel` processor and the
 //! scrape receiver both build a [`Relabeler`] from their own configs. It depends
-//! only on [`crate::model`] and the [`FieldError`] type of validation.
+//! only on `proflow-model` (labels) and `proflow-config` (validation).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -23,9 +23,8 @@ use md5::{Digest, Md5};
 use regex::{Captures, Regex};
 use serde::{Deserialize, Deserializer};
 
-use crate::component::BuildError;
-use crate::model::{Labels, is_valid_label_name};
-use proflow_config::FieldError;
+use proflow_config::{BuildError, FieldError};
+use proflow_model::model::{Labels, is_valid_label_name};
 
 /// The default `separator`.
 pub const DEFAULT_SEPARATOR: &str = ";";
