@@ -1,21 +1,15 @@
-//! proflow's core: the profile [`model`] (envelope, labels, lazily decoded
-//! payload, batches), delivery acknowledgement ([`delivery`]), the pprof
-//! messages ([`pprof`]), OTLP profiles and the conversions ([`otlp`]), the
-//! profile type rules ([`profile_type`]), Pyroscope's push messages ([`push_v1`]), the
-//! component traits ([`component`]), the in-flight memory budget
-//! ([`memory`]), exporter queues with retry ([`queue`]), the running graph
-//! ([`topology`]), self-telemetry ([`telemetry`]) and the admin HTTP server
-//! that shows it ([`admin`]), plus the protobuf wire
-//! walker ([`wire`]) that bounds untrusted messages before they are decoded,
-//! query escaping for URLs components build ([`url`]),
-//! the rustls client setup of components that connect out ([`tls`]), the
-//! accept loop, TLS and authentication every listener shares ([`server`]),
-//! (feature `http-client`) their GET client ([`http`]), and (feature `symbolize`) addresses to function names,
-//! files and lines for the components that name frames ([`symbolize`]),
-//! and the spans a `traces` pipeline feeds to processors ([`spans`]).
+//! proflow's core, the one crate that knows how data moves between
+//! components: the component traits ([`component`]) and the table of
+//! component types ([`registry`]), the running graph ([`topology`]: plan,
+//! fan-out, reload, shutdown), exporter queues with retry and disk storage
+//! ([`queue`]), self-telemetry ([`telemetry`]) and the admin HTTP server that
+//! shows it ([`admin`]).
 //!
-//! Only this crate knows how data moves between components. It depends on
-//! `proflow-config` for config values; components depend on it, never the reverse.
+//! It depends on `proflow-config`, `proflow-model` and `proflow-net`, and
+//! re-exports their modules under the names components have always used
+//! (`proflow_pipeline::model`, `::server`, …). Components depend on it and
+//! on the engines they use (`proflow-relabel`, `proflow-kafka`,
+//! `proflow-symbolize`); nothing here depends on a component or an engine.
 
 // The data model and codecs, where they were before they had a crate of
 // their own (`proflow_pipeline::model` and the like keep working).
