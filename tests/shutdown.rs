@@ -13,6 +13,34 @@ use std::time::Duration;
 
 use common::{Proflow, cpu_profile, gzip, ingest_query, read_index};
 
+/// `clients` threads, each pushing `app{seq=…}` to `base` (a receiver URL)
+/// with [`pusher`] until `stop`.
+fn spawn_pushers(
+    base: &str,
+    app: &'static str,
+    clients: u64,
+    stop: &Arc<AtomicBool>,
+) -> Vec<thread::JoinHandle<(Vec<u64>, Vec<u64>)>> {
+    (1..=clients)
+        .map(|c| {
+            let base = base.to_owned();
+            let stop = stop.clone();
+            thread::spawn(move || {
+                pusher(
+                    move |seq| {
+                        format!(
+                            "{base}{}",
+                            ingest_query(&format!("{app}{{seq={seq}}}"), Some("pprof"))
+                        )
+                    },
+                    c,
+                    stop,
+                )
+            })
+        })
+        .collect()
+}
+
 /// Pushes until the collector stops answering; returns the sequence numbers
 /// answered 200, and those whose request got no answer at all (cut off).
 fn pusher(
@@ -95,24 +123,7 @@ fn sigterm_while_pushing(fsync: &str, shutdown_timeout: &str, backlog: usize) ->
         )
     });
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (1..=4)
-        .map(|c| {
-            let base = proflow.receiver_url("");
-            let stop = stop.clone();
-            thread::spawn(move || {
-                pusher(
-                    move |seq| {
-                        format!(
-                            "{base}{}",
-                            ingest_query(&format!("sig.app{{seq={seq}}}"), Some("pprof"))
-                        )
-                    },
-                    c,
-                    stop,
-                )
-            })
-        })
-        .collect();
+    let clients = spawn_pushers(&proflow.receiver_url(""), "sig.app", 4, &stop);
     thread::sleep(Duration::from_millis(1500));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -212,24 +223,7 @@ fn a_burst_against_the_sidecar_config_loses_no_push_answered_200() {
         sidecar_config(ports, profiles)
     });
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (1..=8)
-        .map(|c| {
-            let base = proflow.receiver_url("");
-            let stop = stop.clone();
-            thread::spawn(move || {
-                pusher(
-                    move |seq| {
-                        format!(
-                            "{base}{}",
-                            ingest_query(&format!("burst.app{{seq={seq}}}"), Some("pprof"))
-                        )
-                    },
-                    c,
-                    stop,
-                )
-            })
-        })
-        .collect();
+    let clients = spawn_pushers(&proflow.receiver_url(""), "burst.app", 8, &stop);
     let waits = |result: &str| {
         common::metric_sum(
             &proflow.metrics(),
