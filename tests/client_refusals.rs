@@ -1,5 +1,5 @@
 //! What the real Pyroscope clients do with a profile proflow refuses (429 with
-//! `Retry-After: 1`): they drop it and send the next period's profile. README
+//! `Retry-After: 1`): they drop it and send the next period's profile. docs/exporter-queues.md
 //! rests the `when_full: drop_newest` default on this; this test keeps it true
 //! for the client versions we install.
 //!

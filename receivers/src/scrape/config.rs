@@ -8,7 +8,7 @@
 //! `profiling_config.pprof_config.<name>.{enabled,path,delta}`). Where Parca
 //! and Alloy differ, the defaults are Alloy's (interval 15s, timeout 10s),
 //! because Pyroscope users are the larger group moving to a collector;
-//! README says so.
+//! its reference (`README.md` beside this code) says so.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
