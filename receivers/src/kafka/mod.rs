@@ -384,13 +384,15 @@ struct Shared {
 
 impl Shared {
     /// Resolves a record and stores the partition's new position, if any.
+    /// The position is stored while the lock is held: records resolve on
+    /// many tasks at once, and a store made after the lock was let go could
+    /// land after a later one and move the stored position back. librdkafka
+    /// commits what was stored last, at its interval and when the partition
+    /// is revoked (after the final commit too), so the group would resume
+    /// from the older position and read those records again.
     fn resolve(&self, slot: &Slot) {
-        let stored = self
-            .offsets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .resolve(slot);
-        if let Some(offset) = stored
+        let mut offsets = self.offsets.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(offset) = offsets.resolve(slot)
             && let Err(e) = self
                 .consumer
                 .store_offset(&slot.topic, slot.partition, offset)
