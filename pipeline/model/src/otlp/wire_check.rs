@@ -187,7 +187,7 @@ fn message<'a>(value: Value<'a>, what: &str, field: u32) -> Result<&'a [u8], Con
 fn is_zero(schema: &[Kind], msg: &[u8]) -> Result<bool, ConvertError> {
     // Per known field: whether its value (the last one, for singular fields) is not zero.
     let mut set = [false; 8];
-    let mut any_value: Vec<u8> = Vec::new();
+    let mut any_value: Option<AnyValue> = None;
     for f in wire::fields(msg) {
         let (n, v) = f.map_err(|e| bad("dictionary", e))?;
         known(schema, "dictionary", n, &v)?;
@@ -198,20 +198,26 @@ fn is_zero(schema: &[Kind], msg: &[u8]) -> Result<bool, ConvertError> {
         match (kind, v) {
             (Kind::Varint | Kind::Fixed64, Value::Varint(x) | Value::Fixed64(x)) => *slot = x != 0,
             (Kind::Bytes, Value::Bytes(b)) => *slot = !b.is_empty(),
-            // Messages merge: their bytes read as one.
-            (Kind::AnyValue, Value::Bytes(b)) => any_value.extend_from_slice(b),
+            (Kind::AnyValue, Value::Bytes(b)) => merge_any_value(&mut any_value, b)?,
             (Kind::Varints | Kind::Fixed64s, Value::Bytes(b)) => *slot |= !b.is_empty(),
             _ => *slot = true,
         }
     }
-    if !any_value.is_empty() {
-        let value =
-            AnyValue::decode(any_value.as_slice()).map_err(|e| bad("an attribute value", e))?;
-        if value.value.is_some() {
-            return Ok(false);
-        }
+    if any_value.is_some_and(|v| v.value.is_some()) {
+        return Ok(false);
     }
     Ok(!set.contains(&true))
+}
+
+/// Merges one occurrence of an `AnyValue` field into `into`, as decoding
+/// does: each occurrence is decoded by itself and merged into what came
+/// before. (Reading the occurrences' bytes as one message is not the same:
+/// a field cut at an occurrence's end reads as something else joined to the
+/// next one; found by the otlp_wire fuzz target.)
+fn merge_any_value(into: &mut Option<AnyValue>, part: &[u8]) -> Result<(), ConvertError> {
+    into.get_or_insert_with(AnyValue::default)
+        .merge(part)
+        .map_err(|e| bad("an attribute value", e))
 }
 
 /// Checks a dictionary's bytes: the same rules as
@@ -286,7 +292,7 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
         // Singular fields: decoding keeps the last of each (by field
         // number), and merges the parts of a message field (the value).
         let mut last: [Option<u64>; 5] = [None; 5];
-        let mut value: Vec<u8> = Vec::new();
+        let mut value: Option<AnyValue> = None;
         for g in wire::fields(m) {
             let (n, v) = g.map_err(|e| bad("dictionary", e))?;
             known(schema, what, n, &v)?;
@@ -315,7 +321,7 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
                     }
                     index(function, d.functions, "function")?;
                 }
-                (6, 2) => value.extend_from_slice(message(v, "attribute value", n)?),
+                (6, 2) => merge_any_value(&mut value, message(v, "attribute value", n)?)?,
                 // stack: location_indices
                 (7, 1) => varints(v, |l| index(l, d.locations, "location"), "stack", n)?,
                 _ => {}
@@ -328,12 +334,10 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
                 _ => index(v, strings, "string")?,
             }
         }
-        if !value.is_empty() {
-            let value =
-                AnyValue::decode(value.as_slice()).map_err(|e| bad("an attribute value", e))?;
-            if let Some(super::common::any_value::Value::StringValueStrindex(i)) = value.value {
-                index(i as i64 as u64, strings, "string")?;
-            }
+        if let Some(super::common::any_value::Value::StringValueStrindex(i)) =
+            value.and_then(|v| v.value)
+        {
+            index(i as i64 as u64, strings, "string")?;
         }
     }
     Ok(d)
@@ -575,6 +579,24 @@ mod tests {
         assert!(proto::ProfilesDictionary::decode(bad.as_slice()).is_err());
         let e = check_dictionary_wire(&bad).unwrap_err().0;
         assert!(e.contains("link: field 1 has the wrong wire type"), "{e}");
+    }
+
+    /// Found by the `otlp_wire` fuzz target: an attribute's value given in
+    /// two parts was read as the two parts' bytes joined, while decoding
+    /// decodes each part by itself; a key cut at the end of the first part
+    /// joined the second into a valid field on the wire only.
+    #[test]
+    fn an_attribute_value_in_parts_is_read_part_by_part() {
+        // value: [0x80] (a key cut short), then value: [0x08, 0x00].
+        let entry = [0x12, 0x01, 0x80, 0x12, 0x02, 0x08, 0x00];
+        // As attribute 0, and as attribute 1 after an empty attribute 0.
+        let first = [&[0x32, 0x07][..], &entry].concat();
+        let second = [&[0x32, 0x00, 0x32, 0x07][..], &entry].concat();
+        for dictionary in [first, second] {
+            assert!(proto::ProfilesDictionary::decode(dictionary.as_slice()).is_err());
+            let e = check_dictionary_wire(&dictionary).unwrap_err().0;
+            assert!(e.contains("attribute value"), "{e}");
+        }
     }
 
     /// Found by the `otlp_wire` fuzz target: entry 0 was zero on the wire
