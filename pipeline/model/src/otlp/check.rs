@@ -103,6 +103,12 @@ pub fn check_dictionary_references(d: &proto::ProfilesDictionary) -> Result<(), 
     for a in &d.attribute_table {
         string(a.key_strindex)?;
         string(a.unit_strindex)?;
+        // A value held as a string index (as the wire check reads it).
+        if let Some(super::common::any_value::Value::StringValueStrindex(i)) =
+            a.value.as_ref().and_then(|v| v.value.as_ref())
+        {
+            string(*i)?;
+        }
     }
     for m in &d.mapping_table {
         string(m.filename_strindex)?;

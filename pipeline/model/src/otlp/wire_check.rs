@@ -508,6 +508,25 @@ mod tests {
         }
     }
 
+    /// Found by the `otlp_wire` fuzz target: an attribute value held as a
+    /// string index past the string table was refused on the wire and
+    /// taken decoded.
+    #[test]
+    fn an_attribute_value_string_index_is_checked_decoded_too() {
+        let (d, ps) = parts();
+        let mut bad = d.clone();
+        bad.attribute_table.push(proto::KeyValueAndUnit {
+            value: Some(super::super::common::AnyValue {
+                value: Some(super::super::common::any_value::Value::StringValueStrindex(
+                    114,
+                )),
+            }),
+            ..Default::default()
+        });
+        let e = agree(&bad, &ps[0]).unwrap_err();
+        assert!(e.contains("string index 114"), "{e}");
+    }
+
     #[test]
     fn the_same_problems_are_refused() {
         let (d, ps) = parts();
