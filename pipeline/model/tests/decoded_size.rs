@@ -3,48 +3,14 @@
 //! estimate must be an upper bound for ordinary profiles, or the budget
 //! built on it bounds nothing.
 //!
-//! Its own test binary because it installs a global allocator. The counters
-//! are per thread, so tests running in parallel do not disturb each other.
+//! Its own test binary because it installs a global allocator ([`counting`]).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod counting;
 
 use bytes::Bytes;
 use proflow_model::pprof::{self, Profile};
 use proflow_model::testdata;
 use proptest::prelude::*;
-
-struct Counting;
-
-thread_local! {
-    /// Bytes allocated minus bytes freed on this thread.
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-}
-
-fn add(delta: isize) {
-    // `try_with`: during thread teardown the counter may be gone.
-    let _ = LIVE.try_with(|live| live.set(live.get() + delta));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        add(layout.size() as isize);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        add(-(layout.size() as isize));
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        add(new_size as isize - layout.size() as isize);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
 
 /// The decompressed-size cap of these tests: larger than any profile here.
 const LIMIT: usize = 1 << 30;
@@ -54,11 +20,10 @@ fn decoded_heap(plain: &Bytes) -> (Profile, usize) {
     // The first clone of a Bytes made from a Vec allocates its shared header;
     // done here so that what decode clones is counted to the input, not to it.
     let plain = plain.clone();
-    let before = LIVE.with(Cell::get);
-    let profile = pprof::decode(&plain, LIMIT).expect("decode");
-    let after = LIVE.with(Cell::get);
+    let (profile, retained, _) =
+        counting::measure(|| pprof::decode(&plain, LIMIT).expect("decode"));
     // Profile is returned by value; its own struct is on the stack.
-    (profile, (after - before) as usize + size_of::<Profile>())
+    (profile, retained as usize + size_of::<Profile>())
 }
 
 fn check(plain: &Bytes) -> (usize, usize) {

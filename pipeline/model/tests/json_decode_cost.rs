@@ -4,60 +4,17 @@
 //! ones (arrays of empty objects, objects of one member, long strings, deep
 //! nesting), or the memory budget built on it bounds nothing.
 //!
-//! Its own test binary because it installs a global allocator. The counters
-//! are per thread, so tests running in parallel do not disturb each other.
+//! Its own test binary because it installs a global allocator ([`counting`]).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod counting;
 
 use proflow_model::otlp::{self, AttributeLabels, json};
 use proflow_model::{spans, testdata};
 
-struct Counting;
-
-thread_local! {
-    /// Bytes allocated minus bytes freed on this thread.
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-    /// The most `LIVE` reached since the last reset.
-    static PEAK: Cell<isize> = const { Cell::new(0) };
-}
-
-fn add(delta: isize) {
-    // `try_with`: during thread teardown the counters may be gone.
-    let _ = LIVE.try_with(|live| {
-        let now = live.get() + delta;
-        live.set(now);
-        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
-    });
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        add(layout.size() as isize);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        add(-(layout.size() as isize));
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        add(new_size as isize - layout.size() as isize);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
 /// The most the heap grew while `work` ran.
 fn peak_of<T>(work: impl FnOnce() -> T) -> (T, usize) {
-    let before = LIVE.with(Cell::get);
-    PEAK.with(|p| p.set(before));
-    let out = work();
-    let peak = PEAK.with(Cell::get);
-    (out, (peak - before).max(0) as usize)
+    let (out, _, peak) = counting::measure(work);
+    (out, peak)
 }
 
 /// A profiles request whose one profile's `samples` are `sample` repeated.
