@@ -169,6 +169,11 @@ impl Conn {
         Busy(self.clone())
     }
 
+    /// Whether a request is in flight on it now.
+    pub fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
+    }
+
     /// Completes when the connection should close: it had no request in
     /// flight for `idle_timeout` (for `first_request_timeout` before its
     /// first request), or it was evicted for a waiting client.

@@ -43,6 +43,12 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// finish what it is doing before it is dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
+/// How long a connection closed for being unused (idle, or evicted for a new
+/// client) may take to go: it has no request in flight, so only an HTTP/2
+/// goodbye or a request that began just then is waited for. A client
+/// trickling half a header is not waited for: its slot is wanted now.
+const UNUSED_CLOSE_GRACE: Duration = Duration::from_millis(200);
+
 /// The default `idle_timeout` of every listener (the OpenTelemetry
 /// Collector's for HTTP servers).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -113,17 +119,25 @@ async fn serve_connection<C>(
 {
     let mut connection = std::pin::pin!(connection);
     let ended = tokio::select! {
-        ended = connection.as_mut() => Some(ended),
-        _ = drain.cancelled() => None,
-        _ = conn.unused(listen.first_request_timeout(), listen.idle_timeout) => None,
+        ended = connection.as_mut() => Ok(ended),
+        _ = drain.cancelled() => Err(CLOSE_GRACE),
+        _ = conn.unused(listen.first_request_timeout(), listen.idle_timeout) => Err(UNUSED_CLOSE_GRACE),
     };
     let ended = match ended {
-        Some(ended) => ended,
-        None => {
+        Ok(ended) => ended,
+        Err(grace) => {
             connection.as_mut().graceful_shutdown();
-            match tokio::time::timeout(CLOSE_GRACE, connection).await {
-                Ok(ended) => ended,
-                Err(_) => return,
+            let deadline = tokio::time::Instant::now() + CLOSE_GRACE;
+            loop {
+                let step = (tokio::time::Instant::now() + grace).min(deadline);
+                match tokio::time::timeout_at(step, connection.as_mut()).await {
+                    Ok(ended) => break ended,
+                    // A connection closed for being unused (half a header
+                    // trickling in, say) goes after a moment, unless a
+                    // request began meanwhile: that one gets the full grace.
+                    Err(_) if step >= deadline || !conn.busy() => return,
+                    Err(_) => {}
+                }
             }
         }
     };
@@ -398,5 +412,64 @@ impl Secured {
             req.headers_mut().insert(TENANT_HEADER, value);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// One slot, taken by a client trickling half a header: a new client
+    /// gets it once that one has been idle a second, without waiting for the
+    /// five seconds a connection with a request in flight gets to finish.
+    #[tokio::test]
+    async fn a_trickling_client_evicted_for_a_new_one_goes_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let listen = Listen {
+            // Only eviction closes the trickler within this test.
+            read_header_timeout: Some(Duration::from_secs(60)),
+            ..Listen::new(1, None)
+        };
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(accept_loop(
+            listener,
+            listen,
+            shutdown.clone(),
+            "test".into(),
+            |_req, _peer| async { Response::new(String::from("ok")) },
+        ));
+        let mut trickler = TcpStream::connect(addr).await.unwrap();
+        trickler.write_all(b"POST / HTTP/1.1\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        trickler.write_all(b"Host: a\r\n").await.unwrap();
+
+        let started = tokio::time::Instant::now();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(30), client.read_to_string(&mut answer))
+            .await
+            .expect("the new client is served")
+            .unwrap();
+        let waited = started.elapsed();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            waited < CLOSE_GRACE,
+            "the trickler was closed at once, not after the grace of a busy connection: {waited:?}"
+        );
+        // Its end is there to read already (an end, or a reset: either way
+        // the read returns).
+        let mut rest = Vec::new();
+        let end =
+            tokio::time::timeout(Duration::from_millis(100), trickler.read_to_end(&mut rest)).await;
+        assert!(end.is_ok(), "the trickler is closed");
+        shutdown.cancel();
+        server.await.unwrap();
     }
 }
