@@ -78,6 +78,70 @@ pub enum ConsumeError {
     NotStored { exporter: String, error: String },
 }
 
+/// What a push receiver tells its client when the pipeline refused the
+/// profiles of a request ([`push`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PushRefusal {
+    /// Send again after `retry_after` (HTTP 429, gRPC `RESOURCE_EXHAUSTED`);
+    /// `detail` says why, naming the exporter that is behind.
+    RetryLater {
+        retry_after: Duration,
+        detail: String,
+    },
+    /// The collector is stopping (HTTP 503, gRPC `UNAVAILABLE`).
+    ShuttingDown,
+}
+
+/// How long a client whose profiles a persistent queue could not store is
+/// asked to wait: the disk is full or failing, which takes a while to fix.
+const NOT_STORED_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+impl From<ConsumeError> for PushRefusal {
+    fn from(error: ConsumeError) -> Self {
+        match error {
+            ConsumeError::Backpressure {
+                exporter,
+                retry_after,
+            } => PushRefusal::RetryLater {
+                retry_after,
+                detail: format!(
+                    "the collector is busy: exporter `{exporter}` is behind and its queue is full"
+                ),
+            },
+            ConsumeError::ShuttingDown => PushRefusal::ShuttingDown,
+            // The batch is queued in memory but would not survive a restart:
+            // retried like a full queue.
+            ConsumeError::NotStored { exporter, error } => PushRefusal::RetryLater {
+                retry_after: NOT_STORED_RETRY_AFTER,
+                detail: format!(
+                    "exporter `{exporter}` could not store the profiles on disk ({error}); retry later"
+                ),
+            },
+        }
+    }
+}
+
+/// Hands the profiles of one pushed request to the pipeline, once: refused
+/// rather than dropped while exporter queues are full ([`Admission::Refuse`]),
+/// and counted as accepted when taken. An empty request is taken as is.
+pub async fn push(
+    consumer: &dyn Consumer,
+    telemetry: &ReceiverTelemetry,
+    envelopes: Vec<Envelope>,
+    meta: BatchMeta,
+) -> Result<(), PushRefusal> {
+    if envelopes.is_empty() {
+        return Ok(());
+    }
+    let profiles = envelopes.len() as u64;
+    let bytes = crate::model::batch_bytes(&envelopes) as u64;
+    consumer
+        .consume(Batch::new(envelopes, Arc::new(meta)), Admission::Refuse)
+        .await?;
+    telemetry.accepted(profiles, bytes);
+    Ok(())
+}
+
 /// How a receiver is held back by full exporter queues. A full queue first
 /// holds the batch for up to its `sending_queue.wait_when_full` while it
 /// drains (at once, without waiting, when its last wait ran out and it had

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use proflow_pipeline::component::PushRefusal;
+
 use hyper::StatusCode;
 
 /// What a client refused for memory is told to wait.
@@ -154,6 +156,21 @@ impl OtlpError {
         } else {
             let details = prost::Message::encode_to_vec(&status);
             tonic::Status::with_details(self.grpc_code(), status.message, details.into())
+        }
+    }
+}
+
+impl From<PushRefusal> for OtlpError {
+    fn from(refusal: PushRefusal) -> Self {
+        match refusal {
+            PushRefusal::RetryLater {
+                retry_after,
+                detail,
+            } => OtlpError::Backpressure {
+                retry_after,
+                detail,
+            },
+            PushRefusal::ShuttingDown => OtlpError::ShuttingDown,
         }
     }
 }

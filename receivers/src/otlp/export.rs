@@ -20,9 +20,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use proflow_pipeline::component::{Admission, ConsumeError, Consumer};
+use proflow_pipeline::component::{self, Consumer};
 use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant};
-use proflow_pipeline::model::{Batch, BatchMeta, Envelope, batch_bytes};
+use proflow_pipeline::model::{BatchMeta, Envelope, batch_bytes};
 use proflow_pipeline::otlp::{self, AttributeLabels, Split, collector};
 use proflow_pipeline::spans::{self, SpanConsumer};
 use proflow_pipeline::telemetry::ReceiverTelemetry;
@@ -210,49 +210,18 @@ impl Handler {
             return Ok(());
         }
         let profiles = envelopes.len() as u64;
-        let bytes = batch_bytes(&envelopes) as u64;
-        let meta = Arc::new(BatchMeta {
+        let meta = BatchMeta {
             receiver: self.receiver.clone(),
             tenant: origin.tenant.filter(|t| !t.is_empty()),
             client: origin.client,
             this_host: false,
-        });
-        match self
-            .consumer
-            .consume(Batch::new(envelopes, meta), Admission::Refuse)
+        };
+        component::push(&*self.consumer, &self.telemetry, envelopes, meta)
             .await
-        {
-            Ok(()) => {
-                self.telemetry.accepted(profiles, bytes);
-                Ok(())
-            }
-            Err(ConsumeError::Backpressure {
-                exporter,
-                retry_after,
-            }) => Err(Refused {
-                error: OtlpError::Backpressure {
-                    retry_after,
-                    detail: format!(
-                        "the collector is busy: exporter `{exporter}` is behind and its queue is full"
-                    ),
-                },
+            .map_err(|refusal| Refused {
+                error: refusal.into(),
                 profiles,
-            }),
-            Err(ConsumeError::ShuttingDown) => Err(Refused {
-                error: OtlpError::ShuttingDown,
-                profiles,
-            }),
-            // A persistent queue could not store it: retried like a full queue.
-            Err(ConsumeError::NotStored { exporter, error }) => Err(Refused {
-                error: OtlpError::Backpressure {
-                    retry_after: std::time::Duration::from_secs(5),
-                    detail: format!(
-                        "exporter `{exporter}` could not store the profiles on disk ({error}); retry later"
-                    ),
-                },
-                profiles,
-            }),
-        }
+            })
     }
 
     /// Counts and logs a refusal.

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use proflow_pipeline::component::PushRefusal;
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use proflow_pipeline::pprof::DecodeError;
@@ -176,6 +178,21 @@ impl IngestError {
 
 /// What a client refused for memory is told to wait.
 const MEMORY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+impl From<PushRefusal> for IngestError {
+    fn from(refusal: PushRefusal) -> Self {
+        match refusal {
+            PushRefusal::RetryLater {
+                retry_after,
+                detail,
+            } => IngestError::Backpressure {
+                retry_after,
+                detail,
+            },
+            PushRefusal::ShuttingDown => IngestError::ShuttingDown,
+        }
+    }
+}
 
 /// A refusal with the number of profiles the request carried, when known
 /// (0 when the request was refused before its profiles were counted).

@@ -19,10 +19,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use bytes::Bytes;
 use proflow_pipeline::component::{
-    Admission, BuildError, ConsumeError, Consumer, Receiver, ReceiverContext, ServeFuture,
+    self, BuildError, Consumer, Receiver, ReceiverContext, ServeFuture,
 };
 use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
-use proflow_pipeline::model::{Batch, BatchMeta, Envelope, batch_bytes, now_unix_nanos};
+use proflow_pipeline::model::{BatchMeta, Envelope, now_unix_nanos};
 use proflow_pipeline::server::body::{BodyError, read_body};
 use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
 use tower::Service;
@@ -485,49 +485,18 @@ impl Shared {
             envelopes
         };
         let profiles = envelopes.len() as u64;
-        let bytes = batch_bytes(&envelopes) as u64;
-        let meta = Arc::new(BatchMeta {
+        let meta = BatchMeta {
             receiver: self.receiver.clone(),
             tenant: header_text(&parts.headers, TENANT_HEADER.clone()).filter(|t| !t.is_empty()),
             client: parts.extensions.get::<ClientAddr>().map(|c| c.0),
             this_host: false,
-        });
-        match self
-            .consumer
-            .consume(Batch::new(envelopes, meta), Admission::Refuse)
+        };
+        component::push(&*self.consumer, &self.telemetry, envelopes, meta)
             .await
-        {
-            Ok(()) => {
-                self.telemetry.accepted(profiles, bytes);
-                Ok(())
-            }
-            Err(ConsumeError::Backpressure {
-                exporter,
-                retry_after,
-            }) => Err(Refused {
-                error: IngestError::Backpressure {
-                    retry_after,
-                    detail: format!(
-                        "the collector is busy: exporter `{exporter}` is behind and its queue is full"
-                    ),
-                },
+            .map_err(|refusal| Refused {
+                error: refusal.into(),
                 profiles,
-            }),
-            Err(ConsumeError::ShuttingDown) => Err(Refused {
-                error: IngestError::ShuttingDown,
-                profiles,
-            }),
-            // A persistent queue could not store it: retried like a full queue.
-            Err(ConsumeError::NotStored { exporter, error }) => Err(Refused {
-                error: IngestError::Backpressure {
-                    retry_after: std::time::Duration::from_secs(5),
-                    detail: format!(
-                        "exporter `{exporter}` could not store the profiles on disk ({error}); retry later"
-                    ),
-                },
-                profiles,
-            }),
-        }
+            })
     }
 
     /// The response for an outcome; refusals are counted and logged.
