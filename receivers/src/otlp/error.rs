@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use proflow_pipeline::component::PushRefusal;
+use proflow_pipeline::server::body::BodyError;
 
 use hyper::StatusCode;
 
@@ -70,6 +71,18 @@ impl OtlpError {
             OtlpError::TooLarge(e.to_string())
         } else {
             OtlpError::MemoryLimit(e.to_string())
+        }
+    }
+
+    /// A body that could not be read; `too_large` says which limit it
+    /// passed, given that limit in bytes.
+    pub(crate) fn from_body(e: BodyError, too_large: impl FnOnce(usize) -> String) -> Self {
+        match e {
+            BodyError::TooLarge { limit } => OtlpError::TooLarge(too_large(limit)),
+            BodyError::OverBudget(e) => OtlpError::from_memory(e),
+            BodyError::Unreadable(_) => OtlpError::bad_request(e.to_string()),
+            BodyError::TimedOut(t) => OtlpError::Timeout(t),
+            BodyError::TooSlow => OtlpError::SlowBody(e.to_string()),
         }
     }
 

@@ -39,7 +39,7 @@ use tonic::{Code, Status};
 use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
 use super::http::TENANT_HEADER;
-use proflow_pipeline::server::body::{BodyError, read_body};
+use proflow_pipeline::server::body::read_body;
 use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
 
 /// The profiles method.
@@ -224,15 +224,11 @@ impl Grpc {
         let mut grant = self.handler.memory.grant();
         let body = read_body(body, None, limit, &mut grant, self.settings.read_timeout)
             .await
-            .map_err(|e| match e {
-                BodyError::TooLarge { .. } => OtlpError::TooLarge(format!(
+            .map_err(|e| {
+                OtlpError::from_body(e, |_| format!(
                     "the request message exceeds max_recv_msg_size_mib ({} bytes); send smaller requests or raise max_recv_msg_size_mib",
                     self.settings.max_message
-                )),
-                BodyError::OverBudget(e) => OtlpError::from_memory(e),
-                BodyError::Unreadable(_) => OtlpError::bad_request(e.to_string()),
-                BodyError::TimedOut(t) => OtlpError::Timeout(t),
-                BodyError::TooSlow => OtlpError::SlowBody(e.to_string()),
+                ))
             })?;
         let (parts, body, compressed) = match gzip_message(&parts.headers, &body) {
             // A gzip message is inflated here, under the grant, and handed

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
-use proflow_pipeline::server::body::{BodyError, read_body};
+use proflow_pipeline::server::body::{declared_length, read_body};
 use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
 
 /// The one path profiles are posted to.
@@ -324,27 +324,19 @@ impl Http {
         headers: &HeaderMap,
         body: Incoming,
     ) -> Result<(Bytes, MemoryGrant), OtlpError> {
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
         let mut grant = self.handler.memory.grant();
         let body = read_body(
             body,
-            declared,
+            declared_length(headers),
             self.settings.max_request_body,
             &mut grant,
             self.settings.read_timeout,
         )
         .await
-        .map_err(|e| match e {
-            BodyError::TooLarge { limit } => OtlpError::TooLarge(format!(
+        .map_err(|e| {
+            OtlpError::from_body(e, |limit| format!(
                 "request body exceeds max_request_body_size ({limit} bytes); send smaller requests or raise max_request_body_size"
-            )),
-            BodyError::OverBudget(e) => OtlpError::from_memory(e),
-            BodyError::Unreadable(_) => OtlpError::bad_request(e.to_string()),
-            BodyError::TimedOut(t) => OtlpError::Timeout(t),
-            BodyError::TooSlow => OtlpError::SlowBody(e.to_string()),
+            ))
         })?;
         Ok((body, grant))
     }

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use proflow_pipeline::component::PushRefusal;
+use proflow_pipeline::server::body::BodyError;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -82,6 +83,17 @@ impl IngestError {
             IngestError::TooComplex(e.to_string())
         } else {
             IngestError::MemoryLimit(e.to_string())
+        }
+    }
+
+    /// A body that could not be read.
+    pub(crate) fn from_body(e: BodyError) -> Self {
+        match e {
+            BodyError::TooLarge { limit } => IngestError::BodyTooLarge { limit },
+            BodyError::OverBudget(e) => IngestError::from_memory(e),
+            BodyError::Unreadable(_) => IngestError::bad_request(e.to_string()),
+            BodyError::TimedOut(t) => IngestError::Timeout(t),
+            BodyError::TooSlow => IngestError::SlowBody(e.to_string()),
         }
     }
 

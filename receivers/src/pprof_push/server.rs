@@ -23,7 +23,7 @@ use proflow_pipeline::component::{
 };
 use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{BatchMeta, Envelope, now_unix_nanos};
-use proflow_pipeline::server::body::{BodyError, read_body};
+use proflow_pipeline::server::body::{declared_length, read_body};
 use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
 use tower::Service;
 
@@ -329,26 +329,16 @@ impl Shared {
         headers: &HeaderMap,
         body: Body,
     ) -> Result<(Bytes, MemoryGrant), IngestError> {
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
         let mut grant = self.memory.grant();
         let body = read_body(
             body,
-            declared,
+            declared_length(headers),
             self.limits.max_request_body,
             &mut grant,
             self.limits.read_timeout,
         )
         .await
-        .map_err(|e| match e {
-            BodyError::TooLarge { limit } => IngestError::BodyTooLarge { limit },
-            BodyError::OverBudget(e) => IngestError::from_memory(e),
-            BodyError::Unreadable(_) => IngestError::bad_request(e.to_string()),
-            BodyError::TimedOut(t) => IngestError::Timeout(t),
-            BodyError::TooSlow => IngestError::SlowBody(e.to_string()),
-        })?;
+        .map_err(IngestError::from_body)?;
         Ok((body, grant))
     }
 

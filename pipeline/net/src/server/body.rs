@@ -63,6 +63,15 @@ pub enum BodyError {
     TooSlow,
 }
 
+/// The body length a request's `Content-Length` declares, if it declares one
+/// that parses ([`read_body`] refuses it at once when over the limit).
+pub fn declared_length(headers: &hyper::HeaderMap) -> Option<u64> {
+    headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
 /// Reads `body` whole within `read_timeout` and `limit` bytes, growing
 /// `grant` before every allocation of the buffer, by what arrived (at most
 /// doubling, never past `declared` while the body keeps to it; the old and
