@@ -8,17 +8,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
 use proflow_config::ByteSize;
-use proflow_pipeline::component::{
-    Admission, BuildContext, ConsumeError, Consumer, Receiver, ReceiverContext,
-};
+use proflow_pipeline::component::{BuildContext, Receiver, ReceiverContext};
 use proflow_pipeline::memory::MemoryBudget;
-use proflow_pipeline::model::{Batch, BatchMeta, Envelope, ValueType};
+use proflow_pipeline::model::{BatchMeta, Envelope, ValueType};
 use proflow_pipeline::otlp::common::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use proflow_pipeline::otlp::{DictionaryBuilder, Resource, collector, json, proto};
 use proflow_pipeline::spans::{Span, SpanConsumer};
@@ -28,41 +23,10 @@ use prost::Message;
 use tokio_util::sync::CancellationToken;
 use tonic::codec::CompressionEncoding;
 
+mod common;
+use common::{Answer, Recorder, Reply};
+
 // ------------------------------------------------------------------ harness
-
-#[derive(Clone, Debug)]
-enum Answer {
-    Accept,
-    Backpressure(Duration),
-    ShuttingDown,
-}
-
-struct Recorder {
-    batches: Mutex<Vec<(Vec<Envelope>, Arc<BatchMeta>)>>,
-    answer: Mutex<Answer>,
-}
-
-#[async_trait]
-impl Consumer for Recorder {
-    async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError> {
-        assert_eq!(admission, Admission::Refuse, "a push receiver cannot wait");
-        let answer = self.answer.lock().unwrap().clone();
-        match answer {
-            Answer::Accept => {
-                self.batches
-                    .lock()
-                    .unwrap()
-                    .push((batch.envelopes, batch.meta));
-                Ok(())
-            }
-            Answer::Backpressure(retry_after) => Err(ConsumeError::Backpressure {
-                exporter: "slow".into(),
-                retry_after,
-            }),
-            Answer::ShuttingDown => Err(ConsumeError::ShuttingDown),
-        }
-    }
-}
 
 /// Records the spans a receiver in a traces pipeline hands on.
 #[derive(Default)]
@@ -118,10 +82,7 @@ impl Harness {
         let receiver = config.build_receiver(&build).unwrap();
         let addrs = receiver.local_addrs();
         assert_eq!(addrs.grpc(), None, "not bound before start");
-        let recorder = Arc::new(Recorder {
-            batches: Mutex::new(Vec::new()),
-            answer: Mutex::new(Answer::Accept),
-        });
+        let recorder = Recorder::new();
         let shutdown = CancellationToken::new();
         let spans = Arc::new(SpanRecorder::default());
         let serve = Box::new(receiver)
@@ -149,11 +110,11 @@ impl Harness {
     }
 
     fn answer(&self, answer: Answer) {
-        *self.recorder.answer.lock().unwrap() = answer;
+        self.recorder.answer(answer);
     }
 
     fn batches(&self) -> Vec<(Vec<Envelope>, Arc<BatchMeta>)> {
-        self.recorder.batches.lock().unwrap().clone()
+        self.recorder.batches()
     }
 
     fn metric(&self, needle: &str) -> bool {
@@ -165,27 +126,7 @@ impl Harness {
     }
 
     async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Bytes) -> Reply {
-        let stream = tokio::net::TcpStream::connect(self.http).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", self.http.to_string());
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let resp = sender
-            .send_request(req.body(Full::new(body)).unwrap())
-            .await
-            .unwrap();
-        Reply {
-            status: resp.status().as_u16(),
-            headers: resp.headers().clone(),
-            body: resp.into_body().collect().await.unwrap().to_bytes(),
-        }
+        common::send(self.http, method, path, headers, body).await
     }
 
     async fn client(&self) -> ProfilesServiceClient<tonic::transport::Channel> {
@@ -203,21 +144,7 @@ impl Harness {
     }
 }
 
-struct Reply {
-    status: u16,
-    headers: hyper::HeaderMap,
-    body: Bytes,
-}
-
 impl Reply {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
     fn response(&self) -> collector::ExportProfilesServiceResponse {
         assert_eq!(self.status, 200, "{}", self.text());
         collector::ExportProfilesServiceResponse::decode(self.body.as_ref()).unwrap()

@@ -5,20 +5,15 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use base64::Engine;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use proflow_config::ByteSize;
-use proflow_pipeline::component::{
-    Admission, BuildContext, ConsumeError, Consumer, Receiver, ReceiverConfig, ReceiverContext,
-};
+use proflow_pipeline::component::{BuildContext, Receiver, ReceiverConfig, ReceiverContext};
 use proflow_pipeline::memory::MemoryBudget;
-use proflow_pipeline::model::{Batch, BatchMeta, Envelope, ValueType};
+use proflow_pipeline::model::{BatchMeta, Envelope, ValueType};
 use proflow_pipeline::pprof::{self, ProfileBuilder};
 use proflow_pipeline::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
 use proflow_pipeline::telemetry::Telemetry;
@@ -27,41 +22,10 @@ use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+mod common;
+use common::{Answer, Recorder, Reply};
+
 // ------------------------------------------------------------------ harness
-
-#[derive(Clone, Debug)]
-enum Answer {
-    Accept,
-    Backpressure(Duration),
-    ShuttingDown,
-}
-
-/// Records every batch it is given and answers as told.
-struct Recorder {
-    batches: Mutex<Vec<Vec<Envelope>>>,
-    metas: Mutex<Vec<Arc<BatchMeta>>>,
-    answer: Mutex<Answer>,
-}
-
-#[async_trait]
-impl Consumer for Recorder {
-    async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError> {
-        assert_eq!(admission, Admission::Refuse, "a push receiver cannot wait");
-        let answer = self.answer.lock().unwrap().clone();
-        match answer {
-            Answer::Accept => {
-                self.metas.lock().unwrap().push(batch.meta.clone());
-                self.batches.lock().unwrap().push(batch.envelopes);
-                Ok(())
-            }
-            Answer::Backpressure(retry_after) => Err(ConsumeError::Backpressure {
-                exporter: "slow".into(),
-                retry_after,
-            }),
-            Answer::ShuttingDown => Err(ConsumeError::ShuttingDown),
-        }
-    }
-}
 
 struct Harness {
     addr: SocketAddr,
@@ -87,11 +51,7 @@ impl Harness {
         let receiver = config.build_receiver(&build).unwrap();
         let local_addr = receiver.local_addr();
         assert_eq!(local_addr.get(), None, "not bound before start");
-        let recorder = Arc::new(Recorder {
-            batches: Mutex::new(Vec::new()),
-            metas: Mutex::new(Vec::new()),
-            answer: Mutex::new(Answer::Accept),
-        });
+        let recorder = Recorder::new();
         let shutdown = CancellationToken::new();
         let serve = Box::new(receiver)
             .start(ReceiverContext {
@@ -118,15 +78,23 @@ impl Harness {
     }
 
     fn answer(&self, answer: Answer) {
-        *self.recorder.answer.lock().unwrap() = answer;
+        self.recorder.answer(answer);
     }
 
     fn batches(&self) -> Vec<Vec<Envelope>> {
-        self.recorder.batches.lock().unwrap().clone()
+        self.recorder
+            .batches()
+            .into_iter()
+            .map(|(b, _)| b)
+            .collect()
     }
 
     fn metas(&self) -> Vec<Arc<BatchMeta>> {
-        self.recorder.metas.lock().unwrap().clone()
+        self.recorder
+            .batches()
+            .into_iter()
+            .map(|(_, m)| m)
+            .collect()
     }
 
     fn metric(&self, needle: &str) -> bool {
@@ -138,30 +106,7 @@ impl Harness {
     }
 
     async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Bytes) -> Reply {
-        let stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", self.addr.to_string());
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let resp = sender
-            .send_request(req.body(Full::new(body)).unwrap())
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        common::send(self.addr, method, path, headers, body).await
     }
 
     /// A good request still works (the server survived what came before).
@@ -187,17 +132,7 @@ impl Harness {
     }
 }
 
-struct Reply {
-    status: u16,
-    headers: hyper::HeaderMap,
-    body: Bytes,
-}
-
 impl Reply {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
     /// The Connect-style error body: (code, message).
     fn error(&self) -> (String, String) {
         assert_eq!(
@@ -943,11 +878,7 @@ async fn bind_errors_name_the_address() {
         telemetry,
     };
     let receiver = config.build(&build).unwrap();
-    let recorder = Arc::new(Recorder {
-        batches: Mutex::new(Vec::new()),
-        metas: Mutex::new(Vec::new()),
-        answer: Mutex::new(Answer::Accept),
-    });
+    let recorder = Recorder::new();
     let err = match receiver
         .start(ReceiverContext {
             id: build.id.clone(),
