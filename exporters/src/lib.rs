@@ -39,6 +39,10 @@ pub mod pyroscope;
 #[cfg_attr(not(any(feature = "otlp", feature = "parca")), allow(dead_code))]
 mod grpc;
 
+// The in-process server of the HTTP and gRPC exporters' unit tests.
+#[cfg(all(test, any(feature = "otlp", feature = "parca", feature = "pyroscope")))]
+mod test_peer;
+
 #[cfg(feature = "file")]
 pub use error::Error;
 

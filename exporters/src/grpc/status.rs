@@ -38,6 +38,26 @@ pub(crate) struct RpcStatus {
     pub details: Vec<RpcAny>,
 }
 
+impl RpcStatus {
+    /// RESOURCE_EXHAUSTED asking to wait `seconds` (a `RetryInfo`), encoded:
+    /// the refusal tests make a peer give.
+    #[cfg(test)]
+    pub(crate) fn retry_after_encoded(seconds: i64) -> Vec<u8> {
+        RpcStatus {
+            code: 8,
+            message: "slow down".into(),
+            details: vec![RpcAny {
+                type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
+                value: RetryInfo {
+                    retry_delay: Some(ProtoDuration { seconds, nanos: 0 }),
+                }
+                .encode_to_vec(),
+            }],
+        }
+        .encode_to_vec()
+    }
+}
+
 /// `google.protobuf.Any`.
 #[derive(Clone, PartialEq, Message)]
 pub(crate) struct RpcAny {

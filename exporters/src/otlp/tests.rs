@@ -32,7 +32,7 @@ use tokio::net::TcpListener;
 
 use super::transport::EXPORT_PATH;
 use super::*;
-use crate::grpc::status::{ProtoDuration, RetryInfo, RpcAny, RpcStatus};
+use crate::grpc::status::RpcStatus;
 use proflow_pipeline::otlp::SharedDictionary;
 
 // ------------------------------------------------------------------ config
@@ -412,13 +412,11 @@ impl Peer {
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let service = hyper::service::service_fn(move |req| {
+        crate::test_peer::serve(stream, move |req| {
             let peer = self.clone();
-            async move { Ok::<_, Infallible>(peer.answer(req).await) }
-        });
-        let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-            .await;
+            async move { peer.answer(req).await }
+        })
+        .await;
     }
 
     async fn answer(&self, req: http::Request<Incoming>) -> Response<Framed> {
@@ -562,21 +560,6 @@ fn function_names(r: &ExportProfilesServiceRequest) -> Vec<String> {
     names
 }
 
-fn retry_info_status(seconds: i64) -> Vec<u8> {
-    RpcStatus {
-        code: 8,
-        message: "slow down".into(),
-        details: vec![RpcAny {
-            type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
-            value: RetryInfo {
-                retry_delay: Some(ProtoDuration { seconds, nanos: 0 }),
-            }
-            .encode_to_vec(),
-        }],
-    }
-    .encode_to_vec()
-}
-
 #[tokio::test]
 async fn grpc_sends_one_request_per_tenant_with_headers_and_gzip() {
     let peer = Peer::default();
@@ -644,7 +627,7 @@ async fn grpc_resource_exhausted_with_retry_info_is_retryable_after_its_delay() 
     peer.then(Reply::GrpcError {
         code: 8,
         message: "rate limited".into(),
-        details: Some(retry_info_status(4)),
+        details: Some(RpcStatus::retry_after_encoded(4)),
     })
     .then(Reply::GrpcError {
         code: 8,

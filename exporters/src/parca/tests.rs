@@ -5,7 +5,6 @@
 //! gRPC peer.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
@@ -27,7 +26,7 @@ use tokio::net::TcpListener;
 
 use super::wire::{WriteRawRequest, build_request, profile_name, series_labels};
 use super::*;
-use crate::grpc::status::{ProtoDuration, RetryInfo, RpcAny, RpcStatus};
+use crate::grpc::status::RpcStatus;
 
 // ------------------------------------------------------------------ config
 
@@ -306,26 +305,12 @@ impl Peer {
     }
 
     async fn start(&self) -> SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let peer = self.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let peer = peer.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let peer = peer.clone();
-                        async move { Ok::<_, Infallible>(peer.answer(req).await) }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-                });
-            }
-        });
-        addr
+        crate::test_peer::listen(move |req| {
+            let peer = peer.clone();
+            async move { peer.answer(req).await }
+        })
+        .await
     }
 
     async fn answer(&self, req: http::Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
@@ -393,21 +378,6 @@ fn batch(envelopes: Vec<Envelope>) -> ExportBatch {
     b
 }
 
-fn retry_info_status(seconds: i64) -> Vec<u8> {
-    RpcStatus {
-        code: 8,
-        message: "slow down".into(),
-        details: vec![RpcAny {
-            type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
-            value: RetryInfo {
-                retry_delay: Some(ProtoDuration { seconds, nanos: 0 }),
-            }
-            .encode_to_vec(),
-        }],
-    }
-    .encode_to_vec()
-}
-
 #[tokio::test]
 async fn write_raw_carries_headers_token_and_series() {
     let peer = Peer::default();
@@ -458,7 +428,7 @@ async fn answers_are_classified_and_invalid_argument_is_permanent() {
     .then(Reply::Error {
         code: 8,
         message: "slow down",
-        details: Some(retry_info_status(2)),
+        details: Some(RpcStatus::retry_after_encoded(2)),
     })
     .then(Reply::Error {
         code: 8,

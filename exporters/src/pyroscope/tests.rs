@@ -3,7 +3,6 @@
 //! answers a real Pyroscope cannot be made to give on demand (503 with
 //! `Retry-After`, a 400 with a message) from an in-process hyper server.
 
-use std::convert::Infallible;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -262,26 +261,12 @@ impl Peer {
     }
 
     async fn start(&self) -> SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let peer = self.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let peer = peer.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let peer = peer.clone();
-                        async move { Ok::<_, Infallible>(peer.answer(req).await) }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-                });
-            }
-        });
-        addr
+        crate::test_peer::listen(move |req| {
+            let peer = peer.clone();
+            async move { peer.answer(req).await }
+        })
+        .await
     }
 
     async fn answer(&self, req: http::Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
