@@ -10,8 +10,13 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
+#[path = "../names/mod.rs"]
+pub mod names;
 #[path = "../peer_skip/mod.rs"]
 pub mod peer_skip;
+
+#[allow(unused_imports)]
+pub use names::now_nanos;
 // Certificates made at test time (tests/tls_auth.rs, tests/otlp_receiver.rs).
 #[allow(unused_imports)]
 pub use proflow_pipeline::test_pki as pki;
@@ -886,23 +891,10 @@ fn parse_labels(s: &str) -> BTreeMap<String, String> {
     out
 }
 
-/// A name unique to this test run, usable as a service name.
+/// A name unique among every run (a reused peer may keep older runs' data),
+/// usable as a service name: `prefix-` and a unique tail.
 pub fn unique_name(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Unix time now, in nanoseconds.
-pub fn now_nanos() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
+    names::unique(&format!("{prefix}-"))
 }
 
 /// Pyroscope's push messages as the Connect endpoint

@@ -26,8 +26,13 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
+#[path = "../names/mod.rs"]
+pub mod names;
 #[path = "../peer_skip/mod.rs"]
 pub mod peer_skip;
+
+#[allow(unused_imports)]
+pub use names::{now_nanos, unique};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -481,21 +486,4 @@ pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T>
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-}
-
-/// A name unique to this test run, so a reused peer's old data never matches.
-pub fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("{prefix}{}x{nanos}", std::process::id())
-}
-
-/// Now in Unix nanoseconds.
-pub fn now_nanos() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
 }
