@@ -31,5 +31,5 @@ pub use sending::{
     WhenFull, queue_problems,
 };
 pub use tls::{ServerTlsSettings, TlsVersion};
-pub use validate::{BuildError, FieldError, Validate, joined_problems};
+pub use validate::{BuildError, FieldError, Validate, joined_problems, no_problems};
 pub use values::{ByteSize, Duration, null_as_default};

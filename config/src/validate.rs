@@ -1,6 +1,7 @@
 //! What every component config answers to: [`Validate`] reports every
 //! problem as a [`FieldError`] (a dotted path relative to the component's
-//! body and what to do), and [`joined_problems`] makes them one message;
+//! body and what to do), and [`joined_problems`] makes them one message
+//! ([`no_problems`]: one error);
 //! a config that passed but could not be built says so as a [`BuildError`].
 
 /// A problem found by [`Validate::validate`]: `path` is relative to the
@@ -27,6 +28,17 @@ pub fn joined_problems(problems: &[FieldError]) -> String {
         .map(|p| format!("{}: {}", p.path, p.message))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// `Ok` when there is no problem, else every problem in one [`BuildError`]
+/// (`path: message; …`): what a component's `build` says of a config that
+/// did not pass its checks.
+pub fn no_problems(problems: Vec<FieldError>) -> Result<(), BuildError> {
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(BuildError(joined_problems(&problems)))
+    }
 }
 
 /// Checks a config and reports every problem, not just the first.

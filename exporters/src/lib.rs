@@ -48,14 +48,6 @@ pub use error::Error;
 
 use proflow_pipeline::registry::Factory;
 
-/// Config problems as one build error message (the pipeline's helper).
-#[cfg(any(
-    feature = "otlp",
-    feature = "parca",
-    feature = "pyroscope",
-    feature = "kafka"
-))]
-pub(crate) use proflow_pipeline::component::joined_problems;
 #[cfg(any(
     feature = "file",
     feature = "nop",

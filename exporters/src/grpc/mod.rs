@@ -113,8 +113,6 @@ impl TlsSettings {
     }
 }
 
-pub(crate) use crate::joined_problems;
-
 /// An absolute `http://` or `https://` URL with a host.
 pub(crate) fn parse_url(text: &str) -> Result<Uri, String> {
     let uri: Uri = text
@@ -187,22 +185,29 @@ pub(crate) const RESERVED_HEADERS: [&str; 7] = [
     "connection",
 ];
 
+/// Why a gRPC exporter does not take a configured header (`lower`, its name
+/// in lowercase), if it does not: the reserved ones and `grpc-*` are set by
+/// the exporter itself, from the settings `set_by` names.
+pub(crate) fn set_by_grpc(set_by: &str) -> impl Fn(&str) -> Option<String> + '_ {
+    move |lower| {
+        (RESERVED_HEADERS.contains(&lower) || lower.starts_with("grpc-"))
+            .then(|| format!("is set by the exporter itself ({set_by}); remove it"))
+    }
+}
+
 /// Configured `headers` as a map, or every problem with them (paths
-/// `headers.<name>`); `set_by` says which settings set the reserved ones.
+/// `headers.<name>`); `refuse` says why a header (given its lowercase
+/// name) may not be configured, if it may not.
 pub(crate) fn header_map(
     headers: &BTreeMap<String, String>,
-    set_by: &str,
+    refuse: impl Fn(&str) -> Option<String>,
 ) -> Result<HeaderMap, Vec<FieldError>> {
     let mut map = HeaderMap::new();
     let mut problems = Vec::new();
     for (name, value) in headers {
         let path = format!("headers.{name}");
-        let lower = name.to_ascii_lowercase();
-        if RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("grpc-") {
-            problems.push(FieldError::new(
-                path,
-                format!("is set by the exporter itself ({set_by}); remove it"),
-            ));
+        if let Some(why) = refuse(&name.to_ascii_lowercase()) {
+            problems.push(FieldError::new(path, why));
             continue;
         }
         let parsed_name = HeaderName::from_bytes(name.as_bytes());

@@ -44,6 +44,7 @@ use proflow_kafka::{
     self as kafka, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
     TopicTemplate,
 };
+use proflow_pipeline::component::no_problems;
 use proflow_pipeline::component::{
     BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
     Validate,
@@ -257,10 +258,7 @@ impl KafkaExporterConfig {
     /// The exporter as its concrete type.
     pub fn build_kafka(&self, ctx: &BuildContext) -> Result<KafkaExporter, BuildError> {
         let fail = |m: String| BuildError::new(format!("exporter `{}`: {m}", ctx.id));
-        let problems = self.validate();
-        if !problems.is_empty() {
-            return Err(fail(crate::joined_problems(&problems)));
-        }
+        no_problems(self.validate()).map_err(|e| fail(e.0))?;
         let topic = TopicTemplate::parse(&self.topic).map_err(fail)?;
         let mut config = ClientConfig::new();
         for (k, v) in self.properties().map_err(fail)? {

@@ -301,7 +301,10 @@ impl OtlpExporterConfig {
 
     /// The configured headers, or every problem with them.
     fn header_map(&self) -> Result<HeaderMap, Vec<FieldError>> {
-        grpc::header_map(&self.headers, "from `protocol`, `encoding`, `compression`")
+        grpc::header_map(
+            &self.headers,
+            grpc::set_by_grpc("from `protocol`, `encoding`, `compression`"),
+        )
     }
 }
 
@@ -351,7 +354,7 @@ impl OtlpExporterConfig {
             BuildError::new(format!(
                 "exporter `{}`: {}",
                 ctx.id,
-                crate::grpc::joined_problems(&problems)
+                proflow_pipeline::component::joined_problems(&problems)
             ))
         };
         let wire = self.wire().map_err(fail)?;

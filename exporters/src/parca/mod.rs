@@ -40,6 +40,7 @@ use http::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use proflow_config::Duration;
+use proflow_pipeline::component::no_problems;
 use proflow_pipeline::component::{
     BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Validate,
 };
@@ -142,7 +143,10 @@ impl ParcaExporterConfig {
     }
 
     fn header_map(&self) -> Result<HeaderMap, Vec<FieldError>> {
-        grpc::header_map(&self.headers, "gRPC framing and `bearer_token`")
+        grpc::header_map(
+            &self.headers,
+            grpc::set_by_grpc("gRPC framing and `bearer_token`"),
+        )
     }
 }
 
@@ -246,10 +250,7 @@ impl ParcaExporterConfig {
     /// The exporter as its concrete type.
     pub fn build_parca(&self, ctx: &BuildContext) -> Result<ParcaExporter, BuildError> {
         let fail = |message: String| BuildError::new(format!("exporter `{}`: {message}", ctx.id));
-        let problems = self.validate();
-        if !problems.is_empty() {
-            return Err(fail(crate::grpc::joined_problems(&problems)));
-        }
+        no_problems(self.validate()).map_err(|e| fail(e.0))?;
         let origin = self
             .origin(&mut Vec::new())
             .ok_or_else(|| fail("`endpoint` is not usable".to_owned()))?;

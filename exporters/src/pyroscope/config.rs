@@ -154,52 +154,23 @@ impl PyroscopeExporterConfig {
 
     /// The configured headers, or every problem with them.
     pub(super) fn header_map(&self) -> Result<HeaderMap, Vec<FieldError>> {
-        let mut map = HeaderMap::new();
-        let mut problems = Vec::new();
         let auth = self.basic_auth.is_some()
             || self.bearer_token.is_some()
             || self.bearer_token_file.is_some();
-        for (name, value) in &self.headers {
-            let path = format!("headers.{name}");
-            let lower = name.to_ascii_lowercase();
-            if RESERVED_HEADERS.contains(&lower.as_str()) {
-                problems.push(FieldError::new(
-                    path,
-                    "is set by the exporter itself; remove it",
-                ));
-                continue;
+        let (mut map, mut problems) = match crate::grpc::header_map(&self.headers, |lower| {
+            if RESERVED_HEADERS.contains(&lower) {
+                Some("is set by the exporter itself; remove it".into())
+            } else if lower == "authorization" && auth {
+                Some("conflicts with `basic_auth`/`bearer_token`: keep one of them".into())
+            } else if lower == "x-scope-orgid" && self.tenant_id.is_some() {
+                Some("conflicts with `tenant_id`: keep one of them".into())
+            } else {
+                None
             }
-            if lower == "authorization" && auth {
-                problems.push(FieldError::new(
-                    path,
-                    "conflicts with `basic_auth`/`bearer_token`: keep one of them",
-                ));
-                continue;
-            }
-            if lower == "x-scope-orgid" && self.tenant_id.is_some() {
-                problems.push(FieldError::new(
-                    path,
-                    "conflicts with `tenant_id`: keep one of them",
-                ));
-                continue;
-            }
-            match (
-                HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(value),
-            ) {
-                (Ok(n), Ok(v)) => {
-                    map.insert(n, v);
-                }
-                (Err(_), _) => problems.push(FieldError::new(
-                    path,
-                    "is not a valid header name (letters, digits and `-`)",
-                )),
-                (_, Err(_)) => problems.push(FieldError::new(
-                    path,
-                    "has a value that is not a valid header value (visible ASCII, no line breaks)",
-                )),
-            }
-        }
+        }) {
+            Ok(map) => (map, Vec::new()),
+            Err(problems) => (HeaderMap::new(), problems),
+        };
         if let Some(t) = &self.tenant_id {
             match HeaderValue::from_str(t) {
                 Ok(v) if !t.is_empty() => {

@@ -46,6 +46,7 @@ use http::header::{
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use proflow_config::Duration;
+use proflow_pipeline::component::no_problems;
 use proflow_pipeline::component::{
     BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
     Validate,
@@ -98,10 +99,7 @@ impl PyroscopeExporterConfig {
     /// The exporter as its concrete type (tests read its state).
     pub fn build_pyroscope(&self, ctx: &BuildContext) -> Result<PyroscopeExporter, BuildError> {
         let fail = |m: String| BuildError::new(format!("exporter `{}`: {m}", ctx.id));
-        let problems = self.validate();
-        if !problems.is_empty() {
-            return Err(fail(crate::grpc::joined_problems(&problems)));
-        }
+        no_problems(self.validate()).map_err(|e| fail(e.0))?;
         let base = self.base_url().map_err(|e| fail(e.message))?;
         let mut headers = self.header_map().map_err(|_| fail("headers".into()))?;
         if let Some(v) = self.authorization().map_err(fail)? {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-pub use proflow_config::{BuildError, FieldError, Validate, joined_problems};
+pub use proflow_config::{BuildError, FieldError, Validate, joined_problems, no_problems};
 pub use proflow_net::error_chain;
 
 use crate::memory::MemoryBudget;

@@ -44,6 +44,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use proflow_pipeline::component::no_problems;
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
@@ -65,12 +66,7 @@ impl Validate for SymbolizeProcessorConfig {
 
 impl ProcessorConfig for SymbolizeProcessorConfig {
     fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Processor>, BuildError> {
-        let problems = self.problems();
-        if !problems.is_empty() {
-            return Err(BuildError::new(
-                proflow_pipeline::component::joined_problems(&problems),
-            ));
-        }
+        no_problems(self.problems())?;
         let telemetry = ctx.telemetry.symbolize(&ctx.id);
         let urls = self.debuginfod.resolved_urls();
         let debuginfod = if urls.is_empty() {

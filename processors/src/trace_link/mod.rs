@@ -79,8 +79,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use proflow_pipeline::component::no_problems;
 use proflow_pipeline::component::{
-    BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate, joined_problems,
+    BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
 use proflow_pipeline::model::{BatchMeta, Envelope, Format, Payload};
 use proflow_pipeline::otlp::{self as potlp, Lost, OtlpProfiles, ProfileData};
@@ -135,10 +136,7 @@ impl ProcessorConfig for TraceLinkProcessorConfig {
         ctx: &BuildContext,
         downstream: &[Format],
     ) -> Result<Arc<dyn Processor>, BuildError> {
-        let problems = self.problems();
-        if !problems.is_empty() {
-            return Err(BuildError::new(joined_problems(&problems)));
-        }
+        no_problems(self.problems())?;
         Ok(Arc::new(TraceLinkProcessor::new(
             self,
             downstream.contains(&Format::Otlp),

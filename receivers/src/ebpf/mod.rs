@@ -93,6 +93,7 @@ use async_trait::async_trait;
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use proflow_pipeline::component::no_problems;
 use proflow_pipeline::component::{
     Admission, BuildContext, BuildError, ConsumeError, FieldError, Receiver, ReceiverConfig,
     ReceiverContext, ServeFuture, Validate,
@@ -122,12 +123,7 @@ impl Validate for EbpfReceiverConfig {
 
 impl ReceiverConfig for EbpfReceiverConfig {
     fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Receiver>, BuildError> {
-        let problems = self.problems();
-        if !problems.is_empty() {
-            return Err(BuildError::new(
-                proflow_pipeline::component::joined_problems(&problems),
-            ));
-        }
+        no_problems(self.problems())?;
         let relabel = Relabeler::new(&self.relabel_configs)?;
         Ok(Box::new(EbpfReceiver {
             config: self.clone(),

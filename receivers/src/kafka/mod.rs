@@ -48,9 +48,10 @@ use proflow_config::{ByteSize, Duration};
 use proflow_kafka::{
     self as kafka, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
 };
+use proflow_pipeline::component::no_problems;
 use proflow_pipeline::component::{
     Admission, BuildContext, BuildError, ConsumeError, FieldError, Receiver, ReceiverConfig,
-    ReceiverContext, ServeFuture, Validate, joined_problems,
+    ReceiverContext, ServeFuture, Validate,
 };
 use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{Batch, BatchMeta, batch_bytes};
@@ -300,10 +301,7 @@ impl ReceiverConfig for KafkaReceiverConfig {
 
     fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Receiver>, BuildError> {
         let fail = |m: String| BuildError::new(format!("receiver `{}`: {m}", ctx.id));
-        let problems = self.validate();
-        if !problems.is_empty() {
-            return Err(fail(joined_problems(&problems)));
-        }
+        no_problems(self.validate()).map_err(|e| fail(e.0))?;
         Ok(Box::new(KafkaReceiver {
             properties: self.properties().map_err(fail)?,
             topics: self.topics.clone(),

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use proflow_pipeline::component::no_problems;
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, ReceiverContext, ServeFuture,
     Validate,
@@ -73,12 +74,7 @@ pub struct ScrapeReceiver {
 
 impl ReceiverConfig for ScrapeReceiverConfig {
     fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Receiver>, BuildError> {
-        let problems = self.problems();
-        if !problems.is_empty() {
-            return Err(BuildError::new(
-                proflow_pipeline::component::joined_problems(&problems),
-            ));
-        }
+        no_problems(self.problems())?;
         let mut jobs = Vec::new();
         let mut views = Vec::new();
         for (i, job) in self.scrape_configs.iter().enumerate() {
