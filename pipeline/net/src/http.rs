@@ -18,7 +18,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::error_chain;
+use crate::error_chain::error_chain;
 use crate::tls::ClientTls;
 
 /// Most redirects one request follows (Go's and Prometheus's limit).
@@ -145,7 +145,7 @@ impl HttpClient {
         &self,
         url: Uri,
         limit: usize,
-        grant: &mut crate::memory::MemoryGrant,
+        grant: &mut proflow_model::memory::MemoryGrant,
     ) -> Result<Bytes, FetchError> {
         use crate::server::body::{BodyError, read_body};
         let response = self.response(url).await?;

@@ -7,21 +7,8 @@
 //!
 //! It depends on `proflow-config` and `proflow-model` only.
 
-/// An error and its sources, `a: b: c` (hyper's and tonic's errors say
-/// what went wrong only in their sources).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
-}
+mod error_chain;
+pub use error_chain::error_chain;
 
 #[cfg(feature = "http-client")]
 pub mod http;
@@ -32,4 +19,3 @@ pub mod tls;
 pub mod url;
 
 // The memory budget, named `crate::memory` by the network code.
-use proflow_model::memory;

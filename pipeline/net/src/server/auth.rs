@@ -1,6 +1,6 @@
 //! `auth` of a receiver: bearer tokens from a file and/or HTTP basic auth
 //! from an htpasswd file (bcrypt). Both files are read again when they change
-//! (checked every [`RELOAD_EVERY`](super::tls::RELOAD_EVERY)); a change that
+//! (checked every [`RELOAD_EVERY`](super::watch::RELOAD_EVERY)); a change that
 //! does not load is logged and the previous credentials stay.
 //!
 //! Token file: one token per line, optionally followed by whitespace and the
@@ -140,7 +140,7 @@ impl Authenticator {
         stop: CancellationToken,
     ) -> Result<Arc<Authenticator>, String> {
         // Stamped before reading, so a change made meanwhile is seen.
-        let stamped = super::stamps(&settings.files());
+        let stamped = super::watch::stamps(&settings.files());
         let credentials = load(&settings)?;
         let auth = Arc::new(Authenticator {
             settings,
@@ -150,7 +150,7 @@ impl Authenticator {
         });
         let watched = auth.clone();
         let what = what.to_owned();
-        super::watch_files(&auth.settings.files(), stamped, stop, move || {
+        super::watch::watch_files(&auth.settings.files(), stamped, stop, move || {
             match load(&watched.settings) {
                 Ok(c) => {
                     *watched

@@ -21,7 +21,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-use crate::memory::{self, MemoryGrant, OverBudget};
+use proflow_model::memory::{self, MemoryGrant, OverBudget};
 
 /// The smallest step the buffer grows by.
 const MIN_STEP: usize = 16 << 10;
@@ -181,8 +181,8 @@ fn next_capacity(capacity: usize, len: usize, declared: usize, limit: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryBudget;
     use http_body_util::{Full, StreamBody};
+    use proflow_model::memory::MemoryBudget;
 
     #[test]
     fn the_buffer_grows_with_what_arrived_up_to_the_declared_length() {

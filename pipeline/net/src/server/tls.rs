@@ -7,7 +7,6 @@
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
@@ -17,8 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use proflow_config::FieldError;
 
-/// How often the files are checked for changes.
-pub const RELOAD_EVERY: Duration = Duration::from_secs(1);
+pub use super::watch::RELOAD_EVERY;
 
 pub use proflow_config::{ServerTlsSettings, TlsVersion};
 
@@ -134,7 +132,7 @@ impl ServerTls {
         stop: CancellationToken,
     ) -> Result<Arc<ServerTls>, String> {
         // Stamped before reading, so a change made meanwhile is seen.
-        let stamped = super::stamps(&settings.files());
+        let stamped = super::watch::stamps(&settings.files());
         let config = settings
             .load()
             .map_err(|(field, e)| format!("tls.{field}: {e}"))?;
@@ -144,7 +142,7 @@ impl ServerTls {
         });
         let watched = tls.clone();
         let what = what.to_owned();
-        super::watch_files(&tls.settings.files(), stamped, stop, move || match watched
+        super::watch::watch_files(&tls.settings.files(), stamped, stop, move || match watched
             .settings
             .load()
         {
