@@ -1,5 +1,5 @@
 //! The envelope a profile travels in: series labels, time range, sample types,
-//! period and the payload ([`payload`]: the form the profile arrived in,
+//! period and the payload (`model/payload.rs`: the form the profile arrived in,
 //! decoded and converted only when asked), and the batches envelopes go
 //! through the pipeline in.
 
