@@ -229,9 +229,11 @@ pub(crate) mod tests {
         out.extend(s.as_bytes());
     }
 
-    /// A metadata event declaring `classes`: (id, name, fields as (name,
-    /// class id, constant pool)).
-    pub(crate) fn metadata_event(classes: &[(u64, &str, &[(&str, u64, bool)])]) -> Vec<u8> {
+    /// A field for [`metadata_event`]: name, class id, constant pool.
+    pub(crate) type TestField<'a> = (&'a str, u64, bool);
+
+    /// A metadata event declaring `classes`: (id, name, fields).
+    pub(crate) fn metadata_event(classes: &[(u64, &str, &[TestField<'_>])]) -> Vec<u8> {
         let mut strings: Vec<String> = Vec::new();
         let mut index = |s: &str| -> u64 {
             if let Some(i) = strings.iter().position(|x| x == s) {
