@@ -216,10 +216,15 @@ pub(crate) mod tests {
     /// Writes what the tests need: JFR's compressed integers and UTF-8
     /// strings.
     pub(crate) fn varint(out: &mut Vec<u8>, mut v: u64) {
-        while v >= 0x80 {
+        for _ in 0..8 {
+            if v < 0x80 {
+                out.push(v as u8);
+                return;
+            }
             out.push((v as u8) | 0x80);
             v >>= 7;
         }
+        // The ninth byte holds the last 8 bits whole.
         out.push(v as u8);
     }
 

@@ -13,6 +13,8 @@
 pub mod chunk;
 pub mod cursor;
 pub mod metadata;
+pub mod pools;
+pub mod values;
 
 /// Why a JFR file could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
