@@ -14,6 +14,7 @@ pub mod chunk;
 pub mod cursor;
 pub mod metadata;
 pub mod pools;
+pub mod stacks;
 pub mod values;
 
 /// Why a JFR file could not be read.
