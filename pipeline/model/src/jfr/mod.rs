@@ -12,6 +12,7 @@
 
 pub mod chunk;
 pub mod cursor;
+pub mod events;
 pub mod metadata;
 pub mod pools;
 pub mod stacks;

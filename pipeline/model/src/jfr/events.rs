@@ -1,0 +1,51 @@
+//! The events of a chunk, one after the other from the end of the header:
+//! each is its size (counting itself), its type id and its class's fields.
+//! Metadata (type 0) and constant pools (type 1) are passed over, and so is
+//! every event of a class the caller does not want; an event that claims
+//! more bytes than the chunk has left ends the reading with an error.
+
+use super::chunk::HEADER_LEN;
+use super::cursor::Cursor;
+use super::metadata::{Class, Metadata};
+use super::values::{Value, read_class};
+use super::{JfrError, Result};
+
+/// Calls `f` with each event of a class `wanted` says yes to, in the order
+/// of the chunk (`chunk`: its bytes, header included).
+pub fn for_each<'m>(
+    chunk: &[u8],
+    md: &'m Metadata,
+    wanted: impl Fn(&Class) -> bool,
+    mut f: impl FnMut(&'m Class, Value) -> Result<()>,
+) -> Result<()> {
+    let mut c = Cursor::new(chunk);
+    c.seek(HEADER_LEN)?;
+    while c.remaining() > 0 {
+        let start = c.position();
+        let available = c.remaining();
+        let size = c.varint("an event's size")?;
+        let end = usize::try_from(size)
+            .ok()
+            .filter(|&s| s > 0 && s <= available)
+            .map(|s| start + s)
+            .ok_or_else(|| JfrError::Invalid {
+                what: format!("an event of {size} bytes, with {available} left in the chunk"),
+                at: start,
+            })?;
+        let ty = c.varint("an event's type")?;
+        if ty > 1
+            && let Some(class) = md.classes.get(&ty).filter(|c| wanted(c))
+        {
+            let value = read_class(&mut c, md, class, 0)?;
+            if c.position() > end {
+                return Err(JfrError::Invalid {
+                    what: format!("a {} event runs past its size of {size} bytes", class.name),
+                    at: start,
+                });
+            }
+            f(class, value)?;
+        }
+        c.seek(end)?;
+    }
+    Ok(())
+}
