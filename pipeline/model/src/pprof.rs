@@ -596,7 +596,12 @@ fn scan_value_type(buf: &[u8]) -> Result<(i64, i64), DecodeError> {
 pub struct ProfileBuilder {
     profile: Profile,
     strings: std::collections::HashMap<String, i64>,
+    /// Function name → the location of its line-less frame.
     functions: std::collections::HashMap<i64, u64>,
+    /// Function name → function id.
+    function_ids: std::collections::HashMap<i64, u64>,
+    /// (function id, line) → location id, for frames with a line.
+    lines: std::collections::HashMap<(u64, i64), u64>,
 }
 
 impl ProfileBuilder {
@@ -661,6 +666,32 @@ impl ProfileBuilder {
         if let Some(&loc) = self.functions.get(&name_idx) {
             return loc;
         }
+        let function = self.function(name_idx);
+        let id = self.location(function, 0);
+        self.functions.insert(name_idx, id);
+        id
+    }
+
+    /// The location id of a frame in function `name` at `line` (one
+    /// location per function and line; line 0 is the function-only frame).
+    pub fn frame_at(&mut self, name: &str, line: i64) -> u64 {
+        if line == 0 {
+            return self.frame(name);
+        }
+        let name_idx = self.intern(name);
+        let function = self.function(name_idx);
+        if let Some(&loc) = self.lines.get(&(function, line)) {
+            return loc;
+        }
+        let id = self.location(function, line);
+        self.lines.insert((function, line), id);
+        id
+    }
+
+    fn function(&mut self, name_idx: i64) -> u64 {
+        if let Some(&id) = self.function_ids.get(&name_idx) {
+            return id;
+        }
         let id = self.profile.function.len() as u64 + 1;
         self.profile.function.push(Function {
             id,
@@ -669,19 +700,49 @@ impl ProfileBuilder {
             filename: 0,
             start_line: 0,
         });
+        self.function_ids.insert(name_idx, id);
+        id
+    }
+
+    fn location(&mut self, function_id: u64, line: i64) -> u64 {
+        let id = self.profile.location.len() as u64 + 1;
         self.profile.location.push(Location {
             id,
             mapping_id: 0,
             address: 0,
             line: vec![Line {
-                function_id: id,
-                line: 0,
+                function_id,
+                line,
                 column: 0,
             }],
             is_folded: false,
         });
-        self.functions.insert(name_idx, id);
         id
+    }
+
+    /// Adds a sample of `locations` (leaf first, as pprof keeps them) with
+    /// string labels.
+    pub fn sample_with_labels(
+        &mut self,
+        locations: Vec<u64>,
+        values: Vec<i64>,
+        labels: &[(&str, &str)],
+    ) -> &mut Self {
+        let label = labels
+            .iter()
+            .map(|(k, v)| Label {
+                key: self.intern(k),
+                str: self.intern(v),
+                num: 0,
+                num_unit: 0,
+            })
+            .collect();
+        self.profile.sample.push(Sample {
+            location_id: locations,
+            value: values,
+            label,
+        });
+        self
     }
 
     /// Adds a sample whose stack is given root first (as folded text writes it).

@@ -11,6 +11,7 @@
 //! receivers; it depends on nothing of proflow.
 
 pub mod chunk;
+pub mod convert;
 pub mod cursor;
 pub mod events;
 pub mod metadata;
