@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 
+use super::Result;
 use super::chunk::ChunkHeader;
 use super::cursor::{Cursor, JfrString};
 use super::events;
@@ -28,7 +29,6 @@ use super::metadata::{Class, Metadata};
 use super::pools::Pools;
 use super::stacks::Stacks;
 use super::values::Value;
-use super::Result;
 use crate::pprof::{Profile, ProfileBuilder};
 
 /// Pyroscope's sample rate when the client names none.
@@ -41,6 +41,10 @@ pub struct Converted {
     pub name: &'static str,
     pub profile: Profile,
 }
+
+/// Samples of one kind by stack (frame names and lines, leaf first):
+/// their summed values.
+type Summed = HashMap<Vec<(String, u32)>, Vec<i64>>;
 
 /// What a kind of event becomes.
 struct Kind {
@@ -113,7 +117,7 @@ pub fn to_pprof(jfr: &[u8], sample_rate: u32, from: i64, until: i64) -> Result<V
         1_000_000_000 / i64::from(sample_rate)
     };
     // Samples by kind, then by stack: summed values.
-    let mut kinds: Vec<(&'static Kind, HashMap<Vec<(String, u32)>, Vec<i64>>)> = Vec::new();
+    let mut kinds: Vec<(&'static Kind, Summed)> = Vec::new();
     let mut c = Cursor::new(jfr);
     while c.remaining() > 0 {
         let start = c.position();
