@@ -25,6 +25,7 @@ use super::Result;
 use super::chunk::ChunkHeader;
 use super::cursor::{Cursor, JfrString};
 use super::events;
+use super::labels::LabelsSnapshot;
 use super::metadata::{Class, Metadata};
 use super::pools::Pools;
 use super::stacks::Stacks;
@@ -42,9 +43,9 @@ pub struct Converted {
     pub profile: Profile,
 }
 
-/// Samples of one kind by stack (frame names and lines, leaf first):
-/// their summed values.
-type Summed = HashMap<Vec<(String, u32)>, Vec<i64>>;
+/// Samples of one kind by stack (frame names and lines, leaf first) and
+/// labels: their summed values.
+type Summed = HashMap<(Vec<(String, u32)>, Vec<(String, String)>), Vec<i64>>;
 
 /// What a kind of event becomes.
 struct Kind {
@@ -110,7 +111,16 @@ const MALLOC: Kind = Kind {
 
 /// The profiles of every chunk of `jfr`, for the interval `from`..`until`
 /// (Unix nanoseconds).
-pub fn to_pprof(jfr: &[u8], sample_rate: u32, from: i64, until: i64) -> Result<Vec<Converted>> {
+/// `labels`: the agent's dynamic labels, which events name by `contextId`;
+/// an event's `spanId` becomes `profile_id` (16 hex digits) and its
+/// `spanName` `span_name`, as Pyroscope labels them.
+pub fn to_pprof(
+    jfr: &[u8],
+    labels: Option<&LabelsSnapshot>,
+    sample_rate: u32,
+    from: i64,
+    until: i64,
+) -> Result<Vec<Converted>> {
     let period = if sample_rate == 0 {
         0
     } else {
@@ -145,6 +155,27 @@ pub fn to_pprof(jfr: &[u8], sample_rate: u32, from: i64, until: i64) -> Result<V
             |class, v| {
                 let int = |name: &str| field(class, &v, name).and_then(Value::int);
                 let ticks = |name: &str| int(name).map_or(0, |t| header.ticks_to_nanos(t as i64));
+                let mut sample_labels: Vec<(String, String)> = Vec::new();
+                if let Some(snapshot) = labels {
+                    if let Some(id) = int("contextId") {
+                        sample_labels.extend(
+                            snapshot
+                                .labels(id as i64)
+                                .into_iter()
+                                .map(|(k, v)| (k.to_owned(), v.to_owned())),
+                        );
+                    }
+                    if let Some(name) = int("spanName")
+                        .filter(|&n| n != 0)
+                        .and_then(|n| snapshot.string(n as i64))
+                        .filter(|n| !n.is_empty())
+                    {
+                        sample_labels.push(("span_name".into(), name.to_owned()));
+                    }
+                }
+                if let Some(span) = int("spanId").filter(|&s| s != 0) {
+                    sample_labels.push(("profile_id".into(), format!("{span:016x}")));
+                }
                 let mut add = |kind: &'static Kind, values: Vec<i64>| {
                     let Some(key) = int("stackTrace") else { return };
                     let frames: Vec<(String, u32)> = stacks
@@ -164,7 +195,7 @@ pub fn to_pprof(jfr: &[u8], sample_rate: u32, from: i64, until: i64) -> Result<V
                     };
                     let sum = kinds[i]
                         .1
-                        .entry(frames)
+                        .entry((frames, sample_labels.clone()))
                         .or_insert_with(|| vec![0; values.len()]);
                     for (s, v) in sum.iter_mut().zip(values) {
                         *s = s.saturating_add(v);
@@ -219,12 +250,16 @@ pub fn to_pprof(jfr: &[u8], sample_rate: u32, from: i64, until: i64) -> Result<V
                 b.period(t, u, 0);
             }
             b.time(from, until.saturating_sub(from));
-            for (frames, values) in samples {
+            for ((frames, labels), values) in samples {
                 let locations = frames
                     .iter()
                     .map(|(name, line)| b.frame_at(name, i64::from(*line)))
                     .collect();
-                b.sample_with_labels(locations, values, &[]);
+                let labels: Vec<(&str, &str)> = labels
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                b.sample_with_labels(locations, values, &labels);
             }
             Converted {
                 name: kind.name,

@@ -14,6 +14,7 @@ pub mod chunk;
 pub mod convert;
 pub mod cursor;
 pub mod events;
+pub mod labels;
 pub mod metadata;
 pub mod pools;
 pub mod stacks;
