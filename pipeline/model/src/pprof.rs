@@ -602,6 +602,10 @@ pub struct ProfileBuilder {
     function_ids: std::collections::HashMap<i64, u64>,
     /// (function id, line) → location id, for frames with a line.
     lines: std::collections::HashMap<(u64, i64), u64>,
+    /// The bytes of every string interned, and of every sample's ids,
+    /// values and labels: for [`ProfileBuilder::held_bytes`].
+    string_bytes: usize,
+    sample_bytes: usize,
 }
 
 impl ProfileBuilder {
@@ -617,6 +621,7 @@ impl ProfileBuilder {
             return i;
         }
         let i = self.profile.string_table.len() as i64;
+        self.string_bytes += s.len();
         self.profile.string_table.push(s.to_owned());
         self.strings.insert(s.to_owned(), i);
         i
@@ -736,13 +741,57 @@ impl ProfileBuilder {
                 num: 0,
                 num_unit: 0,
             })
-            .collect();
+            .collect::<Vec<Label>>();
+        self.sample_bytes += Self::sample_size(locations.len(), values.len(), label.len());
         self.profile.sample.push(Sample {
             location_id: locations,
             value: values,
             label,
         });
         self
+    }
+
+    fn sample_size(locations: usize, values: usize, labels: usize) -> usize {
+        use std::mem::size_of;
+        size_of::<Sample>()
+            + locations * size_of::<u64>()
+            + values * size_of::<i64>()
+            + labels * size_of::<Label>()
+    }
+
+    /// The most [`ProfileBuilder::held_bytes`] can grow by when a sample of
+    /// frames named `names`, `values` values and labels of `label_bytes`
+    /// bytes (`labels` of them) is added: each frame new, each string too.
+    pub fn sample_bound(
+        names: impl Iterator<Item = usize>,
+        values: usize,
+        labels: usize,
+        label_bytes: usize,
+    ) -> usize {
+        use std::mem::size_of;
+        let string = 2 * size_of::<String>() + 2 * size_of::<(String, i64)>();
+        let frame = size_of::<u64>()
+            + size_of::<Function>()
+            + 2 * size_of::<(i64, u64)>()
+            + size_of::<Location>()
+            + size_of::<Line>()
+            + 2 * size_of::<((u64, i64), u64)>()
+            + string;
+        let frames: usize = names.map(|n| frame + 2 * n).sum();
+        frames + Self::sample_size(0, values, labels) + labels * 2 * string + 2 * label_bytes
+    }
+
+    /// About what the profile made so far holds in memory, with the
+    /// builder's indexes (each entry counted twice over for a map's room).
+    pub fn held_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let p = &self.profile;
+        2 * self.string_bytes
+            + p.string_table.len() * (2 * size_of::<String>() + 2 * size_of::<(String, i64)>())
+            + p.function.len() * (size_of::<Function>() + 2 * size_of::<(i64, u64)>())
+            + p.location.len()
+                * (size_of::<Location>() + size_of::<Line>() + 2 * size_of::<((u64, i64), u64)>())
+            + self.sample_bytes
     }
 
     /// Adds a sample whose stack is given root first (as folded text writes it).
@@ -753,6 +802,7 @@ impl ProfileBuilder {
     ) -> &mut Self {
         let mut ids: Vec<u64> = stack.into_iter().map(|f| self.frame(f)).collect();
         ids.reverse();
+        self.sample_bytes += Self::sample_size(ids.len(), values.len(), 0);
         self.profile.sample.push(Sample {
             location_id: ids,
             value: values,

@@ -17,11 +17,15 @@
 //! The period is 10⁹ / `sampleRate` nanoseconds (Pyroscope's default rate
 //! is 100). Durations are converted from ticks to nanoseconds (Pyroscope
 //! takes ticks as they are, which is the same for every writer seen, all at
-//! 10⁹ ticks a second). Samples with the same stack are summed.
+//! 10⁹ ticks a second). Samples with the same stack and labels are summed.
+//!
+//! What the conversion holds is taken from the caller's [`Meter`]: the
+//! chunk's metadata and pools, each event's values while it is looked at,
+//! every distinct stack and method name, every distinct sample, and the
+//! profiles made.
 
 use std::collections::HashMap;
 
-use super::Result;
 use super::chunk::ChunkHeader;
 use super::cursor::{Cursor, JfrString};
 use super::events;
@@ -30,6 +34,7 @@ use super::metadata::{Class, Metadata};
 use super::pools::Pools;
 use super::stacks::Stacks;
 use super::values::Value;
+use super::{Meter, Result};
 use crate::pprof::{Profile, ProfileBuilder};
 
 /// Pyroscope's sample rate when the client names none.
@@ -43,9 +48,138 @@ pub struct Converted {
     pub profile: Profile,
 }
 
-/// Samples of one kind by stack (frame names and lines, leaf first) and
-/// labels: their summed values.
-type Summed = HashMap<(Vec<(String, u32)>, Vec<(String, String)>), Vec<i64>>;
+/// What tells one sample from another: its stack (its key in the chunk's
+/// pools) and what labels it: the agent's context, span id and span name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct SampleKey {
+    stack: u64,
+    context: u64,
+    span: u64,
+    span_name: u64,
+}
+
+/// Samples of one kind: their summed values.
+type Summed = HashMap<SampleKey, Vec<i64>>;
+
+/// Where the fields the conversion reads are in an event class.
+#[derive(Debug, Clone, Copy)]
+struct EventFields {
+    stack_trace: Option<usize>,
+    context_id: Option<usize>,
+    span_id: Option<usize>,
+    span_name: Option<usize>,
+    samples: Option<usize>,
+    tlab_size: Option<usize>,
+    allocation_size: Option<usize>,
+    weight: Option<usize>,
+    duration: Option<usize>,
+    size: Option<usize>,
+}
+
+impl EventFields {
+    fn of(class: &Class) -> Self {
+        let f = |name: &str| class.field(name);
+        EventFields {
+            stack_trace: f("stackTrace"),
+            context_id: f("contextId"),
+            span_id: f("spanId"),
+            span_name: f("spanName"),
+            samples: f("samples"),
+            tlab_size: f("tlabSize"),
+            allocation_size: f("allocationSize"),
+            weight: f("weight"),
+            duration: f("duration"),
+            size: f("size"),
+        }
+    }
+}
+
+/// A sample's labels: the agent's context, its span as `profile_id` (16
+/// hex digits) and its span's name as `span_name`, as Pyroscope makes them.
+fn sample_labels<'l>(
+    key: &SampleKey,
+    labels: Option<&'l LabelsSnapshot>,
+) -> Vec<(&'l str, String)> {
+    let mut out: Vec<(&str, String)> = Vec::new();
+    if let Some(snapshot) = labels {
+        if key.context != 0 {
+            out.extend(
+                snapshot
+                    .labels(key.context as i64)
+                    .into_iter()
+                    .map(|(k, v)| (k, v.to_owned())),
+            );
+        }
+        if let Some(name) = Some(key.span_name)
+            .filter(|&n| n != 0)
+            .and_then(|n| snapshot.string(n as i64))
+            .filter(|n| !n.is_empty())
+        {
+            out.push(("span_name", name.to_owned()));
+        }
+    }
+    if key.span != 0 {
+        out.push(("profile_id", format!("{:016x}", key.span)));
+    }
+    out
+}
+
+/// Each context of the agent's labels by the first context with the same
+/// labels: the agent makes a context per labelled call, so thousands can
+/// share one set of labels, and their samples are one sample.
+fn canonical_contexts(
+    labels: Option<&LabelsSnapshot>,
+    meter: &mut Meter<'_>,
+) -> Result<HashMap<u64, u64>> {
+    let mut out = HashMap::new();
+    let Some(snapshot) = labels else {
+        return Ok(out);
+    };
+    let mut ids: Vec<i64> = snapshot.contexts.keys().copied().collect();
+    ids.sort_unstable();
+    let mut first: HashMap<Vec<(&str, &str)>, u64> = HashMap::new();
+    meter.take(ids.len() * 4 * std::mem::size_of::<(u64, u64)>())?;
+    for id in ids {
+        let set = snapshot.labels(id);
+        if set.is_empty() {
+            continue;
+        }
+        meter.take(set.len() * std::mem::size_of::<(&str, &str)>())?;
+        let canonical = *first.entry(set).or_insert(id as u64);
+        out.insert(id as u64, canonical);
+    }
+    Ok(out)
+}
+
+/// The names of the thread states (`STATE_RUNNABLE`, …) by key.
+fn thread_states(
+    md: &Metadata,
+    pools: &Pools<'_>,
+    meter: &mut Meter<'_>,
+) -> Result<HashMap<u64, String>> {
+    let mut out = HashMap::new();
+    let Some(class) = md.class_named("jdk.types.ThreadState") else {
+        return Ok(out);
+    };
+    let Some(name) = class.field("name") else {
+        return Ok(out);
+    };
+    for key in pools.keys(class.id) {
+        let before = meter.held();
+        let value = pools.value(md, class, key, meter)?;
+        let text = match value.as_ref().and_then(|v| v.fields().get(name)) {
+            Some(Value::Str(JfrString::Text(s))) => Some(s.clone()),
+            _ => None,
+        };
+        drop(value);
+        meter.give_back(meter.held() - before);
+        if let Some(text) = text {
+            meter.take(2 * std::mem::size_of::<(u64, String)>() + text.len())?;
+            out.insert(key, text);
+        }
+    }
+    Ok(out)
+}
 
 /// What a kind of event becomes.
 struct Kind {
@@ -120,71 +254,63 @@ pub fn to_pprof(
     sample_rate: u32,
     from: i64,
     until: i64,
+    meter: &mut Meter<'_>,
 ) -> Result<Vec<Converted>> {
     let period = if sample_rate == 0 {
         0
     } else {
         1_000_000_000 / i64::from(sample_rate)
     };
-    // Samples by kind, then by stack: summed values.
-    let mut kinds: Vec<(&'static Kind, Summed)> = Vec::new();
+    let contexts = canonical_contexts(labels, meter)?;
+    // A profile by kind, made as the chunks are read.
+    let mut profiles: Vec<(&'static Kind, ProfileBuilder)> = Vec::new();
     let mut c = Cursor::new(jfr);
     while c.remaining() > 0 {
         let start = c.position();
         let header = ChunkHeader::read(&mut c)?;
         let chunk = &jfr[start..start + header.size];
+        // What this chunk holds (its metadata, pools, stacks and sums) is
+        // given back when the next begins; the profiles stay.
+        let chunk_held = meter.held();
         let mut m = Cursor::new(chunk);
         m.seek(header.metadata_offset)?;
-        let md = Metadata::read(&mut m)?;
-        let pools = Pools::read(chunk, header.constant_pool_offset, &md)?;
-        let wall_mode = event_setting(chunk, &md)?.as_deref() == Some("wall");
-        let mut stacks = Stacks::new(&md, &pools);
-        let state = |class: &Class, v: &Value| -> Option<String> {
+        let md = Metadata::read(&mut m, meter)?;
+        let pools = Pools::read(chunk, header.constant_pool_offset, &md, meter)?;
+        let wall_mode = event_setting(chunk, &md, meter)?.as_deref() == Some("wall");
+        // Samples by kind, then by stack and labels: summed values.
+        let mut kinds: Vec<(&'static Kind, Summed)> = Vec::new();
+        let states = thread_states(&md, &pools, meter)?;
+        let state = |class: &Class, v: &Value| -> Option<&str> {
             let key = field(class, v, "state")?.int()?;
-            let pool_class = md.class_named("jdk.types.ThreadState")?;
-            let entry = pools.get(pool_class.id, key)?;
-            match entry.fields().get(pool_class.field("name")?)? {
-                Value::Str(JfrString::Text(s)) => Some(s.clone()),
-                _ => None,
-            }
+            states.get(&key).map(String::as_str)
         };
+        let mut stacks = Stacks::new(&md, &pools);
+        let mut fields: HashMap<u64, EventFields> = HashMap::new();
         events::for_each(
             chunk,
             &md,
             |class| KNOWN.contains(&class.name.as_str()),
-            |class, v| {
-                let int = |name: &str| field(class, &v, name).and_then(Value::int);
-                let ticks = |name: &str| int(name).map_or(0, |t| header.ticks_to_nanos(t as i64));
-                let mut sample_labels: Vec<(String, String)> = Vec::new();
-                if let Some(snapshot) = labels {
-                    if let Some(id) = int("contextId") {
-                        sample_labels.extend(
-                            snapshot
-                                .labels(id as i64)
-                                .into_iter()
-                                .map(|(k, v)| (k.to_owned(), v.to_owned())),
-                        );
-                    }
-                    if let Some(name) = int("spanName")
-                        .filter(|&n| n != 0)
-                        .and_then(|n| snapshot.string(n as i64))
-                        .filter(|n| !n.is_empty())
-                    {
-                        sample_labels.push(("span_name".into(), name.to_owned()));
-                    }
-                }
-                if let Some(span) = int("spanId").filter(|&s| s != 0) {
-                    sample_labels.push(("profile_id".into(), format!("{span:016x}")));
-                }
-                let mut add = |kind: &'static Kind, values: Vec<i64>| {
-                    let Some(key) = int("stackTrace") else { return };
-                    let frames: Vec<(String, u32)> = stacks
-                        .frames(key)
-                        .iter()
-                        .map(|f| (f.name.clone(), f.line))
-                        .collect();
-                    if frames.is_empty() {
-                        return;
+            meter,
+            |class, v, meter| {
+                let f = *fields
+                    .entry(class.id)
+                    .or_insert_with(|| EventFields::of(class));
+                let int = |i: Option<usize>| i.and_then(|i| v.fields().get(i)).and_then(Value::int);
+                let ticks = |i| int(i).map_or(0, |t| header.ticks_to_nanos(t as i64));
+                let Some(stack) = int(f.stack_trace) else {
+                    return Ok(());
+                };
+                let key = SampleKey {
+                    stack,
+                    context: int(f.context_id)
+                        .and_then(|c| contexts.get(&c).copied())
+                        .unwrap_or(0),
+                    span: int(f.span_id).unwrap_or(0),
+                    span_name: int(f.span_name).unwrap_or(0),
+                };
+                let mut add = |kind: &'static Kind, values: Vec<i64>| -> Result<()> {
+                    if stacks.frames(stack, meter)?.is_empty() {
+                        return Ok(());
                     }
                     let i = match kinds.iter().position(|(k, _)| std::ptr::eq(*k, kind)) {
                         Some(i) => i,
@@ -193,80 +319,116 @@ pub fn to_pprof(
                             kinds.len() - 1
                         }
                     };
-                    let sum = kinds[i]
-                        .1
-                        .entry((frames, sample_labels.clone()))
-                        .or_insert_with(|| vec![0; values.len()]);
-                    for (s, v) in sum.iter_mut().zip(values) {
-                        *s = s.saturating_add(v);
+                    let sums = &mut kinds[i].1;
+                    if let Some(sum) = sums.get_mut(&key) {
+                        for (s, v) in sum.iter_mut().zip(&values) {
+                            *s = s.saturating_add(*v);
+                        }
+                    } else {
+                        meter.take(
+                            2 * std::mem::size_of::<(SampleKey, Vec<i64>)>()
+                                + values.len() * std::mem::size_of::<i64>(),
+                        )?;
+                        sums.insert(key, values);
                     }
+                    Ok(())
                 };
                 match class.name.as_str() {
-                    "jdk.ExecutionSample" => match state(class, &v).as_deref() {
+                    "jdk.ExecutionSample" => match state(class, &v) {
                         None | Some("STATE_SLEEPING") => {}
                         Some(_) => {
-                            add(&CPU, vec![period]);
+                            add(&CPU, vec![period])?;
                             if wall_mode {
-                                add(&WALL, vec![period]);
+                                add(&WALL, vec![period])?;
                             }
                         }
                     },
                     "profiler.WallClockSample" => {
-                        let samples = int("samples").unwrap_or(1) as i64;
-                        add(&WALL, vec![samples.saturating_mul(period)]);
-                        if wall_mode && state(class, &v).as_deref() == Some("STATE_RUNNABLE") {
-                            add(&CPU, vec![samples.saturating_mul(period)]);
+                        let samples = int(f.samples).unwrap_or(1) as i64;
+                        add(&WALL, vec![samples.saturating_mul(period)])?;
+                        if wall_mode && state(class, &v) == Some("STATE_RUNNABLE") {
+                            add(&CPU, vec![samples.saturating_mul(period)])?;
                         }
                     }
                     "jdk.ObjectAllocationInNewTLAB" => {
-                        add(&IN_TLAB, vec![1, int("tlabSize").unwrap_or(0) as i64])
+                        add(&IN_TLAB, vec![1, int(f.tlab_size).unwrap_or(0) as i64])?
                     }
                     "jdk.ObjectAllocationOutsideTLAB" => add(
                         &OUTSIDE_TLAB,
-                        vec![1, int("allocationSize").unwrap_or(0) as i64],
-                    ),
+                        vec![1, int(f.allocation_size).unwrap_or(0) as i64],
+                    )?,
                     "jdk.ObjectAllocationSample" => {
-                        add(&ALLOC_SAMPLE, vec![1, int("weight").unwrap_or(0) as i64])
+                        add(&ALLOC_SAMPLE, vec![1, int(f.weight).unwrap_or(0) as i64])?
                     }
-                    "jdk.JavaMonitorEnter" => add(&MUTEX, vec![1, ticks("duration")]),
-                    "jdk.ThreadPark" => add(&BLOCK, vec![1, ticks("duration")]),
-                    "profiler.LiveObject" => add(&LIVE, vec![1]),
-                    "profiler.Malloc" => add(&MALLOC, vec![1, int("size").unwrap_or(0) as i64]),
+                    "jdk.JavaMonitorEnter" => add(&MUTEX, vec![1, ticks(f.duration)])?,
+                    "jdk.ThreadPark" => add(&BLOCK, vec![1, ticks(f.duration)])?,
+                    "profiler.LiveObject" => add(&LIVE, vec![1])?,
+                    "profiler.Malloc" => add(&MALLOC, vec![1, int(f.size).unwrap_or(0) as i64])?,
                     _ => {}
                 }
                 Ok(())
             },
         )?;
-        c.seek(start + header.size)?;
-    }
-    Ok(kinds
-        .into_iter()
-        .map(|(kind, samples)| {
-            let mut b = ProfileBuilder::new();
-            for (t, u) in kind.sample_types {
-                b.sample_type(t, u);
-            }
-            if let Some((t, u)) = kind.period_type {
-                b.period(t, u, 0);
-            }
-            b.time(from, until.saturating_sub(from));
-            for ((frames, labels), values) in samples {
+        // The chunk's sums into the profiles, each sample taken from the
+        // meter: its locations, values and labels (names and lines are
+        // interned by the builder, at most once per method and line).
+        let before_profiles = meter.held();
+        for (kind, sums) in kinds {
+            let i = match profiles.iter().position(|(k, _)| std::ptr::eq(*k, kind)) {
+                Some(i) => i,
+                None => {
+                    profiles.push((kind, new_builder(kind, from, until)));
+                    profiles.len() - 1
+                }
+            };
+            let b = &mut profiles[i].1;
+            for (key, values) in sums {
+                let labels = sample_labels(&key, labels);
+                let frames = stacks.resolved(key.stack);
+                let labels: Vec<(&str, &str)> =
+                    labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                // The most the sample can add, given back down to what it did.
+                let bound = ProfileBuilder::sample_bound(
+                    frames.iter().map(|f| stacks.name(f.method).len()),
+                    values.len(),
+                    labels.len(),
+                    labels.iter().map(|(k, v)| k.len() + v.len()).sum(),
+                );
+                meter.take(bound)?;
+                let before = b.held_bytes();
                 let locations = frames
                     .iter()
-                    .map(|(name, line)| b.frame_at(name, i64::from(*line)))
-                    .collect();
-                let labels: Vec<(&str, &str)> = labels
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .map(|f| b.frame_at(stacks.name(f.method), i64::from(f.line)))
                     .collect();
                 b.sample_with_labels(locations, values, &labels);
+                meter.give_back(bound.saturating_sub(b.held_bytes() - before));
             }
-            Converted {
-                name: kind.name,
-                profile: b.build(),
-            }
+        }
+        // What the profiles hold stays taken; the rest of the chunk's
+        // reading is dropped here.
+        let profiles_taken = meter.held() - before_profiles;
+        meter.give_back(meter.held() - chunk_held - profiles_taken);
+        c.seek(start + header.size)?;
+    }
+    Ok(profiles
+        .into_iter()
+        .map(|(kind, b)| Converted {
+            name: kind.name,
+            profile: b.build(),
         })
         .collect())
+}
+
+fn new_builder(kind: &Kind, from: i64, until: i64) -> ProfileBuilder {
+    let mut b = ProfileBuilder::new();
+    for (t, u) in kind.sample_types {
+        b.sample_type(t, u);
+    }
+    if let Some((t, u)) = kind.period_type {
+        b.period(t, u, 0);
+    }
+    b.time(from, until.saturating_sub(from));
+    b
 }
 
 /// The event classes a profile is made from (and the settings).
@@ -288,13 +450,14 @@ fn field<'v>(class: &Class, v: &'v Value, name: &str) -> Option<&'v Value> {
 
 /// The recording's `event` setting (async-profiler's `jdk.ActiveSetting`
 /// named `event`: `cpu`, `itimer`, `wall`, …), if it has one.
-fn event_setting(chunk: &[u8], md: &Metadata) -> Result<Option<String>> {
+fn event_setting(chunk: &[u8], md: &Metadata, meter: &mut Meter<'_>) -> Result<Option<String>> {
     let mut found = None;
     events::for_each(
         chunk,
         md,
         |c| c.name == "jdk.ActiveSetting",
-        |class, v| {
+        meter,
+        |class, v, _| {
             let text = |name: &str| match field(class, &v, name) {
                 Some(Value::Str(JfrString::Text(s))) => Some(s.clone()),
                 _ => None,

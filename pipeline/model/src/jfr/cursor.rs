@@ -118,6 +118,30 @@ impl<'a> Cursor<'a> {
         })
     }
 
+    /// Passes over a string in any of JFR's encodings, allocating nothing.
+    pub fn skip_string(&mut self, what: &'static str) -> Result<()> {
+        let at = self.at;
+        match self.u8(what)? {
+            0 | 1 => Ok(()),
+            2 => self.varint(what).map(drop),
+            3 | 5 => {
+                let n = self.count(1, what)?;
+                self.take(n, what).map(drop)
+            }
+            4 => {
+                let n = self.count(1, what)?;
+                for _ in 0..n {
+                    self.varint(what)?;
+                }
+                Ok(())
+            }
+            other => Err(JfrError::Invalid {
+                what: format!("{what}: unknown string encoding {other}"),
+                at,
+            }),
+        }
+    }
+
     /// A string in any of JFR's encodings.
     pub fn string(&mut self, what: &'static str) -> Result<JfrString> {
         let at = self.at;

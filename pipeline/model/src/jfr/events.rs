@@ -2,21 +2,23 @@
 //! each is its size (counting itself), its type id and its class's fields.
 //! Metadata (type 0) and constant pools (type 1) are passed over, and so is
 //! every event of a class the caller does not want; an event that claims
-//! more bytes than the chunk has left ends the reading with an error.
+//! more bytes than the chunk has left ends the reading with an error. An
+//! event's values are held only while the caller looks at them.
 
 use super::chunk::HEADER_LEN;
 use super::cursor::Cursor;
 use super::metadata::{Class, Metadata};
 use super::values::{Value, read_class};
-use super::{JfrError, Result};
+use super::{JfrError, Meter, Result};
 
 /// Calls `f` with each event of a class `wanted` says yes to, in the order
 /// of the chunk (`chunk`: its bytes, header included).
-pub fn for_each<'m>(
+pub fn for_each<'m, 'g>(
     chunk: &[u8],
     md: &'m Metadata,
     wanted: impl Fn(&Class) -> bool,
-    mut f: impl FnMut(&'m Class, Value) -> Result<()>,
+    meter: &mut Meter<'g>,
+    mut f: impl FnMut(&'m Class, Value, &mut Meter<'g>) -> Result<()>,
 ) -> Result<()> {
     let mut c = Cursor::new(chunk);
     c.seek(HEADER_LEN)?;
@@ -36,14 +38,18 @@ pub fn for_each<'m>(
         if ty > 1
             && let Some(class) = md.classes.get(&ty).filter(|c| wanted(c))
         {
-            let value = read_class(&mut c, md, class, 0)?;
+            let before = meter.held();
+            let value = read_class(&mut c, md, class, 0, meter)?;
+            let held = meter.held() - before;
             if c.position() > end {
                 return Err(JfrError::Invalid {
                     what: format!("a {} event runs past its size of {size} bytes", class.name),
                     at: start,
                 });
             }
-            f(class, value)?;
+            f(class, value, meter)?;
+            // `f` has dropped the event's values.
+            meter.give_back(held);
         }
         c.seek(end)?;
     }

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use super::cursor::{Cursor, JfrString};
-use super::{JfrError, Result};
+use super::{JfrError, Meter, Result};
 
 /// The deepest element tree taken: real ones are five deep (root,
 /// metadata, class, field, annotation); a deeper one is not metadata.
@@ -36,6 +36,12 @@ pub struct Class {
     pub name: String,
     pub super_type: Option<String>,
     pub fields: Vec<Field>,
+    /// The fewest bytes one value of the class takes (0 for a class of no
+    /// fields, or one whose fields take none).
+    pub min_bytes: usize,
+    /// Has a field, neither a key nor an array, whose values take no bytes
+    /// (no writer makes one; the reader refuses values of such a class).
+    pub empty_field: bool,
 }
 
 impl Class {
@@ -58,7 +64,8 @@ impl Metadata {
     }
 
     /// Reads the metadata event that starts where `c` stands.
-    pub fn read(c: &mut Cursor<'_>) -> Result<Metadata> {
+    pub fn read(c: &mut Cursor<'_>, meter: &mut Meter<'_>) -> Result<Metadata> {
+        let before = meter.held();
         let start = c.position();
         let available = c.remaining();
         // The size counts the whole event, its own bytes included.
@@ -86,10 +93,14 @@ impl Metadata {
             c.varint(what)?;
         }
         let n = c.count(1, "the metadata string count")?;
+        meter.take_items::<String>(n)?;
         let mut strings = Vec::with_capacity(n);
         for _ in 0..n {
             strings.push(match c.string("a metadata string")? {
-                JfrString::Text(s) => s,
+                JfrString::Text(s) => {
+                    meter.take(s.len())?;
+                    s
+                }
                 JfrString::Null => String::new(),
                 JfrString::PoolKey(_) => {
                     return Err(JfrError::Invalid {
@@ -99,7 +110,8 @@ impl Metadata {
                 }
             });
         }
-        let root = element(c, &strings, 0)?;
+        let root = element(c, &strings, 0, meter)?;
+        let held = meter.held() - before;
         if c.position() > end {
             return Err(JfrError::Invalid {
                 what: format!("the metadata runs past its size of {size} bytes"),
@@ -127,18 +139,91 @@ impl Metadata {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
+            let name = class.attr("name").unwrap_or_default().to_owned();
+            let super_type = class.attr("superType").map(str::to_owned);
+            meter.take(
+                std::mem::size_of::<Class>()
+                    + name.len()
+                    + super_type.as_ref().map_or(0, String::len)
+                    + fields
+                        .iter()
+                        .map(|f| std::mem::size_of::<Field>() + f.name.len())
+                        .sum::<usize>(),
+            )?;
             metadata.classes.insert(
                 id,
                 Class {
                     id,
-                    name: class.attr("name").unwrap_or_default().to_owned(),
-                    super_type: class.attr("superType").map(str::to_owned),
+                    name,
+                    super_type,
                     fields,
+                    min_bytes: 0,
+                    empty_field: false,
                 },
             );
         }
+        let mut known = HashMap::new();
+        let ids: Vec<u64> = metadata.classes.keys().copied().collect();
+        for id in ids {
+            let least = min_bytes(&metadata, id, &mut known, 0);
+            if let Some(class) = metadata.classes.get_mut(&id) {
+                class.min_bytes = least;
+            }
+        }
+        let empty: Vec<u64> = metadata
+            .classes
+            .values()
+            .filter(|class| {
+                class.fields.iter().any(|f| {
+                    !f.constant_pool && !f.array && known.get(&f.class).copied().unwrap_or(0) == 0
+                })
+            })
+            .map(|class| class.id)
+            .collect();
+        for id in empty {
+            if let Some(class) = metadata.classes.get_mut(&id) {
+                class.empty_field = true;
+            }
+        }
+        // The element tree and its strings are dropped here.
+        meter.give_back(held);
         Ok(metadata)
     }
+}
+
+/// The fewest bytes a value of class `id` takes, each class worked out once
+/// (`known`). A class that holds itself inline, or nests too deep, counts
+/// 0: no value of it can be read anyway.
+fn min_bytes(md: &Metadata, id: u64, known: &mut HashMap<u64, usize>, depth: usize) -> usize {
+    if let Some(&n) = known.get(&id) {
+        return n;
+    }
+    let Some(class) = md.classes.get(&id) else {
+        return 0;
+    };
+    let n = match class.name.as_str() {
+        "boolean" | "byte" | "char" | "short" | "int" | "long" | "java.lang.String" => 1,
+        "float" => 4,
+        "double" => 8,
+        _ if depth > MAX_DEPTH => 0,
+        _ => {
+            // Counted as 0 while being worked out, so a cycle ends.
+            known.insert(id, 0);
+            class
+                .fields
+                .iter()
+                .map(|f| {
+                    if f.constant_pool || f.array {
+                        1
+                    } else {
+                        min_bytes(md, f.class, known, depth + 1)
+                    }
+                })
+                .fold(0usize, usize::saturating_add)
+        }
+    };
+    known.insert(id, n);
+    n
 }
 
 /// One element of the tree, its strings resolved.
@@ -165,7 +250,12 @@ impl<'s> Element<'s> {
     }
 }
 
-fn element<'s>(c: &mut Cursor<'_>, strings: &'s [String], depth: usize) -> Result<Element<'s>> {
+fn element<'s>(
+    c: &mut Cursor<'_>,
+    strings: &'s [String],
+    depth: usize,
+    meter: &mut Meter<'_>,
+) -> Result<Element<'s>> {
     if depth > MAX_DEPTH {
         return Err(JfrError::Invalid {
             what: format!("the metadata is nested deeper than {MAX_DEPTH}"),
@@ -190,6 +280,7 @@ fn element<'s>(c: &mut Cursor<'_>, strings: &'s [String], depth: usize) -> Resul
     let name = string(c, "an element name")?;
     // An attribute is at least two bytes, an element at least three.
     let n = c.count(2, "an attribute count")?;
+    meter.take_items::<(&str, &str)>(n)?;
     let mut attributes = Vec::with_capacity(n);
     for _ in 0..n {
         attributes.push((
@@ -198,9 +289,10 @@ fn element<'s>(c: &mut Cursor<'_>, strings: &'s [String], depth: usize) -> Resul
         ));
     }
     let n = c.count(3, "a child count")?;
+    meter.take_items::<Element<'_>>(n)?;
     let mut children = Vec::with_capacity(n);
     for _ in 0..n {
-        children.push(element(c, strings, depth + 1)?);
+        children.push(element(c, strings, depth + 1, meter)?);
     }
     Ok(Element {
         name,
@@ -234,7 +326,8 @@ pub(crate) mod tests {
         out.extend(s.as_bytes());
     }
 
-    /// A field for [`metadata_event`]: name, class id, constant pool.
+    /// A field for [`metadata_event`]: name, class id, constant pool. A
+    /// name ending in `[]` declares an array (`dimension="1"`) of that name.
     pub(crate) type TestField<'a> = (&'a str, u64, bool);
 
     /// A metadata event declaring `classes`: (id, name, fields).
@@ -264,7 +357,14 @@ pub(crate) mod tests {
             varint(&mut tree, fields.len() as u64);
             for (fname, class, cp) in fields.iter() {
                 varint(&mut tree, index("field"));
+                let (fname, array) = match fname.strip_suffix("[]") {
+                    Some(n) => (n, true),
+                    None => (*fname, false),
+                };
                 let mut attrs = vec![("name", fname.to_string()), ("class", class.to_string())];
+                if array {
+                    attrs.push(("dimension", "1".into()));
+                }
                 if *cp {
                     attrs.push(("constantPool", "true".into()));
                 }
@@ -314,7 +414,7 @@ pub(crate) mod tests {
                 &[("startTime", 11, false), ("stackTrace", 30, true)],
             ),
         ]);
-        let m = Metadata::read(&mut Cursor::new(&bytes)).unwrap();
+        let m = Metadata::read(&mut Cursor::new(&bytes), &mut Meter::unbounded()).unwrap();
         let sample = m.class_named("jdk.ExecutionSample").unwrap();
         assert_eq!(sample.id, 101);
         assert_eq!(sample.field("stackTrace"), Some(1));
@@ -329,7 +429,7 @@ pub(crate) mod tests {
         // the bytes left cannot hold.
         let last = bytes.len() - 1;
         bytes[last] = 0x7f;
-        assert!(Metadata::read(&mut Cursor::new(&bytes)).is_err());
+        assert!(Metadata::read(&mut Cursor::new(&bytes), &mut Meter::unbounded()).is_err());
 
         // Elements nested past the limit, each with no attributes and one
         // child: refused, not a stack overflow.
@@ -344,7 +444,7 @@ pub(crate) mod tests {
             deep.extend([0, 0, 1]);
         }
         let event = sized(deep);
-        let err = Metadata::read(&mut Cursor::new(&event)).unwrap_err();
+        let err = Metadata::read(&mut Cursor::new(&event), &mut Meter::unbounded()).unwrap_err();
         assert!(err.to_string().contains("nested deeper"), "{err}");
     }
 }

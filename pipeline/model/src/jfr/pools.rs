@@ -5,6 +5,10 @@
 //! refer to other pools by key (a method to its class, a class to its
 //! name), resolved when used.
 //!
+//! Entries are kept as where they lie in the chunk, and read into values
+//! only when asked for: a pool costs a few bytes an entry whatever its
+//! values hold.
+//!
 //! The chain must run backwards, so it ends; every count is checked against
 //! the bytes left.
 
@@ -12,31 +16,66 @@ use std::collections::HashMap;
 
 use super::chunk::HEADER_LEN;
 use super::cursor::Cursor;
+use super::metadata::Class;
 use super::metadata::Metadata;
-use super::values::{Value, read_class};
-use super::{JfrError, Result};
+use super::values::{Value, read_class, skip_class};
+use super::{JfrError, Meter, Result};
 
-/// Every pool of a chunk: class id → key → value.
-#[derive(Debug, Default)]
-pub struct Pools {
-    pub by_class: HashMap<u64, HashMap<u64, Value>>,
+/// Every pool of a chunk: class id → key → where the value starts.
+#[derive(Debug)]
+pub struct Pools<'c> {
+    chunk: &'c [u8],
+    by_class: HashMap<u64, HashMap<u64, usize>>,
 }
 
-impl Pools {
-    /// The entry `key` of the pool of class `class`.
-    pub fn get(&self, class: u64, key: u64) -> Option<&Value> {
-        self.by_class.get(&class)?.get(&key)
+impl<'c> Pools<'c> {
+    /// Where the entry `key` of the pool of class `class` starts.
+    pub fn offset(&self, class: u64, key: u64) -> Option<usize> {
+        self.by_class.get(&class)?.get(&key).copied()
+    }
+
+    /// The keys of the pool of class `class`.
+    pub fn keys(&self, class: u64) -> impl Iterator<Item = u64> + '_ {
+        self.by_class
+            .get(&class)
+            .into_iter()
+            .flat_map(|p| p.keys().copied())
+    }
+
+    /// The entry `key` of the pool of `class`, read now (`None` when the
+    /// pool has no such key). What it holds is the caller's to give back.
+    pub fn value(
+        &self,
+        md: &Metadata,
+        class: &Class,
+        key: u64,
+        meter: &mut Meter<'_>,
+    ) -> Result<Option<Value>> {
+        let Some(at) = self.offset(class.id, key) else {
+            return Ok(None);
+        };
+        let mut c = Cursor::new(self.chunk);
+        c.seek(at)?;
+        read_class(&mut c, md, class, 0, meter).map(Some)
     }
 
     /// Reads every checkpoint of `chunk` (the chunk's bytes, header
     /// included), starting from the last at `last_offset`.
-    pub fn read(chunk: &[u8], last_offset: usize, md: &Metadata) -> Result<Pools> {
-        let mut pools = Pools::default();
+    pub fn read(
+        chunk: &'c [u8],
+        last_offset: usize,
+        md: &Metadata,
+        meter: &mut Meter<'_>,
+    ) -> Result<Pools<'c>> {
+        let mut pools = Pools {
+            chunk,
+            by_class: HashMap::new(),
+        };
         let mut at = last_offset;
         while at != 0 {
             let mut c = Cursor::new(chunk);
             c.seek(at)?;
-            let delta = checkpoint(&mut c, md, &mut pools)?;
+            let delta = checkpoint(&mut c, md, &mut pools, meter)?;
             if delta == 0 {
                 break;
             }
@@ -56,7 +95,12 @@ impl Pools {
 }
 
 /// Reads one checkpoint into `pools`; returns its delta.
-fn checkpoint(c: &mut Cursor<'_>, md: &Metadata, pools: &mut Pools) -> Result<isize> {
+fn checkpoint(
+    c: &mut Cursor<'_>,
+    md: &Metadata,
+    pools: &mut Pools<'_>,
+    meter: &mut Meter<'_>,
+) -> Result<isize> {
     let start = c.position();
     let available = c.remaining();
     let size = c.varint("a constant pool's size")?;
@@ -94,8 +138,10 @@ fn checkpoint(c: &mut Cursor<'_>, md: &Metadata, pools: &mut Pools) -> Result<is
         let pool = pools.by_class.entry(class_id).or_default();
         for _ in 0..entries {
             let key = c.varint("a pool entry's key")?;
-            let value = read_class(c, md, class, 0)?;
-            pool.insert(key, value);
+            // The entry in the map (and a share of its spare room).
+            meter.take(2 * std::mem::size_of::<(u64, usize)>())?;
+            pool.insert(key, c.position());
+            skip_class(c, md, class, 0)?;
         }
     }
     if c.position() > end {
@@ -139,7 +185,7 @@ mod tests {
             (20, "java.lang.String", &[]),
             (30, "jdk.types.Symbol", &[("string", 20, false)]),
         ]);
-        Metadata::read(&mut Cursor::new(&bytes)).unwrap()
+        Metadata::read(&mut Cursor::new(&bytes), &mut Meter::unbounded()).unwrap()
     }
 
     #[test]
@@ -149,8 +195,13 @@ mod tests {
         chunk.extend(checkpoint_event(0, &[(1, "main")]));
         let last = chunk.len();
         chunk.extend(checkpoint_event(first as i64 - last as i64, &[(2, "run")]));
-        let pools = Pools::read(&chunk, last, &metadata()).unwrap();
-        let name = |k| match pools.get(30, k) {
+        let pools = Pools::read(&chunk, last, &metadata(), &mut Meter::unbounded()).unwrap();
+        let md = metadata();
+        let symbol = md.class_named("jdk.types.Symbol").unwrap();
+        let name = |k| match pools
+            .value(&md, symbol, k, &mut Meter::unbounded())
+            .unwrap()
+        {
             Some(Value::Object(f)) => format!("{:?}", f[0]),
             other => format!("{other:?}"),
         };
@@ -163,10 +214,10 @@ mod tests {
         let at = chunk.len();
         // Points at itself + 1 byte onwards: a loop in the making.
         chunk.extend(checkpoint_event(5, &[(1, "x")]));
-        assert!(Pools::read(&chunk, at, &metadata()).is_err());
+        assert!(Pools::read(&chunk, at, &metadata(), &mut Meter::unbounded()).is_err());
         let mut chunk = vec![0u8; HEADER_LEN];
         let at = chunk.len();
         chunk.extend(checkpoint_event(-1000, &[(1, "x")]));
-        assert!(Pools::read(&chunk, at, &metadata()).is_err());
+        assert!(Pools::read(&chunk, at, &metadata(), &mut Meter::unbounded()).is_err());
     }
 }

@@ -2,11 +2,14 @@
 //! constant-pool field as its key, an array as a count and its items, any
 //! other class as its fields in order. Read into a small tree ([`Value`]),
 //! or skipped. Nesting is bounded (a class that holds itself inline would
-//! never end), and an array's count is checked against the bytes left.
+//! never end), an array's count is checked against the bytes left at the
+//! least size of its items (an array of values that take no bytes is
+//! refused: it could claim any count), and every value is taken from the
+//! [`Meter`] before it is made.
 
 use super::cursor::{Cursor, JfrString};
 use super::metadata::{Class, Field, Metadata};
-use super::{JfrError, Result};
+use super::{JfrError, Meter, Result};
 
 /// The deepest nesting of inline classes taken (real files nest two or
 /// three: a stack trace's frames).
@@ -41,8 +44,59 @@ impl Value {
     }
 }
 
-/// Reads one value of `class`.
-pub fn read_class(c: &mut Cursor<'_>, md: &Metadata, class: &Class, depth: usize) -> Result<Value> {
+/// What a value holds beyond its own [`Value`]: its fields, items and text.
+pub fn held_bytes(v: &Value) -> usize {
+    match v {
+        Value::Str(JfrString::Text(s)) => s.len(),
+        Value::Object(items) | Value::Array(items) => items
+            .iter()
+            .map(|i| std::mem::size_of::<Value>() + held_bytes(i))
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// Passes over one value of `class`, allocating nothing.
+pub fn skip_class(c: &mut Cursor<'_>, md: &Metadata, class: &Class, depth: usize) -> Result<()> {
+    check(c, class, depth)?;
+    if skip_primitive(c, &class.name)? {
+        return Ok(());
+    }
+    for field in &class.fields {
+        if field.array {
+            let n = array_len(c, md, field)?;
+            for _ in 0..n {
+                skip_one(c, md, field, depth + 1)?;
+            }
+        } else {
+            skip_one(c, md, field, depth + 1)?;
+        }
+    }
+    Ok(())
+}
+
+fn skip_one(c: &mut Cursor<'_>, md: &Metadata, field: &Field, depth: usize) -> Result<()> {
+    if field.constant_pool {
+        return c.varint("a constant-pool key").map(drop);
+    }
+    skip_class(c, md, field_class(c, md, field)?, depth)
+}
+
+fn skip_primitive(c: &mut Cursor<'_>, name: &str) -> Result<bool> {
+    match name {
+        "boolean" | "byte" => c.u8(name_what(name)).map(drop)?,
+        "char" | "short" | "int" | "long" => c.varint(name_what(name)).map(drop)?,
+        "float" => c.take(4, "a float").map(drop)?,
+        "double" => c.take(8, "a double").map(drop)?,
+        "java.lang.String" => c.skip_string("a string")?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Nesting within bounds, and no field that takes no bytes: a value of
+/// such a class would cost work for nothing read, without end.
+fn check(c: &Cursor<'_>, class: &Class, depth: usize) -> Result<()> {
     if depth > MAX_DEPTH {
         return Err(JfrError::Invalid {
             what: format!(
@@ -52,36 +106,83 @@ pub fn read_class(c: &mut Cursor<'_>, md: &Metadata, class: &Class, depth: usize
             at: c.position(),
         });
     }
+    if class.empty_field {
+        return Err(JfrError::Invalid {
+            what: format!(
+                "class {} has a field whose values take no bytes",
+                class.name
+            ),
+            at: c.position(),
+        });
+    }
+    Ok(())
+}
+
+/// An array's length, checked against the bytes left at the least size of
+/// its items.
+fn array_len(c: &mut Cursor<'_>, md: &Metadata, field: &Field) -> Result<usize> {
+    let least = if field.constant_pool {
+        1
+    } else {
+        field_class(c, md, field)?.min_bytes
+    };
+    if least == 0 {
+        return Err(JfrError::Invalid {
+            what: format!(
+                "field {} is an array of values that take no bytes; its length could be anything",
+                field.name
+            ),
+            at: c.position(),
+        });
+    }
+    c.count(least, "an array's length")
+}
+
+/// Reads one value of `class`.
+pub fn read_class(
+    c: &mut Cursor<'_>,
+    md: &Metadata,
+    class: &Class,
+    depth: usize,
+    meter: &mut Meter<'_>,
+) -> Result<Value> {
+    check(c, class, depth)?;
     if let Some(primitive) = primitive(c, &class.name)? {
+        if let Value::Str(JfrString::Text(s)) = &primitive {
+            meter.take(s.len())?;
+        }
         return Ok(primitive);
     }
+    meter.take_items::<Value>(class.fields.len())?;
     let mut fields = Vec::with_capacity(class.fields.len());
     for field in &class.fields {
-        fields.push(read_field(c, md, field, depth + 1)?);
+        fields.push(read_field(c, md, field, depth + 1, meter)?);
     }
     Ok(Value::Object(fields))
 }
 
 /// Reads one field's value.
-pub fn read_field(c: &mut Cursor<'_>, md: &Metadata, field: &Field, depth: usize) -> Result<Value> {
+pub fn read_field(
+    c: &mut Cursor<'_>,
+    md: &Metadata,
+    field: &Field,
+    depth: usize,
+    meter: &mut Meter<'_>,
+) -> Result<Value> {
     if field.array {
-        // Every item takes at least a byte.
-        let n = c.count(1, "an array's length")?;
+        let n = array_len(c, md, field)?;
+        meter.take_items::<Value>(n)?;
         let mut items = Vec::with_capacity(n);
         for _ in 0..n {
-            items.push(read_one(c, md, field, depth)?);
+            items.push(read_one(c, md, field, depth, meter)?);
         }
         return Ok(Value::Array(items));
     }
-    read_one(c, md, field, depth)
+    read_one(c, md, field, depth, meter)
 }
 
-fn read_one(c: &mut Cursor<'_>, md: &Metadata, field: &Field, depth: usize) -> Result<Value> {
-    if field.constant_pool {
-        return Ok(Value::Key(c.varint("a constant-pool key")?));
-    }
-    let class = md
-        .classes
+fn field_class<'m>(c: &Cursor<'_>, md: &'m Metadata, field: &Field) -> Result<&'m Class> {
+    md.classes
         .get(&field.class)
         .ok_or_else(|| JfrError::Invalid {
             what: format!(
@@ -89,8 +190,21 @@ fn read_one(c: &mut Cursor<'_>, md: &Metadata, field: &Field, depth: usize) -> R
                 field.name, field.class
             ),
             at: c.position(),
-        })?;
-    read_class(c, md, class, depth)
+        })
+}
+
+fn read_one(
+    c: &mut Cursor<'_>,
+    md: &Metadata,
+    field: &Field,
+    depth: usize,
+    meter: &mut Meter<'_>,
+) -> Result<Value> {
+    if field.constant_pool {
+        return Ok(Value::Key(c.varint("a constant-pool key")?));
+    }
+    let class = field_class(c, md, field)?;
+    read_class(c, md, class, depth, meter)
 }
 
 /// A primitive of the class named `name`, or `None` when it is not one.
@@ -118,7 +232,7 @@ fn name_what(name: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jfr::metadata::tests::{metadata_event, utf8, varint};
+    use crate::jfr::metadata::tests::{TestField, metadata_event, utf8, varint};
 
     #[test]
     fn objects_keys_and_arrays_as_declared() {
@@ -133,13 +247,20 @@ mod tests {
                 &[("a", 10, false), ("name", 30, true), ("text", 20, false)],
             ),
         ]);
-        let md = Metadata::read(&mut Cursor::new(&md_bytes)).unwrap();
+        let md = Metadata::read(&mut Cursor::new(&md_bytes), &mut Meter::unbounded()).unwrap();
         let pair = md.class_named("Pair").unwrap();
         let mut bytes = Vec::new();
         varint(&mut bytes, 7);
         varint(&mut bytes, 3);
         utf8(&mut bytes, "hi");
-        let v = read_class(&mut Cursor::new(&bytes), &md, pair, 0).unwrap();
+        let v = read_class(
+            &mut Cursor::new(&bytes),
+            &md,
+            pair,
+            0,
+            &mut Meter::unbounded(),
+        )
+        .unwrap();
         assert_eq!(
             v,
             Value::Object(vec![
@@ -153,9 +274,122 @@ mod tests {
     #[test]
     fn a_class_holding_itself_inline_is_refused() {
         let md_bytes = metadata_event(&[(50, "Loop", &[("me", 50, false)])]);
-        let md = Metadata::read(&mut Cursor::new(&md_bytes)).unwrap();
+        let md = Metadata::read(&mut Cursor::new(&md_bytes), &mut Meter::unbounded()).unwrap();
         let class = md.class_named("Loop").unwrap();
-        let err = read_class(&mut Cursor::new(&[0u8; 64]), &md, class, 0).unwrap_err();
+        let err = read_class(
+            &mut Cursor::new(&[0u8; 64]),
+            &md,
+            class,
+            0,
+            &mut Meter::unbounded(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("take no bytes"), "{err}");
+        assert!(skip_class(&mut Cursor::new(&[0u8; 64]), &md, class, 0).is_err());
+    }
+
+    #[test]
+    fn nesting_past_the_bound_is_refused() {
+        // C0 holds C1 inline, C1 holds C2, ... C19 holds an int.
+        let names: Vec<String> = (0..20).map(|i| format!("C{i}")).collect();
+        let fields: Vec<[(&str, u64, bool); 1]> = (0..20u64)
+            .map(|i| [("f", if i == 19 { 10 } else { 101 + i }, false)])
+            .collect();
+        let mut classes: Vec<(u64, &str, &[TestField<'_>])> = vec![(10, "int", &[])];
+        for i in 0..20 {
+            classes.push((100 + i as u64, &names[i], &fields[i]));
+        }
+        let md_bytes = metadata_event(&classes);
+        let md = Metadata::read(&mut Cursor::new(&md_bytes), &mut Meter::unbounded()).unwrap();
+        let class = md.class_named("C0").unwrap();
+        let err = read_class(
+            &mut Cursor::new(&[0u8; 64]),
+            &md,
+            class,
+            0,
+            &mut Meter::unbounded(),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("nested deeper"), "{err}");
+        // Three deep is read.
+        let class = md.class_named("C17").unwrap();
+        assert!(
+            read_class(
+                &mut Cursor::new(&[0u8; 64]),
+                &md,
+                class,
+                0,
+                &mut Meter::unbounded()
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn arrays_cannot_claim_more_than_their_bytes_or_the_meter_allows() {
+        let md_bytes = metadata_event(&[
+            (10, "int", &[]),
+            (60, "Empty", &[]),
+            (61, "Empties", &[("items[]", 60, false)]),
+            (62, "Ints", &[("items[]", 10, false)]),
+            (63, "Rows", &[("rows[]", 62, false)]),
+        ]);
+        let md = Metadata::read(&mut Cursor::new(&md_bytes), &mut Meter::unbounded()).unwrap();
+        // An array of values that take no bytes could claim any length.
+        let mut bytes = Vec::new();
+        varint(&mut bytes, 1_000_000);
+        let empties = md.class_named("Empties").unwrap();
+        let err = read_class(
+            &mut Cursor::new(&bytes),
+            &md,
+            empties,
+            0,
+            &mut Meter::unbounded(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("take no bytes"), "{err}");
+        // A length past the bytes left is refused before anything is made.
+        let ints = md.class_named("Ints").unwrap();
+        let err = read_class(
+            &mut Cursor::new(&bytes),
+            &md,
+            ints,
+            0,
+            &mut Meter::unbounded(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("more than the"), "{err}");
+        // Rows of ints within the bytes: made while the meter grants them,
+        // refused once it says no.
+        let mut bytes = Vec::new();
+        varint(&mut bytes, 100);
+        for _ in 0..100 {
+            varint(&mut bytes, 100);
+            bytes.extend([0u8; 100]);
+        }
+        let rows = md.class_named("Rows").unwrap();
+        let mut asked = 0;
+        let mut meter = Meter::new(|n| {
+            asked += n;
+            true
+        });
+        read_class(&mut Cursor::new(&bytes), &md, rows, 0, &mut meter).unwrap();
+        let needed = meter.peak();
+        drop(meter);
+        assert_eq!(asked, needed);
+        assert!(
+            needed >= 100 * 100 * std::mem::size_of::<Value>(),
+            "{needed}"
+        );
+        let mut total = 0;
+        let mut meter = Meter::new(|n| {
+            total += n;
+            total <= needed / 2
+        });
+        let refused = read_class(&mut Cursor::new(&bytes), &md, rows, 0, &mut meter);
+        assert!(
+            matches!(refused, Err(JfrError::OverBudget { .. })),
+            "not refused"
+        );
     }
 }
