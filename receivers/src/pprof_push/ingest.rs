@@ -2,7 +2,8 @@
 //!
 //! The query says who sent what (`name`, `from`, `until`, `sampleRate`,
 //! `spyName`, `units`, `aggregationType`, `format`); the body is one profile:
-//! raw pprof, a multipart form holding pprof, or folded text. Which one follows
+//! raw pprof, a multipart form holding pprof, a JFR recording (raw or in a
+//! multipart form, see [`super::jfr`]), or folded text. Which one follows
 //! Pyroscope: an explicit `format` first (`jfr`, `pprof`, `lines`, ...), then a
 //! multipart `Content-Type`, else folded text. We also read a multipart body
 //! sent with `format=pprof`, since its Content-Type leaves no doubt.
@@ -51,6 +52,10 @@ pub(crate) enum BodyKind {
     Pprof,
     /// A multipart form with a `profile` part.
     Multipart,
+    /// A JFR recording: raw, or a multipart form with `jfr` and `labels`.
+    Jfr {
+        multipart: bool,
+    },
     Text(TextFormat),
 }
 
@@ -126,11 +131,15 @@ pub(crate) fn parse_params(uri: &Uri, now_nanos: i64) -> Result<IngestParams, In
 pub(crate) fn body_kind(format: &str, content_type: Option<&str>) -> Result<BodyKind, IngestError> {
     let not_yet = |what: &str| {
         IngestError::UnsupportedMediaType(format!(
-            "{what} is not supported yet; send pprof (format=pprof or a multipart `profile` part) or folded text (format=folded)"
+            "{what} is not supported yet; send pprof (format=pprof or a multipart `profile` part), JFR (format=jfr) or folded text (format=folded)"
         ))
     };
     match format {
-        "jfr" => return Err(not_yet("JFR (format=jfr)")),
+        "jfr" => {
+            return Ok(BodyKind::Jfr {
+                multipart: is_multipart(content_type),
+            });
+        }
         "trie" | "tree" | "speedscope" => return Err(not_yet(&format!("format={format}"))),
         _ => {}
     }
@@ -151,7 +160,7 @@ pub(crate) fn body_kind(format: &str, content_type: Option<&str>) -> Result<Body
             }
         }
         other => Err(IngestError::bad_request(format!(
-            "unknown format {other:?}: use pprof, folded or lines"
+            "unknown format {other:?}: use pprof, jfr, folded or lines"
         ))),
     }
 }
@@ -411,9 +420,15 @@ mod tests {
             kind("format=lines", None),
             Ok(BodyKind::Text(TextFormat::Lines))
         );
-        let jfr = kind("format=jfr", Some("multipart/form-data; boundary=x")).unwrap_err();
-        assert_eq!(jfr.status(), axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE);
-        assert!(jfr.to_string().contains("JFR"), "{jfr}");
+        // The Java agent's multipart upload, and a raw recording.
+        assert_eq!(
+            kind("format=jfr", Some("multipart/form-data; boundary=x")),
+            Ok(BodyKind::Jfr { multipart: true })
+        );
+        assert_eq!(
+            kind("format=jfr", Some("application/octet-stream")),
+            Ok(BodyKind::Jfr { multipart: false })
+        );
         assert_eq!(
             kind("", Some("binary/octet-stream+trie"))
                 .unwrap_err()

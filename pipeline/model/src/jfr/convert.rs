@@ -58,6 +58,17 @@ struct SampleKey {
     span_name: u64,
 }
 
+/// What a recording becomes.
+#[derive(Debug)]
+pub struct Recording {
+    /// One profile per kind of event found.
+    pub profiles: Vec<Converted>,
+    /// The profiler's `event` setting (async-profiler's: `itimer`, `cpu`,
+    /// `wall`, …), which Pyroscope puts on the series as `jfr_event`; none
+    /// in the JDK's own recordings.
+    pub event: Option<String>,
+}
+
 /// Samples of one kind: their summed values.
 type Summed = HashMap<SampleKey, Vec<i64>>;
 
@@ -255,13 +266,14 @@ pub fn to_pprof(
     from: i64,
     until: i64,
     meter: &mut Meter<'_>,
-) -> Result<Vec<Converted>> {
+) -> Result<Recording> {
     let period = if sample_rate == 0 {
         0
     } else {
         1_000_000_000 / i64::from(sample_rate)
     };
     let contexts = canonical_contexts(labels, meter)?;
+    let mut event = None;
     // A profile by kind, made as the chunks are read.
     let mut profiles: Vec<(&'static Kind, ProfileBuilder)> = Vec::new();
     let mut c = Cursor::new(jfr);
@@ -276,7 +288,11 @@ pub fn to_pprof(
         m.seek(header.metadata_offset)?;
         let md = Metadata::read(&mut m, meter)?;
         let pools = Pools::read(chunk, header.constant_pool_offset, &md, meter)?;
-        let wall_mode = event_setting(chunk, &md, meter)?.as_deref() == Some("wall");
+        let setting = event_setting(chunk, &md, meter)?;
+        let wall_mode = setting.as_deref() == Some("wall");
+        if event.is_none() {
+            event = setting;
+        }
         // Samples by kind, then by stack and labels: summed values.
         let mut kinds: Vec<(&'static Kind, Summed)> = Vec::new();
         let states = thread_states(&md, &pools, meter)?;
@@ -410,13 +426,16 @@ pub fn to_pprof(
         meter.give_back(meter.held() - chunk_held - profiles_taken);
         c.seek(start + header.size)?;
     }
-    Ok(profiles
-        .into_iter()
-        .map(|(kind, b)| Converted {
-            name: kind.name,
-            profile: b.build(),
-        })
-        .collect())
+    Ok(Recording {
+        profiles: profiles
+            .into_iter()
+            .map(|(kind, b)| Converted {
+                name: kind.name,
+                profile: b.build(),
+            })
+            .collect(),
+        event,
+    })
 }
 
 fn new_builder(kind: &Kind, from: i64, until: i64) -> ProfileBuilder {
