@@ -15,6 +15,11 @@
 //! - one captured upload, sent to Pyroscope directly under one service name
 //!   and through proflow under another, reads back the same: the same
 //!   profile types with the same totals for the app's functions.
+//!
+//! And a recording of the JDK's own Flight Recorder
+//! (`-XX:StartFlightRecording`, `tests/peers/apps/java/Plain.java`), sent raw:
+//! its CPU split and allocations in the files, and the same in Pyroscope
+//! whether sent directly or through proflow.
 
 mod common;
 #[allow(clippy::duplicate_mod)]
@@ -96,9 +101,10 @@ fn run_app(java: &Path, agent: &Path, server: &str, app: &str, log: &Path) {
     );
 }
 
-/// The app's files, once their number stays put for a second.
-fn app_files(proflow: &Proflow, app: &str) -> Vec<IndexEntry> {
-    let mut entries = proflow.wait_for_files(3, |e| e.label("service_name") == Some(app));
+/// The app's files (at least `least`), once their number stays put for a
+/// second.
+fn app_files(proflow: &Proflow, app: &str, least: usize) -> Vec<IndexEntry> {
+    let mut entries = proflow.wait_for_files(least, |e| e.label("service_name") == Some(app));
     for _ in 0..10 {
         std::thread::sleep(Duration::from_secs(1));
         let now = proflow.wait_for_files(entries.len(), |e| e.label("service_name") == Some(app));
@@ -201,7 +207,7 @@ fn java_agent_uploads_reach_files_with_its_split_and_labels() {
     let app = common::unique_name("java-e2e");
     let log = proflow.dir.path().join("java.log");
     run_app(&java, &agent, &proflow.receiver_url(""), &app, &log);
-    let entries = app_files(&proflow, &app);
+    let entries = app_files(&proflow, &app, 3);
     for e in &entries {
         // The agent's static labels, Pyroscope's and the relabel processor's.
         for (k, v) in [
@@ -265,7 +271,7 @@ fn java_agent_uploads_reach_pyroscope_through_proflow() {
     let app = common::unique_name("java-pyro");
     let log = proflow.dir.path().join("java.log");
     run_app(&java, &agent, &proflow.receiver_url(""), &app, &log);
-    let entries = app_files(&proflow, &app);
+    let entries = app_files(&proflow, &app, 3);
     let cpu = files_named(&entries, "process_cpu");
     let want = file_totals(&cpu, &CPU_FUNCTIONS, "cpu");
     assert_eq!(
@@ -492,4 +498,100 @@ fn a_captured_upload_reads_the_same_from_pyroscope_directly_and_through_proflow(
         compared += 1;
     }
     assert_eq!(compared, PROFILE_TYPES.len());
+}
+
+#[test]
+fn jdk_flight_recordings_read_the_same_through_proflow() {
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let Some((java, _)) = java_and_agent() else {
+        return;
+    };
+    let go = match common::go() {
+        Ok(go) => go,
+        Err(why) => return common::missing_peer(&why).unwrap_or(()),
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recording = dir.path().join("plain.jfr");
+    let (status, output) = common::run_bounded(
+        Command::new(&java)
+            .arg(format!(
+                "-XX:StartFlightRecording=filename={},settings=profile",
+                recording.display()
+            ))
+            .arg(common::peers_dir().join("apps/java/Plain.java"))
+            .arg(RUN_SECONDS),
+        &dir.path().join("java.log"),
+        RUN_TIMEOUT,
+    );
+    assert!(
+        status.success(),
+        "the Java program failed ({status}):\n{output}"
+    );
+    let body = std::fs::read(&recording).expect("the recording");
+    let proflow = common::start_with_file_and(
+        "pyroscope",
+        &format!("endpoint: {}\n", pyroscope.http_base()),
+    );
+    let direct = common::unique_name("jdk-direct");
+    let through = common::unique_name("jdk-proflow");
+    let http = common::http_client();
+    let base = pyroscope.http_base();
+    for (to, name) in [(&base, &direct), (&proflow.receiver_url(""), &through)] {
+        let reply = http
+            .post(format!("{to}/ingest?name={name}&format=jfr&spyName=jfr"))
+            .header("Content-Type", "application/octet-stream")
+            .body(body.clone())
+            .send()
+            .expect("POST");
+        let status = reply.status();
+        assert!(
+            status.is_success(),
+            "{to}: {status} {}",
+            reply.text().unwrap_or_default()
+        );
+    }
+    let entries = app_files(&proflow, &through, 2);
+    let cpu = files_named(&entries, "process_cpu");
+    let memory = files_named(&entries, "memory");
+    let functions = ["Plain.plainHot", "Plain.plainWarm"];
+    let (totals, traces) = common::pprof_trace_totals(&go, &cpu, &functions);
+    let share = 100.0 * totals[0] / (totals[0] + totals[1]);
+    assert!(
+        (56.7..=76.7).contains(&share),
+        "plainHot should take 2/3 of plainHot + plainWarm, took {share:.1}% ({totals:?}):\n{traces}"
+    );
+    assert_eq!(top_function(&go, &memory), "Plain.plainAlloc");
+    let all = ["Plain.plainHot", "Plain.plainWarm", "Plain.plainAlloc"];
+    for ty in [
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+        "memory:alloc_sample_objects:count:space:bytes",
+        "memory:alloc_sample_bytes:bytes:space:bytes",
+    ] {
+        let read = |service: &str| {
+            readback::pyroscope_totals(
+                &http,
+                &base,
+                &format!("{{service_name=\"{service}\"}}"),
+                &all,
+                Some(ty),
+            )
+            .0
+        };
+        let mut last = (Totals::new(), Totals::new());
+        let same = peer_env::poll(READ_BACK_TIMEOUT, || {
+            last = (read(&direct), read(&through));
+            (!last.0.is_empty() && last.0 == last.1).then_some(())
+        });
+        assert!(
+            same.is_some(),
+            "{ty}: Pyroscope directly {:?}, through proflow {:?}\nlog:\n{}",
+            last.0,
+            last.1,
+            proflow.log_text()
+        );
+        eprintln!("{ty}: {:?}", last.0);
+    }
+    eprintln!("JDK recording: {share:.1}% hot ({totals:?})");
 }
