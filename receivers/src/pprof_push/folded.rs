@@ -28,6 +28,10 @@ pub(crate) enum TextFormat {
     Folded,
     /// `stack` per line; each line counts one sample (`format=lines`).
     Lines,
+    /// A binary tree of frames (`format=tree`), see [`super::tree`].
+    Tree,
+    /// A binary trie of stack pieces (`format=trie`), see [`super::tree`].
+    Trie,
 }
 
 /// Caps on what one text body may convert to.
@@ -74,12 +78,16 @@ pub(crate) enum FoldedError {
     /// The memory budget had no room for the conversion.
     #[error("{0}")]
     Memory(OverBudget),
+    /// A binary `tree` or `trie` body that cannot be read.
+    #[error("{0}")]
+    Malformed(String),
 }
 
 /// What one distinct stack costs while parsing, beside any text it owns:
 /// its entry in the list and in the index, each with its share of spare
 /// capacity (both double as they grow).
-const STACK_ENTRY: usize = 2 * (size_of::<(Cow<str>, i64)>() + size_of::<(Cow<str>, usize)>() + 8);
+pub(crate) const STACK_ENTRY: usize =
+    2 * (size_of::<(Cow<str>, i64)>() + size_of::<(Cow<str>, usize)>() + 8);
 /// What one distinct frame costs in the profile beside its name (held
 /// twice: the string table and the builder's index): a function, a
 /// location with its line, and two index entries, spare capacity included.
@@ -126,6 +134,11 @@ pub(crate) fn parse_stacks<'a>(
     limits: TextLimits,
     charge: &mut Charge<'_>,
 ) -> Result<Stacks<'a>, FoldedError> {
+    match format {
+        TextFormat::Tree => return super::tree::parse_tree(body, limits, charge),
+        TextFormat::Trie => return super::tree::parse_trie(body, limits, charge),
+        TextFormat::Folded | TextFormat::Lines => {}
+    }
     let mut index: HashMap<Cow<'a, str>, usize> = HashMap::new();
     let mut stacks: Vec<(Cow<'a, str>, i64)> = Vec::new();
     for (i, raw) in body.split(|&b| b == b'\n').enumerate() {
@@ -138,7 +151,7 @@ pub(crate) fn parse_stacks<'a>(
         }
         let line = String::from_utf8_lossy(raw);
         let (stack, count) = match format {
-            TextFormat::Lines => (line, 1i64),
+            TextFormat::Lines | TextFormat::Tree | TextFormat::Trie => (line, 1i64),
             TextFormat::Folded => {
                 let Some((stack, count)) = split_count(line) else {
                     continue;

@@ -134,33 +134,27 @@ pub(crate) fn body_kind(format: &str, content_type: Option<&str>) -> Result<Body
             "{what} is not supported yet; send pprof (format=pprof or a multipart `profile` part), JFR (format=jfr) or folded text (format=folded)"
         ))
     };
-    match format {
-        "jfr" => {
-            return Ok(BodyKind::Jfr {
-                multipart: is_multipart(content_type),
-            });
-        }
-        "trie" | "tree" | "speedscope" => return Err(not_yet(&format!("format={format}"))),
-        _ => {}
+    let binary = content_type.map(|c| c.trim().to_ascii_lowercase());
+    // Pyroscope's order: the trie and tree formats (by name or content
+    // type), lines, JFR, pprof, speedscope, any multipart form, then folded.
+    if format == "trie" || binary.as_deref() == Some("binary/octet-stream+trie") {
+        return Ok(BodyKind::Text(TextFormat::Trie));
     }
-    if is_multipart(content_type) {
-        return Ok(BodyKind::Multipart);
+    if format == "tree" || binary.as_deref() == Some("binary/octet-stream+tree") {
+        return Ok(BodyKind::Text(TextFormat::Tree));
     }
+    let multipart = is_multipart(content_type);
     match format {
-        "pprof" => Ok(BodyKind::Pprof),
         "lines" => Ok(BodyKind::Text(TextFormat::Lines)),
-        "" | "folded" | "groups" => {
-            match content_type
-                .map(|c| c.trim().to_ascii_lowercase())
-                .as_deref()
-            {
-                Some("binary/octet-stream+trie") => Err(not_yet("the trie format")),
-                Some("binary/octet-stream+tree") => Err(not_yet("the tree format")),
-                _ => Ok(BodyKind::Text(TextFormat::Folded)),
-            }
-        }
+        "jfr" => Ok(BodyKind::Jfr { multipart }),
+        // A form sent as pprof is still a form: its Content-Type says so.
+        "pprof" if multipart => Ok(BodyKind::Multipart),
+        "pprof" => Ok(BodyKind::Pprof),
+        "speedscope" => Err(not_yet("format=speedscope")),
+        _ if multipart => Ok(BodyKind::Multipart),
+        "" | "folded" | "groups" => Ok(BodyKind::Text(TextFormat::Folded)),
         other => Err(IngestError::bad_request(format!(
-            "unknown format {other:?}: use pprof, jfr, folded or lines"
+            "unknown format {other:?}: use pprof, jfr, folded, lines, tree or trie"
         ))),
     }
 }
@@ -429,10 +423,21 @@ mod tests {
             kind("format=jfr", Some("application/octet-stream")),
             Ok(BodyKind::Jfr { multipart: false })
         );
+        // The binary formats of older agents, by name or content type.
         assert_eq!(
-            kind("", Some("binary/octet-stream+trie"))
-                .unwrap_err()
-                .status(),
+            kind("", Some("binary/octet-stream+trie")),
+            Ok(BodyKind::Text(TextFormat::Trie))
+        );
+        assert_eq!(
+            kind("format=pprof", Some("binary/octet-stream+tree")),
+            Ok(BodyKind::Text(TextFormat::Tree))
+        );
+        assert_eq!(
+            kind("format=tree", None),
+            Ok(BodyKind::Text(TextFormat::Tree))
+        );
+        assert_eq!(
+            kind("format=speedscope", None).unwrap_err().status(),
             axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE
         );
         assert_eq!(

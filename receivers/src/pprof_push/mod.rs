@@ -33,6 +33,7 @@ mod profile_type;
 mod push;
 mod server;
 mod timestamp;
+mod tree;
 
 use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::{
