@@ -204,12 +204,23 @@ fn jfr_that_is_not_a_recording() {
 }
 
 #[test]
-fn a_format_not_read_yet() {
+fn speedscope_that_is_not_speedscope() {
     refused_then_served(
-        "speedscope",
+        "speedscope without its $schema",
         |app| common::ingest_query(app, Some("speedscope")),
         &[("content-type", "application/json")],
-        b"{}".to_vec(),
+        br#"{"profiles": [{"type": "sampled", "samples": [[0]], "weights": [1]}]}"#.to_vec(),
+        BAD_REQUEST,
+    );
+}
+
+#[test]
+fn push_of_an_unknown_content_type() {
+    refused_then_served(
+        "Push as text/plain",
+        |_| "/push.v1.PusherService/Push".to_owned(),
+        &[("content-type", "text/plain")],
+        b"hello".to_vec(),
         UNSUPPORTED,
     );
 }

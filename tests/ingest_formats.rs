@@ -1,6 +1,7 @@
 //! Every text and binary body of Pyroscope's `/ingest` (folded `groups`,
-//! `lines`, and the `tree` and `trie` of older agents, by `format` or by
-//! `Content-Type`), sent to the real Pyroscope directly under one service
+//! `lines`, the `tree` and `trie` of older agents, by `format` or by
+//! `Content-Type`, and speedscope JSON, sampled, evented and several
+//! profiles in one file), sent to the real Pyroscope directly under one service
 //! name and through proflow's `pyroscope` exporter under another: both read
 //! back with the same totals per function, in the profile type the app
 //! name's suffix chose.
@@ -195,4 +196,57 @@ fn groups_without_a_format() {
 #[test]
 fn lines_by_format() {
     same_in_pyroscope("lines", ".cpu", "&format=lines", OCTET, lines(), CPU);
+}
+
+const SPEEDSCOPE_FRAMES: &str = r#""shared": {"frames": [{"name": "main"}, {"name": "foo"}, {"name": "bar"}, {"name": "idle"}]}"#;
+
+fn speedscope(profiles: &str) -> Vec<u8> {
+    format!(
+        r#"{{"$schema": "https://www.speedscope.app/file-format-schema.json", {SPEEDSCOPE_FRAMES}, "profiles": [{profiles}], "name": "t", "exporter": "test"}}"#
+    )
+    .into_bytes()
+}
+
+const SAMPLED: &str = r#"{"type": "sampled", "name": "first", "unit": "milliseconds", "startValue": 0, "endValue": 7,
+    "samples": [[0, 1], [0, 2], [3], [0]], "weights": [3, 2, 1.5, 1]}"#;
+const EVENTED: &str = r#"{"type": "evented", "name": "second", "unit": "milliseconds", "startValue": 0, "endValue": 8,
+    "events": [{"type": "O", "at": 0, "frame": 0}, {"type": "O", "at": 1, "frame": 1}, {"type": "C", "at": 4, "frame": 1},
+               {"type": "O", "at": 4, "frame": 2}, {"type": "C", "at": 6.5, "frame": 2}, {"type": "C", "at": 7, "frame": 0},
+               {"type": "O", "at": 7, "frame": 3}, {"type": "C", "at": 8, "frame": 3}]}"#;
+
+#[test]
+fn speedscope_sampled() {
+    same_in_pyroscope(
+        "speedscope-sampled",
+        "",
+        "&format=speedscope",
+        "application/json",
+        speedscope(SAMPLED),
+        CPU,
+    );
+}
+
+#[test]
+fn speedscope_evented() {
+    same_in_pyroscope(
+        "speedscope-evented",
+        ".cpu",
+        "&format=speedscope",
+        "application/json",
+        speedscope(EVENTED),
+        CPU,
+    );
+}
+
+#[test]
+fn speedscope_of_two_profiles() {
+    // Each is named after its unit, which makes it a wall profile.
+    same_in_pyroscope(
+        "speedscope-two",
+        "",
+        "&format=speedscope",
+        "application/json",
+        speedscope(&format!("{SAMPLED}, {EVENTED}")),
+        "wall:wall:nanoseconds:cpu:nanoseconds",
+    );
 }

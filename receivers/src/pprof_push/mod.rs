@@ -32,6 +32,7 @@ mod name;
 mod profile_type;
 mod push;
 mod server;
+mod speedscope;
 mod timestamp;
 mod tree;
 
@@ -349,6 +350,9 @@ pub mod fuzzing {
                 ingest::text_batch(&params, format, body, Default::default(), &mut budget)
             }
             BodyKind::Jfr { .. } => jfr::jfr_batch(&params, body, None, &mut budget),
+            BodyKind::Speedscope => {
+                ingest::speedscope_batch(&params, body, Default::default(), &mut budget)
+            }
         }
         .map_err(|r| r.error.to_string())
     }

@@ -446,6 +446,15 @@ impl Shared {
                 })
                 .await?
             }
+            BodyKind::Speedscope => {
+                let limits = self.limits.text;
+                blocking(inline, move || {
+                    let body = encoding.decode(body, &mut budget)?;
+                    let batch = ingest::speedscope_batch(&params, body, limits, &mut budget)?;
+                    Ok((batch, budget))
+                })
+                .await?
+            }
             BodyKind::Text(format) => {
                 let limits = self.limits.text;
                 blocking(inline, move || {
