@@ -13,8 +13,6 @@ mod readback;
 
 use std::time::Duration;
 
-use common::Totals;
-
 const READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);
 const FUNCTIONS: [&str; 4] = ["main", "foo", "bar", "idle"];
 
@@ -112,29 +110,22 @@ fn same_in_pyroscope(
             reply.text().unwrap_or_default()
         );
     }
-    let read = |service: &str| {
-        readback::pyroscope_totals(
-            &http,
-            &base,
-            &format!("{{service_name=\"{service}\"}}"),
-            &FUNCTIONS,
-            Some(profile_type),
-        )
-        .0
-    };
-    let mut last = (Totals::new(), Totals::new());
-    let same = peer_env::poll(READ_BACK_TIMEOUT, || {
-        last = (read(&direct), read(&through));
-        (last.0.len() == FUNCTIONS.len() && last.0 == last.1).then_some(())
-    });
-    assert!(
-        same.is_some(),
-        "{what}: Pyroscope directly {:?}, through proflow {:?}\nlog:\n{}",
-        last.0,
-        last.1,
-        proflow.log_text()
-    );
-    eprintln!("{what}: {:?}", last.0);
+    match readback::same_service_totals(
+        &http,
+        &base,
+        &direct,
+        &through,
+        &FUNCTIONS,
+        profile_type,
+        READ_BACK_TIMEOUT,
+        |t| t.len() == FUNCTIONS.len(),
+    ) {
+        Ok(totals) => eprintln!("{what}: {totals:?}"),
+        Err((a, b)) => panic!(
+            "{what}: Pyroscope directly {a:?}, through proflow {b:?}\nlog:\n{}",
+            proflow.log_text()
+        ),
+    }
 }
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";

@@ -317,6 +317,38 @@ fn java_agent_uploads_reach_pyroscope_through_proflow() {
     eprintln!("{app}: files {want:?}, Pyroscope {:?}", last.0);
 }
 
+/// Each of `types` reads back from Pyroscope with the same (non-empty)
+/// totals of `functions` for the service sent `direct` and the one sent
+/// `through` proflow.
+fn same_types(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    direct: &str,
+    through: &str,
+    types: &[&str],
+    functions: &[&str],
+    proflow: &Proflow,
+) {
+    for ty in types {
+        match readback::same_service_totals(
+            http,
+            base,
+            direct,
+            through,
+            functions,
+            ty,
+            READ_BACK_TIMEOUT,
+            |t| !t.is_empty(),
+        ) {
+            Ok(totals) => eprintln!("{ty}: {totals:?}"),
+            Err((a, b)) => panic!(
+                "{ty}: Pyroscope directly {a:?}, through proflow {b:?}\nlog:\n{}",
+                proflow.log_text()
+            ),
+        }
+    }
+}
+
 /// One request as a client sent it.
 struct Upload {
     path_and_query: String,
@@ -470,34 +502,15 @@ fn a_captured_upload_reads_the_same_from_pyroscope_directly_and_through_proflow(
     }
     // Every type Pyroscope made of the uploads comes back the same through
     // proflow.
-    let mut compared = 0;
-    for ty in PROFILE_TYPES {
-        let read = |service: &str| {
-            readback::pyroscope_totals(
-                &http,
-                &base,
-                &format!("{{service_name=\"{service}\"}}"),
-                &ALL_FUNCTIONS,
-                Some(ty),
-            )
-            .0
-        };
-        let mut last = (Totals::new(), Totals::new());
-        let same = peer_env::poll(READ_BACK_TIMEOUT, || {
-            last = (read(&direct), read(&through));
-            (!last.0.is_empty() && last.0 == last.1).then_some(())
-        });
-        assert!(
-            same.is_some(),
-            "{ty}: Pyroscope directly {:?}, through proflow {:?}\nlog:\n{}",
-            last.0,
-            last.1,
-            proflow.log_text()
-        );
-        eprintln!("{ty}: {:?}", last.0);
-        compared += 1;
-    }
-    assert_eq!(compared, PROFILE_TYPES.len());
+    same_types(
+        &http,
+        &base,
+        &direct,
+        &through,
+        &PROFILE_TYPES,
+        &ALL_FUNCTIONS,
+        &proflow,
+    );
 }
 
 #[test]
@@ -564,34 +577,18 @@ fn jdk_flight_recordings_read_the_same_through_proflow() {
     );
     assert_eq!(top_function(&go, &memory), "Plain.plainAlloc");
     let all = ["Plain.plainHot", "Plain.plainWarm", "Plain.plainAlloc"];
-    for ty in [
-        "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
-        "memory:alloc_sample_objects:count:space:bytes",
-        "memory:alloc_sample_bytes:bytes:space:bytes",
-    ] {
-        let read = |service: &str| {
-            readback::pyroscope_totals(
-                &http,
-                &base,
-                &format!("{{service_name=\"{service}\"}}"),
-                &all,
-                Some(ty),
-            )
-            .0
-        };
-        let mut last = (Totals::new(), Totals::new());
-        let same = peer_env::poll(READ_BACK_TIMEOUT, || {
-            last = (read(&direct), read(&through));
-            (!last.0.is_empty() && last.0 == last.1).then_some(())
-        });
-        assert!(
-            same.is_some(),
-            "{ty}: Pyroscope directly {:?}, through proflow {:?}\nlog:\n{}",
-            last.0,
-            last.1,
-            proflow.log_text()
-        );
-        eprintln!("{ty}: {:?}", last.0);
-    }
+    same_types(
+        &http,
+        &base,
+        &direct,
+        &through,
+        &[
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            "memory:alloc_sample_objects:count:space:bytes",
+            "memory:alloc_sample_bytes:bytes:space:bytes",
+        ],
+        &all,
+        &proflow,
+    );
     eprintln!("JDK recording: {share:.1}% hot ({totals:?})");
 }

@@ -86,8 +86,7 @@ pub(crate) enum FoldedError {
 /// What one distinct stack costs while parsing, beside any text it owns:
 /// its entry in the list and in the index, each with its share of spare
 /// capacity (both double as they grow).
-pub(crate) const STACK_ENTRY: usize =
-    2 * (size_of::<(Cow<str>, i64)>() + size_of::<(Cow<str>, usize)>() + 8);
+const STACK_ENTRY: usize = 2 * (size_of::<(Cow<str>, i64)>() + size_of::<(Cow<str>, usize)>() + 8);
 /// What one distinct frame costs in the profile beside its name (held
 /// twice: the string table and the builder's index): a function, a
 /// location with its line, and two index entries, spare capacity included.
@@ -111,6 +110,57 @@ pub(crate) struct Stacks<'a> {
 impl Stacks<'_> {
     pub fn is_empty(&self) -> bool {
         self.stacks.is_empty()
+    }
+}
+
+/// Stacks summed as they are made (by the binary and JSON formats, which
+/// build each `;`-joined stack themselves), within `max_text_stacks`, every
+/// copy charged before it is made.
+pub(crate) struct StackSums {
+    index: HashMap<String, usize>,
+    stacks: Vec<(Cow<'static, str>, i64)>,
+    limits: TextLimits,
+}
+
+impl StackSums {
+    pub fn new(limits: TextLimits) -> Self {
+        StackSums {
+            index: HashMap::new(),
+            stacks: Vec::new(),
+            limits,
+        }
+    }
+
+    /// Adds `value` to the stack `frames` (`;`-joined, root first); a
+    /// value of 0 or less, or a stack of no frames, adds nothing.
+    pub fn add(
+        &mut self,
+        stack: &str,
+        value: i64,
+        charge: &mut Charge<'_>,
+    ) -> Result<(), FoldedError> {
+        if value <= 0 || stack.split(';').all(str::is_empty) {
+            return Ok(());
+        }
+        if let Some(&at) = self.index.get(stack) {
+            self.stacks[at].1 = self.stacks[at].1.saturating_add(value);
+            return Ok(());
+        }
+        if self.stacks.len() >= self.limits.max_stacks {
+            return Err(FoldedError::TooManyStacks {
+                limit: self.limits.max_stacks,
+            });
+        }
+        charge(STACK_ENTRY + 2 * stack.len()).map_err(FoldedError::Memory)?;
+        self.index.insert(stack.to_owned(), self.stacks.len());
+        self.stacks.push((Cow::Owned(stack.to_owned()), value));
+        Ok(())
+    }
+
+    pub fn into_stacks(self) -> Stacks<'static> {
+        Stacks {
+            stacks: self.stacks,
+        }
     }
 }
 

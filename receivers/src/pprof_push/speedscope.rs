@@ -16,11 +16,9 @@
 //!
 //! The document's memory is granted from its shape before it is decoded.
 
-use std::collections::HashMap;
-
 use serde::Deserialize;
 
-use super::folded::{Charge, FoldedError, Stacks, TextLimits};
+use super::folded::{Charge, FoldedError, StackSums, Stacks, TextLimits};
 
 /// The `$schema` every speedscope file names.
 const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
@@ -166,7 +164,7 @@ pub(crate) fn parse(
     let mut out = Vec::with_capacity(merged.len());
     for p in &merged {
         let (rate, multiplier) = unit_rate(&p.unit, sample_rate)?;
-        let mut stacks = Sums::new(limits);
+        let mut stacks = StackSums::new(limits);
         match p.kind.as_str() {
             "sampled" => sampled(p, &names, multiplier, &mut stacks, charge)?,
             "evented" => evented(p, &names, multiplier, &mut stacks, charge)?,
@@ -180,57 +178,25 @@ pub(crate) fn parse(
             name: p.name.clone(),
             unit: p.unit.clone(),
             sample_rate: rate,
-            stacks: Stacks {
-                stacks: stacks.stacks,
-            },
+            stacks: stacks.into_stacks(),
         });
     }
     Ok(out)
 }
 
-/// Stacks summed by their `;`-joined frames.
-struct Sums {
-    index: HashMap<String, usize>,
-    stacks: Vec<(std::borrow::Cow<'static, str>, i64)>,
-    limits: TextLimits,
-}
-
-impl Sums {
-    fn new(limits: TextLimits) -> Self {
-        Sums {
-            index: HashMap::new(),
-            stacks: Vec::new(),
-            limits,
-        }
+/// Adds `value` to the stack of `frames` (root first).
+fn add(
+    sums: &mut StackSums,
+    frames: &[&str],
+    value: u64,
+    charge: &mut Charge<'_>,
+) -> Result<(), FoldedError> {
+    if value == 0 || frames.is_empty() {
+        return Ok(());
     }
-
-    fn add(
-        &mut self,
-        frames: &[&str],
-        value: u64,
-        charge: &mut Charge<'_>,
-    ) -> Result<(), FoldedError> {
-        if value == 0 || frames.is_empty() {
-            return Ok(());
-        }
-        let value = i64::try_from(value).unwrap_or(i64::MAX);
-        let len = frames.iter().map(|f| f.len() + 1).sum::<usize>();
-        charge(len).map_err(FoldedError::Memory)?;
-        let stack = frames.join(";");
-        if let Some(&at) = self.index.get(&stack) {
-            self.stacks[at].1 = self.stacks[at].1.saturating_add(value);
-            return Ok(());
-        }
-        if self.stacks.len() >= self.limits.max_stacks {
-            return Err(FoldedError::TooManyStacks {
-                limit: self.limits.max_stacks,
-            });
-        }
-        charge(super::folded::STACK_ENTRY + 2 * stack.len()).map_err(FoldedError::Memory)?;
-        self.index.insert(stack.clone(), self.stacks.len());
-        self.stacks.push((std::borrow::Cow::Owned(stack), value));
-        Ok(())
-    }
+    charge(frames.iter().map(|f| f.len() + 1).sum()).map_err(FoldedError::Memory)?;
+    let value = i64::try_from(value).unwrap_or(i64::MAX);
+    sums.add(&frames.join(";"), value, charge)
 }
 
 fn frame<'n>(names: &[&'n str], index: f64) -> Result<&'n str, FoldedError> {
@@ -261,7 +227,7 @@ fn sampled(
     p: &Profile,
     names: &[&str],
     multiplier: u64,
-    out: &mut Sums,
+    out: &mut StackSums,
     charge: &mut Charge<'_>,
 ) -> Result<(), FoldedError> {
     if p.samples.len() != p.weights.len() {
@@ -280,7 +246,12 @@ fn sampled(
         for &f in sample {
             stack.push(frame(names, f)?);
         }
-        out.add(&stack, to_u64(weight).saturating_mul(multiplier), charge)?;
+        add(
+            out,
+            &stack,
+            to_u64(weight).saturating_mul(multiplier),
+            charge,
+        )?;
     }
     Ok(())
 }
@@ -289,7 +260,7 @@ fn evented(
     p: &Profile,
     names: &[&str],
     multiplier: u64,
-    out: &mut Sums,
+    out: &mut StackSums,
     charge: &mut Charge<'_>,
 ) -> Result<(), FoldedError> {
     let mut last = p.start_value;
@@ -309,7 +280,8 @@ fn evented(
                         ev.at
                     )));
                 }
-                out.add(
+                add(
+                    out,
                     &stack,
                     to_u64(ev.at - last).saturating_mul(multiplier),
                     charge,
@@ -318,7 +290,7 @@ fn evented(
             }
             "O" => {
                 // As Pyroscope does: the time up to an open is not scaled.
-                out.add(&stack, to_u64(ev.at - last), charge)?;
+                add(out, &stack, to_u64(ev.at - last), charge)?;
                 charge(std::mem::size_of::<(usize, &str)>()).map_err(FoldedError::Memory)?;
                 open.push((index, name));
             }

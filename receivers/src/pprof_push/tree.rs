@@ -15,10 +15,7 @@
 //! copied, and the distinct stacks are capped, so a deep chain of nodes
 //! (each a copy of the path above it) is refused when the budget runs out.
 
-use std::borrow::Cow;
-use std::collections::HashMap;
-
-use super::folded::{Charge, FoldedError, STACK_ENTRY, Stacks, TextLimits};
+use super::folded::{Charge, FoldedError, StackSums, Stacks, TextLimits};
 
 /// Reads a LEB128 integer (Go's `binary.Uvarint`: at most 10 bytes).
 fn uvarint(body: &[u8], at: &mut usize) -> Option<u64> {
@@ -60,11 +57,10 @@ fn node<'b>(body: &'b [u8], at: &mut usize) -> Result<(&'b [u8], i64, u64), Fold
     Ok((name, value, children))
 }
 
-/// Sums stacks into [`Stacks`], within the limits and charges.
+/// Sums stacks, each copied from the bytes that make it (lossy UTF-8,
+/// charged first: it may triple invalid bytes).
 struct Collect<'c, 'd> {
-    index: HashMap<String, usize>,
-    stacks: Vec<(Cow<'static, str>, i64)>,
-    limits: TextLimits,
+    sums: StackSums,
     charge: &'c mut Charge<'d>,
 }
 
@@ -73,25 +69,9 @@ impl Collect<'_, '_> {
         if value <= 0 {
             return Ok(());
         }
-        // The lossy copy may triple invalid bytes; it is made to look up.
         (self.charge)(3 * stack.len()).map_err(FoldedError::Memory)?;
-        let stack = String::from_utf8_lossy(stack).into_owned();
-        if stack.split(';').all(str::is_empty) {
-            return Ok(());
-        }
-        if let Some(&at) = self.index.get(&stack) {
-            self.stacks[at].1 = self.stacks[at].1.saturating_add(value);
-            return Ok(());
-        }
-        if self.stacks.len() >= self.limits.max_stacks {
-            return Err(FoldedError::TooManyStacks {
-                limit: self.limits.max_stacks,
-            });
-        }
-        (self.charge)(STACK_ENTRY + 2 * stack.len()).map_err(FoldedError::Memory)?;
-        self.index.insert(stack.clone(), self.stacks.len());
-        self.stacks.push((Cow::Owned(stack), value));
-        Ok(())
+        let stack = String::from_utf8_lossy(stack);
+        self.sums.add(&stack, value, self.charge)
     }
 }
 
@@ -102,9 +82,7 @@ pub(crate) fn parse_tree(
     charge: &mut Charge<'_>,
 ) -> Result<Stacks<'static>, FoldedError> {
     let mut out = Collect {
-        index: HashMap::new(),
-        stacks: Vec::new(),
-        limits,
+        sums: StackSums::new(limits),
         charge,
     };
     let mut at = 0;
@@ -140,7 +118,7 @@ pub(crate) fn parse_tree(
             open.pop();
         }
         if open.is_empty() {
-            return Ok(Stacks { stacks: out.stacks });
+            return Ok(out.sums.into_stacks());
         }
     }
 }
@@ -152,9 +130,7 @@ pub(crate) fn parse_trie(
     charge: &mut Charge<'_>,
 ) -> Result<Stacks<'static>, FoldedError> {
     let mut out = Collect {
-        index: HashMap::new(),
-        stacks: Vec::new(),
-        limits,
+        sums: StackSums::new(limits),
         charge,
     };
     let mut at = 0;
@@ -195,7 +171,7 @@ pub(crate) fn parse_trie(
             i -= 1;
         }
     }
-    Ok(Stacks { stacks: out.stacks })
+    Ok(out.sums.into_stacks())
 }
 
 #[cfg(test)]
