@@ -24,7 +24,7 @@
 //! every distinct stack and method name, every distinct sample, and the
 //! profiles made.
 
-use std::collections::HashMap;
+use super::HashMap;
 
 use super::chunk::ChunkHeader;
 use super::cursor::{Cursor, JfrString};
@@ -75,6 +75,7 @@ type Summed = HashMap<SampleKey, Vec<i64>>;
 /// Where the fields the conversion reads are in an event class.
 #[derive(Debug, Clone, Copy)]
 struct EventFields {
+    state: Option<usize>,
     stack_trace: Option<usize>,
     context_id: Option<usize>,
     span_id: Option<usize>,
@@ -91,6 +92,7 @@ impl EventFields {
     fn of(class: &Class) -> Self {
         let f = |name: &str| class.field(name);
         EventFields {
+            state: f("state"),
             stack_trace: f("stackTrace"),
             context_id: f("contextId"),
             span_id: f("spanId"),
@@ -142,13 +144,13 @@ fn canonical_contexts(
     labels: Option<&LabelsSnapshot>,
     meter: &mut Meter<'_>,
 ) -> Result<HashMap<u64, u64>> {
-    let mut out = HashMap::new();
+    let mut out = HashMap::default();
     let Some(snapshot) = labels else {
         return Ok(out);
     };
     let mut ids: Vec<i64> = snapshot.contexts.keys().copied().collect();
     ids.sort_unstable();
-    let mut first: HashMap<Vec<(&str, &str)>, u64> = HashMap::new();
+    let mut first: HashMap<Vec<(&str, &str)>, u64> = HashMap::default();
     meter.take(ids.len() * 4 * std::mem::size_of::<(u64, u64)>())?;
     for id in ids {
         let set = snapshot.labels(id);
@@ -168,7 +170,7 @@ fn thread_states(
     pools: &Pools<'_>,
     meter: &mut Meter<'_>,
 ) -> Result<HashMap<u64, String>> {
-    let mut out = HashMap::new();
+    let mut out = HashMap::default();
     let Some(class) = md.class_named("jdk.types.ThreadState") else {
         return Ok(out);
     };
@@ -296,22 +298,21 @@ pub fn to_pprof(
         // Samples by kind, then by stack and labels: summed values.
         let mut kinds: Vec<(&'static Kind, Summed)> = Vec::new();
         let states = thread_states(&md, &pools, meter)?;
-        let state = |class: &Class, v: &Value| -> Option<&str> {
-            let key = field(class, v, "state")?.int()?;
-            states.get(&key).map(String::as_str)
+        let state = |f: &EventFields, v: &[u64]| -> Option<&str> {
+            let key = v.get(f.state?)?;
+            states.get(key).map(String::as_str)
         };
         let mut stacks = Stacks::new(&md, &pools);
-        let mut fields: HashMap<u64, EventFields> = HashMap::new();
-        events::for_each(
+        let mut fields: HashMap<u64, EventFields> = HashMap::default();
+        events::for_each_flat(
             chunk,
             &md,
             |class| KNOWN.contains(&class.name.as_str()),
-            meter,
-            |class, v, meter| {
+            |class, v| {
                 let f = *fields
                     .entry(class.id)
                     .or_insert_with(|| EventFields::of(class));
-                let int = |i: Option<usize>| i.and_then(|i| v.fields().get(i)).and_then(Value::int);
+                let int = |i: Option<usize>| i.and_then(|i| v.get(i)).copied();
                 let ticks = |i| int(i).map_or(0, |t| header.ticks_to_nanos(t as i64));
                 let Some(stack) = int(f.stack_trace) else {
                     return Ok(());
@@ -331,7 +332,7 @@ pub fn to_pprof(
                     let i = match kinds.iter().position(|(k, _)| std::ptr::eq(*k, kind)) {
                         Some(i) => i,
                         None => {
-                            kinds.push((kind, HashMap::new()));
+                            kinds.push((kind, HashMap::default()));
                             kinds.len() - 1
                         }
                     };
@@ -350,7 +351,7 @@ pub fn to_pprof(
                     Ok(())
                 };
                 match class.name.as_str() {
-                    "jdk.ExecutionSample" => match state(class, &v) {
+                    "jdk.ExecutionSample" => match state(&f, v) {
                         None | Some("STATE_SLEEPING") => {}
                         Some(_) => {
                             add(&CPU, vec![period])?;
@@ -362,7 +363,7 @@ pub fn to_pprof(
                     "profiler.WallClockSample" => {
                         let samples = int(f.samples).unwrap_or(1) as i64;
                         add(&WALL, vec![samples.saturating_mul(period)])?;
-                        if wall_mode && state(class, &v) == Some("STATE_RUNNABLE") {
+                        if wall_mode && state(&f, v) == Some("STATE_RUNNABLE") {
                             add(&CPU, vec![samples.saturating_mul(period)])?;
                         }
                     }

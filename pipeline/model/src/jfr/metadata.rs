@@ -8,7 +8,7 @@
 //! table for its name, its attributes (pairs of indexes) and its children.
 //! `root` holds `metadata`, whose `class` children hold `field`s.
 
-use std::collections::HashMap;
+use super::HashMap;
 
 use super::cursor::{Cursor, JfrString};
 use super::{JfrError, Meter, Result};
@@ -29,6 +29,35 @@ pub struct Field {
     pub array: bool,
 }
 
+/// How a primitive is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Primitive {
+    /// `boolean`, `byte`: one byte.
+    Byte,
+    /// `char`, `short`, `int`, `long`: a compressed integer.
+    Varint,
+    /// Four bytes, big-endian.
+    Float,
+    /// Eight bytes, big-endian.
+    Double,
+    /// `java.lang.String`: an encoding byte and its data.
+    String,
+}
+
+impl Primitive {
+    /// The primitive the class named `name` is, if it is one.
+    pub fn of(name: &str) -> Option<Primitive> {
+        Some(match name {
+            "boolean" | "byte" => Primitive::Byte,
+            "char" | "short" | "int" | "long" => Primitive::Varint,
+            "float" => Primitive::Float,
+            "double" => Primitive::Double,
+            "java.lang.String" => Primitive::String,
+            _ => return None,
+        })
+    }
+}
+
 /// One class: an event type, a constant-pool type or a primitive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Class {
@@ -42,6 +71,8 @@ pub struct Class {
     /// Has a field, neither a key nor an array, whose values take no bytes
     /// (no writer makes one; the reader refuses values of such a class).
     pub empty_field: bool,
+    /// Whether it is a primitive, and which.
+    pub primitive: Option<Primitive>,
 }
 
 impl Class {
@@ -150,6 +181,7 @@ impl Metadata {
                         .map(|f| std::mem::size_of::<Field>() + f.name.len())
                         .sum::<usize>(),
             )?;
+            let primitive = Primitive::of(&name);
             metadata.classes.insert(
                 id,
                 Class {
@@ -159,10 +191,11 @@ impl Metadata {
                     fields,
                     min_bytes: 0,
                     empty_field: false,
+                    primitive,
                 },
             );
         }
-        let mut known = HashMap::new();
+        let mut known = HashMap::default();
         let ids: Vec<u64> = metadata.classes.keys().copied().collect();
         for id in ids {
             let least = min_bytes(&metadata, id, &mut known, 0);

@@ -27,6 +27,10 @@ pub mod pools;
 pub mod stacks;
 pub mod values;
 
+/// The maps of the reader, keyed by what the file says (pool keys, class
+/// ids): hashed with a per-process random seed, and fast.
+pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::quality::RandomState>;
+
 /// Why a JFR file could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JfrError {

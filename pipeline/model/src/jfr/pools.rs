@@ -12,7 +12,7 @@
 //! The chain must run backwards, so it ends; every count is checked against
 //! the bytes left.
 
-use std::collections::HashMap;
+use super::HashMap;
 
 use super::chunk::HEADER_LEN;
 use super::cursor::Cursor;
@@ -69,7 +69,7 @@ impl<'c> Pools<'c> {
     ) -> Result<Pools<'c>> {
         let mut pools = Pools {
             chunk,
-            by_class: HashMap::new(),
+            by_class: HashMap::default(),
         };
         let mut at = last_offset;
         while at != 0 {

@@ -6,7 +6,7 @@
 //! left out. Every stack is resolved once and kept by its key, every
 //! method's name once by the method's key, both taken from the [`Meter`].
 
-use std::collections::HashMap;
+use super::HashMap;
 
 use super::cursor::JfrString;
 use super::metadata::{Class, Metadata};
@@ -71,8 +71,8 @@ impl<'a> Stacks<'a> {
             md,
             pools,
             ids,
-            resolved: HashMap::new(),
-            names: HashMap::new(),
+            resolved: HashMap::default(),
+            names: HashMap::default(),
         }
     }
 

@@ -8,7 +8,7 @@
 //! [`Meter`] before it is made.
 
 use super::cursor::{Cursor, JfrString};
-use super::metadata::{Class, Field, Metadata};
+use super::metadata::{Class, Field, Metadata, Primitive};
 use super::{JfrError, Meter, Result};
 
 /// The deepest nesting of inline classes taken (real files nest two or
@@ -56,11 +56,48 @@ pub fn held_bytes(v: &Value) -> usize {
     }
 }
 
+/// Reads one value of `class` flat, allocating nothing: each field that is
+/// an integer (or a key into a pool) as its value in `out`, every other
+/// field passed over and given 0. Events are read this way: what makes a
+/// profile of them is all integers and keys.
+pub fn read_flat(
+    c: &mut Cursor<'_>,
+    md: &Metadata,
+    class: &Class,
+    out: &mut Vec<u64>,
+) -> Result<()> {
+    check(c, class, 0)?;
+    out.clear();
+    for field in &class.fields {
+        let value = if field.array {
+            let n = array_len(c, md, field)?;
+            for _ in 0..n {
+                skip_one(c, md, field, 1)?;
+            }
+            0
+        } else if field.constant_pool {
+            c.varint("a constant-pool key")?
+        } else {
+            let of = field_class(c, md, field)?;
+            match of.primitive {
+                Some(Primitive::Varint) => c.varint("an integer")?,
+                Some(Primitive::Byte) => u64::from(c.u8("a byte")?),
+                _ => {
+                    skip_class(c, md, of, 1)?;
+                    0
+                }
+            }
+        };
+        out.push(value);
+    }
+    Ok(())
+}
+
 /// Passes over one value of `class`, allocating nothing.
 pub fn skip_class(c: &mut Cursor<'_>, md: &Metadata, class: &Class, depth: usize) -> Result<()> {
     check(c, class, depth)?;
-    if skip_primitive(c, &class.name)? {
-        return Ok(());
+    if let Some(p) = class.primitive {
+        return skip_primitive(c, p);
     }
     for field in &class.fields {
         if field.array {
@@ -82,16 +119,14 @@ fn skip_one(c: &mut Cursor<'_>, md: &Metadata, field: &Field, depth: usize) -> R
     skip_class(c, md, field_class(c, md, field)?, depth)
 }
 
-fn skip_primitive(c: &mut Cursor<'_>, name: &str) -> Result<bool> {
-    match name {
-        "boolean" | "byte" => c.u8(name_what(name)).map(drop)?,
-        "char" | "short" | "int" | "long" => c.varint(name_what(name)).map(drop)?,
-        "float" => c.take(4, "a float").map(drop)?,
-        "double" => c.take(8, "a double").map(drop)?,
-        "java.lang.String" => c.skip_string("a string")?,
-        _ => return Ok(false),
+fn skip_primitive(c: &mut Cursor<'_>, p: Primitive) -> Result<()> {
+    match p {
+        Primitive::Byte => c.u8("a byte").map(drop),
+        Primitive::Varint => c.varint("an integer").map(drop),
+        Primitive::Float => c.take(4, "a float").map(drop),
+        Primitive::Double => c.take(8, "a double").map(drop),
+        Primitive::String => c.skip_string("a string"),
     }
-    Ok(true)
 }
 
 /// Nesting within bounds, and no field that takes no bytes: a value of
@@ -147,11 +182,12 @@ pub fn read_class(
     meter: &mut Meter<'_>,
 ) -> Result<Value> {
     check(c, class, depth)?;
-    if let Some(primitive) = primitive(c, &class.name)? {
-        if let Value::Str(JfrString::Text(s)) = &primitive {
+    if let Some(p) = class.primitive {
+        let value = primitive(c, p)?;
+        if let Value::Str(JfrString::Text(s)) = &value {
             meter.take(s.len())?;
         }
-        return Ok(primitive);
+        return Ok(value);
     }
     meter.take_items::<Value>(class.fields.len())?;
     let mut fields = Vec::with_capacity(class.fields.len());
@@ -207,26 +243,15 @@ fn read_one(
     read_class(c, md, class, depth, meter)
 }
 
-/// A primitive of the class named `name`, or `None` when it is not one.
-fn primitive(c: &mut Cursor<'_>, name: &str) -> Result<Option<Value>> {
-    Ok(Some(match name {
-        "boolean" | "byte" => Value::Int(u64::from(c.u8(name_what(name))?)),
-        "char" | "short" | "int" | "long" => Value::Int(c.varint(name_what(name))?),
-        "float" => Value::Float(f64::from(f32::from_bits(c.be_u32("a float")?))),
-        "double" => Value::Float(f64::from_bits(c.be_i64("a double")? as u64)),
-        "java.lang.String" => Value::Str(c.string("a string")?),
-        _ => return Ok(None),
-    }))
-}
-
-fn name_what(name: &str) -> &'static str {
-    match name {
-        "boolean" => "a boolean",
-        "byte" => "a byte",
-        "char" => "a char",
-        "short" => "a short",
-        _ => "an integer",
-    }
+/// A primitive's value.
+fn primitive(c: &mut Cursor<'_>, p: Primitive) -> Result<Value> {
+    Ok(match p {
+        Primitive::Byte => Value::Int(u64::from(c.u8("a byte")?)),
+        Primitive::Varint => Value::Int(c.varint("an integer")?),
+        Primitive::Float => Value::Float(f64::from(f32::from_bits(c.be_u32("a float")?))),
+        Primitive::Double => Value::Float(f64::from_bits(c.be_i64("a double")? as u64)),
+        Primitive::String => Value::Str(c.string("a string")?),
+    })
 }
 
 #[cfg(test)]
