@@ -13,7 +13,6 @@
 use bytes::Bytes;
 use proflow_pipeline::jfr::{self, JfrError, Meter, labels::LabelsSnapshot};
 use proflow_pipeline::model::{Envelope, Payload, ValueType};
-use proflow_pipeline::pprof::Profile;
 use prost::Message;
 
 use super::budget::DecompressBudget;
@@ -98,27 +97,20 @@ pub(crate) fn jfr_batch(
         if let Some(event) = recording.event.as_deref().filter(|e| !e.is_empty()) {
             labels.set(JFR_EVENT_LABEL, event);
         }
-        let profile = converted.profile;
-        let (sample_types, period_type) = value_types(&profile);
         out.push(Envelope {
             labels,
             start_unix_nanos: params.start_nanos,
             end_unix_nanos: params.end_nanos,
-            sample_types,
-            period_type,
-            period: profile.period,
-            payload: Payload::from_profile(profile),
+            sample_types: converted
+                .sample_types
+                .iter()
+                .map(|(t, u)| ValueType::new(*t, *u))
+                .collect(),
+            period_type: converted.period_type.map(|(t, u)| ValueType::new(t, u)),
+            // As Pyroscope's: a period type, no period.
+            period: 0,
+            payload: Payload::from_bytes(Bytes::from(converted.pprof), budget.setting()),
         });
     }
     Ok(out)
-}
-
-fn value_types(profile: &Profile) -> (Vec<ValueType>, Option<ValueType>) {
-    let vt = |v: &proflow_pipeline::pprof::ValueType| {
-        ValueType::new(profile.string(v.r#type), profile.string(v.unit))
-    };
-    (
-        profile.sample_type.iter().map(vt).collect(),
-        profile.period_type.as_ref().map(vt),
-    )
 }

@@ -35,17 +35,21 @@ use super::pools::Pools;
 use super::stacks::Stacks;
 use super::values::Value;
 use super::{Meter, Result};
-use crate::pprof::{Profile, ProfileBuilder};
+use crate::pprof::ProfileBuilder;
 
 /// Pyroscope's sample rate when the client names none.
 pub const DEFAULT_SAMPLE_RATE: u32 = 100;
 
-/// One profile made from a recording.
+/// One profile made from a recording, encoded.
 #[derive(Debug)]
 pub struct Converted {
     /// Its `__name__`: `process_cpu`, `wall`, `memory`, `mutex`, `block`.
     pub name: &'static str,
-    pub profile: Profile,
+    /// Its sample types and period type (type, unit), as in the profile.
+    pub sample_types: &'static [(&'static str, &'static str)],
+    pub period_type: Option<(&'static str, &'static str)>,
+    /// The pprof profile's bytes (not gzipped).
+    pub pprof: Vec<u8>,
 }
 
 /// What tells one sample from another: its stack (its key in the chunk's
@@ -276,6 +280,7 @@ pub fn to_pprof(
     };
     let contexts = canonical_contexts(labels, meter)?;
     let mut event = None;
+    let mut done: Vec<Converted> = Vec::new();
     // A profile by kind, made as the chunks are read.
     let mut profiles: Vec<(&'static Kind, ProfileBuilder)> = Vec::new();
     let mut c = Cursor::new(jfr);
@@ -326,7 +331,7 @@ pub fn to_pprof(
                     span_name: int(f.span_name).unwrap_or(0),
                 };
                 let mut add = |kind: &'static Kind, values: Vec<i64>| -> Result<()> {
-                    if stacks.frames(stack, meter)?.is_empty() {
+                    if !stacks.has_frames(stack, meter)? {
                         return Ok(());
                     }
                     let i = match kinds.iter().position(|(k, _)| std::ptr::eq(*k, kind)) {
@@ -390,6 +395,11 @@ pub fn to_pprof(
         // meter: its locations, values and labels (names and lines are
         // interned by the builder, at most once per method and line).
         let before_profiles = meter.held();
+        // The frames of one sample at a time (as many as the deepest stack).
+        let mut frames = Vec::new();
+        // In the last chunk each profile is done once its samples are in:
+        // encoded, and its builder let go, before the next is made.
+        let last_chunk = start + header.size >= jfr.len();
         for (kind, sums) in kinds {
             let i = match profiles.iter().position(|(k, _)| std::ptr::eq(*k, kind)) {
                 Some(i) => i,
@@ -401,7 +411,7 @@ pub fn to_pprof(
             let b = &mut profiles[i].1;
             for (key, values) in sums {
                 let labels = sample_labels(&key, labels);
-                let frames = stacks.resolved(key.stack);
+                stacks.frames_into(key.stack, &mut frames)?;
                 let labels: Vec<(&str, &str)> =
                     labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
                 // The most the sample can add, given back down to what it did.
@@ -420,22 +430,47 @@ pub fn to_pprof(
                 b.sample_with_labels(locations, values, &labels);
                 meter.give_back(bound.saturating_sub(b.held_bytes() - before));
             }
+            if last_chunk {
+                let (kind, b) = profiles.remove(i);
+                done.push(finish(kind, b, meter)?);
+            }
         }
         // What the profiles hold stays taken; the rest of the chunk's
         // reading is dropped here.
-        let profiles_taken = meter.held() - before_profiles;
-        meter.give_back(meter.held() - chunk_held - profiles_taken);
+        let profiles_taken = meter.held().saturating_sub(before_profiles);
+        meter.give_back(
+            meter
+                .held()
+                .saturating_sub(chunk_held.saturating_add(profiles_taken)),
+        );
         c.seek(start + header.size)?;
     }
+    // Kinds the last chunk had none of.
+    for (kind, b) in profiles {
+        done.push(finish(kind, b, meter)?);
+    }
     Ok(Recording {
-        profiles: profiles
-            .into_iter()
-            .map(|(kind, b)| Converted {
-                name: kind.name,
-                profile: b.build(),
-            })
-            .collect(),
+        profiles: done,
         event,
+    })
+}
+
+/// A kind's profile encoded, the bytes taken from the meter and what the
+/// builder held given back.
+fn finish(kind: &'static Kind, b: ProfileBuilder, meter: &mut Meter<'_>) -> Result<Converted> {
+    let held = b.held_bytes();
+    let profile = b.build();
+    let len = prost::Message::encoded_len(&profile);
+    meter.take(len)?;
+    let mut pprof = Vec::with_capacity(len);
+    prost::Message::encode(&profile, &mut pprof).expect("a Vec has room for the encoded length");
+    drop(profile);
+    meter.give_back(held);
+    Ok(Converted {
+        name: kind.name,
+        sample_types: kind.sample_types,
+        period_type: kind.period_type,
+        pprof,
     })
 }
 

@@ -195,12 +195,10 @@ impl Metadata {
                 },
             );
         }
-        let mut known = HashMap::default();
-        let ids: Vec<u64> = metadata.classes.keys().copied().collect();
-        for id in ids {
-            let least = min_bytes(&metadata, id, &mut known, 0);
-            if let Some(class) = metadata.classes.get_mut(&id) {
-                class.min_bytes = least;
+        let known = min_bytes(&metadata);
+        for (id, least) in &known {
+            if let Some(class) = metadata.classes.get_mut(id) {
+                class.min_bytes = *least;
             }
         }
         let empty: Vec<u64> = metadata
@@ -224,39 +222,59 @@ impl Metadata {
     }
 }
 
-/// The fewest bytes a value of class `id` takes, each class worked out once
-/// (`known`). A class that holds itself inline, or nests too deep, counts
-/// 0: no value of it can be read anyway.
-fn min_bytes(md: &Metadata, id: u64, known: &mut HashMap<u64, usize>, depth: usize) -> usize {
-    if let Some(&n) = known.get(&id) {
-        return n;
-    }
-    let Some(class) = md.classes.get(&id) else {
-        return 0;
-    };
-    let n = match class.name.as_str() {
-        "boolean" | "byte" | "char" | "short" | "int" | "long" | "java.lang.String" => 1,
-        "float" => 4,
-        "double" => 8,
-        _ if depth > MAX_DEPTH => 0,
-        _ => {
-            // Counted as 0 while being worked out, so a cycle ends.
-            known.insert(id, 0);
-            class
-                .fields
-                .iter()
-                .map(|f| {
-                    if f.constant_pool || f.array {
-                        1
-                    } else {
-                        min_bytes(md, f.class, known, depth + 1)
-                    }
-                })
-                .fold(0usize, usize::saturating_add)
+/// The fewest bytes a value of each class takes: a primitive its own, a
+/// key or an array one, a class the sum of its fields. Worked out once per
+/// class, depth first without recursion (a chain of classes may be as long
+/// as the metadata), in the order of class ids so the answer never depends
+/// on a map's order. A class met again while it is being worked out (one
+/// that holds itself inline) counts 0 there: no value of it can be read.
+fn min_bytes(md: &Metadata) -> HashMap<u64, usize> {
+    let mut known: HashMap<u64, usize> = HashMap::default();
+    let mut ids: Vec<u64> = md.classes.keys().copied().collect();
+    ids.sort_unstable();
+    // Classes being worked out: id, the next field to add, the sum so far.
+    let mut open: Vec<(u64, usize, usize)> = Vec::new();
+    let mut in_progress: HashMap<u64, ()> = HashMap::default();
+    for id in ids {
+        if known.contains_key(&id) {
+            continue;
         }
-    };
-    known.insert(id, n);
-    n
+        open.push((id, 0, 0));
+        in_progress.insert(id, ());
+        while let Some(&mut (class_id, ref mut next, ref mut sum)) = open.last_mut() {
+            let class = &md.classes[&class_id];
+            let own = match class.primitive {
+                Some(Primitive::Float) => Some(4),
+                Some(Primitive::Double) => Some(8),
+                Some(_) => Some(1),
+                None => None,
+            };
+            if own.is_none() && *next < class.fields.len() {
+                let field = &class.fields[*next];
+                *next += 1;
+                if field.constant_pool || field.array {
+                    *sum = sum.saturating_add(1);
+                } else if let Some(&n) = known.get(&field.class) {
+                    *sum = sum.saturating_add(n);
+                } else if md.classes.contains_key(&field.class)
+                    && !in_progress.contains_key(&field.class)
+                {
+                    in_progress.insert(field.class, ());
+                    open.push((field.class, 0, 0));
+                }
+                // Else undeclared, or met again while being worked out: 0.
+                continue;
+            }
+            let total = own.unwrap_or(*sum);
+            open.pop();
+            in_progress.remove(&class_id);
+            known.insert(class_id, total);
+            if let Some((_, _, parent)) = open.last_mut() {
+                *parent = parent.saturating_add(total);
+            }
+        }
+    }
+    known
 }
 
 /// One element of the tree, its strings resolved.

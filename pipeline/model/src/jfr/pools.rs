@@ -34,6 +34,13 @@ impl<'c> Pools<'c> {
         self.by_class.get(&class)?.get(&key).copied()
     }
 
+    /// A cursor at the entry `key` of the pool of class `class`.
+    pub fn cursor_at(&self, class: u64, key: u64) -> Option<Cursor<'c>> {
+        let mut c = Cursor::new(self.chunk);
+        c.seek(self.offset(class, key)?).ok()?;
+        Some(c)
+    }
+
     /// The keys of the pool of class `class`.
     pub fn keys(&self, class: u64) -> impl Iterator<Item = u64> + '_ {
         self.by_class

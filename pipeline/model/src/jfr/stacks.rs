@@ -11,7 +11,7 @@ use super::HashMap;
 use super::cursor::JfrString;
 use super::metadata::{Class, Metadata};
 use super::pools::Pools;
-use super::values::Value;
+use super::values::{Value, array_len, field_class, read_flat, skip_field};
 use super::{Meter, Result};
 
 /// One frame: its method's key (see [`Stacks::name`]) and its line (0 when
@@ -27,7 +27,10 @@ pub struct Stacks<'a> {
     md: &'a Metadata,
     pools: &'a Pools<'a>,
     ids: Ids<'a>,
-    resolved: HashMap<u64, Vec<Frame>>,
+    /// Stack-trace key → whether it has a frame that can be named.
+    nonempty: HashMap<u64, bool>,
+    /// Frames being read (kept for its room).
+    scratch: Vec<Frame>,
     /// Method key → `class.method`, or `None` when it cannot be named.
     names: HashMap<u64, Option<String>>,
 }
@@ -71,27 +74,81 @@ impl<'a> Stacks<'a> {
             md,
             pools,
             ids,
-            resolved: HashMap::default(),
+            nonempty: HashMap::default(),
+            scratch: Vec::new(),
             names: HashMap::default(),
         }
     }
 
-    /// The frames of stack trace `key`, leaf first (empty when unknown).
-    pub fn frames(&mut self, key: u64, meter: &mut Meter<'_>) -> Result<&[Frame]> {
-        if !self.resolved.contains_key(&key) {
-            let frames = self.resolve(key, meter)?;
-            meter.take(
-                2 * std::mem::size_of::<(u64, Vec<Frame>)>()
-                    + frames.len() * std::mem::size_of::<Frame>(),
-            )?;
-            self.resolved.insert(key, frames);
+    /// Whether stack trace `key` has a frame that can be named; the first
+    /// time a key is asked, its methods are named (and kept).
+    pub fn has_frames(&mut self, key: u64, meter: &mut Meter<'_>) -> Result<bool> {
+        if let Some(&known) = self.nonempty.get(&key) {
+            return Ok(known);
         }
-        Ok(&self.resolved[&key])
+        let mut frames = std::mem::take(&mut self.scratch);
+        let had = frames.capacity();
+        self.raw_frames(key, &mut frames)?;
+        // Only its growth is new.
+        meter.take(frames.capacity().saturating_sub(had) * std::mem::size_of::<Frame>())?;
+        let mut any = false;
+        for f in &frames {
+            if !self.names.contains_key(&f.method) {
+                let name = self.method_name(f.method, meter)?;
+                self.names.insert(f.method, name);
+            }
+            any |= self.names[&f.method].is_some();
+        }
+        self.scratch = frames;
+        meter.take(2 * std::mem::size_of::<(u64, bool)>())?;
+        self.nonempty.insert(key, any);
+        Ok(any)
     }
 
-    /// The frames of stack trace `key` if [`Stacks::frames`] resolved it.
-    pub fn resolved(&self, key: u64) -> &[Frame] {
-        self.resolved.get(&key).map_or(&[], Vec::as_slice)
+    /// The frames of stack trace `key` whose methods have names, leaf first,
+    /// into `out` (read again from the pool: nothing is kept per stack).
+    /// The key must have been asked with [`Stacks::has_frames`].
+    pub fn frames_into(&self, key: u64, out: &mut Vec<Frame>) -> Result<()> {
+        self.raw_frames(key, out)?;
+        out.retain(|f| self.names.get(&f.method).is_some_and(Option::is_some));
+        Ok(())
+    }
+
+    /// Every frame of stack trace `key`, read flat from its pool entry.
+    fn raw_frames(&self, key: u64, out: &mut Vec<Frame>) -> Result<()> {
+        out.clear();
+        let ids = self.ids;
+        let (Some(trace), Some(frames_at)) = (ids.stack_trace, ids.frames) else {
+            return Ok(());
+        };
+        let Some(mut c) = self.pools.cursor_at(trace.id, key) else {
+            return Ok(());
+        };
+        let mut values = Vec::new();
+        for (i, field) in trace.fields.iter().enumerate() {
+            if i != frames_at || !field.array || field.constant_pool {
+                skip_field(&mut c, self.md, field, 1)?;
+                continue;
+            }
+            let frame_class = field_class(&c, self.md, field)?;
+            let n = array_len(&mut c, self.md, field)?;
+            // Each frame takes at least a byte: `n` is within the chunk.
+            out.reserve(n);
+            for _ in 0..n {
+                read_flat(&mut c, self.md, frame_class, &mut values)?;
+                let get = |at: Option<usize>| at.and_then(|i| values.get(i)).copied();
+                let Some(method) = get(ids.frame_method) else {
+                    continue;
+                };
+                let line = get(ids.frame_line)
+                    .and_then(|l| u32::try_from(l).ok())
+                    // No line is written as -1 in 32 bits.
+                    .filter(|&l| l != u32::MAX)
+                    .unwrap_or(0);
+                out.push(Frame { method, line });
+            }
+        }
+        Ok(())
     }
 
     /// The name of a frame's method.
@@ -119,42 +176,6 @@ impl<'a> Stacks<'a> {
         let out = value.as_ref().and_then(f);
         drop(value);
         meter.give_back(meter.held() - before);
-        Ok(out)
-    }
-
-    fn resolve(&mut self, key: u64, meter: &mut Meter<'_>) -> Result<Vec<Frame>> {
-        let ids = self.ids;
-        // (method, line) of each frame, leaf first.
-        let raw = self.with_entry(ids.stack_trace, key, meter, |trace| {
-            let Value::Array(frames) = trace.fields().get(ids.frames?)? else {
-                return None;
-            };
-            Some(
-                frames
-                    .iter()
-                    .filter_map(|f| {
-                        let method = f.fields().get(ids.frame_method?)?.int()?;
-                        let line = ids
-                            .frame_line
-                            .and_then(|i| f.fields().get(i))
-                            .and_then(Value::int)
-                            .and_then(|l| u32::try_from(l).ok())
-                            // No line is written as -1 in 32 bits.
-                            .filter(|&l| l != u32::MAX)
-                            .unwrap_or(0);
-                        Some(Frame { method, line })
-                    })
-                    .collect::<Vec<_>>(),
-            )
-        })?;
-        let mut out = raw.unwrap_or_default();
-        for f in &out {
-            if !self.names.contains_key(&f.method) {
-                let name = self.method_name(f.method, meter)?;
-                self.names.insert(f.method, name);
-            }
-        }
-        out.retain(|f| self.names[&f.method].is_some());
         Ok(out)
     }
 

@@ -93,6 +93,19 @@ pub fn read_flat(
     Ok(())
 }
 
+/// Passes over one field's value (an array's items too), allocating
+/// nothing.
+pub fn skip_field(c: &mut Cursor<'_>, md: &Metadata, field: &Field, depth: usize) -> Result<()> {
+    if field.array {
+        let n = array_len(c, md, field)?;
+        for _ in 0..n {
+            skip_one(c, md, field, depth)?;
+        }
+        return Ok(());
+    }
+    skip_one(c, md, field, depth)
+}
+
 /// Passes over one value of `class`, allocating nothing.
 pub fn skip_class(c: &mut Cursor<'_>, md: &Metadata, class: &Class, depth: usize) -> Result<()> {
     check(c, class, depth)?;
@@ -155,7 +168,7 @@ fn check(c: &Cursor<'_>, class: &Class, depth: usize) -> Result<()> {
 
 /// An array's length, checked against the bytes left at the least size of
 /// its items.
-fn array_len(c: &mut Cursor<'_>, md: &Metadata, field: &Field) -> Result<usize> {
+pub fn array_len(c: &mut Cursor<'_>, md: &Metadata, field: &Field) -> Result<usize> {
     let least = if field.constant_pool {
         1
     } else {
@@ -217,7 +230,7 @@ pub fn read_field(
     read_one(c, md, field, depth, meter)
 }
 
-fn field_class<'m>(c: &Cursor<'_>, md: &'m Metadata, field: &Field) -> Result<&'m Class> {
+pub fn field_class<'m>(c: &Cursor<'_>, md: &'m Metadata, field: &Field) -> Result<&'m Class> {
     md.classes
         .get(&field.class)
         .ok_or_else(|| JfrError::Invalid {
