@@ -590,18 +590,22 @@ fn scan_value_type(buf: &[u8]) -> Result<(i64, i64), DecodeError> {
     Ok((t, u))
 }
 
+/// The builder's indexes, keyed by what senders choose (frame names): a
+/// fast hash with a per-process random seed.
+type BuilderMap<K, V> = std::collections::HashMap<K, V, foldhash::quality::RandomState>;
+
 /// Builds a profile with string interning; used by receivers that convert text
-/// formats and by tests.
+/// formats and JFR, and by tests.
 #[derive(Debug, Default)]
 pub struct ProfileBuilder {
     profile: Profile,
-    strings: std::collections::HashMap<String, i64>,
+    strings: BuilderMap<String, i64>,
     /// Function name → the location of its line-less frame.
-    functions: std::collections::HashMap<i64, u64>,
+    functions: BuilderMap<i64, u64>,
     /// Function name → function id.
-    function_ids: std::collections::HashMap<i64, u64>,
+    function_ids: BuilderMap<i64, u64>,
     /// (function id, line) → location id, for frames with a line.
-    lines: std::collections::HashMap<(u64, i64), u64>,
+    lines: BuilderMap<(u64, i64), u64>,
     /// The bytes of every string interned, and of every sample's ids,
     /// values and labels: for [`ProfileBuilder::held_bytes`].
     string_bytes: usize,

@@ -27,6 +27,9 @@ pub struct Field {
     pub constant_pool: bool,
     /// Written as a count and that many values.
     pub array: bool,
+    /// The primitive its class is, if it is one (known once every class
+    /// is read).
+    pub primitive: Option<Primitive>,
 }
 
 /// How a primitive is written.
@@ -167,6 +170,7 @@ impl Metadata {
                         class: f.number("class")?,
                         constant_pool: f.attr("constantPool") == Some("true"),
                         array: f.attr("dimension").is_some_and(|d| d != "0"),
+                        primitive: None,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -194,6 +198,16 @@ impl Metadata {
                     primitive,
                 },
             );
+        }
+        let primitives: HashMap<u64, Primitive> = metadata
+            .classes
+            .values()
+            .filter_map(|c| Some((c.id, c.primitive?)))
+            .collect();
+        for class in metadata.classes.values_mut() {
+            for field in &mut class.fields {
+                field.primitive = primitives.get(&field.class).copied();
+            }
         }
         let known = min_bytes(&metadata);
         for (id, least) in &known {

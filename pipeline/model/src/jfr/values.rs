@@ -78,12 +78,15 @@ pub fn read_flat(
         } else if field.constant_pool {
             c.varint("a constant-pool key")?
         } else {
-            let of = field_class(c, md, field)?;
-            match of.primitive {
+            match field.primitive {
                 Some(Primitive::Varint) => c.varint("an integer")?,
                 Some(Primitive::Byte) => u64::from(c.u8("a byte")?),
-                _ => {
-                    skip_class(c, md, of, 1)?;
+                Some(p) => {
+                    skip_primitive(c, p)?;
+                    0
+                }
+                None => {
+                    skip_class(c, md, field_class(c, md, field)?, 1)?;
                     0
                 }
             }
@@ -128,6 +131,9 @@ pub fn skip_class(c: &mut Cursor<'_>, md: &Metadata, class: &Class, depth: usize
 fn skip_one(c: &mut Cursor<'_>, md: &Metadata, field: &Field, depth: usize) -> Result<()> {
     if field.constant_pool {
         return c.varint("a constant-pool key").map(drop);
+    }
+    if let Some(p) = field.primitive {
+        return skip_primitive(c, p);
     }
     skip_class(c, md, field_class(c, md, field)?, depth)
 }
