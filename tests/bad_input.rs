@@ -162,24 +162,78 @@ fn unknown_format() {
     );
 }
 
-#[test]
-fn jfr_is_unsupported() {
-    // What the Pyroscope Java agent sends: multipart with a `jfr` part.
+/// A multipart form as the Pyroscope Java agent sends it, of `parts`.
+fn agent_form(parts: &[(&str, &[u8])]) -> (String, Vec<u8>) {
     let boundary = "e2ejfrboundary";
     let mut body = Vec::new();
-    body.extend_from_slice(
-        format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"jfr\"; filename=\"jfr\"\r\nContent-Type: application/octet-stream\r\n\r\nFLR\0 not really a recording\r\n--{boundary}--\r\n"
-        )
-        .as_bytes(),
-    );
-    let content_type = format!("multipart/form-data; boundary={boundary}");
+    for (name, data) in parts {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{name}\"\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(data);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+#[test]
+fn jfr_that_is_not_a_recording() {
+    let (content_type, body) = agent_form(&[("jfr", b"FLR\0 not really a recording")]);
     refused_then_served(
-        "jfr",
+        "jfr part that is not a recording",
         |app| common::ingest_query(app, Some("jfr")),
         &[("content-type", content_type.as_str())],
         body,
+        BAD_REQUEST,
+    );
+    // A recording's header claiming more than the upload holds.
+    let mut header = b"FLR\0\0\x02\0\x01".to_vec();
+    header.extend_from_slice(&(1u64 << 40).to_be_bytes());
+    header.extend_from_slice(&[0; 52]);
+    refused_then_served(
+        "raw recording claiming a terabyte",
+        |app| common::ingest_query(app, Some("jfr")),
+        &OCTET,
+        header,
+        BAD_REQUEST,
+    );
+}
+
+#[test]
+fn speedscope_that_is_not_speedscope() {
+    refused_then_served(
+        "speedscope without its $schema",
+        |app| common::ingest_query(app, Some("speedscope")),
+        &[("content-type", "application/json")],
+        br#"{"profiles": [{"type": "sampled", "samples": [[0]], "weights": [1]}]}"#.to_vec(),
+        BAD_REQUEST,
+    );
+}
+
+#[test]
+fn push_of_an_unknown_content_type() {
+    refused_then_served(
+        "Push as text/plain",
+        |_| "/push.v1.PusherService/Push".to_owned(),
+        &[("content-type", "text/plain")],
+        b"hello".to_vec(),
         UNSUPPORTED,
+    );
+}
+
+#[test]
+fn jfr_form_without_a_recording() {
+    let (content_type, body) = agent_form(&[("labels", b"")]);
+    refused_then_served(
+        "jfr form without a jfr part",
+        |app| common::ingest_query(app, Some("jfr")),
+        &[("content-type", content_type.as_str())],
+        body,
+        BAD_REQUEST,
     );
 }
 

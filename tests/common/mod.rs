@@ -671,6 +671,22 @@ pub fn node_client() -> Result<PathBuf, String> {
     Ok(modules)
 }
 
+/// `java` (11 or later) and the Pyroscope Java agent's jar:
+/// `PROFLOW_JAVA` and `PROFLOW_JAVA_AGENT`, else what
+/// `tests/peers/install-clients` prints (it fetches the agent from Maven
+/// Central once). `Err` says why they are not available.
+pub fn java_agent() -> Result<(PathBuf, PathBuf), String> {
+    let java = client_path("PROFLOW_JAVA")?;
+    let agent = client_path("PROFLOW_JAVA_AGENT")?;
+    if !agent.is_file() {
+        return Err(format!(
+            "PROFLOW_JAVA_AGENT {} does not exist",
+            agent.display()
+        ));
+    }
+    Ok((java, agent))
+}
+
 /// `key` from the environment, else from the `KEY=value` lines of
 /// `tests/peers/install-clients` (run once per test binary; a fast no-op once
 /// the clients are installed).

@@ -217,3 +217,40 @@ pub fn parca_merge(
     let bytes = BASE64.decode(body["pprof"].as_str()?).ok()?;
     pprof::decode(&bytes::Bytes::from(bytes), 64 << 20).ok()
 }
+
+/// Waits (up to `timeout`) until Pyroscope reads back, in `profile_type`,
+/// the same totals of `functions` for the services `direct` and `through`,
+/// and `direct`'s are `complete`. Returns them, or else both last reads.
+#[allow(clippy::too_many_arguments)]
+pub fn same_service_totals(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    direct: &str,
+    through: &str,
+    functions: &[&str],
+    profile_type: &str,
+    timeout: std::time::Duration,
+    complete: impl Fn(&Totals) -> bool,
+) -> Result<Totals, (Totals, Totals)> {
+    let read = |service: &str| {
+        pyroscope_totals(
+            http,
+            base,
+            &format!("{{service_name=\"{service}\"}}"),
+            functions,
+            Some(profile_type),
+        )
+        .0
+    };
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let (a, b) = (read(direct), read(through));
+        if complete(&a) && a == b {
+            return Ok(a);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err((a, b));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}

@@ -13,6 +13,7 @@
 
 pub mod delivery;
 pub mod inflate;
+pub mod jfr;
 pub mod json_shape;
 pub mod memory;
 pub mod model;

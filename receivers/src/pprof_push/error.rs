@@ -101,7 +101,9 @@ impl IngestError {
     pub(crate) fn from_text(e: super::folded::FoldedError) -> Self {
         use super::folded::FoldedError;
         match e {
-            FoldedError::BadCount { .. } => IngestError::BadRequest(e.to_string()),
+            FoldedError::BadCount { .. } | FoldedError::Malformed(_) => {
+                IngestError::BadRequest(e.to_string())
+            }
             FoldedError::TooManyStacks { .. } | FoldedError::TooManyFrames { .. } => {
                 IngestError::TooComplex(e.to_string())
             }

@@ -28,6 +28,10 @@ pub(crate) enum TextFormat {
     Folded,
     /// `stack` per line; each line counts one sample (`format=lines`).
     Lines,
+    /// A binary tree of frames (`format=tree`), see [`super::tree`].
+    Tree,
+    /// A binary trie of stack pieces (`format=trie`), see [`super::tree`].
+    Trie,
 }
 
 /// Caps on what one text body may convert to.
@@ -74,6 +78,9 @@ pub(crate) enum FoldedError {
     /// The memory budget had no room for the conversion.
     #[error("{0}")]
     Memory(OverBudget),
+    /// A binary `tree` or `trie` body that cannot be read.
+    #[error("{0}")]
+    Malformed(String),
 }
 
 /// What one distinct stack costs while parsing, beside any text it owns:
@@ -106,6 +113,57 @@ impl Stacks<'_> {
     }
 }
 
+/// Stacks summed as they are made (by the binary and JSON formats, which
+/// build each `;`-joined stack themselves), within `max_text_stacks`, every
+/// copy charged before it is made.
+pub(crate) struct StackSums {
+    index: HashMap<String, usize>,
+    stacks: Vec<(Cow<'static, str>, i64)>,
+    limits: TextLimits,
+}
+
+impl StackSums {
+    pub fn new(limits: TextLimits) -> Self {
+        StackSums {
+            index: HashMap::new(),
+            stacks: Vec::new(),
+            limits,
+        }
+    }
+
+    /// Adds `value` to the stack `frames` (`;`-joined, root first); a
+    /// value of 0 or less, or a stack of no frames, adds nothing.
+    pub fn add(
+        &mut self,
+        stack: &str,
+        value: i64,
+        charge: &mut Charge<'_>,
+    ) -> Result<(), FoldedError> {
+        if value <= 0 || stack.split(';').all(str::is_empty) {
+            return Ok(());
+        }
+        if let Some(&at) = self.index.get(stack) {
+            self.stacks[at].1 = self.stacks[at].1.saturating_add(value);
+            return Ok(());
+        }
+        if self.stacks.len() >= self.limits.max_stacks {
+            return Err(FoldedError::TooManyStacks {
+                limit: self.limits.max_stacks,
+            });
+        }
+        charge(STACK_ENTRY + 2 * stack.len()).map_err(FoldedError::Memory)?;
+        self.index.insert(stack.to_owned(), self.stacks.len());
+        self.stacks.push((Cow::Owned(stack.to_owned()), value));
+        Ok(())
+    }
+
+    pub fn into_stacks(self) -> Stacks<'static> {
+        Stacks {
+            stacks: self.stacks,
+        }
+    }
+}
+
 /// `stack count` split at the last space, borrowing what `line` borrows.
 fn split_count(line: Cow<'_, str>) -> Option<(Cow<'_, str>, Cow<'_, str>)> {
     match line {
@@ -126,6 +184,11 @@ pub(crate) fn parse_stacks<'a>(
     limits: TextLimits,
     charge: &mut Charge<'_>,
 ) -> Result<Stacks<'a>, FoldedError> {
+    match format {
+        TextFormat::Tree => return super::tree::parse_tree(body, limits, charge),
+        TextFormat::Trie => return super::tree::parse_trie(body, limits, charge),
+        TextFormat::Folded | TextFormat::Lines => {}
+    }
     let mut index: HashMap<Cow<'a, str>, usize> = HashMap::new();
     let mut stacks: Vec<(Cow<'a, str>, i64)> = Vec::new();
     for (i, raw) in body.split(|&b| b == b'\n').enumerate() {
@@ -138,7 +201,7 @@ pub(crate) fn parse_stacks<'a>(
         }
         let line = String::from_utf8_lossy(raw);
         let (stack, count) = match format {
-            TextFormat::Lines => (line, 1i64),
+            TextFormat::Lines | TextFormat::Tree | TextFormat::Trie => (line, 1i64),
             TextFormat::Folded => {
                 let Some((stack, count)) = split_count(line) else {
                     continue;

@@ -2,7 +2,8 @@
 //!
 //! The query says who sent what (`name`, `from`, `until`, `sampleRate`,
 //! `spyName`, `units`, `aggregationType`, `format`); the body is one profile:
-//! raw pprof, a multipart form holding pprof, or folded text. Which one follows
+//! raw pprof, a multipart form holding pprof, a JFR recording (raw or in a
+//! multipart form, see [`super::jfr`]), or folded text. Which one follows
 //! Pyroscope: an explicit `format` first (`jfr`, `pprof`, `lines`, ...), then a
 //! multipart `Content-Type`, else folded text. We also read a multipart body
 //! sent with `format=pprof`, since its Content-Type leaves no doubt.
@@ -18,6 +19,7 @@ use super::labels::{ingest_folded_labels, ingest_pprof_labels};
 use super::multipart::is_multipart;
 use super::name::{AppName, parse_name};
 use super::profile_type::{SampleTypeConfigs, profile_name_from_sample_types, split_folded_app};
+use super::speedscope;
 use super::timestamp::parse_unix_timestamp;
 
 /// Pyroscope's default sample rate (Hz) when `sampleRate` is absent.
@@ -51,6 +53,12 @@ pub(crate) enum BodyKind {
     Pprof,
     /// A multipart form with a `profile` part.
     Multipart,
+    /// A JFR recording: raw, or a multipart form with `jfr` and `labels`.
+    Jfr {
+        multipart: bool,
+    },
+    /// A speedscope JSON file.
+    Speedscope,
     Text(TextFormat),
 }
 
@@ -121,37 +129,30 @@ pub(crate) fn parse_params(uri: &Uri, now_nanos: i64) -> Result<IngestParams, In
     })
 }
 
-/// How to read the body, from `format` and `Content-Type`. Formats Pyroscope
-/// knows and we do not yet read get 415, anything else 400.
+/// How to read the body, from `format` and `Content-Type`; an unknown
+/// format gets 400.
 pub(crate) fn body_kind(format: &str, content_type: Option<&str>) -> Result<BodyKind, IngestError> {
-    let not_yet = |what: &str| {
-        IngestError::UnsupportedMediaType(format!(
-            "{what} is not supported yet; send pprof (format=pprof or a multipart `profile` part) or folded text (format=folded)"
-        ))
-    };
-    match format {
-        "jfr" => return Err(not_yet("JFR (format=jfr)")),
-        "trie" | "tree" | "speedscope" => return Err(not_yet(&format!("format={format}"))),
-        _ => {}
+    let binary = content_type.map(|c| c.trim().to_ascii_lowercase());
+    // Pyroscope's order: the trie and tree formats (by name or content
+    // type), lines, JFR, pprof, speedscope, any multipart form, then folded.
+    if format == "trie" || binary.as_deref() == Some("binary/octet-stream+trie") {
+        return Ok(BodyKind::Text(TextFormat::Trie));
     }
-    if is_multipart(content_type) {
-        return Ok(BodyKind::Multipart);
+    if format == "tree" || binary.as_deref() == Some("binary/octet-stream+tree") {
+        return Ok(BodyKind::Text(TextFormat::Tree));
     }
+    let multipart = is_multipart(content_type);
     match format {
-        "pprof" => Ok(BodyKind::Pprof),
         "lines" => Ok(BodyKind::Text(TextFormat::Lines)),
-        "" | "folded" | "groups" => {
-            match content_type
-                .map(|c| c.trim().to_ascii_lowercase())
-                .as_deref()
-            {
-                Some("binary/octet-stream+trie") => Err(not_yet("the trie format")),
-                Some("binary/octet-stream+tree") => Err(not_yet("the tree format")),
-                _ => Ok(BodyKind::Text(TextFormat::Folded)),
-            }
-        }
+        "jfr" => Ok(BodyKind::Jfr { multipart }),
+        // A form sent as pprof is still a form: its Content-Type says so.
+        "pprof" if multipart => Ok(BodyKind::Multipart),
+        "pprof" => Ok(BodyKind::Pprof),
+        "speedscope" => Ok(BodyKind::Speedscope),
+        _ if multipart => Ok(BodyKind::Multipart),
+        "" | "folded" | "groups" => Ok(BodyKind::Text(TextFormat::Folded)),
         other => Err(IngestError::bad_request(format!(
-            "unknown format {other:?}: use pprof, folded or lines"
+            "unknown format {other:?}: use pprof, jfr, folded, lines, tree, trie or speedscope"
         ))),
     }
 }
@@ -218,10 +219,10 @@ pub(crate) fn with_plain(payload: Payload, plain: Option<Bytes>) -> Payload {
     }
 }
 
-/// A folded or lines body converted to one pprof profile (or none when it
-/// holds no stacks). A gzipped body is inflated within what is left of the
-/// request's decompression `budget`; the conversion's memory is granted
-/// from it as it grows, within `limits`.
+/// A folded, lines, tree or trie body converted to one pprof profile (or
+/// none when it holds no stacks). A gzipped body is inflated within what is
+/// left of the request's decompression `budget`; the conversion's memory is
+/// granted from it as it grows, within `limits`.
 pub(crate) fn text_batch(
     params: &IngestParams,
     format: TextFormat,
@@ -230,7 +231,8 @@ pub(crate) fn text_batch(
     budget: &mut DecompressBudget,
 ) -> Result<Vec<Envelope>, Refused> {
     let refuse = |error: IngestError| Refused { error, profiles: 1 };
-    let (app, ty) = split_folded_app(&params.name.app)
+    // The name is checked before the body is read.
+    split_folded_app(&params.name.app)
         .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
     let text = budget
         .decompress(|| "the text body".to_owned(), body)
@@ -238,22 +240,94 @@ pub(crate) fn text_batch(
     let mut charge = |bytes: usize| budget.charge(bytes);
     let stacks = folded::parse_stacks(&text, format, limits, &mut charge)
         .map_err(|e| refuse(IngestError::from_text(e)))?;
-    if stacks.is_empty() {
-        return Ok(Vec::new());
-    }
-    let labels = ingest_folded_labels(app, &params.name.tags, &params.spy_name, ty.profile_name)
-        .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
-    let conv = folded::conversion(ty, params.sample_rate);
-    let profile = folded::to_profile(
+    stacks_envelope(
+        params,
+        &params.name.app,
         &stacks,
+        params.sample_rate,
+        None,
+        limits,
+        &mut charge,
+    )
+    .map(|e| e.into_iter().collect())
+}
+
+/// A speedscope body converted to one pprof profile per profile in it (see
+/// [`super::speedscope`]); its decoding is granted from its shape first.
+pub(crate) fn speedscope_batch(
+    params: &IngestParams,
+    body: Bytes,
+    limits: TextLimits,
+    budget: &mut DecompressBudget,
+) -> Result<Vec<Envelope>, Refused> {
+    let refuse = |error: IngestError| Refused { error, profiles: 1 };
+    let text = budget
+        .decompress(|| "the speedscope body".to_owned(), body)
+        .map_err(refuse)?;
+    budget
+        .reserve(speedscope::decode_bound(&text))
+        .map_err(refuse)?;
+    let mut charge = |bytes: usize| budget.charge(bytes);
+    let profiles = speedscope::parse(&text, params.sample_rate, limits, &mut charge)
+        .map_err(|e| refuse(IngestError::from_text(e)))?;
+    let many = profiles.len() > 1;
+    let mut out = Vec::with_capacity(profiles.len());
+    for p in &profiles {
+        // With several profiles each is typed by its unit, as Pyroscope does.
+        let app = if many {
+            format!("{}.{}", params.name.app, p.unit)
+        } else {
+            params.name.app.clone()
+        };
+        let name = Some(("profile_name", p.name.as_str())).filter(|(_, n)| !n.is_empty());
+        out.extend(stacks_envelope(
+            params,
+            &app,
+            &p.stacks,
+            p.sample_rate,
+            name,
+            limits,
+            &mut charge,
+        )?);
+    }
+    Ok(out)
+}
+
+/// The profile of `stacks` sent as application `app` (whose suffix says its
+/// type), at `sample_rate`, with one `extra` label; none when it holds no
+/// stacks.
+fn stacks_envelope(
+    params: &IngestParams,
+    app: &str,
+    stacks: &folded::Stacks<'_>,
+    sample_rate: u32,
+    extra: Option<(&str, &str)>,
+    limits: TextLimits,
+    charge: &mut folded::Charge<'_>,
+) -> Result<Option<Envelope>, Refused> {
+    let refuse = |error: IngestError| Refused { error, profiles: 1 };
+    if stacks.is_empty() {
+        return Ok(None);
+    }
+    let (app, ty) = split_folded_app(app)
+        .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
+    let mut labels =
+        ingest_folded_labels(app, &params.name.tags, &params.spy_name, ty.profile_name)
+            .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
+    if let Some((k, v)) = extra {
+        labels.set(k, v);
+    }
+    let conv = folded::conversion(ty, sample_rate);
+    let profile = folded::to_profile(
+        stacks,
         &conv,
         params.start_nanos,
         params.end_nanos - params.start_nanos,
         limits,
-        &mut charge,
+        charge,
     )
     .map_err(|e| refuse(IngestError::from_text(e)))?;
-    Ok(vec![Envelope {
+    Ok(Some(Envelope {
         labels,
         start_unix_nanos: params.start_nanos,
         end_unix_nanos: params.end_nanos,
@@ -264,7 +338,7 @@ pub(crate) fn text_batch(
             .map(|((t, u), _)| ValueType::new(t.as_str(), u.as_str())),
         period: conv.period.as_ref().map_or(0, |(_, p)| *p),
         payload: Payload::from_profile(profile),
-    }])
+    }))
 }
 
 #[cfg(test)]
@@ -411,15 +485,29 @@ mod tests {
             kind("format=lines", None),
             Ok(BodyKind::Text(TextFormat::Lines))
         );
-        let jfr = kind("format=jfr", Some("multipart/form-data; boundary=x")).unwrap_err();
-        assert_eq!(jfr.status(), axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE);
-        assert!(jfr.to_string().contains("JFR"), "{jfr}");
+        // The Java agent's multipart upload, and a raw recording.
         assert_eq!(
-            kind("", Some("binary/octet-stream+trie"))
-                .unwrap_err()
-                .status(),
-            axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE
+            kind("format=jfr", Some("multipart/form-data; boundary=x")),
+            Ok(BodyKind::Jfr { multipart: true })
         );
+        assert_eq!(
+            kind("format=jfr", Some("application/octet-stream")),
+            Ok(BodyKind::Jfr { multipart: false })
+        );
+        // The binary formats of older agents, by name or content type.
+        assert_eq!(
+            kind("", Some("binary/octet-stream+trie")),
+            Ok(BodyKind::Text(TextFormat::Trie))
+        );
+        assert_eq!(
+            kind("format=pprof", Some("binary/octet-stream+tree")),
+            Ok(BodyKind::Text(TextFormat::Tree))
+        );
+        assert_eq!(
+            kind("format=tree", None),
+            Ok(BodyKind::Text(TextFormat::Tree))
+        );
+        assert_eq!(kind("format=speedscope", None), Ok(BodyKind::Speedscope));
         assert_eq!(
             kind("format=xml", None).unwrap_err().status(),
             axum::http::StatusCode::BAD_REQUEST

@@ -25,13 +25,16 @@ mod budget;
 mod error;
 mod folded;
 mod ingest;
+mod jfr;
 mod labels;
 mod multipart;
 mod name;
 mod profile_type;
 mod push;
 mod server;
+mod speedscope;
 mod timestamp;
+mod tree;
 
 use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::{
@@ -324,6 +327,7 @@ pub mod fuzzing {
     use super::budget::DecompressBudget;
     use super::folded::{self, TextFormat};
     use super::ingest::{self, BodyKind};
+    use super::jfr;
     use super::multipart::{self, PartLimit};
     use super::profile_type::folded_type;
     use super::push::{self, Codec};
@@ -345,7 +349,32 @@ pub mod fuzzing {
             BodyKind::Text(format) => {
                 ingest::text_batch(&params, format, body, Default::default(), &mut budget)
             }
+            BodyKind::Jfr { .. } => jfr::jfr_batch(&params, body, None, &mut budget),
+            BodyKind::Speedscope => {
+                ingest::speedscope_batch(&params, body, Default::default(), &mut budget)
+            }
         }
+        .map_err(|r| r.error.to_string())
+    }
+
+    /// A JFR upload as `/ingest?format=jfr` converts it: the recording and
+    /// the agent's labels (empty: none), plain or gzip, within a request's
+    /// budget (1 MiB to decompress, 4 MiB of memory). `Err` is the
+    /// refusal's message.
+    pub fn jfr(recording: &[u8], labels: &[u8]) -> Result<Vec<Envelope>, String> {
+        let params = ingest::parse_params(
+            &"/ingest?name=fuzz&format=jfr".parse().expect("a valid uri"),
+            1_700_000_000_000_000_000,
+        )
+        .map_err(|e| e.to_string())?;
+        let mut budget = DecompressBudget::new(1 << 20);
+        let labels = (!labels.is_empty()).then(|| Bytes::copy_from_slice(labels));
+        super::jfr::jfr_batch(
+            &params,
+            Bytes::copy_from_slice(recording),
+            labels,
+            &mut budget,
+        )
         .map_err(|r| r.error.to_string())
     }
 

@@ -1,7 +1,9 @@
 //! `multipart/form-data` bodies of `/ingest`, as pyroscope-go (and newer
 //! @pyroscope/nodejs) send them: a `profile` part holding the pprof bytes and,
-//! optionally, a `sample_type_config` part holding JSON. Parsing uses `multer`
-//! over the body already read (and size-checked), with a per-part limit too.
+//! optionally, a `sample_type_config` part holding JSON; or as the Pyroscope
+//! Java agent sends them: a `jfr` part and, optionally, a `labels` part.
+//! Parsing uses `multer` over the body already read (and size-checked), with
+//! a per-part limit too.
 
 use std::convert::Infallible;
 
@@ -11,6 +13,8 @@ use super::error::IngestError;
 
 const PROFILE_PART: &str = "profile";
 const SAMPLE_TYPE_CONFIG_PART: &str = "sample_type_config";
+const JFR_PART: &str = "jfr";
+const LABELS_PART: &str = "labels";
 /// Old pyroscope-go clients sent the previous cumulative profile for the
 /// server to subtract; Pyroscope refuses such requests and so do we.
 const PREV_PROFILE_PART: &str = "prev_profile";
@@ -20,6 +24,8 @@ const PREV_PROFILE_PART: &str = "prev_profile";
 pub(crate) struct IngestForm {
     pub profile: Option<Bytes>,
     pub sample_type_config: Option<Bytes>,
+    pub jfr: Option<Bytes>,
+    pub labels: Option<Bytes>,
 }
 
 /// How large one part may be, and which setting says so.
@@ -94,6 +100,8 @@ pub(crate) async fn read_form(
         let slot = match field.name() {
             Some(PROFILE_PART) => &mut form.profile,
             Some(SAMPLE_TYPE_CONFIG_PART) => &mut form.sample_type_config,
+            Some(JFR_PART) => &mut form.jfr,
+            Some(LABELS_PART) => &mut form.labels,
             Some(PREV_PROFILE_PART) => {
                 return Err(IngestError::bad_request(
                     "the request has a prev_profile part, which only old pyroscope-go versions send (cumulative profiles); update github.com/grafana/pyroscope-go to a current version",

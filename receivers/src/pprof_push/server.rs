@@ -33,7 +33,8 @@ use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
 use super::folded::TextLimits;
 use super::ingest::{self, BodyKind};
-use super::multipart::{PartLimit, read_form};
+use super::jfr;
+use super::multipart::{IngestForm, PartLimit, read_form};
 use super::push::{self, Codec};
 
 /// Size limits of one receiver.
@@ -318,6 +319,40 @@ async fn blocking<T: Send + 'static>(
     })?
 }
 
+/// Reads a multipart body's parts: decoded first if it has a
+/// Content-Encoding (on the blocking pool), each part's copy granted.
+async fn read_multipart(
+    encoding: ContentEncoding,
+    body: Bytes,
+    content_type: Option<&str>,
+    mut budget: DecompressBudget,
+) -> Result<(IngestForm, DecompressBudget), Refused> {
+    let (body, part_limit, mut budget) = match encoding {
+        ContentEncoding::Identity => {
+            let limit = PartLimit::RequestBody(body.len());
+            (body, limit, budget)
+        }
+        encoding => {
+            blocking(false, move || {
+                let body = encoding.decode(body, &mut budget)?;
+                // A part is a slice of the body already decoded (and
+                // charged); copying it decompresses nothing, so it may be
+                // as large as the setting allows.
+                let limit = PartLimit::Decompressed {
+                    remaining: budget.setting(),
+                    setting: budget.setting(),
+                };
+                Ok((body, limit, budget))
+            })
+            .await?
+        }
+    };
+    // The parts are copied out of the body: grant their memory.
+    budget.reserve(body.len())?;
+    let form = read_form(content_type.unwrap_or_default(), body, part_limit).await?;
+    Ok((form, budget))
+}
+
 impl Shared {
     /// Reads the whole body within `read_timeout` and
     /// `max_request_body_size` (a larger declared `Content-Length` is
@@ -359,32 +394,8 @@ impl Shared {
         budget.keep_plain(self.consumer.reads_profiles());
         let (batch, budget) = match kind {
             BodyKind::Multipart => {
-                let (body, part_limit, budget) = match encoding {
-                    ContentEncoding::Identity => (
-                        body,
-                        PartLimit::RequestBody(self.limits.max_request_body),
-                        budget,
-                    ),
-                    encoding => {
-                        blocking(false, move || {
-                            let body = encoding.decode(body, &mut budget)?;
-                            // A part is a slice of the body already decoded (and
-                            // charged); copying it decompresses nothing, so it may be
-                            // as large as the setting allows.
-                            let limit = PartLimit::Decompressed {
-                                remaining: budget.setting(),
-                                setting: budget.setting(),
-                            };
-                            Ok((body, limit, budget))
-                        })
-                        .await?
-                    }
-                };
-                let content_type = content_type.unwrap_or_default();
-                let mut budget = budget;
-                // The parts are copied out of the body: grant their memory.
-                budget.reserve(body.len())?;
-                let form = read_form(&content_type, body, part_limit).await?;
+                let (form, mut budget) =
+                    read_multipart(encoding, body, content_type.as_deref(), budget).await?;
                 let profile = form.profile.ok_or_else(|| {
                     IngestError::bad_request(
                         "the multipart body has no `profile` part; send the pprof bytes in a part named profile",
@@ -401,10 +412,45 @@ impl Shared {
                 })
                 .await?
             }
+            BodyKind::Jfr { multipart } => {
+                let (recording, labels, mut budget) = if multipart {
+                    let (form, budget) =
+                        read_multipart(encoding, body, content_type.as_deref(), budget).await?;
+                    let recording = form.jfr.ok_or_else(|| {
+                        IngestError::bad_request(
+                            "the multipart body has no `jfr` part; send the recording in a part named jfr (and the agent's labels in a part named labels)",
+                        )
+                    })?;
+                    (recording, form.labels, budget)
+                } else {
+                    (body, None, budget)
+                };
+                blocking(inline, move || {
+                    // A raw recording may come with a Content-Encoding; the
+                    // parts of a form were decoded with the body.
+                    let recording = if multipart {
+                        recording
+                    } else {
+                        encoding.decode(recording, &mut budget)?
+                    };
+                    let batch = jfr::jfr_batch(&params, recording, labels, &mut budget)?;
+                    Ok((batch, budget))
+                })
+                .await?
+            }
             BodyKind::Pprof => {
                 blocking(inline, move || {
                     let body = encoding.decode(body, &mut budget)?;
                     let batch = ingest::pprof_batch(&params, body, None, &mut budget)?;
+                    Ok((batch, budget))
+                })
+                .await?
+            }
+            BodyKind::Speedscope => {
+                let limits = self.limits.text;
+                blocking(inline, move || {
+                    let body = encoding.decode(body, &mut budget)?;
+                    let batch = ingest::speedscope_batch(&params, body, limits, &mut budget)?;
                     Ok((batch, budget))
                 })
                 .await?
