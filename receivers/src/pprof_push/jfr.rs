@@ -23,10 +23,12 @@ use super::labels::ingest_folded_labels;
 /// The label naming the agent's profiling event, as Pyroscope sets it.
 const JFR_EVENT_LABEL: &str = "jfr_event";
 
-/// Bytes of memory the decoded labels may take per byte of their protobuf:
-/// a context of one label is six bytes on the wire and a hash-map entry of
-/// about a hundred once decoded.
-const LABELS_BYTES_PER_WIRE_BYTE: usize = 24;
+/// Bytes of memory the decoded labels may take per byte of their protobuf.
+/// The agent's context of one label is ten bytes on the wire and a map
+/// entry of about a hundred once decoded; the worst, an empty context under
+/// a one-byte key, is four bytes on the wire for some 60 bytes of entry,
+/// twice that with the map's spare room.
+const LABELS_BYTES_PER_WIRE_BYTE: usize = 32;
 
 /// A JFR upload as envelopes: `recording` (plain or gzip) and the agent's
 /// `labels` (a `LabelsSnapshot`, plain or gzip), if sent.
