@@ -678,9 +678,9 @@ async fn bad_input_gets_4xx_json_and_the_server_keeps_serving() {
             "/ingest?name=a&format=jfr",
             vec![("content-type", "multipart/form-data; boundary=x")],
             b"--x--\r\n".to_vec(),
-            415,
-            "unimplemented",
-            "JFR",
+            400,
+            "invalid_argument",
+            "no `jfr` part",
         ),
         (
             "POST",
