@@ -21,13 +21,13 @@ pub use names::now_nanos;
 #[allow(unused_imports)]
 pub use proflow_pipeline::test_pki as pki;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::Read as _;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -39,13 +39,26 @@ pub const FILE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A free port on 127.0.0.1: bound, read, released. Another process could take
 /// it before proflow binds it; [`Proflow::start`] retries with fresh ports
-/// when the binary reports the address in use.
+/// when the binary reports the address in use. Never the same port twice in
+/// one test process: a port released can be handed out again at once, and two
+/// picked for one config (a receiver's and the telemetry's) would then clash.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener
-        .local_addr()
-        .expect("local_addr of a bound listener")
-        .port()
+    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let handed_out = HANDED_OUT.get_or_init(Default::default);
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = listener
+            .local_addr()
+            .expect("local_addr of a bound listener")
+            .port();
+        if handed_out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
 }
 
 /// The addresses and directories one proflow instance gets.
