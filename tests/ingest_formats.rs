@@ -95,19 +95,11 @@ fn same_in_pyroscope(
         .as_secs();
     let (from, until) = (now - 10, now);
     for (to, name) in [(&base, &direct), (&proflow.receiver_url(""), &through)] {
-        let reply = http
-            .post(format!(
-                "{to}/ingest?name={name}{suffix}&from={from}&until={until}{query}"
-            ))
-            .header("Content-Type", content_type)
-            .body(body.clone())
-            .send()
-            .expect("POST");
-        let status = reply.status();
-        assert!(
-            status.is_success(),
-            "{what} to {to}: {status} {}",
-            reply.text().unwrap_or_default()
+        readback::post_ok(
+            &http,
+            &format!("{to}/ingest?name={name}{suffix}&from={from}&until={until}{query}"),
+            content_type,
+            body.clone(),
         );
     }
     match readback::same_service_totals(

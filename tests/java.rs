@@ -486,17 +486,11 @@ fn a_captured_upload_reads_the_same_from_pyroscope_directly_and_through_proflow(
     let base = pyroscope.http_base();
     for u in &uploads {
         for (to, name) in [(&base, &direct), (&proflow.receiver_url(""), &through)] {
-            let reply = http
-                .post(format!("{to}{}", renamed(&u.path_and_query, name)))
-                .header("Content-Type", &u.content_type)
-                .body(u.body.clone())
-                .send()
-                .expect("POST");
-            let status = reply.status();
-            assert!(
-                status.is_success(),
-                "{to}: {status} {}",
-                reply.text().unwrap_or_default()
+            readback::post_ok(
+                &http,
+                &format!("{to}{}", renamed(&u.path_and_query, name)),
+                &u.content_type,
+                u.body.clone(),
             );
         }
     }
@@ -552,17 +546,11 @@ fn jdk_flight_recordings_read_the_same_through_proflow() {
     let http = common::http_client();
     let base = pyroscope.http_base();
     for (to, name) in [(&base, &direct), (&proflow.receiver_url(""), &through)] {
-        let reply = http
-            .post(format!("{to}/ingest?name={name}&format=jfr&spyName=jfr"))
-            .header("Content-Type", "application/octet-stream")
-            .body(body.clone())
-            .send()
-            .expect("POST");
-        let status = reply.status();
-        assert!(
-            status.is_success(),
-            "{to}: {status} {}",
-            reply.text().unwrap_or_default()
+        readback::post_ok(
+            &http,
+            &format!("{to}/ingest?name={name}&format=jfr&spyName=jfr"),
+            "application/octet-stream",
+            body.clone(),
         );
     }
     let entries = app_files(&proflow, &through, 2);

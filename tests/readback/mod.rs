@@ -254,3 +254,21 @@ pub fn same_service_totals(
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
 }
+
+/// POSTs `body` as `content_type` to `url` (a backend's or proflow's
+/// `/ingest`), and fails the test, naming the URL and the answer, unless it
+/// succeeds.
+pub fn post_ok(http: &reqwest::blocking::Client, url: &str, content_type: &str, body: Vec<u8>) {
+    let reply = http
+        .post(url)
+        .header("Content-Type", content_type)
+        .body(body)
+        .send()
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    let status = reply.status();
+    assert!(
+        status.is_success(),
+        "POST {url}: {status} {}",
+        reply.text().unwrap_or_default()
+    );
+}
