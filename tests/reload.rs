@@ -300,7 +300,10 @@ fn a_scrape_receiver_a_reload_removes_leaves_the_targets_page() {
             .expect("GET /targets")
             .text()
             .unwrap_or_default();
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+        let page: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(page["status"], "success", "{text}");
+        page["data"].clone()
     };
     // The jobs on the page (a target per address and profile: once each).
     let jobs = |page: &serde_json::Value| -> Vec<String> {

@@ -15,57 +15,19 @@ mod common;
 mod peer_env;
 mod readback;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{IndexEntry, KillOnDrop, Ports, Proflow};
+use common::{IndexEntry, Ports, Proflow};
 use proflow_pipeline::pprof::{self, Profile};
 
 /// goscrape's default allocation rate (bytes per second of goAllocLoop).
 const ALLOC_RATE: f64 = 4.0 * 1024.0 * 1024.0;
 
-/// A goscrape process of this test, killed on drop.
-struct GoTarget {
-    _child: KillOnDrop,
-    endpoint: String,
-}
-
-impl GoTarget {
-    fn port(&self) -> &str {
-        self.endpoint.rsplit_once(':').map_or("", |(_, p)| p)
-    }
-}
-
-fn go_target(args: &[&str]) -> Option<GoTarget> {
-    let bin = peer_env::go_app("goscrape")?;
-    let mut child = Command::new(&bin)
-        .args(["-addr", "127.0.0.1:0"])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
-    let stdout = child.stdout.take().expect("goscrape stdout is piped");
-    let child = KillOnDrop(child);
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("read goscrape's first line");
-    let endpoint = line
-        .trim()
-        .strip_prefix("GOSCRAPE_ENDPOINT=")
-        .unwrap_or_else(|| panic!("goscrape printed {line:?}, not GOSCRAPE_ENDPOINT=…"))
-        .to_owned();
-    Some(GoTarget {
-        _child: child,
-        endpoint,
-    })
-}
+use peer_env::go_target;
 
 /// A config with the `scrape` receiver (`jobs`: YAML list items of
 /// `scrape_configs`, unindented) and a `file` exporter, plus more exporters
@@ -138,15 +100,24 @@ fn wait_entries(
     })
 }
 
+/// `data` of `/targets` (Prometheus's targets API envelope), or Null.
 fn targets(proflow: &Proflow) -> serde_json::Value {
-    proflow
+    targets_at(proflow, "/targets")
+}
+
+fn targets_at(proflow: &Proflow, path: &str) -> serde_json::Value {
+    let page: serde_json::Value = proflow
         .http()
-        .get(format!("http://{}/targets", proflow.ports.telemetry))
+        .get(format!("http://{}{path}", proflow.ports.telemetry))
         .send()
         .and_then(|r| r.text())
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(serde_json::Value::Null)
+        .unwrap_or(serde_json::Value::Null);
+    if page["status"] != "success" {
+        return serde_json::Value::Null;
+    }
+    page["data"].clone()
 }
 
 fn active_urls(page: &serde_json::Value) -> Vec<String> {
@@ -513,6 +484,11 @@ fn relabelling_keeps_drops_rewrites_addresses_and_maps_meta_labels() {
     let dropped = page["droppedTargets"].as_array().expect("droppedTargets");
     assert_eq!(dropped.len(), 1, "{page}");
     assert_eq!(dropped[0]["discoveredLabels"]["__meta_keep"], "no");
+    assert_eq!(page["droppedTargetCounts"]["relabel-job"], 1, "{page}");
+    // Prometheus's path and state filter, for the tools that read its API.
+    let only_dropped = targets_at(&proflow, "/api/v1/targets?state=dropped");
+    assert_eq!(only_dropped["activeTargets"], serde_json::json!([]));
+    assert_eq!(only_dropped["droppedTargets"], page["droppedTargets"]);
     let entries = wait_entries(&proflow, 1, Duration::from_secs(20), |e| {
         e.label("job") == Some("relabel-job")
     });

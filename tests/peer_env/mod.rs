@@ -487,3 +487,55 @@ pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T>
         std::thread::sleep(Duration::from_millis(500));
     }
 }
+
+/// A goscrape process (`tests/peers/apps/goscrape`: Go's `net/http/pprof`
+/// on 127.0.0.1), one per test: Go serves one CPU profile at a time per
+/// process, so tests sharing one would collide. Killed on drop.
+pub struct GoTarget {
+    child: std::process::Child,
+    /// `127.0.0.1:PORT`.
+    pub endpoint: String,
+}
+
+impl GoTarget {
+    pub fn port(&self) -> &str {
+        self.endpoint.rsplit_once(':').map_or("", |(_, p)| p)
+    }
+}
+
+impl Drop for GoTarget {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts goscrape with `args` on a free port; `None` only where
+/// [`go_app`] skips.
+pub fn go_target(args: &[&str]) -> Option<GoTarget> {
+    use std::io::BufRead;
+    let bin = go_app("goscrape")?;
+    let mut child = Command::new(&bin)
+        .args(["-addr", "127.0.0.1:0"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+    let stdout = child.stdout.take().expect("goscrape stdout is piped");
+    let mut target = GoTarget {
+        child,
+        endpoint: String::new(),
+    };
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read goscrape's first line");
+    target.endpoint = line
+        .trim()
+        .strip_prefix("GOSCRAPE_ENDPOINT=")
+        .unwrap_or_else(|| panic!("goscrape printed {line:?}, not GOSCRAPE_ENDPOINT=…"))
+        .to_owned();
+    Some(target)
+}

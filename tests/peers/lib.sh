@@ -27,7 +27,7 @@ repo_dir="$(cd "$peers_dir/../.." && pwd)"
 cache_root="$(realpath -m "${PROFLOW_PEERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/proflow-peers}")"
 run_root="$(realpath -m "${PROFLOW_PEERS_RUN:-${TMPDIR:-/tmp}/proflow-peers}")"
 
-known_peers=(pyroscope parca kafka otelcol debuginfod goscrape)
+known_peers=(pyroscope parca kafka otelcol debuginfod goscrape kube)
 
 log() { printf 'peers: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }

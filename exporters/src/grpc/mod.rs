@@ -370,6 +370,7 @@ pub(crate) fn client_tls_config(tls: &TlsSettings, uses_tls: bool) -> Result<Cli
             cert_file: tls.cert_file.as_deref(),
             key_file: tls.key_file.as_deref(),
             insecure_skip_verify: tls.insecure_skip_verify,
+            ..Default::default()
         },
         uses_tls,
     )

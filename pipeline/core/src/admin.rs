@@ -1,6 +1,6 @@
 //! The admin HTTP server on `service.telemetry.address`: `/metrics`
-//! (Prometheus text), `/healthz`, `/readyz`, `/targets` (the pull receivers'
-//! targets) and, when enabled, `POST /-/reload`. What it shows lives in
+//! (Prometheus text), `/healthz`, `/readyz`, `/targets` and `/api/v1/targets`
+//! (the pull receivers' targets, as Prometheus's targets API answers) and, when enabled, `POST /-/reload`. What it shows lives in
 //! [`crate::telemetry`]; how it accepts connections (TLS, timeouts) in
 //! [`crate::server`].
 
@@ -38,6 +38,19 @@ pub async fn serve(
     let t = telemetry.clone();
     let t2 = telemetry.clone();
     let t3 = telemetry;
+    // Prometheus's targets API, at its own path too, for the tools that read it.
+    let targets = get(
+        move |axum::extract::Query(q): axum::extract::Query<Vec<(String, String)>>| {
+            let t = t3.clone();
+            async move {
+                let state = q
+                    .iter()
+                    .find(|(k, _)| k == "state")
+                    .map(|(_, v)| v.as_str());
+                axum::Json(t.targets_json(state))
+            }
+        },
+    );
     let app = Router::new()
         .route(
             "/metrics",
@@ -52,13 +65,8 @@ pub async fn serve(
             }),
         )
         .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/targets",
-            get(move || {
-                let t = t3.clone();
-                async move { axum::Json(t.targets_json()) }
-            }),
-        )
+        .route("/targets", targets.clone())
+        .route("/api/v1/targets", targets)
         .route(
             "/readyz",
             get(move || {

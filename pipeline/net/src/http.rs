@@ -125,7 +125,19 @@ impl HttpClient {
     /// GETs `url` and returns its body, at most `limit` bytes; follows
     /// redirects when the settings say so. The caller bounds the time.
     pub async fn get(&self, url: Uri, limit: usize) -> Result<Bytes, FetchError> {
-        let response = self.response(url).await?;
+        self.get_as(url, limit, None).await
+    }
+
+    /// [`HttpClient::get`] with `auth` as the `Authorization` header of
+    /// this request instead of the client's own (a token reread from its
+    /// file as it is renewed).
+    pub async fn get_as(
+        &self,
+        url: Uri,
+        limit: usize,
+        auth: Option<&HeaderValue>,
+    ) -> Result<Bytes, FetchError> {
+        let response = self.response(url, auth).await?;
         if declared_length(&response).is_some_and(|len| len > limit as u64) {
             return Err(FetchError::TooLarge { limit });
         }
@@ -148,7 +160,7 @@ impl HttpClient {
         grant: &mut proflow_model::memory::MemoryGrant,
     ) -> Result<Bytes, FetchError> {
         use crate::server::body::{BodyError, read_body};
-        let response = self.response(url).await?;
+        let response = self.response(url, None).await?;
         let declared = declared_length(&response);
         // The caller bounds the time: no timeout of our own.
         let unbounded = Duration::from_secs(u64::from(u32::MAX));
@@ -163,9 +175,27 @@ impl HttpClient {
             })
     }
 
+    /// The body of a GET of `url` as it arrives, for answers that stream
+    /// without end (a Kubernetes watch): the caller reads it frame by frame
+    /// and bounds what it keeps. `auth` as in [`HttpClient::get_as`].
+    pub async fn get_streaming(
+        &self,
+        url: Uri,
+        auth: Option<&HeaderValue>,
+    ) -> Result<Incoming, FetchError> {
+        Ok(self.response(url, auth).await?.into_body())
+    }
+
     /// The answer to a GET of `url` with a success status, redirects
-    /// followed as the settings say.
-    async fn response(&self, url: Uri) -> Result<hyper::Response<Incoming>, FetchError> {
+    /// followed as the settings say; `auth` replaces the client's own
+    /// credential for this request.
+    async fn response(
+        &self,
+        url: Uri,
+        auth: Option<&HeaderValue>,
+    ) -> Result<hyper::Response<Incoming>, FetchError> {
+        let own = self.auth.as_deref();
+        let auth = auth.or(own);
         let origin = url.authority().cloned();
         let mut url = url;
         for _ in 0..=MAX_REDIRECTS {
@@ -176,12 +206,10 @@ impl HttpClient {
                 HeaderValue::from_static(concat!("proflow/", env!("CARGO_PKG_VERSION"))),
             );
             // Credentials go only to the host they were configured for.
-            if let Some(auth) = &self.auth
+            if let Some(auth) = auth
                 && url.authority() == origin.as_ref()
             {
-                request
-                    .headers_mut()
-                    .insert(AUTHORIZATION, (**auth).clone());
+                request.headers_mut().insert(AUTHORIZATION, auth.clone());
             }
             let response = self
                 .inner

@@ -29,6 +29,14 @@ pub struct ClientTls<'a> {
     pub cert_file: Option<&'a Path>,
     /// PEM private key of `cert_file`.
     pub key_file: Option<&'a Path>,
+    /// PEM CA certificates given inline (a kubeconfig's
+    /// `certificate-authority-data`); added to `ca_file`'s.
+    pub ca_pem: Option<&'a [u8]>,
+    /// PEM client certificate chain given inline; needs `key_pem`, and
+    /// stands in for `cert_file`.
+    pub cert_pem: Option<&'a [u8]>,
+    /// PEM private key of `cert_pem`, inline.
+    pub key_pem: Option<&'a [u8]>,
     /// Accept any server certificate (encrypted, not authenticated).
     pub insecure_skip_verify: bool,
 }
@@ -54,6 +62,13 @@ pub fn client_config(tls: &ClientTls<'_>, uses_tls: bool) -> Result<ClientConfig
             }))
     } else {
         let mut roots = RootCertStore::empty();
+        if let Some(pem) = tls.ca_pem {
+            for cert in parse_certs(pem, "the inline CA data")? {
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("the inline CA data: a certificate is not usable: {e}"))?;
+            }
+        }
         match tls.ca_file {
             Some(path) => {
                 for cert in read_certs(path, "tls.ca_file")? {
@@ -65,6 +80,7 @@ pub fn client_config(tls: &ClientTls<'_>, uses_tls: bool) -> Result<ClientConfig
                     })?;
                 }
             }
+            None if tls.ca_pem.is_some() => {}
             None if uses_tls => {
                 let found = rustls_native_certs::load_native_certs();
                 for e in &found.errors {
@@ -81,6 +97,14 @@ pub fn client_config(tls: &ClientTls<'_>, uses_tls: bool) -> Result<ClientConfig
         }
         builder.with_root_certificates(roots)
     };
+    if let (Some(cert), Some(key)) = (tls.cert_pem, tls.key_pem) {
+        let chain = parse_certs(cert, "the inline client certificate data")?;
+        let key = PrivateKeyDer::from_pem_slice(key)
+            .map_err(|e| format!("the inline client key data: no usable PEM private key: {e}"))?;
+        return builder.with_client_auth_cert(chain, key).map_err(|e| {
+            format!("the inline client certificate and key do not make a client certificate: {e}")
+        });
+    }
     match (tls.cert_file, tls.key_file) {
         (Some(cert), Some(key)) => {
             let chain = read_certs(cert, "tls.cert_file")?;
@@ -96,6 +120,16 @@ pub fn client_config(tls: &ClientTls<'_>, uses_tls: bool) -> Result<ClientConfig
         }
         _ => Ok(builder.with_no_client_auth()),
     }
+}
+
+fn parse_certs(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{what}: not PEM certificates: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{what} holds no PEM certificate"));
+    }
+    Ok(certs)
 }
 
 fn read_certs(path: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>, String> {

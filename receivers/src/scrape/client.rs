@@ -41,6 +41,7 @@ pub fn build(
             cert_file: tls.cert_file.as_deref(),
             key_file: tls.key_file.as_deref(),
             insecure_skip_verify: tls.insecure_skip_verify,
+            ..Default::default()
         },
         // Roots are loaded only when TLS may be used: a job's targets may
         // turn to https by relabelling, so load them whenever tls_config
@@ -54,7 +55,7 @@ pub fn build(
 }
 
 /// The `Authorization` header `basic_auth` or `authorization` make.
-fn auth_header(settings: ClientSettings<'_>) -> Result<Option<HeaderValue>, String> {
+pub(crate) fn auth_header(settings: ClientSettings<'_>) -> Result<Option<HeaderValue>, String> {
     Ok(match (settings.basic_auth, settings.authorization) {
         (Some(b), _) => {
             let password = match (&b.password, &b.password_file) {

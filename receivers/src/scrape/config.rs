@@ -2,7 +2,8 @@
 //! Parca's and Alloy's `profiling_config`.
 //!
 //! Names are Prometheus's (`job_name`, `scrape_interval`, `static_configs`,
-//! `file_sd_configs`, `http_sd_configs`, `relabel_configs`, `basic_auth`,
+//! `file_sd_configs`, `http_sd_configs`, `kubernetes_sd_configs`,
+//! `relabel_configs`, `basic_auth`,
 //! `authorization`, `tls_config`, `follow_redirects`, `body_size_limit`)
 //! and Parca's and Alloy's (`profiling_config.path_prefix`,
 //! `profiling_config.pprof_config.<name>.{enabled,path,delta}`). Where Parca
@@ -18,6 +19,9 @@ use proflow_pipeline::component::FieldError;
 use proflow_pipeline::model::is_valid_label_name;
 use proflow_relabel::{self as relabel, RelabelConfig};
 use serde::Deserialize;
+
+pub mod kubernetes;
+pub use kubernetes::{KubernetesRole, KubernetesSdConfig};
 
 /// Shortest `scrape_interval` (as Alloy's): a CPU profile needs a second of
 /// sampling at least, and the interval minus the one-second margin.
@@ -53,11 +57,12 @@ pub struct ScrapeJobConfig {
     /// At least 2s.
     #[serde(default = "default_interval")]
     pub scrape_interval: Duration,
-    /// How long one scrape may take. Default 10s; at most the interval. A
-    /// CPU profile (`delta: true`) samples for `seconds=` the interval minus
-    /// one second, and may take that long plus this timeout.
-    #[serde(default = "default_timeout")]
-    pub scrape_timeout: Duration,
+    /// How long one scrape may take; at most the interval. Unset, it is
+    /// 10s or the interval if that is shorter (as Prometheus does when a job
+    /// sets none). A CPU profile (`delta: true`) samples for `seconds=` the
+    /// interval minus one second, and may take that long plus this timeout.
+    #[serde(default)]
+    pub scrape_timeout: Option<Duration>,
     /// `http` (default) or `https`; a target's `__scheme__` label overrides it.
     #[serde(default)]
     pub scheme: Scheme,
@@ -75,6 +80,11 @@ pub struct ScrapeJobConfig {
     /// Targets fetched from an HTTP endpoint (Prometheus http_sd format).
     #[serde(default)]
     pub http_sd_configs: Vec<HttpSdConfig>,
+    /// Targets found in Kubernetes (pods, endpoints, endpoint slices,
+    /// services, nodes), watched as they change, with Prometheus's
+    /// `__meta_kubernetes_*` labels.
+    #[serde(default)]
+    pub kubernetes_sd_configs: Vec<KubernetesSdConfig>,
     /// Prometheus relabel rules applied to each target (once per enabled
     /// profile: `__name__` is the profile's name and `__profile_path__` its
     /// path) before it is scraped; a target dropped here is listed under
@@ -105,9 +115,8 @@ pub struct ScrapeJobConfig {
 fn default_interval() -> Duration {
     Duration::from_secs(15)
 }
-fn default_timeout() -> Duration {
-    Duration::from_secs(10)
-}
+/// The timeout of a job that sets none (before the interval caps it).
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 fn default_true() -> bool {
     true
 }
@@ -506,7 +515,7 @@ impl ScrapeReceiverConfig {
         if self.scrape_configs.is_empty() {
             problems.push(FieldError::new(
                 "scrape_configs",
-                "list at least one job (job_name and static_configs, file_sd_configs or http_sd_configs)",
+                "list at least one job (job_name and static_configs, file_sd_configs, http_sd_configs or kubernetes_sd_configs)",
             ));
         }
         let mut seen = BTreeSet::new();
@@ -537,38 +546,55 @@ impl ScrapeReceiverConfig {
 }
 
 impl ScrapeJobConfig {
+    /// The job's timeout: `scrape_timeout`, or unset the smaller of 10s and
+    /// the interval (Prometheus's rule for a job without one).
+    pub fn timeout(&self) -> std::time::Duration {
+        match self.scrape_timeout {
+            Some(t) => t.get(),
+            None => DEFAULT_TIMEOUT.min(self.scrape_interval.get()),
+        }
+    }
+
     fn problems(&self) -> Vec<FieldError> {
         let mut problems = Vec::new();
         if self.job_name.is_empty() {
             problems.push(FieldError::new("job_name", "must not be empty"));
         }
         let interval = self.scrape_interval.get();
-        let timeout = self.scrape_timeout.get();
         if interval < MIN_INTERVAL {
             problems.push(FieldError::new(
                 "scrape_interval",
                 "must be at least 2s (a CPU profile samples for the interval minus one second)",
             ));
         }
-        if timeout.is_zero() {
-            problems.push(FieldError::new("scrape_timeout", "must be more than 0"));
-        } else if timeout > interval {
-            problems.push(FieldError::new(
-                "scrape_timeout",
-                format!(
-                    "{} is longer than scrape_interval {}: make it at most the interval",
-                    self.scrape_timeout, self.scrape_interval
-                ),
-            ));
+        if let Some(timeout) = self.scrape_timeout {
+            if timeout.is_zero() {
+                problems.push(FieldError::new("scrape_timeout", "must be more than 0"));
+            } else if timeout.get() > interval {
+                problems.push(FieldError::new(
+                    "scrape_timeout",
+                    format!(
+                        "{timeout} is longer than scrape_interval {}: make it at most the interval, or remove it (unset, it is 10s or the interval if shorter)",
+                        self.scrape_interval
+                    ),
+                ));
+            }
         }
         if self.static_configs.is_empty()
             && self.file_sd_configs.is_empty()
             && self.http_sd_configs.is_empty()
+            && self.kubernetes_sd_configs.is_empty()
         {
             problems.push(FieldError::new(
                 "static_configs",
-                "the job has no targets: add static_configs, file_sd_configs or http_sd_configs",
+                "the job has no targets: add static_configs, file_sd_configs, http_sd_configs or kubernetes_sd_configs",
             ));
+        }
+        for (i, k) in self.kubernetes_sd_configs.iter().enumerate() {
+            problems.extend(k.problems().into_iter().map(|p| FieldError {
+                path: format!("kubernetes_sd_configs.{i}.{}", p.path),
+                message: p.message,
+            }));
         }
         for (i, s) in self.static_configs.iter().enumerate() {
             for (j, t) in s.targets.iter().enumerate() {

@@ -94,7 +94,7 @@ impl ReceiverConfig for ScrapeReceiverConfig {
                     tls_config,
                     follow_redirects: job.follow_redirects,
                 },
-                job.scrape_timeout.get().min(Duration::from_secs(10)),
+                job.timeout().min(Duration::from_secs(10)),
             )
             .map_err(at)?;
             let discoverers = discovery::discoverers(job).map_err(at)?;

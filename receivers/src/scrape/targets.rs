@@ -49,7 +49,7 @@ impl JobSpec {
         Ok(JobSpec {
             name: job.job_name.clone(),
             interval: job.scrape_interval.get(),
-            timeout: job.scrape_timeout.get(),
+            timeout: job.timeout(),
             scheme: job.scheme.as_str(),
             params: job.params.clone(),
             relabeler: Relabeler::new(&job.relabel_configs).map_err(|e| e.to_string())?,

@@ -524,9 +524,12 @@ impl Telemetry {
         }
     }
 
-    /// `/targets`: every pull receiver's active and dropped targets, each
-    /// object tagged with its `receiver`.
-    pub fn targets_json(&self) -> serde_json::Value {
+    /// `/targets` (and `/api/v1/targets`): every pull receiver's active and
+    /// dropped targets, each object tagged with its `receiver`, in the
+    /// envelope of Prometheus's targets API (`status`, `data`). `state` is
+    /// Prometheus's filter: `active`, `dropped`, or `any`/unset for both;
+    /// the list not asked for is empty.
+    pub fn targets_json(&self, state: Option<&str>) -> serde_json::Value {
         let views: Vec<(String, TargetsView)> =
             self.targets.lock().map(|t| t.clone()).unwrap_or_default();
         let mut active = Vec::new();
@@ -542,7 +545,25 @@ impl Telemetry {
             active.extend(a.into_iter().map(tag));
             dropped.extend(d.into_iter().map(tag));
         }
-        serde_json::json!({"activeTargets": active, "droppedTargets": dropped})
+        let mut dropped_counts = serde_json::Map::new();
+        for d in &dropped {
+            let pool = d["scrapePool"].as_str().unwrap_or_default().to_owned();
+            let n = dropped_counts.entry(pool).or_insert(0.into());
+            *n = (n.as_u64().unwrap_or(0) + 1).into();
+        }
+        match state {
+            Some("active") => dropped.clear(),
+            Some("dropped") => active.clear(),
+            _ => {}
+        }
+        serde_json::json!({
+            "status": "success",
+            "data": {
+                "activeTargets": active,
+                "droppedTargets": dropped,
+                "droppedTargetCounts": dropped_counts,
+            },
+        })
     }
 
     pub fn set_ready(&self, ready: bool) {

@@ -22,7 +22,9 @@ fn targets_page_tags_each_receivers_targets() {
             )
         }),
     );
-    let page = t.targets_json();
+    let page = t.targets_json(None);
+    assert_eq!(page["status"], "success");
+    let page = &page["data"];
     assert_eq!(page["activeTargets"][0]["receiver"], "scrape");
     assert_eq!(page["activeTargets"][0]["scrapeUrl"], "http://h:1/x");
     assert_eq!(page["droppedTargets"].as_array().map(Vec::len), Some(0));
@@ -41,12 +43,14 @@ fn targets_page_tags_each_receivers_targets() {
     t.register_targets("scrape", new.clone());
     t.unregister_targets("scrape", &old);
     assert_eq!(
-        t.targets_json()["activeTargets"][0]["scrapeUrl"],
+        t.targets_json(None)["data"]["activeTargets"][0]["scrapeUrl"],
         "http://new"
     );
     t.unregister_targets("scrape", &new);
     assert_eq!(
-        t.targets_json()["activeTargets"].as_array().map(Vec::len),
+        t.targets_json(None)["data"]["activeTargets"]
+            .as_array()
+            .map(Vec::len),
         Some(0)
     );
 }

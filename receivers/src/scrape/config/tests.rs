@@ -10,7 +10,8 @@ fn defaults_are_alloys() {
         parse("scrape_configs: [{job_name: a, static_configs: [{targets: ['127.0.0.1:6060']}]}]");
     let job = &c.scrape_configs[0];
     assert_eq!(job.scrape_interval, Duration::from_secs(15));
-    assert_eq!(job.scrape_timeout, Duration::from_secs(10));
+    assert_eq!(job.scrape_timeout, None);
+    assert_eq!(job.timeout(), std::time::Duration::from_secs(10));
     assert!(job.follow_redirects);
     let names: Vec<_> = job
         .profiling_config
@@ -68,6 +69,33 @@ fn overrides_custom_profiles_and_prefix() {
 }
 
 #[test]
+fn an_unset_timeout_is_capped_by_the_interval_and_a_set_one_is_not() {
+    // Prometheus: a job without scrape_timeout takes min(10s, interval).
+    let c = parse(
+        "scrape_configs:\n- job_name: a\n  scrape_interval: 5s\n  static_configs: [{targets: ['h:1']}]\n",
+    );
+    assert!(c.problems().is_empty(), "{:?}", c.problems());
+    assert_eq!(
+        c.scrape_configs[0].timeout(),
+        std::time::Duration::from_secs(5)
+    );
+    // An explicit timeout over the interval stays an error.
+    let c = parse(
+        "scrape_configs:\n- job_name: a\n  scrape_interval: 5s\n  scrape_timeout: 10s\n  static_configs: [{targets: ['h:1']}]\n",
+    );
+    let problems = c.problems();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].path, "scrape_configs.0.scrape_timeout");
+    assert!(
+        problems[0]
+            .message
+            .contains("10s is longer than scrape_interval 5s"),
+        "{}",
+        problems[0].message
+    );
+}
+
+#[test]
 fn every_problem_is_reported() {
     let c = parse(
         "scrape_configs:\n- job_name: a\n  scrape_interval: 1s\n  scrape_timeout: 5s\n  static_configs: [{targets: ['http://h:1/x', 'nohost']}]\n  file_sd_configs: [{files: ['dir*/t.json', 'x.txt']}]\n  http_sd_configs: [{url: 'ftp://x'}]\n  params: {seconds: ['3']}\n  basic_auth: {username: u, password: p, password_file: /f}\n  profiling_config: {pprof_config: {custom: {}}}\n- job_name: a\n  static_configs: [{targets: ['h:1']}]\n",
@@ -94,6 +122,36 @@ fn every_problem_is_reported() {
 fn unknown_fields_are_refused() {
     let r: Result<ScrapeReceiverConfig, _> = serde_saphyr::from_str(
         "scrape_configs: [{job_name: a, scrape_intervall: 5s, static_configs: []}]",
+    );
+    assert!(r.is_err());
+}
+
+#[test]
+fn kubernetes_sd_configs_are_checked_as_prometheus_checks_them() {
+    let c = parse(
+        "scrape_configs:\n- job_name: k\n  kubernetes_sd_configs:\n  \
+         - {role: pod, api_server: 'https://k:6443', kubeconfig_file: /k, namespaces: {own_namespace: true}}\n  \
+         - {role: service, selectors: [{role: pod, label: 'a=b'}]}\n  \
+         - {role: pod, tls_config: {insecure_skip_verify: true}}\n  \
+         - {role: endpoints, selectors: [{role: pod}, {role: pod}]}\n  \
+         - {role: node, api_server: 'nota url'}\n",
+    );
+    let paths: Vec<_> = c.problems().into_iter().map(|p| p.path).collect();
+    for want in [
+        "scrape_configs.0.kubernetes_sd_configs.0.api_server",
+        "scrape_configs.0.kubernetes_sd_configs.0.namespaces.own_namespace",
+        "scrape_configs.0.kubernetes_sd_configs.1.selectors.0.role",
+        "scrape_configs.0.kubernetes_sd_configs.2.api_server",
+        "scrape_configs.0.kubernetes_sd_configs.3.selectors.1.role",
+        "scrape_configs.0.kubernetes_sd_configs.4.api_server",
+    ] {
+        assert!(paths.iter().any(|p| p == want), "{want} not in {paths:?}");
+    }
+    // A job with only Kubernetes discovery has targets.
+    let c = parse("scrape_configs:\n- job_name: k\n  kubernetes_sd_configs: [{role: pod}]\n");
+    assert!(c.problems().is_empty(), "{:?}", c.problems());
+    let r: Result<ScrapeReceiverConfig, _> = serde_saphyr::from_str(
+        "scrape_configs:\n- job_name: k\n  kubernetes_sd_configs: [{role: ingress}]\n",
     );
     assert!(r.is_err());
 }

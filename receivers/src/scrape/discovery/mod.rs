@@ -11,20 +11,22 @@
 //! Providers here, each one per config item: [`StaticDiscoverer`]
 //! (`static_configs`), [`file::FileDiscoverer`] (`file_sd_configs`,
 //! `__meta_filepath`) and [`http::HttpDiscoverer`] (`http_sd_configs`,
-//! `__meta_url`); [`discoverers`] builds a job's list. Also here: what the
+//! `__meta_url`) and [`kubernetes::KubernetesDiscoverer`]
+//! (`kubernetes_sd_configs`, `__meta_kubernetes_*`); [`discoverers`] builds a
+//! job's list. Also here: what the
 //! file and HTTP providers share, [`parse_groups`] (Prometheus's JSON and
 //! YAML group lists, bounded and validated) and the log-once memory that
 //! keeps a lasting problem from flooding the log.
 //!
-//! A new kind (such as Kubernetes pods with `__meta_kubernetes_*` labels)
-//! is one more type implementing [`Discoverer`], added to [`discoverers`];
-//! nothing else changes.
+//! A new kind is one more type implementing [`Discoverer`], added to
+//! [`discoverers`]; nothing else changes.
 //!
 //! Logs name the file or URL, not the job: the caller runs each discoverer
 //! inside a span that names it.
 
 pub mod file;
 pub mod http;
+pub mod kubernetes;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -120,7 +122,8 @@ impl Discoverer for StaticDiscoverer {
 
 /// A job's discoverers, in the order their `provider` numbers follow:
 /// static targets (when there are any), then one per `file_sd_configs`
-/// item, then one per `http_sd_configs` item. An error names the config
+/// item, then one per `http_sd_configs` item, then one per
+/// `kubernetes_sd_configs` item. An error names the config
 /// item (`http_sd_configs.0: …`).
 pub fn discoverers(job: &ScrapeJobConfig) -> Result<Vec<Box<dyn Discoverer>>, String> {
     let mut out: Vec<Box<dyn Discoverer>> = Vec::new();
@@ -133,6 +136,11 @@ pub fn discoverers(job: &ScrapeJobConfig) -> Result<Vec<Box<dyn Discoverer>>, St
     for (i, config) in job.http_sd_configs.iter().enumerate() {
         let discoverer =
             HttpDiscoverer::new(config).map_err(|e| format!("http_sd_configs.{i}: {e}"))?;
+        out.push(Box::new(discoverer));
+    }
+    for (i, config) in job.kubernetes_sd_configs.iter().enumerate() {
+        let discoverer = kubernetes::KubernetesDiscoverer::new(config)
+            .map_err(|e| format!("kubernetes_sd_configs.{i}: {e}"))?;
         out.push(Box::new(discoverer));
     }
     Ok(out)
