@@ -408,6 +408,10 @@ mod tests {
             (cfg!(feature = "receiver-otlp"), "receiver-otlp"),
             (cfg!(feature = "receiver-pprof_push"), "receiver-pprof_push"),
             (cfg!(feature = "receiver-scrape"), "receiver-scrape"),
+            (
+                cfg!(feature = "processor-k8s_attributes"),
+                "processor-k8s_attributes",
+            ),
             (cfg!(feature = "processor-relabel"), "processor-relabel"),
             (cfg!(feature = "processor-symbolize"), "processor-symbolize"),
             (

@@ -235,58 +235,169 @@ fn go_binary() {
     );
 }
 
+/// A cgroup named as a container runtime's systemd driver names them
+/// (`docker-<id>.scope`) holding one process; removed on drop, once its
+/// process has gone.
+struct ContainerCgroup {
+    dir: std::path::PathBuf,
+    leaf: std::path::PathBuf,
+    /// The 64-hex container id in its name.
+    id: String,
+}
+
+impl ContainerCgroup {
+    /// Moves `pid` into a new container-like cgroup (the unified hierarchy
+    /// if the machine has one writable, else cgroup v1's cpu).
+    fn enter(pid: u32) -> ContainerCgroup {
+        let id = format!(
+            "{:064x}",
+            u128::from(std::process::id()) << 64 | u128::from(pid) << 16 | 0xfeed
+        );
+        let id = id[id.len() - 64..].to_owned();
+        let roots = [
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/cpu",
+        ];
+        for root in roots {
+            let dir = Path::new(root).join(format!("proflow-test-{}-{pid}", std::process::id()));
+            let leaf = dir.join(format!("docker-{id}.scope"));
+            if std::fs::create_dir_all(&leaf).is_ok()
+                && std::fs::write(leaf.join("cgroup.procs"), pid.to_string()).is_ok()
+            {
+                let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+                assert!(
+                    cgroups.contains(&id),
+                    "the target is not in the cgroup: {cgroups}"
+                );
+                return ContainerCgroup { dir, leaf, id };
+            }
+            let _ = std::fs::remove_dir(&leaf);
+            let _ = std::fs::remove_dir(&dir);
+        }
+        panic!("could not make a cgroup under /sys/fs/cgroup to move the target into")
+    }
+}
+
+impl Drop for ContainerCgroup {
+    fn drop(&mut self) {
+        // The cgroup can go once its process has.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.leaf).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
 /// A process moved into a container-like cgroup (named as Docker's systemd
 /// driver names them) is labelled with its container id.
 #[test]
 fn container_label_from_the_cgroup() {
     let _one_at_a_time = require_root();
-    let id = format!("{:064x}", u128::from(std::process::id()) << 64 | 0xfeed);
-    let id = &id[id.len() - 64..];
     let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
     let (child, pid) = ebpf_targets::spawn(&bin, 30);
     let child = KillOnDrop(child);
-    // The unified hierarchy if the machine has one writable, else cgroup v1's cpu.
-    let roots = [
-        "/sys/fs/cgroup/unified",
-        "/sys/fs/cgroup",
-        "/sys/fs/cgroup/cpu",
-    ];
-    let mut group = None;
-    for root in roots {
-        let dir = Path::new(root).join(format!("proflow-test-{}", std::process::id()));
-        let leaf = dir.join(format!("docker-{id}.scope"));
-        if std::fs::create_dir_all(&leaf).is_ok()
-            && std::fs::write(leaf.join("cgroup.procs"), pid.to_string()).is_ok()
-        {
-            group = Some((dir, leaf));
-            break;
-        }
-        let _ = std::fs::remove_dir(&leaf);
-        let _ = std::fs::remove_dir(&dir);
-    }
-    let (dir, leaf) =
-        group.expect("could not make a cgroup under /sys/fs/cgroup to move the target into");
-    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-    assert!(
-        cgroups.contains(id),
-        "the target is not in the cgroup: {cgroups}"
-    );
-
+    let cgroup = ContainerCgroup::enter(pid);
     let proflow = proflow_for(&[pid], "2s");
     let entries = proflow.wait_for_files(1, |e| e.label("pid") == Some(pid.to_string().as_str()));
     for e in &entries {
-        assert_eq!(e.label("container_id"), Some(id), "{:?}", e.labels);
+        assert_eq!(
+            e.label("container_id"),
+            Some(cgroup.id.as_str()),
+            "{:?}",
+            e.labels
+        );
     }
     drop(proflow);
     drop(child);
-    // The cgroup can go once its process has.
-    for _ in 0..50 {
-        if std::fs::remove_dir(&leaf).is_ok() {
-            break;
+}
+
+/// The node agent on Kubernetes: the `k8s_attributes` processor finds the
+/// pod of a profiled process by the container id of its cgroup, in a real
+/// API server's pods (`tests/peers/up kube`), and names pod, namespace,
+/// node, container and deployment.
+#[test]
+fn k8s_attributes_names_the_pod_of_a_containers_process() {
+    let _one_at_a_time = require_root();
+    let Some(kube) = peer_env::peer("kube") else {
+        return;
+    };
+    let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
+    let (child, pid) = ebpf_targets::spawn(&bin, 30);
+    let child = KillOnDrop(child);
+    let cgroup = ContainerCgroup::enter(pid);
+    // The pod that runs this container, as the kubelet would report it.
+    let ns = peer_env::unique("ebpf");
+    let kubectl = |args: &[&str], stdin: &str| {
+        peer_env::run_with_stdin(
+            Command::new(kube.var("KUBECTL"))
+                .arg("--kubeconfig")
+                .arg(kube.var("KUBECONFIG"))
+                .args(args),
+            stdin,
+        )
+    };
+    kubectl(&["create", "namespace", &ns], "");
+    kubectl(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: shop-7c9\n  namespace: {ns}\n  ownerReferences: [{{apiVersion: apps/v1, kind: Deployment, name: shop, uid: 00000000-0000-0000-0000-000000000001, controller: true}}]\n\
+             spec:\n  selector: {{matchLabels: {{app: shop}}}}\n  template:\n    metadata: {{labels: {{app: shop}}}}\n    spec: {{containers: [{{name: main, image: shop:1}}]}}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata:\n  name: shop-7c9-x1\n  namespace: {ns}\n  labels: {{app: shop}}\n  ownerReferences: [{{apiVersion: apps/v1, kind: ReplicaSet, name: shop-7c9, uid: 00000000-0000-0000-0000-000000000002, controller: true}}]\n\
+             spec:\n  nodeName: node-ebpf\n  containers: [{{name: sidecar, image: proxy:1}}, {{name: main, image: shop:1}}]\n"
+        ),
+    );
+    kubectl(
+        &[
+            "-n",
+            &ns,
+            "patch",
+            "pod",
+            "shop-7c9-x1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(
+                r#"{{"status":{{"phase":"Running","podIP":"10.244.0.9","containerStatuses":[{{"name":"main","containerID":"containerd://{}","image":"shop:1","imageID":"","ready":true,"restartCount":0,"state":{{"running":{{}}}}}},{{"name":"sidecar","containerID":"containerd://{:064x}","image":"proxy:1","imageID":"","ready":true,"restartCount":0,"state":{{"running":{{}}}}}}]}}}}"#,
+                cgroup.id, 7
+            ),
+        ],
+        "",
+    );
+
+    let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 2s\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{pid}', action: keep}}\n\
+             processors:\n  k8s_attributes:\n    auth_type: kubeConfig\n    kubeconfig_file: {kc}\n    filter: {{namespace: {ns}}}\n    wait_for_metadata: true\n\
+             exporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      processors: [k8s_attributes]\n      exporters: [file]\n",
+            profiles.display(),
+            ports.telemetry,
+            kc = kube.var("KUBECONFIG"),
+        )
+    });
+    let entries = proflow.wait_for_files(1, |e| e.label("pid") == Some(pid.to_string().as_str()));
+    for e in &entries {
+        for (name, want) in [
+            ("container_id", cgroup.id.as_str()),
+            ("k8s_namespace_name", ns.as_str()),
+            ("k8s_pod_name", "shop-7c9-x1"),
+            ("k8s_container_name", "main"),
+            ("k8s_node_name", "node-ebpf"),
+            ("k8s_deployment_name", "shop"),
+        ] {
+            assert_eq!(e.label(name), Some(want), "{name}: {:?}", e.labels);
         }
-        std::thread::sleep(Duration::from_millis(100));
     }
-    let _ = std::fs::remove_dir(&dir);
+    let metrics = proflow.metrics();
+    assert!(
+        metrics.contains(r#"proflow_k8s_attributes_profiles_total{processor="k8s_attributes",result="associated"}"#),
+        "{metrics}"
+    );
+    drop(proflow);
+    drop(child);
 }
 
 /// Without CAP_BPF and CAP_PERFMON (root with every capability dropped), the

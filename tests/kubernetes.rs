@@ -7,15 +7,16 @@
 //!   `__meta_kubernetes_*` labels, annotation-driven relabelling as Prometheus
 //!   and Alloy users write it, a real goscrape scraped at its pod IP, and a
 //!   new or deleted pod followed within seconds;
-//! - the endpoints, endpointslice, service and node roles' labels.
+//! - the endpoints, endpointslice, service and node roles' labels;
+//! - the `k8s_attributes` processor on pushed profiles, by the sender's pod
+//!   IP (tests/ebpf.rs has it on eBPF profiles, by container id).
 
 mod common;
 #[allow(clippy::duplicate_mod)]
 mod peer_env;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Ports, Proflow};
@@ -36,29 +37,13 @@ impl Kube {
 
     /// Runs kubectl with `args` and `stdin`; panics with its output on failure.
     fn kubectl(&self, args: &[&str], stdin: &str) -> String {
-        let mut child = Command::new(self.peer.var("KUBECTL"))
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig())
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start kubectl");
-        child
-            .stdin
-            .take()
-            .expect("kubectl stdin")
-            .write_all(stdin.as_bytes())
-            .expect("write kubectl stdin");
-        let out = child.wait_with_output().expect("kubectl output");
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        peer_env::run_with_stdin(
+            Command::new(self.peer.var("KUBECTL"))
+                .arg("--kubeconfig")
+                .arg(self.kubeconfig())
+                .args(args),
+            stdin,
+        )
     }
 
     fn apply(&self, yaml: &str) {
@@ -528,4 +513,153 @@ ports: [{{name: http, port: 8080, protocol: TCP}}]
     ] {
         assert_eq!(label(n, name), want, "{name} of {n:#}");
     }
+}
+
+/// A loopback address of this test to push from (Linux answers on all of
+/// 127.0.0.0/8), as a pod IP no other test's pod has.
+fn own_loopback_ip() -> std::net::Ipv4Addr {
+    let n = peer_env::now_nanos() as u32 ^ std::process::id().rotate_left(16);
+    std::net::Ipv4Addr::new(
+        127,
+        10 + (n % 200) as u8,
+        (n >> 8) as u8,
+        2 + (n >> 16) as u8 % 250,
+    )
+}
+
+/// Pushes a small CPU profile for `app` from `from` to proflow's `/ingest`.
+fn push_from(proflow: &Proflow, from: std::net::Ipv4Addr, app: &str) {
+    let client = reqwest::blocking::Client::builder()
+        .local_address(std::net::IpAddr::V4(from))
+        .timeout(Duration::from_secs(15))
+        .no_proxy()
+        .build()
+        .expect("client");
+    let url = proflow.receiver_url(&common::ingest_query(app, Some("pprof")));
+    let status = client
+        .post(&url)
+        .body(common::gzip(&common::cpu_profile()))
+        .send()
+        .map(|r| r.status().as_u16())
+        .unwrap_or_else(|e| panic!("push from {from}: {e}"));
+    assert_eq!(status, 200, "push from {from}");
+}
+
+#[test]
+fn k8s_attributes_labels_a_pushed_profile_by_its_senders_pod_and_follows_a_new_ip() {
+    let Some(kube) = Kube::get() else { return };
+    let ns = kube.namespace("attr");
+    let ip = own_loopback_ip();
+    kube.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: checkout-0\n  namespace: {ns}\n  labels: {{app: checkout}}\n  \
+         ownerReferences: [{{apiVersion: apps/v1, kind: StatefulSet, name: checkout, uid: 00000000-0000-0000-0000-0000000000aa, controller: true}}]\n\
+         spec:\n  nodeName: node-b\n  containers: [{{name: app, image: checkout:3}}]\n"
+    ));
+    kube.run_pod(
+        &ns,
+        "checkout-0",
+        &ip.to_string(),
+        &[("app", "containerd://fff666")],
+    );
+    let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\n\
+             processors:\n  k8s_attributes:\n    auth_type: kubeConfig\n    kubeconfig_file: {kc}\n    filter: {{namespace: {ns}}}\n    \
+             wait_for_metadata: true\n    extract:\n      labels: [{{key: app}}]\n\
+             exporters:\n  file:\n    directory: {}\n\
+             service:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [pprof_push]\n      \
+             processors: [k8s_attributes]\n      exporters: [file]\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry,
+            kc = kube.kubeconfig(),
+        )
+    });
+    push_from(&proflow, ip, "checkout");
+    // A sender that is no pod of the namespace: the profile passes as it came.
+    push_from(&proflow, std::net::Ipv4Addr::new(127, 0, 0, 1), "stranger");
+    let entries = proflow.wait_for_files(2, |_| true);
+    let checkout = entries
+        .iter()
+        .find(|e| e.label("service_name") == Some("checkout"))
+        .expect("checkout's profile");
+    for (name, want) in [
+        ("k8s_namespace_name", ns.as_str()),
+        ("k8s_pod_name", "checkout-0"),
+        ("k8s_node_name", "node-b"),
+        ("k8s_statefulset_name", "checkout"),
+        ("k8s_pod_labels_app", "checkout"),
+    ] {
+        assert_eq!(
+            checkout.label(name),
+            Some(want),
+            "{name}: {:?}",
+            checkout.labels
+        );
+    }
+    assert!(checkout.label("k8s_pod_uid").is_some_and(|u| !u.is_empty()));
+    // Pushed without a container: none is named.
+    assert_eq!(checkout.label("k8s_container_name"), None);
+    let stranger = entries
+        .iter()
+        .find(|e| e.label("service_name") == Some("stranger"))
+        .expect("the stranger's profile");
+    assert_eq!(
+        stranger.label("k8s_pod_name"),
+        None,
+        "{:?}",
+        stranger.labels
+    );
+
+    // The pod gets a new IP (rescheduled): profiles from it are its own
+    // within seconds of the change.
+    let moved = std::net::Ipv4Addr::new(
+        ip.octets()[0],
+        ip.octets()[1],
+        ip.octets()[2],
+        ip.octets()[3] ^ 1,
+    );
+    let changed = Instant::now();
+    kube.run_pod(
+        &ns,
+        "checkout-0",
+        &moved.to_string(),
+        &[("app", "containerd://fff666")],
+    );
+    let mut pushes = 0;
+    let found = peer_env::poll(Duration::from_secs(10), || {
+        pushes += 1;
+        let app = format!("moved{pushes}");
+        push_from(&proflow, moved, &app);
+        std::thread::sleep(Duration::from_millis(300));
+        common::read_index(&proflow.profiles).into_iter().find(|e| {
+            e.label("service_name")
+                .is_some_and(|s| s.starts_with("moved"))
+                && e.label("k8s_pod_name") == Some("checkout-0")
+        })
+    });
+    assert!(
+        found.is_some(),
+        "no profile from the new IP was labelled\nlog:\n{}",
+        proflow.log_text()
+    );
+    eprintln!(
+        "the new IP was used after {:?} ({pushes} pushes)",
+        changed.elapsed()
+    );
+    let metrics = proflow.metrics();
+    for (result, at_least) in [("associated", 2.0), ("not_found", 1.0)] {
+        let n = common::metric_sum(
+            &metrics,
+            "proflow_k8s_attributes_profiles_total",
+            &[("result", result)],
+        );
+        assert!(n >= at_least, "{result}: {n}\n{metrics}");
+    }
+    let pods = common::metric_sum(
+        &metrics,
+        "proflow_k8s_attributes_cache_objects",
+        &[("kind", "pods")],
+    );
+    assert_eq!(pods, 1.0, "{metrics}");
 }

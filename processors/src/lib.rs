@@ -11,6 +11,8 @@
 //! and enabled by that feature only. [`factories`] lists only what was
 //! compiled; the `proflow` binary forwards each feature as `processor-<type>`.
 
+#[cfg(feature = "k8s_attributes")]
+pub mod k8s_attributes;
 #[cfg(feature = "relabel")]
 mod relabel;
 #[cfg(feature = "symbolize")]
@@ -19,7 +21,12 @@ pub mod symbolize;
 pub mod trace_link;
 
 use proflow_pipeline::registry::Factory;
-#[cfg(any(feature = "relabel", feature = "symbolize", feature = "trace_link"))]
+#[cfg(any(
+    feature = "relabel",
+    feature = "symbolize",
+    feature = "trace_link",
+    feature = "k8s_attributes"
+))]
 use proflow_pipeline::registry::Stability;
 
 #[cfg(feature = "relabel")]
@@ -45,6 +52,12 @@ pub fn factories() -> Vec<Factory> {
             "trace_link",
             Stability::Alpha,
             "Links profile samples to trace spans in every convention (Pyroscope, Datadog, OTLP links), filling trace ids from a span index fed by a traces pipeline.",
+        ),
+        #[cfg(feature = "k8s_attributes")]
+        Factory::processor::<k8s_attributes::K8sAttributesProcessorConfig>(
+            "k8s_attributes",
+            Stability::Alpha,
+            "Adds each profile's Kubernetes pod, namespace, node, container and owners (found by container id, pod IP or the sender's address) from watches of the API server.",
         ),
     ]
 }

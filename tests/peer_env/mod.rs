@@ -539,3 +539,30 @@ pub fn go_target(args: &[&str]) -> Option<GoTarget> {
         .to_owned();
     Some(target)
 }
+
+/// Runs `cmd` with `stdin` as its input and returns its stdout; panics with
+/// its output when it fails (a peer's command-line client, such as kubectl).
+pub fn run_with_stdin(cmd: &mut Command, stdin: &str) -> String {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("wait for the command");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -109,6 +109,8 @@ pub struct PodStatus {
     #[serde(rename = "hostIP")]
     pub host_ip: String,
     pub conditions: Vec<Condition>,
+    /// When the kubelet started the pod (RFC 3339).
+    pub start_time: String,
     pub container_statuses: Vec<ContainerStatus>,
     pub init_container_statuses: Vec<ContainerStatus>,
 }

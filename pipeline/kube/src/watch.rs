@@ -205,6 +205,39 @@ impl<K: Resource> Store<K> {
         &self.inner.stats
     }
 
+    /// Wakes `notify` at each change of this store, until `stop` (a task
+    /// on the current runtime): one [`tokio::sync::Notify`] can stand for
+    /// several stores that one reader builds from.
+    pub fn notify_on_change(&self, notify: &Arc<tokio::sync::Notify>, stop: &CancellationToken) {
+        let mut changes = self.changes();
+        let (notify, stop) = (notify.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    changed = changes.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        notify.notify_one();
+                    }
+                }
+            }
+        });
+    }
+
+    /// A synced store of objects given as JSON (tests, and tools that have
+    /// the objects already).
+    pub fn from_json(objects: &[&str]) -> Result<Self, serde_json::Error> {
+        let items = objects
+            .iter()
+            .map(|j| serde_json::from_str(j))
+            .collect::<Result<Vec<K>, _>>()?;
+        let store = Store::new(WatchLimits::default().max_objects);
+        store.replace(items);
+        Ok(store)
+    }
+
     /// Replaces every object with `items` (a fresh list).
     pub fn replace(&self, items: Vec<K>) {
         let mut map = HashMap::with_capacity(items.len().min(self.inner.max_objects));

@@ -279,6 +279,40 @@ impl SymbolizeTelemetry {
     }
 }
 
+/// Metric handle of a `k8s_attributes` processor.
+#[derive(Clone, Debug)]
+pub struct K8sAttributesTelemetry {
+    pub(super) t: Arc<Telemetry>,
+    pub(super) id: LabelSet,
+}
+
+impl K8sAttributesTelemetry {
+    /// `n` more profiles with `result` (`associated`, `not_found`,
+    /// `no_identifier`).
+    pub fn profiles(&self, result: &str, n: u64) {
+        if n > 0 {
+            let labels = with(&self.id, "result", result);
+            self.t
+                .k8s_attributes_profiles
+                .get_or_create(&labels)
+                .inc_by(n);
+        }
+    }
+
+    /// A cache's objects and failed lists or watches so far, now.
+    pub fn cache(&self, kind: &str, objects: usize, failures: u64) {
+        let labels = with(&self.id, "kind", kind);
+        self.t
+            .k8s_attributes_cache_objects
+            .get_or_create(&labels)
+            .set(objects as i64);
+        self.t
+            .k8s_attributes_watch_failures
+            .get_or_create(&labels)
+            .set(i64::try_from(failures).unwrap_or(i64::MAX));
+    }
+}
+
 /// Metric handle of one processor.
 #[derive(Clone, Debug)]
 pub struct ProcessorTelemetry {

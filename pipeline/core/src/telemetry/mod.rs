@@ -22,8 +22,8 @@ mod handles;
 mod tests;
 
 pub use handles::{
-    EbpfTelemetry, ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry, ScrapeTelemetry,
-    SymbolizeTelemetry, TraceLinkTelemetry,
+    EbpfTelemetry, ExporterTelemetry, K8sAttributesTelemetry, ProcessorTelemetry,
+    ReceiverTelemetry, ScrapeTelemetry, SymbolizeTelemetry, TraceLinkTelemetry,
 };
 
 type LabelSet = Vec<(&'static str, String)>;
@@ -98,6 +98,9 @@ pub struct Telemetry {
     trace_link_waits: Counters,
     trace_link_index_spans: Gauges,
     trace_link_index_bytes: Gauges,
+    k8s_attributes_profiles: Counters,
+    k8s_attributes_cache_objects: Gauges,
+    k8s_attributes_watch_failures: Gauges,
     /// What `/targets` shows: each pull receiver's view, by receiver id.
     targets: std::sync::Mutex<Vec<(String, TargetsView)>>,
 }
@@ -406,6 +409,21 @@ impl Telemetry {
                 "Memory a trace_link processor's span index holds",
                 Gauges::default()
             ),
+            k8s_attributes_profiles: family!(
+                "k8s_attributes_profiles",
+                "Profiles a k8s_attributes processor saw, by result (associated: a pod was found and its metadata added; not_found: an identifier named no known pod; no_identifier: the profile carried none of the pod_association sources)",
+                Counters::default()
+            ),
+            k8s_attributes_cache_objects: family!(
+                "k8s_attributes_cache_objects",
+                "Objects a k8s_attributes processor holds from its watches, by kind (pods, namespaces, nodes, replicasets)",
+                Gauges::default()
+            ),
+            k8s_attributes_watch_failures: family!(
+                "k8s_attributes_watch_failures",
+                "Failed lists and watches of a k8s_attributes processor's caches so far, by kind (each is retried)",
+                Gauges::default()
+            ),
             targets: Default::default(),
             lost_logged: Default::default(),
             losses: Default::default(),
@@ -502,6 +520,14 @@ impl Telemetry {
     /// The metric handle of a `trace_link` processor.
     pub fn trace_link(self: &Arc<Self>, id: &str) -> TraceLinkTelemetry {
         TraceLinkTelemetry {
+            t: self.clone(),
+            id: vec![("processor", id.to_string())],
+        }
+    }
+
+    /// The metric handle of a `k8s_attributes` processor.
+    pub fn k8s_attributes(self: &Arc<Self>, id: &str) -> K8sAttributesTelemetry {
+        K8sAttributesTelemetry {
             t: self.clone(),
             id: vec![("processor", id.to_string())],
         }

@@ -21,6 +21,9 @@
 //! it (as a string), a new label becomes a resource attribute. With labels as
 //! they arrived, the attributes are written exactly as they arrived. A profile
 //! made from pprof gets all its labels (but `__*`) as resource attributes.
+//! A new label that is the label form of a semantic-convention key
+//! ([`SEMCONV_KEYS`]: `service_name`, `k8s_pod_name`, `container_id`, …)
+//! is written under that key (`k8s.pod.name`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -117,14 +120,7 @@ impl OtlpProfiles {
                     attributes: labels
                         .iter()
                         .filter(|l| !l.name.starts_with("__"))
-                        .map(|l| {
-                            let key = if l.name == SERVICE_NAME_LABEL {
-                                SERVICE_NAME_KEY.to_owned()
-                            } else {
-                                l.name.clone()
-                            };
-                            string_attribute(key, l.value.clone())
-                        })
+                        .map(|l| string_attribute(attribute_key(&l.name), l.value.clone()))
                         .collect(),
                     ..Resource::default()
                 },
@@ -192,16 +188,45 @@ fn reconcile(c: &OtlpContext, labels: &Labels) -> (Resource, InstrumentationScop
         if seen.contains(&l.name) || c.labels.get(&l.name).is_some() {
             continue;
         }
-        let key = if l.name == SERVICE_NAME_LABEL {
-            SERVICE_NAME_KEY.to_owned()
-        } else {
-            l.name.clone()
-        };
         resource
             .attributes
-            .push(string_attribute(key, l.value.clone()));
+            .push(string_attribute(attribute_key(&l.name), l.value.clone()));
     }
     (resource, scope)
+}
+
+/// OpenTelemetry semantic-convention keys whose label form is written back
+/// as the key (`k8s_pod_name` → `k8s.pod.name`): the resource attributes
+/// proflow's own components add as labels (`k8s_attributes`, the `ebpf`
+/// receiver's `container_id`).
+pub const SEMCONV_KEYS: &[&str] = &[
+    SERVICE_NAME_KEY,
+    "k8s.namespace.name",
+    "k8s.pod.name",
+    "k8s.pod.uid",
+    "k8s.pod.ip",
+    "k8s.pod.start_time",
+    "k8s.node.name",
+    "k8s.container.name",
+    "k8s.deployment.name",
+    "k8s.replicaset.name",
+    "k8s.statefulset.name",
+    "k8s.daemonset.name",
+    "k8s.job.name",
+    "k8s.cronjob.name",
+    "container.id",
+    "container.image.name",
+    "container.image.tag",
+];
+
+/// The attribute key a label that is not an attribute already becomes: the
+/// semantic-convention key it is the label form of ([`SEMCONV_KEYS`]), else
+/// the label name itself.
+pub fn attribute_key(label: &str) -> String {
+    SEMCONV_KEYS
+        .iter()
+        .find(|k| label_name(k) == label)
+        .map_or_else(|| label.to_owned(), |k| (*k).to_owned())
 }
 
 /// The label name an attribute key maps to (see the module docs).
@@ -510,5 +535,16 @@ mod tests {
             ..Default::default()
         }];
         assert!(inline_attributes(&mut bad, &strings).is_err());
+    }
+
+    #[test]
+    fn semantic_convention_labels_go_back_to_their_keys() {
+        assert_eq!(attribute_key("k8s_pod_name"), "k8s.pod.name");
+        assert_eq!(attribute_key("container_id"), "container.id");
+        assert_eq!(attribute_key("service_name"), "service.name");
+        assert_eq!(attribute_key("team"), "team");
+        for key in SEMCONV_KEYS {
+            assert_eq!(attribute_key(&label_name(key)), *key);
+        }
     }
 }

@@ -52,8 +52,9 @@ pub use check::{check_dictionary, check_dictionary_references, check_profile};
 pub use data::{ProfileData, SharedDictionary, decode_all};
 pub use dictionary::DictionaryBuilder;
 pub use form::{
-    AttributeLabels, OtlpContext, OtlpProfiles, SERVICE_NAME_KEY, context_heap_size,
-    dictionary_heap_size, inline_attributes, inline_attributes_with, label_name, profile_heap_size,
+    AttributeLabels, OtlpContext, OtlpProfiles, SEMCONV_KEYS, SERVICE_NAME_KEY, attribute_key,
+    context_heap_size, dictionary_heap_size, inline_attributes, inline_attributes_with, label_name,
+    profile_heap_size,
 };
 pub use from_pprof::{SPAN_ID_LABEL, TRACE_ID_LABEL, pprof_to_otlp};
 pub use request::{Request, RequestBuilder};

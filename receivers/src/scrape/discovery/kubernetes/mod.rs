@@ -163,30 +163,6 @@ impl KubernetesDiscoverer {
     }
 }
 
-/// Wakes `notify` at each change of `store` until `shutdown`.
-fn forward_changes<K: Resource>(
-    store: &Store<K>,
-    notify: &Arc<Notify>,
-    shutdown: &CancellationToken,
-) {
-    let mut changes = store.changes();
-    let notify = notify.clone();
-    let shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                changed = changes.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    notify.notify_one();
-                }
-            }
-        }
-    });
-}
-
 #[async_trait]
 impl Discoverer for KubernetesDiscoverer {
     fn describe(&self) -> String {
@@ -209,22 +185,22 @@ impl Discoverer for KubernetesDiscoverer {
         let caches = self.watch_all(&watches);
         let notify = Arc::new(Notify::new());
         for s in &caches.pods {
-            forward_changes(s, &notify, &watches);
+            s.notify_on_change(&notify, &watches);
         }
         for s in &caches.services {
-            forward_changes(s, &notify, &watches);
+            s.notify_on_change(&notify, &watches);
         }
         for s in &caches.endpoints {
-            forward_changes(s, &notify, &watches);
+            s.notify_on_change(&notify, &watches);
         }
         for s in &caches.slices {
-            forward_changes(s, &notify, &watches);
+            s.notify_on_change(&notify, &watches);
         }
         if let Some(s) = &caches.nodes {
-            forward_changes(s, &notify, &watches);
+            s.notify_on_change(&notify, &watches);
         }
         if let Some(s) = &caches.namespaces {
-            forward_changes(s, &notify, &watches);
+            s.notify_on_change(&notify, &watches);
         }
         let mut last_sent = None;
         loop {

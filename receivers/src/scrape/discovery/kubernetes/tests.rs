@@ -4,13 +4,7 @@ use proflow_kube::objects::{EndpointSlice, Node, Pod, Service};
 use super::roles::{self, Caches};
 
 fn store<K: proflow_kube::Resource>(json: &[&str]) -> Store<K> {
-    let store = Store::new(100);
-    store.replace(
-        json.iter()
-            .map(|j| serde_json::from_str(j).expect("object parses"))
-            .collect(),
-    );
-    store
+    Store::from_json(json).expect("objects parse")
 }
 
 #[test]
