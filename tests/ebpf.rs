@@ -235,63 +235,6 @@ fn go_binary() {
     );
 }
 
-/// A cgroup named as a container runtime's systemd driver names them
-/// (`docker-<id>.scope`) holding one process; removed on drop, once its
-/// process has gone.
-struct ContainerCgroup {
-    dir: std::path::PathBuf,
-    leaf: std::path::PathBuf,
-    /// The 64-hex container id in its name.
-    id: String,
-}
-
-impl ContainerCgroup {
-    /// Moves `pid` into a new container-like cgroup (the unified hierarchy
-    /// if the machine has one writable, else cgroup v1's cpu).
-    fn enter(pid: u32) -> ContainerCgroup {
-        let id = format!(
-            "{:064x}",
-            u128::from(std::process::id()) << 64 | u128::from(pid) << 16 | 0xfeed
-        );
-        let id = id[id.len() - 64..].to_owned();
-        let roots = [
-            "/sys/fs/cgroup/unified",
-            "/sys/fs/cgroup",
-            "/sys/fs/cgroup/cpu",
-        ];
-        for root in roots {
-            let dir = Path::new(root).join(format!("proflow-test-{}-{pid}", std::process::id()));
-            let leaf = dir.join(format!("docker-{id}.scope"));
-            if std::fs::create_dir_all(&leaf).is_ok()
-                && std::fs::write(leaf.join("cgroup.procs"), pid.to_string()).is_ok()
-            {
-                let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-                assert!(
-                    cgroups.contains(&id),
-                    "the target is not in the cgroup: {cgroups}"
-                );
-                return ContainerCgroup { dir, leaf, id };
-            }
-            let _ = std::fs::remove_dir(&leaf);
-            let _ = std::fs::remove_dir(&dir);
-        }
-        panic!("could not make a cgroup under /sys/fs/cgroup to move the target into")
-    }
-}
-
-impl Drop for ContainerCgroup {
-    fn drop(&mut self) {
-        // The cgroup can go once its process has.
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.leaf).is_ok() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = std::fs::remove_dir(&self.dir);
-    }
-}
-
 /// A process moved into a container-like cgroup (named as Docker's systemd
 /// driver names them) is labelled with its container id.
 #[test]
@@ -300,7 +243,7 @@ fn container_label_from_the_cgroup() {
     let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
     let (child, pid) = ebpf_targets::spawn(&bin, 30);
     let child = KillOnDrop(child);
-    let cgroup = ContainerCgroup::enter(pid);
+    let cgroup = common::ContainerCgroup::enter(pid);
     let proflow = proflow_for(&[pid], "2s");
     let entries = proflow.wait_for_files(1, |e| e.label("pid") == Some(pid.to_string().as_str()));
     for e in &entries {
@@ -328,18 +271,10 @@ fn k8s_attributes_names_the_pod_of_a_containers_process() {
     let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
     let (child, pid) = ebpf_targets::spawn(&bin, 30);
     let child = KillOnDrop(child);
-    let cgroup = ContainerCgroup::enter(pid);
+    let cgroup = common::ContainerCgroup::enter(pid);
     // The pod that runs this container, as the kubelet would report it.
     let ns = peer_env::unique("ebpf");
-    let kubectl = |args: &[&str], stdin: &str| {
-        peer_env::run_with_stdin(
-            Command::new(kube.var("KUBECTL"))
-                .arg("--kubeconfig")
-                .arg(kube.var("KUBECONFIG"))
-                .args(args),
-            stdin,
-        )
-    };
+    let kubectl = |args: &[&str], stdin: &str| peer_env::kubectl(&kube, args, stdin);
     kubectl(&["create", "namespace", &ns], "");
     kubectl(
         &["apply", "-f", "-"],
@@ -350,22 +285,14 @@ fn k8s_attributes_names_the_pod_of_a_containers_process() {
              spec:\n  nodeName: node-ebpf\n  containers: [{{name: sidecar, image: proxy:1}}, {{name: main, image: shop:1}}]\n"
         ),
     );
-    kubectl(
-        &[
-            "-n",
-            &ns,
-            "patch",
-            "pod",
-            "shop-7c9-x1",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &format!(
-                r#"{{"status":{{"phase":"Running","podIP":"10.244.0.9","containerStatuses":[{{"name":"main","containerID":"containerd://{}","image":"shop:1","imageID":"","ready":true,"restartCount":0,"state":{{"running":{{}}}}}},{{"name":"sidecar","containerID":"containerd://{:064x}","image":"proxy:1","imageID":"","ready":true,"restartCount":0,"state":{{"running":{{}}}}}}]}}}}"#,
-                cgroup.id, 7
-            ),
-        ],
-        "",
+    peer_env::patch_pod_status(
+        &kube,
+        &ns,
+        "shop-7c9-x1",
+        &format!(
+            r#"{{"phase":"Running","podIP":"10.244.0.9","containerStatuses":[{{"name":"main","containerID":"containerd://{}","image":"shop:1","imageID":"","ready":true,"restartCount":0,"state":{{"running":{{}}}}}},{{"name":"sidecar","containerID":"containerd://{:064x}","image":"proxy:1","imageID":"","ready":true,"restartCount":0,"state":{{"running":{{}}}}}}]}}"#,
+            cgroup.id, 7
+        ),
     );
 
     let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {

@@ -16,7 +16,6 @@ mod common;
 mod peer_env;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Ports, Proflow};
@@ -37,13 +36,7 @@ impl Kube {
 
     /// Runs kubectl with `args` and `stdin`; panics with its output on failure.
     fn kubectl(&self, args: &[&str], stdin: &str) -> String {
-        peer_env::run_with_stdin(
-            Command::new(self.peer.var("KUBECTL"))
-                .arg("--kubeconfig")
-                .arg(self.kubeconfig())
-                .args(args),
-            stdin,
-        )
+        peer_env::kubectl(&self.peer, args, stdin)
     }
 
     fn apply(&self, yaml: &str) {
@@ -68,24 +61,11 @@ impl Kube {
                 )
             })
             .collect();
-        let patch = format!(
-            r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"hostIP":"127.0.0.1","conditions":[{{"type":"Ready","status":"True"}}],"containerStatuses":[{}]}}}}"#,
+        let status = format!(
+            r#"{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"hostIP":"127.0.0.1","conditions":[{{"type":"Ready","status":"True"}}],"containerStatuses":[{}]}}"#,
             statuses.join(",")
         );
-        self.kubectl(
-            &[
-                "-n",
-                ns,
-                "patch",
-                "pod",
-                pod,
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                &patch,
-            ],
-            "",
-        );
+        peer_env::patch_pod_status(&self.peer, ns, pod, &status);
     }
 }
 
@@ -662,4 +642,88 @@ fn k8s_attributes_labels_a_pushed_profile_by_its_senders_pod_and_follows_a_new_i
         &[("kind", "pods")],
     );
     assert_eq!(pods, 1.0, "{metrics}");
+}
+
+#[test]
+fn discovery_keeps_its_targets_while_the_api_server_is_gone_and_resyncs_when_it_is_back() {
+    // An API server of this test's own: it is killed and started again.
+    let Some(mut private) = peer_env::PrivatePeer::start("kube") else {
+        return;
+    };
+    let kube = Kube {
+        peer: private.peer().clone(),
+    };
+    let ns = kube.namespace("resync");
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  containers: [{{name: app, image: app:1, ports: [{{containerPort: 6060}}]}}]\n"
+        )
+    };
+    kube.apply(&pod("before"));
+    kube.run_pod(&ns, "before", "10.9.0.1", &[("app", "containerd://0a")]);
+    let proflow = start(&format!(
+        "- job_name: resync\n  scrape_interval: 60s\n  kubernetes_sd_configs:\n  - role: pod\n    kubeconfig_file: {kc}\n    namespaces: {{names: [{ns}]}}\n  \
+         relabel_configs: [{{action: drop, regex: '.*', source_labels: [__address__]}}]\n  \
+         profiling_config: {{pprof_config: {{process_cpu: {{enabled: false}}, memory: {{enabled: false}}, mutex: {{enabled: false}}, block: {{enabled: false}}}}}}\n",
+        kc = kube.kubeconfig()
+    ));
+    let pods = |all: &[serde_json::Value]| -> Vec<String> {
+        let mut names: Vec<String> = all
+            .iter()
+            .filter_map(|l| l["__meta_kubernetes_pod_name"].as_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    };
+    wait_discovered(&proflow, Duration::from_secs(20), |all| {
+        pods(all) == ["before"]
+    });
+
+    // Gone (killed, as a crash would): the watch fails, the targets stay.
+    private.kill();
+    let failed = peer_env::poll(Duration::from_secs(20), || {
+        proflow
+            .log_text()
+            .contains("Kubernetes watch failed")
+            .then_some(())
+    });
+    assert!(
+        failed.is_some(),
+        "no watch failure logged\nlog:\n{}",
+        proflow.log_text()
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    wait_discovered(&proflow, Duration::from_secs(1), |all| {
+        pods(all) == ["before"]
+    });
+
+    // Back, with the same data; what changed after it came back is seen.
+    private.start_again();
+    kube.kubectl(
+        &[
+            "-n",
+            &ns,
+            "delete",
+            "pod",
+            "before",
+            "--grace-period=0",
+            "--force",
+        ],
+        "",
+    );
+    kube.apply(&pod("after"));
+    kube.run_pod(&ns, "after", "10.9.0.2", &[("app", "containerd://0b")]);
+    let back = Instant::now();
+    wait_discovered(&proflow, Duration::from_secs(45), |all| {
+        pods(all) == ["after"]
+    });
+    eprintln!(
+        "resynced {:?} after the API server was back",
+        back.elapsed()
+    );
+    assert!(
+        proflow.log_text().contains("Kubernetes watch works again"),
+        "no recovery logged\nlog:\n{}",
+        proflow.log_text()
+    );
 }

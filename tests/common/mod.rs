@@ -700,6 +700,21 @@ pub fn java_agent() -> Result<(PathBuf, PathBuf), String> {
     Ok((java, agent))
 }
 
+/// Helm (built from the Go module proxy) and podman (with runc):
+/// `PROFLOW_HELM` and `PROFLOW_PODMAN`, else what
+/// `tests/peers/install-clients` prints. `Err` says why they are not
+/// available.
+pub fn deploy_tools() -> Result<(PathBuf, PathBuf), String> {
+    let helm = client_path("PROFLOW_HELM")?;
+    let podman = client_path("PROFLOW_PODMAN")?;
+    for tool in [&helm, &podman] {
+        if !tool.is_file() {
+            return Err(format!("{} does not exist", tool.display()));
+        }
+    }
+    Ok((helm, podman))
+}
+
 /// `key` from the environment, else from the `KEY=value` lines of
 /// `tests/peers/install-clients` (run once per test binary; a fast no-op once
 /// the clients are installed).
@@ -1192,4 +1207,62 @@ pub fn wait_exported(proflow: &Proflow, app: &str, exporter: &str) -> (Vec<Index
     );
     assert_eq!(failed, 0.0, "log:\n{}", proflow.log_text());
     (entries, metrics)
+}
+
+/// A cgroup named as a container runtime's systemd driver names them
+/// (`docker-<id>.scope`) holding one process; removed on drop, once its
+/// process has gone.
+pub struct ContainerCgroup {
+    dir: std::path::PathBuf,
+    leaf: std::path::PathBuf,
+    /// The 64-hex container id in its name.
+    pub id: String,
+}
+
+impl ContainerCgroup {
+    /// Moves `pid` into a new container-like cgroup (the unified hierarchy
+    /// if the machine has one writable, else cgroup v1's cpu).
+    pub fn enter(pid: u32) -> ContainerCgroup {
+        let id = format!(
+            "{:064x}",
+            u128::from(std::process::id()) << 64 | u128::from(pid) << 16 | 0xfeed
+        );
+        let id = id[id.len() - 64..].to_owned();
+        let roots = [
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/cpu",
+        ];
+        for root in roots {
+            let dir = std::path::Path::new(root)
+                .join(format!("proflow-test-{}-{pid}", std::process::id()));
+            let leaf = dir.join(format!("docker-{id}.scope"));
+            if std::fs::create_dir_all(&leaf).is_ok()
+                && std::fs::write(leaf.join("cgroup.procs"), pid.to_string()).is_ok()
+            {
+                let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+                assert!(
+                    cgroups.contains(&id),
+                    "the target is not in the cgroup: {cgroups}"
+                );
+                return ContainerCgroup { dir, leaf, id };
+            }
+            let _ = std::fs::remove_dir(&leaf);
+            let _ = std::fs::remove_dir(&dir);
+        }
+        panic!("could not make a cgroup under /sys/fs/cgroup to move the target into")
+    }
+}
+
+impl Drop for ContainerCgroup {
+    fn drop(&mut self) {
+        // The cgroup can go once its process has.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.leaf).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
 }

@@ -566,3 +566,36 @@ pub fn run_with_stdin(cmd: &mut Command, stdin: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// The `kube` peer's kubectl with its kubeconfig: runs `args` with `stdin`,
+/// returns stdout; panics with the output on failure.
+pub fn kubectl(kube: &Peer, args: &[&str], stdin: &str) -> String {
+    run_with_stdin(
+        Command::new(kube.var("KUBECTL"))
+            .arg("--kubeconfig")
+            .arg(kube.var("KUBECONFIG"))
+            .args(args),
+        stdin,
+    )
+}
+
+/// Sets a pod's `status` (a JSON object) as its kubelet would: no kubelet
+/// runs beside the test API server.
+pub fn patch_pod_status(kube: &Peer, namespace: &str, pod: &str, status: &str) {
+    let patch = format!(r#"{{"status":{status}}}"#);
+    kubectl(
+        kube,
+        &[
+            "-n",
+            namespace,
+            "patch",
+            "pod",
+            pod,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+        "",
+    );
+}

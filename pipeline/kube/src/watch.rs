@@ -393,7 +393,7 @@ impl<K: Resource> Reflector<K> {
             loop {
                 match self.watch_once(&mut version, &shutdown).await {
                     WatchEnd::Shutdown => return,
-                    WatchEnd::Closed => {}
+                    WatchEnd::Closed => backoff = FIRST_BACKOFF,
                     WatchEnd::Expired => continue 'list,
                     WatchEnd::Failed(e) => {
                         self.failed(e);
@@ -487,7 +487,7 @@ impl<K: Resource> Reflector<K> {
 
     /// Watches from `version` (moved on as events arrive) until the server
     /// ends the watch, it fails, or shutdown.
-    async fn watch_once(&self, version: &mut String, shutdown: &CancellationToken) -> WatchEnd {
+    async fn watch_once(&mut self, version: &mut String, shutdown: &CancellationToken) -> WatchEnd {
         // Five to ten minutes, spread so that many watches do not end together.
         let seconds = 300
             + std::time::SystemTime::now()
@@ -516,6 +516,8 @@ impl<K: Resource> Reflector<K> {
             Ok(Err(e)) => return WatchEnd::Failed(self.fetch_error("watching", &e)),
             Ok(Ok(body)) => body,
         };
+        // Watching again after a failure (resumed, or listed anew) is working again.
+        self.recovered();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds) + WATCH_SLACK;
         let mut buf: Vec<u8> = Vec::new();
         loop {

@@ -39,9 +39,14 @@ start_kube() {
   home="$(kube_home)"
   read -r api etcd_client etcd_peer < <(peer_ports kube 3)
   mkdir -p "$dir/data/etcd" "$dir/pki"
-  kube_pki "$dir/pki"
-  token="$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
-  printf '%s,proflow-admin,proflow-admin,"system:masters"\n' "$token" >"$dir/pki/tokens.csv"
+  # Started again in the same run dir (tests/peers/private), it keeps its
+  # certificates, token and etcd data: clients that knew it know it again.
+  if [[ ! -s "$dir/pki/tokens.csv" ]]; then
+    kube_pki "$dir/pki"
+    token="$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+    printf '%s,proflow-admin,proflow-admin,"system:masters"\n' "$token" >"$dir/pki/tokens.csv"
+  fi
+  token="$(cut -d, -f1 "$dir/pki/tokens.csv")"
   # etcd fsyncs nothing here: the data is thrown away with the run dir.
   start_bg kube bash -c '
     "$1/etcd/bin/etcd" --name peer --data-dir "$2/data/etcd" \
