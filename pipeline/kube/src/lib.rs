@@ -23,4 +23,4 @@ pub mod watch;
 
 pub use connect::{Client, Connect};
 pub use objects::Resource;
-pub use watch::{Scope, Store, WatchLimits};
+pub use watch::{Event, Scope, Store, WatchLimits, decode_event, decode_list};

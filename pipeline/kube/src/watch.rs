@@ -349,6 +349,58 @@ struct VersionMeta {
     resource_version: String,
 }
 
+/// One decoded line of a watch stream.
+#[derive(Debug)]
+pub enum Event<K> {
+    /// ADDED or MODIFIED.
+    Upsert(K),
+    Deleted(K),
+    /// A quiet watch's new version.
+    Bookmark(String),
+    /// The server's error: `code` 410 means the version is gone.
+    Error {
+        code: u16,
+        reason: String,
+        message: String,
+    },
+    /// A type this reader does not know; skipped.
+    Other,
+}
+
+/// Decodes one line of a watch stream (`{"type": …, "object": …}`).
+pub fn decode_event<K: Resource>(line: &[u8]) -> Result<Event<K>, serde_json::Error> {
+    let event: RawEvent<'_> = serde_json::from_slice(line)?;
+    Ok(match event.kind {
+        "ADDED" | "MODIFIED" => Event::Upsert(serde_json::from_str(event.object.get())?),
+        "DELETED" => Event::Deleted(serde_json::from_str(event.object.get())?),
+        "BOOKMARK" => {
+            let object: VersionOnly = serde_json::from_str(event.object.get())?;
+            Event::Bookmark(object.metadata.resource_version)
+        }
+        "ERROR" => {
+            let status: Status = serde_json::from_str(event.object.get())?;
+            Event::Error {
+                code: status.code,
+                reason: status.reason,
+                message: status.message,
+            }
+        }
+        _ => Event::Other,
+    })
+}
+
+/// Decodes one list page: its objects, resource version and continue token.
+pub fn decode_list<K: Resource>(
+    bytes: &[u8],
+) -> Result<(Vec<K>, String, String), serde_json::Error> {
+    let page: List<K> = serde_json::from_slice(bytes)?;
+    Ok((
+        page.items,
+        page.metadata.resource_version,
+        page.metadata.continue_token,
+    ))
+}
+
 /// Why a watch ended.
 enum WatchEnd {
     /// Shutting down.
@@ -454,15 +506,15 @@ impl<K: Resource> Reflector<K> {
             .await
             .map_err(|_| format!("listing {} took over {LIST_TIMEOUT:?}", K::PLURAL))?
             .map_err(|e| self.fetch_error("listing", &e))?;
-            let page: List<K> = serde_json::from_slice(&body)
+            let (page, page_version, next) = decode_list::<K>(&body)
                 .map_err(|e| format!("listing {}: the answer is not a list: {e}", K::PLURAL))?;
             // Every page of a list is one snapshot, at the first page's version.
-            version.get_or_insert(page.metadata.resource_version);
-            items.extend(page.items);
-            if page.metadata.continue_token.is_empty() || items.len() >= self.limits.max_objects {
+            version.get_or_insert(page_version);
+            items.extend(page);
+            if next.is_empty() || items.len() >= self.limits.max_objects {
                 break;
             }
-            token = page.metadata.continue_token;
+            token = next;
         }
         self.store.replace(items);
         Ok(version.unwrap_or_default())
@@ -576,44 +628,42 @@ impl<K: Resource> Reflector<K> {
 
     /// Applies one event line; true when the store changed.
     fn event(&self, line: &[u8], version: &mut String) -> Result<bool, WatchEnd> {
-        let bad = |e: serde_json::Error| {
+        let event = decode_event::<K>(line).map_err(|e| {
             WatchEnd::Failed(format!(
                 "watching {}: an event that does not parse: {e}",
                 K::PLURAL
             ))
-        };
-        let event: RawEvent<'_> = serde_json::from_slice(line).map_err(bad)?;
-        match event.kind {
-            "ADDED" | "MODIFIED" | "DELETED" => {
-                let object: K = serde_json::from_str(event.object.get()).map_err(bad)?;
+        })?;
+        match event {
+            Event::Upsert(object) => {
                 version.clone_from(&object.meta().resource_version);
-                self.store.apply(if event.kind == "DELETED" {
-                    Change::Delete(object)
-                } else {
-                    Change::Upsert(object)
-                });
+                self.store.apply(Change::Upsert(object));
                 Ok(true)
             }
-            "BOOKMARK" => {
-                let object: VersionOnly = serde_json::from_str(event.object.get()).map_err(bad)?;
-                *version = object.metadata.resource_version;
+            Event::Deleted(object) => {
+                version.clone_from(&object.meta().resource_version);
+                self.store.apply(Change::Delete(object));
+                Ok(true)
+            }
+            Event::Bookmark(v) => {
+                *version = v;
                 Ok(false)
             }
-            "ERROR" => {
-                let status: Status = serde_json::from_str(event.object.get()).map_err(bad)?;
-                if status.code == 410 || status.reason == "Expired" || status.reason == "Gone" {
+            Event::Error {
+                code,
+                reason,
+                message,
+            } => {
+                if code == 410 || reason == "Expired" || reason == "Gone" {
                     Err(WatchEnd::Expired)
                 } else {
                     Err(WatchEnd::Failed(format!(
-                        "watching {}: the server said {} {}: {}",
-                        K::PLURAL,
-                        status.code,
-                        status.reason,
-                        status.message
+                        "watching {}: the server said {code} {reason}: {message}",
+                        K::PLURAL
                     )))
                 }
             }
-            _ => Ok(false),
+            Event::Other => Ok(false),
         }
     }
 
