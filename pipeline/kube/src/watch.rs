@@ -210,6 +210,9 @@ impl<K: Resource> Store<K> {
     /// several stores that one reader builds from.
     pub fn notify_on_change(&self, notify: &Arc<tokio::sync::Notify>, stop: &CancellationToken) {
         let mut changes = self.changes();
+        // A change before this subscription (the first list, done already)
+        // would otherwise go unnoticed: the reader looks once now.
+        notify.notify_one();
         let (notify, stop) = (notify.clone(), stop.clone());
         tokio::spawn(async move {
             loop {
@@ -732,6 +735,25 @@ mod tests {
         store.apply(Change::Delete(pod("a", &kept)));
         assert_eq!(store.len(), 1);
         assert!(store.synced());
+    }
+
+    #[tokio::test]
+    async fn a_reader_subscribing_after_the_first_list_still_looks_once() {
+        let store = Store::<Pod>::new(10);
+        store.replace(vec![pod("a", "1")]);
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let stop = CancellationToken::new();
+        store.notify_on_change(&notify, &stop);
+        tokio::time::timeout(Duration::from_secs(1), notify.notified())
+            .await
+            .expect("the reader is told to look at a store synced before it subscribed");
+        // And each change after that.
+        store.apply(Change::Upsert(pod("a", "2")));
+        store.bump();
+        tokio::time::timeout(Duration::from_secs(1), notify.notified())
+            .await
+            .expect("a change is told");
+        stop.cancel();
     }
 
     #[test]
