@@ -727,3 +727,77 @@ fn discovery_keeps_its_targets_while_the_api_server_is_gone_and_resyncs_when_it_
         proflow.log_text()
     );
 }
+
+#[test]
+fn a_list_page_the_memory_budget_cannot_hold_is_refused_then_listed_again() {
+    let Some(kube) = Kube::get() else { return };
+    let ns = kube.namespace("budget");
+    // 40 pods with a 200 KB annotation each: a list page of about 8 MB,
+    // more than an 8 MiB budget lets one read hold (three quarters of it).
+    let big = "x".repeat(200 * 1024);
+    let pods: Vec<String> = (0..40)
+        .map(|i| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}, namespace: {ns}, annotations: {{blob: {big}}}}}\nspec: {{containers: [{{name: app, image: app:1, ports: [{{containerPort: 6060}}]}}]}}\n"
+            )
+        })
+        .collect();
+    // `create`, not `apply`: apply would keep the blob in its
+    // last-applied-configuration annotation after the blob is replaced.
+    kube.kubectl(&["create", "-f", "-"], &pods.join("---\n"));
+    for i in 0..40 {
+        kube.run_pod(
+            &ns,
+            &format!("p{i}"),
+            &format!("10.8.0.{}", i + 1),
+            &[("app", "containerd://0c")],
+        );
+    }
+    let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  scrape:\n    scrape_configs:\n    - job_name: budget\n      scrape_interval: 60s\n      kubernetes_sd_configs:\n      \
+             - {{role: pod, kubeconfig_file: {kc}, namespaces: {{names: [{ns}]}}}}\n      \
+             relabel_configs: [{{action: drop, regex: '.*', source_labels: [__address__]}}]\n      \
+             profiling_config: {{pprof_config: {{process_cpu: {{enabled: false}}, memory: {{enabled: false}}, mutex: {{enabled: false}}, block: {{enabled: false}}}}}}\n\
+             exporters:\n  file:\n    directory: {}\n\
+             service:\n  limits:\n    max_in_flight_bytes: 8MiB\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [scrape]\n      exporters: [file]\n",
+            profiles.display(),
+            ports.telemetry,
+            kc = kube.kubeconfig(),
+        )
+    });
+    let refused = peer_env::poll(Duration::from_secs(20), || {
+        proflow
+            .log_text()
+            .contains("need more memory than the in-flight budget has for one read")
+            .then_some(())
+    });
+    assert!(
+        refused.is_some(),
+        "the page was not refused\nlog:\n{}",
+        proflow.log_text()
+    );
+    assert_eq!(
+        targets(&proflow)["droppedTargets"]
+            .as_array()
+            .map(Vec::len)
+            .unwrap_or(0),
+        0
+    );
+    // Smaller pods: the next list (retried with backoff) fits.
+    for i in 0..40 {
+        kube.kubectl(
+            &[
+                "-n",
+                &ns,
+                "annotate",
+                "pod",
+                &format!("p{i}"),
+                "blob=small",
+                "--overwrite",
+            ],
+            "",
+        );
+    }
+    wait_discovered(&proflow, Duration::from_secs(45), |all| all.len() == 40);
+}

@@ -149,11 +149,18 @@ impl Client {
     }
 
     /// GETs `path_and_query` (`/api/v1/pods?limit=500`), at most `limit`
-    /// bytes of answer.
-    pub async fn get(&self, path_and_query: &str, limit: usize) -> Result<Bytes, FetchError> {
+    /// bytes of answer, every byte granted from `grant` as it arrives.
+    pub async fn get_granted(
+        &self,
+        path_and_query: &str,
+        limit: usize,
+        grant: &mut proflow_model::memory::MemoryGrant,
+    ) -> Result<Bytes, FetchError> {
         let url = self.url(path_and_query)?;
         let auth = self.auth()?;
-        self.http.get_as(url, limit, auth.as_ref()).await
+        self.http
+            .get_granted_as(url, limit, grant, auth.as_ref())
+            .await
     }
 
     /// GETs `path_and_query` and gives the body as it arrives (a watch).

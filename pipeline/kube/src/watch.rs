@@ -11,7 +11,10 @@
 //! Memory is bounded three ways ([`WatchLimits`]): one watch event (one
 //! object) of at most `max_object_bytes` (etcd stores none over 1.5 MiB), one
 //! list page of at most `max_page_bytes`, and at most `max_objects` objects
-//! kept (more are counted and not kept). What is kept of an object is only
+//! kept (more are counted and not kept). With [`Store::watch_granted`], a
+//! list page and its parse are also granted from the in-flight memory budget
+//! while they are read: a page the budget has no room for fails that list,
+//! which is retried. What is kept of an object is only
 //! the fields of its type in [`crate::objects`].
 //!
 //! Readers take [`Store::list`] or [`Store::get`] and wait on
@@ -25,6 +28,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
+use proflow_model::json_shape::JsonShape;
+use proflow_model::memory::MemoryBudget;
 use proflow_net::http::FetchError;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -80,8 +85,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Counters of a store's task, for components' metrics.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Full lists (the first one, and each after a version was gone).
-    pub lists: AtomicU64,
     /// Failed lists and watches.
     pub failures: AtomicU64,
     /// Objects not kept: over `max_objects`.
@@ -153,11 +156,24 @@ impl<K: Resource> Store<K> {
         limits: WatchLimits,
         shutdown: CancellationToken,
     ) -> Self {
+        Store::watch_granted(client, scope, limits, None, shutdown)
+    }
+
+    /// [`Store::watch`], with each list page and its parse granted from
+    /// `memory` (the in-flight budget) while it is read.
+    pub fn watch_granted(
+        client: Client,
+        scope: Scope,
+        limits: WatchLimits,
+        memory: Option<MemoryBudget>,
+        shutdown: CancellationToken,
+    ) -> Self {
         let store = Store::new(limits.max_objects);
         let reflector = Reflector::<K> {
             client,
             scope,
             limits,
+            memory,
             store: store.clone(),
             last_failure: None,
             kind: PhantomData,
@@ -419,6 +435,7 @@ struct Reflector<K> {
     client: Client,
     scope: Scope,
     limits: WatchLimits,
+    memory: Option<MemoryBudget>,
     store: Store<K>,
     last_failure: Option<String>,
     kind: PhantomData<fn() -> K>,
@@ -491,7 +508,6 @@ impl<K: Resource> Reflector<K> {
 
     /// Lists every object into the store; gives the list's version.
     async fn list(&self) -> Result<String, String> {
-        self.store.inner.stats.lists.fetch_add(1, Ordering::Relaxed);
         let mut items: Vec<K> = Vec::new();
         let mut token = String::new();
         let mut version = None;
@@ -502,13 +518,25 @@ impl<K: Resource> Reflector<K> {
                 query.push(("continue", token.as_str()));
             }
             let path = self.path(&query);
+            // The page as it arrives, and its parse before it is made (a
+            // JSON tree of it: more than the typed objects keep), is held
+            // against the budget until the page is in the store.
+            let budget = self
+                .memory
+                .clone()
+                .unwrap_or_else(|| MemoryBudget::new(usize::MAX));
+            let mut grant = budget.grant();
             let body = tokio::time::timeout(
                 LIST_TIMEOUT,
-                self.client.get(&path, self.limits.max_page_bytes),
+                self.client
+                    .get_granted(&path, self.limits.max_page_bytes, &mut grant),
             )
             .await
             .map_err(|_| format!("listing {} took over {LIST_TIMEOUT:?}", K::PLURAL))?
             .map_err(|e| self.fetch_error("listing", &e))?;
+            grant
+                .try_grow(JsonShape::scan(&body).tree_bytes())
+                .map_err(|e| self.fetch_error("listing", &FetchError::Memory(e.to_string())))?;
             let (page, page_version, next) = decode_list::<K>(&body)
                 .map_err(|e| format!("listing {}: the answer is not a list: {e}", K::PLURAL))?;
             // Every page of a list is one snapshot, at the first page's version.
@@ -535,6 +563,11 @@ impl<K: Resource> Reflector<K> {
                 K::PLURAL,
                 self.client.base(),
                 K::PLURAL
+            ),
+            FetchError::Memory(_) => format!(
+                "{doing} {} at {}: a list page and its parse need more memory than the in-flight budget has for one read now (service.limits.max_in_flight_bytes): raise it, or narrow the watch with namespaces or selectors ({e})",
+                K::PLURAL,
+                self.client.base()
             ),
             _ => format!("{doing} {} at {}: {e}", K::PLURAL, self.client.base()),
         }
@@ -704,61 +737,4 @@ async fn sleep(backoff: &mut Duration, shutdown: &CancellationToken) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::objects::Pod;
-
-    fn pod(ns: &str, name: &str) -> Pod {
-        let mut p = Pod::default();
-        p.metadata.namespace = ns.to_owned();
-        p.metadata.name = name.to_owned();
-        p
-    }
-
-    #[test]
-    fn a_store_keeps_at_most_its_bound_and_counts_the_rest() {
-        let store = Store::<Pod>::new(2);
-        store.replace(vec![pod("a", "1"), pod("a", "2"), pod("a", "3")]);
-        assert_eq!(store.len(), 2);
-        assert_eq!(store.stats().refused.load(Ordering::Relaxed), 1);
-        // An update of a kept object is applied; a new one is refused.
-        let kept = store.list()[0].metadata.name.clone();
-        let mut changed = pod("a", &kept);
-        changed.status.pod_ip = "10.0.0.1".to_owned();
-        store.apply(Change::Upsert(changed));
-        assert_eq!(
-            store.get("a", &kept).map(|p| p.status.pod_ip.clone()),
-            Some("10.0.0.1".to_owned())
-        );
-        store.apply(Change::Upsert(pod("b", "9")));
-        assert!(store.get("b", "9").is_none());
-        store.apply(Change::Delete(pod("a", &kept)));
-        assert_eq!(store.len(), 1);
-        assert!(store.synced());
-    }
-
-    #[tokio::test]
-    async fn a_reader_subscribing_after_the_first_list_still_looks_once() {
-        let store = Store::<Pod>::new(10);
-        store.replace(vec![pod("a", "1")]);
-        let notify = Arc::new(tokio::sync::Notify::new());
-        let stop = CancellationToken::new();
-        store.notify_on_change(&notify, &stop);
-        tokio::time::timeout(Duration::from_secs(1), notify.notified())
-            .await
-            .expect("the reader is told to look at a store synced before it subscribed");
-        // And each change after that.
-        store.apply(Change::Upsert(pod("a", "2")));
-        store.bump();
-        tokio::time::timeout(Duration::from_secs(1), notify.notified())
-            .await
-            .expect("a change is told");
-        stop.cancel();
-    }
-
-    #[test]
-    fn keys_leave_out_an_empty_namespace() {
-        assert_eq!(key("", "node-1"), "node-1");
-        assert_eq!(key("ns", "p"), "ns/p");
-    }
-}
+mod tests;

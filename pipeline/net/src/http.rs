@@ -159,8 +159,19 @@ impl HttpClient {
         limit: usize,
         grant: &mut proflow_model::memory::MemoryGrant,
     ) -> Result<Bytes, FetchError> {
+        self.get_granted_as(url, limit, grant, None).await
+    }
+
+    /// [`HttpClient::get_granted`] with `auth` as in [`HttpClient::get_as`].
+    pub async fn get_granted_as(
+        &self,
+        url: Uri,
+        limit: usize,
+        grant: &mut proflow_model::memory::MemoryGrant,
+        auth: Option<&HeaderValue>,
+    ) -> Result<Bytes, FetchError> {
         use crate::server::body::{BodyError, read_body};
-        let response = self.response(url, None).await?;
+        let response = self.response(url, auth).await?;
         let declared = declared_length(&response);
         // The caller bounds the time: no timeout of our own.
         let unbounded = Duration::from_secs(u64::from(u32::MAX));

@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use proflow_kube::objects::{Namespace, Node, Resource};
 use proflow_kube::{Client, Connect, Scope, Store, WatchLimits};
+use proflow_pipeline::memory::MemoryBudget;
 use proflow_pipeline::tls::ClientTls;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -42,6 +43,8 @@ const SETTLE: Duration = Duration::from_millis(200);
 pub struct KubernetesDiscoverer {
     config: KubernetesSdConfig,
     client: Client,
+    /// Where list pages are granted from, once given.
+    memory: Option<proflow_pipeline::memory::MemoryBudget>,
 }
 
 impl KubernetesDiscoverer {
@@ -71,6 +74,7 @@ impl KubernetesDiscoverer {
         Ok(KubernetesDiscoverer {
             config: config.clone(),
             client,
+            memory: None,
         })
     }
 
@@ -113,41 +117,50 @@ impl KubernetesDiscoverer {
                 .map(|ns| self.scope(ns, role_of))
                 .collect()
         };
+        let start_with = |scopes: Vec<Scope>| (self.client.clone(), scopes, self.memory.clone());
         fn start<K: Resource>(
-            client: &Client,
-            scopes: Vec<Scope>,
+            (client, scopes, memory): (Client, Vec<Scope>, Option<MemoryBudget>),
             shutdown: &CancellationToken,
         ) -> Vec<Store<K>> {
             scopes
                 .into_iter()
-                .map(|s| Store::watch(client.clone(), s, WatchLimits::default(), shutdown.clone()))
+                .map(|s| {
+                    Store::watch_granted(
+                        client.clone(),
+                        s,
+                        WatchLimits::default(),
+                        memory.clone(),
+                        shutdown.clone(),
+                    )
+                })
                 .collect()
         }
-        let c = &self.client;
         let mut caches = Caches {
             attach_node: self.config.attach_metadata.node && role != R::Node && role != R::Service,
             ..Caches::default()
         };
         match role {
-            R::Pod => caches.pods = start(c, per_namespace(R::Pod), shutdown),
+            R::Pod => caches.pods = start(start_with(per_namespace(R::Pod)), shutdown),
             R::Endpoints => {
-                caches.endpoints = start(c, per_namespace(R::Endpoints), shutdown);
-                caches.services = start(c, per_namespace(R::Service), shutdown);
-                caches.pods = start(c, per_namespace(R::Pod), shutdown);
+                caches.endpoints = start(start_with(per_namespace(R::Endpoints)), shutdown);
+                caches.services = start(start_with(per_namespace(R::Service)), shutdown);
+                caches.pods = start(start_with(per_namespace(R::Pod)), shutdown);
             }
             R::EndpointSlice => {
-                caches.slices = start(c, per_namespace(R::EndpointSlice), shutdown);
-                caches.services = start(c, per_namespace(R::Service), shutdown);
-                caches.pods = start(c, per_namespace(R::Pod), shutdown);
+                caches.slices = start(start_with(per_namespace(R::EndpointSlice)), shutdown);
+                caches.services = start(start_with(per_namespace(R::Service)), shutdown);
+                caches.pods = start(start_with(per_namespace(R::Pod)), shutdown);
             }
-            R::Service => caches.services = start(c, per_namespace(R::Service), shutdown),
+            R::Service => caches.services = start(start_with(per_namespace(R::Service)), shutdown),
             R::Node => {}
         }
         if role == R::Node || caches.attach_node {
-            caches.nodes = start::<Node>(c, vec![self.scope(None, R::Node)], shutdown).pop();
+            caches.nodes =
+                start::<Node>(start_with(vec![self.scope(None, R::Node)]), shutdown).pop();
         }
         if self.config.attach_metadata.namespace && role != R::Node {
-            caches.namespaces = start::<Namespace>(c, vec![Scope::default()], shutdown).pop();
+            caches.namespaces =
+                start::<Namespace>(start_with(vec![Scope::default()]), shutdown).pop();
         }
         caches
     }
@@ -171,6 +184,10 @@ impl Discoverer for KubernetesDiscoverer {
             self.config.role.as_str(),
             self.client.base()
         )
+    }
+
+    fn grant_from(&mut self, memory: &MemoryBudget) {
+        self.memory = Some(memory.clone());
     }
 
     async fn run(
