@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use proflow_config::Duration;
 use proflow_pipeline::component::FieldError;
+use proflow_pipeline::otlp::SEMCONV_KEYS;
 use serde::Deserialize;
 
 /// Config of the `k8s_attributes` processor.
@@ -132,25 +133,10 @@ impl Default for Extract {
     }
 }
 
-/// Every `extract.metadata` name the processor knows.
-pub const METADATA: &[&str] = &[
-    "k8s.namespace.name",
-    "k8s.pod.name",
-    "k8s.pod.uid",
-    "k8s.pod.ip",
-    "k8s.pod.start_time",
-    "k8s.node.name",
-    "k8s.container.name",
-    "container.id",
-    "container.image.name",
-    "container.image.tag",
-    "k8s.deployment.name",
-    "k8s.replicaset.name",
-    "k8s.statefulset.name",
-    "k8s.daemonset.name",
-    "k8s.job.name",
-    "k8s.cronjob.name",
-];
+/// Every `extract.metadata` name the processor knows: every
+/// semantic-convention key OTLP exporters write back, but `service.name`
+/// (the first), which is not the processor's to add.
+pub const METADATA: &[&str] = SEMCONV_KEYS.split_at(1).1;
 
 /// The default of `extract.metadata`: the Collector's (but
 /// `k8s.pod.start_time`, which would start a new series per pod start),

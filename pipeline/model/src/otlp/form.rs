@@ -198,7 +198,8 @@ fn reconcile(c: &OtlpContext, labels: &Labels) -> (Resource, InstrumentationScop
 /// OpenTelemetry semantic-convention keys whose label form is written back
 /// as the key (`k8s_pod_name` → `k8s.pod.name`): the resource attributes
 /// proflow's own components add as labels (`k8s_attributes`, the `ebpf`
-/// receiver's `container_id`).
+/// receiver's `container_id`). `service.name` first: `k8s_attributes`
+/// takes every key after it as its `extract.metadata` names.
 pub const SEMCONV_KEYS: &[&str] = &[
     SERVICE_NAME_KEY,
     "k8s.namespace.name",
