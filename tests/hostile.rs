@@ -35,6 +35,9 @@ use common::{Proflow, cpu_profile, gzip, ingest_query, metric_sum};
 
 const BUDGET: u64 = 64 << 20;
 const QUEUE_MAX_BYTES: u64 = 16 << 20;
+/// What connections buffer before a handler reads it (at most 64 KiB each
+/// on HTTP/1, docs/memory.md; a thousand idle and trickling ones and the
+/// promised bodies' take about 20 MiB) and the allocator's slack.
 const MARGIN: u64 = 64 << 20;
 /// Each attack runs this many times at once.
 const EACH: usize = 8;
@@ -265,7 +268,10 @@ fn hostile_clients_stay_inside_the_budget_and_never_starve_a_small_push() {
     // A thousand connections that hold a slot without a request: half send
     // nothing, half a header byte a second. One the collector closed is
     // opened again at once, so the thousand stay for the whole storm.
+    // They connect first, so that the busy connections the attacks bring
+    // after them can only get a slot by the collector closing idle ones.
     let stop_idle = Arc::new(AtomicBool::new(false));
+    let (idle_ready, idle_connected) = std::sync::mpsc::channel();
     let idle = thread::spawn({
         let stop = stop_idle.clone();
         move || {
@@ -275,6 +281,7 @@ fn hostile_clients_stay_inside_the_budget_and_never_starve_a_small_push() {
                 Some(c)
             };
             let mut conns: Vec<Option<TcpStream>> = (0..1000).map(|_| connect()).collect();
+            let _ = idle_ready.send(conns.iter().flatten().count());
             let head = b"POST /ingest?name=slow HTTP/1.1\r\n";
             let (mut at, mut closed) = (0, 0);
             loop {
@@ -284,7 +291,11 @@ fn hostile_clients_stay_inside_the_budget_and_never_starve_a_small_push() {
                 for (i, slot) in conns.iter_mut().enumerate() {
                     let gone = slot.as_mut().is_none_or(|c| {
                         let mut byte = [0u8; 1];
-                        let ended = matches!(c.peek(&mut byte), Ok(0));
+                        // An end, or a reset (a close with bytes unread).
+                        let ended = match c.peek(&mut byte) {
+                            Ok(n) => n == 0,
+                            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                        };
                         let trickled = i < 500
                             || c.write_all(&head[at % head.len()..at % head.len() + 1])
                                 .is_ok();
@@ -304,6 +315,10 @@ fn hostile_clients_stay_inside_the_budget_and_never_starve_a_small_push() {
             closed
         }
     });
+    let connected = idle_connected
+        .recv()
+        .expect("the idle connections are opened");
+    assert_eq!(connected, 1000, "the thousand idle clients connect");
     for _ in 0..EACH {
         attackers.push(thread::spawn({
             let folded = folded.clone();
@@ -433,14 +448,18 @@ fn hostile_clients_stay_inside_the_budget_and_never_starve_a_small_push() {
         small_statuses.len() >= 40 && small_statuses.iter().all(|&s| s == 200),
         "every small push gets 200 through every attack: {small_statuses:?}\n{report}"
     );
+    // The collector's own baseline (the idle binary) is apart from the
+    // bound, as docs/memory.md states it.
     assert!(
-        peak < BUDGET + QUEUE_MAX_BYTES + MARGIN,
-        "peak RSS {} MiB must stay under the budget (64) + the queue (16) + 64 MiB: {report}",
-        peak >> 20
+        peak.saturating_sub(idle_rss) < BUDGET + QUEUE_MAX_BYTES + MARGIN,
+        "peak RSS {} MiB, less the idle {} MiB, must stay under the budget (64) + the queue (16) + 64 MiB: {report}",
+        peak >> 20,
+        idle_rss >> 20
     );
-    // The thousand, the 320 promised bodies and the rest take more than
-    // the 1,024 connections pprof_push serves: a small push got its own only
-    // because the collector closed an idle one for it.
+    // The thousand, connected first, and the 320 promised bodies after them
+    // take more than the 1,024 connections pprof_push serves: the promised
+    // bodies and the small pushes got theirs only because the collector
+    // closed idle ones for them.
     assert!(
         idle_closed > 0,
         "the collector closed idle connections for new clients: {report}"

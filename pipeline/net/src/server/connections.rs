@@ -4,9 +4,11 @@
 //! closed after `idle_timeout` with no request in flight (its first request
 //! is due within `first_request_timeout` of the accept), and when every slot
 //! is taken while a new client waits, the connection idle the longest is
-//! closed at once to make room. A crowd of clients that connect and send
-//! nothing (or stop between requests) therefore never keeps out a client
-//! that sends.
+//! told to close and its slot goes to the new client at once (it has no
+//! request in flight, so it goes within moments; at most
+//! [`CLOSING_MAX`] such connections are still open beyond the slots). A
+//! crowd of clients that connect and send nothing (or stop between requests)
+//! therefore never keeps out a client that sends, however fast it comes back.
 //!
 //! What may depend on this: the accept loop ([`super::accept_loop`]) only.
 
@@ -25,12 +27,17 @@ const EVICT_EVERY: Duration = Duration::from_millis(100);
 /// The least a connection must have been idle to be closed for a new
 /// client: a kept-alive client between two pushes is about to send again.
 const EVICT_IDLE_AFTER: Duration = Duration::from_secs(1);
+/// The most connections told to close for new clients, and still open,
+/// beyond the slots; past it a new client waits for them to go.
+pub(crate) const CLOSING_MAX: usize = 64;
 
 /// Every connection of one listener.
 #[derive(Debug)]
 pub(crate) struct Connections {
     slots: Arc<Semaphore>,
     live: Mutex<HashMap<u64, Arc<Conn>>>,
+    /// Connections evicted and not closed yet (their slots already given).
+    closing: AtomicUsize,
     next_id: AtomicU64,
     epoch: Instant,
 }
@@ -46,6 +53,8 @@ pub(crate) struct Conn {
     served: AtomicBool,
     /// Cancelled to close it for a waiting client.
     evicted: CancellationToken,
+    /// Its slot, until it is closed or its slot is given to a new client.
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
     epoch: Instant,
 }
 
@@ -55,7 +64,6 @@ pub(crate) struct Slot {
     connections: Arc<Connections>,
     id: u64,
     conn: Arc<Conn>,
-    _permit: OwnedSemaphorePermit,
 }
 
 /// A request in flight on a connection; the connection is idle again once
@@ -70,22 +78,26 @@ impl Connections {
                 max_connections.clamp(1, Semaphore::MAX_PERMITS),
             )),
             live: Mutex::new(HashMap::new()),
+            closing: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             epoch: Instant::now(),
         })
     }
 
-    /// Room for the next connection: a free slot, else one freed by
-    /// closing the connection idle the longest, else the first given back.
-    /// Its clock starts only when the connection comes ([`Connections::open`]).
+    /// Room for the next connection: a free slot, else the slot of the
+    /// connection idle the longest (told to close), else the first given
+    /// back. Its clock starts only when the connection comes
+    /// ([`Connections::open`]).
     pub async fn room(&self) -> Result<OwnedSemaphorePermit, AcquireError> {
         loop {
             if let Ok(permit) = self.slots.clone().try_acquire_owned() {
                 return Ok(permit);
             }
-            // Every slot is taken: one idle connection makes room; while all
-            // are busy, look again as they finish their requests.
-            self.evict_longest_idle();
+            // Every slot is taken: an idle connection gives up its own; while
+            // all are busy, look again as they finish their requests.
+            if let Some(permit) = self.evict_longest_idle() {
+                return Ok(permit);
+            }
             tokio::select! {
                 permit = self.slots.clone().acquire_owned() => return permit,
                 _ = tokio::time::sleep(EVICT_EVERY) => {}
@@ -101,6 +113,7 @@ impl Connections {
             idle_since_ms: AtomicU64::new(millis_since(self.epoch)),
             served: AtomicBool::new(false),
             evicted: CancellationToken::new(),
+            permit: Mutex::new(Some(room)),
             epoch: self.epoch,
         });
         self.lock().insert(id, conn.clone());
@@ -108,7 +121,6 @@ impl Connections {
             connections: self.clone(),
             id,
             conn,
-            _permit: room,
         }
     }
 
@@ -125,33 +137,47 @@ impl Connections {
         self.lock().len()
     }
 
-    /// Closes the connection that has had no request in flight the longest
-    /// (none when every connection is busy, or one evicted is still closing).
-    fn evict_longest_idle(&self) {
-        let live = self.lock();
-        if live.values().any(|c| c.evicted.is_cancelled()) {
-            return;
+    /// Tells the connection that has had no request in flight the longest
+    /// to close, and takes its slot (none when every connection is busy or
+    /// idle less than a second, or [`CLOSING_MAX`] are closing already).
+    fn evict_longest_idle(&self) -> Option<OwnedSemaphorePermit> {
+        let mut live = self.lock();
+        if self.closing.load(Ordering::Acquire) >= CLOSING_MAX {
+            return None;
         }
         let now = millis_since(self.epoch);
         let longest = u64::try_from(EVICT_IDLE_AFTER.as_millis()).unwrap_or(u64::MAX);
-        let idle = live
-            .values()
-            .filter(|c| c.in_flight.load(Ordering::Acquire) == 0 && !c.evicted.is_cancelled())
-            .filter(|c| now.saturating_sub(c.idle_since_ms.load(Ordering::Relaxed)) >= longest)
-            .min_by_key(|c| c.idle_since_ms.load(Ordering::Relaxed));
-        if let Some(conn) = idle {
-            conn.evicted.cancel();
-        }
+        let (&id, _) = live
+            .iter()
+            .filter(|(_, c)| c.in_flight.load(Ordering::Acquire) == 0)
+            .filter(|(_, c)| now.saturating_sub(c.idle_since_ms.load(Ordering::Relaxed)) >= longest)
+            .min_by_key(|(_, c)| c.idle_since_ms.load(Ordering::Relaxed))?;
+        let conn = live.remove(&id)?;
+        let permit = lock(&conn.permit).take()?;
+        self.closing.fetch_add(1, Ordering::AcqRel);
+        conn.evicted.cancel();
+        Some(permit)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
-        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.live)
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.connections.lock().remove(&self.id);
+        // Under the lock of `live`, so an eviction sees either the slot and
+        // its connection, or neither.
+        let mut live = self.connections.lock();
+        if live.remove(&self.id).is_none() {
+            // Evicted: its slot went to a new client; it is closed now.
+            self.connections.closing.fetch_sub(1, Ordering::AcqRel);
+        }
+        lock(&self.conn.permit).take();
     }
 }
 
@@ -284,9 +310,15 @@ mod tests {
             .await
             .expect("the longest-idle connection is evicted");
         assert!(!newer_conn.evicted.is_cancelled());
-        assert!(!third.is_finished(), "its slot comes when it closes");
+        // Its slot went to the new client before it closed.
+        let third = tokio::time::timeout(Duration::from_millis(1), third)
+            .await
+            .expect("the new client has the evicted one's slot at once")
+            .unwrap();
+        assert_eq!(conns.live(), 2);
+        assert_eq!(conns.closing.load(Ordering::Acquire), 1);
         drop(older);
-        let third = third.await.unwrap();
+        assert_eq!(conns.closing.load(Ordering::Acquire), 0);
         assert_eq!(conns.live(), 2);
         // Busy connections are never evicted: the next one waits.
         let _busy = (newer_conn.begin(), third.conn().begin());
@@ -299,5 +331,40 @@ mod tests {
         assert!(!newer_conn.evicted.is_cancelled() && !third.conn().evicted.is_cancelled());
         drop(third);
         fourth.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_told_to_close_and_still_open_are_bounded() {
+        let conns = Connections::new(CLOSING_MAX + 1);
+        let mut idle = Vec::new();
+        for _ in 0..=CLOSING_MAX {
+            idle.push(conns.slot().await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // None of the idle ones closes: each new client takes one's slot.
+        let mut new = Vec::new();
+        for _ in 0..CLOSING_MAX {
+            let slot = tokio::time::timeout(Duration::from_millis(1), conns.slot())
+                .await
+                .expect("an idle connection's slot is given at once");
+            new.push(slot.unwrap());
+        }
+        assert_eq!(conns.closing.load(Ordering::Acquire), CLOSING_MAX);
+        let next = tokio::spawn({
+            let conns = conns.clone();
+            async move { conns.slot().await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!next.is_finished(), "past the bound, the next client waits");
+        // One evicted connection closes: the last idle one is evicted for it.
+        drop(idle.remove(0));
+        let _next = tokio::time::timeout(EVICT_EVERY * 2, next)
+            .await
+            .expect("room once one has closed")
+            .unwrap();
+        assert_eq!(conns.closing.load(Ordering::Acquire), CLOSING_MAX);
+        drop(idle);
+        assert_eq!(conns.closing.load(Ordering::Acquire), 0);
+        assert_eq!(conns.live(), CLOSING_MAX + 1);
     }
 }

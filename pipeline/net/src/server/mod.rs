@@ -47,7 +47,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// How long a connection closed for being unused (idle, or evicted for a new
 /// client) may take to go: it has no request in flight, so only an HTTP/2
 /// goodbye or a request that began just then is waited for. A client
-/// trickling half a header is not waited for: its slot is wanted now.
+/// trickling half a header is not waited for: it may be evicted, and then
+/// stays open beside the client that got its slot.
 const UNUSED_CLOSE_GRACE: Duration = Duration::from_millis(200);
 
 /// The default `idle_timeout` of every listener (the OpenTelemetry
@@ -302,7 +303,7 @@ impl Listeners {
         let socket = match open.get(&addr) {
             Some(s) if addr.port() != 0 => s.try_clone()?,
             _ => {
-                let s = std::net::TcpListener::bind(addr)?;
+                let s = listen_on(addr)?;
                 if addr.port() != 0 {
                     open.insert(addr, s.try_clone()?);
                 }
@@ -321,6 +322,24 @@ impl Listeners {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .retain(|addr, _| keep.contains(addr));
     }
+}
+
+/// The most connections the kernel holds for a listener before they are
+/// accepted; Linux lowers it to `net.core.somaxconn` (4096 by default), as
+/// Go's servers get. The 128 of `std::net::TcpListener::bind` made a burst of
+/// new clients past it wait a second or more for their SYN to be sent again.
+const LISTEN_BACKLOG: u32 = 65_535;
+
+/// A new listening socket on `addr` (`SO_REUSEADDR`, as std binds it).
+fn listen_on(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)?.into_std()
 }
 
 /// The running TLS and authentication of one listener.
@@ -419,13 +438,37 @@ mod tests {
             waited < CLOSE_GRACE,
             "the trickler was closed at once, not after the grace of a busy connection: {waited:?}"
         );
-        // Its end is there to read already (an end, or a reset: either way
-        // the read returns).
+        // Its slot went to the new client at once; it is closed within the
+        // short grace of an unused connection (an end, or a reset: either
+        // way the read returns).
         let mut rest = Vec::new();
-        let end =
-            tokio::time::timeout(Duration::from_millis(100), trickler.read_to_end(&mut rest)).await;
+        let end = tokio::time::timeout(
+            UNUSED_CLOSE_GRACE + Duration::from_millis(500),
+            trickler.read_to_end(&mut rest),
+        )
+        .await;
         assert!(end.is_ok(), "the trickler is closed");
         shutdown.cancel();
         server.await.unwrap();
+    }
+
+    /// A burst of clients larger than std's backlog of 128, none accepted
+    /// yet, all connect at once: none waits for its SYN to be sent again
+    /// (the first resend is a second later).
+    #[tokio::test]
+    async fn a_burst_of_clients_waits_in_the_backlog_not_in_syn_resends() {
+        let listeners = Listeners::default();
+        let listener = listeners.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut burst = Vec::new();
+        for i in 0..400 {
+            let connect =
+                tokio::time::timeout(Duration::from_millis(900), TcpStream::connect(addr));
+            match connect.await {
+                Ok(Ok(c)) => burst.push(c),
+                other => panic!("client {i} of the burst did not connect at once: {other:?}"),
+            }
+        }
+        drop(listener);
     }
 }
