@@ -5,6 +5,11 @@
 //! proflow with a relabel `keep` rule on their pids (which also proves the
 //! discovery labels), and reads what the `file` exporter wrote.
 //!
+//! JIT runtimes run their own targets (`hot.js`, `hot.py`, `Hot.java`) with
+//! their perf maps on: Node `--perf-basic-prof` (also in a mount and PID
+//! namespace of its own), CPython 3.12 and 3.13 `-X perf`, the JVM after
+//! `jcmd Compiler.perfmap`.
+//!
 //! One test sends to the real Pyroscope and reads the profile back.
 //!
 //! One test names a stripped binary's frames downstream with the
@@ -233,6 +238,199 @@ fn go_binary() {
         &["runtime.main", "main.main", "main.hot"],
         "main.spin",
     );
+}
+
+/// Checks the 2:1 split between the samples with a frame containing `two`
+/// and those with one containing `one`, and that nearly all are in either.
+fn jit_split(stacks: &[(Vec<String>, i64)], two: &str, one: &str) {
+    let (a, b) = (count_with(stacks, two), count_with(stacks, one));
+    let all: i64 = stacks.iter().map(|(_, n)| n).sum();
+    let dump: BTreeMap<String, i64> =
+        stacks
+            .iter()
+            .map(|(f, n)| (f.join(";"), *n))
+            .fold(BTreeMap::new(), |mut m, (k, n)| {
+                *m.entry(k).or_default() += n;
+                m
+            });
+    assert!(
+        a > 0 && b > 0,
+        "no sample in {two} or {one}; stacks: {dump:#?}"
+    );
+    let ratio = a as f64 / b as f64;
+    assert!(
+        (1.8..=2.2).contains(&ratio),
+        "{two}:{one} = {a}:{b} = {ratio:.2}, want 2 ± 10%; stacks: {dump:#?}"
+    );
+    assert!(
+        (a + b) as f64 >= 0.9 * all as f64,
+        "only {} of {all} samples in {two} or {one}; stacks: {dump:#?}",
+        a + b
+    );
+}
+
+/// CPython `major.minor` from pyenv (`PYENV_ROOT`, else `~/.pyenv`): its
+/// newest patch release installed.
+fn pyenv_python(minor: &str) -> Option<std::path::PathBuf> {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))?;
+    let mut found: Vec<(Vec<u32>, std::path::PathBuf)> = std::fs::read_dir(root.join("versions"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let patch = name.strip_prefix(&format!("{minor}."))?.parse().ok()?;
+            let python = e.path().join("bin/python3");
+            python.is_file().then_some((vec![patch], python))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, p)| p).or_else(|| {
+        common::missing_peer(&format!(
+            "CPython {minor} (pyenv install {minor}; looked in {}/versions)",
+            root.display()
+        ))
+    })
+}
+
+/// Node with `--perf-basic-prof`: its optimized functions are named from
+/// `/tmp/perf-PID.map`, at the program's 2:1 split.
+#[test]
+fn node_jit_code_named_from_its_perf_map() {
+    let _one_at_a_time = require_root();
+    let mut cmd = Command::new(std::env::var_os("NODE").unwrap_or_else(|| "node".into()));
+    cmd.arg("--perf-basic-prof")
+        .arg(ebpf_targets::source("hot.js"))
+        .arg("30");
+    let (child, pid) = ebpf_targets::spawn_command(cmd);
+    let _child = KillOnDrop(child);
+    let proflow = proflow_for(&[pid], "2s");
+    let stacks = stacks_of(&proflow, pid, 4000);
+    jit_split(&stacks, "proflow_hot_two /", "proflow_hot_one /");
+    // Named with their file, as Node writes them.
+    assert!(
+        stacks.iter().any(|(f, _)| f
+            .iter()
+            .any(|x| x.contains("proflow_hot_two") && x.contains("hot.js:"))),
+        "{stacks:?}"
+    );
+}
+
+/// CPython 3.12 and 3.13 with `-X perf`: every Python function's trampoline
+/// is named from the perf map, and unwinding steps through the trampolines
+/// (which keep no frame pointer) to the callers: `run` above each hot
+/// function, the interpreter's `main` above all.
+#[test]
+fn python_with_x_perf_named_and_unwound_through_its_trampolines() {
+    let _one_at_a_time = require_root();
+    for minor in ["3.12", "3.13"] {
+        let Some(python) = pyenv_python(minor) else {
+            continue;
+        };
+        let mut cmd = Command::new(&python);
+        cmd.args(["-X", "perf"])
+            .arg(ebpf_targets::source("hot.py"))
+            .arg("30");
+        let (child, pid) = ebpf_targets::spawn_command(cmd);
+        let _child = KillOnDrop(child);
+        let proflow = proflow_for(&[pid], "2s");
+        let stacks = stacks_of(&proflow, pid, 4000);
+        check_split_and_stacks(
+            &stacks,
+            "py::proflow_hot_two:",
+            "py::proflow_hot_one:",
+            &["Py_BytesMain", "py::run:", "py::proflow_hot_"],
+            "_PyEval_EvalFrameDefault",
+        );
+        assert!(
+            stacks
+                .iter()
+                .any(|(f, _)| f.iter().any(|x| x.ends_with("tests/ebpf_targets/hot.py"))),
+            "CPython {minor}: frames name their file: {stacks:?}"
+        );
+    }
+}
+
+/// The JVM: after `jcmd PID Compiler.perfmap`, its compiled methods are
+/// named from the perf map, at the program's 2:1 split.
+#[test]
+fn jvm_compiled_methods_named_after_compiler_perfmap() {
+    let _one_at_a_time = require_root();
+    let java = std::env::var_os("JAVA").unwrap_or_else(|| "java".into());
+    let mut cmd = Command::new(&java);
+    cmd.arg(ebpf_targets::source("Hot.java")).arg("40");
+    let (child, pid) = ebpf_targets::spawn_command(cmd);
+    let _child = KillOnDrop(child);
+    // Both methods are compiled within a few seconds of spinning; the map
+    // is written when asked.
+    std::thread::sleep(Duration::from_secs(4));
+    let jcmd = Path::new(&java)
+        .parent()
+        .map(|d| d.join("jcmd"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| "jcmd".into());
+    let out = Command::new(&jcmd)
+        .args([&pid.to_string(), "Compiler.perfmap"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", jcmd.display()));
+    assert!(
+        out.status.success(),
+        "jcmd Compiler.perfmap: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let proflow = proflow_for(&[pid], "2s");
+    let stacks = stacks_of(&proflow, pid, 4000);
+    jit_split(
+        &stacks,
+        "Hot.proflow_hot_two(long)",
+        "Hot.proflow_hot_one(long)",
+    );
+}
+
+/// A process in its own mount and PID namespaces with a /tmp of its own,
+/// as in a container: its perf map is `/tmp/perf-1.map` there, found
+/// through `/proc/PID/root` and its pid in its namespace.
+#[test]
+fn a_containers_perf_map_is_read_inside_its_root() {
+    let _one_at_a_time = require_root();
+    let node = std::env::var_os("NODE").unwrap_or_else(|| "node".into());
+    let script = format!(
+        "mount -t tmpfs tmpfs /tmp && exec {} --perf-basic-prof {} 30",
+        Path::new(&node).display(),
+        ebpf_targets::source("hot.js").display()
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let (child, ns_pid) = ebpf_targets::spawn_command(cmd);
+    assert_eq!(ns_pid, 1, "node is pid 1 in its namespace");
+    let unshare = child.id();
+    let _child = KillOnDrop(child);
+    let pid: u32 = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("unshare's child is node");
+    assert!(
+        !Path::new("/tmp/perf-1.map").exists()
+            || !std::fs::read_to_string("/tmp/perf-1.map")
+                .unwrap_or_default()
+                .contains("proflow_hot_two"),
+        "the map is in the namespace's own /tmp only"
+    );
+    let proflow = proflow_for(&[pid], "2s");
+    let stacks = stacks_of(&proflow, pid, 2000);
+    jit_split(&stacks, "proflow_hot_two /", "proflow_hot_one /");
 }
 
 /// A process moved into a container-like cgroup (named as Docker's systemd

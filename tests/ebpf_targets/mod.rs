@@ -1,7 +1,8 @@
 //! Programs with known CPU behaviour for the `ebpf` receiver's tests and
 //! `scripts/bench-ebpf`: two hot functions at a 2:1 CPU split, in C (with
 //! and without frame pointers), Rust (a release build, no frame pointers)
-//! and Go. Each prints `ready PID` when it starts spinning and `rounds N`
+//! and Go, and for JIT runtimes in JavaScript (`hot.js`), Python (`hot.py`)
+//! and Java (`Hot.java`), run from source. Each prints `ready PID` when it starts spinning and `rounds N`
 //! when it ends.
 //!
 //! [`build`] compiles a target into `<target dir>/ebpf-targets/` (again only
@@ -132,13 +133,26 @@ pub fn build(target: Target) -> Result<PathBuf, String> {
 
 /// Starts `bin` for `seconds` and waits for its `ready PID` line.
 pub fn spawn(bin: &Path, seconds: u32) -> (Child, u32) {
-    let mut child = Command::new(bin)
-        .arg(seconds.to_string())
+    let mut cmd = Command::new(bin);
+    cmd.arg(seconds.to_string());
+    spawn_command(cmd)
+}
+
+/// The source of a target run by its runtime (`hot.js`, `hot.py`,
+/// `Hot.java`).
+pub fn source(name: &str) -> PathBuf {
+    source_dir().join(name)
+}
+
+/// Starts `cmd` and waits for its `ready PID` line (the PID it prints).
+pub fn spawn_command(mut cmd: Command) -> (Child, u32) {
+    let bin = PathBuf::from(cmd.get_program());
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

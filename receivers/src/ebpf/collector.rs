@@ -10,14 +10,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use framehop::Unwinder;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
+use framehop::{FrameAddress, Unwinder};
 use proflow_pipeline::model::{Envelope, Labels, Payload, ValueType};
 use proflow_pipeline::pprof;
 
 use super::procs::{Binary, ProcKey, Process, Processes};
 use super::sample::{FLAG_KTHREAD, Sample};
-use super::symbols::{Lines, Symbols};
+use super::symbols::{Line, Lines, Symbols};
 
 /// Frames kept per user stack at most.
 const MAX_USER_FRAMES: usize = 256;
@@ -94,12 +94,15 @@ impl Unwound {
 
 /// How the user stack of a sample is found: framehop over the copied stack
 /// with each module's `.eh_frame` (and frame pointers where a module has
-/// none). If it ends cleanly (at the outermost frame), that is the stack.
+/// none, and in code no file maps), frame by frame; a return into one of
+/// CPython's perf trampolines (`-X perf`, which keep no frame pointer) is
+/// stepped over by its known layout. If it ends cleanly (at the outermost
+/// frame), that is the stack.
 /// If it stops early (the stack copy ran out, or no rule applied), the
 /// kernel's frame-pointer walk is taken instead when it has more frames:
 /// code with frame pointers and a stack deeper than the copy.
 pub fn user_stack(
-    process: &Process,
+    process: &mut Process,
     cache: &mut CacheX86_64,
     s: &Sample<'_>,
 ) -> (Vec<Frame>, Unwound) {
@@ -126,27 +129,48 @@ pub fn user_stack(
             Err(())
         }
     };
-    let mut frames = Vec::new();
+    let mut frames = vec![Frame {
+        addr: s.ip,
+        is_return: false,
+    }];
     let mut clean = false;
-    {
-        let mut it = process.unwinder.iter_frames(
-            s.ip,
-            UnwindRegsX86_64::new(s.ip, s.sp, s.bp),
-            cache,
-            &mut read,
-        );
-        while frames.len() < MAX_USER_FRAMES {
-            match it.next() {
-                Ok(Some(f)) => frames.push(Frame {
-                    addr: f.address(),
-                    is_return: f.is_return_address(),
-                }),
-                Ok(None) => {
-                    clean = true;
-                    break;
+    let mut regs = UnwindRegsX86_64::new(s.ip, s.sp, s.bp);
+    let mut address = FrameAddress::from_instruction_pointer(s.ip);
+    while frames.len() < MAX_USER_FRAMES {
+        let at = address.address();
+        let next = if address.is_return_address()
+            && process.mapping(at).is_none()
+            && process.is_cpython_trampoline_return(at)
+        {
+            // `sub $8, %rsp; call *%rcx`: its caller's return address is
+            // one word above the stack pointer, its frame two words.
+            let sp = regs.sp();
+            read(sp.wrapping_add(8)).map(|ra| {
+                regs.set_sp(sp.wrapping_add(16));
+                Some(ra)
+            })
+        } else {
+            process
+                .unwinder
+                .unwind_frame(address, &mut regs, cache, &mut read)
+                .map_err(|_| ())
+        };
+        match next {
+            Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
+                Some(a) => {
+                    address = a;
+                    frames.push(Frame {
+                        addr: ra,
+                        is_return: true,
+                    });
                 }
-                Err(_) => break,
+                None => break,
+            },
+            Ok(None) => {
+                clean = true;
+                break;
             }
+            Err(()) => break,
         }
     }
     if clean && !out_of_copy {
@@ -264,11 +288,14 @@ impl Collector {
         };
         let addr = (s.ip != 0).then_some(s.ip);
         let process = self.procs.get(key, s.comm, s.exe, addr, self.interval);
+        if process.labels.is_none() {
+            return Err(Dropped::Filtered);
+        }
+        let (user, how) = user_stack(&mut *process, &mut self.cache, s);
+        self.unwound[Unwound::ALL.iter().position(|&u| u == how).unwrap_or(3)] += 1;
         let Some((labels, series_key)) = &process.labels else {
             return Err(Dropped::Filtered);
         };
-        let (user, how) = user_stack(process, &mut self.cache, s);
-        self.unwound[Unwound::ALL.iter().position(|&u| u == how).unwrap_or(3)] += 1;
         if !self.series.contains_key(series_key) {
             self.series
                 .insert(series_key.clone(), Series::new(labels.clone()));
@@ -310,9 +337,11 @@ impl Collector {
                     |symbols| super::symbols::user(symbols, mapping, frame.lookup()),
                     &mut self.symbols,
                 ),
-                // An address in no file mapping (JIT code, the vdso, or a
-                // process gone before /proc was read): kept as an address.
-                None => location(series, u32::MAX, frame, |_| empty(), &mut None),
+                // An address in no file mapping: JIT code named by its
+                // runtime's perf map, else (the vdso, JIT code without a
+                // map, a process gone before /proc was read) kept as an
+                // address.
+                None => jit_location(series, process, frame),
             };
             stack.push(loc);
         }
@@ -394,6 +423,31 @@ fn location(
         lines,
     });
     series.location_index.insert((m, addr), i);
+    i
+}
+
+/// The series' location of `frame`, an address no file maps: named from
+/// the process's perf map when it has one there.
+fn jit_location(series: &mut Series, process: &mut Process, frame: Frame) -> u32 {
+    let addr = frame.lookup();
+    if let Some(&i) = series.location_index.get(&(u32::MAX, addr)) {
+        return i;
+    }
+    let lines = match process.jit_name(addr) {
+        Some(function) => Arc::from(vec![Line {
+            function,
+            file: None,
+            line: 0,
+        }]),
+        None => empty(),
+    };
+    let i = series.locations.len() as u32;
+    series.locations.push(Location {
+        mapping: u32::MAX,
+        addr,
+        lines,
+    });
+    series.location_index.insert((u32::MAX, addr), i);
     i
 }
 

@@ -72,6 +72,19 @@ pub struct EbpfReceiverConfig {
     /// `proflow_ebpf_samples_dropped_total{reason="stacks_full"}`. Default 200000.
     #[serde(default = "default_max_stacks")]
     pub max_stacks: usize,
+    /// Name JIT code (Node `--perf-basic-prof`, CPython 3.12+ `-X perf`,
+    /// the JVM's `jcmd PID Compiler.perfmap`, .NET
+    /// `DOTNET_PerfMapEnabled=1`) from the `/tmp/perf-PID.map` the runtime
+    /// writes, inside the process's own root. Default true. Works with
+    /// `symbolize: none` too: no symbolizer downstream can read this host's
+    /// maps.
+    #[serde(default = "default_perf_maps")]
+    pub perf_maps: bool,
+    /// Most bytes of one process's perf map read (its entries take about
+    /// that much memory while the process is sampled); functions past it
+    /// stay unnamed. Default 16MiB.
+    #[serde(default = "default_max_perf_map_size")]
+    pub max_perf_map_size: ByteSize,
 }
 
 /// Where frames get their names.
@@ -112,6 +125,12 @@ fn default_max_debug_info() -> ByteSize {
 }
 fn default_max_stacks() -> usize {
     200_000
+}
+fn default_perf_maps() -> bool {
+    true
+}
+fn default_max_perf_map_size() -> ByteSize {
+    ByteSize::mib(16)
 }
 
 impl EbpfReceiverConfig {
@@ -174,6 +193,8 @@ mod tests {
         assert_eq!(c.symbolize, Symbolize::Local);
         assert_eq!(c.group_by, GroupBy::Process);
         assert_eq!(c.ring_buffer_size, ByteSize::mib(2));
+        assert!(c.perf_maps);
+        assert_eq!(c.max_perf_map_size, ByteSize::mib(16));
         assert!(c.problems().is_empty());
     }
 

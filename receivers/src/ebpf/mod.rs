@@ -80,6 +80,7 @@
 
 pub mod collector;
 pub mod config;
+pub mod perfmap;
 pub mod procs;
 pub mod sample;
 pub mod symbols;
@@ -362,7 +363,14 @@ fn sample_loop(
         )
     });
     let mut collector = Collector::new(
-        Processes::new(relabel, config.group_by),
+        {
+            let procs = Processes::new(relabel, config.group_by);
+            if config.perf_maps {
+                procs.with_perf_maps(config.max_perf_map_size.bytes())
+            } else {
+                procs
+            }
+        },
         symbols,
         config.max_stacks,
         config.sample_rate,

@@ -31,6 +31,7 @@ use proflow_symbolize::FileId;
 use proflow_symbolize::open::open_regular;
 
 use super::config::GroupBy;
+use super::perfmap::{Owner, PerfMap};
 
 /// Largest unwind section kept from one file.
 const MAX_SECTION: u64 = 64 << 20;
@@ -118,6 +119,17 @@ pub struct Process {
     last_reload: Instant,
     /// The collect interval it was last sampled in.
     pub last_seen: u64,
+    /// Its perf map, when perf maps are on and `/proc` could be read.
+    perf: Option<Perf>,
+}
+
+/// Where a process's perf map is and what of it was read.
+#[derive(Debug)]
+struct Perf {
+    dir: PathBuf,
+    owner: Owner,
+    map: PerfMap,
+    max_size: u64,
 }
 
 impl Process {
@@ -127,6 +139,32 @@ impl Process {
             .partition_point(|&(start, _)| start <= addr);
         i.checked_sub(1)
             .is_some_and(|i| addr < self.exec_ranges[i].1)
+    }
+
+    /// The name its perf map gives the JIT code at `addr` (see
+    /// [`super::perfmap`]).
+    pub fn jit_name(&mut self, addr: u64) -> Option<Arc<str>> {
+        self.jit_entry(addr).map(|e| e.name)
+    }
+
+    fn jit_entry(&mut self, addr: u64) -> Option<super::perfmap::Entry> {
+        let perf = self.perf.as_mut()?;
+        perf.map.lookup(&perf.dir, &perf.owner, addr, perf.max_size)
+    }
+
+    /// Whether `ra` is the return address of the call in one of CPython's
+    /// perf trampolines (`-X perf`, 3.12 and later): `sub $8, %rsp` (4
+    /// bytes), `call *%rcx` (2), `add $8, %rsp` (4), `ret` (1), named
+    /// `py::FUNCTION:FILE` in its perf map.
+    pub fn is_cpython_trampoline_return(&mut self, ra: u64) -> bool {
+        self.jit_entry(ra.saturating_sub(1)).is_some_and(|e| {
+            e.name.starts_with("py::") && e.end - e.start == 11 && ra - e.start == 6
+        })
+    }
+
+    /// Entries of its perf map held.
+    pub fn perf_map_entries(&self) -> usize {
+        self.perf.as_ref().map_or(0, |p| p.map.len())
     }
 
     /// The mapping holding `addr`.
@@ -149,6 +187,8 @@ pub struct Processes {
     group_by: GroupBy,
     /// `/proc`; tests point it elsewhere.
     proc_root: PathBuf,
+    /// Most bytes read of one process's perf map; `None`: perf maps off.
+    perf_map_max: Option<u64>,
 }
 
 impl Processes {
@@ -159,7 +199,20 @@ impl Processes {
             relabel,
             group_by,
             proc_root: PathBuf::from("/proc"),
+            perf_map_max: None,
         }
+    }
+
+    /// Names JIT code from perf maps, reading at most `max_size` bytes of
+    /// each.
+    pub fn with_perf_maps(mut self, max_size: u64) -> Self {
+        self.perf_map_max = Some(max_size);
+        self
+    }
+
+    /// Perf map entries held over all processes.
+    pub fn perf_map_entries(&self) -> usize {
+        self.procs.values().map(Process::perf_map_entries).sum()
     }
 
     pub fn len(&self) -> usize {
@@ -180,17 +233,28 @@ impl Processes {
         addr: Option<u64>,
         interval: u64,
     ) -> &mut Process {
-        let stale = match self.procs.get(&key) {
-            None => true,
+        let (stale, exec) = match self.procs.get(&key) {
+            None => (true, true),
             Some(p) => {
                 let exec = !exe_name.is_empty() && p.exe_name != exe_name;
                 let unknown =
                     p.from_proc && p.labels.is_some() && addr.is_some_and(|a| !p.in_exec_range(a));
-                exec || (unknown && p.last_reload.elapsed() >= RELOAD_EVERY)
+                (
+                    exec || (unknown && p.last_reload.elapsed() >= RELOAD_EVERY),
+                    exec,
+                )
             }
         };
         if stale {
-            let p = self.load(key, comm, exe_name);
+            let mut p = self.load(key, comm, exe_name);
+            // New code pages (a JIT's) reread the mappings, not the perf map
+            // read so far; an exec starts a new one.
+            if !exec
+                && let Some(old) = self.procs.get_mut(&key).and_then(|o| o.perf.take())
+                && p.perf.is_some()
+            {
+                p.perf = Some(old);
+            }
             self.procs.insert(key, p);
         }
         let p = self.procs.get_mut(&key).expect("inserted above");
@@ -280,7 +344,17 @@ impl Processes {
                 unwinder.add_module(module);
             }
         }
+        let perf = match self.perf_map_max {
+            Some(max_size) if from_proc => owner(&dir).map(|owner| Perf {
+                dir: dir.clone(),
+                owner,
+                map: PerfMap::default(),
+                max_size,
+            }),
+            _ => None,
+        };
         Process {
+            perf,
             key,
             comm,
             exe,
@@ -334,6 +408,21 @@ impl Processes {
 /// The default `service_name`: the executable's file name, else the
 /// process name (what `top` shows), which is what a node with no service
 /// labels can say of a process.
+/// A process's pid in its own PID namespace and its effective user, from
+/// `/proc/PID/status`.
+fn owner(dir: &Path) -> Option<Owner> {
+    let status = std::fs::read_to_string(dir.join("status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+    };
+    let ns_pid = field("NSpid:")?.last()?.parse().ok()?;
+    let uid = field("Uid:")?.get(1)?.parse().ok()?;
+    Some(Owner { ns_pid, uid })
+}
+
 fn service_name(exe: &str, comm: &str) -> String {
     match exe.rsplit('/').next() {
         Some(name) if !name.is_empty() => name.to_owned(),

@@ -9,7 +9,7 @@
 //! ended.
 
 use proflow_symbolize::{Addr, FileKey, FileRef};
-pub use proflow_symbolize::{Limits, Lines, Symbols};
+pub use proflow_symbolize::{Limits, Line, Lines, Symbols};
 
 use super::procs::Mapping;
 

@@ -1,0 +1,404 @@
+//! JIT code named from the perf map its runtime writes: `/tmp/perf-PID.map`,
+//! one line per compiled function, `START SIZE NAME` (hexadecimal, with or
+//! without `0x`). Node (`--perf-basic-prof`), CPython 3.12+ (`-X perf`), the
+//! JVM (`jcmd PID Compiler.perfmap`) and .NET (`DOTNET_PerfMapEnabled=1`)
+//! write it; `perf report` reads it the same way.
+//!
+//! A process's map is read only once one of its samples lands in code no
+//! file backs, and then again (only what was appended) when an address is
+//! not found in it, at most once a second. The file is looked up inside the
+//! process's own root (`/proc/PID/root`, so a container's `/tmp` is meant;
+//! the PID in its name is the one the process has in its own PID namespace)
+//! with every symbolic link resolved inside that root, and is read only if
+//! it is a regular file owned by the process's user or root (as `perf`
+//! requires): another user's file, or one a link points at outside the
+//! container, names nothing. At most `max_size` bytes of one process's map
+//! are read; entries past it stay unnamed.
+//!
+//! What may depend on this: the collector ([`super::collector`]) only.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a map whose lookups miss is looked at again for new lines.
+const REREAD_EVERY: Duration = Duration::from_secs(1);
+/// How many of a map's first bytes tell one written again from its start.
+const HEAD: usize = 64;
+/// The longest name kept (JVM signatures can run long).
+const MAX_NAME: usize = 1024;
+
+/// Who may have written a process's perf map, and where it is.
+#[derive(Debug, Clone)]
+pub struct Owner {
+    /// The process's pid in its own PID namespace (the map's name).
+    pub ns_pid: u32,
+    /// The process's effective user.
+    pub uid: u32,
+}
+
+/// One function of a perf map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub start: u64,
+    pub end: u64,
+    pub name: Arc<str>,
+}
+
+/// One process's perf map, as far as it has been read.
+#[derive(Debug, Default)]
+pub struct PerfMap {
+    /// By start address: (end, name). A later line for the same start
+    /// replaces the earlier one (code moved and rewritten).
+    entries: BTreeMap<u64, (u64, Arc<str>)>,
+    /// Bytes of the file read up to the last whole line.
+    read: u64,
+    /// The file's identity when read (a new file is read from its start).
+    file: Option<(u64, u64)>,
+    /// Its first bytes as read: when they differ, the file was written
+    /// again from its start (the JVM's `Compiler.perfmap` does that).
+    head: Vec<u8>,
+    last_read: Option<Instant>,
+}
+
+impl PerfMap {
+    /// The JIT function holding `addr`, reading what the runtime appended
+    /// since the last look if it is not known yet.
+    pub fn lookup(
+        &mut self,
+        proc_dir: &Path,
+        owner: &Owner,
+        addr: u64,
+        max_size: u64,
+    ) -> Option<Entry> {
+        if let Some(entry) = self.find(addr) {
+            return Some(entry);
+        }
+        if self.last_read.is_some_and(|t| t.elapsed() < REREAD_EVERY) {
+            return None;
+        }
+        self.last_read = Some(Instant::now());
+        if let Err(e) = self.read_more(proc_dir, owner, max_size) {
+            tracing::trace!(dir = %proc_dir.display(), error = %e, "no perf map read");
+        }
+        self.find(addr)
+    }
+
+    /// Entries known.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no entry is known.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn find(&self, addr: u64) -> Option<Entry> {
+        let (&start, (end, name)) = self.entries.range(..=addr).next_back()?;
+        (addr < *end).then(|| Entry {
+            start,
+            end: *end,
+            name: name.clone(),
+        })
+    }
+
+    fn read_more(&mut self, proc_dir: &Path, owner: &Owner, max_size: u64) -> std::io::Result<()> {
+        let mut file = open_in_root(
+            &proc_dir.join("root"),
+            &format!("tmp/perf-{}.map", owner.ns_pid),
+        )?;
+        let meta = file.metadata()?;
+        if !meta.file_type().is_file() {
+            return Err(std::io::Error::other("not a regular file"));
+        }
+        if meta.uid() != owner.uid && meta.uid() != 0 {
+            return Err(std::io::Error::other(format!(
+                "owned by uid {}, not the process's {} or root",
+                meta.uid(),
+                owner.uid
+            )));
+        }
+        let id = (meta.dev(), meta.ino());
+        let mut head = vec![0; self.head.len()];
+        file.read_exact(&mut head).ok();
+        if self.file != Some(id) || meta.len() < self.read || head != self.head {
+            // A new file, or one written again from its start.
+            *self = PerfMap {
+                file: Some(id),
+                last_read: self.last_read,
+                ..PerfMap::default()
+            };
+        }
+        let until = meta.len().min(max_size);
+        if until <= self.read {
+            return Ok(());
+        }
+        file.seek(SeekFrom::Start(self.read))?;
+        let mut bytes = Vec::new();
+        (&mut file)
+            .take(until - self.read)
+            .read_to_end(&mut bytes)?;
+        // Only whole lines: the runtime may be writing the next one.
+        let Some(end) = bytes.iter().rposition(|&b| b == b'\n') else {
+            return Ok(());
+        };
+        if self.head.len() < HEAD {
+            let more = (HEAD - self.head.len()).min(end + 1);
+            self.head.extend_from_slice(&bytes[..more]);
+        }
+        for line in bytes[..end].split(|&b| b == b'\n') {
+            if let Some((start, size, name)) = parse_line(line) {
+                self.entries
+                    .insert(start, (start.saturating_add(size), name));
+            }
+        }
+        self.read += end as u64 + 1;
+        Ok(())
+    }
+}
+
+/// `START SIZE NAME`, hexadecimal, `0x` optional; `None` for anything else.
+fn parse_line(line: &[u8]) -> Option<(u64, u64, Arc<str>)> {
+    let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+    let mut parts = line.splitn(3, ' ');
+    let hex = |s: &str| {
+        let s = s.strip_prefix("0x").unwrap_or(s);
+        u64::from_str_radix(s, 16).ok()
+    };
+    let start = hex(parts.next()?)?;
+    let size = hex(parts.next()?)?;
+    let name = parts.next()?.trim();
+    if size == 0 || name.is_empty() {
+        return None;
+    }
+    let name = match name.char_indices().nth(MAX_NAME) {
+        Some((cut, _)) => &name[..cut],
+        None => name,
+    };
+    Some((start, size, Arc::from(name)))
+}
+
+/// Opens `path` (relative) for reading with `root` as `/`: links are
+/// resolved inside it, never out of it, and no magic `/proc` link is
+/// followed (`openat2` with `RESOLVE_IN_ROOT`). Non-blocking, so a FIFO put
+/// there does not wait for a writer.
+fn open_in_root(root: &Path, path: &str) -> std::io::Result<File> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let root_c = CString::new(root.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    let path_c = CString::new(path).map_err(std::io::Error::other)?;
+    // SAFETY: a path string that outlives the call; the descriptor returned
+    // is owned below.
+    let dir = unsafe {
+        libc::open(
+            root_c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if dir < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `dir` was just opened and is owned by nothing else.
+    let dir = unsafe { OwnedFd::from_raw_fd(dir) };
+    // SAFETY: `open_how` is plain data; zeroed is its documented default.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: valid descriptor, path and `open_how` of the size given.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            std::os::fd::AsRawFd::as_raw_fd(&dir),
+            path_c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(std::io::Error::other)?;
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn me() -> Owner {
+        // SAFETY: no arguments, no memory.
+        let uid = unsafe { libc::geteuid() };
+        Owner {
+            ns_pid: 4_000_000,
+            uid,
+        }
+    }
+
+    /// A fake `/proc/PID` whose `root` is a directory with a `tmp`.
+    fn proc_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("root/tmp")).unwrap();
+        dir
+    }
+
+    #[test]
+    fn lines_of_every_runtime_parse() {
+        // Node, CPython -X perf, the JVM's Compiler.perfmap.
+        let node = parse_line(b"3b5e0d8c2c0 5c LazyCompile:*hot /app/index.js:3").unwrap();
+        assert_eq!(
+            (node.0, node.1, &*node.2),
+            (0x3b5e0d8c2c0, 0x5c, "LazyCompile:*hot /app/index.js:3")
+        );
+        let py = parse_line(b"7f3a1c0e1000 b py::spin:/app/x.py").unwrap();
+        assert_eq!(&*py.2, "py::spin:/app/x.py");
+        let jvm = parse_line(b"0x00007f8b4d0c3a20 0x00000000000001e0 void Hot.spin(long)").unwrap();
+        assert_eq!(
+            (jvm.0, jvm.1, &*jvm.2),
+            (0x7f8b4d0c3a20, 0x1e0, "void Hot.spin(long)")
+        );
+        for bad in [
+            &b""[..],
+            b"zz 10 f",
+            b"10 zz f",
+            b"10 0 f",
+            b"10 10",
+            b"10 10 ",
+            b"\xff 1 f",
+        ] {
+            assert!(parse_line(bad).is_none(), "{bad:?}");
+        }
+        let long = format!("10 10 {}", "é".repeat(3000));
+        assert_eq!(
+            parse_line(long.as_bytes()).unwrap().2.chars().count(),
+            MAX_NAME
+        );
+    }
+
+    #[test]
+    fn appended_lines_are_read_when_an_address_is_missed() {
+        let dir = proc_dir();
+        let owner = me();
+        let path = dir
+            .path()
+            .join(format!("root/tmp/perf-{}.map", owner.ns_pid));
+        let mut f = std::fs::File::create(&path).unwrap();
+        writeln!(f, "1000 100 first").unwrap();
+        // Half a line: not read until it is whole.
+        write!(f, "2000 100 sec").unwrap();
+        let mut map = PerfMap::default();
+        assert_eq!(
+            map.lookup(dir.path(), &owner, 0x1050, u64::MAX)
+                .map(|e| e.name)
+                .as_deref(),
+            Some("first")
+        );
+        assert_eq!(map.lookup(dir.path(), &owner, 0x2050, u64::MAX), None);
+        assert_eq!(
+            map.lookup(dir.path(), &owner, 0x1100, u64::MAX),
+            None,
+            "past its end"
+        );
+        writeln!(f, "ond").unwrap();
+        // Within the second since the last read: not read again yet.
+        assert_eq!(map.lookup(dir.path(), &owner, 0x2050, u64::MAX), None);
+        map.last_read = None;
+        assert_eq!(
+            map.lookup(dir.path(), &owner, 0x2050, u64::MAX)
+                .map(|e| e.name)
+                .as_deref(),
+            Some("second")
+        );
+        // Code moved: a later line for the same start wins.
+        writeln!(f, "1000 80 moved").unwrap();
+        map.last_read = None;
+        assert_eq!(map.lookup(dir.path(), &owner, 0x3000, u64::MAX), None);
+        assert_eq!(
+            map.lookup(dir.path(), &owner, 0x1010, u64::MAX)
+                .map(|e| e.name)
+                .as_deref(),
+            Some("moved")
+        );
+        assert_eq!(map.len(), 2);
+    }
+
+    #[test]
+    fn a_map_is_read_up_to_its_bound_and_again_when_rewritten() {
+        let dir = proc_dir();
+        let owner = me();
+        let path = dir
+            .path()
+            .join(format!("root/tmp/perf-{}.map", owner.ns_pid));
+        std::fs::write(&path, "1000 10 a\n2000 10 b\n").unwrap();
+        let mut map = PerfMap::default();
+        // 12 bytes: the first line only.
+        assert_eq!(map.lookup(dir.path(), &owner, 0x2000, 12), None);
+        assert_eq!(
+            map.lookup(dir.path(), &owner, 0x1000, 12)
+                .map(|e| e.name)
+                .as_deref(),
+            Some("a")
+        );
+        // Written again, shorter: read from its start.
+        std::fs::write(&path, "5000 10 c\n").unwrap();
+        map.last_read = None;
+        assert_eq!(
+            map.lookup(dir.path(), &owner, 0x5000, 12)
+                .map(|e| e.name)
+                .as_deref(),
+            Some("c")
+        );
+        assert_eq!(map.lookup(dir.path(), &owner, 0x1000, 12), None);
+    }
+
+    #[test]
+    fn links_out_of_the_root_and_other_owners_name_nothing() {
+        let dir = proc_dir();
+        let owner = me();
+        // A link to an absolute path means that path inside the root.
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(outside.path(), "1000 10 secret\n").unwrap();
+        let link = dir
+            .path()
+            .join(format!("root/tmp/perf-{}.map", owner.ns_pid));
+        std::os::unix::fs::symlink(outside.path(), &link).unwrap();
+        let mut map = PerfMap::default();
+        assert_eq!(map.lookup(dir.path(), &owner, 0x1000, u64::MAX), None);
+        // The same file inside the root is read.
+        let inside = dir
+            .path()
+            .join("root")
+            .join(outside.path().strip_prefix("/").unwrap());
+        std::fs::create_dir_all(inside.parent().unwrap()).unwrap();
+        std::fs::write(&inside, "1000 10 inside\n").unwrap();
+        map.last_read = None;
+        assert_eq!(
+            map.lookup(dir.path(), &owner, 0x1000, u64::MAX)
+                .map(|e| e.name)
+                .as_deref(),
+            Some("inside")
+        );
+        // Another user's map is not read.
+        let mut map = PerfMap::default();
+        let other = Owner {
+            uid: owner.uid + 1,
+            ..owner.clone()
+        };
+        if owner.uid != 0 {
+            assert_eq!(map.lookup(dir.path(), &other, 0x1000, u64::MAX), None);
+        } else {
+            // Root owns it: root's files are trusted for every process.
+            assert!(map.lookup(dir.path(), &other, 0x1000, u64::MAX).is_some());
+            std::os::unix::fs::chown(&inside, Some(12345), None).unwrap();
+            let mut map = PerfMap::default();
+            assert_eq!(map.lookup(dir.path(), &other, 0x1000, u64::MAX), None);
+        }
+    }
+}

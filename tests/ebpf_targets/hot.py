@@ -1,0 +1,40 @@
+"""A target for tests/ebpf.rs: two hot functions at a 2:1 CPU split, run by
+CPython 3.12+ with -X perf so each Python function's trampoline is named in
+/tmp/perf-PID.map. Each round's length is random (1 to 8 units, the same for
+both functions). Usage: python3 -X perf hot.py SECONDS. Prints "ready PID"
+when it starts spinning and "rounds N" when it ends."""
+import os
+import random
+import sys
+import time
+
+N = 20000
+
+
+def proflow_hot_two(k):
+    s = 0
+    for i in range(2 * k * N):
+        s += i
+    return s
+
+
+def proflow_hot_one(k):
+    s = 0
+    for i in range(k * N):
+        s += i
+    return s
+
+
+def run(seconds):
+    end = time.monotonic() + seconds
+    rounds = 0
+    while time.monotonic() < end:
+        k = random.randint(1, 8)
+        proflow_hot_two(k)
+        proflow_hot_one(k)
+        rounds += 1
+    return rounds
+
+
+print(f"ready {os.getpid()}", flush=True)
+print(f"rounds {run(float(sys.argv[1]) if len(sys.argv) > 1 else 30)}", flush=True)
