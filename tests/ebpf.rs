@@ -269,6 +269,21 @@ fn jit_split(stacks: &[(Vec<String>, i64)], two: &str, one: &str) {
     );
 }
 
+/// Removes the perf map a runtime left in /tmp, when dropped.
+struct PerfMapFile(std::path::PathBuf);
+
+impl PerfMapFile {
+    fn of(pid: u32) -> Self {
+        PerfMapFile(format!("/tmp/perf-{pid}.map").into())
+    }
+}
+
+impl Drop for PerfMapFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// CPython `major.minor` from pyenv (`PYENV_ROOT`, else `~/.pyenv`): its
 /// newest patch release installed.
 fn pyenv_python(minor: &str) -> Option<std::path::PathBuf> {
@@ -299,11 +314,15 @@ fn pyenv_python(minor: &str) -> Option<std::path::PathBuf> {
 #[test]
 fn node_jit_code_named_from_its_perf_map() {
     let _one_at_a_time = require_root();
+    // Node writes a log of its own beside the perf map, in its directory.
+    let cwd = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(std::env::var_os("NODE").unwrap_or_else(|| "node".into()));
-    cmd.arg("--perf-basic-prof")
+    cmd.current_dir(cwd.path())
+        .arg("--perf-basic-prof")
         .arg(ebpf_targets::source("hot.js"))
         .arg("30");
     let (child, pid) = ebpf_targets::spawn_command(cmd);
+    let _map = PerfMapFile::of(pid);
     let _child = KillOnDrop(child);
     let proflow = proflow_for(&[pid], "2s");
     let stacks = stacks_of(&proflow, pid, 4000);
@@ -333,6 +352,7 @@ fn python_with_x_perf_named_and_unwound_through_its_trampolines() {
             .arg(ebpf_targets::source("hot.py"))
             .arg("30");
         let (child, pid) = ebpf_targets::spawn_command(cmd);
+        let _map = PerfMapFile::of(pid);
         let _child = KillOnDrop(child);
         let proflow = proflow_for(&[pid], "2s");
         let stacks = stacks_of(&proflow, pid, 4000);
@@ -361,6 +381,7 @@ fn jvm_compiled_methods_named_after_compiler_perfmap() {
     let mut cmd = Command::new(&java);
     cmd.arg(ebpf_targets::source("Hot.java")).arg("40");
     let (child, pid) = ebpf_targets::spawn_command(cmd);
+    let _map = PerfMapFile::of(pid);
     let _child = KillOnDrop(child);
     // Both methods are compiled within a few seconds of spinning; the map
     // is written when asked.
@@ -401,8 +422,9 @@ fn a_containers_perf_map_is_read_inside_its_root() {
         Path::new(&node).display(),
         ebpf_targets::source("hot.js").display()
     );
+    let cwd = tempfile::tempdir().unwrap();
     let mut cmd = Command::new("unshare");
-    cmd.args([
+    cmd.current_dir(cwd.path()).args([
         "--mount",
         "--pid",
         "--fork",
