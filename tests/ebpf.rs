@@ -10,6 +10,9 @@
 //! namespace of its own), CPython 3.12 and 3.13 `-X perf`, the JVM after
 //! `jcmd Compiler.perfmap`.
 //!
+//! Off-CPU: a C program sleeping 20 ms and 10 ms in two functions, its
+//! `off_cpu` profile against the time it measured around its sleeps.
+//!
 //! One test sends to the real Pyroscope and reads the profile back.
 //!
 //! One test names a stripped binary's frames downstream with the
@@ -453,6 +456,104 @@ fn a_containers_perf_map_is_read_inside_its_root() {
     let proflow = proflow_for(&[pid], "2s");
     let stacks = stacks_of(&proflow, pid, 2000);
     jit_split(&stacks, "proflow_hot_two /", "proflow_hot_one /");
+}
+
+/// Off-CPU: a program that sleeps 20 ms in one function and 10 ms in
+/// another shows both in its `off_cpu` profile with the time it measured
+/// around its sleeps (within 20%), with the kernel's sleep and the whole
+/// user stack (unwound from .eh_frame) of where it waited.
+#[test]
+fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
+    let _one_at_a_time = require_root();
+    let bin = ebpf_targets::build(Target::Sleep).unwrap_or_else(|e| panic!("{e}"));
+    let mut cmd = Command::new(&bin);
+    cmd.arg("3");
+    let (child, pid, lines) = ebpf_targets::spawn_with_output(cmd);
+    let mut child = KillOnDrop(child);
+    let keep = pid.to_string();
+    // The default rate (100 waits a second per CPU): the target waits about
+    // 67 times a second, and other processes' waits are no longer noted
+    // once relabelling dropped them.
+    let mut proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  ebpf:\n    collect_interval: 2s\n    off_cpu: {{threshold: 1ms}}\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
+            profiles.display(),
+            ports.telemetry
+        )
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let signalled = Command::new("kill")
+        .args(["-USR1", &keep])
+        .status()
+        .expect("run kill");
+    assert!(signalled.success());
+    let slept = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the target prints what it slept");
+    let measured: Vec<f64> = slept
+        .strip_prefix("slept ")
+        .unwrap_or_else(|| panic!("{slept:?}"))
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let _ = child.0.wait();
+    proflow.terminate(Duration::from_secs(20));
+    let (mut two, mut one, mut waits) = (0.0, 0.0, 0);
+    let mut stacks = Vec::new();
+    for e in common::read_index(&proflow.profiles) {
+        if e.label("pid") != Some(keep.as_str()) || e.label("__name__") != Some("off_cpu") {
+            continue;
+        }
+        let p = common::read_profile(&e.path);
+        assert_eq!(p.string(p.sample_type[0].r#type), "off_cpu");
+        assert_eq!(p.string(p.sample_type[0].unit), "nanoseconds");
+        for (frames, s) in pprof::stacks_root_first(&p) {
+            let names: Vec<String> = frames.iter().map(|f| f.to_string()).collect();
+            if names.iter().any(|f| f.contains("proflow_sleep_two")) {
+                two += s.value[0] as f64;
+                waits += s.value[1];
+            } else if names.iter().any(|f| f.contains("proflow_sleep_one")) {
+                one += s.value[0] as f64;
+                waits += s.value[1];
+            }
+            stacks.push((names, s.value[0]));
+        }
+    }
+    let report = format!(
+        "measured by the target: {measured:?} ns; off_cpu: {two} and {one} ns in {waits} waits; stacks: {stacks:#?}"
+    );
+    eprintln!(
+        "off_cpu: the target measured {measured:?} ns, its profile has {two} and {one} ns in {waits} waits"
+    );
+    for (got, want) in [(two, measured[0]), (one, measured[1])] {
+        assert!(
+            (got - want).abs() <= 0.2 * want,
+            "off-CPU time within 20% of what the target slept: {report}"
+        );
+    }
+    // Each wait: root-first main → run → the function → proflow_nap →
+    // nanosleep's kernel side.
+    for (names, _) in stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|x| x.contains("proflow_sleep_")))
+    {
+        let mut at = 0;
+        for want in [
+            "main",
+            "run",
+            "proflow_sleep_",
+            "proflow_nap",
+            "nanosleep",
+            "schedule",
+        ] {
+            match names[at..].iter().position(|f| f.contains(want)) {
+                Some(i) => at += i + 1,
+                None => {
+                    panic!("a wait's stack misses {want} after frame {at}: {names:?}\n{report}")
+                }
+            }
+        }
+    }
 }
 
 /// A process moved into a container-like cgroup (named as Docker's systemd

@@ -24,6 +24,8 @@ pub enum Target {
     Rust,
     /// Go, `go build`.
     Go,
+    /// C, `-O2 -g -fomit-frame-pointer`: waits (`sleep.c`), not CPU.
+    Sleep,
 }
 
 fn source_dir() -> PathBuf {
@@ -82,6 +84,7 @@ pub fn build(target: Target) -> Result<PathBuf, String> {
         Target::CNoFp => ("hot-nofp", src.join("hot.c")),
         Target::Rust => ("hot-rust", src.join("hot.rs")),
         Target::Go => ("hot-go", src.join("go/main.go")),
+        Target::Sleep => ("sleep", src.join("sleep.c")),
     };
     let bin = dir.join(name);
     if newer(&bin, &source) {
@@ -93,7 +96,7 @@ pub fn build(target: Target) -> Result<PathBuf, String> {
     let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!("{name}.tmp-{}-{n}", std::process::id()));
     match target {
-        Target::CFp | Target::CNoFp => {
+        Target::CFp | Target::CNoFp | Target::Sleep => {
             let fp = if matches!(target, Target::CFp) {
                 "-fno-omit-frame-pointer"
             } else {
@@ -145,7 +148,13 @@ pub fn source(name: &str) -> PathBuf {
 }
 
 /// Starts `cmd` and waits for its `ready PID` line (the PID it prints).
-pub fn spawn_command(mut cmd: Command) -> (Child, u32) {
+pub fn spawn_command(cmd: Command) -> (Child, u32) {
+    let (child, pid, _rest) = spawn_with_output(cmd);
+    (child, pid)
+}
+
+/// [`spawn_command`], with the lines it prints after `ready PID`.
+pub fn spawn_with_output(mut cmd: Command) -> (Child, u32, std::sync::mpsc::Receiver<String>) {
     let bin = PathBuf::from(cmd.get_program());
     let mut child = cmd
         .stdin(Stdio::null())
@@ -156,12 +165,12 @@ pub fn spawn_command(mut cmd: Command) -> (Child, u32) {
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
+        // Every line, read on so the target never blocks on a full pipe
+        // (once nobody listens, they are dropped).
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
             let _ = tx.send(line);
         }
-        // Drain the rest so the target never blocks on a full pipe.
-        for _ in lines {}
     });
     let deadline = Instant::now() + Duration::from_secs(30);
     let line = rx
@@ -171,5 +180,5 @@ pub fn spawn_command(mut cmd: Command) -> (Child, u32) {
         .strip_prefix("ready ")
         .and_then(|p| p.trim().parse().ok())
         .unwrap_or_else(|| panic!("{} printed {line:?}, not `ready PID`", bin.display()));
-    (child, pid)
+    (child, pid, rx)
 }

@@ -5,7 +5,8 @@
 //! and counts the stack in the series of the process's labels. Stacks are
 //! held as location indices of their series, so a stack seen a thousand
 //! times is stored once. [`Collector::flush`] turns each series into a
-//! profile and starts the next interval.
+//! profile and starts the next interval. Waits (off-CPU records) go to a
+//! series of their own per label set, a profile named `off_cpu`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use proflow_pipeline::model::{Envelope, Labels, Payload, ValueType};
 use proflow_pipeline::pprof;
 
 use super::procs::{Binary, ProcKey, Process, Processes};
-use super::sample::{FLAG_KTHREAD, Sample};
+use super::sample::{FLAG_KTHREAD, FLAG_OFF_CPU, Sample};
 use super::symbols::{Line, Lines, Symbols};
 
 /// Frames kept per user stack at most.
@@ -201,20 +202,33 @@ struct Location {
     lines: Lines,
 }
 
+/// What a series counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// CPU ticks: `process_cpu`, `cpu/nanoseconds` and `samples/count`.
+    Cpu,
+    /// Waits: `off_cpu`, `off_cpu/nanoseconds` (time waited) and
+    /// `samples/count` (waits).
+    OffCpu,
+}
+
 /// The samples of one label set in this interval.
 #[derive(Debug)]
 struct Series {
+    kind: Kind,
     labels: Labels,
     mappings: Vec<MapRef>,
     mapping_index: HashMap<(usize, u64, u64), u32>,
     locations: Vec<Location>,
     location_index: HashMap<(u32, u64), u32>,
-    stacks: HashMap<Box<[u32]>, u64>,
+    /// Per stack: samples, and for waits their nanoseconds.
+    stacks: HashMap<Box<[u32]>, (u64, u64)>,
 }
 
 impl Series {
-    fn new(labels: Labels) -> Self {
+    fn new(kind: Kind, labels: Labels) -> Self {
         Series {
+            kind,
             labels,
             mappings: Vec::new(),
             mapping_index: HashMap::new(),
@@ -296,11 +310,27 @@ impl Collector {
         let Some((labels, series_key)) = &process.labels else {
             return Err(Dropped::Filtered);
         };
-        if !self.series.contains_key(series_key) {
+        let kind = if s.flags & FLAG_OFF_CPU != 0 {
+            Kind::OffCpu
+        } else {
+            Kind::Cpu
+        };
+        let series_key = match kind {
+            Kind::Cpu => std::borrow::Cow::Borrowed(series_key.as_str()),
+            Kind::OffCpu => std::borrow::Cow::Owned(format!("off_cpu{series_key}")),
+        };
+        if !self.series.contains_key(series_key.as_ref()) {
+            let mut labels = labels.clone();
+            if kind == Kind::OffCpu {
+                labels.set("__name__", "off_cpu");
+            }
             self.series
-                .insert(series_key.clone(), Series::new(labels.clone()));
+                .insert(series_key.to_string(), Series::new(kind, labels));
         }
-        let series = self.series.get_mut(series_key).expect("inserted above");
+        let series = self
+            .series
+            .get_mut(series_key.as_ref())
+            .expect("inserted above");
 
         let mut stack = Vec::with_capacity(s.kernel.len() + user.len());
         for (i, &addr) in s.kernel.iter().enumerate() {
@@ -346,15 +376,21 @@ impl Collector {
             stack.push(loc);
         }
         let stack = stack.into_boxed_slice();
-        if let Some(n) = series.stacks.get_mut(&stack) {
+        let waited = if kind == Kind::OffCpu {
+            s.off_cpu_ns
+        } else {
+            0
+        };
+        if let Some((n, ns)) = series.stacks.get_mut(&stack) {
             *n += 1;
+            *ns = ns.saturating_add(waited);
             return Ok(());
         }
         if self.stacks >= self.max_stacks {
             return Err(Dropped::StacksFull);
         }
         self.stacks += 1;
-        series.stacks.insert(stack, 1);
+        series.stacks.insert(stack, (1, waited));
         Ok(())
     }
 
@@ -371,6 +407,10 @@ impl Collector {
             .filter(|s| !s.stacks.is_empty())
             .map(|s| {
                 let labels = s.labels.clone();
+                let (value, period) = match s.kind {
+                    Kind::Cpu => ("cpu", self.period_ns),
+                    Kind::OffCpu => ("off_cpu", 0),
+                };
                 let profile = to_pprof(
                     s,
                     self.period_ns,
@@ -383,11 +423,11 @@ impl Collector {
                     start_unix_nanos,
                     end_unix_nanos,
                     sample_types: vec![
-                        ValueType::new("cpu", "nanoseconds"),
+                        ValueType::new(value, "nanoseconds"),
                         ValueType::new("samples", "count"),
                     ],
-                    period_type: Some(ValueType::new("cpu", "nanoseconds")),
-                    period: self.period_ns,
+                    period_type: Some(ValueType::new(value, "nanoseconds")),
+                    period,
                     payload: Payload::from_profile(profile),
                 }
             })
@@ -451,14 +491,19 @@ fn jit_location(series: &mut Series, process: &mut Process, frame: Frame) -> u32
     i
 }
 
-/// A series as a pprof profile: `cpu/nanoseconds` and `samples/count`.
+/// A series as a pprof profile: `cpu/nanoseconds` (each sample one period)
+/// or `off_cpu/nanoseconds` (the time waited), and `samples/count`.
 fn to_pprof(s: Series, period_ns: i64, start: i64, end: i64, symbolized: bool) -> pprof::Profile {
     let mut strings = Strings::default();
     strings.get("");
+    let value = match s.kind {
+        Kind::Cpu => "cpu",
+        Kind::OffCpu => "off_cpu",
+    };
     let mut p = pprof::Profile {
         sample_type: vec![
             pprof::ValueType {
-                r#type: strings.get("cpu"),
+                r#type: strings.get(value),
                 unit: strings.get("nanoseconds"),
             },
             pprof::ValueType {
@@ -467,10 +512,10 @@ fn to_pprof(s: Series, period_ns: i64, start: i64, end: i64, symbolized: bool) -
             },
         ],
         period_type: Some(pprof::ValueType {
-            r#type: strings.get("cpu"),
+            r#type: strings.get(value),
             unit: strings.get("nanoseconds"),
         }),
-        period: period_ns,
+        period: if s.kind == Kind::Cpu { period_ns } else { 0 },
         time_nanos: start,
         duration_nanos: (end - start).max(0),
         ..Default::default()
@@ -538,11 +583,15 @@ fn to_pprof(s: Series, period_ns: i64, start: i64, end: i64, symbolized: bool) -
             is_folded: false,
         });
     }
-    for (stack, n) in s.stacks {
-        let n = n as i64;
+    for (stack, (n, waited)) in s.stacks {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        let first = match s.kind {
+            Kind::Cpu => n.saturating_mul(period_ns),
+            Kind::OffCpu => i64::try_from(waited).unwrap_or(i64::MAX),
+        };
         p.sample.push(pprof::Sample {
             location_id: stack.iter().map(|&l| u64::from(l) + 1).collect(),
-            value: vec![n * period_ns, n],
+            value: vec![first, n],
             label: Vec::new(),
         });
     }
@@ -619,6 +668,53 @@ mod tests {
             c.flush(2_000, 3_000).is_empty(),
             "a new interval starts empty"
         );
+    }
+
+    #[test]
+    fn waits_are_a_profile_of_their_own_with_the_time_waited() {
+        let procs = Processes::new(Relabeler::default(), super::super::config::GroupBy::Process);
+        let mut c = Collector::new(procs, None, 10, 19);
+        let pid = 0x7fff_fff1;
+        let tick = record(
+            pid,
+            "ghost",
+            &[0xffff_ffff_8100_0010],
+            &[0x1000],
+            (0, 0, 0),
+            &[],
+        );
+        let wait = super::super::sample::tests::off_cpu(
+            record(
+                pid,
+                "ghost",
+                &[0xffff_ffff_8100_0010],
+                &[0x2000],
+                (0, 0, 0),
+                &[],
+            ),
+            3_000_000,
+        );
+        c.add(&Sample::parse(&tick).unwrap()).unwrap();
+        for _ in 0..2 {
+            c.add(&Sample::parse(&wait).unwrap()).unwrap();
+        }
+        let mut out = c.flush(1_000, 2_000);
+        out.sort_by_key(|e| e.labels.get("__name__").map(str::to_owned));
+        assert_eq!(out.len(), 2);
+        let (off, cpu) = (&out[0], &out[1]);
+        assert_eq!(off.labels.get("__name__"), Some("off_cpu"));
+        assert_eq!(cpu.labels.get("__name__"), Some("process_cpu"));
+        assert_eq!(off.labels.get("pid"), cpu.labels.get("pid"));
+        assert_eq!(
+            off.sample_types[0],
+            ValueType::new("off_cpu", "nanoseconds")
+        );
+        let p = off.payload.decoded().unwrap();
+        assert_eq!(p.string(p.sample_type[0].r#type), "off_cpu");
+        assert_eq!(p.sample.len(), 1);
+        assert_eq!(p.sample[0].value, [6_000_000, 2]);
+        let p = cpu.payload.decoded().unwrap();
+        assert_eq!(p.sample[0].value, [1_000_000_000 / 19, 1]);
     }
 
     #[test]

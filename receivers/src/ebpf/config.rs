@@ -85,7 +85,32 @@ pub struct EbpfReceiverConfig {
     /// stay unnamed. Default 16MiB.
     #[serde(default = "default_max_perf_map_size")]
     pub max_perf_map_size: ByteSize,
+    /// Where threads wait, and how long: a profile named `off_cpu` per
+    /// process beside `process_cpu`. Absent (default): off; `off_cpu: {}`
+    /// turns it on with the defaults below.
+    #[serde(default)]
+    pub off_cpu: Option<OffCpuConfig>,
 }
+
+/// Off-CPU profiling: every wait of a user thread (it left the CPU to
+/// sleep, for I/O, a lock, a timer; not a preemption) at least `threshold`
+/// long is recorded with its stacks and how long it lasted, at most
+/// `max_rate` a second per CPU.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OffCpuConfig {
+    /// Shorter waits are not recorded. Default 1ms.
+    #[serde(default = "default_off_cpu_threshold")]
+    pub threshold: Duration,
+    /// Most waits recorded per CPU per second; the ones past it are counted
+    /// in `proflow_ebpf_samples_dropped_total{reason="off_cpu_rate"}`.
+    /// Default 100.
+    #[serde(default = "default_off_cpu_max_rate")]
+    pub max_rate: u64,
+}
+
+/// Highest `off_cpu.max_rate`.
+pub const MAX_OFF_CPU_RATE: u64 = 10_000;
 
 /// Where frames get their names.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -125,6 +150,12 @@ fn default_max_debug_info() -> ByteSize {
 }
 fn default_max_stacks() -> usize {
     200_000
+}
+fn default_off_cpu_threshold() -> Duration {
+    Duration::from_millis(1)
+}
+fn default_off_cpu_max_rate() -> u64 {
+    100
 }
 fn default_perf_maps() -> bool {
     true
@@ -168,6 +199,17 @@ impl EbpfReceiverConfig {
                 p.push(FieldError::new(name, "must be at least 1"));
             }
         }
+        if let Some(off) = &self.off_cpu
+            && (off.max_rate == 0 || off.max_rate > MAX_OFF_CPU_RATE)
+        {
+            p.push(FieldError::new(
+                "off_cpu.max_rate",
+                format!(
+                    "{} waits a second per CPU is out of range: use 1 to {MAX_OFF_CPU_RATE} (100 is the default)",
+                    off.max_rate
+                ),
+            ));
+        }
         p.extend(
             relabel::validate_configs(&self.relabel_configs)
                 .into_iter()
@@ -194,6 +236,10 @@ mod tests {
         assert_eq!(c.group_by, GroupBy::Process);
         assert_eq!(c.ring_buffer_size, ByteSize::mib(2));
         assert!(c.perf_maps);
+        assert_eq!(c.off_cpu, None);
+        let on = parse("off_cpu: {}").off_cpu.unwrap();
+        assert_eq!(on.threshold, Duration::from_millis(1));
+        assert_eq!(on.max_rate, 100);
         assert_eq!(c.max_perf_map_size, ByteSize::mib(16));
         assert!(c.problems().is_empty());
     }
@@ -201,7 +247,7 @@ mod tests {
     #[test]
     fn every_problem_is_reported() {
         let c = parse(
-            "sample_rate: 0\ncollect_interval: 100ms\nring_buffer_size: 3MiB\nmax_stacks: 0\nrelabel_configs: [{action: replace, target_label: '0bad'}]\n",
+            "sample_rate: 0\ncollect_interval: 100ms\nring_buffer_size: 3MiB\nmax_stacks: 0\noff_cpu: {max_rate: 0}\nrelabel_configs: [{action: replace, target_label: '0bad'}]\n",
         );
         let paths: Vec<String> = c.problems().into_iter().map(|p| p.path).collect();
         assert_eq!(
@@ -211,6 +257,7 @@ mod tests {
                 "collect_interval",
                 "ring_buffer_size",
                 "max_stacks",
+                "off_cpu.max_rate",
                 "relabel_configs.0.target_label"
             ],
             "{paths:?}"

@@ -92,8 +92,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use aya::maps::{MapData, PerCpuArray, RingBuf};
-use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::{BtfTracePoint, PerfEvent};
 use proflow_pipeline::component::no_problems;
 use proflow_pipeline::component::{
     Admission, BuildContext, BuildError, ConsumeError, FieldError, Receiver, ReceiverConfig,
@@ -115,6 +115,12 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!("bpf/profile.bpf.o");
 
 /// Counter slots of the BPF program's `counters` map.
 const COUNT_LOST: u32 = 1;
+/// Off-CPU waits past `max_rate` (`COUNT_OFFCPU_RATE`), and waits not noted
+/// because the table of waiting threads was full.
+const COUNT_OFFCPU_RATE: u32 = 5;
+const COUNT_OFFCPU_UNTRACKED: u32 = 6;
+/// Off-CPU waits outside a system call (a page fault): not sent.
+const COUNT_OFFCPU_NO_SYSCALL: u32 = 7;
 
 impl Validate for EbpfReceiverConfig {
     fn validate(&self) -> Vec<FieldError> {
@@ -171,6 +177,8 @@ pub fn missing_capabilities() -> Vec<&'static str> {
 struct Loaded {
     bpf: aya::Ebpf,
     ring: RingBuf<MapData>,
+    /// Processes whose waits the off-CPU programs do not note (when on).
+    offcpu_skip: Option<aya::maps::HashMap<MapData, SkipKey, u8>>,
     counters: PerCpuArray<MapData, u64>,
     /// CPUs the perf event is open on. A CPU that goes offline keeps its
     /// event (it samples again when the CPU returns); one that comes online
@@ -220,8 +228,14 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
         ));
     }
     let ring_size = u32::try_from(config.ring_buffer_size.bytes()).unwrap_or(1 << 30);
+    let threshold_ns = config.off_cpu.as_ref().map_or(0, |o| {
+        u64::try_from(o.threshold.get().as_nanos()).unwrap_or(u64::MAX)
+    });
+    let max_rate = config.off_cpu.as_ref().map_or(0, |o| o.max_rate);
     let mut bpf = aya::EbpfLoader::new()
         .map_max_entries("samples", ring_size)
+        .override_global("offcpu_threshold_ns", &threshold_ns, true)
+        .override_global("offcpu_max_rate", &max_rate, true)
         .load(BPF_OBJECT)
         .map_err(|e| format!("cannot load the BPF program: {e} ({e:?})"))?;
     let program: &mut PerfEvent = bpf
@@ -242,8 +256,22 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
             .ok_or("the BPF object has no `counters` map")?,
     )
     .map_err(|e| format!("the `counters` map is not a per-CPU array: {e}"))?;
+    let offcpu_skip = match config.off_cpu {
+        Some(_) => {
+            attach_off_cpu(&mut bpf)?;
+            let map = bpf
+                .take_map("offcpu_skip")
+                .ok_or("the BPF object has no `offcpu_skip` map")?;
+            Some(
+                aya::maps::HashMap::try_from(map)
+                    .map_err(|e| format!("the `offcpu_skip` map is not a hash map: {e}"))?,
+            )
+        }
+        None => None,
+    };
     let mut loaded = Loaded {
         bpf,
+        offcpu_skip,
         ring,
         counters,
         attached: Default::default(),
@@ -251,6 +279,43 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
     };
     loaded.attach_new_cpus()?;
     Ok(loaded)
+}
+
+/// A process in the BPF program's `offcpu_skip` map (`struct proc_key`).
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+struct SkipKey {
+    tgid: u32,
+    pad: u32,
+    start_time: u64,
+}
+
+// SAFETY: plain integers, `repr(C)`, no padding left implicit.
+unsafe impl aya::Pod for SkipKey {}
+
+/// Attaches the off-CPU programs, to tracepoints only (no kprobe: some
+/// kernels have none): `sched_switch` notes waits, `sys_enter` drops those
+/// outside a system call, `sys_exit` sends them.
+fn attach_off_cpu(bpf: &mut aya::Ebpf) -> Result<(), String> {
+    let btf = aya::Btf::from_sys_fs()
+        .map_err(|e| format!("off_cpu needs the kernel's BTF (/sys/kernel/btf/vmlinux): {e}"))?;
+    for (program, tracepoint) in [
+        ("offcpu_switch", "sched_switch"),
+        ("offcpu_enter", "sys_enter"),
+        ("offcpu_exit", "sys_exit"),
+    ] {
+        let p: &mut BtfTracePoint = bpf
+            .program_mut(program)
+            .ok_or_else(|| format!("the BPF object has no `{program}` program"))?
+            .try_into()
+            .map_err(|e| format!("`{program}` is not a BTF tracepoint program: {e}"))?;
+        p.load(tracepoint, &btf).map_err(|e| {
+            format!("the kernel refused the off-CPU program `{program}`: {e} ({e:?})")
+        })?;
+        p.attach()
+            .map_err(|e| format!("cannot attach the off-CPU program to {tracepoint}: {e}"))?;
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -379,6 +444,8 @@ fn sample_loop(
     let mut started = SystemTime::now();
     let mut next = Instant::now() + interval;
     let mut lost_before = 0u64;
+    let (mut off_cpu_rate_before, mut off_cpu_untracked_before, mut off_cpu_no_syscall_before) =
+        (0u64, 0u64, 0u64);
     let fd = loaded.ring.as_fd().as_raw_fd();
     loop {
         let stopping = stop.load(Ordering::Relaxed);
@@ -410,6 +477,19 @@ fn sample_loop(
         if n > 0 {
             telemetry.samples(n, bytes);
         }
+        let dropped = collector.procs.take_dropped();
+        if let Some(skip) = loaded.offcpu_skip.as_mut() {
+            for key in dropped {
+                let key = SkipKey {
+                    tgid: key.pid,
+                    pad: 0,
+                    start_time: key.start_time,
+                };
+                if let Err(e) = skip.insert(key, 1, 0) {
+                    tracing::debug!("cannot mark a process unprofiled for off_cpu: {e}");
+                }
+            }
+        }
         if stopping || Instant::now() >= next {
             let now = SystemTime::now();
             let envelopes = collector.flush(unix_nanos(started), unix_nanos(now));
@@ -426,6 +506,27 @@ fn sample_loop(
             if lost > lost_before {
                 telemetry.lost(lost - lost_before);
                 lost_before = lost;
+            }
+            for (slot, reason, before) in [
+                (COUNT_OFFCPU_RATE, "off_cpu_rate", &mut off_cpu_rate_before),
+                (
+                    COUNT_OFFCPU_UNTRACKED,
+                    "off_cpu_untracked",
+                    &mut off_cpu_untracked_before,
+                ),
+                (
+                    COUNT_OFFCPU_NO_SYSCALL,
+                    "off_cpu_outside_syscall",
+                    &mut off_cpu_no_syscall_before,
+                ),
+            ] {
+                let now: u64 = loaded
+                    .counters
+                    .get(&slot, 0)
+                    .map(|v| v.iter().sum())
+                    .unwrap_or(*before);
+                telemetry.dropped_n(reason, now.saturating_sub(*before));
+                *before = now.max(*before);
             }
             telemetry.state(collector.procs.len(), collector.symbol_entries());
             for (how, n) in collector.take_unwound() {

@@ -189,6 +189,8 @@ pub struct Processes {
     proc_root: PathBuf,
     /// Most bytes read of one process's perf map; `None`: perf maps off.
     perf_map_max: Option<u64>,
+    /// Processes relabelling dropped since [`Processes::take_dropped`].
+    dropped: Vec<ProcKey>,
 }
 
 impl Processes {
@@ -200,7 +202,14 @@ impl Processes {
             group_by,
             proc_root: PathBuf::from("/proc"),
             perf_map_max: None,
+            dropped: Vec::new(),
         }
+    }
+
+    /// Processes relabelling dropped since the last call (the off-CPU
+    /// programs stop noting their waits).
+    pub fn take_dropped(&mut self) -> Vec<ProcKey> {
+        std::mem::take(&mut self.dropped)
     }
 
     /// Names JIT code from perf maps, reading at most `max_size` bytes of
@@ -294,6 +303,9 @@ impl Processes {
                 let key = l.to_selector_string();
                 (l, key)
             });
+        if labels.is_none() && self.dropped.len() < MAX_MAPPINGS {
+            self.dropped.push(key);
+        }
         // A process relabelling drops needs no mappings, files or unwinder.
         let maps = if labels.is_some() {
             std::fs::read_to_string(dir.join("maps"))

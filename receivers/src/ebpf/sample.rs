@@ -24,13 +24,16 @@ const OFF_SP: usize = 80;
 const OFF_BP: usize = 88;
 const OFF_STACK_LEN: usize = 96;
 const OFF_FLAGS: usize = 100;
-const OFF_KERNEL: usize = 104;
-const OFF_USER: usize = OFF_KERNEL + MAX_FRAMES * 8; // 1120
+const OFF_OFF_CPU: usize = 104;
+const OFF_KERNEL: usize = 112;
+const OFF_USER: usize = OFF_KERNEL + MAX_FRAMES * 8; // 1128
 /// Where the user stack copy starts: the fixed part's size.
-pub const HEADER_LEN: usize = OFF_USER + MAX_FRAMES * 8; // 2136
+pub const HEADER_LEN: usize = OFF_USER + MAX_FRAMES * 8; // 2144
 
 /// A kernel thread: no user part.
 pub const FLAG_KTHREAD: u32 = 1;
+/// A wait, not a tick: `off_cpu_ns` says how long.
+pub const FLAG_OFF_CPU: u32 = 4;
 
 /// One sample, borrowing the record.
 #[derive(Debug)]
@@ -52,6 +55,8 @@ pub struct Sample<'a> {
     /// The user stack from `sp` upwards.
     pub stack: &'a [u8],
     pub flags: u32,
+    /// With [`FLAG_OFF_CPU`]: how long the thread waited, in nanoseconds.
+    pub off_cpu_ns: u64,
 }
 
 /// Why a record was refused.
@@ -125,6 +130,7 @@ impl<'a> Sample<'a> {
             bp: u64_at(b, OFF_BP),
             stack: &b[HEADER_LEN..HEADER_LEN + n],
             flags: u32_at(b, OFF_FLAGS),
+            off_cpu_ns: u64_at(b, OFF_OFF_CPU),
         })
     }
 
@@ -167,6 +173,13 @@ pub(crate) mod tests {
             b[OFF_USER + i * 8..OFF_USER + i * 8 + 8].copy_from_slice(&a.to_le_bytes());
         }
         b.extend_from_slice(stack);
+        b
+    }
+
+    /// `b`, a record, made a wait of `ns` nanoseconds.
+    pub(crate) fn off_cpu(mut b: Vec<u8>, ns: u64) -> Vec<u8> {
+        b[OFF_FLAGS..OFF_FLAGS + 4].copy_from_slice(&FLAG_OFF_CPU.to_le_bytes());
+        b[OFF_OFF_CPU..OFF_OFF_CPU + 8].copy_from_slice(&ns.to_le_bytes());
         b
     }
 

@@ -141,8 +141,15 @@ impl EbpfTelemetry {
 
     /// A sample read but not kept, for `reason`.
     pub fn dropped(&self, reason: &str) {
-        let labels = with(&self.id, "reason", reason);
-        self.t.ebpf_samples_dropped.get_or_create(&labels).inc();
+        self.dropped_n(reason, 1);
+    }
+
+    /// `n` samples not kept, for `reason`.
+    pub fn dropped_n(&self, reason: &str, n: u64) {
+        if n > 0 {
+            let labels = with(&self.id, "reason", reason);
+            self.t.ebpf_samples_dropped.get_or_create(&labels).inc_by(n);
+        }
     }
 
     /// Processes held and symbol cache size now.

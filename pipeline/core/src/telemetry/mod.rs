@@ -321,7 +321,7 @@ impl Telemetry {
             ),
             ebpf_samples_dropped: family!(
                 "ebpf_samples_dropped",
-                "CPU samples an eBPF receiver read but did not keep, by reason (stacks_full, bad_record, filtered)",
+                "Samples (CPU ticks and off-CPU waits) an eBPF receiver did not keep, by reason (stacks_full, bad_record, filtered; off_cpu_rate, off_cpu_untracked and off_cpu_outside_syscall: waits the BPF program did not send)",
                 Counters::default()
             ),
             ebpf_processes: family!(

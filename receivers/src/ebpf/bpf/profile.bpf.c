@@ -7,6 +7,18 @@
 // registers with a bounded copy of the user stack, so that user space can
 // unwind code built without frame pointers from its .eh_frame.
 //
+// Off-CPU (when user space asks for it), from tracepoints only (kernels
+// without kprobes or BPF trampolines have them): at `sched_switch`, a user
+// thread that leaves the CPU to wait (not a preempted one) is noted with
+// the time and its kernel stack, and one that runs again gets how long it
+// was off. The record is sent from the thread itself when its system call
+// returns (`sys_exit`), with its user stack, which has not changed since it
+// blocked: if it waited at least `offcpu_threshold_ns`, and while the CPU's
+// budget of `offcpu_max_rate` records a second lasts. A wait outside a
+// system call (a page fault) is dropped at the thread's next `sys_enter`.
+// Processes user space does not profile are put in `offcpu_skip` after
+// their first record, and their waits are not noted from then on.
+//
 // Built by scripts/build-bpf (clang -target bpf -O2 -g, CO-RE): the object
 // beside this file is committed and embedded in proflow, so building proflow
 // needs no clang. The record layout is mirrored by receivers/src/ebpf/sample.rs;
@@ -50,6 +62,9 @@ struct mm_struct {
 } __attribute__((preserve_access_index));
 
 struct task_struct {
+	unsigned int __state;
+	int pid;
+	int tgid;
 	unsigned int flags;
 	struct mm_struct *mm;
 	struct task_struct *group_leader;
@@ -71,6 +86,7 @@ struct sample {
 	__u64 bp;
 	__u32 stack_len;            /* bytes of `stack` copied from sp upwards */
 	__u32 flags;                /* SAMPLE_* */
+	__u64 off_cpu_ns;           /* SAMPLE_OFF_CPU: how long it waited */
 	__u64 kernel[MAX_FRAMES];
 	__u64 user[MAX_FRAMES];
 	__u8 stack[STACK_COPY + PAGE]; /* slack for the verifier; at most STACK_COPY used */
@@ -78,6 +94,7 @@ struct sample {
 
 #define SAMPLE_KTHREAD 1        /* a kernel thread: no user part */
 #define SAMPLE_IN_KERNEL 2      /* interrupted in kernel mode */
+#define SAMPLE_OFF_CPU 4        /* a wait, not a tick: `off_cpu_ns` says how long */
 
 /* Counters, one slot each per CPU, summed by user space. */
 enum {
@@ -85,8 +102,77 @@ enum {
 	COUNT_LOST,         /* records the ring buffer had no room for */
 	COUNT_IDLE,         /* ticks on an idle CPU (pid 0), not sent */
 	COUNT_NO_REGS,      /* user registers could not be read */
+	COUNT_OFFCPU,       /* waits at least the threshold long, sent */
+	COUNT_OFFCPU_RATE,  /* waits at least the threshold long, over the rate: not sent */
+	COUNT_OFFCPU_UNTRACKED, /* waits not noted: the table of waiting threads was full */
+	COUNT_OFFCPU_NO_SYSCALL, /* waits outside a system call: not sent */
 	COUNT_MAX,
 };
+
+/* Set by user space before loading. */
+volatile const __u64 offcpu_threshold_ns = 1000000;
+volatile const __u64 offcpu_max_rate = 0; /* records a second per CPU; 0: off-CPU is off */
+
+#define TASK_RUNNING 0
+#define NS_PER_SEC 1000000000ULL
+#define MAX_WAITING 16384
+
+#define WAIT_FRAMES 32
+
+/* A thread's wait: when it left the CPU, how long it was off once it runs
+ * again (0 before), and the kernel stack where it blocked. */
+struct wait {
+	__u64 since;
+	__u64 waited;
+	__s32 kernel_bytes;
+	__u32 pad;
+	__u64 kernel[WAIT_FRAMES];
+};
+
+/* Waits by thread id; the least recently used goes when full (a thread that
+ * exits while waiting never comes back for its entry). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_WAITING);
+	__type(key, __u32);
+	__type(value, struct wait);
+} waiting SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct wait);
+} wait_scratch SEC(".maps");
+
+/* A process: its pid and start time (a reused pid is another process). */
+struct proc_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 start_time;
+};
+
+/* Processes user space does not profile (its relabelling dropped them):
+ * their waits are not noted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_WAITING);
+	__type(key, struct proc_key);
+	__type(value, __u8);
+} offcpu_skip SEC(".maps");
+
+/* Each CPU's off-CPU budget: records left, and the second it is for. */
+struct budget {
+	__u64 second;
+	__u64 left;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct budget);
+} offcpu_budget SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -99,6 +185,15 @@ struct {
 	__type(key, __u32);
 	__type(value, struct sample);
 } scratch SEC(".maps");
+
+/* The off-CPU records' own: a perf sample (an NMI) may come in the middle
+ * of writing one, and must not write over it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sample);
+} offcpu_scratch SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -138,37 +233,39 @@ static __always_inline __u32 copy_stack(struct sample *s, __u64 sp)
 	return done;
 }
 
-SEC("perf_event")
-int sample(struct bpf_perf_event_data *ctx)
+/* The user registers saved when the current task entered the kernel. */
+static __always_inline void saved_user_regs(struct sample *s)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32;
-	__u32 zero = 0;
-	struct task_struct *task;
-	struct sample *s;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	s->flags |= SAMPLE_IN_KERNEL;
+	if (bpf_probe_read_kernel(&s->ip, sizeof(s->ip), &regs->rip) != 0 ||
+	    bpf_probe_read_kernel(&s->sp, sizeof(s->sp), &regs->rsp) != 0 ||
+	    bpf_probe_read_kernel(&s->bp, sizeof(s->bp), &regs->rbp) != 0) {
+		s->ip = s->sp = s->bp = 0;
+		count(COUNT_NO_REGS);
+	}
+}
+
+/* Fills the record of the current task and sends it: its user registers
+ * from `perf_regs` when it was interrupted in user mode, else those saved
+ * on kernel entry; its kernel stack here unless `kernel_filled`. */
+static __always_inline void send(void *ctx, struct sample *s, __u64 id, struct pt_regs *perf_regs,
+				 int kernel_filled)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	__u64 size, wakeup;
 
-	if (tgid == 0) {
-		count(COUNT_IDLE);
-		return 0;
-	}
-	count(COUNT_SAMPLES);
-	s = bpf_map_lookup_elem(&scratch, &zero);
-	if (!s)
-		return 0;
-
-	task = (struct task_struct *)bpf_get_current_task();
-	s->tgid = tgid;
+	s->tgid = id >> 32;
 	s->tid = (__u32)id;
 	s->start_time = BPF_CORE_READ(task, group_leader, start_time);
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 	s->exe[0] = 0;
-	s->flags = 0;
 	s->ip = s->sp = s->bp = 0;
 	s->stack_len = 0;
 	s->user_bytes = 0;
 
-	s->kernel_bytes = bpf_get_stack(ctx, s->kernel, sizeof(s->kernel), 0);
+	if (!kernel_filled)
+		s->kernel_bytes = bpf_get_stack(ctx, s->kernel, sizeof(s->kernel), 0);
 
 	if (BPF_CORE_READ(task, flags) & PF_KTHREAD) {
 		s->flags |= SAMPLE_KTHREAD;
@@ -178,21 +275,13 @@ int sample(struct bpf_perf_event_data *ctx)
 			bpf_probe_read_kernel_str(s->exe, sizeof(s->exe), name);
 		s->user_bytes = bpf_get_stack(ctx, s->user, sizeof(s->user), BPF_F_USER_STACK);
 
-		if (ctx->regs.cs & 3) {
+		if (perf_regs && (perf_regs->cs & 3)) {
 			/* interrupted in user mode: these are the user registers */
-			s->ip = ctx->regs.rip;
-			s->sp = ctx->regs.rsp;
-			s->bp = ctx->regs.rbp;
+			s->ip = perf_regs->rip;
+			s->sp = perf_regs->rsp;
+			s->bp = perf_regs->rbp;
 		} else {
-			/* in the kernel: the user registers saved on kernel entry */
-			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-			s->flags |= SAMPLE_IN_KERNEL;
-			if (bpf_probe_read_kernel(&s->ip, sizeof(s->ip), &regs->rip) != 0 ||
-			    bpf_probe_read_kernel(&s->sp, sizeof(s->sp), &regs->rsp) != 0 ||
-			    bpf_probe_read_kernel(&s->bp, sizeof(s->bp), &regs->rbp) != 0) {
-				s->ip = s->sp = s->bp = 0;
-				count(COUNT_NO_REGS);
-			}
+			saved_user_regs(s);
 		}
 		if (s->sp)
 			s->stack_len = copy_stack(s, s->sp);
@@ -208,6 +297,142 @@ int sample(struct bpf_perf_event_data *ctx)
 		 BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(&samples, s, size, wakeup) != 0)
 		count(COUNT_LOST);
+}
+
+SEC("perf_event")
+int sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 zero = 0;
+	struct sample *s;
+
+	if ((id >> 32) == 0) {
+		count(COUNT_IDLE);
+		return 0;
+	}
+	count(COUNT_SAMPLES);
+	s = bpf_map_lookup_elem(&scratch, &zero);
+	if (!s)
+		return 0;
+	s->flags = 0;
+	s->off_cpu_ns = 0;
+	send(ctx, s, id, (struct pt_regs *)&ctx->regs, 0);
+	return 0;
+}
+
+/* sched_switch(preempt, prev, next): `next` runs again, so a wait of its
+ * ends; `prev`, a user thread leaving the CPU to wait (its state is not
+ * running: a preempted thread only waits for a CPU), begins one. */
+SEC("tp_btf/sched_switch")
+int offcpu_switch(__u64 *ctx)
+{
+	struct task_struct *prev = (struct task_struct *)ctx[1];
+	struct task_struct *next = (struct task_struct *)ctx[2];
+	struct wait *w;
+	__u32 tid, zero = 0;
+	__u64 now;
+
+	if (offcpu_max_rate == 0)
+		return 0;
+	now = bpf_ktime_get_ns();
+	tid = BPF_CORE_READ(next, pid);
+	w = bpf_map_lookup_elem(&waiting, &tid);
+	if (w && w->waited == 0)
+		w->waited = now - w->since + 1;
+
+	if (BPF_CORE_READ(prev, __state) == TASK_RUNNING)
+		return 0;
+	if (BPF_CORE_READ(prev, flags) & PF_KTHREAD)
+		return 0;
+	tid = BPF_CORE_READ(prev, pid);
+	if (tid == 0 || BPF_CORE_READ(prev, tgid) == 0)
+		return 0;
+	{
+		struct proc_key k = {
+			.tgid = BPF_CORE_READ(prev, tgid),
+			.start_time = BPF_CORE_READ(prev, group_leader, start_time),
+		};
+		if (bpf_map_lookup_elem(&offcpu_skip, &k))
+			return 0;
+	}
+	w = bpf_map_lookup_elem(&wait_scratch, &zero);
+	if (!w)
+		return 0;
+	w->since = now;
+	w->waited = 0;
+	w->kernel_bytes = bpf_get_stack(ctx, w->kernel, sizeof(w->kernel), 0);
+	if (bpf_map_update_elem(&waiting, &tid, w, BPF_ANY) != 0)
+		count(COUNT_OFFCPU_UNTRACKED);
+	return 0;
+}
+
+/* A system call begins: a thread that waited since its last one waited
+ * outside a system call (a page fault); its stack is gone, so is the wait. */
+SEC("tp_btf/sys_enter")
+int offcpu_enter(__u64 *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct wait *w;
+
+	if (offcpu_max_rate == 0)
+		return 0;
+	w = bpf_map_lookup_elem(&waiting, &tid);
+	if (w && w->waited) {
+		bpf_map_delete_elem(&waiting, &tid);
+		count(COUNT_OFFCPU_NO_SYSCALL);
+	}
+	return 0;
+}
+
+/* A system call returns, in the thread: if it waited in it, long enough,
+ * and the CPU's budget allows, its record. */
+SEC("tp_btf/sys_exit")
+int offcpu_exit(__u64 *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id, zero = 0;
+	__u64 waited, second;
+	struct budget *b;
+	struct sample *s;
+	struct wait *w;
+
+	if (offcpu_max_rate == 0)
+		return 0;
+	w = bpf_map_lookup_elem(&waiting, &tid);
+	if (!w || w->waited == 0)
+		return 0;
+	waited = w->waited;
+	if (waited < offcpu_threshold_ns) {
+		bpf_map_delete_elem(&waiting, &tid);
+		return 0;
+	}
+	b = bpf_map_lookup_elem(&offcpu_budget, &zero);
+	s = bpf_map_lookup_elem(&offcpu_scratch, &zero);
+	if (!b || !s) {
+		bpf_map_delete_elem(&waiting, &tid);
+		return 0;
+	}
+	second = bpf_ktime_get_ns() / NS_PER_SEC;
+	if (b->second != second) {
+		b->second = second;
+		b->left = offcpu_max_rate;
+	}
+	if (b->left == 0) {
+		bpf_map_delete_elem(&waiting, &tid);
+		count(COUNT_OFFCPU_RATE);
+		return 0;
+	}
+	b->left -= 1;
+	s->kernel_bytes = w->kernel_bytes;
+	if (bpf_probe_read_kernel(s->kernel, sizeof(w->kernel), w->kernel) != 0)
+		s->kernel_bytes = 0;
+	if (s->kernel_bytes > (__s32)sizeof(w->kernel))
+		s->kernel_bytes = sizeof(w->kernel);
+	bpf_map_delete_elem(&waiting, &tid);
+	count(COUNT_OFFCPU);
+	s->flags = SAMPLE_OFF_CPU;
+	s->off_cpu_ns = waited;
+	send(ctx, s, id, 0, 1);
 	return 0;
 }
 
