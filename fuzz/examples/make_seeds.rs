@@ -224,6 +224,17 @@ fn main() {
         "gateway",
         include_bytes!("../../examples/gateway.yaml"),
     );
+
+    // Perf maps as Node, CPython and the JVM write them, read in two parts
+    // (the first ends half-way).
+    put(
+        "perf_map",
+        "runtimes",
+        &with(
+            0x80,
+            b"301b3a257fde 40 JS:~hot /app/index.js:10:25\n7febeacbb97f b py::hot:/app/x.py\n0x00007f5fd8f22d80 0x00000000000000b8 void Hot.spin(long)\n",
+        ),
+    );
 }
 
 /// A Go-style heap profile: alloc and inuse types, a mapping, a label.

@@ -34,6 +34,12 @@ pub mod kafka;
 pub mod kafka_record;
 #[cfg(feature = "otlp")]
 pub mod otlp;
+/// The ebpf receiver's perf map reader without the receiver (feature
+/// `perf-map`: no aya), for the fuzz targets in `fuzz/`.
+#[cfg(all(feature = "perf-map", not(feature = "ebpf"), target_os = "linux"))]
+#[doc(hidden)]
+#[path = "ebpf/perfmap.rs"]
+pub mod perfmap;
 #[cfg(feature = "pprof_push")]
 pub mod pprof_push;
 #[cfg(feature = "scrape")]

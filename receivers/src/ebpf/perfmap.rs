@@ -15,7 +15,8 @@
 //! container, names nothing. At most `max_size` bytes of one process's map
 //! are read; entries past it stay unnamed.
 //!
-//! What may depend on this: the collector ([`super::collector`]) only.
+//! What may depend on this: the receiver's process table (`procs.rs`) and
+//! the `perf_map` fuzz target (through feature `perf-map`).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -30,8 +31,8 @@ use std::time::{Duration, Instant};
 const REREAD_EVERY: Duration = Duration::from_secs(1);
 /// How many of a map's first bytes tell one written again from its start.
 const HEAD: usize = 64;
-/// The longest name kept (JVM signatures can run long).
-const MAX_NAME: usize = 1024;
+/// The longest name kept, in characters (JVM signatures can run long).
+pub const MAX_NAME: usize = 1024;
 
 /// Who may have written a process's perf map, and where it is.
 #[derive(Debug, Clone)]
@@ -145,21 +146,56 @@ impl PerfMap {
             .take(until - self.read)
             .read_to_end(&mut bytes)?;
         // Only whole lines: the runtime may be writing the next one.
-        let Some(end) = bytes.iter().rposition(|&b| b == b'\n') else {
-            return Ok(());
-        };
+        let used = self.add_lines(&bytes);
         if self.head.len() < HEAD {
-            let more = (HEAD - self.head.len()).min(end + 1);
+            let more = (HEAD - self.head.len()).min(used);
             self.head.extend_from_slice(&bytes[..more]);
         }
+        self.read += used as u64;
+        Ok(())
+    }
+
+    /// Takes the entries of the whole lines of `bytes` (what follows the
+    /// last newline waits for the next read); returns the bytes used.
+    fn add_lines(&mut self, bytes: &[u8]) -> usize {
+        let Some(end) = bytes.iter().rposition(|&b| b == b'\n') else {
+            return 0;
+        };
         for line in bytes[..end].split(|&b| b == b'\n') {
             if let Some((start, size, name)) = parse_line(line) {
                 self.entries
                     .insert(start, (start.saturating_add(size), name));
             }
         }
-        self.read += end as u64 + 1;
-        Ok(())
+        end + 1
+    }
+}
+
+/// The reader's parsing without files, for the fuzz targets in `fuzz/`.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::{Entry, MAX_NAME, PerfMap};
+
+    /// Adds the whole lines of `bytes` to `map`; the bytes used.
+    pub fn add_lines(map: &mut PerfMap, bytes: &[u8]) -> usize {
+        map.add_lines(bytes)
+    }
+
+    /// Every entry, by start.
+    pub fn entries(map: &PerfMap) -> Vec<Entry> {
+        map.entries
+            .iter()
+            .map(|(&start, (end, name))| Entry {
+                start,
+                end: *end,
+                name: name.clone(),
+            })
+            .collect()
+    }
+
+    /// The entry holding `addr`, from what was read.
+    pub fn find(map: &PerfMap, addr: u64) -> Option<Entry> {
+        map.find(addr)
     }
 }
 
@@ -174,7 +210,9 @@ fn parse_line(line: &[u8]) -> Option<(u64, u64, Arc<str>)> {
     let start = hex(parts.next()?)?;
     let size = hex(parts.next()?)?;
     let name = parts.next()?.trim();
-    if size == 0 || name.is_empty() {
+    // An empty name or range, or one past the end of the address space,
+    // is no function.
+    if size == 0 || name.is_empty() || start.checked_add(size).is_none() {
         return None;
     }
     let name = match name.char_indices().nth(MAX_NAME) {
