@@ -1,0 +1,311 @@
+//! The `ebpf` receiver end to end, as root, against real runtimes and
+//! programs that wait:
+//!
+//! - JIT runtimes run their own targets (`tests/ebpf_targets/hot.js`,
+//!   `hot.py`, `Hot.java`, a 2:1 split) with their perf maps on: Node
+//!   `--perf-basic-prof` (also in a mount and PID namespace of its own),
+//!   CPython 3.12 and 3.13 `-X perf`, the JVM after `jcmd Compiler.perfmap`.
+//! - Off-CPU: a C program sleeping 20 ms and 10 ms in two functions
+//!   (`sleep.c`), its `off_cpu` profile against the time it measured around
+//!   its sleeps.
+//!
+//! These tests need root (CI runs as root); without it they fail, with a
+//! message saying so: they never skip. They run one at a time.
+
+mod common;
+mod ebpf_support;
+#[allow(dead_code)] // Only the runtimes' sources and the sleeper.
+mod ebpf_targets;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{KillOnDrop, Ports, Proflow};
+use ebpf_support::{check_split, check_split_and_stacks, proflow_for, require_root, stacks_of};
+use ebpf_targets::Target;
+use proflow_pipeline::pprof;
+
+/// Removes the perf map a runtime left in /tmp, when dropped.
+struct PerfMapFile(std::path::PathBuf);
+
+impl PerfMapFile {
+    fn of(pid: u32) -> Self {
+        PerfMapFile(format!("/tmp/perf-{pid}.map").into())
+    }
+}
+
+impl Drop for PerfMapFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// CPython `major.minor` from pyenv (`PYENV_ROOT`, else `~/.pyenv`): its
+/// newest patch release installed.
+fn pyenv_python(minor: &str) -> Option<std::path::PathBuf> {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))?;
+    let mut found: Vec<(Vec<u32>, std::path::PathBuf)> = std::fs::read_dir(root.join("versions"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let patch = name.strip_prefix(&format!("{minor}."))?.parse().ok()?;
+            let python = e.path().join("bin/python3");
+            python.is_file().then_some((vec![patch], python))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, p)| p).or_else(|| {
+        common::missing_peer(&format!(
+            "CPython {minor} (pyenv install {minor}; looked in {}/versions)",
+            root.display()
+        ))
+    })
+}
+
+/// Node with `--perf-basic-prof`: its optimized functions are named from
+/// `/tmp/perf-PID.map`, at the program's 2:1 split.
+#[test]
+fn node_jit_code_named_from_its_perf_map() {
+    let _one_at_a_time = require_root();
+    // Node writes a log of its own beside the perf map, in its directory.
+    let cwd = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(std::env::var_os("NODE").unwrap_or_else(|| "node".into()));
+    cmd.current_dir(cwd.path())
+        .arg("--perf-basic-prof")
+        .arg(ebpf_targets::source("hot.js"))
+        .arg("30");
+    let (child, pid) = ebpf_targets::spawn_command(cmd);
+    let _map = PerfMapFile::of(pid);
+    let _child = KillOnDrop(child);
+    let proflow = proflow_for(&[pid], "2s");
+    let stacks = stacks_of(&proflow, pid, 4000);
+    check_split(&stacks, "proflow_hot_two /", "proflow_hot_one /");
+    // Named with their file, as Node writes them.
+    assert!(
+        stacks.iter().any(|(f, _)| f
+            .iter()
+            .any(|x| x.contains("proflow_hot_two") && x.contains("hot.js:"))),
+        "{stacks:?}"
+    );
+}
+
+/// CPython 3.12 and 3.13 with `-X perf`: every Python function's trampoline
+/// is named from the perf map, and unwinding steps through the trampolines
+/// (which keep no frame pointer) to the callers: `run` above each hot
+/// function, the interpreter's `main` above all.
+#[test]
+fn python_with_x_perf_named_and_unwound_through_its_trampolines() {
+    let _one_at_a_time = require_root();
+    for minor in ["3.12", "3.13"] {
+        let Some(python) = pyenv_python(minor) else {
+            continue;
+        };
+        let mut cmd = Command::new(&python);
+        cmd.args(["-X", "perf"])
+            .arg(ebpf_targets::source("hot.py"))
+            .arg("30");
+        let (child, pid) = ebpf_targets::spawn_command(cmd);
+        let _map = PerfMapFile::of(pid);
+        let _child = KillOnDrop(child);
+        let proflow = proflow_for(&[pid], "2s");
+        let stacks = stacks_of(&proflow, pid, 4000);
+        check_split_and_stacks(
+            &stacks,
+            "py::proflow_hot_two:",
+            "py::proflow_hot_one:",
+            &["Py_BytesMain", "py::run:", "py::proflow_hot_"],
+            "_PyEval_EvalFrameDefault",
+        );
+        assert!(
+            stacks
+                .iter()
+                .any(|(f, _)| f.iter().any(|x| x.ends_with("tests/ebpf_targets/hot.py"))),
+            "CPython {minor}: frames name their file: {stacks:?}"
+        );
+    }
+}
+
+/// The JVM: after `jcmd PID Compiler.perfmap`, its compiled methods are
+/// named from the perf map, at the program's 2:1 split.
+#[test]
+fn jvm_compiled_methods_named_after_compiler_perfmap() {
+    let _one_at_a_time = require_root();
+    let java = std::env::var_os("JAVA").unwrap_or_else(|| "java".into());
+    let mut cmd = Command::new(&java);
+    cmd.arg(ebpf_targets::source("Hot.java")).arg("40");
+    let (child, pid) = ebpf_targets::spawn_command(cmd);
+    let _map = PerfMapFile::of(pid);
+    let _child = KillOnDrop(child);
+    // Both methods are compiled within a few seconds of spinning; the map
+    // is written when asked.
+    std::thread::sleep(Duration::from_secs(4));
+    let jcmd = Path::new(&java)
+        .parent()
+        .map(|d| d.join("jcmd"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| "jcmd".into());
+    let out = Command::new(&jcmd)
+        .args([&pid.to_string(), "Compiler.perfmap"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", jcmd.display()));
+    assert!(
+        out.status.success(),
+        "jcmd Compiler.perfmap: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let proflow = proflow_for(&[pid], "2s");
+    let stacks = stacks_of(&proflow, pid, 4000);
+    check_split(
+        &stacks,
+        "Hot.proflow_hot_two(long)",
+        "Hot.proflow_hot_one(long)",
+    );
+}
+
+/// A process in its own mount and PID namespaces with a /tmp of its own,
+/// as in a container: its perf map is `/tmp/perf-1.map` there, found
+/// through `/proc/PID/root` and its pid in its namespace.
+#[test]
+fn a_containers_perf_map_is_read_inside_its_root() {
+    let _one_at_a_time = require_root();
+    let node = std::env::var_os("NODE").unwrap_or_else(|| "node".into());
+    let script = format!(
+        "mount -t tmpfs tmpfs /tmp && exec {} --perf-basic-prof {} 30",
+        Path::new(&node).display(),
+        ebpf_targets::source("hot.js").display()
+    );
+    let cwd = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.current_dir(cwd.path()).args([
+        "--mount",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let (child, ns_pid) = ebpf_targets::spawn_command(cmd);
+    assert_eq!(ns_pid, 1, "node is pid 1 in its namespace");
+    let unshare = child.id();
+    let _child = KillOnDrop(child);
+    let pid: u32 = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("unshare's child is node");
+    assert!(
+        !Path::new("/tmp/perf-1.map").exists()
+            || !std::fs::read_to_string("/tmp/perf-1.map")
+                .unwrap_or_default()
+                .contains("proflow_hot_two"),
+        "the map is in the namespace's own /tmp only"
+    );
+    let proflow = proflow_for(&[pid], "2s");
+    let stacks = stacks_of(&proflow, pid, 2000);
+    check_split(&stacks, "proflow_hot_two /", "proflow_hot_one /");
+}
+
+/// Off-CPU: a program that sleeps 20 ms in one function and 10 ms in
+/// another shows both in its `off_cpu` profile with the time it measured
+/// around its sleeps (within 20%), with the kernel's sleep and the whole
+/// user stack (unwound from .eh_frame) of where it waited.
+#[test]
+fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
+    let _one_at_a_time = require_root();
+    let bin = ebpf_targets::build(Target::Sleep).unwrap_or_else(|e| panic!("{e}"));
+    let mut cmd = Command::new(&bin);
+    cmd.arg("3");
+    let (child, pid, lines) = ebpf_targets::spawn_with_output(cmd);
+    let mut child = KillOnDrop(child);
+    let keep = pid.to_string();
+    // The default rate (100 waits a second per CPU): the target waits about
+    // 67 times a second, and other processes' waits are no longer noted
+    // once relabelling dropped them.
+    let mut proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  ebpf:\n    collect_interval: 2s\n    off_cpu: {{threshold: 1ms}}\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
+            profiles.display(),
+            ports.telemetry
+        )
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let signalled = Command::new("kill")
+        .args(["-USR1", &keep])
+        .status()
+        .expect("run kill");
+    assert!(signalled.success());
+    let slept = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the target prints what it slept");
+    let measured: Vec<f64> = slept
+        .strip_prefix("slept ")
+        .unwrap_or_else(|| panic!("{slept:?}"))
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let _ = child.0.wait();
+    proflow.terminate(Duration::from_secs(20));
+    let (mut two, mut one, mut waits) = (0.0, 0.0, 0);
+    let mut stacks = Vec::new();
+    for e in common::read_index(&proflow.profiles) {
+        if e.label("pid") != Some(keep.as_str()) || e.label("__name__") != Some("off_cpu") {
+            continue;
+        }
+        let p = common::read_profile(&e.path);
+        assert_eq!(p.string(p.sample_type[0].r#type), "off_cpu");
+        assert_eq!(p.string(p.sample_type[0].unit), "nanoseconds");
+        for (frames, s) in pprof::stacks_root_first(&p) {
+            let names: Vec<String> = frames.iter().map(|f| f.to_string()).collect();
+            if names.iter().any(|f| f.contains("proflow_sleep_two")) {
+                two += s.value[0] as f64;
+                waits += s.value[1];
+            } else if names.iter().any(|f| f.contains("proflow_sleep_one")) {
+                one += s.value[0] as f64;
+                waits += s.value[1];
+            }
+            stacks.push((names, s.value[0]));
+        }
+    }
+    let report = format!(
+        "measured by the target: {measured:?} ns; off_cpu: {two} and {one} ns in {waits} waits; stacks: {stacks:#?}"
+    );
+    eprintln!(
+        "off_cpu: the target measured {measured:?} ns, its profile has {two} and {one} ns in {waits} waits"
+    );
+    for (got, want) in [(two, measured[0]), (one, measured[1])] {
+        assert!(
+            (got - want).abs() <= 0.2 * want,
+            "off-CPU time within 20% of what the target slept: {report}"
+        );
+    }
+    // Each wait: root-first main → run → the function → proflow_nap →
+    // nanosleep's kernel side.
+    for (names, _) in stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|x| x.contains("proflow_sleep_")))
+    {
+        let mut at = 0;
+        for want in [
+            "main",
+            "run",
+            "proflow_sleep_",
+            "proflow_nap",
+            "nanosleep",
+            "schedule",
+        ] {
+            match names[at..].iter().position(|f| f.contains(want)) {
+                Some(i) => at += i + 1,
+                None => {
+                    panic!("a wait's stack misses {want} after frame {at}: {names:?}\n{report}")
+                }
+            }
+        }
+    }
+}
