@@ -29,6 +29,10 @@ use std::time::{Duration, Instant};
 
 /// How often a map whose lookups miss is looked at again for new lines.
 const REREAD_EVERY: Duration = Duration::from_secs(1);
+/// How much of a map is read at once.
+const CHUNK: usize = 1 << 20;
+/// The longest line taken (a name is cut at `MAX_NAME` characters anyway).
+const MAX_LINE: usize = 64 << 10;
 /// How many of a map's first bytes tell one written again from its start.
 const HEAD: usize = 64;
 /// The longest name kept, in characters (JVM signatures can run long).
@@ -141,17 +145,45 @@ impl PerfMap {
             return Ok(());
         }
         file.seek(SeekFrom::Start(self.read))?;
-        let mut bytes = Vec::new();
-        (&mut file)
-            .take(until - self.read)
-            .read_to_end(&mut bytes)?;
-        // Only whole lines: the runtime may be writing the next one.
-        let used = self.add_lines(&bytes);
-        if self.head.len() < HEAD {
-            let more = (HEAD - self.head.len()).min(used);
-            self.head.extend_from_slice(&bytes[..more]);
+        self.read_chunks(&mut file, until, CHUNK, MAX_LINE)
+    }
+
+    /// Reads `file` from `self.read` up to `until`, `chunk` bytes at a time
+    /// (a large map is never held whole), taking its whole lines; a line
+    /// longer than `max_line` is passed over.
+    fn read_chunks(
+        &mut self,
+        file: &mut File,
+        until: u64,
+        chunk: usize,
+        max_line: usize,
+    ) -> std::io::Result<()> {
+        let mut pending: Vec<u8> = Vec::new();
+        let mut at = self.read;
+        while at < until {
+            let n = usize::try_from(until - at).unwrap_or(usize::MAX).min(chunk);
+            let start = pending.len();
+            pending.resize(start + n, 0);
+            file.read_exact(&mut pending[start..])?;
+            at += n as u64;
+            // Only whole lines: the runtime may be writing the next one.
+            let used = self.add_lines(&pending);
+            if self.head.len() < HEAD {
+                let more = (HEAD - self.head.len()).min(used);
+                self.head.extend_from_slice(&pending[..more]);
+            }
+            self.read += used as u64;
+            pending.drain(..used);
+            if pending.len() > max_line {
+                // Longer than any line of a map: passed over.
+                if self.head.len() < HEAD {
+                    let more = (HEAD - self.head.len()).min(pending.len());
+                    self.head.extend_from_slice(&pending[..more]);
+                }
+                self.read += pending.len() as u64;
+                pending.clear();
+            }
         }
-        self.read += used as u64;
         Ok(())
     }
 
@@ -394,6 +426,32 @@ mod tests {
             Some("c")
         );
         assert_eq!(map.lookup(dir.path(), &owner, 0x1000, 12), None);
+    }
+
+    #[test]
+    fn a_map_read_in_small_chunks_is_read_the_same() {
+        let dir = proc_dir();
+        let owner = me();
+        let path = dir
+            .path()
+            .join(format!("root/tmp/perf-{}.map", owner.ns_pid));
+        let long = "x".repeat(40);
+        let text = format!("1000 10 a\n{long}\n2000 10 bb\n3000 10 c");
+        std::fs::write(&path, &text).unwrap();
+        let mut map = PerfMap::default();
+        let mut file = File::open(&path).unwrap();
+        let len = file.metadata().unwrap().len();
+        map.read_chunks(&mut file, len, 7, 20).unwrap();
+        let names: Vec<String> = fuzzing::entries(&map)
+            .into_iter()
+            .map(|e| e.name.to_string())
+            .collect();
+        // Lines cross chunks; the one longer than 20 bytes is passed over;
+        // the last, not ended yet, waits.
+        assert_eq!(names, ["a", "bb"]);
+        assert_eq!(map.read, len - "3000 10 c".len() as u64);
+        // Its first bytes are the file's, skipped line and all.
+        assert_eq!(map.head, text.as_bytes()[..HEAD.min(map.read as usize)]);
     }
 
     #[test]
