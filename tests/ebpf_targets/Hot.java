@@ -1,4 +1,4 @@
-// A target for tests/ebpf.rs: two hot methods at a 2:1 CPU split, run by the
+// A target for tests/ebpf_runtimes.rs: two hot methods at a 2:1 CPU split, run by the
 // JVM; `jcmd PID Compiler.perfmap` then names their compiled code in
 // /tmp/perf-PID.map. Each round's length is random (1 to 8 units, the same
 // for both methods). Usage: java Hot.java SECONDS. Prints "ready PID" when it

@@ -1,4 +1,4 @@
-// A target for tests/ebpf.rs: two hot functions at a 2:1 CPU split, run by
+// A target for tests/ebpf_runtimes.rs: two hot functions at a 2:1 CPU split, run by
 // Node with --perf-basic-prof so their JIT code is named in
 // /tmp/perf-PID.map. Each round's length is random (1 to 8 units, the same
 // for both functions). Usage: node --perf-basic-prof hot.js SECONDS.

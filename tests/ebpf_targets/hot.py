@@ -1,4 +1,4 @@
-"""A target for tests/ebpf.rs: two hot functions at a 2:1 CPU split, run by
+"""A target for tests/ebpf_runtimes.rs: two hot functions at a 2:1 CPU split, run by
 CPython 3.12+ with -X perf so each Python function's trampoline is named in
 /tmp/perf-PID.map. Each round's length is random (1 to 8 units, the same for
 both functions). Usage: python3 -X perf hot.py SECONDS. Prints "ready PID"

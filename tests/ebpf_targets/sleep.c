@@ -1,4 +1,4 @@
-/* A target for tests/ebpf.rs: waits in two known functions at a 2:1 split of
+/* A target for tests/ebpf_runtimes.rs: waits in two known functions at a 2:1 split of
  * time, for the ebpf receiver's off-CPU profile. It prints "ready PID",
  * waits in proflow_wait_for_profiler for SIGUSR1 (sent once the profiler
  * runs), then for SECONDS sleeps 20 ms in proflow_sleep_two and 10 ms in
