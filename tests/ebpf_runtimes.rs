@@ -174,10 +174,12 @@ fn jvm_compiled_methods_named_after_compiler_perfmap() {
 fn a_containers_perf_map_is_read_inside_its_root() {
     let _one_at_a_time = require_root();
     let node = std::env::var_os("NODE").unwrap_or_else(|| "node".into());
+    // The program is read before /tmp is covered (the checkout may be under
+    // it) and run from the namespace's own /tmp.
     let script = format!(
-        "mount -t tmpfs tmpfs /tmp && exec {} --perf-basic-prof {} 30",
+        "js=$(cat '{}') && mount -t tmpfs tmpfs /tmp && cd /tmp && printf '%s\\n' \"$js\" > hot.js && exec {} --perf-basic-prof hot.js 30",
+        ebpf_targets::source("hot.js").display(),
         Path::new(&node).display(),
-        ebpf_targets::source("hot.js").display()
     );
     let cwd = tempfile::tempdir().unwrap();
     let mut cmd = Command::new("unshare");
