@@ -13,6 +13,8 @@ use proflow_pipeline::telemetry::Telemetry;
 use proflow_pipeline::topology::{self, Plan};
 use tokio_util::sync::CancellationToken;
 
+mod heap;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "proflow",
@@ -47,6 +49,7 @@ fn registry() -> Registry {
 }
 
 fn main() -> ExitCode {
+    heap::limit_arenas();
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
         Command::Components => {
@@ -156,6 +159,8 @@ async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
         tracing::warn!("{w}");
     }
     let telemetry = Arc::new(Telemetry::new());
+    // Ends with the runtime.
+    tokio::spawn(heap::trim_every(std::time::Duration::from_secs(10)));
     let stop_telemetry = CancellationToken::new();
     // `POST /-/reload` asks here (when service.telemetry.reload_endpoint).
     let (reload_tx, mut reload_rx) =
