@@ -271,10 +271,18 @@ impl Processes {
         p
     }
 
-    /// Forgets processes not sampled since interval `before`, and files no
-    /// process maps beyond a few.
+    /// Forgets processes that exited or were not sampled since interval
+    /// `before`, and files no process maps beyond a few. Called between
+    /// intervals, when every sample of the one that ended is counted: a
+    /// short-lived process holds its mappings, unwinder and perf map for
+    /// one interval at most, not two.
     pub fn sweep(&mut self, before: u64) {
-        self.procs.retain(|_, p| p.last_seen >= before);
+        let root = &self.proc_root;
+        self.procs.retain(|key, p| {
+            // A pid reused since is kept until it ages out (its start time
+            // would tell, at the cost of reading its stat).
+            p.last_seen >= before && root.join(key.pid.to_string()).exists()
+        });
         if self.binaries.len() > MAX_IDLE_BINARIES {
             self.binaries.retain(|_, b| Arc::strong_count(b) > 1);
         }
@@ -538,7 +546,21 @@ fn read_binary(open: &Path, path: &str) -> Binary {
             debug_frame,
         });
     }
+    tracing::debug!(
+        path,
+        unwind_bytes = b.unwind.as_ref().map_or(0, UnwindSections::bytes),
+        "read a mapped file's unwind sections"
+    );
     b
+}
+
+impl UnwindSections {
+    /// Bytes held.
+    fn bytes(&self) -> usize {
+        self.eh_frame.as_ref().map_or(0, |(_, d)| d.len())
+            + self.eh_frame_hdr.as_ref().map_or(0, |(_, d)| d.len())
+            + self.debug_frame.as_ref().map_or(0, |d| d.len())
+    }
 }
 
 #[cfg(test)]
@@ -752,6 +774,35 @@ mod tests {
         let l = procs.labels(2, "app", "/app", "/", Some(ID)).unwrap();
         assert_eq!(l.get("service_name"), Some("ctr-0123456789ab"));
         assert_eq!(l.get("pid"), None, "group_by: service has no pid label");
+    }
+
+    #[test]
+    fn a_process_that_exited_is_forgotten_at_the_next_sweep() {
+        let mut procs = Processes::new(Relabeler::default(), GroupBy::Process);
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let key = ProcKey {
+            pid: child.id(),
+            start_time: 1,
+        };
+        let me = ProcKey {
+            pid: std::process::id(),
+            start_time: 2,
+        };
+        procs.get(key, b"sleep", b"sleep", None, 5);
+        procs.get(me, b"test", b"test", None, 5);
+        assert!(procs.procs[&key].from_proc);
+        procs.sweep(4);
+        assert_eq!(procs.len(), 2, "both live and sampled in interval 5");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        procs.sweep(4);
+        assert_eq!(procs.len(), 1, "the exited one is let go at once");
+        assert!(procs.procs.contains_key(&me));
+        procs.sweep(6);
+        assert!(procs.is_empty(), "not sampled since interval 6");
     }
 
     #[test]
