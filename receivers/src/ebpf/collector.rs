@@ -398,8 +398,12 @@ impl Collector {
     pub fn flush(&mut self, start_unix_nanos: i64, end_unix_nanos: i64) -> Vec<Envelope> {
         let series = std::mem::take(&mut self.series);
         self.stacks = 0;
-        // Processes not sampled in this interval or the one before are let go.
+        // Processes that exited, or were not sampled in this interval or the
+        // one before, are let go.
         self.procs.sweep(self.interval.saturating_sub(1));
+        if let Some(symbols) = &mut self.symbols {
+            symbols.close_idle(proflow_symbolize::IDLE_CLOSE);
+        }
         self.interval += 1;
         let symbolized = self.symbols.is_some();
         series

@@ -63,8 +63,9 @@ pub struct EbpfReceiverConfig {
     /// Files whose DWARF (every `.debug_*` section, uncompressed) is larger
     /// are symbolized from their symbol table only (function names, no
     /// files, lines or inlined frames); files stay open while the DWARF of
-    /// all open ones is at most twice this. Bounds the memory DWARF takes
-    /// (about its own size while open). Default 16MiB.
+    /// all open ones is at most twice this, and a file no new address needed for
+    /// a minute is closed. Bounds the memory DWARF takes (about its own
+    /// size while open). Default 16MiB.
     #[serde(default = "default_max_debug_info")]
     pub max_debug_info: ByteSize,
     /// Most distinct stacks held per interval over all processes; samples of
