@@ -16,6 +16,10 @@ mod common;
 mod ebpf_support;
 #[allow(dead_code)] // Only the runtimes' sources and the sleeper.
 mod ebpf_targets;
+// Both helper modules include `peer_skip` (one copy each, same skip rules).
+#[allow(clippy::duplicate_mod)]
+mod peer_env;
+mod readback;
 
 use std::path::Path;
 use std::process::Command;
@@ -217,10 +221,15 @@ fn a_containers_perf_map_is_read_inside_its_root() {
 /// Off-CPU: a program that sleeps 20 ms in one function and 10 ms in
 /// another shows both in its `off_cpu` profile with the time it measured
 /// around its sleeps (within 20%), with the kernel's sleep and the whole
-/// user stack (unwound from .eh_frame) of where it waited.
+/// user stack (unwound from .eh_frame) of where it waited; the real
+/// Pyroscope shows the same times under `off_cpu`.
 #[test]
 fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
     let _one_at_a_time = require_root();
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let app = common::unique_name("ebpf-off-cpu");
     let bin = ebpf_targets::build(Target::Sleep).unwrap_or_else(|e| panic!("{e}"));
     let mut cmd = Command::new(&bin);
     cmd.arg("3");
@@ -232,8 +241,9 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
     // once relabelling dropped them.
     let mut proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
         format!(
-            "receivers:\n  ebpf:\n    collect_interval: 2s\n    off_cpu: {{threshold: 1ms}}\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
+            "receivers:\n  ebpf:\n    collect_interval: 2s\n    off_cpu: {{threshold: 1ms}}\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\n      - {{target_label: service_name, replacement: '{app}'}}\nexporters:\n  file:\n    directory: {}\n  pyroscope:\n    endpoint: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file, pyroscope]\n",
             profiles.display(),
+            pyroscope.http_base(),
             ports.telemetry
         )
     });
@@ -256,11 +266,13 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
     proflow.terminate(Duration::from_secs(20));
     let (mut two, mut one, mut waits) = (0.0, 0.0, 0);
     let mut stacks = Vec::new();
+    let mut written = common::Totals::new();
     for e in common::read_index(&proflow.profiles) {
         if e.label("pid") != Some(keep.as_str()) || e.label("__name__") != Some("off_cpu") {
             continue;
         }
         let p = common::read_profile(&e.path);
+        common::add_function_totals(&mut written, &p, &SLEEPERS, Some("off_cpu"));
         assert_eq!(p.string(p.sample_type[0].r#type), "off_cpu");
         assert_eq!(p.string(p.sample_type[0].unit), "nanoseconds");
         for (frames, s) in pprof::stacks_root_first(&p) {
@@ -310,4 +322,35 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
             }
         }
     }
+    assert!(
+        SLEEPERS
+            .iter()
+            .all(|f| written.get(*f).is_some_and(|&ns| ns > 0)),
+        "{written:?}"
+    );
+    // The same waits in the real Pyroscope, under the profile type the
+    // `off_cpu` name and sample type make.
+    let http = common::http_client();
+    let selector = format!("{{service_name=\"{app}\"}}");
+    let mut last = (common::Totals::new(), String::new());
+    let same = peer_env::poll(Duration::from_secs(90), || {
+        last = readback::pyroscope_totals(
+            &http,
+            &pyroscope.http_base(),
+            &selector,
+            &SLEEPERS,
+            Some("off_cpu:off_cpu:nanoseconds:off_cpu:nanoseconds"),
+        );
+        common::totals_close(&last.0, &written).then_some(())
+    });
+    assert!(
+        same.is_some(),
+        "Pyroscope has {:?} ({}) for {selector}; the file exporter wrote {written:?}\nlog:\n{}",
+        last.0,
+        last.1,
+        proflow.log_text()
+    );
 }
+
+/// The functions `sleep.c` waits in.
+const SLEEPERS: [&str; 2] = ["proflow_sleep_two", "proflow_sleep_one"];
