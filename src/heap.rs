@@ -8,8 +8,9 @@
 //! - [`limit_arenas`]: at most one arena per core (tokio runs one worker
 //!   per core; blocking threads share).
 //! - [`trim_every`]: every period, free pages inside the arenas are given
-//!   back to the kernel (`malloc_trim`), which takes about a millisecond per
-//!   100 MiB of heap.
+//!   back to the kernel (`malloc_trim`, on a blocking thread; 40 µs to
+//!   1.2 ms for the `ebpf` receiver's 43 MiB heap, logged at debug as
+//!   `heap trimmed`).
 //!
 //! Other C libraries (musl) and allocators keep their own policies: these
 //! do nothing there.
