@@ -106,7 +106,8 @@ pub struct SymbolizeProcessorConfig {
     /// Files whose DWARF (every `.debug_*` section, uncompressed) is larger
     /// are named from their symbol table only (no files, lines or inlined
     /// frames); files stay open while the DWARF of all open ones is at most
-    /// twice this, and a file no new address needed for a minute is closed.
+    /// twice this, and a file no new address needed for a minute is closed
+    /// when the next new address is looked up.
     /// Bounds the memory DWARF takes. Default 16MiB.
     #[serde(default = "default_max_debug_info")]
     pub max_debug_info: ByteSize,
