@@ -26,7 +26,7 @@
 //! than twice that (with less, two files a node uses all the time, such as
 //! libc's debug file and a Python built with DWARF, took turns being
 //! inflated and parsed: 1.3% of a core under process churn instead of
-//! 0.4%). A file no lookup needed for [`IDLE_CLOSE`] is closed too:
+//! 0.4%). A file no new address needed for [`IDLE_CLOSE`] is closed too:
 //! once the addresses of a process are cached, its files' DWARF (parsed
 //! units and line tables, which grow with every new address looked up) is
 //! let go rather than held for addresses that may never come.
@@ -127,7 +127,8 @@ pub struct Limits {
     pub max_debug_info: u64,
 }
 
-/// An open file no lookup needed for this long is closed.
+/// An open file no new address needed for this long is closed (addresses
+/// answered from the cache do not count).
 pub const IDLE_CLOSE: Duration = Duration::from_secs(60);
 
 /// A file blazesym reads, through the descriptor kept here.
@@ -151,7 +152,7 @@ struct Open {
     /// file's segments (a file offset in the main file becomes the virtual
     /// address the debug file knows).
     debug: Option<(Readable, ElfInfo)>,
-    /// When a lookup last needed it.
+    /// When a new address last needed it.
     used: Instant,
 }
 
@@ -297,22 +298,26 @@ impl Symbols {
             return l.clone();
         }
         self.make_room();
+        let lines = if !self.opened(file) {
+            self.empty.clone()
+        } else {
+            match self.resolve(addr) {
+                Some(lines) => {
+                    self.frames.insert((file.key.clone(), addr), lines.clone());
+                    lines
+                }
+                // The file could not be read: not remembered, so the next
+                // process that maps the same file names the address.
+                None => {
+                    self.close(file.key);
+                    self.empty.clone()
+                }
+            }
+        };
+        // After the lookup, so the file it needed is not closed and opened
+        // again: it is the most recently used now.
         self.close_idle(IDLE_CLOSE);
-        if !self.opened(file) {
-            return self.empty.clone();
-        }
-        match self.resolve(addr) {
-            Some(lines) => {
-                self.frames.insert((file.key.clone(), addr), lines.clone());
-                lines
-            }
-            // The file could not be read: not remembered, so the next
-            // process that maps the same file names the address.
-            None => {
-                self.close(file.key);
-                self.empty.clone()
-            }
-        }
+        lines
     }
 
     /// Looks `addr` up in the most recently used open file: in its debug
@@ -344,8 +349,8 @@ impl Symbols {
         }
     }
 
-    /// Closes the files no lookup needed for `idle` (cached addresses are
-    /// still answered). The `file` lookups call it with [`IDLE_CLOSE`];
+    /// Closes the files no new address needed for `idle` (cached addresses
+    /// are still answered). The `file` lookups call it with [`IDLE_CLOSE`];
     /// a caller whose lookups may stop for long calls it now and then.
     pub fn close_idle(&mut self, idle: Duration) {
         while self.open.front().is_some_and(|o| o.used.elapsed() >= idle) {
