@@ -737,9 +737,14 @@ mod tests {
 
     #[test]
     fn a_reused_pid_is_a_new_process_and_an_exec_is_seen() {
-        let procs = Processes::new(Relabeler::default(), super::super::config::GroupBy::Process);
-        let mut c = Collector::new(procs, None, 100, 19);
+        // A pid no process has, alive in a `/proc` of the test's own (with
+        // nothing to read in it, so names come from the samples).
         let pid = 0x7fff_fff2;
+        let proc_root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(proc_root.path().join(pid.to_string())).unwrap();
+        let procs = Processes::new(Relabeler::default(), super::super::config::GroupBy::Process)
+            .with_proc_root(proc_root.path().to_path_buf());
+        let mut c = Collector::new(procs, None, 100, 19);
         let first = record(pid, "first", &[], &[0x1000], (0, 0, 0), &[]);
         c.add(&Sample::parse(&first).unwrap()).unwrap();
         // The same pid, started later: another process.

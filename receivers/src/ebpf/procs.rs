@@ -121,6 +121,9 @@ pub struct Process {
     pub last_seen: u64,
     /// Its perf map, when perf maps are on and `/proc` could be read.
     perf: Option<Perf>,
+    /// It exited: only its names and labels are held, for its samples that
+    /// were still in the ring buffer, until the next sweep.
+    exited: bool,
 }
 
 /// Where a process's perf map is and what of it was read.
@@ -206,6 +209,13 @@ impl Processes {
         }
     }
 
+    /// Reads processes from `root` instead of `/proc`.
+    #[cfg(test)]
+    pub(crate) fn with_proc_root(mut self, root: PathBuf) -> Self {
+        self.proc_root = root;
+        self
+    }
+
     /// Processes relabelling dropped since the last call (the off-CPU
     /// programs stop noting their waits).
     pub fn take_dropped(&mut self) -> Vec<ProcKey> {
@@ -244,6 +254,8 @@ impl Processes {
     ) -> &mut Process {
         let (stale, exec) = match self.procs.get(&key) {
             None => (true, true),
+            // Its `/proc` is gone: what was read of it stays.
+            Some(p) if p.exited => (false, false),
             Some(p) => {
                 let exec = !exe_name.is_empty() && p.exe_name != exe_name;
                 let unknown =
@@ -271,17 +283,28 @@ impl Processes {
         p
     }
 
-    /// Forgets processes that exited or were not sampled since interval
-    /// `before`, and files no process maps beyond a few. Called between
-    /// intervals, when every sample of the one that ended is counted: a
-    /// short-lived process holds its mappings, unwinder and perf map for
-    /// one interval at most, not two.
+    /// Forgets processes not sampled since interval `before`, and files no
+    /// process maps beyond a few. Called between intervals: a process that
+    /// exited lets go of its mappings, unwinder and perf map at once (a
+    /// short-lived one holds them for one interval at most, not two), and
+    /// its names and labels at the next sweep, so a sample of it still in
+    /// the ring buffer keeps its series.
     pub fn sweep(&mut self, before: u64) {
         let root = &self.proc_root;
         self.procs.retain(|key, p| {
+            if p.exited || p.last_seen < before {
+                return false;
+            }
             // A pid reused since is kept until it ages out (its start time
             // would tell, at the cost of reading its stat).
-            p.last_seen >= before && root.join(key.pid.to_string()).exists()
+            if !root.join(key.pid.to_string()).exists() {
+                p.exited = true;
+                p.mappings = Vec::new();
+                p.exec_ranges = Vec::new();
+                p.unwinder = UnwinderX86_64::new();
+                p.perf = None;
+            }
+            true
         });
         if self.binaries.len() > MAX_IDLE_BINARIES {
             self.binaries.retain(|_, b| Arc::strong_count(b) > 1);
@@ -388,6 +411,7 @@ impl Processes {
             from_proc,
             last_reload: Instant::now(),
             last_seen: 0,
+            exited: false,
         }
     }
 
@@ -791,15 +815,39 @@ mod tests {
             pid: std::process::id(),
             start_time: 2,
         };
+        // Once it runs sleep (until its exec it is a copy of this test).
+        let comm = format!("/proc/{}/comm", key.pid);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&comm).unwrap_or_default() != "sleep\n" {
+            assert!(Instant::now() < deadline, "sleep did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         procs.get(key, b"sleep", b"sleep", None, 5);
         procs.get(me, b"test", b"test", None, 5);
-        assert!(procs.procs[&key].from_proc);
+        let held = &procs.procs[&key];
+        assert!(held.from_proc && !held.mappings.is_empty());
+        let labels = held.labels.clone();
+        assert_eq!(
+            labels.as_ref().and_then(|(l, _)| l.get("comm")),
+            Some("sleep")
+        );
         procs.sweep(4);
         assert_eq!(procs.len(), 2, "both live and sampled in interval 5");
         child.kill().unwrap();
         child.wait().unwrap();
         procs.sweep(4);
-        assert_eq!(procs.len(), 1, "the exited one is let go at once");
+        let gone = &procs.procs[&key];
+        assert!(gone.exited, "its /proc is gone");
+        assert!(
+            gone.mappings.is_empty() && gone.exec_ranges.is_empty(),
+            "its mappings are let go at once"
+        );
+        // A sample of it still in the ring buffer keeps its labels (read
+        // from /proc again, the comm would be the sample's thread's).
+        let late = procs.get(key, b"thread-1", b"sleep", Some(0x1000), 6);
+        assert_eq!(late.labels, labels);
+        procs.sweep(4);
+        assert_eq!(procs.len(), 1, "the exited one is gone at the next sweep");
         assert!(procs.procs.contains_key(&me));
         procs.sweep(6);
         assert!(procs.is_empty(), "not sampled since interval 6");
