@@ -6,7 +6,8 @@
 //! RSS creeps up towards its peak and stays there.
 //!
 //! - [`limit_arenas`]: at most one arena per core (tokio runs one worker
-//!   per core; blocking threads share).
+//!   per core; blocking threads share), unless the operator set
+//!   `MALLOC_ARENA_MAX` or `GLIBC_TUNABLES=glibc.malloc.arena_max=N`.
 //! - [`trim_every`]: every period, free pages inside the arenas are given
 //!   back to the kernel (`malloc_trim`, on a blocking thread; 40 µs to
 //!   1.2 ms for the `ebpf` receiver's 43 MiB heap, logged at debug as
@@ -17,11 +18,16 @@
 
 use std::time::Duration;
 
-/// At most one glibc arena per core. Called before the runtime starts its
-/// threads.
+/// At most one glibc arena per core, unless the environment sets the
+/// number. Called before the runtime starts its threads.
 pub fn limit_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
+        let set_by_operator = std::env::var_os("MALLOC_ARENA_MAX").is_some()
+            || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.arena_max"));
+        if set_by_operator {
+            return;
+        }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cores = i32::try_from(cores).unwrap_or(i32::MAX);
         // SAFETY: mallopt only sets a tunable; no thread allocates yet.
@@ -51,6 +57,10 @@ fn trim() {
         // SAFETY: malloc_trim only releases free memory; any thread may call it.
         let released = unsafe { libc::malloc_trim(0) };
         let took = started.elapsed();
+        // Its counters walk every arena: read only when they are logged.
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
         // SAFETY: mallinfo2 only reads the allocator's counters.
         let info = unsafe { libc::mallinfo2() };
         tracing::debug!(
