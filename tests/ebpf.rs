@@ -31,7 +31,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{IndexEntry, KillOnDrop, Ports, Proflow};
-use ebpf_support::{check_split_and_stacks, count_with, proflow_for, require_root, stacks_of};
+use ebpf_support::{
+    check_split_and_stacks, count_with, proflow_for, pyroscope_has, require_root, stacks_of,
+};
 use ebpf_targets::Target;
 use proflow_pipeline::pprof;
 
@@ -385,7 +387,7 @@ fn into_pyroscope() {
         (1.8..=2.2).contains(&ratio),
         "split {two}:{one} = {ratio:.2}"
     );
-    pyroscope_has(&pyroscope, &app, &want, &proflow);
+    pyroscope_has(&pyroscope, &app, (&HOT_FUNCTIONS, CPU), &want, &proflow);
 }
 
 /// The hot functions' CPU totals in what the `file` exporter wrote for
@@ -407,31 +409,8 @@ fn hot_totals_in_files(proflow: &Proflow, pid: u32) -> common::Totals {
 
 const HOT_FUNCTIONS: [&str; 2] = ["proflow_hot_two", "proflow_hot_one"];
 
-/// Waits (90 s at most) until the real Pyroscope has `want` for service
-/// `app`'s CPU profiles.
-fn pyroscope_has(pyroscope: &peer_env::Peer, app: &str, want: &common::Totals, proflow: &Proflow) {
-    let http = common::http_client();
-    let base = pyroscope.http_base();
-    let selector = format!("{{service_name=\"{app}\"}}");
-    let mut last = (common::Totals::new(), String::new());
-    let same = peer_env::poll(Duration::from_secs(90), || {
-        last = readback::pyroscope_totals(
-            &http,
-            &base,
-            &selector,
-            &HOT_FUNCTIONS,
-            Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds"),
-        );
-        common::totals_close(&last.0, want).then_some(())
-    });
-    assert!(
-        same.is_some(),
-        "Pyroscope has {:?} ({}) for {selector}; the file exporter wrote {want:?}\nlog:\n{}",
-        last.0,
-        last.1,
-        proflow.log_text()
-    );
-}
+/// The profile type Pyroscope files the receiver's CPU profiles under.
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
 /// A stripped binary profiled with `symbolize: none` leaves the receiver as
 /// addresses; the `symbolize` processor names it from its debug file,
@@ -531,7 +510,7 @@ fn a_stripped_binary_named_downstream_by_the_symbolize_processor_into_pyroscope(
 
     // And Pyroscope shows the names with the same totals as the files.
     let want = hot_totals_in_files(&proflow, pid);
-    pyroscope_has(&pyroscope, &app, &want, &proflow);
+    pyroscope_has(&pyroscope, &app, (&HOT_FUNCTIONS, CPU), &want, &proflow);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

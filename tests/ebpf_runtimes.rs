@@ -26,7 +26,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{KillOnDrop, Ports, Proflow};
-use ebpf_support::{check_split, check_split_and_stacks, proflow_for, require_root, stacks_of};
+use ebpf_support::{
+    check_split, check_split_and_stacks, proflow_for, pyroscope_has, require_root, stacks_of,
+};
 use ebpf_targets::Target;
 use proflow_pipeline::pprof;
 
@@ -330,25 +332,12 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
     );
     // The same waits in the real Pyroscope, under the profile type the
     // `off_cpu` name and sample type make.
-    let http = common::http_client();
-    let selector = format!("{{service_name=\"{app}\"}}");
-    let mut last = (common::Totals::new(), String::new());
-    let same = peer_env::poll(Duration::from_secs(90), || {
-        last = readback::pyroscope_totals(
-            &http,
-            &pyroscope.http_base(),
-            &selector,
-            &SLEEPERS,
-            Some("off_cpu:off_cpu:nanoseconds:off_cpu:nanoseconds"),
-        );
-        common::totals_close(&last.0, &written).then_some(())
-    });
-    assert!(
-        same.is_some(),
-        "Pyroscope has {:?} ({}) for {selector}; the file exporter wrote {written:?}\nlog:\n{}",
-        last.0,
-        last.1,
-        proflow.log_text()
+    pyroscope_has(
+        &pyroscope,
+        &app,
+        (&SLEEPERS, "off_cpu:off_cpu:nanoseconds:off_cpu:nanoseconds"),
+        &written,
+        &proflow,
     );
 }
 

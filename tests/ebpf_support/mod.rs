@@ -1,7 +1,7 @@
 //! Helpers of the `ebpf` receiver's end-to-end tests (`tests/ebpf.rs`,
 //! `tests/ebpf_runtimes.rs`): root and one test at a time, a proflow that
-//! profiles chosen pids into files, the stacks it wrote, and the checks of
-//! a 2:1 split.
+//! profiles chosen pids into files, the stacks it wrote, the checks of a
+//! 2:1 split, and the same totals read back from the real Pyroscope.
 
 #![allow(dead_code)]
 
@@ -171,4 +171,36 @@ pub fn check_split(stacks: &[(Vec<String>, i64)], two: &str, one: &str) -> BTree
         a + b
     );
     dump
+}
+
+/// Waits (90 s at most) until the real Pyroscope has `want`, the totals of
+/// `functions`, for service `app` under profile type `profile_type`.
+pub fn pyroscope_has(
+    pyroscope: &crate::peer_env::Peer,
+    app: &str,
+    (functions, profile_type): (&[&str], &str),
+    want: &common::Totals,
+    proflow: &Proflow,
+) {
+    let http = common::http_client();
+    let base = pyroscope.http_base();
+    let selector = format!("{{service_name=\"{app}\"}}");
+    let mut last = (common::Totals::new(), String::new());
+    let same = crate::peer_env::poll(Duration::from_secs(90), || {
+        last = crate::readback::pyroscope_totals(
+            &http,
+            &base,
+            &selector,
+            functions,
+            Some(profile_type),
+        );
+        common::totals_close(&last.0, want).then_some(())
+    });
+    assert!(
+        same.is_some(),
+        "Pyroscope has {:?} ({}) for {selector}; the file exporter wrote {want:?}\nlog:\n{}",
+        last.0,
+        last.1,
+        proflow.log_text()
+    );
 }
