@@ -5,6 +5,8 @@
 //!   `hot.py`, `Hot.java`, a 2:1 split) with their perf maps on: Node
 //!   `--perf-basic-prof` (also in a mount and PID namespace of its own),
 //!   CPython 3.12 and 3.13 `-X perf`, the JVM after `jcmd Compiler.perfmap`.
+//! - CPython 3.8 to 3.13 with no flag: the receiver walks the interpreter's
+//!   frames (`hot.py`, in the main thread and in a second thread).
 //! - Off-CPU: a C program sleeping 20 ms and 10 ms in two functions
 //!   (`sleep.c`), its `off_cpu` profile against the time it measured around
 //!   its sleeps.
@@ -27,7 +29,8 @@ use std::time::Duration;
 
 use common::{KillOnDrop, Ports, Proflow};
 use ebpf_support::{
-    check_split, check_split_and_stacks, proflow_for, pyroscope_has, require_root, stacks_of,
+    check_split, check_split_and_stacks, proflow_for, proflow_for_with, pyroscope_has,
+    require_root, stacks_of,
 };
 use ebpf_targets::Target;
 use proflow_pipeline::pprof;
@@ -99,10 +102,12 @@ fn node_jit_code_named_from_its_perf_map() {
     );
 }
 
-/// CPython 3.12 and 3.13 with `-X perf`: every Python function's trampoline
-/// is named from the perf map, and unwinding steps through the trampolines
-/// (which keep no frame pointer) to the callers: `run` above each hot
-/// function, the interpreter's `main` above all.
+/// CPython 3.12 and 3.13 with `-X perf` (and the receiver's own Python
+/// frames off, `python: false`, so that the perf map alone names them):
+/// every Python function's trampoline is named from the perf map, and
+/// unwinding steps through the trampolines (which keep no frame pointer) to
+/// the callers: `run` above each hot function, the interpreter's `main`
+/// above all.
 #[test]
 fn python_with_x_perf_named_and_unwound_through_its_trampolines() {
     let _one_at_a_time = require_root();
@@ -117,7 +122,7 @@ fn python_with_x_perf_named_and_unwound_through_its_trampolines() {
         let (child, pid) = ebpf_targets::spawn_command(cmd);
         let _map = PerfMapFile::of(pid);
         let _child = KillOnDrop(child);
-        let proflow = proflow_for(&[pid], "2s");
+        let proflow = proflow_for_with(&[pid], "2s", "    python: false\n");
         let stacks = stacks_of(&proflow, pid, 4000);
         check_split_and_stacks(
             &stacks,
@@ -131,6 +136,144 @@ fn python_with_x_perf_named_and_unwound_through_its_trampolines() {
                 .iter()
                 .any(|(f, _)| f.iter().any(|x| x.ends_with("tests/ebpf_targets/hot.py"))),
             "CPython {minor}: frames name their file: {stacks:?}"
+        );
+    }
+}
+
+/// CPython 3.8 to 3.13, run as they are (no flag, no restart): the receiver
+/// walks each sampled thread's Python frames and puts them where the
+/// interpreter ran them. The program's 2:1 split shows under its Python
+/// functions, named as Python names them, with their file, at lines inside
+/// their bodies; `<module>` → `main` → `run` → the hot function root-first
+/// (in a thread of its own: `_bootstrap_inner` → the lambda, by its
+/// qualified name `main.<locals>.<lambda>` from 3.11 on → `run`), and the interpreter's evaluation
+/// function no longer in their stacks. Every version runs it in the main
+/// thread, the oldest and the newest in a second thread too.
+#[test]
+fn python_frames_without_a_flag_in_every_cpython_from_3_8_to_3_13() {
+    let _one_at_a_time = require_root();
+    let source = ebpf_targets::source("hot.py");
+    let text = std::fs::read_to_string(&source).unwrap();
+    // The lines of each function's body: from its `def` to its `return`.
+    let body = |name: &str| -> std::ops::RangeInclusive<i64> {
+        let lines: Vec<&str> = text.lines().collect();
+        let def = lines
+            .iter()
+            .position(|l| l.starts_with(&format!("def {name}(")))
+            .unwrap_or_else(|| panic!("hot.py defines {name}"));
+        let ret = def
+            + lines[def..]
+                .iter()
+                .position(|l| l.trim_start().starts_with("return"))
+                .unwrap();
+        (def as i64 + 1)..=(ret as i64 + 1)
+    };
+    let (two_body, one_body) = (body("proflow_hot_two"), body("proflow_hot_one"));
+    let runs = ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"]
+        .map(|m| (m, false))
+        .into_iter()
+        .chain([("3.8", true), ("3.13", true)]);
+    for (minor, threaded) in runs {
+        let Some(python) = pyenv_python(minor) else {
+            continue;
+        };
+        let mut cmd = Command::new(&python);
+        cmd.arg(&source).arg("30");
+        if threaded {
+            cmd.arg("thread");
+        }
+        let lambda = if minor.starts_with("3.1") && minor != "3.10" {
+            "main.<locals>.<lambda>"
+        } else {
+            "<lambda>"
+        };
+        let chain = if threaded {
+            ["_bootstrap_inner", lambda, "run"]
+        } else {
+            ["<module>", "main", "run"]
+        };
+        let (child, pid) = ebpf_targets::spawn_command(cmd);
+        let _child = KillOnDrop(child);
+        let proflow = proflow_for(&[pid], "2s");
+        let stacks = stacks_of(&proflow, pid, 4000);
+        let dump = check_split(&stacks, "proflow_hot_two", "proflow_hot_one");
+        let (mut hot, mut in_order, mut with_eval) = (0, 0, 0);
+        for (frames, n) in &stacks {
+            let at = |name: &str| frames.iter().position(|f| f == name);
+            let Some(leaf) = at("proflow_hot_two").or_else(|| at("proflow_hot_one")) else {
+                continue;
+            };
+            hot += n;
+            // Each of `chain` root-first, the hot function after them.
+            let mut from = 0;
+            let ordered = chain.iter().all(|want| {
+                // By name, or a method by its qualified name (3.11 on).
+                let named = |f: &String| f == want || f.ends_with(&format!(".{want}"));
+                match frames[from..leaf].iter().position(named) {
+                    Some(i) => {
+                        from += i + 1;
+                        true
+                    }
+                    None => false,
+                }
+            });
+            if ordered {
+                in_order += n;
+            }
+            if frames.iter().any(|f| f == "_PyEval_EvalFrameDefault") {
+                with_eval += n;
+            }
+        }
+        assert!(
+            in_order as f64 >= 0.95 * hot as f64,
+            "CPython {minor} (thread: {threaded}): only {in_order} of {hot} hot samples read {chain:?} → hot function: {dump:#?}"
+        );
+        assert!(
+            with_eval as f64 <= 0.05 * hot as f64,
+            "CPython {minor}: {with_eval} of {hot} hot samples still show the evaluation function: {dump:#?}"
+        );
+        // Names, files and lines as the profile carries them.
+        let (mut lines_two, mut lines_one) = (Vec::new(), Vec::new());
+        for e in common::read_index(&proflow.profiles) {
+            if e.label("pid") != Some(pid.to_string().as_str()) || !e.path.is_file() {
+                continue;
+            }
+            let p = common::read_profile(&e.path);
+            for f in &p.function {
+                let name = p.string(f.name);
+                if name.starts_with("proflow_hot_") {
+                    assert_eq!(
+                        p.string(f.filename),
+                        source.to_string_lossy(),
+                        "CPython {minor}: the file of {name}"
+                    );
+                }
+            }
+            for loc in &p.location {
+                for line in &loc.line {
+                    let Some(f) = p.function.iter().find(|f| f.id == line.function_id) else {
+                        continue;
+                    };
+                    match p.string(f.name) {
+                        "proflow_hot_two" => lines_two.push(line.line),
+                        "proflow_hot_one" => lines_one.push(line.line),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        assert!(
+            !lines_two.is_empty() && lines_two.iter().all(|l| two_body.contains(l)),
+            "CPython {minor}: proflow_hot_two's lines {lines_two:?}, its body {two_body:?}"
+        );
+        assert!(
+            !lines_one.is_empty() && lines_one.iter().all(|l| one_body.contains(l)),
+            "CPython {minor}: proflow_hot_one's lines {lines_one:?}, its body {one_body:?}"
+        );
+        eprintln!(
+            "CPython {minor} (thread: {threaded}): {hot} hot samples, lines {:?} and {:?}",
+            lines_two.iter().collect::<std::collections::BTreeSet<_>>(),
+            lines_one.iter().collect::<std::collections::BTreeSet<_>>()
         );
     }
 }

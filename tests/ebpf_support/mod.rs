@@ -41,6 +41,12 @@ pub fn require_root() -> std::sync::MutexGuard<'static, ()> {
 /// standard error is about 9.5% × √(500/n), so a few thousand samples are
 /// needed for the check to mean something (4,000: 3.4%, the bound ≈ 3σ).
 pub fn proflow_for(pids: &[u32], interval: &str) -> Proflow {
+    proflow_for_with(pids, interval, "")
+}
+
+/// [`proflow_for`] with more settings of the receiver (`extra`: YAML lines
+/// indented under `ebpf:`).
+pub fn proflow_for_with(pids: &[u32], interval: &str, extra: &str) -> Proflow {
     let keep = pids
         .iter()
         .map(u32::to_string)
@@ -48,7 +54,7 @@ pub fn proflow_for(pids: &[u32], interval: &str) -> Proflow {
         .join("|");
     Proflow::start(|ports: &Ports, profiles: &Path| {
         format!(
-            "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: {interval}\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
+            "receivers:\n  ebpf:\n{extra}    sample_rate: 997\n    collect_interval: {interval}\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
             profiles.display(),
             ports.telemetry
         )

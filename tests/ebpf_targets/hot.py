@@ -1,11 +1,15 @@
 """A target for tests/ebpf_runtimes.rs: two hot functions at a 2:1 CPU split, run by
-CPython 3.12+ with -X perf so each Python function's trampoline is named in
-/tmp/perf-PID.map. Each round's length is random (1 to 8 units, the same for
-both functions). Usage: python3 -X perf hot.py SECONDS. Prints "ready PID"
-when it starts spinning and "rounds N" when it ends."""
+every CPython from 3.8 to 3.13 as it is (the receiver walks the interpreter's
+frames), and by 3.12+ with -X perf (each Python function's trampoline is
+named in /tmp/perf-PID.map). Each round's length is random (1 to 8 units, the
+same for both functions). Usage: python3 [-X perf] hot.py SECONDS [thread]
+(thread: the functions run in a thread of their own, the main thread waits
+for it). Prints "ready PID" when it starts spinning and "rounds N" when it
+ends."""
 import os
 import random
 import sys
+import threading
 import time
 
 N = 20000
@@ -36,5 +40,17 @@ def run(seconds):
     return rounds
 
 
-print(f"ready {os.getpid()}", flush=True)
-print(f"rounds {run(float(sys.argv[1]) if len(sys.argv) > 1 else 30)}", flush=True)
+def main():
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 30
+    print(f"ready {os.getpid()}", flush=True)
+    if sys.argv[2:] == ["thread"]:
+        done = []
+        worker = threading.Thread(target=lambda: done.append(run(seconds)))
+        worker.start()
+        worker.join()
+        print(f"rounds {done[0]}", flush=True)
+    else:
+        print(f"rounds {run(seconds)}", flush=True)
+
+
+main()

@@ -17,6 +17,7 @@ use proflow_pipeline::model::{Envelope, Labels, Payload, ValueType};
 use proflow_pipeline::pprof;
 
 use super::procs::{Binary, ProcKey, Process, Processes};
+use super::python::{Merged, PyFrame, PyProcess, frames, merge};
 use super::sample::{FLAG_KTHREAD, FLAG_OFF_CPU, Sample};
 use super::symbols::{Line, Lines, Symbols};
 
@@ -221,6 +222,8 @@ struct Series {
     mapping_index: HashMap<(usize, u64, u64), u32>,
     locations: Vec<Location>,
     location_index: HashMap<(u32, u64), u32>,
+    /// Python frames' locations by code object and line.
+    py_index: HashMap<(u64, u32), u32>,
     /// Per stack: samples, and for waits their nanoseconds.
     stacks: HashMap<Box<[u32]>, (u64, u64)>,
 }
@@ -234,6 +237,7 @@ impl Series {
             mapping_index: HashMap::new(),
             locations: Vec::new(),
             location_index: HashMap::new(),
+            py_index: HashMap::new(),
             stacks: HashMap::new(),
         }
     }
@@ -305,7 +309,14 @@ impl Collector {
         if process.labels.is_none() {
             return Err(Dropped::Filtered);
         }
-        let (user, how) = user_stack(&mut *process, &mut self.cache, s);
+        let (native, how) = user_stack(&mut *process, &mut self.cache, s);
+        // A Python thread's frames in place of the interpreter's calls.
+        let user: Vec<Merged> = match &process.python {
+            Some(py) if !s.py.is_empty() => {
+                merge(&native, &frames(py.layout, &s.py), |a| py.is_eval(a))
+            }
+            _ => native.into_iter().map(Merged::Native).collect(),
+        };
         self.unwound[Unwound::ALL.iter().position(|&u| u == how).unwrap_or(3)] += 1;
         let Some((labels, series_key)) = &process.labels else {
             return Err(Dropped::Filtered);
@@ -349,6 +360,13 @@ impl Collector {
             stack.push(loc);
         }
         for frame in user {
+            let frame = match frame {
+                Merged::Native(f) => f,
+                Merged::Python(f) => {
+                    stack.push(py_location(series, process.python.as_mut(), f));
+                    continue;
+                }
+            };
             let m = process.mapping(frame.addr).map(|m| {
                 let key = (Arc::as_ptr(&m.binary) as usize, m.start, m.offset);
                 let index = series.mapping(key, || MapRef::File {
@@ -492,6 +510,39 @@ fn jit_location(series: &mut Series, process: &mut Process, frame: Frame) -> u32
         lines,
     });
     series.location_index.insert((u32::MAX, addr), i);
+    i
+}
+
+/// The series' location of a Python frame: its code object's qualified
+/// name and file, at the line the thread is at.
+fn py_location(series: &mut Series, python: Option<&mut PyProcess>, frame: PyFrame) -> u32 {
+    let found = python.and_then(|py| py.frame(frame));
+    let key = match &found {
+        Some((_, line)) => (frame.code, *line),
+        None => (0, 0),
+    };
+    if let Some(&i) = series.py_index.get(&key) {
+        return i;
+    }
+    let line = match found {
+        Some((code, line)) => Line {
+            function: code.name.clone(),
+            file: Some(code.file.clone()),
+            line,
+        },
+        None => Line {
+            function: "[unknown Python frame]".into(),
+            file: None,
+            line: 0,
+        },
+    };
+    let i = series.locations.len() as u32;
+    series.locations.push(Location {
+        mapping: u32::MAX,
+        addr: 0,
+        lines: Arc::from(vec![line]),
+    });
+    series.py_index.insert(key, i);
     i
 }
 

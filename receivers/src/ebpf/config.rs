@@ -44,12 +44,12 @@ pub struct EbpfReceiverConfig {
     #[serde(default)]
     pub relabel_configs: Vec<RelabelConfig>,
     /// Size of the ring buffer that carries samples from the kernel: a power
-    /// of two, at least 64KiB. A sample takes 2KiB plus the user stack copied
+    /// of two, at least 64KiB. A sample takes 3.6KiB plus the user stack copied
     /// (at most 16KiB, typically a few KiB); the ring is drained every 100 ms
     /// and when it is an eighth full. It is mapped twice, so it counts twice
     /// in RSS. Samples that find it full are counted in
     /// `proflow_ebpf_samples_lost_total`: raise it on nodes with many CPUs
-    /// or high rates (64 CPUs at 99 Hz fill 2MiB in about half a second if
+    /// or high rates (64 CPUs at 99 Hz fill 2MiB in about a twentieth of a second if
     /// the receiver stalls). Default 2MiB.
     #[serde(default = "default_ring_buffer_size")]
     pub ring_buffer_size: ByteSize,
@@ -86,6 +86,13 @@ pub struct EbpfReceiverConfig {
     /// stay unnamed. Default 16MiB.
     #[serde(default = "default_max_perf_map_size")]
     pub max_perf_map_size: ByteSize,
+    /// Walk the Python frames of CPython 3.8 to 3.13 processes (found by
+    /// the `python3.X` or `libpython3.X.so` they map; no flag or restart of
+    /// theirs needed), and put them in the native stack where the
+    /// interpreter ran them, named with their qualified name, file and
+    /// line. Default true (as Alloy's `python_enabled`).
+    #[serde(default = "default_python")]
+    pub python: bool,
     /// Where threads wait, and how long: a profile named `off_cpu` per
     /// process beside `process_cpu`. Absent (default): off; `off_cpu: {}`
     /// turns it on with the defaults below.
@@ -159,6 +166,9 @@ fn default_off_cpu_max_rate() -> u64 {
     100
 }
 fn default_perf_maps() -> bool {
+    true
+}
+fn default_python() -> bool {
     true
 }
 fn default_max_perf_map_size() -> ByteSize {
@@ -237,6 +247,7 @@ mod tests {
         assert_eq!(c.group_by, GroupBy::Process);
         assert_eq!(c.ring_buffer_size, ByteSize::mib(2));
         assert!(c.perf_maps);
+        assert!(c.python);
         assert_eq!(c.off_cpu, None);
         let on = parse("off_cpu: {}").off_cpu.unwrap();
         assert_eq!(on.threshold, Duration::from_millis(1));

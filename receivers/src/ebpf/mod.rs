@@ -11,6 +11,9 @@
 //! - [`sample`]: one ring-buffer record, read with every length checked.
 //! - [`procs`]: processes (identity, labels, cgroup and container,
 //!   mappings, ELF files with build ids and unwind sections).
+//! - [`python`]: CPython 3.8–3.13 processes: their interpreter found from
+//!   its symbols, the offsets the BPF program walks frames with, code
+//!   objects read and named, Python frames merged into the native stack.
 //! - [`collector`]: samples → stacks → one profile per process (or
 //!   service) per interval.
 //! - [`symbols`]: addresses → functions, files and lines (blazesym).
@@ -43,7 +46,8 @@
 //! frames, so deep stacks of frame-pointer code (Go, the kernel's own
 //! habit, most JITs) stay whole. Reasons:
 //! - At the rates continuous profiling uses (19–100 Hz per CPU) the copy
-//!   costs little: a sample is 2 KiB plus the stack actually in use,
+//!   costs little: a sample is 3.6 KiB (kernel, frame-pointer and Python
+//!   frames) plus the stack actually in use,
 //!   typically a few KiB, so 19 Hz on 64 CPUs is a few MB/s, and framehop
 //!   unwinds a stack in microseconds with its rule cache. Measured
 //!   (`scripts/bench-ebpf`, BENCHMARKS.md, 99 Hz on 2 CPUs for 60 s): the BPF
@@ -82,6 +86,7 @@ pub mod collector;
 pub mod config;
 pub mod perfmap;
 pub mod procs;
+pub mod python;
 pub mod sample;
 pub mod symbols;
 
@@ -106,7 +111,8 @@ use proflow_relabel::Relabeler;
 use collector::Collector;
 pub use config::EbpfReceiverConfig;
 use config::Symbolize;
-use procs::Processes;
+use procs::{Processes, PyChange};
+use python::PyProcValue;
 use sample::Sample;
 use symbols::Symbols;
 
@@ -179,6 +185,8 @@ struct Loaded {
     ring: RingBuf<MapData>,
     /// Processes whose waits the off-CPU programs do not note (when on).
     offcpu_skip: Option<aya::maps::HashMap<MapData, SkipKey, u8>>,
+    /// Python processes whose frames the BPF program walks.
+    py_procs: aya::maps::HashMap<MapData, u32, PyProcValue>,
     counters: PerCpuArray<MapData, u64>,
     /// CPUs the perf event is open on. A CPU that goes offline keeps its
     /// event (it samples again when the CPU returns); one that comes online
@@ -256,6 +264,11 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
             .ok_or("the BPF object has no `counters` map")?,
     )
     .map_err(|e| format!("the `counters` map is not a per-CPU array: {e}"))?;
+    let py_procs = aya::maps::HashMap::try_from(
+        bpf.take_map("py_procs")
+            .ok_or("the BPF object has no `py_procs` map")?,
+    )
+    .map_err(|e| format!("the `py_procs` map is not a hash map: {e}"))?;
     let offcpu_skip = match config.off_cpu {
         Some(_) => {
             attach_off_cpu(&mut bpf)?;
@@ -272,6 +285,7 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
     let mut loaded = Loaded {
         bpf,
         offcpu_skip,
+        py_procs,
         ring,
         counters,
         attached: Default::default(),
@@ -429,7 +443,7 @@ fn sample_loop(
     });
     let mut collector = Collector::new(
         {
-            let procs = Processes::new(relabel, config.group_by);
+            let procs = Processes::new(relabel, config.group_by).with_python(config.python);
             if config.perf_maps {
                 procs.with_perf_maps(config.max_perf_map_size.bytes())
             } else {
@@ -487,6 +501,26 @@ fn sample_loop(
                 };
                 if let Err(e) = skip.insert(key, 1, 0) {
                     tracing::debug!("cannot mark a process unprofiled for off_cpu: {e}");
+                }
+            }
+        }
+        for change in collector.procs.take_py_changes() {
+            match change {
+                PyChange::Put(pid, value) => {
+                    if let Err(e) = loaded.py_procs.insert(pid, value, 0) {
+                        tracing::debug!(pid, "cannot walk a Python process's frames: {e}");
+                    }
+                }
+                // Only if it is still that process's (a new process may
+                // have the pid by now).
+                PyChange::Remove(key) => {
+                    if loaded
+                        .py_procs
+                        .get(&key.pid, 0)
+                        .is_ok_and(|v| v.start_time == key.start_time)
+                    {
+                        let _ = loaded.py_procs.remove(&key.pid);
+                    }
                 }
             }
         }

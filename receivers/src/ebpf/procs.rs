@@ -1,8 +1,9 @@
 //! What the receiver knows of each sampled process: its identity (pid and
 //! start time, so a reused pid is a new process), name, executable, cgroup
 //! and container, its executable mappings with the ELF files behind them
-//! (build id, unwind sections), its labels after relabelling, and its
-//! unwinder.
+//! (build id, unwind sections), its labels after relabelling, its unwinder,
+//! and its Python interpreter when it has one (see [`super::python`]; the
+//! BPF program's `py_procs` map follows what is found and let go here).
 //!
 //! A process is read from `/proc` when its first sample arrives (the ring
 //! buffer is drained as samples come, so even a process that lives a few
@@ -14,7 +15,8 @@
 //!
 //! ELF files are read once per file (device and inode) and shared by every
 //! process that maps them; only the build id, the executable segments and
-//! the unwind sections are kept, never the whole file.
+//! the unwind sections (and an interpreter's two symbols) are kept, never
+//! the whole file.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -32,6 +34,7 @@ use proflow_symbolize::open::open_regular;
 
 use super::config::GroupBy;
 use super::perfmap::{Owner, PerfMap};
+use super::python::{PyBinary, PyProcValue, PyProcess};
 
 /// Largest unwind section kept from one file.
 const MAX_SECTION: u64 = 64 << 20;
@@ -62,6 +65,8 @@ pub struct Binary {
     /// Executable PT_LOAD segments: (p_vaddr, p_offset).
     exec_segments: Vec<(u64, u64)>,
     unwind: Option<UnwindSections>,
+    /// A CPython interpreter's symbols, when the file is one.
+    pub python: Option<PyBinary>,
 }
 
 /// What framehop needs of a file: `.eh_frame` (with its `.eh_frame_hdr`
@@ -124,6 +129,19 @@ pub struct Process {
     /// It exited: only its names and labels are held, for its samples that
     /// were still in the ring buffer, until the next sweep.
     exited: bool,
+    /// Its interpreter and the code objects read, when it is a Python
+    /// process and Python frames are on.
+    pub python: Option<PyProcess>,
+}
+
+/// A change the BPF program's `py_procs` map needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PyChange {
+    /// A Python process to walk.
+    Put(u32, PyProcValue),
+    /// The process with this pid and start time is gone (the entry goes
+    /// only if it is still this process's).
+    Remove(ProcKey),
 }
 
 /// Where a process's perf map is and what of it was read.
@@ -194,6 +212,10 @@ pub struct Processes {
     perf_map_max: Option<u64>,
     /// Processes relabelling dropped since [`Processes::take_dropped`].
     dropped: Vec<ProcKey>,
+    /// Whether Python processes' frames are walked.
+    python: bool,
+    /// Changes for `py_procs` since [`Processes::take_py_changes`].
+    py_changes: Vec<PyChange>,
 }
 
 impl Processes {
@@ -206,7 +228,21 @@ impl Processes {
             proc_root: PathBuf::from("/proc"),
             perf_map_max: None,
             dropped: Vec::new(),
+            python: false,
+            py_changes: Vec::new(),
         }
+    }
+
+    /// Walks the frames of CPython processes (see [`super::python`]).
+    pub fn with_python(mut self, on: bool) -> Self {
+        self.python = on;
+        self
+    }
+
+    /// Python processes found and gone since the last call, for the BPF
+    /// program's `py_procs` map.
+    pub fn take_py_changes(&mut self) -> Vec<PyChange> {
+        std::mem::take(&mut self.py_changes)
     }
 
     /// Reads processes from `root` instead of `/proc`.
@@ -276,6 +312,19 @@ impl Processes {
             {
                 p.perf = Some(old);
             }
+            // The code objects read so far stay while the interpreter does;
+            // an exec into something else is no Python process any more.
+            if let Some(old) = self.procs.get_mut(&key).and_then(|o| o.python.take()) {
+                match &p.python {
+                    Some(new) if !exec && new.runtime == old.runtime => p.python = Some(old),
+                    Some(_) => {}
+                    None => self.py_changes.push(PyChange::Remove(key)),
+                }
+            }
+            if let Some(py) = &p.python {
+                self.py_changes
+                    .push(PyChange::Put(key.pid, py.bpf_value(key.start_time)));
+            }
             self.procs.insert(key, p);
         }
         let p = self.procs.get_mut(&key).expect("inserted above");
@@ -291,8 +340,12 @@ impl Processes {
     /// the ring buffer keeps its series.
     pub fn sweep(&mut self, before: u64) {
         let root = &self.proc_root;
+        let py_changes = &mut self.py_changes;
         self.procs.retain(|key, p| {
             if p.exited || p.last_seen < before {
+                if p.python.is_some() {
+                    py_changes.push(PyChange::Remove(*key));
+                }
                 return false;
             }
             // A pid reused since is kept until it ages out (its start time
@@ -303,6 +356,9 @@ impl Processes {
                 p.exec_ranges = Vec::new();
                 p.unwinder = UnwinderX86_64::new();
                 p.perf = None;
+                if p.python.take().is_some() {
+                    py_changes.push(PyChange::Remove(*key));
+                }
             }
             true
         });
@@ -387,6 +443,14 @@ impl Processes {
                 unwinder.add_module(module);
             }
         }
+        let python = if self.python {
+            mappings.iter().find_map(|m| {
+                let py = m.binary.python.as_ref()?;
+                PyProcess::new(key.pid, py, m.binary.bias(m)?)
+            })
+        } else {
+            None
+        };
         let perf = match self.perf_map_max {
             Some(max_size) if from_proc => owner(&dir).map(|owner| Perf {
                 dir: dir.clone(),
@@ -412,6 +476,7 @@ impl Processes {
             last_reload: Instant::now(),
             last_seen: 0,
             exited: false,
+            python,
         }
     }
 
@@ -517,6 +582,7 @@ fn read_binary(open: &Path, path: &str) -> Binary {
         id: None,
         exec_segments: Vec::new(),
         unwind: None,
+        python: None,
     };
     // Only a regular file, opened without blocking (the path is the
     // process's, and may name a FIFO by now).
@@ -537,6 +603,9 @@ fn read_binary(open: &Path, path: &str) -> Binary {
         {
             b.exec_segments.push((seg.address(), seg.file_range().0));
         }
+    }
+    if super::python::version_of(path).is_some() {
+        b.python = super::python::read_symbols(&elf, path);
     }
     let section = |name: &str| -> Option<(Range<u64>, Arc<[u8]>)> {
         let s = elf.section_by_name(name)?;
@@ -576,6 +645,25 @@ fn read_binary(open: &Path, path: &str) -> Binary {
         "read a mapped file's unwind sections"
     );
     b
+}
+
+impl Binary {
+    /// What its addresses are moved by in the process that maps it as `m`
+    /// (an executable mapping): `m` maps the executable segment at its
+    /// file offset.
+    pub fn bias(&self, m: &Mapping) -> Option<u64> {
+        let &(vaddr, offset) = self
+            .exec_segments
+            .iter()
+            .filter(|&&(_, off)| off <= m.offset)
+            .max_by_key(|&&(_, off)| off)?;
+        Some(
+            m.start
+                .wrapping_sub(m.offset)
+                .wrapping_add(offset)
+                .wrapping_sub(vaddr),
+        )
+    }
 }
 
 impl UnwindSections {
@@ -815,10 +903,19 @@ mod tests {
             pid: std::process::id(),
             start_time: 2,
         };
-        // Once it runs sleep (until its exec it is a copy of this test).
-        let comm = format!("/proc/{}/comm", key.pid);
+        // Once it runs sleep (until its exec it is a copy of this test; the
+        // exec names it before it maps sleep's code).
+        let (comm, maps) = (
+            format!("/proc/{}/comm", key.pid),
+            format!("/proc/{}/maps", key.pid),
+        );
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::fs::read_to_string(&comm).unwrap_or_default() != "sleep\n" {
+        while std::fs::read_to_string(&comm).unwrap_or_default() != "sleep\n"
+            || !std::fs::read_to_string(&maps)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.contains(" r-xp ") && l.ends_with("/sleep"))
+        {
             assert!(Instant::now() < deadline, "sleep did not start");
             std::thread::sleep(Duration::from_millis(5));
         }

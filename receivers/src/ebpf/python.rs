@@ -1,0 +1,805 @@
+//! CPython processes, without any flag or restart (3.8 to 3.13).
+//!
+//! A process is a Python one when it maps an interpreter: `python3.X` or
+//! `libpython3.X.so…`, whose minor version says which struct layout
+//! ([`Layout`]) its interpreter has. From that file's symbols come
+//! `_PyRuntime` (where the interpreter state begins) and the ranges of
+//! `_PyEval_EvalFrameDefault` (the evaluation function). The BPF program
+//! gets the runtime's address and the layout's offsets (`py_procs`), finds
+//! the sampled thread's thread state (its `thread_id` is the thread's
+//! `pthread_self`, its fs base) and sends its frames: each frame's code
+//! object address and where in the code the thread is.
+//!
+//! Here each code object is read once from the process's memory
+//! (`process_vm_readv`): its qualified name (3.11 on; its name before),
+//! file, first line and line table, kept per process (at most
+//! [`MAX_CODES`]; the cache starts over when full). A frame's line comes
+//! from the line table at its instruction.
+//!
+//! [`merge`] puts the Python frames in the native stack: each call of the
+//! evaluation function in the native stack is replaced by the Python frames
+//! it was running (3.8 to 3.10: one frame each; 3.11 on: the frames up to
+//! the one that entered it), so a stack reads `main → handler → parse`
+//! where the interpreter ran them. The offsets below were read from each
+//! version's own headers (`offsetof` on the x86_64 release build).
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::collector::Frame;
+use super::sample::RawPyFrame;
+
+/// Code objects kept per process.
+pub const MAX_CODES: usize = 4096;
+/// Longest name or file name read.
+const MAX_STR: usize = 1024;
+/// Longest line table read; a longer one gives the function's first line.
+const MAX_LINE_TABLE: usize = 64 << 10;
+
+/// Frame layouts: 3.8 to 3.10, a `PyFrameObject` per call of the evaluation
+/// function.
+const FRAME_OBJECTS: u32 = 1;
+/// 3.11: `_PyInterpreterFrame`s, `is_entry` marks the first of a call's.
+const IS_ENTRY: u32 = 2;
+/// 3.12 on: `_PyInterpreterFrame`s, a call's begin after a frame owned by
+/// the C stack (`owner` [`OWNED_BY_CSTACK`]), which is no Python frame.
+const OWNER: u32 = 3;
+const OWNED_BY_CSTACK: u8 = 3;
+
+/// One Python frame of a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PyFrame {
+    /// The code object's address in the process.
+    pub code: u64,
+    /// Where in the code the thread is: `f_lasti` (3.8 to 3.10), else the
+    /// instruction pointer's distance from the code object.
+    pub instr: u32,
+    /// The last (outermost) frame of one call of the evaluation function.
+    pub last: bool,
+}
+
+/// The Python frames of a sample (innermost first), as `l`'s version lays
+/// them out: the frames each evaluation call ran end at one marked `last`.
+pub fn frames(l: &Layout, raw: &[RawPyFrame]) -> Vec<PyFrame> {
+    let mut out: Vec<PyFrame> = Vec::with_capacity(raw.len());
+    for f in raw {
+        match l.walk.kind {
+            FRAME_OBJECTS => out.push(PyFrame {
+                code: f.code,
+                instr: f.instr as u32,
+                last: true,
+            }),
+            OWNER if f.end == OWNED_BY_CSTACK => {
+                if let Some(prev) = out.last_mut() {
+                    prev.last = true;
+                }
+            }
+            _ => out.push(PyFrame {
+                code: f.code,
+                instr: f.instr.wrapping_sub(f.code) as u32,
+                last: l.walk.kind == IS_ENTRY && f.end != 0,
+            }),
+        }
+    }
+    out
+}
+
+/// What the BPF program walks frames with (the tail of its `struct
+/// py_proc`): the frame layout and the offsets in the version's structs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct Walk {
+    /// [`FRAME_OBJECTS`], [`IS_ENTRY`] or [`OWNER`].
+    kind: u32,
+    /// `_PyRuntimeState`: `interpreters.head`.
+    runtime_interp: u32,
+    /// `PyInterpreterState`: the first thread state.
+    interp_threads: u32,
+    /// `PyThreadState`: `next`, `thread_id`, and `frame` (3.8 to 3.10),
+    /// `cframe` (3.11, 3.12) or `current_frame` (3.13).
+    tstate_next: u32,
+    tstate_thread_id: u32,
+    tstate_frame: u32,
+    /// `_PyCFrame`: `current_frame` (-1: no cframe).
+    cframe_frame: i32,
+    /// The frame's code object, caller, instruction field and end byte
+    /// (`is_entry` or `owner`; 0: none).
+    frame_code: u32,
+    frame_back: u32,
+    frame_instr: u32,
+    frame_end: u32,
+    pad: u32,
+}
+
+/// Where things are in one CPython minor version's structs (x86_64).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub minor: u8,
+    walk: Walk,
+    code_filename: u32,
+    code_name: u32,
+    /// `co_qualname` (3.11 on).
+    code_qualname: Option<u32>,
+    /// `co_lnotab` (3.8, 3.9), `co_linetable` (3.10 on).
+    code_lines: u32,
+    code_firstlineno: u32,
+    /// `co_code_adaptive`: where the instructions begin (3.11 on).
+    code_instructions: u32,
+    /// `sizeof(PyASCIIObject)` and `sizeof(PyCompactUnicodeObject)`.
+    ascii_size: u32,
+    compact_size: u32,
+}
+
+const fn frame_objects(minor: u8, frame_lasti: u32) -> Layout {
+    Layout {
+        minor,
+        walk: Walk {
+            kind: FRAME_OBJECTS,
+            runtime_interp: 32,
+            interp_threads: 8,
+            tstate_next: 8,
+            tstate_thread_id: 176,
+            tstate_frame: 24,
+            cframe_frame: -1,
+            frame_code: 32,
+            frame_back: 24,
+            frame_instr: frame_lasti,
+            frame_end: 0,
+            pad: 0,
+        },
+        code_filename: 104,
+        code_name: 112,
+        code_qualname: None,
+        code_lines: 120,
+        code_firstlineno: 40,
+        code_instructions: 0,
+        ascii_size: 48,
+        compact_size: 72,
+    }
+}
+
+static LAYOUTS: [Layout; 6] = [
+    frame_objects(8, 104),
+    frame_objects(9, 104),
+    // 3.10's f_lasti counts 2-byte instructions, not bytes.
+    frame_objects(10, 96),
+    Layout {
+        minor: 11,
+        walk: Walk {
+            kind: IS_ENTRY,
+            runtime_interp: 40,
+            interp_threads: 16,
+            tstate_next: 8,
+            tstate_thread_id: 152,
+            tstate_frame: 56,
+            cframe_frame: 8,
+            frame_code: 32,
+            frame_back: 48,
+            frame_instr: 56,
+            frame_end: 68,
+            pad: 0,
+        },
+        code_filename: 112,
+        code_name: 120,
+        code_qualname: Some(128),
+        code_lines: 136,
+        code_firstlineno: 72,
+        code_instructions: 184,
+        ascii_size: 48,
+        compact_size: 72,
+    },
+    Layout {
+        minor: 12,
+        walk: Walk {
+            kind: OWNER,
+            runtime_interp: 40,
+            interp_threads: 72,
+            tstate_next: 8,
+            tstate_thread_id: 136,
+            tstate_frame: 56,
+            cframe_frame: 0,
+            frame_code: 0,
+            frame_back: 8,
+            frame_instr: 56,
+            frame_end: 70,
+            pad: 0,
+        },
+        code_filename: 112,
+        code_name: 120,
+        code_qualname: Some(128),
+        code_lines: 136,
+        code_firstlineno: 68,
+        code_instructions: 192,
+        ascii_size: 40,
+        compact_size: 56,
+    },
+    Layout {
+        minor: 13,
+        walk: Walk {
+            kind: OWNER,
+            runtime_interp: 632,
+            interp_threads: 7344,
+            tstate_next: 8,
+            tstate_thread_id: 152,
+            tstate_frame: 72,
+            cframe_frame: -1,
+            frame_code: 0,
+            frame_back: 8,
+            frame_instr: 56,
+            frame_end: 70,
+            pad: 0,
+        },
+        code_filename: 112,
+        code_name: 120,
+        code_qualname: Some(128),
+        code_lines: 136,
+        code_firstlineno: 68,
+        code_instructions: 200,
+        ascii_size: 40,
+        compact_size: 56,
+    },
+];
+
+/// The layout of CPython 3.`minor`, if known.
+pub fn layout(minor: u8) -> Option<&'static Layout> {
+    LAYOUTS.iter().find(|l| l.minor == minor)
+}
+
+/// The CPython 3 minor version a mapped file is the interpreter of, from
+/// its name: `python3.X` or `libpython3.X.so` (with any suffix).
+pub fn version_of(path: &str) -> Option<u8> {
+    let name = path.rsplit('/').next()?;
+    let rest = name
+        .strip_prefix("libpython3.")
+        .and_then(|r| r.split_once(".so").map(|(v, _)| v))
+        .or_else(|| name.strip_prefix("python3."))?;
+    let minor: u8 = rest.parse().ok()?;
+    layout(minor).map(|l| l.minor)
+}
+
+/// What an interpreter file gives: its version, and (as file addresses)
+/// `_PyRuntime` and the evaluation function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PyBinary {
+    pub minor: u8,
+    pub runtime: u64,
+    pub eval: Vec<Range<u64>>,
+}
+
+/// Reads an interpreter file's symbols (the symbol table, else the dynamic
+/// one); `None` when either symbol is missing.
+pub fn read_symbols<'d, R: object::ReadRef<'d>>(
+    elf: &object::File<'d, R>,
+    path: &str,
+) -> Option<PyBinary> {
+    use object::{Object, ObjectSymbol};
+    let minor = version_of(path)?;
+    let mut runtime = None;
+    let mut eval = Vec::new();
+    for sym in elf.symbols().chain(elf.dynamic_symbols()) {
+        let Ok(name) = sym.name() else { continue };
+        if name == "_PyRuntime" && sym.address() != 0 {
+            runtime = Some(sym.address());
+        } else if (name == "_PyEval_EvalFrameDefault"
+            || name.starts_with("_PyEval_EvalFrameDefault."))
+            && sym.address() != 0
+            && sym.size() > 0
+        {
+            let r = sym.address()..sym.address() + sym.size();
+            if !eval.contains(&r) {
+                eval.push(r);
+            }
+        }
+    }
+    (!eval.is_empty()).then_some(())?;
+    Some(PyBinary {
+        minor,
+        runtime: runtime?,
+        eval,
+    })
+}
+
+/// `struct py_proc` of the BPF program: one Python process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct PyProcValue {
+    pub start_time: u64,
+    pub runtime: u64,
+    walk: Walk,
+}
+
+// SAFETY: plain integers, `repr(C)`, no implicit padding (8 + 8 + 12 × 4
+// bytes).
+unsafe impl aya::Pod for PyProcValue {}
+
+/// A code object as read from the process.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Code {
+    pub name: Arc<str>,
+    pub file: Arc<str>,
+    pub first_line: u32,
+    lines: Box<[u8]>,
+}
+
+/// A Python process: where its interpreter is, and the code objects read.
+#[derive(Debug)]
+pub struct PyProcess {
+    pub layout: &'static Layout,
+    /// Address of `_PyRuntime` in the process.
+    pub runtime: u64,
+    /// The evaluation function's address ranges in the process.
+    eval: Vec<Range<u64>>,
+    pid: u32,
+    /// By code object address; `None`: it could not be read.
+    codes: HashMap<u64, Option<Arc<Code>>>,
+}
+
+impl PyProcess {
+    /// `bias` is what the file's addresses are moved by in the process.
+    pub fn new(pid: u32, binary: &PyBinary, bias: u64) -> Option<Self> {
+        Some(PyProcess {
+            layout: layout(binary.minor)?,
+            runtime: binary.runtime.wrapping_add(bias),
+            eval: binary
+                .eval
+                .iter()
+                .map(|r| r.start.wrapping_add(bias)..r.end.wrapping_add(bias))
+                .collect(),
+            pid,
+            codes: HashMap::new(),
+        })
+    }
+
+    /// What the BPF program needs to walk its threads' frames.
+    pub fn bpf_value(&self, start_time: u64) -> PyProcValue {
+        PyProcValue {
+            start_time,
+            runtime: self.runtime,
+            walk: self.layout.walk,
+        }
+    }
+
+    /// Whether `addr` is in the evaluation function.
+    pub fn is_eval(&self, addr: u64) -> bool {
+        self.eval.iter().any(|r| r.contains(&addr))
+    }
+
+    /// Code objects held.
+    pub fn codes(&self) -> usize {
+        self.codes.len()
+    }
+
+    /// The code object of `f` and the line the thread is at in it.
+    pub fn frame(&mut self, f: PyFrame) -> Option<(Arc<Code>, u32)> {
+        if !self.codes.contains_key(&f.code) {
+            if self.codes.len() >= MAX_CODES {
+                self.codes.clear();
+            }
+            let code = read_code(self.pid, self.layout, f.code).map(Arc::new);
+            self.codes.insert(f.code, code);
+        }
+        let code = self.codes.get(&f.code)?.clone()?;
+        let line = line_at(self.layout, &code, f.instr);
+        Some((code, line))
+    }
+}
+
+/// Reads `buf.len()` bytes at `addr` of process `pid`.
+fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> bool {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: `local` describes `buf`, which is live and writable for its
+    // length; the remote side is only read by the kernel, which checks it.
+    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    n >= 0 && n as usize == buf.len()
+}
+
+fn u64_at(b: &[u8], off: u32) -> u64 {
+    let off = off as usize;
+    b.get(off..off + 8)
+        .map_or(0, |s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
+}
+
+fn read_code(pid: u32, l: &Layout, addr: u64) -> Option<Code> {
+    let mut head = [0u8; 256];
+    if addr == 0 || !read_mem(pid, addr, &mut head) {
+        return None;
+    }
+    let first = u64_at(&head, l.code_firstlineno) as u32;
+    let name = read_str(
+        pid,
+        l,
+        u64_at(&head, l.code_qualname.unwrap_or(l.code_name)),
+    )?;
+    let file = read_str(pid, l, u64_at(&head, l.code_filename)).unwrap_or_default();
+    let lines = read_bytes(pid, u64_at(&head, l.code_lines)).unwrap_or_default();
+    Some(Code {
+        name: name.into(),
+        file: file.into(),
+        first_line: first,
+        lines: lines.into(),
+    })
+}
+
+/// A `str` object's text: compact ASCII, Latin-1, UCS-2 or UCS-4 (every
+/// name and file name the compiler makes is compact).
+fn read_str(pid: u32, l: &Layout, addr: u64) -> Option<String> {
+    let mut head = [0u8; 40];
+    if addr == 0 || !read_mem(pid, addr, &mut head) {
+        return None;
+    }
+    let len = usize::try_from(u64_at(&head, 16)).ok()?;
+    let state = u64_at(&head, 32) as u32;
+    let (kind, compact, ascii) = (
+        (state >> 2) & 7,
+        state & (1 << 5) != 0,
+        state & (1 << 6) != 0,
+    );
+    if !compact || len > MAX_STR || !matches!(kind, 1 | 2 | 4) {
+        return None;
+    }
+    let at = if ascii { l.ascii_size } else { l.compact_size };
+    let mut data = vec![0u8; len * kind as usize];
+    if !read_mem(pid, addr + u64::from(at), &mut data) {
+        return None;
+    }
+    Some(match kind {
+        1 => data.iter().map(|&b| char::from(b)).collect(),
+        2 => char::decode_utf16(
+            data.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]])),
+        )
+        .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+        .collect(),
+        _ => data
+            .chunks_exact(4)
+            .map(|c| {
+                char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .unwrap_or(char::REPLACEMENT_CHARACTER)
+            })
+            .collect(),
+    })
+}
+
+/// A `bytes` object's contents (at most [`MAX_LINE_TABLE`]).
+fn read_bytes(pid: u32, addr: u64) -> Option<Vec<u8>> {
+    let mut head = [0u8; 32];
+    if addr == 0 || !read_mem(pid, addr, &mut head) {
+        return None;
+    }
+    let len = usize::try_from(u64_at(&head, 16)).ok()?;
+    if len > MAX_LINE_TABLE {
+        return None;
+    }
+    let mut data = vec![0u8; len];
+    read_mem(pid, addr + 32, &mut data).then_some(data)
+}
+
+/// The line of `code` at `instr` (as the BPF program sent it), from the
+/// version's line table; the function's first line when it says none.
+pub fn line_at(l: &Layout, code: &Code, instr: u32) -> u32 {
+    let first = code.first_line;
+    let line = match l.walk.kind {
+        // f_lasti: bytes in 3.8 and 3.9, 2-byte units in 3.10.
+        FRAME_OBJECTS if l.minor < 10 => lnotab_line(&code.lines, first, instr as i32),
+        FRAME_OBJECTS => linetable_line(&code.lines, first, (instr as i32).saturating_mul(2)),
+        // The instruction pointer's distance from the code object: the
+        // instruction running (a caller's: its call).
+        _ => {
+            let at = i64::from(instr) - i64::from(l.code_instructions);
+            locations_line(&code.lines, first, (at / 2).max(0))
+        }
+    };
+    line.unwrap_or(first)
+}
+
+/// 3.8 and 3.9 `co_lnotab`: (byte offset increment, signed line increment)
+/// pairs; the line of the last pair starting at or before `offset`.
+fn lnotab_line(t: &[u8], first: u32, offset: i32) -> Option<u32> {
+    let (mut addr, mut line) = (0i32, i64::from(first));
+    for p in t.chunks_exact(2) {
+        addr += i32::from(p[0]);
+        if addr > offset {
+            break;
+        }
+        line += i64::from(p[1] as i8);
+    }
+    u32::try_from(line).ok()
+}
+
+/// 3.10 `co_linetable`: (byte length, signed line increment) pairs, -128
+/// for a range without a line.
+fn linetable_line(t: &[u8], first: u32, offset: i32) -> Option<u32> {
+    let (mut end, mut line) = (0i32, i64::from(first));
+    for p in t.chunks_exact(2) {
+        let start = end;
+        end += i32::from(p[0]);
+        let delta = p[1] as i8;
+        if delta != -128 {
+            line += i64::from(delta);
+        }
+        if start <= offset && offset < end {
+            return if delta == -128 {
+                None
+            } else {
+                u32::try_from(line).ok()
+            };
+        }
+    }
+    None
+}
+
+/// 3.11 and later location table: entries of one header byte (bit 7 set;
+/// bits 3–6 the form; bits 0–2 the length in code units, minus one) and
+/// the form's data. Forms: 15 no location; 14 long (signed varint line
+/// delta, then end line, column and end column varints); 13 no column
+/// (signed varint line delta); 10–12 one line (line delta = form − 10, then
+/// two column bytes); 0–9 short (same line, one column byte).
+fn locations_line(t: &[u8], first: u32, unit: i64) -> Option<u32> {
+    fn varint(t: &[u8], i: &mut usize) -> Option<u64> {
+        let (mut v, mut shift) = (0u64, 0u32);
+        loop {
+            let b = *t.get(*i)?;
+            *i += 1;
+            v |= u64::from(b & 63) << shift;
+            if b & 64 == 0 || shift > 56 {
+                return Some(v);
+            }
+            shift += 6;
+        }
+    }
+    fn svarint(t: &[u8], i: &mut usize) -> Option<i64> {
+        let v = varint(t, i)?;
+        Some(if v & 1 != 0 {
+            -((v >> 1) as i64)
+        } else {
+            (v >> 1) as i64
+        })
+    }
+    let (mut i, mut at, mut line) = (0usize, 0i64, i64::from(first));
+    while i < t.len() {
+        let head = t[i];
+        i += 1;
+        let form = (head >> 3) & 15;
+        let len = i64::from(head & 7) + 1;
+        let has_line = form != 15;
+        match form {
+            15 => {}
+            14 => {
+                line += svarint(t, &mut i)?;
+                for _ in 0..3 {
+                    varint(t, &mut i)?;
+                }
+            }
+            13 => line += svarint(t, &mut i)?,
+            10..=12 => {
+                line += i64::from(form - 10);
+                i += 2;
+            }
+            _ => i += 1,
+        }
+        if unit >= at && unit < at + len {
+            return has_line.then(|| u32::try_from(line).ok()).flatten();
+        }
+        at += len;
+    }
+    None
+}
+
+/// A frame of a merged stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Merged {
+    Native(Frame),
+    Python(PyFrame),
+}
+
+/// The native frames (innermost first) with the Python frames (innermost
+/// first) in place of the evaluation function's calls: each call is
+/// replaced by its group of Python frames (a group ends at a frame marked
+/// `last`). Groups left when the native stack ends (it was cut
+/// short) go at its outer end; calls left when the groups end (more than
+/// the BPF program walked) stay native.
+pub fn merge(native: &[Frame], py: &[PyFrame], is_eval: impl Fn(u64) -> bool) -> Vec<Merged> {
+    let mut out = Vec::with_capacity(native.len() + py.len());
+    let mut rest = py;
+    let take_group = |rest: &mut &[PyFrame], out: &mut Vec<Merged>| {
+        let end = rest
+            .iter()
+            .position(|f| f.last)
+            .map_or(rest.len(), |i| i + 1);
+        out.extend(rest[..end].iter().map(|&f| Merged::Python(f)));
+        *rest = &rest[end..];
+    };
+    for &f in native {
+        if !rest.is_empty() && is_eval(f.lookup()) {
+            take_group(&mut rest, &mut out);
+        } else {
+            out.push(Merged::Native(f));
+        }
+    }
+    while !rest.is_empty() {
+        take_group(&mut rest, &mut out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bpf_programs_struct_size() {
+        // `struct py_proc` in bpf/profile.bpf.c.
+        assert_eq!(std::mem::size_of::<PyProcValue>(), 64);
+    }
+
+    #[test]
+    fn interpreter_files_by_name() {
+        assert_eq!(version_of("/usr/bin/python3.11"), Some(11));
+        assert_eq!(
+            version_of("/root/.pyenv/versions/3.8.18/lib/libpython3.8.so.1.0"),
+            Some(8)
+        );
+        assert_eq!(version_of("/usr/lib/libpython3.13.so"), Some(13));
+        assert_eq!(version_of("/usr/bin/python3.7m"), None, "too old");
+        assert_eq!(
+            version_of("/usr/lib/libpython3.so"),
+            None,
+            "the stable ABI shim"
+        );
+        assert_eq!(version_of("/usr/bin/python3.14"), None, "no layout yet");
+        assert_eq!(version_of("/usr/bin/python3-config"), None);
+    }
+
+    fn py(code: u64, last: bool) -> PyFrame {
+        PyFrame {
+            code,
+            instr: 0,
+            last,
+        }
+    }
+
+    fn native(addr: u64) -> Frame {
+        Frame {
+            addr,
+            is_return: true,
+        }
+    }
+
+    #[test]
+    fn each_versions_frames_end_their_calls() {
+        let raw = |code: u64, instr: u64, end: u8| RawPyFrame { code, instr, end };
+        // 3.10: a frame per call; f_lasti is the low 4 bytes.
+        let f = frames(layout(10).unwrap(), &[raw(0x100, 0xdead_0000_0007, 0)]);
+        assert_eq!(
+            f,
+            [PyFrame {
+                code: 0x100,
+                instr: 7,
+                last: true
+            }]
+        );
+        // 3.11: the entry frame ends a call.
+        let f = frames(
+            layout(11).unwrap(),
+            &[
+                raw(0x100, 0x1c0, 0),
+                raw(0x200, 0x2d0, 1),
+                raw(0x300, 0x3c0, 1),
+            ],
+        );
+        assert_eq!(
+            f.iter().map(|f| (f.instr, f.last)).collect::<Vec<_>>(),
+            [(0xc0, false), (0xd0, true), (0xc0, true)]
+        );
+        // 3.12: the C stack's shim frame ends the call before it, and is
+        // no frame of its own.
+        let f = frames(
+            layout(12).unwrap(),
+            &[
+                raw(0x100, 0x1c0, 0),
+                raw(0x200, 0x2c0, 0),
+                raw(0, 0, 3),
+                raw(0x300, 0x3c0, 0),
+                raw(0, 0, 3),
+            ],
+        );
+        assert_eq!(
+            f.iter().map(|f| (f.code, f.last)).collect::<Vec<_>>(),
+            [(0x100, false), (0x200, true), (0x300, true)]
+        );
+    }
+
+    #[test]
+    fn python_frames_take_the_place_of_the_evaluation_calls() {
+        // Native, innermost first: a C function, eval (running frames 1, 2),
+        // a C call back into Python, eval (frame 3), main.
+        let eval = |a: u64| (0x1000..0x2000).contains(&a);
+        let stack = [
+            native(0x9000),
+            native(0x1100),
+            native(0x5000),
+            native(0x1200),
+        ];
+        let frames = [py(1, false), py(2, true), py(3, true)];
+        let merged = merge(&stack, &frames, eval);
+        assert_eq!(
+            merged,
+            [
+                Merged::Native(native(0x9000)),
+                Merged::Python(frames[0]),
+                Merged::Python(frames[1]),
+                Merged::Native(native(0x5000)),
+                Merged::Python(frames[2]),
+            ]
+        );
+        // A native stack cut short: the groups left go at its outer end.
+        let merged = merge(&stack[..2], &frames, eval);
+        assert_eq!(merged.len(), 4);
+        assert_eq!(merged[3], Merged::Python(frames[2]));
+        // More calls than frames walked: the rest stay native.
+        let merged = merge(&stack, &frames[..2], eval);
+        assert_eq!(merged.last(), Some(&Merged::Native(native(0x1200))));
+    }
+
+    fn code(first_line: u32, lines: &[u8]) -> Code {
+        Code {
+            name: "f".into(),
+            file: "f.py".into(),
+            first_line,
+            lines: lines.into(),
+        }
+    }
+
+    #[test]
+    fn lines_from_each_versions_table() {
+        // 3.8/3.9 lnotab: bytes 0..6 line 10, 6..20 line 12, 20.. line 11.
+        let t = code(10, &[6, 2, 14, 0xff]);
+        let l = layout(9).unwrap();
+        assert_eq!(line_at(l, &t, 0), 10);
+        assert_eq!(line_at(l, &t, 8), 12);
+        assert_eq!(line_at(l, &t, 24), 11);
+        // 3.10 linetable in 2-byte units: bytes 0..4 line 5, 4..10 no line,
+        // 10..16 line 7.
+        let t = code(5, &[4, 0, 6, 0x80, 6, 2]);
+        let l = layout(10).unwrap();
+        assert_eq!(line_at(l, &t, 1), 5);
+        assert_eq!(line_at(l, &t, 3), 5, "no line: the first line");
+        assert_eq!(line_at(l, &t, 6), 7);
+        // 3.13 locations in units from co_code_adaptive: a no-column entry
+        // of 2 units at line +1, a one-line entry of 3 units at +2, a long
+        // entry of 1 unit at -3, a short one of 2 units.
+        let t = code(
+            20,
+            &[
+                0x80 | 13 << 3 | 1,
+                2,
+                0x80 | 12 << 3 | 2,
+                0,
+                0,
+                0x80 | 14 << 3,
+                7,
+                0,
+                1,
+                1,
+                0x81,
+                0,
+            ],
+        );
+        let l = layout(13).unwrap();
+        let at = |unit: u32| l.code_instructions + unit * 2;
+        assert_eq!(line_at(l, &t, at(0)), 21);
+        assert_eq!(line_at(l, &t, at(1)), 21);
+        assert_eq!(line_at(l, &t, at(2)), 23);
+        assert_eq!(line_at(l, &t, at(4)), 23);
+        assert_eq!(line_at(l, &t, at(5)), 20);
+        assert_eq!(line_at(l, &t, at(6)), 20);
+    }
+}
