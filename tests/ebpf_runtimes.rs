@@ -148,7 +148,9 @@ fn python_with_x_perf_named_and_unwound_through_its_trampolines() {
 /// (in a thread of its own: `_bootstrap_inner` → the lambda, by its
 /// qualified name `main.<locals>.<lambda>` from 3.11 on → `run`), and the interpreter's evaluation
 /// function no longer in their stacks. Every version runs it in the main
-/// thread, the oldest and the newest in a second thread too.
+/// thread, the oldest and the newest in a second thread too, and so does the
+/// system's `python3` (Debian's, a stripped executable with the
+/// interpreter in it).
 #[test]
 fn python_frames_without_a_flag_in_every_cpython_from_3_8_to_3_13() {
     let _one_at_a_time = require_root();
@@ -169,20 +171,41 @@ fn python_frames_without_a_flag_in_every_cpython_from_3_8_to_3_13() {
         (def as i64 + 1)..=(ret as i64 + 1)
     };
     let (two_body, one_body) = (body("proflow_hot_two"), body("proflow_hot_one"));
+    // pyenv's builds (the interpreter in libpython3.X.so, with its symbol
+    // table), then the system's python3 (Debian's: the interpreter in the
+    // stripped executable, found by its dynamic symbols).
     let runs = ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"]
         .map(|m| (m, false))
         .into_iter()
-        .chain([("3.8", true), ("3.13", true)]);
+        .chain([("3.8", true), ("3.13", true), ("system", false)]);
     for (minor, threaded) in runs {
-        let Some(python) = pyenv_python(minor) else {
-            continue;
+        let python = if minor == "system" {
+            std::path::PathBuf::from("/usr/bin/python3")
+        } else {
+            let Some(python) = pyenv_python(minor) else {
+                continue;
+            };
+            python
         };
+        let version = Command::new(&python)
+            .args(["-c", "import sys; print(sys.version_info[1])"])
+            .output()
+            .unwrap_or_else(|e| panic!("{}: {e} (apt-get install python3)", python.display()));
+        let version: u32 = String::from_utf8_lossy(&version.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{}: {version:?}", python.display()));
+        assert!(
+            (8..=13).contains(&version),
+            "{} is CPython 3.{version}; this test wants 3.8 to 3.13",
+            python.display()
+        );
         let mut cmd = Command::new(&python);
         cmd.arg(&source).arg("30");
         if threaded {
             cmd.arg("thread");
         }
-        let lambda = if minor.starts_with("3.1") && minor != "3.10" {
+        let lambda = if version >= 11 {
             "main.<locals>.<lambda>"
         } else {
             "<lambda>"
