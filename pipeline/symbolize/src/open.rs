@@ -18,7 +18,7 @@
 //! file, so they read that very file too.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -101,25 +101,6 @@ pub fn fd_path(file: &File) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
-/// The text of a regular file (a `/proc` file has no size, so the bound
-/// is on what is read): at most `max_bytes`, cut at the last whole line
-/// when there was more.
-pub fn read_text(path: &Path, max_bytes: u64) -> io::Result<String> {
-    let r = open_regular(path, max_bytes)?;
-    let mut bytes = Vec::new();
-    r.file
-        .take(max_bytes.saturating_add(1))
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max_bytes {
-        let end = bytes[..max_bytes as usize]
-            .iter()
-            .rposition(|&b| b == b'\n')
-            .map_or(0, |i| i + 1);
-        bytes.truncate(end);
-    }
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,17 +174,5 @@ mod tests {
         mkfifo(&path);
         assert_eq!(std::fs::read(fd_path(&r.file)).unwrap(), b"checked");
         assert!(open_regular(&path, u64::MAX).is_err());
-    }
-
-    #[test]
-    fn proc_text_is_read_up_to_its_bound_in_whole_lines() {
-        let text = read_text(Path::new("/proc/self/maps"), 1 << 20).unwrap();
-        assert!(text.lines().count() > 2, "{text}");
-        let cut = read_text(Path::new("/proc/self/maps"), 300).unwrap();
-        assert!(
-            !cut.is_empty() && cut.len() <= 300 && cut.ends_with('\n'),
-            "{cut:?}"
-        );
-        assert!(text.starts_with(&cut));
     }
 }

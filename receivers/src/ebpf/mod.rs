@@ -186,7 +186,7 @@ struct Loaded {
     /// Processes whose waits the off-CPU programs do not note (when on).
     offcpu_skip: Option<aya::maps::HashMap<MapData, SkipKey, u8>>,
     /// Python processes whose frames the BPF program walks.
-    py_procs: aya::maps::HashMap<MapData, u32, PyProcValue>,
+    py_procs: Option<aya::maps::HashMap<MapData, u32, PyProcValue>>,
     counters: PerCpuArray<MapData, u64>,
     /// CPUs the perf event is open on. A CPU that goes offline keeps its
     /// event (it samples again when the CPU returns); one that comes online
@@ -285,7 +285,7 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
     let mut loaded = Loaded {
         bpf,
         offcpu_skip,
-        py_procs,
+        py_procs: Some(py_procs),
         ring,
         counters,
         attached: Default::default(),
@@ -443,7 +443,10 @@ fn sample_loop(
     });
     let mut collector = Collector::new(
         {
-            let procs = Processes::new(relabel, config.group_by).with_python(config.python);
+            let mut procs = Processes::new(relabel, config.group_by);
+            if let Some(map) = loaded.py_procs.take().filter(|_| config.python) {
+                procs = procs.with_python(py_sink(map));
+            }
             if config.perf_maps {
                 procs.with_perf_maps(config.max_perf_map_size.bytes())
             } else {
@@ -504,26 +507,6 @@ fn sample_loop(
                 }
             }
         }
-        for change in collector.procs.take_py_changes() {
-            match change {
-                PyChange::Put(pid, value) => {
-                    if let Err(e) = loaded.py_procs.insert(pid, value, 0) {
-                        tracing::debug!(pid, "cannot walk a Python process's frames: {e}");
-                    }
-                }
-                // Only if it is still that process's (a new process may
-                // have the pid by now).
-                PyChange::Remove(key) => {
-                    if loaded
-                        .py_procs
-                        .get(&key.pid, 0)
-                        .is_ok_and(|v| v.start_time == key.start_time)
-                    {
-                        let _ = loaded.py_procs.remove(&key.pid);
-                    }
-                }
-            }
-        }
         if stopping || Instant::now() >= next {
             let now = SystemTime::now();
             let envelopes = collector.flush(unix_nanos(started), unix_nanos(now));
@@ -579,6 +562,28 @@ fn sample_loop(
             return;
         }
     }
+}
+
+/// Puts each Python process found in the BPF program's `py_procs` map, and
+/// takes each one gone out of it.
+fn py_sink(mut map: aya::maps::HashMap<MapData, u32, PyProcValue>) -> procs::PySink {
+    Box::new(move |change| match change {
+        PyChange::Put(pid, value) => {
+            if let Err(e) = map.insert(pid, value, 0) {
+                tracing::debug!(pid, "cannot walk a Python process's frames: {e}");
+            }
+        }
+        // Only if it is still that process's (a new process may have the
+        // pid by now).
+        PyChange::Remove(key) => {
+            if map
+                .get(&key.pid, 0)
+                .is_ok_and(|v| v.start_time == key.start_time)
+            {
+                let _ = map.remove(&key.pid);
+            }
+        }
+    })
 }
 
 /// Waits until `fd` is readable or `timeout` passes.

@@ -15,8 +15,9 @@
 //!
 //! ELF files are read once per file (device and inode) and shared by every
 //! process that maps them; only the build id, the executable segments and
-//! the unwind sections (and an interpreter's two symbols) are kept, never
-//! the whole file.
+//! an interpreter's two symbols are kept. The unwind sections are used in
+//! place from the file mapped (only the pages the unwinder reads are in
+//! memory), never copied; a compressed `.debug_frame` (Go's) is inflated.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -77,9 +78,34 @@ pub struct Binary {
 struct UnwindSections {
     text_svma: Option<Range<u64>>,
     got_svma: Option<Range<u64>>,
-    eh_frame: Option<(Range<u64>, Arc<[u8]>)>,
-    eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
-    debug_frame: Option<Arc<[u8]>>,
+    eh_frame: Option<(Range<u64>, Section)>,
+    eh_frame_hdr: Option<(Range<u64>, Section)>,
+    debug_frame: Option<Section>,
+}
+
+/// The bytes of an unwind section: in place in the file, mapped (only the
+/// pages the unwinder reads are in memory, and the kernel may drop them
+/// again), or inflated from a compressed section.
+#[derive(Debug, Clone)]
+pub enum Section {
+    Mapped(Arc<memmap2::Mmap>, Range<usize>),
+    Inflated(Arc<[u8]>),
+}
+
+impl Default for Section {
+    fn default() -> Self {
+        Section::Inflated(Arc::from(Vec::new()))
+    }
+}
+
+impl std::ops::Deref for Section {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Section::Mapped(map, range) => &map[range.clone()],
+            Section::Inflated(bytes) => bytes,
+        }
+    }
 }
 
 /// One executable mapping of a process.
@@ -118,7 +144,7 @@ pub struct Process {
     /// Every executable range, file-backed or not (JIT code, the vdso): an
     /// address outside all of them means the mappings changed.
     exec_ranges: Vec<(u64, u64)>,
-    pub unwinder: UnwinderX86_64<Arc<[u8]>>,
+    pub unwinder: UnwinderX86_64<Section>,
     /// Whether `/proc` could be read for it.
     pub from_proc: bool,
     last_reload: Instant,
@@ -212,11 +238,14 @@ pub struct Processes {
     perf_map_max: Option<u64>,
     /// Processes relabelling dropped since [`Processes::take_dropped`].
     dropped: Vec<ProcKey>,
-    /// Whether Python processes' frames are walked.
-    python: bool,
-    /// Changes for `py_procs` since [`Processes::take_py_changes`].
-    py_changes: Vec<PyChange>,
+    /// Where Python processes found and gone are told (the BPF program's
+    /// `py_procs` map), at once: a Python process's next sample already has
+    /// its frames. `None`: Python frames are off.
+    py_sink: Option<PySink>,
 }
+
+/// Takes each change of the Python processes.
+pub type PySink = Box<dyn FnMut(PyChange)>;
 
 impl Processes {
     pub fn new(relabel: Relabeler, group_by: GroupBy) -> Self {
@@ -228,21 +257,21 @@ impl Processes {
             proc_root: PathBuf::from("/proc"),
             perf_map_max: None,
             dropped: Vec::new(),
-            python: false,
-            py_changes: Vec::new(),
+            py_sink: None,
         }
     }
 
-    /// Walks the frames of CPython processes (see [`super::python`]).
-    pub fn with_python(mut self, on: bool) -> Self {
-        self.python = on;
+    /// Walks the frames of CPython processes (see [`super::python`]),
+    /// telling `sink` each one found and gone.
+    pub fn with_python(mut self, sink: PySink) -> Self {
+        self.py_sink = Some(sink);
         self
     }
 
-    /// Python processes found and gone since the last call, for the BPF
-    /// program's `py_procs` map.
-    pub fn take_py_changes(&mut self) -> Vec<PyChange> {
-        std::mem::take(&mut self.py_changes)
+    fn py_change(sink: &mut Option<PySink>, change: PyChange) {
+        if let Some(sink) = sink {
+            sink(change);
+        }
     }
 
     /// Reads processes from `root` instead of `/proc`.
@@ -318,12 +347,14 @@ impl Processes {
                 match &p.python {
                     Some(new) if !exec && new.runtime == old.runtime => p.python = Some(old),
                     Some(_) => {}
-                    None => self.py_changes.push(PyChange::Remove(key)),
+                    None => Self::py_change(&mut self.py_sink, PyChange::Remove(key)),
                 }
             }
             if let Some(py) = &p.python {
-                self.py_changes
-                    .push(PyChange::Put(key.pid, py.bpf_value(key.start_time)));
+                Self::py_change(
+                    &mut self.py_sink,
+                    PyChange::Put(key.pid, py.bpf_value(key.start_time)),
+                );
             }
             self.procs.insert(key, p);
         }
@@ -340,11 +371,11 @@ impl Processes {
     /// the ring buffer keeps its series.
     pub fn sweep(&mut self, before: u64) {
         let root = &self.proc_root;
-        let py_changes = &mut self.py_changes;
+        let py_sink = &mut self.py_sink;
         self.procs.retain(|key, p| {
             if p.exited || p.last_seen < before {
                 if p.python.is_some() {
-                    py_changes.push(PyChange::Remove(*key));
+                    Self::py_change(py_sink, PyChange::Remove(*key));
                 }
                 return false;
             }
@@ -357,7 +388,7 @@ impl Processes {
                 p.unwinder = UnwinderX86_64::new();
                 p.perf = None;
                 if p.python.take().is_some() {
-                    py_changes.push(PyChange::Remove(*key));
+                    Self::py_change(py_sink, PyChange::Remove(*key));
                 }
             }
             true
@@ -443,7 +474,7 @@ impl Processes {
                 unwinder.add_module(module);
             }
         }
-        let python = if self.python {
+        let python = if self.py_sink.is_some() {
             mappings.iter().find_map(|m| {
                 let py = m.binary.python.as_ref()?;
                 PyProcess::new(key.pid, py, m.binary.bias(m)?)
@@ -541,19 +572,9 @@ fn service_name(exe: &str, comm: &str) -> String {
 }
 
 /// The framehop module of a mapping whose file has unwind sections.
-fn module(m: &Mapping) -> Option<Module<Arc<[u8]>>> {
+fn module(m: &Mapping) -> Option<Module<Section>> {
     let u = m.binary.unwind.as_ref()?;
-    // The executable segment this mapping starts in gives the load bias.
-    let (vaddr, off) = m
-        .binary
-        .exec_segments
-        .iter()
-        .copied()
-        .rev()
-        .find(|&(_, off)| off & !0xfff <= m.offset)
-        .or_else(|| m.binary.exec_segments.first().copied())?;
-    let svma_of_start = vaddr.wrapping_sub(off).wrapping_add(m.offset);
-    let bias = m.start.wrapping_sub(svma_of_start);
+    let bias = m.binary.bias(m)?;
     Some(Module::new(
         m.binary.path.to_string(),
         m.start..m.end,
@@ -590,6 +611,9 @@ fn read_binary(open: &Path, path: &str) -> Binary {
         return b;
     };
     b.id = Some(regular.id);
+    let Ok(regular_file) = regular.file.try_clone() else {
+        return b;
+    };
     let cache = object::ReadCache::new(regular.file);
     let Ok(elf) = object::File::parse(&cache) else {
         return b;
@@ -607,13 +631,27 @@ fn read_binary(open: &Path, path: &str) -> Binary {
     if super::python::version_of(path).is_some() {
         b.python = super::python::read_symbols(&elf, path);
     }
-    let section = |name: &str| -> Option<(Range<u64>, Arc<[u8]>)> {
+    // Uncompressed sections are used in place, from the file mapped.
+    // SAFETY: the map is only read. A file truncated in place while mapped
+    // would fault on access, as it does for every process running it (and
+    // for the symbolizer, which maps the same files); files are replaced by
+    // rename in practice, which leaves this map valid.
+    let map = unsafe { memmap2::Mmap::map(&regular_file) }
+        .ok()
+        .map(Arc::new);
+    let section = |name: &str| -> Option<(Range<u64>, Section)> {
         let s = elf.section_by_name(name)?;
-        if s.size() > MAX_SECTION {
+        let (offset, size) = s.file_range()?;
+        if size > MAX_SECTION || size != s.size() {
             return None;
         }
-        let data = s.data().ok()?;
-        Some((s.address()..s.address() + s.size(), Arc::from(data)))
+        let map = map.as_ref()?;
+        let range = usize::try_from(offset).ok()?..usize::try_from(offset + size).ok()?;
+        map.get(range.clone())?;
+        Some((
+            s.address()..s.address() + s.size(),
+            Section::Mapped(map.clone(), range),
+        ))
     };
     let range = |name: &str| {
         elf.section_by_name(name)
@@ -626,7 +664,7 @@ fn read_binary(open: &Path, path: &str) -> Binary {
             .filter(|s| s.size() <= MAX_SECTION)
             .and_then(|s| s.uncompressed_data().ok())
             .filter(|d| d.len() as u64 <= MAX_SECTION)
-            .map(|d| Arc::from(&*d))
+            .map(|d| Section::Inflated(Arc::from(&*d)))
     } else {
         None
     };
@@ -649,20 +687,18 @@ fn read_binary(open: &Path, path: &str) -> Binary {
 
 impl Binary {
     /// What its addresses are moved by in the process that maps it as `m`
-    /// (an executable mapping): `m` maps the executable segment at its
-    /// file offset.
+    /// (an executable mapping): the executable segment `m` starts in (its
+    /// offset rounded down to a page, as mmap maps it) gives the load bias.
     pub fn bias(&self, m: &Mapping) -> Option<u64> {
-        let &(vaddr, offset) = self
+        let (vaddr, offset) = self
             .exec_segments
             .iter()
-            .filter(|&&(_, off)| off <= m.offset)
-            .max_by_key(|&&(_, off)| off)?;
-        Some(
-            m.start
-                .wrapping_sub(m.offset)
-                .wrapping_add(offset)
-                .wrapping_sub(vaddr),
-        )
+            .copied()
+            .rev()
+            .find(|&(_, off)| off & !0xfff <= m.offset)
+            .or_else(|| self.exec_segments.first().copied())?;
+        let svma_of_start = vaddr.wrapping_sub(offset).wrapping_add(m.offset);
+        Some(m.start.wrapping_sub(svma_of_start))
     }
 }
 
