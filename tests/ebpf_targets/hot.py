@@ -3,8 +3,8 @@ every CPython from 3.8 to 3.13 as it is (the receiver walks the interpreter's
 frames), and by 3.12+ with -X perf (each Python function's trampoline is
 named in /tmp/perf-PID.map). Each round's length is random (1 to 8 units, the
 same for both functions). Usage: python3 [-X perf] hot.py SECONDS [thread]
-(thread: the functions run in a thread of their own, the main thread waits
-for it). Prints "ready PID" when it starts spinning and "rounds N" when it
+(thread: the functions run in a thread of their own, a second, idle thread
+is started after it, and the main thread waits for the first). Prints "ready PID" when it starts spinning and "rounds N" when it
 ends."""
 import os
 import random
@@ -47,6 +47,11 @@ def main():
         done = []
         worker = threading.Thread(target=lambda: done.append(run(seconds)))
         worker.start()
+        # A thread started after the worker, idle: its state is the first
+        # of the interpreter's list, so the worker's must be found by its
+        # thread id, not taken as the first.
+        idle = threading.Thread(target=time.sleep, args=(seconds,), daemon=True)
+        idle.start()
         worker.join()
         print(f"rounds {done[0]}", flush=True)
     else:

@@ -31,6 +31,8 @@ fn each_symbol(mut r: impl std::io::BufRead, mut each: impl FnMut(u64, &str)) {
         line.clear();
         match r.read_until(b'\n', &mut line) {
             Ok(0) | Err(_) => return,
+            // A last line cut by the read bound is not a whole symbol.
+            Ok(_) if line.last() != Some(&b'\n') => return,
             Ok(_) => {}
         }
         if let Some((addr, name)) = text_symbol(&line) {
@@ -157,7 +159,6 @@ mod tests {
             return;
         }
         assert!(k.addrs.is_sorted());
-        assert_eq!(k.names.len(), k.names.capacity(), "sized by the first pass");
         let (addr, name) = text
             .lines()
             .filter_map(|l| text_symbol(l.as_bytes()))

@@ -222,8 +222,10 @@ struct Series {
     mapping_index: HashMap<(usize, u64, u64), u32>,
     locations: Vec<Location>,
     location_index: HashMap<(u32, u64), u32>,
-    /// Python frames' locations by code object and line.
-    py_index: HashMap<(u64, u32), u32>,
+    /// Python frames' locations by process, code object and line (the
+    /// processes of a `group_by: service` series have code objects of their
+    /// own at the same addresses).
+    py_index: HashMap<(u32, u64, u32), u32>,
     /// Per stack: samples, and for waits their nanoseconds.
     stacks: HashMap<Box<[u32]>, (u64, u64)>,
 }
@@ -363,7 +365,7 @@ impl Collector {
             let frame = match frame {
                 Merged::Native(f) => f,
                 Merged::Python(f) => {
-                    stack.push(py_location(series, process.python.as_mut(), f));
+                    stack.push(py_location(series, key.pid, process.python.as_mut(), f));
                     continue;
                 }
             };
@@ -515,11 +517,16 @@ fn jit_location(series: &mut Series, process: &mut Process, frame: Frame) -> u32
 
 /// The series' location of a Python frame: its code object's qualified
 /// name and file, at the line the thread is at.
-fn py_location(series: &mut Series, python: Option<&mut PyProcess>, frame: PyFrame) -> u32 {
+fn py_location(
+    series: &mut Series,
+    pid: u32,
+    python: Option<&mut PyProcess>,
+    frame: PyFrame,
+) -> u32 {
     let found = python.and_then(|py| py.frame(frame));
     let key = match &found {
-        Some((_, line)) => (frame.code, *line),
-        None => (0, 0),
+        Some((_, line)) => (pid, frame.code, *line),
+        None => (0, 0, 0),
     };
     if let Some(&i) = series.py_index.get(&key) {
         return i;

@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,12 +90,14 @@ struct UnwindSections {
 #[derive(Debug, Clone)]
 pub enum Section {
     Mapped(Arc<memmap2::Mmap>, Range<usize>),
-    Inflated(Arc<[u8]>),
+    /// Copied from a file only root cannot change, or inflated (kept as
+    /// made: an `Arc<[u8]>` would copy it once more).
+    Inflated(Arc<Vec<u8>>),
 }
 
 impl Default for Section {
     fn default() -> Self {
-        Section::Inflated(Arc::from(Vec::new()))
+        Section::Inflated(Arc::new(Vec::new()))
     }
 }
 
@@ -611,12 +614,51 @@ fn read_binary(open: &Path, path: &str) -> Binary {
         return b;
     };
     b.id = Some(regular.id);
-    let Ok(regular_file) = regular.file.try_clone() else {
-        return b;
-    };
-    let cache = object::ReadCache::new(regular.file);
-    let Ok(elf) = object::File::parse(&cache) else {
-        return b;
+    // A file only root can change is mapped, parsed in place (no copy of
+    // its symbol tables on the heap), and its unwind sections are used in
+    // place later. Any other file is read and its sections copied: a user
+    // could truncate it while it is mapped, and reading a mapped page past
+    // the file's end kills the reader.
+    let root_only = regular
+        .file
+        .metadata()
+        .is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0);
+    // SAFETY: the map is only read, and the file can only be truncated by
+    // root (who could kill this process anyway); files are replaced by
+    // rename in practice, which leaves this map valid.
+    let map = root_only
+        .then(|| unsafe { memmap2::Mmap::map(&regular.file) }.ok())
+        .flatten()
+        .map(Arc::new);
+    match &map {
+        Some(map) => {
+            read_elf(&mut b, &map[..], Some(map), path);
+            // The pages the parse read (headers, symbol tables) leave this
+            // process's memory; the unwinder brings back only those it reads.
+            // SAFETY: a private read-only file mapping: its pages are dropped
+            // and read again from the file on the next access.
+            let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
+        None => read_elf(&mut b, &object::ReadCache::new(regular.file), None, path),
+    }
+    tracing::debug!(
+        path,
+        unwind_bytes = b.unwind.as_ref().map_or(0, UnwindSections::bytes),
+        "read a mapped file's unwind sections"
+    );
+    b
+}
+
+/// Fills `b` from the ELF file `data`; its unwind sections refer to `map`
+/// when the file is mapped, else are copied.
+fn read_elf<'d, R: object::ReadRef<'d>>(
+    b: &mut Binary,
+    data: R,
+    map: Option<&Arc<memmap2::Mmap>>,
+    path: &str,
+) {
+    let Ok(elf) = object::File::parse(data) else {
+        return;
     };
     if let Ok(Some(id)) = elf.build_id() {
         b.build_id = Some(proflow_symbolize::elf::hex(id).into());
@@ -632,39 +674,41 @@ fn read_binary(open: &Path, path: &str) -> Binary {
         b.python = super::python::read_symbols(&elf, path);
     }
     // Uncompressed sections are used in place, from the file mapped.
-    // SAFETY: the map is only read. A file truncated in place while mapped
-    // would fault on access, as it does for every process running it (and
-    // for the symbolizer, which maps the same files); files are replaced by
-    // rename in practice, which leaves this map valid.
-    let map = unsafe { memmap2::Mmap::map(&regular_file) }
-        .ok()
-        .map(Arc::new);
     let section = |name: &str| -> Option<(Range<u64>, Section)> {
         let s = elf.section_by_name(name)?;
         let (offset, size) = s.file_range()?;
-        if size > MAX_SECTION || size != s.size() {
+        let compressed = s.compressed_file_range().ok()?.format;
+        if size > MAX_SECTION || compressed != object::CompressionFormat::None {
             return None;
         }
-        let map = map.as_ref()?;
-        let range = usize::try_from(offset).ok()?..usize::try_from(offset + size).ok()?;
-        map.get(range.clone())?;
-        Some((
-            s.address()..s.address() + s.size(),
-            Section::Mapped(map.clone(), range),
-        ))
+        let bytes = match map {
+            Some(map) => {
+                let range = usize::try_from(offset).ok()?..usize::try_from(offset + size).ok()?;
+                map.get(range.clone())?;
+                Section::Mapped(map.clone(), range)
+            }
+            None => Section::Inflated(Arc::new(s.data().ok()?.to_vec())),
+        };
+        Some((s.address()..s.address() + s.size(), bytes))
     };
     let range = |name: &str| {
         elf.section_by_name(name)
             .map(|s| s.address()..s.address() + s.size())
     };
     let eh_frame = section(".eh_frame");
-    // Compressed in Go binaries (SHF_COMPRESSED): inflated here, bounded.
+    // Compressed in Go binaries (SHF_COMPRESSED): inflated here, if the
+    // size its header states is within bound (checked before inflating);
+    // else used in place.
     let debug_frame = if eh_frame.is_none() {
-        elf.section_by_name(".debug_frame")
-            .filter(|s| s.size() <= MAX_SECTION)
-            .and_then(|s| s.uncompressed_data().ok())
-            .filter(|d| d.len() as u64 <= MAX_SECTION)
-            .map(|d| Section::Inflated(Arc::from(&*d)))
+        section(".debug_frame").map(|(_, d)| d).or_else(|| {
+            let s = elf.section_by_name(".debug_frame")?;
+            let stated = s.compressed_file_range().ok()?.uncompressed_size;
+            if stated > MAX_SECTION {
+                return None;
+            }
+            let d = s.uncompressed_data().ok()?;
+            (d.len() as u64 <= MAX_SECTION).then(|| Section::Inflated(Arc::new(d.into_owned())))
+        })
     } else {
         None
     };
@@ -677,12 +721,6 @@ fn read_binary(open: &Path, path: &str) -> Binary {
             debug_frame,
         });
     }
-    tracing::debug!(
-        path,
-        unwind_bytes = b.unwind.as_ref().map_or(0, UnwindSections::bytes),
-        "read a mapped file's unwind sections"
-    );
-    b
 }
 
 impl Binary {

@@ -13,8 +13,9 @@
 //! Here each code object is read once from the process's memory
 //! (`process_vm_readv`): its qualified name (3.11 on; its name before),
 //! file, first line and line table, kept per process (at most
-//! [`MAX_CODES`]; the cache starts over when full). A frame's line comes
-//! from the line table at its instruction.
+//! [`MAX_CODES`] holding [`MAX_CODE_BYTES`]; the cache starts over when
+//! full). A frame's line comes from the line table at its instruction,
+//! decoded once per instruction.
 //!
 //! [`merge`] puts the Python frames in the native stack: each call of the
 //! evaluation function in the native stack is replaced by the Python frames
@@ -32,6 +33,8 @@ use super::sample::RawPyFrame;
 
 /// Code objects kept per process.
 pub const MAX_CODES: usize = 4096;
+/// Bytes of names, files and line tables kept per process.
+pub const MAX_CODE_BYTES: usize = 8 << 20;
 /// Longest name or file name read.
 const MAX_STR: usize = 1024;
 /// Longest line table read; a longer one gives the function's first line.
@@ -333,6 +336,10 @@ pub struct PyProcess {
     pid: u32,
     /// By code object address; `None`: it could not be read.
     codes: HashMap<u64, Option<Arc<Code>>>,
+    /// Bytes the codes hold.
+    code_bytes: usize,
+    /// Lines found, by code object address and instruction.
+    lines: HashMap<(u64, u32), u32>,
 }
 
 impl PyProcess {
@@ -348,6 +355,8 @@ impl PyProcess {
                 .collect(),
             pid,
             codes: HashMap::new(),
+            code_bytes: 0,
+            lines: HashMap::new(),
         })
     }
 
@@ -373,14 +382,28 @@ impl PyProcess {
     /// The code object of `f` and the line the thread is at in it.
     pub fn frame(&mut self, f: PyFrame) -> Option<(Arc<Code>, u32)> {
         if !self.codes.contains_key(&f.code) {
-            if self.codes.len() >= MAX_CODES {
+            if self.codes.len() >= MAX_CODES || self.code_bytes >= MAX_CODE_BYTES {
                 self.codes.clear();
+                self.lines.clear();
+                self.code_bytes = 0;
             }
             let code = read_code(self.pid, self.layout, f.code).map(Arc::new);
+            self.code_bytes += code
+                .as_ref()
+                .map_or(0, |c| c.name.len() + c.file.len() + c.lines.len());
             self.codes.insert(f.code, code);
         }
         let code = self.codes.get(&f.code)?.clone()?;
-        let line = line_at(self.layout, &code, f.instr);
+        let line = match self.lines.get(&(f.code, f.instr)) {
+            Some(&line) => line,
+            None => {
+                let line = line_at(self.layout, &code, f.instr);
+                if self.lines.len() < MAX_CODES * 4 {
+                    self.lines.insert((f.code, f.instr), line);
+                }
+                line
+            }
+        };
         Some((code, line))
     }
 }
@@ -408,18 +431,29 @@ fn u64_at(b: &[u8], off: u32) -> u64 {
 }
 
 fn read_code(pid: u32, l: &Layout, addr: u64) -> Option<Code> {
-    let mut head = [0u8; 256];
-    if addr == 0 || !read_mem(pid, addr, &mut head) {
+    // Only as far as the last field read: a small code object may end
+    // just before an unmapped page.
+    let end = [
+        l.code_filename,
+        l.code_name,
+        l.code_qualname.unwrap_or(0),
+        l.code_lines,
+        l.code_firstlineno,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0) as usize
+        + 8;
+    let mut buf = [0u8; 256];
+    let head = &mut buf[..end.min(256)];
+    if addr == 0 || !read_mem(pid, addr, head) {
         return None;
     }
-    let first = u64_at(&head, l.code_firstlineno) as u32;
-    let name = read_str(
-        pid,
-        l,
-        u64_at(&head, l.code_qualname.unwrap_or(l.code_name)),
-    )?;
-    let file = read_str(pid, l, u64_at(&head, l.code_filename)).unwrap_or_default();
-    let lines = read_bytes(pid, u64_at(&head, l.code_lines)).unwrap_or_default();
+    let head = &*head;
+    let first = u64_at(head, l.code_firstlineno) as u32;
+    let name = read_str(pid, l, u64_at(head, l.code_qualname.unwrap_or(l.code_name)))?;
+    let file = read_str(pid, l, u64_at(head, l.code_filename)).unwrap_or_default();
+    let lines = read_bytes(pid, u64_at(head, l.code_lines)).unwrap_or_default();
     Some(Code {
         name: name.into(),
         file: file.into(),
@@ -573,12 +607,12 @@ fn locations_line(t: &[u8], first: u32, unit: i64) -> Option<u32> {
         match form {
             15 => {}
             14 => {
-                line += svarint(t, &mut i)?;
+                line = line.checked_add(svarint(t, &mut i)?)?;
                 for _ in 0..3 {
                     varint(t, &mut i)?;
                 }
             }
-            13 => line += svarint(t, &mut i)?,
+            13 => line = line.checked_add(svarint(t, &mut i)?)?,
             10..=12 => {
                 line += i64::from(form - 10);
                 i += 2;
@@ -588,7 +622,7 @@ fn locations_line(t: &[u8], first: u32, unit: i64) -> Option<u32> {
         if unit >= at && unit < at + len {
             return has_line.then(|| u32::try_from(line).ok()).flatten();
         }
-        at += len;
+        at = at.checked_add(len)?;
     }
     None
 }

@@ -313,7 +313,7 @@ static __always_inline void python_stack(struct sample *s, struct task_struct *t
 		return;
 	fsbase = BPF_CORE_READ(task, thread.fsbase);
 	interp = read_ptr(p->runtime + p->runtime_interp);
-	if (!interp)
+	if (!fsbase || !interp)
 		return;
 	tstate = read_ptr(interp + p->interp_threads);
 	for (int i = 0; i < PY_THREADS; i++) {
