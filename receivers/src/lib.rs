@@ -42,6 +42,12 @@ pub mod otlp;
 pub mod perfmap;
 #[cfg(feature = "pprof_push")]
 pub mod pprof_push;
+/// CPython's line-table decoders of the ebpf receiver, without the
+/// receiver (feature `perf-map`: no aya), for the fuzz targets in `fuzz/`.
+#[cfg(all(feature = "perf-map", not(feature = "ebpf"), target_os = "linux"))]
+#[doc(hidden)]
+#[path = "ebpf/pylines.rs"]
+pub mod pylines;
 #[cfg(feature = "scrape")]
 pub mod scrape;
 

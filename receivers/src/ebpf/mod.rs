@@ -86,6 +86,7 @@ pub mod collector;
 pub mod config;
 pub mod perfmap;
 pub mod procs;
+pub mod pylines;
 pub mod python;
 pub mod sample;
 pub mod symbols;
@@ -568,7 +569,15 @@ fn sample_loop(
 /// takes each one gone out of it.
 fn py_sink(mut map: aya::maps::HashMap<MapData, u32, PyProcValue>) -> procs::PySink {
     Box::new(move |change| match change {
+        // Not over a later process's entry (a process whose pid was reused
+        // since, read again late).
         PyChange::Put(pid, value) => {
+            if map
+                .get(&pid, 0)
+                .is_ok_and(|v| v.start_time > value.start_time)
+            {
+                return;
+            }
             if let Err(e) = map.insert(pid, value, 0) {
                 tracing::debug!(pid, "cannot walk a Python process's frames: {e}");
             }
