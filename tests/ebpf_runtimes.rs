@@ -425,21 +425,7 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
             ports.telemetry
         )
     });
-    std::thread::sleep(Duration::from_secs(3));
-    let signalled = Command::new("kill")
-        .args(["-USR1", &keep])
-        .status()
-        .expect("run kill");
-    assert!(signalled.success());
-    let slept = lines
-        .recv_timeout(Duration::from_secs(30))
-        .expect("the target prints what it slept");
-    let measured: Vec<f64> = slept
-        .strip_prefix("slept ")
-        .unwrap_or_else(|| panic!("{slept:?}"))
-        .split_whitespace()
-        .map(|n| n.parse().unwrap())
-        .collect();
+    let measured = signal_and_read_slept(&keep, &lines);
     let _ = child.0.wait();
     proflow.terminate(Duration::from_secs(20));
     let (mut two, mut one, mut waits) = (0.0, 0.0, 0);
@@ -543,21 +529,7 @@ fn off_cpu_waits_of_python_functions() {
                 ports.telemetry
             )
         });
-        std::thread::sleep(Duration::from_secs(3));
-        let signalled = Command::new("kill")
-            .args(["-USR1", &keep])
-            .status()
-            .expect("run kill");
-        assert!(signalled.success());
-        let slept = lines
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the target prints what it slept");
-        let measured: Vec<f64> = slept
-            .strip_prefix("slept ")
-            .unwrap_or_else(|| panic!("{slept:?}"))
-            .split_whitespace()
-            .map(|n| n.parse().unwrap())
-            .collect();
+        let measured = signal_and_read_slept(&keep, &lines);
         let _ = child.0.wait();
         proflow.terminate(Duration::from_secs(20));
         let (mut two, mut one) = (0.0, 0.0);
@@ -604,6 +576,27 @@ fn off_cpu_waits_of_python_functions() {
             }
         }
     }
+}
+
+/// Lets a sleeping target (`sleep.c`, `sleep.py`) begin, 3 s after the
+/// profiler started, and returns what it says it slept in each function
+/// (nanoseconds).
+fn signal_and_read_slept(pid: &str, lines: &std::sync::mpsc::Receiver<String>) -> Vec<f64> {
+    std::thread::sleep(Duration::from_secs(3));
+    let signalled = Command::new("kill")
+        .args(["-USR1", pid])
+        .status()
+        .expect("run kill");
+    assert!(signalled.success());
+    let slept = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the target prints what it slept");
+    slept
+        .strip_prefix("slept ")
+        .unwrap_or_else(|| panic!("{slept:?}"))
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect()
 }
 
 /// The functions `sleep.c` waits in.
