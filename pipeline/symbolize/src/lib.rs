@@ -15,6 +15,9 @@
 //! - [`links`]: the debug file a `.gnu_debuglink` names and the dwz file a
 //!   `.gnu_debugaltlink` names, found and opened here (blazesym would look
 //!   for them by path, and open what it finds plainly).
+//! - [`resident`]: the pages of the files read in place, handed back to the
+//!   page cache, for a caller that looks up in bursts (the `ebpf`
+//!   receiver, at the end of each interval).
 //!
 //! DWARF costs memory about its own size while a file is open (more when
 //! it is compressed, as Go compresses it; without `.debug_aranges`, as Rust
@@ -47,6 +50,7 @@ pub mod elf;
 pub mod kallsyms;
 pub mod links;
 pub mod open;
+pub mod resident;
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;

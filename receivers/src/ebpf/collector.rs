@@ -424,6 +424,11 @@ impl Collector {
         if let Some(symbols) = &mut self.symbols {
             symbols.close_idle(proflow_symbolize::IDLE_CLOSE);
         }
+        // The pages of the files read in place this interval (symbol
+        // tables, DWARF, unwind sections) go back to the page cache, so RSS
+        // holds what the next interval touches, not every page ever read.
+        let released = proflow_symbolize::resident::release_file_pages();
+        tracing::trace!(mappings = released, "file pages released");
         self.interval += 1;
         let symbolized = self.symbols.is_some();
         series
