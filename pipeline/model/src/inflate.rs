@@ -34,7 +34,7 @@ pub enum InflateError {
 }
 
 /// The plain size gzip's trailer states (of the last member, modulo 4 GiB).
-fn stated_size(compressed: &[u8]) -> Option<usize> {
+pub(crate) fn stated_size(compressed: &[u8]) -> Option<usize> {
     // The smallest gzip member is 18 bytes (10 of header, 8 of trailer).
     let trailer = compressed
         .len()
@@ -121,6 +121,109 @@ pub fn read_plain<T>(
     Ok(out)
 }
 
+/// What [`inflate_whole`] did.
+pub(crate) enum Whole {
+    /// The stream was one member of the stated size, inflated and checked.
+    Done,
+    /// It is not (more members, flags this path does not read, or more
+    /// bytes than stated): inflate it as a stream instead.
+    Stream,
+}
+
+thread_local! {
+    /// Each thread's raw-deflate state, reset for every stream: made once
+    /// per thread, not per request (zlib's state and window, 40 KiB).
+    static RAW: std::cell::RefCell<flate2::Decompress> =
+        std::cell::RefCell::new(flate2::Decompress::new(false));
+}
+
+/// The gzip header's length (RFC 1952), `None` when it is not one this path
+/// reads (reserved flags set, or cut short): the stream path reports it.
+fn header_len(gz: &[u8]) -> Option<usize> {
+    const FHCRC: u8 = 2;
+    const FEXTRA: u8 = 4;
+    const FNAME: u8 = 8;
+    const FCOMMENT: u8 = 16;
+    if gz.len() < 10 || gz[..3] != [0x1f, 0x8b, 8] || gz[3] & 0xe0 != 0 {
+        return None;
+    }
+    let flags = gz[3];
+    let mut at = 10usize;
+    if flags & FEXTRA != 0 {
+        let xlen = u16::from_le_bytes([*gz.get(at)?, *gz.get(at + 1)?]);
+        at = at.checked_add(2 + usize::from(xlen))?;
+    }
+    for flag in [FNAME, FCOMMENT] {
+        if flags & flag != 0 {
+            at += gz.get(at..)?.iter().position(|&b| b == 0)? + 1;
+        }
+    }
+    if flags & FHCRC != 0 {
+        at += 2;
+    }
+    (at <= gz.len()).then_some(at)
+}
+
+/// Inflates a single-member stream in one call into `out`'s spare capacity
+/// (sized to the trailer's stated size by the caller): no step buffer, no
+/// copy, no state allocated. Checks the trailer's CRC-32 and size. The
+/// plain bytes start at `out[start..]`.
+pub(crate) fn inflate_whole(
+    compressed: &[u8],
+    out: &mut Vec<u8>,
+    start: usize,
+) -> Result<Whole, InflateError> {
+    let Some(header) = header_len(compressed) else {
+        return Ok(Whole::Stream);
+    };
+    let body = &compressed[header..];
+    let corrupt = |what: &str| Err(InflateError::Corrupt(what.to_owned()));
+    let status = RAW.with(|raw| {
+        let Ok(mut raw) = raw.try_borrow_mut() else {
+            return Err(());
+        };
+        raw.reset(false);
+        let status = raw.decompress_vec(body, out, flate2::FlushDecompress::Finish);
+        Ok((status, raw.total_in()))
+    });
+    let (status, used) = match status {
+        Ok((Ok(status), used)) => (status, used),
+        Ok((Err(e), _)) => return Err(InflateError::Corrupt(e.to_string())),
+        // Re-entered on this thread (never done): the stream path.
+        Err(_) => return Ok(Whole::Stream),
+    };
+    if status != flate2::Status::StreamEnd {
+        // The output filled first: more than the trailer states (another
+        // member after this one, or a lie the stream path bounds).
+        if out.len() == out.capacity() {
+            return Ok(Whole::Stream);
+        }
+        return corrupt("the stream ends before its last block");
+    }
+    let trailer = usize::try_from(used)
+        .ok()
+        .and_then(|u| header.checked_add(u))
+        .and_then(|at| compressed.get(at..));
+    let Some(trailer) = trailer else {
+        return corrupt("the stream ends before its trailer");
+    };
+    if trailer.len() != 8 {
+        // Another member follows (or bytes that are not one, which the
+        // stream path reports).
+        return Ok(Whole::Stream);
+    }
+    let plain = &out[start..];
+    let crc = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+    let size = u32::from_le_bytes([trailer[4], trailer[5], trailer[6], trailer[7]]);
+    if crc32fast::hash(plain) != crc {
+        return corrupt("the CRC-32 in the trailer does not match the data");
+    }
+    if size != plain.len() as u32 {
+        return corrupt("the size in the trailer does not match the data");
+    }
+    Ok(Whole::Done)
+}
+
 fn inflate_through(
     prefix: &[u8],
     compressed: &[u8],
@@ -141,6 +244,16 @@ fn inflate_through(
         out.reserve_exact(first);
     }
     out.extend_from_slice(prefix);
+    if stated.is_some() {
+        match inflate_whole(compressed, &mut out, prefix.len()) {
+            Ok(Whole::Done) => return Ok(out),
+            Ok(Whole::Stream) => out.truncate(prefix.len()),
+            Err(e) => {
+                grant.shrink(out.capacity());
+                return Err(e);
+            }
+        }
+    }
     let mut decoder = flate2::bufread::MultiGzDecoder::new(compressed);
     let give_back = |grant: &mut MemoryGrant, out: &Vec<u8>| grant.shrink(out.capacity());
     loop {
@@ -241,6 +354,61 @@ mod tests {
         ));
         drop(grant);
         assert_eq!(budget.in_flight(), 0);
+    }
+
+    /// A single member of the stated size is inflated in one call, whatever
+    /// optional header fields it carries; anything else goes to the stream.
+    #[test]
+    fn one_member_is_inflated_in_one_call_and_checked() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 7) as u8).collect();
+        let plain = gzip(&data);
+        // The same member with FEXTRA, FNAME, FCOMMENT and FHCRC set.
+        let mut flagged = plain[..10].to_vec();
+        flagged[3] = 4 | 8 | 16 | 2;
+        flagged.extend_from_slice(&[3, 0, b'a', b'b', b'c']);
+        flagged.extend_from_slice(b"profile.pb\0a comment\0");
+        flagged.extend_from_slice(&[0x12, 0x34]);
+        flagged.extend_from_slice(&plain[10..]);
+        for gz in [&plain[..], &flagged[..]] {
+            let mut out = b"head".to_vec();
+            out.reserve_exact(data.len());
+            assert!(matches!(inflate_whole(gz, &mut out, 4), Ok(Whole::Done)));
+            assert_eq!(&out[..4], b"head");
+            assert_eq!(&out[4..], &data[..]);
+            let budget = MemoryBudget::new(8 << 20);
+            assert_eq!(inflate(gz, 1 << 20, &mut budget.grant()).unwrap(), data);
+        }
+        // Two members: the first fits, and the stream path takes over.
+        let mut two = gzip(b"ab");
+        two.extend(gzip(b"cd"));
+        let mut out = Vec::with_capacity(2);
+        assert!(matches!(
+            inflate_whole(&two, &mut out, 0),
+            Ok(Whole::Stream)
+        ));
+        // A damaged CRC, a cut stream and damaged deflate data are corrupt.
+        let mut bad_crc = plain.to_vec();
+        let n = bad_crc.len();
+        bad_crc[n - 8] ^= 1;
+        let cut = &plain[..plain.len() / 2];
+        let mut bad_data = plain.to_vec();
+        bad_data[12] ^= 0xff;
+        for (gz, what) in [
+            (&bad_crc[..], "CRC"),
+            (cut, "cut"),
+            (&bad_data[..], "damaged"),
+        ] {
+            let budget = MemoryBudget::new(8 << 20);
+            let mut grant = budget.grant();
+            assert!(
+                matches!(
+                    inflate(gz, 1 << 20, &mut grant),
+                    Err(InflateError::Corrupt(_))
+                ),
+                "{what}"
+            );
+            assert_eq!(grant.held(), 0, "{what}");
+        }
     }
 
     #[test]

@@ -213,6 +213,16 @@ pub fn decompress(bytes: &Bytes, limit: usize) -> Result<Bytes, DecodeError> {
 /// decompression bomb costs at most `limit` bytes of memory.
 pub fn gunzip_into(bytes: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), DecodeError> {
     out.clear();
+    // One member whose trailer states a size within the limit (what every
+    // pprof writer sends): inflated in one call into a buffer of that size.
+    if let Some(stated) = crate::inflate::stated_size(bytes).filter(|&s| s <= limit) {
+        out.reserve_exact(stated);
+        match crate::inflate::inflate_whole(bytes, out, 0) {
+            Ok(crate::inflate::Whole::Done) => return Ok(()),
+            Ok(crate::inflate::Whole::Stream) => out.clear(),
+            Err(e) => return Err(DecodeError::Gzip(e.to_string())),
+        }
+    }
     // Multi-member gzip is legal and Go's reader accepts it, so read every
     // member. The bufread decoder reads the slice in place (no copy into a
     // BufReader); the first chunk's size hint avoids regrowing for typical sizes.
