@@ -42,6 +42,22 @@ fn main() {
         put(target, "heap", &heap);
     }
 
+    // gzip: one member, two members, one with every optional header field
+    // (FEXTRA, FNAME, FCOMMENT, FHCRC) and one whose trailer understates it.
+    put("gzip", "one_member", &cpu_gz);
+    put("gzip", "two_members", &[&pprof::gzip(b"ab")[..], &pprof::gzip(b"cd")[..]].concat());
+    let mut flagged = cpu_gz[..10].to_vec();
+    flagged[3] = 4 | 8 | 16 | 2;
+    flagged.extend_from_slice(&[3, 0, b'a', b'b', b'c']);
+    flagged.extend_from_slice(b"cpu.pb\0a comment\0");
+    flagged.extend_from_slice(&[0x12, 0x34]);
+    flagged.extend_from_slice(&cpu_gz[10..]);
+    put("gzip", "header_fields", &flagged);
+    let mut understated = cpu_gz.to_vec();
+    let n = understated.len();
+    understated[n - 4..].copy_from_slice(&7u32.to_le_bytes());
+    put("gzip", "understated", &understated);
+
     // push.v1: protobuf (first byte 0) and JSON (1).
     let push = PushRequest {
         series: vec![RawProfileSeries::new(

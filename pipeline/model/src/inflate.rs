@@ -125,103 +125,94 @@ pub fn read_plain<T>(
 pub(crate) enum Whole {
     /// The stream was one member of the stated size, inflated and checked.
     Done,
-    /// It is not (more members, flags this path does not read, or more
-    /// bytes than stated): inflate it as a stream instead.
+    /// It is not (more members, reserved header flags, or more bytes than
+    /// stated): inflate it as a stream instead.
     Stream,
 }
 
+/// libdeflate's decompressor (its tables, about 10 KiB): one per thread,
+/// made at the thread's first stream, never per request.
+struct Decompressor(std::ptr::NonNull<libdeflate_sys::libdeflate_decompressor>);
+
+impl Drop for Decompressor {
+    fn drop(&mut self) {
+        // SAFETY: made by libdeflate_alloc_decompressor, freed once, here.
+        unsafe { libdeflate_sys::libdeflate_free_decompressor(self.0.as_ptr()) }
+    }
+}
+
 thread_local! {
-    /// Each thread's raw-deflate state, reset for every stream: made once
-    /// per thread, not per request (zlib's state and window, 40 KiB).
-    static RAW: std::cell::RefCell<flate2::Decompress> =
-        std::cell::RefCell::new(flate2::Decompress::new(false));
+    static WHOLE: std::cell::RefCell<Option<Decompressor>> =
+        const { std::cell::RefCell::new(None) };
 }
 
-/// The gzip header's length (RFC 1952), `None` when it is not one this path
-/// reads (reserved flags set, or cut short): the stream path reports it.
-fn header_len(gz: &[u8]) -> Option<usize> {
-    const FHCRC: u8 = 2;
-    const FEXTRA: u8 = 4;
-    const FNAME: u8 = 8;
-    const FCOMMENT: u8 = 16;
-    if gz.len() < 10 || gz[..3] != [0x1f, 0x8b, 8] || gz[3] & 0xe0 != 0 {
-        return None;
-    }
-    let flags = gz[3];
-    let mut at = 10usize;
-    if flags & FEXTRA != 0 {
-        let xlen = u16::from_le_bytes([*gz.get(at)?, *gz.get(at + 1)?]);
-        at = at.checked_add(2 + usize::from(xlen))?;
-    }
-    for flag in [FNAME, FCOMMENT] {
-        if flags & flag != 0 {
-            at += gz.get(at..)?.iter().position(|&b| b == 0)? + 1;
-        }
-    }
-    if flags & FHCRC != 0 {
-        at += 2;
-    }
-    (at <= gz.len()).then_some(at)
-}
-
-/// Inflates a single-member stream in one call into `out`'s spare capacity
-/// (sized to the trailer's stated size by the caller): no step buffer, no
-/// copy, no state allocated. Checks the trailer's CRC-32 and size. The
-/// plain bytes start at `out[start..]`.
+/// Inflates a single-member stream in one call (libdeflate) into `out`'s
+/// spare capacity, which the caller sized to the trailer's stated size: no
+/// step buffer, no copy, no state allocated. libdeflate checks the header,
+/// the trailer's CRC-32 and size. The plain bytes start at `out[start..]`.
 pub(crate) fn inflate_whole(
     compressed: &[u8],
     out: &mut Vec<u8>,
     start: usize,
 ) -> Result<Whole, InflateError> {
-    let Some(header) = header_len(compressed) else {
+    // Reserved header flags: the stream path's reader decides.
+    if compressed.len() < 18 || compressed[3] & 0xe0 != 0 {
         return Ok(Whole::Stream);
-    };
-    let body = &compressed[header..];
-    let corrupt = |what: &str| Err(InflateError::Corrupt(what.to_owned()));
-    let status = RAW.with(|raw| {
-        let Ok(mut raw) = raw.try_borrow_mut() else {
-            return Err(());
-        };
-        raw.reset(false);
-        let status = raw.decompress_vec(body, out, flate2::FlushDecompress::Finish);
-        Ok((status, raw.total_in()))
-    });
-    let (status, used) = match status {
-        Ok((Ok(status), used)) => (status, used),
-        Ok((Err(e), _)) => return Err(InflateError::Corrupt(e.to_string())),
+    }
+    WHOLE.with(|cell| {
         // Re-entered on this thread (never done): the stream path.
-        Err(_) => return Ok(Whole::Stream),
-    };
-    if status != flate2::Status::StreamEnd {
-        // The output filled first: more than the trailer states (another
-        // member after this one, or a lie the stream path bounds).
-        if out.len() == out.capacity() {
+        let Ok(mut cell) = cell.try_borrow_mut() else {
             return Ok(Whole::Stream);
+        };
+        let decompressor = match &*cell {
+            Some(d) => d.0,
+            None => {
+                // SAFETY: allocates a decompressor; null when out of memory.
+                let made = unsafe { libdeflate_sys::libdeflate_alloc_decompressor() };
+                let Some(d) = std::ptr::NonNull::new(made) else {
+                    return Ok(Whole::Stream);
+                };
+                *cell = Some(Decompressor(d));
+                d
+            }
+        };
+        let spare = out.spare_capacity_mut();
+        let (mut used, mut made) = (0usize, 0usize);
+        // SAFETY: the decompressor is this thread's alone; the input is
+        // `compressed.len()` readable bytes; the output is `spare.len()`
+        // writable bytes (uninitialised memory libdeflate only writes).
+        let result = unsafe {
+            libdeflate_sys::libdeflate_gzip_decompress_ex(
+                decompressor.as_ptr(),
+                compressed.as_ptr().cast(),
+                compressed.len(),
+                spare.as_mut_ptr().cast(),
+                spare.len(),
+                &mut used,
+                &mut made,
+            )
+        };
+        match result {
+            libdeflate_sys::libdeflate_result_LIBDEFLATE_SUCCESS if made <= spare.len() => {
+                // SAFETY: libdeflate wrote `made` bytes at the start of the
+                // spare capacity, and `made` fits in it.
+                unsafe { out.set_len(out.len() + made) };
+                if used == compressed.len() {
+                    return Ok(Whole::Done);
+                }
+                // Another member follows (or bytes that are not one, which
+                // the stream path reports).
+                out.truncate(start);
+                Ok(Whole::Stream)
+            }
+            libdeflate_sys::libdeflate_result_LIBDEFLATE_BAD_DATA => Err(InflateError::Corrupt(
+                "bad deflate data, header, CRC-32 or size".into(),
+            )),
+            // More than the trailer states (another member after this one,
+            // or a lie the stream path bounds).
+            _ => Ok(Whole::Stream),
         }
-        return corrupt("the stream ends before its last block");
-    }
-    let trailer = usize::try_from(used)
-        .ok()
-        .and_then(|u| header.checked_add(u))
-        .and_then(|at| compressed.get(at..));
-    let Some(trailer) = trailer else {
-        return corrupt("the stream ends before its trailer");
-    };
-    if trailer.len() != 8 {
-        // Another member follows (or bytes that are not one, which the
-        // stream path reports).
-        return Ok(Whole::Stream);
-    }
-    let plain = &out[start..];
-    let crc = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
-    let size = u32::from_le_bytes([trailer[4], trailer[5], trailer[6], trailer[7]]);
-    if crc32fast::hash(plain) != crc {
-        return corrupt("the CRC-32 in the trailer does not match the data");
-    }
-    if size != plain.len() as u32 {
-        return corrupt("the size in the trailer does not match the data");
-    }
-    Ok(Whole::Done)
+    })
 }
 
 fn inflate_through(
@@ -393,10 +384,16 @@ mod tests {
         let cut = &plain[..plain.len() / 2];
         let mut bad_data = plain.to_vec();
         bad_data[12] ^= 0xff;
+        // A size one more than the data, with the CRC right: the output has
+        // room, so only the size check can tell.
+        let mut bad_size = plain.to_vec();
+        let n = bad_size.len();
+        bad_size[n - 4..].copy_from_slice(&(data.len() as u32 + 1).to_le_bytes());
         for (gz, what) in [
             (&bad_crc[..], "CRC"),
             (cut, "cut"),
             (&bad_data[..], "damaged"),
+            (&bad_size[..], "size"),
         ] {
             let budget = MemoryBudget::new(8 << 20);
             let mut grant = budget.grant();
