@@ -195,3 +195,32 @@ proptest::proptest! {
         let _ = decode(&Bytes::from(data), 4096);
     }
 }
+
+/// proflow's gzip (libdeflate, level 1) reads back with zlib's reader and
+/// is no larger than zlib's fastest level on profiles, typical and large.
+#[test]
+fn gzip_reads_back_and_is_no_larger_than_zlibs_fastest() {
+    for (samples, functions) in [(60, 100), (20_000, 5_000)] {
+        let plain = encode(&crate::testdata::cpu_profile(samples, functions));
+        let ours = gzip(&plain);
+        let mut back = Vec::new();
+        flate2::read::MultiGzDecoder::new(&ours[..])
+            .read_to_end(&mut back)
+            .unwrap();
+        assert_eq!(back, plain[..]);
+        let zlib = crate::testdata::cpu_profile_gzip(samples, functions);
+        assert!(
+            ours.len() <= zlib.len(),
+            "{samples} samples: {} bytes, zlib's fastest {}",
+            ours.len(),
+            zlib.len()
+        );
+    }
+    assert_eq!(gunzip(&gzip(b"")), b"");
+}
+
+fn gunzip(gz: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    gunzip_into(gz, 1 << 20, &mut out).unwrap();
+    out
+}
