@@ -139,15 +139,9 @@ pub(crate) fn encode_push(request: &PushRequest, gzip: bool) -> Bytes {
 
 /// `bytes` gzipped at the fast level (most of a push body is pprof that
 /// arrived gzipped and does not shrink again; the level buys nothing).
+/// One call of libdeflate, its compressor kept per thread.
 pub(crate) fn gzip_bytes(bytes: &[u8]) -> Bytes {
-    use std::io::Write;
-    let mut encoder = flate2::write::GzEncoder::new(
-        Vec::with_capacity(bytes.len() / 2 + 64),
-        flate2::Compression::fast(),
-    );
-    // Writing to a Vec cannot fail.
-    let _ = encoder.write_all(bytes);
-    Bytes::from(encoder.finish().unwrap_or_default())
+    proflow_pipeline::pprof::gzip(bytes)
 }
 
 /// Why a profile cannot be sent to `/ingest`.
