@@ -48,11 +48,12 @@ pub struct EbpfReceiverConfig {
     /// (at most 16KiB, typically a few KiB); the ring is drained every 100 ms
     /// and when it is an eighth full. It is mapped twice, so it counts twice
     /// in RSS. Samples that find it full are counted in
-    /// `proflow_ebpf_samples_lost_total`: raise it on nodes with many CPUs
-    /// or high rates (64 CPUs at 99 Hz fill 2MiB in about a twentieth of a second if
-    /// the receiver stalls). Default 2MiB.
-    #[serde(default = "default_ring_buffer_size")]
-    pub ring_buffer_size: ByteSize,
+    /// `proflow_ebpf_samples_lost_total`: raise it for high rates or a
+    /// receiver that may stall. Default: 256KiB per online CPU, rounded up to
+    /// a power of two, from 512KiB to 32MiB (2 CPUs: 512KiB, 8: 2MiB, 64:
+    /// 16MiB, which 64 CPUs at 99 Hz fill in about a third of a second).
+    #[serde(default)]
+    pub ring_buffer_size: Option<ByteSize>,
     /// Most symbolized addresses kept (per binary and offset). Default 100000.
     #[serde(default = "default_symbol_cache_entries")]
     pub symbol_cache_entries: usize,
@@ -144,9 +145,6 @@ fn default_sample_rate() -> u64 {
 fn default_collect_interval() -> Duration {
     Duration::from_secs(15)
 }
-fn default_ring_buffer_size() -> ByteSize {
-    ByteSize::mib(2)
-}
 fn default_symbol_cache_entries() -> usize {
     100_000
 }
@@ -176,6 +174,19 @@ fn default_max_perf_map_size() -> ByteSize {
 }
 
 impl EbpfReceiverConfig {
+    /// The ring buffer's size on a machine with `cpus` online CPUs:
+    /// `ring_buffer_size`, or by default 256KiB per CPU as a power of two
+    /// from 512KiB to 32MiB.
+    pub fn ring_size(&self, cpus: usize) -> u64 {
+        match self.ring_buffer_size {
+            Some(size) => size.bytes(),
+            None => (cpus as u64)
+                .saturating_mul(256 << 10)
+                .next_power_of_two()
+                .clamp(512 << 10, 32 << 20),
+        }
+    }
+
     /// Every problem of this config.
     pub fn problems(&self) -> Vec<FieldError> {
         let mut p = Vec::new();
@@ -194,7 +205,7 @@ impl EbpfReceiverConfig {
                 "must be at least 1s (15s is the usual interval)",
             ));
         }
-        let ring = self.ring_buffer_size.bytes();
+        let ring = self.ring_buffer_size.map_or(1 << 20, |r| r.bytes());
         if ring < 64 << 10 || !ring.is_power_of_two() || ring > 1 << 30 {
             p.push(FieldError::new(
                 "ring_buffer_size",
@@ -245,7 +256,13 @@ mod tests {
         assert_eq!(c.collect_interval, Duration::from_secs(15));
         assert_eq!(c.symbolize, Symbolize::Local);
         assert_eq!(c.group_by, GroupBy::Process);
-        assert_eq!(c.ring_buffer_size, ByteSize::mib(2));
+        assert_eq!(c.ring_buffer_size, None);
+        assert_eq!(c.ring_size(2), 512 << 10);
+        assert_eq!(c.ring_size(8), 2 << 20);
+        assert_eq!(c.ring_size(12), 4 << 20);
+        assert_eq!(c.ring_size(64), 16 << 20);
+        assert_eq!(c.ring_size(1024), 32 << 20);
+        assert_eq!(parse("ring_buffer_size: 4MiB").ring_size(2), 4 << 20);
         assert!(c.perf_maps);
         assert!(c.python);
         assert_eq!(c.off_cpu, None);

@@ -236,7 +236,9 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
             missing.join(" and ")
         ));
     }
-    let ring_size = u32::try_from(config.ring_buffer_size.bytes()).unwrap_or(1 << 30);
+    // 8 CPUs (a 2MiB ring) when they cannot be counted.
+    let cpus = aya::util::online_cpus().map_or(8, |c| c.len());
+    let ring_size = u32::try_from(config.ring_size(cpus)).unwrap_or(1 << 30);
     let threshold_ns = config.off_cpu.as_ref().map_or(0, |o| {
         u64::try_from(o.threshold.get().as_nanos()).unwrap_or(u64::MAX)
     });
