@@ -176,6 +176,7 @@ fn main() {
         receiver: "pprof_push".into(),
         tenant: Some("t1".to_owned()),
         client: "127.0.0.1:4040".parse().ok(),
+        this_host: false,
     };
     let envelope = Envelope {
         labels: Labels::from_pairs([("__name__", "process_cpu"), ("service_name", "shop")]),

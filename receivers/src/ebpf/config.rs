@@ -49,9 +49,10 @@ pub struct EbpfReceiverConfig {
     /// and when it is an eighth full. It is mapped twice, so it counts twice
     /// in RSS. Samples that find it full are counted in
     /// `proflow_ebpf_samples_lost_total`: raise it for high rates or a
-    /// receiver that may stall. Default: 256KiB per online CPU, rounded up to
-    /// a power of two, from 512KiB to 32MiB (2 CPUs: 512KiB, 8: 2MiB, 64:
-    /// 16MiB, which 64 CPUs at 99 Hz fill in about a third of a second).
+    /// receiver that may stall. Default: a second of samples at 8KiB each,
+    /// for every online CPU at `sample_rate` plus `off_cpu.max_rate`, rounded
+    /// up to a power of two from 512KiB to 16MiB (2 CPUs at 19 Hz: 512KiB;
+    /// 8 CPUs: 2MiB; 64 CPUs at 99 Hz: 16MiB, a third of a second).
     #[serde(default)]
     pub ring_buffer_size: Option<ByteSize>,
     /// Most symbolized addresses kept (per binary and offset). Default 100000.
@@ -175,15 +176,23 @@ fn default_max_perf_map_size() -> ByteSize {
 
 impl EbpfReceiverConfig {
     /// The ring buffer's size on a machine with `cpus` online CPUs:
-    /// `ring_buffer_size`, or by default 256KiB per CPU as a power of two
-    /// from 512KiB to 32MiB.
+    /// `ring_buffer_size`, or by default a second of 8KiB samples for every
+    /// CPU at the sampling rate (and the off-CPU rate), a power of two from
+    /// 512KiB to 16MiB.
     pub fn ring_size(&self, cpus: usize) -> u64 {
         match self.ring_buffer_size {
             Some(size) => size.bytes(),
-            None => (cpus as u64)
-                .saturating_mul(256 << 10)
-                .next_power_of_two()
-                .clamp(512 << 10, 32 << 20),
+            None => {
+                let per_cpu = self
+                    .sample_rate
+                    .saturating_add(self.off_cpu.as_ref().map_or(0, |o| o.max_rate));
+                (cpus as u64)
+                    .saturating_mul(per_cpu)
+                    .saturating_mul(8 << 10)
+                    .checked_next_power_of_two()
+                    .unwrap_or(u64::MAX)
+                    .clamp(512 << 10, 16 << 20)
+            }
         }
     }
 
@@ -257,11 +266,13 @@ mod tests {
         assert_eq!(c.symbolize, Symbolize::Local);
         assert_eq!(c.group_by, GroupBy::Process);
         assert_eq!(c.ring_buffer_size, None);
+        // A second of 8KiB samples per CPU, at least 512KiB, at most 16MiB.
         assert_eq!(c.ring_size(2), 512 << 10);
         assert_eq!(c.ring_size(8), 2 << 20);
-        assert_eq!(c.ring_size(12), 4 << 20);
-        assert_eq!(c.ring_size(64), 16 << 20);
-        assert_eq!(c.ring_size(1024), 32 << 20);
+        assert_eq!(c.ring_size(1024), 16 << 20);
+        assert_eq!(parse("sample_rate: 99").ring_size(64), 16 << 20);
+        assert_eq!(parse("sample_rate: 997").ring_size(2), 16 << 20);
+        assert_eq!(parse("off_cpu: {}").ring_size(2), 2 << 20);
         assert_eq!(parse("ring_buffer_size: 4MiB").ring_size(2), 4 << 20);
         assert!(c.perf_maps);
         assert!(c.python);
