@@ -236,7 +236,7 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
             missing.join(" and ")
         ));
     }
-    // 8 CPUs (a 2MiB ring) when they cannot be counted.
+    // Sized as for 8 CPUs when they cannot be counted.
     let cpus = aya::util::online_cpus().map_or(8, |c| c.len());
     let ring_size = u32::try_from(config.ring_size(cpus)).unwrap_or(1 << 30);
     let threshold_ns = config.off_cpu.as_ref().map_or(0, |o| {
