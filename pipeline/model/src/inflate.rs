@@ -125,8 +125,8 @@ pub fn read_plain<T>(
 pub(crate) enum Whole {
     /// The stream was one member of the stated size, inflated and checked.
     Done,
-    /// It is not (more members, reserved header flags, or more bytes than
-    /// stated): inflate it as a stream instead.
+    /// It is not (more members, reserved header flags or a header CRC, or
+    /// more bytes than stated): inflate it as a stream instead.
     Stream,
 }
 
@@ -155,8 +155,10 @@ pub(crate) fn inflate_whole(
     out: &mut Vec<u8>,
     start: usize,
 ) -> Result<Whole, InflateError> {
-    // Reserved header flags: the stream path's reader decides.
-    if compressed.len() < 18 || compressed[3] & 0xe0 != 0 {
+    // Reserved header flags, or a header CRC (FHCRC, which libdeflate skips
+    // unchecked and Go's reader checks): the stream path's reader decides.
+    const FHCRC: u8 = 2;
+    if compressed.len() < 18 || compressed[3] & (0xe0 | FHCRC) != 0 {
         return Ok(Whole::Stream);
     }
     WHOLE.with(|cell| {
@@ -353,12 +355,11 @@ mod tests {
     fn one_member_is_inflated_in_one_call_and_checked() {
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 7) as u8).collect();
         let plain = gzip(&data);
-        // The same member with FEXTRA, FNAME, FCOMMENT and FHCRC set.
+        // The same member with FEXTRA, FNAME and FCOMMENT set.
         let mut flagged = plain[..10].to_vec();
-        flagged[3] = 4 | 8 | 16 | 2;
+        flagged[3] = 4 | 8 | 16;
         flagged.extend_from_slice(&[3, 0, b'a', b'b', b'c']);
         flagged.extend_from_slice(b"profile.pb\0a comment\0");
-        flagged.extend_from_slice(&[0x12, 0x34]);
         flagged.extend_from_slice(&plain[10..]);
         for gz in [&plain[..], &flagged[..]] {
             let mut out = b"head".to_vec();
@@ -369,6 +370,22 @@ mod tests {
             let budget = MemoryBudget::new(8 << 20);
             assert_eq!(inflate(gz, 1 << 20, &mut budget.grant()).unwrap(), data);
         }
+        // A header CRC goes to the stream path, whose reader checks it: a
+        // wrong one is corrupt, as Go's reader says too.
+        let mut with_crc = flagged.clone();
+        with_crc[3] |= 2;
+        let at = 10 + 5 + b"profile.pb\0a comment\0".len();
+        with_crc.splice(at..at, [0x12, 0x34]);
+        let mut out = Vec::with_capacity(data.len());
+        assert!(matches!(
+            inflate_whole(&with_crc, &mut out, 0),
+            Ok(Whole::Stream)
+        ));
+        let budget = MemoryBudget::new(8 << 20);
+        assert!(matches!(
+            inflate(&with_crc, 1 << 20, &mut budget.grant()),
+            Err(InflateError::Corrupt(_))
+        ));
         // Two members: the first fits, and the stream path takes over.
         let mut two = gzip(b"ab");
         two.extend(gzip(b"cd"));
