@@ -15,6 +15,14 @@ use tokio_util::sync::CancellationToken;
 
 mod heap;
 
+/// With `alloc-jemalloc`, Rust's allocations go to jemalloc (glibc's malloc
+/// stays for C libraries; [`heap`] tunes and trims that one only). Off by
+/// default: glibc's allocator, tuned by [`heap`], had the lowest (or the same) peak RSS
+/// on every path measured (BENCHMARKS.md, "Global allocator").
+#[cfg(feature = "alloc-jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "proflow",
