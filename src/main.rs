@@ -218,6 +218,9 @@ async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
         .await
         .context("cannot start")?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "proflow is running");
+    // Start-up code (config, TLS, component set-up) is not called again:
+    // its pages go back to the page cache (see `heap`).
+    heap::release_clean_file_pages();
 
     let receiver_failed = running.failed_token();
     let failed = loop {
