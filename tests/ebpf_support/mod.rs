@@ -105,8 +105,8 @@ pub fn count_with(stacks: &[(Vec<String>, i64)], function: &str) -> i64 {
         .sum()
 }
 
-/// Checks the 2:1 split between `two` and `one`, that every sample in either
-/// has a full stack: `chain` in root-first order (each a substring of its
+/// Checks the 2:1 split between `two` and `one`, that the samples in either
+/// (all but at most 1%) have a full stack: `chain` in root-first order (each a substring of its
 /// frame, other frames allowed between), ending in the hot function, and
 /// that nearly all of them are in `leaf`, the function both call.
 pub fn check_split_and_stacks(
@@ -131,21 +131,39 @@ pub fn check_split_and_stacks(
         "only {in_leaf} of {} hot samples have {leaf} below the hot function; stacks: {dump:#?}",
         a + b
     );
+    // Every hot stack holds the chain, but for at most 1% of the hot
+    // samples: a stack the BPF program could not read whole comes back
+    // short (in a loaded run, 1 sample of about 1,500 held the Python frame
+    // alone), and a profiler keeps it rather than lose the sample.
+    let mut broken = 0i64;
+    let mut first_broken = None;
     for (frames, n) in stacks {
         let hot = frames.iter().any(|f| f.contains(two) || f.contains(one));
-        if !hot {
-            continue;
-        }
-        let mut at = 0;
-        for want in chain {
-            match frames[at..].iter().position(|f| f.contains(want)) {
-                Some(i) => at += i + 1,
-                None => panic!(
-                    "a stack ({n} samples) misses {want} after frame {at} (want root-first {chain:?}):\n{frames:#?}\nall stacks: {dump:#?}"
-                ),
-            }
+        if hot && !holds_chain(frames, chain) {
+            broken += n;
+            first_broken.get_or_insert(frames);
         }
     }
+    assert!(
+        broken as f64 <= 0.01 * (a + b) as f64,
+        "{broken} of {} hot samples miss the chain (root-first {chain:?}); the first:\n{first_broken:#?}\nall stacks: {dump:#?}",
+        a + b
+    );
+}
+
+/// Whether `frames` (root first) hold each of `chain` in order, other frames
+/// allowed between.
+fn holds_chain(frames: &[String], chain: &[&str]) -> bool {
+    let mut at = 0;
+    chain.iter().all(
+        |want| match frames[at..].iter().position(|f| f.contains(want)) {
+            Some(i) => {
+                at += i + 1;
+                true
+            }
+            None => false,
+        },
+    )
 }
 
 /// Checks the 2:1 split between the samples with a frame containing `two`

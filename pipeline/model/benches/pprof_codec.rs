@@ -1,11 +1,12 @@
-//! pprof decode, encode and metadata scan on a typical ~4 KB gzip CPU profile.
+//! pprof decode, encode and metadata scan on a typical ~4 KB gzip CPU profile,
+//! and the scan per byte beside a bare walk of the same bytes.
 //! Run: `cargo bench -p proflow-model --bench pprof_codec`
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use proflow_model::pprof;
 use proflow_model::testdata::{
     TYPICAL_FUNCTIONS, TYPICAL_SAMPLES, cpu_profile, typical_cpu_profile_gzip,
 };
+use proflow_model::{pprof, wire};
 use std::hint::black_box;
 
 fn codec(c: &mut Criterion) {
@@ -34,6 +35,28 @@ fn codec(c: &mut Criterion) {
     });
     g.bench_function("scan_metadata_gzip", |b| {
         b.iter(|| pprof::scan_metadata(black_box(&gz), 64 << 20).map(|m| m.sample_count))
+    });
+    g.finish();
+
+    // The scan of the plain bytes against the least any check of them does:
+    // one walk of the top-level fields and of each sample's fields.
+    let mut g = c.benchmark_group("scan_per_byte");
+    g.throughput(Throughput::Bytes(plain.len() as u64));
+    g.bench_function("scan_metadata_plain", |b| {
+        b.iter(|| pprof::scan_metadata(black_box(&plain), 64 << 20).map(|m| m.sample_count))
+    });
+    g.bench_function("bare_walk", |b| {
+        b.iter(|| {
+            let mut n = 0usize;
+            for field in wire::fields(black_box(&plain)) {
+                let Ok((tag, value)) = field else { break };
+                n += 1;
+                if let (2, wire::Value::Bytes(sample)) = (tag, value) {
+                    n += wire::fields(sample).count();
+                }
+            }
+            n
+        })
     });
     g.finish();
 }

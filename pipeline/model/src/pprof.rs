@@ -516,6 +516,13 @@ impl DecodedSize {
     }
 }
 
+/// How many string table entries the scan's one pass keeps the place of
+/// (index → bytes), enough for the sample and period types of every writer
+/// seen: Go, pprof-rs, async-profiler's converters and proflow intern those
+/// first. A profile that names a later entry there costs a second walk of
+/// its string table.
+const EARLY_STRINGS: usize = 32;
+
 fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
     let bad = |what: &str| DecodeError::Protobuf(what.to_string());
     let mut sample_types: Vec<(i64, i64)> = Vec::new();
@@ -526,9 +533,12 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
     };
     let mut elements = 0usize;
     let mut size = DecodedSize::default();
-    // Where the string table starts, so the second pass skips the rest
-    // (writers put it after the samples and locations).
+    // Where the string table starts, for the rare second walk (writers put
+    // it after the samples and locations).
     let mut first_string_at = None;
+    // The first strings, as they pass: no second walk for them.
+    let mut early: [&[u8]; EARLY_STRINGS] = [&[]; EARLY_STRINGS];
+    let mut strings = 0usize;
     let mut fields = wire::fields(buf);
     loop {
         let at = buf.len() - fields.rest().len();
@@ -573,7 +583,13 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
                         3 => size.mappings += 1,
                         4 => size.location(bytes)?,
                         5 => size.functions += 1,
-                        _ => size.string(bytes.len()),
+                        _ => {
+                            if let Some(slot) = early.get_mut(strings) {
+                                *slot = bytes;
+                            }
+                            strings += 1;
+                            size.string(bytes.len());
+                        }
                     }
                 }
                 // Packed repeated int64.
@@ -593,8 +609,7 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
         });
     }
 
-    // Only the strings the sample and period types name are read, in a second
-    // pass, so the string table is never collected.
+    // Only the strings the sample and period types name are read.
     let mut wanted: Vec<i64> = sample_types.iter().flat_map(|&(t, u)| [t, u]).collect();
     if let Some((t, u)) = period_type {
         wanted.extend([t, u]);
@@ -602,27 +617,40 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
     if wanted.iter().any(|&i| i < 0) {
         return Err(bad("negative string index"));
     }
-    let mut found: Vec<(i64, String)> = Vec::with_capacity(wanted.len());
-    let mut index = 0i64;
-    // Fields before the first string were walked (and checked) above.
-    let strings = &buf[first_string_at.unwrap_or(buf.len())..];
-    walk_fields(strings, |tag, field| {
-        if let (6, Value::Bytes(bytes)) = (tag, field) {
-            if wanted.contains(&index) && !found.iter().any(|(i, _)| *i == index) {
-                let text = std::str::from_utf8(bytes)
-                    .map_err(|_| bad("string table entry is not UTF-8"))?;
-                found.push((index, text.to_owned()));
+    if wanted.iter().any(|&i| i != 0 && i as u64 >= strings as u64) {
+        return Err(bad("string index out of range"));
+    }
+    // Those past the first ones, in one more walk from the first string.
+    let mut far: Vec<(i64, &[u8])> = Vec::new();
+    if wanted.iter().any(|&i| i as u64 >= EARLY_STRINGS as u64) {
+        let mut index = 0i64;
+        let from = &buf[first_string_at.unwrap_or(buf.len())..];
+        walk_fields(from, |tag, field| {
+            if let (6, Value::Bytes(bytes)) = (tag, field) {
+                if index >= EARLY_STRINGS as i64
+                    && wanted.contains(&index)
+                    && !far.iter().any(|(i, _)| *i == index)
+                {
+                    far.push((index, bytes));
+                }
+                index += 1;
             }
-            index += 1;
-        }
-        Ok(())
-    })?;
+            Ok(())
+        })?;
+    }
     let s = |i: i64| -> Result<String, DecodeError> {
-        match found.iter().find(|(j, _)| *j == i) {
-            Some((_, text)) => Ok(text.clone()),
-            None if i == 0 => Ok(String::new()),
-            None => Err(bad("string index out of range")),
-        }
+        // Checked above: 0 <= i < strings, or i == 0 with no string table.
+        let bytes = match usize::try_from(i) {
+            Ok(i) if i < EARLY_STRINGS => early[i],
+            _ => far
+                .iter()
+                .find(|(j, _)| *j == i)
+                .map(|(_, b)| *b)
+                .ok_or_else(|| bad("string index out of range"))?,
+        };
+        std::str::from_utf8(bytes)
+            .map(str::to_owned)
+            .map_err(|_| bad("string table entry is not UTF-8"))
     };
     for (t, u) in sample_types {
         meta.sample_types.push((s(t)?, s(u)?));

@@ -162,6 +162,81 @@ fn millions_of_nested_elements_are_refused_by_the_cap() {
     assert_over_budget(field(13, &ids), 128 << 20);
 }
 
+/// Sample and period types named by string table entries past the ones the
+/// one pass keeps read the same as early ones, through the second walk; an
+/// index past the table is refused either way, and so is a named entry that
+/// is not UTF-8.
+#[test]
+fn scan_reads_type_strings_anywhere_in_the_table() {
+    for filler in [0, EARLY_STRINGS - 3, EARLY_STRINGS, 3 * EARLY_STRINGS] {
+        let mut p = sample_profile();
+        p.string_table
+            .extend((0..filler).map(|i| format!("filler {i}")));
+        let at = p.string_table.len() as i64;
+        p.string_table.extend([
+            "alloc_space".to_owned(),
+            "bytes".to_owned(),
+            "space".to_owned(),
+        ]);
+        p.sample_type[0] = ValueType {
+            r#type: at,
+            unit: at + 1,
+        };
+        p.period_type = Some(ValueType {
+            r#type: at + 2,
+            unit: at + 1,
+        });
+        let meta = scan_metadata(&encode(&p), 1 << 20).unwrap();
+        assert_eq!(
+            meta.sample_types,
+            vec![("alloc_space".into(), "bytes".into())],
+            "{filler} fillers"
+        );
+        assert_eq!(
+            meta.period_type,
+            Some(("space".into(), "bytes".into())),
+            "{filler} fillers"
+        );
+
+        p.period_type = Some(ValueType {
+            r#type: at + 3,
+            unit: at + 1,
+        });
+        assert_eq!(
+            scan_metadata(&encode(&p), 1 << 20),
+            Err(DecodeError::Protobuf("string index out of range".into())),
+            "{filler} fillers"
+        );
+    }
+    // A named entry that is not UTF-8, early and far.
+    for filler in [0, 2 * EARLY_STRINGS] {
+        let mut bytes = encode(&sample_profile()).to_vec();
+        // Append the fillers and a bad entry, and point the sample type at it.
+        let strings = sample_profile().string_table.len() + filler;
+        for i in 0..filler {
+            bytes.extend(field(6, format!("f{i}").as_bytes()));
+        }
+        bytes.extend(field(6, &[0xff, 0xfe]));
+        bytes.extend(field(
+            1,
+            &[
+                0x08,
+                strings as u8 & 0x7f | 0x80,
+                (strings >> 7) as u8,
+                0x10,
+                0,
+            ],
+        ));
+        assert_eq!(
+            scan_metadata(&bytes, 1 << 20).map(|m| m.sample_types.len()),
+            Err(DecodeError::Protobuf(
+                "string table entry is not UTF-8".into()
+            )),
+            "{filler} fillers"
+        );
+    }
+}
+
 #[test]
 fn ordinary_profiles_fit_their_budget() {
     let p = crate::testdata::cpu_profile(2_000, 300);
