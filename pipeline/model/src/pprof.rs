@@ -627,10 +627,7 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
         let from = &buf[first_string_at.unwrap_or(buf.len())..];
         walk_fields(from, |tag, field| {
             if let (6, Value::Bytes(bytes)) = (tag, field) {
-                if index >= EARLY_STRINGS as i64
-                    && wanted.contains(&index)
-                    && !far.iter().any(|(i, _)| *i == index)
-                {
+                if index >= EARLY_STRINGS as i64 && wanted.contains(&index) {
                     far.push((index, bytes));
                 }
                 index += 1;
