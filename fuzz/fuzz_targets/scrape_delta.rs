@@ -1,67 +1,81 @@
 //! Deltas of cumulative profiles (the `scrape` receiver's allocs, heap,
-//! mutex and block): two pprof profiles (cut by a 2-byte length; the second
-//! is the first again when it does not decode) scraped in turn a, b, b, a.
-//! The states stay within their store's limit and give it all back; a
-//! delta never adds samples; a profile scraped twice over has nothing new
-//! (every cumulative value of the second delta zero), and one without a
-//! cumulative type passes as it was.
+//! mutex and block), computed on the wire: two byte strings (cut by a
+//! 2-byte length) scraped in turn a, b, b, a, as they are, whether they
+//! are pprof or not. Nothing panics; the states stay within their store's
+//! limit and give it all back; the delta of a scrape that decodes decodes
+//! too, counts its samples right, never has more than its scrape and keeps
+//! its tables; a profile without
+//! a cumulative type is left to pass as it was; and a profile scraped twice
+//! over has nothing new (every cumulative value of the second delta zero).
 #![no_main]
-use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use proflow_fuzz::LIMIT;
 use proflow_pipeline::pprof::{self, Profile};
 use proflow_receivers::scrape::delta::{CUMULATIVE_TYPES, DeltaOutcome, DeltaState, DeltaStore};
+use prost::Message;
 
 fuzz_target!(|data: &[u8]| {
     let Some((first, second)) = proflow_fuzz::two_parts(data) else {
         return;
     };
-    let decode = |b: &[u8]| pprof::decode(&Bytes::copy_from_slice(b), LIMIT).ok();
-    let Some(a) = decode(first) else {
-        return;
-    };
-    let b = decode(second).unwrap_or_else(|| a.clone());
     // A small store, so refusals for want of memory are reached too.
     let store = DeltaStore::new(4 << 10);
     {
         let mut state = DeltaState::new(store.clone());
-        let mut last = None;
-        for (i, p) in [a.clone(), b.clone(), b.clone(), a].into_iter().enumerate() {
-            let samples = p.sample.len();
-            let cumulative = cumulative(&p);
-            let before = p.clone();
-            let outcome = state.next(p);
+        // Whether the previous scrape left a state to compare with.
+        let mut primed = false;
+        for (i, plain) in [first, second, second, first].into_iter().enumerate() {
+            let scraped = Profile::decode(plain).ok();
+            // What the receiver grants: the decoded-size budget.
+            let outcome = state.next(plain, pprof::decoded_budget(plain.len()));
             assert!(
                 store.used_bytes() <= store.limit_bytes(),
                 "the store went past its limit"
             );
-            if let DeltaOutcome::Delta(d) = &outcome {
-                assert!(
-                    d.sample.len() <= samples,
-                    "a delta with more samples than its scrape"
-                );
-                if cumulative.is_empty() {
+            // What the delta did not rewrite passes as it came, so only a
+            // scrape that decodes makes a delta that must.
+            if let (Ok(DeltaOutcome::Delta(d)), Some(scraped)) = (&outcome, &scraped) {
+                let delta = Profile::decode(&d.bytes[..]).expect("a delta that does not decode");
+                assert_eq!(delta.sample.len(), d.samples, "samples miscounted");
+                {
                     assert!(
-                        *d == before,
-                        "a profile without cumulative types was changed"
+                        delta.sample.len() <= scraped.sample.len(),
+                        "a delta with more samples than its scrape"
                     );
+                    assert_eq!(delta.string_table, scraped.string_table);
+                    assert_eq!(delta.location, scraped.location);
                 }
-            }
-            if i == 2 && !cumulative.is_empty() && last != Some(false) {
-                let DeltaOutcome::Delta(d) = &outcome else {
-                    panic!("the same scrape twice made {outcome:?}, not a delta");
-                };
-                for s in &d.sample {
-                    for &c in &cumulative {
-                        assert_eq!(
-                            s.value.get(c).copied().unwrap_or(0),
-                            0,
-                            "a change where there was none"
-                        );
+                if i == 2 && primed {
+                    let cumulative = cumulative(&delta);
+                    for s in &delta.sample {
+                        for &c in &cumulative {
+                            assert_eq!(
+                                s.value.get(c).copied().unwrap_or(0),
+                                0,
+                                "a change where there was none"
+                            );
+                        }
                     }
                 }
             }
-            last = Some(!matches!(outcome, DeltaOutcome::StateFull));
+            if let (Ok(DeltaOutcome::Unchanged), Some(scraped)) = (&outcome, &scraped) {
+                assert!(
+                    cumulative(scraped).is_empty(),
+                    "a cumulative profile left unchanged"
+                );
+            }
+            if i == 2 && primed {
+                assert!(
+                    matches!(
+                        outcome,
+                        Ok(DeltaOutcome::Delta(_) | DeltaOutcome::Unchanged)
+                    ),
+                    "the same scrape twice made {outcome:?}, not a delta"
+                );
+            }
+            primed = matches!(
+                outcome,
+                Ok(DeltaOutcome::Primed | DeltaOutcome::Reset | DeltaOutcome::Delta(_))
+            );
         }
     }
     assert_eq!(store.used_bytes(), 0, "a dropped state kept its bytes");

@@ -24,14 +24,14 @@ use bytes::Bytes;
 use proflow_pipeline::component::{Admission, ConsumeError, Consumer};
 use proflow_pipeline::inflate::{self, InflateError};
 use proflow_pipeline::memory::MemoryBudget;
-use proflow_pipeline::model::{Batch, BatchMeta, Envelope, Payload, ValueType};
+use proflow_pipeline::model::{Batch, BatchMeta, Envelope, Payload};
 use proflow_pipeline::pprof::{self, DecodeError};
 use proflow_pipeline::telemetry::{ReceiverTelemetry, ScrapeTelemetry};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use super::client::{FetchError, HttpClient};
-use super::delta::{DeltaOutcome, DeltaState, DeltaStore};
+use super::delta::{DeltaError, DeltaOutcome, DeltaState, DeltaStore, has_cumulative};
 use super::status::{TargetStatus, Transition};
 use super::targets::JobSpec;
 
@@ -233,10 +233,11 @@ async fn scrape_once(
         InflateError::OverBudget(e) => ScrapeError::Memory(e.to_string()),
         InflateError::Corrupt(detail) => refused(DecodeError::Gzip(detail)),
     };
-    // A cumulative profile is decoded below: inflate it once, here (up to
-    // `limit`, as the scan would), under the grant, and scan and decode the
-    // plain bytes. Others are scanned from a plain copy let go at once.
-    let (data, mut meta) = if delta.is_some() {
+    // A cumulative profile is differenced below from its plain bytes:
+    // inflate it once, here (up to `limit`, as the scan would), under the
+    // grant, and scan and difference the plain bytes. Others are scanned
+    // from a plain copy let go at once.
+    let (data, meta) = if delta.is_some() {
         let data = if pprof::is_gzip(&body) {
             Bytes::from(inflate::inflate(&body, limit, &mut grant).map_err(inflate_refused)?)
         } else {
@@ -263,38 +264,57 @@ async fn scrape_once(
             .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
             .unwrap_or(0)
     };
-    let Some(delta) = delta else {
-        // As it arrived: no decode, no re-encode.
-        let start = if meta.time_nanos > 0 {
-            meta.time_nanos
-        } else {
-            now_nanos()
-        };
-        let end = start.saturating_add(meta.duration_nanos.max(0));
+    let envelope = |mut meta: pprof::Metadata, start: i64, end: i64, payload: Payload| {
         let (sample_types, period_type) = meta.take_value_types();
-        return Ok(Some((
-            Envelope {
-                labels: target.labels.clone(),
-                start_unix_nanos: start,
-                end_unix_nanos: end,
-                sample_types,
-                period_type,
-                period: meta.period,
-                payload: Payload::from_bytes(body, limit),
-            },
-            grant,
-        )));
+        Envelope {
+            labels: target.labels.clone(),
+            start_unix_nanos: start,
+            end_unix_nanos: end,
+            sample_types,
+            period_type,
+            period: meta.period,
+            payload,
+        }
+    };
+    let delta = match delta {
+        Some(delta) if has_cumulative(&meta.sample_types) => delta,
+        other => {
+            // As it arrived: no re-encode. A profile that is not cumulative
+            // leaves no state behind (a target may change what it serves).
+            if let Some(delta) = other {
+                delta.clear();
+            }
+            if data.as_ptr() != body.as_ptr() {
+                grant.shrink(data.len());
+            }
+            drop(data);
+            let start = if meta.time_nanos > 0 {
+                meta.time_nanos
+            } else {
+                now_nanos()
+            };
+            let end = start.saturating_add(meta.duration_nanos.max(0));
+            let payload = Payload::from_bytes(body, limit);
+            return Ok(Some((envelope(meta, start, end, payload), grant)));
+        }
     };
     let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-    // What decoding makes (the plain bytes are granted already).
+    // What differencing takes and makes: its scratch, less than decoding
+    // would take (`decoded_size`), and the delta, the size of the plain
+    // bytes but for a few (Go's profiles: 11 at most, the duration). The
+    // plain bytes themselves are granted already.
+    let work = meta.decoded_size.saturating_add(data.len());
     grant
-        .grow(meta.decoded_size, wait)
+        .grow(work, wait)
         .await
         .map_err(|e| ScrapeError::Memory(e.to_string()))?;
     drop(body);
-    let profile = pprof::decode(&data, limit).map_err(refused)?;
+    let outcome = delta.next(&data, work).map_err(|e| match e {
+        DeltaError::Malformed(_) => ScrapeError::Invalid(e.to_string()),
+        DeltaError::OverBudget { .. } => ScrapeError::Memory(e.to_string()),
+    })?;
     drop(data);
-    match delta.next(profile) {
+    match outcome {
         DeltaOutcome::Primed => Ok(None),
         DeltaOutcome::Reset => {
             tracing::info!(
@@ -307,37 +327,23 @@ async fn scrape_once(
         DeltaOutcome::StateFull => Err(ScrapeError::DeltaStateFull),
         // Nothing happened in the interval (no allocation, no contention):
         // an empty profile says nothing a backend could show.
-        DeltaOutcome::Delta(p) if p.sample.is_empty() => Ok(None),
-        DeltaOutcome::Delta(p) => {
-            let end = if p.time_nanos > 0 {
-                p.time_nanos
+        DeltaOutcome::Delta(d) if d.samples == 0 => Ok(None),
+        // The scan saw a cumulative type by name; differencing found none
+        // (the same names, so never): as if it were not cumulative.
+        DeltaOutcome::Unchanged => Err(ScrapeError::Invalid(
+            "the profile's cumulative sample types could not be read".to_owned(),
+        )),
+        DeltaOutcome::Delta(d) => {
+            let end = if d.time_nanos > 0 {
+                d.time_nanos
             } else {
                 now_nanos()
             };
-            let start = end.saturating_sub(p.duration_nanos.max(0));
-            let name = |i: i64| p.string(i).to_owned();
-            let sample_types = p
-                .sample_type
-                .iter()
-                .map(|t| ValueType::new(name(t.r#type), name(t.unit)))
-                .collect();
-            let period_type = p
-                .period_type
-                .as_ref()
-                .map(|t| ValueType::new(name(t.r#type), name(t.unit)));
-            let period = p.period;
-            Ok(Some((
-                Envelope {
-                    labels: target.labels.clone(),
-                    start_unix_nanos: start,
-                    end_unix_nanos: end,
-                    sample_types,
-                    period_type,
-                    period,
-                    payload: Payload::from_profile(p),
-                },
-                grant,
-            )))
+            let start = end.saturating_sub(d.duration_nanos.max(0));
+            // The grant keeps what the envelope holds: the delta's bytes.
+            grant.shrink(grant.held().saturating_sub(d.bytes.len()));
+            let payload = Payload::from_bytes(Bytes::from(d.bytes), limit);
+            Ok(Some((envelope(meta, start, end, payload), grant)))
         }
     }
 }

@@ -1,8 +1,51 @@
 use std::collections::BTreeMap;
 
-use proflow_pipeline::pprof::{self, Label, ProfileBuilder, stacks_root_first};
+use proflow_pipeline::pprof::{self, Label, Profile, ProfileBuilder, Sample, stacks_root_first};
 
 use super::*;
+
+/// What a scrape came to, its delta decoded.
+// Matched at once, never stored: boxing would only add noise.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, PartialEq)]
+enum Out {
+    Primed,
+    Reset,
+    Unchanged,
+    Delta(Profile),
+    StateFull,
+}
+
+/// Makes the tests' profiles into the bytes a target serves, and decodes
+/// the delta as a backend would.
+trait Scrape {
+    fn scrape(&mut self, p: Profile) -> Out;
+}
+
+impl Scrape for DeltaState {
+    fn scrape(&mut self, p: Profile) -> Out {
+        let plain = pprof::encode(&p);
+        match self
+            .next(&plain, 1 << 30)
+            .expect("a profile the tests made")
+        {
+            DeltaOutcome::Primed => Out::Primed,
+            DeltaOutcome::Reset => Out::Reset,
+            DeltaOutcome::Unchanged => Out::Unchanged,
+            DeltaOutcome::StateFull => Out::StateFull,
+            DeltaOutcome::Delta(d) => {
+                // prost itself: some tests carry references out of range,
+                // which decode() would refuse (and the scan before it).
+                let back = <Profile as prost::Message>::decode(&d.bytes[..])
+                    .expect("the delta decodes as protobuf");
+                assert_eq!(back.sample.len(), d.samples, "samples counted");
+                assert_eq!(back.time_nanos, d.time_nanos, "time read");
+                assert_eq!(back.duration_nanos, d.duration_nanos, "duration written");
+                Out::Delta(back)
+            }
+        }
+    }
+}
 
 const HEAP: [(&str, &str); 4] = [
     ("alloc_objects", "count"),
@@ -49,9 +92,9 @@ fn by_stack(p: &Profile) -> BTreeMap<String, Vec<i64>> {
     out
 }
 
-fn expect_delta(outcome: DeltaOutcome) -> Profile {
+fn expect_delta(outcome: Out) -> Profile {
     match outcome {
-        DeltaOutcome::Delta(p) => p,
+        Out::Delta(p) => p,
         other => panic!("expected a delta, got {other:?}"),
     }
 }
@@ -80,7 +123,7 @@ fn first_scrape_primes_and_the_state_is_counted_exactly() {
         ],
         100,
     );
-    assert_eq!(state.next(p.clone()), DeltaOutcome::Primed);
+    assert_eq!(state.scrape(p.clone()), Out::Primed);
     assert_eq!(store.series(), 1);
     // Two stacks, each a key and two cumulative values.
     assert_eq!(store.used_bytes(), 2 * 3 * 8);
@@ -110,8 +153,8 @@ fn heap_deltas_difference_alloc_and_keep_inuse() {
         ],
         115,
     );
-    assert_eq!(state.next(first.clone()), DeltaOutcome::Primed);
-    let delta = expect_delta(state.next(second.clone()));
+    assert_eq!(state.scrape(first.clone()), Out::Primed);
+    let delta = expect_delta(state.scrape(second.clone()));
     assert_eq!(
         by_stack(&delta),
         map(&[
@@ -141,11 +184,11 @@ fn mutex_deltas_drop_unchanged_stacks() {
         110,
     );
     let third = second.clone();
-    assert_eq!(state.next(first.clone()), DeltaOutcome::Primed);
-    let delta = expect_delta(state.next(second.clone()));
+    assert_eq!(state.scrape(first.clone()), Out::Primed);
+    let delta = expect_delta(state.scrape(second.clone()));
     assert_eq!(by_stack(&delta), map(&[("main;lock", vec![3, 7000])]));
     // Nothing happened: a delta with no samples.
-    let delta = expect_delta(state.next(third.clone()));
+    let delta = expect_delta(state.scrape(third.clone()));
     assert!(delta.sample.is_empty());
 }
 
@@ -158,8 +201,8 @@ fn a_new_stack_comes_with_its_full_value() {
         &[("main;a", vec![2, 150]), ("main;b;c", vec![4, 400])],
         110,
     );
-    assert_eq!(state.next(first.clone()), DeltaOutcome::Primed);
-    let delta = expect_delta(state.next(second.clone()));
+    assert_eq!(state.scrape(first.clone()), Out::Primed);
+    let delta = expect_delta(state.scrape(second.clone()));
     assert_eq!(
         by_stack(&delta),
         map(&[("main;a", vec![1, 50]), ("main;b;c", vec![4, 400])])
@@ -190,8 +233,8 @@ fn renumbered_locations_and_strings_still_match() {
     );
     assert_ne!(first.location, second.location);
     assert_ne!(first.string_table, second.string_table);
-    assert_eq!(state.next(first.clone()), DeltaOutcome::Primed);
-    let delta = expect_delta(state.next(second.clone()));
+    assert_eq!(state.scrape(first.clone()), Out::Primed);
+    let delta = expect_delta(state.scrape(second.clone()));
     assert_eq!(
         by_stack(&delta),
         map(&[
@@ -222,10 +265,10 @@ fn duplicate_keys_are_summed_and_the_delta_goes_on_the_first() {
         ],
         115,
     );
-    assert_eq!(state.next(first.clone()), DeltaOutcome::Primed);
+    assert_eq!(state.scrape(first.clone()), Out::Primed);
     // Two distinct keys.
     assert_eq!(store.used_bytes(), 2 * 3 * 8);
-    let delta = expect_delta(state.next(second.clone()));
+    let delta = expect_delta(state.scrape(second.clone()));
     // (4 + 3) − (1 + 2) = 4 objects, (40 + 30) − (10 + 20) = 40 bytes,
     // on the first sample; the second has zero allocs and no inuse left,
     // so it is dropped; "main;other" is all zero too.
@@ -235,7 +278,14 @@ fn duplicate_keys_are_summed_and_the_delta_goes_on_the_first() {
 
 #[test]
 fn labels_addresses_and_lines_are_part_of_a_stack() {
-    let key = |p: &Profile, i: usize| StackHasher::new(p).sample(&p.sample[i]);
+    let key = |p: &Profile, i: usize| {
+        let plain = pprof::encode(p);
+        let parts = Parts::read(&plain, 1 << 30).unwrap();
+        StackHasher::new(&parts)
+            .unwrap()
+            .sample(parts.samples[i])
+            .unwrap()
+    };
     let base = profile(&MUTEX, &[("main;a", vec![1, 1]), ("main;a", vec![1, 1])], 1);
     assert_eq!(key(&base, 0), key(&base, 1));
 
@@ -293,11 +343,11 @@ fn a_counter_going_down_resets_then_deltas_resume() {
         ],
         130,
     );
-    assert_eq!(state.next(before.clone()), DeltaOutcome::Primed);
-    expect_delta(state.next(grown.clone()));
-    assert_eq!(state.next(restarted.clone()), DeltaOutcome::Reset);
+    assert_eq!(state.scrape(before.clone()), Out::Primed);
+    expect_delta(state.scrape(grown.clone()));
+    assert_eq!(state.scrape(restarted.clone()), Out::Reset);
     assert_eq!(store.series(), 1);
-    let delta = expect_delta(state.next(after.clone()));
+    let delta = expect_delta(state.scrape(after.clone()));
     assert_eq!(
         by_stack(&delta),
         map(&[
@@ -320,9 +370,9 @@ fn a_full_store_refuses_state_and_gets_memory_back() {
     );
     let mut one = DeltaState::new(store.clone());
     let mut two = DeltaState::new(store.clone());
-    assert_eq!(one.next(p.clone()), DeltaOutcome::Primed);
+    assert_eq!(one.scrape(p.clone()), Out::Primed);
     assert_eq!(store.used_bytes(), 48);
-    assert_eq!(two.next(p.clone()), DeltaOutcome::StateFull);
+    assert_eq!(two.scrape(p.clone()), Out::StateFull);
     assert_eq!((store.used_bytes(), store.series()), (48, 1));
 
     // A state that grows past the limit is dropped, not kept stale.
@@ -335,18 +385,18 @@ fn a_full_store_refuses_state_and_gets_memory_back() {
         ],
         115,
     );
-    assert_eq!(one.next(bigger.clone()), DeltaOutcome::StateFull);
+    assert_eq!(one.scrape(bigger.clone()), Out::StateFull);
     assert_eq!((store.used_bytes(), store.series()), (0, 0));
 
     // With the room given back, the other series primes, then deltas.
-    assert_eq!(two.next(p.clone()), DeltaOutcome::Primed);
-    assert_eq!(one.next(p.clone()), DeltaOutcome::StateFull);
+    assert_eq!(two.scrape(p.clone()), Out::Primed);
+    assert_eq!(one.scrape(p.clone()), Out::StateFull);
     let grown = profile(
         &HEAP,
         &[("main;a", vec![3, 3, 1, 1]), ("main;b", vec![1, 1, 1, 1])],
         130,
     );
-    let delta = expect_delta(two.next(grown.clone()));
+    let delta = expect_delta(two.scrape(grown.clone()));
     assert_eq!(
         by_stack(&delta),
         map(&[("main;a", vec![2, 2, 1, 1]), ("main;b", vec![0, 0, 1, 1])])
@@ -358,7 +408,7 @@ fn a_full_store_refuses_state_and_gets_memory_back() {
     // A store of 0 bytes keeps nothing.
     let none = DeltaStore::new(0);
     let mut state = DeltaState::new(none.clone());
-    assert_eq!(state.next(p.clone()), DeltaOutcome::StateFull);
+    assert_eq!(state.scrape(p.clone()), Out::StateFull);
     assert_eq!((none.used_bytes(), none.series()), (0, 0));
 }
 
@@ -370,15 +420,15 @@ fn profiles_without_cumulative_types_pass_and_keep_nothing() {
         &[("main;a", vec![3, 30])],
         1,
     );
-    assert_eq!(state.next(cpu.clone()), DeltaOutcome::Delta(cpu.clone()));
-    assert_eq!(state.next(cpu.clone()), DeltaOutcome::Delta(cpu.clone()));
+    assert_eq!(state.scrape(cpu.clone()), Out::Unchanged);
+    assert_eq!(state.scrape(cpu.clone()), Out::Unchanged);
     assert_eq!((store.used_bytes(), store.series()), (0, 0));
 
     // A series whose profile loses its cumulative types lets its state go.
     let mutex = profile(&MUTEX, &[("main;a", vec![1, 1])], 1);
-    assert_eq!(state.next(mutex.clone()), DeltaOutcome::Primed);
+    assert_eq!(state.scrape(mutex.clone()), Out::Primed);
     assert_eq!(store.series(), 1);
-    assert_eq!(state.next(cpu.clone()), DeltaOutcome::Delta(cpu.clone()));
+    assert_eq!(state.scrape(cpu.clone()), Out::Unchanged);
     assert_eq!((store.used_bytes(), store.series()), (0, 0));
 }
 
@@ -391,10 +441,10 @@ fn changed_sample_types_prime_again() {
         &[("main;a", vec![600, 6])],
         110,
     );
-    assert_eq!(state.next(mutex.clone()), DeltaOutcome::Primed);
-    assert_eq!(state.next(swapped.clone()), DeltaOutcome::Primed);
+    assert_eq!(state.scrape(mutex.clone()), Out::Primed);
+    assert_eq!(state.scrape(swapped.clone()), Out::Primed);
     let heap = profile(&HEAP, &[("main;a", vec![1, 1, 1, 1])], 120);
-    assert_eq!(state.next(heap.clone()), DeltaOutcome::Primed);
+    assert_eq!(state.scrape(heap.clone()), Out::Primed);
     assert_eq!((store.used_bytes(), store.series()), (24, 1));
 }
 
@@ -407,8 +457,8 @@ fn the_delta_roundtrips_as_pprof_and_keeps_the_tables() {
         &[("main;a", vec![2, 20, 1, 10]), ("main;b", vec![1, 8, 1, 8])],
         115,
     );
-    state.next(first.clone());
-    let delta = expect_delta(state.next(second.clone()));
+    state.scrape(first.clone());
+    let delta = expect_delta(state.scrape(second.clone()));
     assert_eq!(delta.string_table, second.string_table);
     assert_eq!(delta.location, second.location);
     assert_eq!(delta.function, second.function);
@@ -423,8 +473,8 @@ fn no_time_leaves_the_duration() {
     first.duration_nanos = 7;
     let mut second = profile(&MUTEX, &[("main;a", vec![2, 2])], 0);
     second.duration_nanos = 9;
-    state.next(first.clone());
-    assert_eq!(expect_delta(state.next(second.clone())).duration_nanos, 9);
+    state.scrape(first.clone());
+    assert_eq!(expect_delta(state.scrape(second.clone())).duration_nanos, 9);
 }
 
 #[test]
@@ -454,16 +504,16 @@ fn malformed_references_do_not_panic() {
     // Sparse, repeated ids.
     p.location[1].id = 1 << 60;
     p.location.push(p.location[1].clone());
-    assert_eq!(state.next(p.clone()), DeltaOutcome::Primed);
+    assert_eq!(state.scrape(p.clone()), Out::Primed);
     let mut q = p.clone();
     q.sample[2].value = vec![i64::MAX, i64::MAX, 3];
     q.time_nanos = i64::MAX;
-    let delta = expect_delta(state.next(q.clone()));
+    let delta = expect_delta(state.scrape(q.clone()));
     assert_eq!(delta.sample.len(), 1);
     assert_eq!(delta.sample[0].value, vec![i64::MAX, 0, 3]);
     let mut r = q.clone();
     r.sample[2].value = vec![i64::MIN, 0, 3];
-    assert_eq!(state.next(r.clone()), DeltaOutcome::Reset);
+    assert_eq!(state.scrape(r.clone()), Out::Reset);
 }
 
 /// A deterministic shuffle, so each scrape lists its samples in another
@@ -516,9 +566,9 @@ proptest::proptest! {
                 .collect();
             shuffle(&mut samples, seed | 1);
             let p = profile(&HEAP, &samples, 100 + n as i64);
-            let outcome = state.next(p.clone());
+            let outcome = state.scrape(p.clone());
             if n == 0 {
-                proptest::prop_assert_eq!(outcome, DeltaOutcome::Primed);
+                proptest::prop_assert_eq!(outcome, Out::Primed);
                 continue;
             }
             let delta = expect_delta(outcome);
@@ -545,4 +595,198 @@ proptest::proptest! {
             proptest::prop_assert_eq!(got, expected, "stack {}", stack);
         }
     }
+}
+
+/// A protobuf field written by hand, for shapes prost never writes.
+fn field(out: &mut Vec<u8>, number: u64, wire: u64, body: &[u8]) {
+    Sink::varint(out, number << 3 | wire);
+    if wire == 2 {
+        Sink::varint(out, body.len() as u64);
+    }
+    out.extend_from_slice(body);
+}
+
+fn varint(v: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    Sink::varint(&mut out, v);
+    out
+}
+
+/// `p` with every sample rewritten unpacked (one field per location id
+/// and per value, values before ids), an unknown field in each sample and
+/// at the end of the profile, and no `duration_nanos`.
+fn unpacked(p: &Profile) -> Vec<u8> {
+    let mut bare = p.clone();
+    let samples = std::mem::take(&mut bare.sample);
+    bare.duration_nanos = 0;
+    let mut out = pprof::encode(&bare).to_vec();
+    for s in &samples {
+        let mut body = Vec::new();
+        for &v in &s.value {
+            field(&mut body, 2, 0, &varint(v as u64));
+        }
+        for &id in &s.location_id {
+            field(&mut body, 1, 0, &varint(id));
+        }
+        field(&mut body, 99, 0, &varint(7));
+        field(&mut out, 2, 2, &body);
+    }
+    field(&mut out, 100, 2, b"kept as it came");
+    out
+}
+
+#[test]
+fn unpacked_fields_and_unknown_ones_read_and_pass() {
+    let (_store, mut state) = state();
+    let first = profile(
+        &MUTEX,
+        &[("main;a", vec![1, 100]), ("main;b", vec![2, 5])],
+        100,
+    );
+    let second = profile(
+        &MUTEX,
+        &[("main;a", vec![4, 400]), ("main;b", vec![2, 5])],
+        130,
+    );
+    // The same stacks, packed then unpacked: one key each way.
+    assert_eq!(state.scrape(first.clone()), Out::Primed);
+    let Ok(DeltaOutcome::Delta(d)) = state.next(&unpacked(&second), 1 << 30) else {
+        panic!("expected a delta");
+    };
+    assert_eq!(d.samples, 1);
+    let back = <Profile as prost::Message>::decode(&d.bytes[..]).unwrap();
+    assert_eq!(by_stack(&back), map(&[("main;a", vec![3, 300])]));
+    // No duration came: the interval is written.
+    assert_eq!(back.duration_nanos, 30_000_000_000);
+    assert_eq!(d.duration_nanos, 30_000_000_000);
+    // Unknown fields pass as they came, in the profile and in its sample.
+    let tail = b"kept as it came";
+    assert!(d.bytes.windows(tail.len()).any(|w| w == tail));
+    let sample = wire::fields(&d.bytes)
+        .filter_map(|f| match f.unwrap() {
+            (2, Value::Bytes(b)) => Some(b),
+            _ => None,
+        })
+        .next()
+        .unwrap();
+    assert!(wire::fields(sample).any(|f| f.unwrap() == (99, Value::Varint(7))));
+    // Its values went out packed, in one field.
+    let value_fields = wire::fields(sample)
+        .filter(|f| matches!(f, Ok((2, Value::Bytes(_)))))
+        .count();
+    assert_eq!(value_fields, 1);
+}
+
+#[test]
+fn a_delta_is_the_scrape_with_only_samples_and_duration_changed() {
+    let (_store, mut state) = state();
+    let mut first = profile(&HEAP, &[("main;a", vec![1, 10, 1, 10])], 100);
+    // What Go writes too: a mapping, a period type, a comment.
+    first.mapping.push(pprof::Mapping {
+        id: 1,
+        memory_start: 0x1000,
+        memory_limit: 0x2000,
+        ..Default::default()
+    });
+    first.period_type = Some(first.sample_type[1]);
+    first.period = 512 * 1024;
+    first.comment = vec![0];
+    for f in &mut first.function {
+        f.start_line = 12;
+    }
+    first.duration_nanos = 5;
+    let mut second = first.clone();
+    second.time_nanos += 15_000_000_000;
+    second.sample[0].value = vec![3, 30, 1, 10];
+    state.scrape(first);
+    let plain = pprof::encode(&second);
+    let Ok(DeltaOutcome::Delta(d)) = state.next(&plain, 1 << 30) else {
+        panic!("expected a delta");
+    };
+    // Field by field, in order: all as they came but the sample and the
+    // duration.
+    let before: Vec<_> = wire::fields(&plain).map(Result::unwrap).collect();
+    let after: Vec<_> = wire::fields(&d.bytes).map(Result::unwrap).collect();
+    assert_eq!(before.len(), after.len());
+    for (b, a) in before.iter().zip(&after) {
+        match b.0 {
+            2 | 10 => assert_eq!(a.0, b.0),
+            _ => assert_eq!(a, b),
+        }
+    }
+    assert!(after.contains(&(10, Value::Varint(15_000_000_000))));
+}
+
+#[test]
+fn malformed_profiles_are_refused_and_forget_the_state() {
+    let (store, mut state) = state();
+    let p = profile(&MUTEX, &[("main;a", vec![1, 1])], 100);
+    assert_eq!(state.scrape(p.clone()), Out::Primed);
+    assert_eq!(store.series(), 1);
+    let plain = pprof::encode(&p).to_vec();
+    // A truncated profile, then a sample whose value is a fixed64.
+    let truncated = &plain[..plain.len() - 1];
+    assert!(matches!(
+        state.next(truncated, 1 << 30),
+        Err(DeltaError::Malformed(_))
+    ));
+    assert_eq!((store.used_bytes(), store.series()), (0, 0));
+    let mut bad = plain.clone();
+    let mut sample = Vec::new();
+    field(&mut sample, 2, 1, &[0; 8]);
+    field(&mut bad, 2, 2, &sample);
+    let e = state.next(&bad, 1 << 30).unwrap_err();
+    assert!(e.to_string().contains("wrong wire type"), "{e}");
+    // What follows primes again.
+    assert_eq!(state.scrape(p), Out::Primed);
+}
+
+#[test]
+fn the_work_is_counted_before_it_is_allocated() {
+    let (store, mut state) = state();
+    let samples: Vec<(&str, Vec<i64>)> = STACKS.iter().map(|s| (*s, vec![1, 1])).collect();
+    let p = pprof::encode(&profile(&MUTEX, &samples, 100));
+    // Too little for the scratch: refused before anything is read.
+    let e = state.next(&p, 100).unwrap_err();
+    let DeltaError::OverBudget { need, granted } = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(granted, 100);
+    assert!(need >= STACKS.len() * WORK_PER_SAMPLE, "{need}");
+    assert_eq!(store.series(), 0);
+    // Enough for the scratch but not for the delta written: refused too.
+    assert_eq!(state.next(&p, need).unwrap(), DeltaOutcome::Primed);
+    let grown: Vec<(&str, Vec<i64>)> = STACKS.iter().map(|s| (*s, vec![2, 2])).collect();
+    let q = pprof::encode(&profile(&MUTEX, &grown, 110));
+    assert!(matches!(
+        state.next(&q, need),
+        Err(DeltaError::OverBudget { .. })
+    ));
+    assert_eq!(
+        state.next(&q, need + q.len()).unwrap(),
+        DeltaOutcome::Primed
+    );
+}
+
+#[test]
+fn a_failure_after_the_state_was_counted_gives_its_bytes_back() {
+    let (store, mut state) = state();
+    let p = profile(&MUTEX, &[("main;a", vec![1, 1])], 100);
+    assert_eq!(state.scrape(p.clone()), Out::Primed);
+    assert_eq!((store.used_bytes(), store.series()), (24, 1));
+    // A sample whose packed values end in an unfinished varint: the stack
+    // is read (and the new state counted) before its values are.
+    let mut bad = pprof::encode(&p).to_vec();
+    let mut sample = Vec::new();
+    field(&mut sample, 2, 2, &[0x80]);
+    field(&mut bad, 2, 2, &sample);
+    let e = state.next(&bad, 1 << 30).unwrap_err();
+    assert!(matches!(e, DeltaError::Malformed(_)), "{e}");
+    assert_eq!((store.used_bytes(), store.series()), (0, 0));
+    // The same from an empty state.
+    let e = state.next(&bad, 1 << 30).unwrap_err();
+    assert!(matches!(e, DeltaError::Malformed(_)), "{e}");
+    assert_eq!((store.used_bytes(), store.series()), (0, 0));
+    assert_eq!(state.scrape(p), Out::Primed);
+    assert_eq!((store.used_bytes(), store.series()), (24, 1));
 }
