@@ -10,7 +10,7 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -124,17 +124,6 @@ fn overload_is_refused_with_429_and_memory_stays_bounded() {
     let idle_rss = proflow.rss_bytes();
 
     let done = Arc::new(AtomicBool::new(false));
-    let peak = Arc::new(AtomicU64::new(0));
-    let sampler = thread::spawn({
-        let (done, peak, pid) = (done.clone(), peak.clone(), proflow.pid());
-        move || {
-            while !done.load(Ordering::SeqCst) {
-                peak.fetch_max(common::rss_bytes(pid), Ordering::SeqCst);
-                thread::sleep(Duration::from_millis(10));
-            }
-        }
-    });
-
     // Small pushes all through the overload, each expected to succeed.
     let small = thread::spawn({
         let done = done.clone();
@@ -184,8 +173,8 @@ fn overload_is_refused_with_429_and_memory_stays_bounded() {
     thread::sleep(Duration::from_millis(300));
     done.store(true, Ordering::SeqCst);
     let small_statuses = small.join().unwrap();
-    sampler.join().unwrap();
-    let peak = peak.load(Ordering::SeqCst);
+    // The kernel's high-water mark: the storm's peak, not a sample of it.
+    let peak = common::peak_rss_bytes(proflow.pid());
 
     let accepted = outcomes
         .iter()

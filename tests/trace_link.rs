@@ -10,8 +10,10 @@
 //! - the `otlp` exporter sends to the real OpenTelemetry Collector; in its
 //!   file output, the samples of the hot spans carry links whose trace ids
 //!   are exactly the trace ids the SDK exported for those spans;
-//! - the `file` exporter's pprof has the `span_id`, `span_name` and (filled
-//!   in from the index) `trace_id` labels;
+//! - the `file` exporter's pprof keeps the `span_id` and `span_name` labels
+//!   and gets no `trace_id` label (`output` lists `otlp_links` and `labels`,
+//!   not `trace_id_label`, so the trace ids found in the index go only into
+//!   the OTLP links);
 //! - the `pyroscope` exporter sends to the real Pyroscope, which still finds
 //!   the span labels it expects: `SelectMergeSpanProfile` by span id returns
 //!   the hot function.

@@ -374,10 +374,22 @@ pub fn http_client() -> reqwest::blocking::Client {
 
 /// A process's resident set size now, in bytes (Linux `/proc`); 0 once it is gone.
 pub fn rss_bytes(pid: u32) -> u64 {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// The most a process has held resident since it started (`VmHWM`, the
+/// kernel's own high-water mark: no peak between two reads is missed), in
+/// bytes; 0 once it is gone.
+pub fn peak_rss_bytes(pid: u32) -> u64 {
+    status_bytes(pid, "VmHWM:")
+}
+
+/// A `kB` field of `/proc/<pid>/status`, in bytes.
+fn status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
 }

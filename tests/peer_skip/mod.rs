@@ -11,7 +11,7 @@
 //!   `scripts/test` prints at the end of the run.
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Reports a peer that cannot be had: panics under `CI` and by default (the
 /// message says what is missing and `how_to_get_it`); returns `None` after a
@@ -58,11 +58,17 @@ fn first_line(text: &str) -> &str {
 }
 
 /// The file skips are recorded in: `skipped-peers.txt` in the target directory
-/// (`CARGO_TARGET_DIR`, else `target/` of the repository).
+/// (`CARGO_TARGET_DIR`, else `target/` of the workspace: the nearest directory
+/// with a `Cargo.lock` above the crate whose test is running).
 pub fn skip_record() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let workspace = manifest
+        .ancestors()
+        .find(|d| d.join("Cargo.lock").is_file())
+        .unwrap_or(manifest);
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .unwrap_or_else(|| workspace.join("target"))
         .join("skipped-peers.txt")
 }
 

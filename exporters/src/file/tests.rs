@@ -1,6 +1,11 @@
 //! Tests of the `file` exporter, built the way the collector builds it: YAML →
 //! `Factory::parse` → `build`, then `export` called directly.
 
+// The one way a test gives up on a real peer, shared with the end-to-end
+// tests: under CI a missing `go` fails the run.
+#[path = "../../../tests/peer_skip/mod.rs"]
+mod peer_skip;
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -538,15 +543,13 @@ fn validation_reports_every_problem_with_its_path() {
 /// The real-peer check: Go's own pprof reads what we wrote.
 #[tokio::test]
 async fn go_tool_pprof_reads_the_written_file() {
-    let Some(go) = find_go() else {
-        if std::env::var("PROFLOW_SKIP_PEERS").as_deref() == Ok("1") {
-            eprintln!("skipping the go tool pprof check: PROFLOW_SKIP_PEERS=1");
-            return;
-        }
-        panic!(
-            "`go` was not found on PATH nor at /usr/local/go/bin/go: install Go to run the \
-             real-peer check, or set PROFLOW_SKIP_PEERS=1 to skip it knowingly"
-        );
+    let Some(go) = find_go().or_else(|| {
+        peer_skip::unavailable(
+            "`go` was not found on PATH nor at /usr/local/go/bin/go",
+            "Install Go (tests/peers/install-clients) to run the real-peer check.",
+        )
+    }) else {
+        return;
     };
     let tmp = tempfile::tempdir().expect("tempdir");
     let exp = exporter(tmp.path(), "");
