@@ -549,7 +549,9 @@ async fn profiles_without_correlation_go_on_as_they_came() {
     assert_eq!(out[0].payload.identity(), before);
 }
 
-#[tokio::test]
+// On tokio's paused clock: the waits are measured in the runtime's own
+// time, which a loaded machine cannot stretch.
+#[tokio::test(start_paused = true)]
 async fn a_span_that_arrives_late_is_waited_for_and_one_that_never_does_is_not() {
     let s = processor(
         "output: [labels, trace_id_label]\nspan_index: {wait: 5s}\n",
@@ -561,7 +563,7 @@ async fn a_span_that_arrives_late_is_waited_for_and_one_that_never_does_is_not()
         tokio::time::sleep(Duration::from_millis(200)).await;
         consumer.consume_spans(&index_spans());
     });
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let out = s.processor.process(vec![e], &BatchMeta::default()).await;
     late.await.unwrap();
     assert!(
@@ -589,7 +591,7 @@ async fn a_span_that_arrives_late_is_waited_for_and_one_that_never_does_is_not()
     );
     let _ = s.processor.span_consumer();
     let e = pprof_envelope(&profile(&[("span_id", V::S("0123456789abcdef"))], 2));
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let out = s
         .processor
         .process(vec![e.clone()], &BatchMeta::default())
@@ -615,7 +617,7 @@ async fn a_span_that_arrives_late_is_waited_for_and_one_that_never_does_is_not()
         Some(1.0)
     );
     // A span waited for in vain is not waited for again.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     s.processor.process(vec![e], &BatchMeta::default()).await;
     assert!(
         started.elapsed() < Duration::from_millis(250),
@@ -624,11 +626,13 @@ async fn a_span_that_arrives_late_is_waited_for_and_one_that_never_does_is_not()
     );
 }
 
-#[tokio::test]
+// On tokio's paused clock: the waits are measured in the runtime's own
+// time, which a loaded machine cannot stretch.
+#[tokio::test(start_paused = true)]
 async fn an_index_nobody_feeds_is_never_waited_for() {
     let s = processor("output: [labels]\nspan_index: {wait: 10s}\n", false);
     let e = pprof_envelope(&profile(&[("span_id", V::S(SPAN))], 2));
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     s.processor.process(vec![e], &BatchMeta::default()).await;
     assert!(started.elapsed() < Duration::from_secs(1));
 }
@@ -782,7 +786,9 @@ async fn labels_already_in_normal_form_go_on_as_they_came() {
     assert_ne!(out[0].payload.identity(), before);
 }
 
-#[tokio::test]
+// On tokio's paused clock: the waits are measured in the runtime's own
+// time, which a loaded machine cannot stretch.
+#[tokio::test(start_paused = true)]
 async fn spans_only_the_index_would_name_are_not_waited_for() {
     // The sample names its trace; only the span's name is missing.
     let s = processor("output: [labels]\nspan_index: {wait: 10s}\n", false);
@@ -791,7 +797,7 @@ async fn spans_only_the_index_would_name_are_not_waited_for() {
         &[("span_id", V::S(SPAN)), ("trace_id", V::S(TRACE))],
         2,
     ));
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     s.processor.process(vec![e], &BatchMeta::default()).await;
     assert!(
         started.elapsed() < Duration::from_secs(1),
