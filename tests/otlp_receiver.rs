@@ -122,16 +122,21 @@ impl Drop for Otelcol {
 }
 
 /// proflow with an `otlp` receiver (gRPC on the standard receiver port,
-/// HTTP on `http_port`) and a `file` exporter writing OTLP JSON.
-fn start_proflow(http_port: u16) -> Proflow {
-    Proflow::start(|ports, profiles| {
+/// HTTP on a port picked for each attempt of the start, so a retry after a
+/// port was taken gets a fresh one, returned beside it) and a `file`
+/// exporter writing OTLP JSON.
+fn start_proflow() -> (Proflow, u16) {
+    let mut http_port = 0;
+    let proflow = Proflow::start(|ports, profiles| {
+        http_port = free_port();
         format!(
             "receivers:\n  otlp:\n    protocols:\n      grpc: {{endpoint: {}}}\n      http: {{endpoint: 127.0.0.1:{http_port}}}\nexporters:\n  file:\n    directory: {}\n    format: otlp_json\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [otlp]\n      exporters: [file]\n",
             ports.receiver,
             profiles.display(),
             ports.telemetry
         )
-    })
+    });
+    (proflow, http_port)
 }
 
 fn string_kv(key: &str, value: &str) -> KeyValue {
@@ -278,8 +283,7 @@ fn forward_and_check(exporter_type: &str, exporter: impl Fn(&Proflow, u16) -> St
         return;
     };
     let bin = otelcol_bin(&peer);
-    let http_port = free_port();
-    let proflow = start_proflow(http_port);
+    let (proflow, http_port) = start_proflow();
     let otelcol = Otelcol::start(&bin, exporter_type, &exporter(&proflow, http_port));
     post_and_check(&proflow, &otelcol.url());
 }
@@ -314,8 +318,7 @@ fn post_and_check(proflow: &Proflow, url: &str) {
 /// takes is what its file exporter writes.
 #[test]
 fn proflow_writes_what_its_otlp_receiver_took() {
-    let http_port = free_port();
-    let proflow = start_proflow(http_port);
+    let (proflow, http_port) = start_proflow();
     post_and_check(
         &proflow,
         &format!("http://127.0.0.1:{http_port}/v1development/profiles"),
@@ -732,8 +735,7 @@ fn python_request_arrives_unchanged(proflow: &Proflow, url: &str) {
 /// proflow's own OTLP/HTTP endpoint and its file exporter unchanged.
 #[test]
 fn official_python_otlp_request_arrives_unchanged_at_proflow() {
-    let http_port = free_port();
-    let proflow = start_proflow(http_port);
+    let (proflow, http_port) = start_proflow();
     python_request_arrives_unchanged(
         &proflow,
         &format!("http://127.0.0.1:{http_port}/v1development/profiles"),
@@ -749,7 +751,7 @@ fn official_python_otlp_request_arrives_unchanged_through_the_collector() {
         return;
     };
     let bin = otelcol_bin(&peer);
-    let proflow = start_proflow(free_port());
+    let (proflow, _) = start_proflow();
     let otelcol = Otelcol::start(
         &bin,
         "otlp_grpc",
@@ -764,21 +766,26 @@ fn official_python_otlp_request_arrives_unchanged_through_the_collector() {
 // ---- TLS and tokens: the Collector as a client of a secured receiver -------
 
 /// proflow's `otlp` receiver with TLS (certificates of `pki`) and a bearer
-/// token file on both protocols.
-fn start_secured_proflow(pki: &common::pki::Pki, tokens: &Path, http_port: u16) -> Proflow {
+/// token file on both protocols, and the HTTP port it listens on (picked
+/// for each attempt of the start).
+fn start_secured_proflow(pki: &common::pki::Pki, tokens: &Path) -> (Proflow, u16) {
     let secured = format!(
         "tls: {}, auth: {{bearer_tokens_file: {}}}",
         pki.server_tls(false),
         tokens.display()
     );
-    Proflow::start(|ports, profiles| {
+    // Picked for each attempt of the start, as in `start_proflow`.
+    let mut http_port = 0;
+    let proflow = Proflow::start(|ports, profiles| {
+        http_port = free_port();
         format!(
             "receivers:\n  otlp:\n    protocols:\n      grpc: {{endpoint: {}, {secured}}}\n      http: {{endpoint: 127.0.0.1:{http_port}, {secured}}}\nexporters:\n  file:\n    directory: {}\n    format: otlp_json\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [otlp]\n      exporters: [file]\n",
             ports.receiver,
             profiles.display(),
             ports.telemetry
         )
-    })
+    });
+    (proflow, http_port)
 }
 
 /// The collector's exporter body for a secured proflow: TLS with the test
@@ -799,8 +806,7 @@ fn the_collector_delivers_over_tls_with_a_token_and_is_refused_without_one() {
     let pki = common::pki::Pki::new();
     let tokens = pki.dir.path().join("tokens");
     std::fs::write(&tokens, "collector-token\n").unwrap();
-    let http_port = free_port();
-    let proflow = start_secured_proflow(&pki, &tokens, http_port);
+    let (proflow, http_port) = start_secured_proflow(&pki, &tokens);
     let ca = pki.file("ca.pem");
     let grpc_endpoint = format!("localhost:{}", proflow.ports.receiver.port());
     let http_endpoint = format!("https://localhost:{http_port}");
@@ -861,8 +867,10 @@ fn the_collector_sends_again_what_a_stalled_proflow_refused() {
     };
     let bin = otelcol_bin(&peer);
     let service = peer_env::unique("proflow-stalled-");
-    let http_port = free_port();
+    // Picked for each attempt of the start, as in `start_proflow`.
+    let mut http_port = 0;
     let proflow = Proflow::start(|ports, profiles| {
+        http_port = free_port();
         std::fs::create_dir_all(profiles).unwrap();
         // Where the exporter must create the service's directory, a file is in the way.
         std::fs::write(profiles.join(&service), b"in the way").unwrap();

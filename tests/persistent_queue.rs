@@ -236,7 +236,9 @@ fn metric(p: &Proflow, name: &str) -> f64 {
 #[test]
 fn sigkill_while_profiles_arrive_and_the_backend_is_down_loses_nothing() {
     let queue = tempfile::tempdir().unwrap();
-    let second_addr = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    // The backend comes up late, at an address the first proflow already has.
+    let second_port = common::late_port();
+    let second_addr = SocketAddr::from(([127, 0, 0, 1], second_port.port));
     let mut first = start_first(queue.path(), second_addr);
     let pusher = Pusher::start(first.ports.receiver, N);
     // Killed mid-stream: pushes are in flight on every thread.
@@ -263,7 +265,9 @@ fn sigkill_while_profiles_arrive_and_the_backend_is_down_loses_nothing() {
 #[test]
 fn sigkill_while_replaying_loses_nothing() {
     let queue = tempfile::tempdir().unwrap();
-    let second_addr = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    // The backend comes up late, at an address the first proflow already has.
+    let second_port = common::late_port();
+    let second_addr = SocketAddr::from(([127, 0, 0, 1], second_port.port));
     let mut first = start_first(queue.path(), second_addr);
     let pusher = Pusher::start(first.ports.receiver, N);
     pusher.finish();
@@ -309,7 +313,9 @@ fn a_damaged_segment_is_counted_and_every_intact_record_delivered() {
     use proflow_pipeline::queue::storage::{record, segment};
     const M: usize = 120;
     let queue = tempfile::tempdir().unwrap();
-    let second_addr = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    // The backend comes up late, at an address the first proflow already has.
+    let second_port = common::late_port();
+    let second_addr = SocketAddr::from(([127, 0, 0, 1], second_port.port));
     let mut first = start_first(queue.path(), second_addr);
     Pusher::start(first.ports.receiver, M).finish();
     sigkill(&mut first);

@@ -119,10 +119,13 @@ fn a_pyroscope_instrumented_go_service_reaches_an_otlp_backend_linked_to_its_tra
     let Some(gotrace) = peer_env::go_app("gotrace") else {
         return;
     };
-    let otlp_port = common::free_port();
     let collector = otelcol.var("ENDPOINT").to_owned();
     let pyroscope_base = pyroscope.http_base();
+    // Picked for each attempt of the start, so a retry after a port was
+    // taken gets a fresh one for the OTLP receiver too.
+    let mut otlp_port = 0;
     let proflow = common::Proflow::start(|ports, profiles| {
+        otlp_port = common::free_port();
         format!(
             "receivers:\n  pprof_push:\n    endpoint: {receiver}\n  otlp:\n    protocols:\n      grpc:\n        endpoint: 127.0.0.1:{otlp_port}\n\
              processors:\n  trace_link:\n    output: [otlp_links, labels]\n    span_index: {{window: 5m, max_spans: 100000, wait: 3s}}\n\

@@ -24,6 +24,7 @@ pub use proflow_pipeline::test_pki as pki;
 use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::Read as _;
+use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -59,6 +60,71 @@ pub fn free_port() -> u16 {
             return port;
         }
     }
+}
+
+/// A port on 127.0.0.1 for a server started long after its address went
+/// into another process's config (a backend that comes up later), held
+/// while this guard lives.
+///
+/// [`free_port`] hands out ports of the kernel's ephemeral range, which any
+/// `bind(0)` or outgoing connection of any test may take before the late
+/// server binds. This one comes from below that range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`), which the kernel never hands
+/// out by itself, and a lock file (`proflow-test-late-ports/<port>` under
+/// the temporary directory, holding the owner's pid; a dead owner's lock is
+/// taken over) keeps other test processes from picking it meanwhile.
+pub struct LatePort {
+    pub port: u16,
+    lock: PathBuf,
+}
+
+impl Drop for LatePort {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.lock);
+    }
+}
+
+pub fn late_port() -> LatePort {
+    use std::hash::{BuildHasher, RandomState};
+    const LOWEST: u16 = 10_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    assert!(
+        ephemeral > LOWEST + 100,
+        "the ephemeral port range starts at {ephemeral}: no room below it for late ports"
+    );
+    let dir = std::env::temp_dir().join("proflow-test-late-ports");
+    std::fs::create_dir_all(&dir).expect("create the late-port lock directory");
+    let span = u64::from(ephemeral - LOWEST);
+    // A random start, so parallel test processes rarely try the same ports.
+    let start = RandomState::new().hash_one(std::process::id()) % span;
+    let mine = std::process::id().to_string();
+    for i in 0..span {
+        let port = LOWEST + ((start + i) % span) as u16;
+        let lock = dir.join(port.to_string());
+        let taken = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+            .and_then(|mut f| f.write_all(mine.as_bytes()));
+        if taken.is_err() {
+            // Held by a test process still running, or left by a dead one
+            // (cleared for later picks).
+            let owner = std::fs::read_to_string(&lock).unwrap_or_default();
+            let alive = !owner.is_empty() && Path::new("/proc").join(owner.trim()).exists();
+            if !alive {
+                let _ = std::fs::remove_file(&lock);
+            }
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return LatePort { port, lock };
+        }
+        let _ = std::fs::remove_file(&lock);
+    }
+    panic!("no port below {ephemeral} is free on 127.0.0.1");
 }
 
 /// The addresses and directories one proflow instance gets.
