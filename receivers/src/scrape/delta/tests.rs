@@ -2,6 +2,7 @@ use std::collections::BTreeMap;
 
 use proflow_pipeline::pprof::{self, Label, Profile, ProfileBuilder, Sample, stacks_root_first};
 
+use super::parts::Sink;
 use super::*;
 
 /// What a scrape came to, its delta decoded.
