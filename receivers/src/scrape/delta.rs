@@ -275,17 +275,11 @@ impl DeltaState {
     /// its result (see the module docs); the state itself is counted in
     /// the store.
     pub fn next(&mut self, plain: &[u8], granted: usize) -> Result<DeltaOutcome, DeltaError> {
-        let parts = match Parts::read(plain, granted) {
-            Ok(parts) => parts,
-            Err(e) => {
-                // Whatever comes next is compared with a profile we could
-                // read, not with one from before a broken one.
-                self.clear();
-                return Err(e);
-            }
-        };
-        let result = self.next_parts(plain, &parts, granted);
+        let result =
+            Parts::read(plain, granted).and_then(|parts| self.next_parts(plain, &parts, granted));
         if result.is_err() {
+            // Whatever comes next is compared with a profile we could
+            // read, not with one from before a broken one.
             self.clear();
         }
         result
