@@ -84,7 +84,7 @@ pub fn locations_line(t: &[u8], first: u32, unit: i64) -> Option<u32> {
             }
             13 => line = line.checked_add(svarint(t, &mut i)?)?,
             10..=12 => {
-                line += i64::from(form - 10);
+                line = line.checked_add(i64::from(form - 10))?;
                 i += 2;
             }
             _ => i += 1,
