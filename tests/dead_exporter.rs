@@ -117,7 +117,17 @@ fn with_block_a_dead_exporter_refuses_pushes_and_leaves_no_copies() {
     wait_for("the 5 accepted at the healthy exporter", &proflow, || {
         files(&ok_dir) == 5
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // What the healthy exporter ever took, not what it wrote so far: a
+    // refused push left no copy in its queue either.
+    assert_eq!(
+        metric_sum(
+            &proflow.metrics(),
+            "proflow_exporter_enqueued_profiles_total",
+            &[("exporter", "file/ok")]
+        ),
+        5.0,
+        "refused pushes left no copies"
+    );
     assert_eq!(files(&ok_dir), 5, "refused pushes left no copies");
     let down_dir = proflow.profiles.join("down");
     std::fs::remove_file(down_dir.join(SERVICE)).unwrap();

@@ -361,7 +361,7 @@ fn into_pyroscope() {
     let (child, pid) = ebpf_targets::spawn(&bin, 6);
     let mut child = KillOnDrop(child);
     let app = common::unique_name("ebpf-hot");
-    let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+    let mut proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
         format!(
             "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 2s\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{pid}', action: keep}}\n      - {{target_label: service_name, replacement: '{app}'}}\nexporters:\n  file:\n    directory: {}\n  pyroscope:\n    endpoint: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file, pyroscope]\n",
             profiles.display(),
@@ -370,8 +370,7 @@ fn into_pyroscope() {
         )
     });
     child.0.wait().unwrap();
-    // Its last interval is written within one more interval.
-    std::thread::sleep(Duration::from_secs(5));
+    stop_sending_everything(&mut proflow);
     let want = hot_totals_in_files(&proflow, pid);
     let (two, one) = (
         want.get(HOT_FUNCTIONS[0]).copied().unwrap_or(0),
@@ -388,6 +387,15 @@ fn into_pyroscope() {
         "split {two}:{one} = {ratio:.2}"
     );
     pyroscope_has(&pyroscope, &app, (&HOT_FUNCTIONS, CPU), &want, &proflow);
+}
+
+/// Stops proflow with SIGTERM once its target has exited: the receiver sends
+/// the interval so far and the exporters deliver what they hold before it
+/// exits, so the files are then the whole of what Pyroscope was sent (no
+/// window to guess at).
+fn stop_sending_everything(proflow: &mut Proflow) {
+    let code = proflow.terminate(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "log:\n{}", proflow.log_text());
 }
 
 /// The hot functions' CPU totals in what the `file` exporter wrote for
@@ -456,7 +464,7 @@ fn a_stripped_binary_named_downstream_by_the_symbolize_processor_into_pyroscope(
     let mut child = KillOnDrop(child);
     let app = common::unique_name("ebpf-stripped");
     let raw = dir.join("raw");
-    let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+    let mut proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
         format!(
             "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 2s\n    symbolize: none\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{pid}', action: keep}}\n      - {{target_label: service_name, replacement: '{app}'}}\nprocessors:\n  symbolize:\n    debug_dirs: [{debug_dir}]\nexporters:\n  file/raw:\n    directory: {raw}\n  file:\n    directory: {profiles}\n  pyroscope:\n    endpoint: {endpoint}\nservice:\n  telemetry:\n    address: {telemetry}\n  pipelines:\n    profiles/raw:\n      receivers: [ebpf]\n      exporters: [file/raw]\n    profiles:\n      receivers: [ebpf]\n      processors: [symbolize]\n      exporters: [file, pyroscope]\n",
             debug_dir = dir.join("debug").display(),
@@ -468,8 +476,8 @@ fn a_stripped_binary_named_downstream_by_the_symbolize_processor_into_pyroscope(
     });
     let stacks = stacks_of(&proflow, pid, 4000);
     child.0.wait().unwrap();
-    // Its last interval is written within one more interval.
-    std::thread::sleep(Duration::from_secs(5));
+    let metrics = proflow.metrics();
+    stop_sending_everything(&mut proflow);
 
     // Before: addresses only, no name of the program's.
     let mut raw_samples = 0;
@@ -496,11 +504,6 @@ fn a_stripped_binary_named_downstream_by_the_symbolize_processor_into_pyroscope(
         &["main", "run", "proflow_hot_"],
         "proflow_spin",
     );
-    let metrics = common::http_client()
-        .get(format!("http://{}/metrics", proflow.ports.telemetry))
-        .send()
-        .and_then(|r| r.text())
-        .unwrap();
     let symbolized = common::metric_sum(
         &metrics,
         "proflow_symbolize_frames_total",

@@ -3,10 +3,11 @@
 //!
 //! 1. SIGHUP with a relabel rule and a second `file` exporter added, and the
 //!    receiver's own config changed (so it is replaced, taking over its
-//!    socket): the rule applies to every push sent a second after the
-//!    signal, and the new exporter writes.
+//!    socket): the rule applies to every push sent once the log says the
+//!    config is reloaded, and the new exporter writes.
 //! 2. `POST /-/reload` back to the first config: the removed exporter's
-//!    queue drains (everything it took is sent), the rule is gone.
+//!    queue drains (everything it took is sent), and no push sent after the
+//!    answer carries the rule.
 //! 3. `POST /-/reload` with a broken config: 400 naming the problem, the
 //!    running config stays.
 
@@ -97,6 +98,30 @@ impl Loop {
         Loop { stop, sent, thread }
     }
 
+    /// Waits until `n` pushes sent at or after `from` have been answered:
+    /// each stage of the test sees traffic, however slow the machine.
+    fn wait_for_pushes_after(&self, from: Instant, n: usize, p: &Proflow) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let seen = self
+                .sent
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, at, _)| *at >= from)
+                .count();
+            if seen >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{seen} of {n} pushes answered in 30 s\n{}",
+                p.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn finish(self) -> Vec<(usize, Instant, u16)> {
         self.stop.store(true, Ordering::SeqCst);
         self.thread.join().unwrap();
@@ -121,8 +146,9 @@ fn reloads_under_load_lose_no_request() {
     let dirs = tempfile::tempdir().unwrap();
     let (a, b) = (dirs.path().join("a"), dirs.path().join("b"));
     let p = Proflow::start(|ports, _| config(ports, &a, &b, false));
+    let started = Instant::now();
     let pushes = Loop::start(&p);
-    std::thread::sleep(Duration::from_millis(500));
+    pushes.wait_for_pushes_after(started, 10, &p);
 
     // 1. SIGHUP with a rule and an exporter added.
     std::fs::write(&p.config, config(&p.ports, &a, &b, true)).unwrap();
@@ -132,6 +158,23 @@ fn reloads_under_load_lose_no_request() {
         .status()
         .unwrap();
     assert!(sent.success());
+    // The reload is done when it says so (the receiver replaced among the
+    // components started); pushes sent from then on meet the new config.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !p
+        .log_text()
+        .lines()
+        .any(|l| l.contains("config reloaded") && l.contains("receivers.pprof_push"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no reload that replaced the receiver was logged\n{}",
+            p.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reloaded = Instant::now();
+    pushes.wait_for_pushes_after(reloaded, 30, &p);
     let deadline = Instant::now() + Duration::from_secs(20);
     while read_index(&b).is_empty() {
         assert!(
@@ -141,14 +184,6 @@ fn reloads_under_load_lose_no_request() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(
-        p.log_text()
-            .lines()
-            .any(|l| l.contains("config reloaded") && l.contains("receivers.pprof_push")),
-        "the receiver was replaced: {}",
-        p.log_text()
-    );
 
     // 2. Back to the first config over HTTP: file/b goes, and drains.
     std::fs::write(&p.config, config(&p.ports, &a, &b, false)).unwrap();
@@ -157,7 +192,9 @@ fn reloads_under_load_lose_no_request() {
     let (status, body) = post_reload(&p);
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("exporters.file/b"), "{body}");
-    std::thread::sleep(Duration::from_millis(1500));
+    // The answer comes once the switch is done.
+    let reverted = Instant::now();
+    pushes.wait_for_pushes_after(reverted, 30, &p);
 
     // 3. A broken config: refused, the running one stays.
     let broken = config(&p.ports, &a, &b, false)
@@ -170,7 +207,7 @@ fn reloads_under_load_lose_no_request() {
         body.contains("endpoint") && body.contains("target_label"),
         "the refusal names every problem: {body}"
     );
-    std::thread::sleep(Duration::from_millis(500));
+    pushes.wait_for_pushes_after(Instant::now(), 10, &p);
     let pushed = pushes.finish();
 
     // No push failed, before, during or after the reloads.
@@ -207,20 +244,24 @@ fn reloads_under_load_lose_no_request() {
             .find(|e| e.label("seq") == Some(&seq.to_string()))
             .and_then(|e| e.label("stage").map(str::to_owned))
     };
-    // The rule applied to every push sent from a second after SIGHUP until
-    // the reload back, and to none after that reload had a second.
+    // The rule applied to every push sent between the logged reload and the
+    // reload back, and to none before SIGHUP or after the reload back was
+    // answered (pushes sent while a reload ran may go either way).
+    let mut in_v2 = 0;
     for (seq, at, _) in &pushed {
-        if *at >= hup + Duration::from_secs(1) && *at < back {
+        if *at >= reloaded && *at < back {
+            in_v2 += 1;
             assert_eq!(
                 stage_of(*seq).as_deref(),
                 Some("v2"),
                 "push {seq} after SIGHUP"
             );
         }
-        if *at >= back + Duration::from_secs(1) || *at < hup {
+        if *at >= reverted || *at < hup {
             assert_eq!(stage_of(*seq), None, "push {seq} outside v2");
         }
     }
+    assert!(in_v2 >= 30, "{in_v2} pushes checked under the new config");
     // The removed exporter sent everything it had taken, then closed.
     assert!(
         p.log_text().contains("drained its queue"),
