@@ -79,6 +79,36 @@ struct Args {
     /// Process whose peak RSS to report (read from /proc/PID/status).
     #[arg(long)]
     watch_pid: Option<u32>,
+    /// Offered load in requests per second across all connections (0: as
+    /// fast as answers come). Lets two systems be compared at the same load
+    /// rather than each at its own saturation.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+}
+
+/// When each connection sends its requests: every `interval` from the start
+/// (the schedule, not the last answer, sets the next send, so a slow answer
+/// does not lower the offered load), or back to back.
+#[derive(Clone, Copy)]
+struct Pace {
+    start: Instant,
+    interval: Option<Duration>,
+}
+
+impl Pace {
+    fn new(rate: f64, connections: usize) -> Pace {
+        let interval = (rate > 0.0 && rate.is_finite())
+            .then(|| Duration::from_secs_f64(connections.max(1) as f64 / rate));
+        Pace {
+            start: Instant::now(),
+            interval,
+        }
+    }
+
+    /// When the `n`th request of a connection is due (None: now).
+    fn due(&self, n: u32) -> Option<Instant> {
+        self.interval.map(|i| self.start + i * n)
+    }
 }
 
 #[derive(Default)]
@@ -161,6 +191,7 @@ fn main() -> anyhow::Result<()> {
         peak_rss.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.0 = rss_kib(pid).unwrap_or(0);
     }
     let started = Instant::now();
+    let pace = Pace::new(args.rate, args.connections);
     let mut threads = Vec::new();
     for _ in 0..args.connections.max(1) {
         let (target, request, stop, stats) = (
@@ -170,7 +201,7 @@ fn main() -> anyhow::Result<()> {
             stats.clone(),
         );
         threads.push(std::thread::spawn(move || {
-            worker(&target, &request, &stop, &stats)
+            worker(&target, &request, pace, &stop, &stats)
         }));
     }
     while started.elapsed() < duration {
@@ -295,6 +326,7 @@ fn grpc_main(
         .enable_all()
         .build()?;
     let started = Instant::now();
+    let pace = Pace::new(args.rate, args.connections);
     let mut tasks = Vec::new();
     for _ in 0..args.connections.max(1) {
         let (target, frame, stop, stats) = (
@@ -303,7 +335,9 @@ fn grpc_main(
             stop.clone(),
             stats.clone(),
         );
-        tasks.push(rt.spawn(async move { grpc_worker(&target, frame, gz, &stop, &stats).await }));
+        tasks.push(
+            rt.spawn(async move { grpc_worker(&target, frame, gz, pace, &stop, &stats).await }),
+        );
     }
     while started.elapsed() < duration {
         std::thread::sleep(Duration::from_millis(100));
@@ -339,10 +373,12 @@ async fn grpc_worker(
     target: &str,
     frame: bytes::Bytes,
     gz: bool,
+    pace: Pace,
     stop: &AtomicBool,
     stats: &Mutex<Stats>,
 ) {
     let mut local = Stats::default();
+    let mut sent = 0u32;
     while !stop.load(Ordering::Relaxed) {
         let conn = async {
             let tcp = tokio::net::TcpStream::connect(target).await?;
@@ -359,6 +395,10 @@ async fn grpc_worker(
             continue;
         };
         while !stop.load(Ordering::Relaxed) {
+            if let Some(due) = pace.due(sent) {
+                tokio::time::sleep_until(due.into()).await;
+            }
+            sent = sent.saturating_add(1);
             let t = Instant::now();
             match grpc_call(&mut client, target, frame.clone(), gz).await {
                 Ok(status) => {
@@ -425,8 +465,9 @@ fn rss_kib(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn worker(target: &str, request: &[u8], stop: &AtomicBool, stats: &Mutex<Stats>) {
+fn worker(target: &str, request: &[u8], pace: Pace, stop: &AtomicBool, stats: &Mutex<Stats>) {
     let mut local = Stats::default();
+    let mut sent = 0u32;
     while !stop.load(Ordering::Relaxed) {
         let Ok(stream) = TcpStream::connect(target) else {
             local.errors += 1;
@@ -441,6 +482,10 @@ fn worker(target: &str, request: &[u8], stop: &AtomicBool, stats: &Mutex<Stats>)
         let mut reader = BufReader::new(read_half);
         let mut writer = stream;
         while !stop.load(Ordering::Relaxed) {
+            if let Some(due) = pace.due(sent) {
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
+            sent = sent.saturating_add(1);
             let t = Instant::now();
             match round_trip(&mut writer, &mut reader, request) {
                 Ok((status, keep_alive)) => {
