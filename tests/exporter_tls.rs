@@ -1,0 +1,306 @@
+//! The `pyroscope` and `parca` exporters' TLS settings against the real
+//! servers behind a real TLS front: Debian's nginx terminates TLS with a
+//! certificate of the test CA, asks for client certificates of that CA
+//! (`ssl_verify_client on`), and passes the requests to the real Pyroscope
+//! (HTTP) and the real Parca (gRPC, `grpc_pass` over HTTP/2). Neither server
+//! serves TLS itself in its test setup; nginx is what a deployment puts in
+//! front of them.
+//!
+//! One push fans out, per backend, to three exporters told apart by an
+//! external label `via`:
+//! - `good`: the CA (`tls.ca_file`) and a client certificate of it
+//!   (`tls.cert_file`, `tls.key_file`): the profile reaches the server and
+//!   reads back with the totals pushed;
+//! - `wrong_ca`: another CA: the front's certificate is refused (logged as
+//!   `UnknownIssuer`), nothing is sent;
+//! - `no_cert`: the CA but no client certificate: the front answers 400.
+//!
+//! The refused exporters retry nothing, so each fails its one profile for
+//! good (`proflow_exporter_failed_profiles_total`) and sends none.
+//!
+//! The `otlp` exporter's TLS against the OpenTelemetry Collector, which
+//! serves TLS itself, is in `tests/otlp_exporter.rs`.
+
+mod common;
+// Both helper modules include `peer_skip` (one copy each, same skip rules).
+#[allow(clippy::duplicate_mod)]
+mod peer_env;
+mod readback;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::pki::Pki;
+use common::{HOT_FUNCTION, Totals, WARM_FUNCTION};
+
+/// How long a server may take to show what it was sent.
+const READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// nginx from `NGINX`, else Debian's (`scripts/test` installs it).
+fn nginx() -> Option<PathBuf> {
+    let bin = std::env::var_os("NGINX")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/sbin/nginx"));
+    if bin.is_file() {
+        Some(bin)
+    } else {
+        common::missing_peer(&format!(
+            "nginx (the TLS front): {} is missing; apt-get install nginx, or set NGINX",
+            bin.display()
+        ))
+    }
+}
+
+/// nginx in the foreground on two free ports, killed on drop: `https`
+/// passes to an HTTP server, `grpcs` (HTTP/2) to a plaintext gRPC server;
+/// both demand a client certificate of the test CA.
+struct TlsFront {
+    child: Child,
+    https: u16,
+    grpcs: u16,
+    dir: tempfile::TempDir,
+}
+
+impl TlsFront {
+    fn start(nginx: &Path, pki: &Pki, http_upstream: &str, grpc_upstream: &str) -> TlsFront {
+        let dir = tempfile::tempdir().unwrap();
+        let (https, grpcs) = (common::free_port(), common::free_port());
+        let d = dir.path().display();
+        let tls = format!(
+            "ssl_certificate {}; ssl_certificate_key {}; ssl_client_certificate {}; ssl_verify_client on;",
+            pki.file("server.pem").display(),
+            pki.file("server-key.pem").display(),
+            pki.file("ca.pem").display()
+        );
+        let config = format!(
+            "user root;\nworker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  \
+             fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  client_max_body_size 16m;\n  \
+             server {{\n    listen 127.0.0.1:{https} ssl;\n    {tls}\n    location / {{ proxy_pass http://{http_upstream}; proxy_http_version 1.1; }}\n  }}\n  \
+             server {{\n    listen 127.0.0.1:{grpcs} ssl http2;\n    {tls}\n    location / {{ grpc_pass grpc://{grpc_upstream}; }}\n  }}\n}}\n"
+        );
+        let conf = dir.path().join("nginx.conf");
+        std::fs::write(&conf, &config).unwrap();
+        let log = std::fs::File::create(dir.path().join("stderr.log")).unwrap();
+        let child = Command::new(nginx)
+            .arg("-c")
+            .arg(&conf)
+            .arg("-p")
+            .arg(dir.path())
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", nginx.display()));
+        let mut front = TlsFront {
+            child,
+            https,
+            grpcs,
+            dir,
+        };
+        let listening = peer_env::poll(Duration::from_secs(20), || {
+            if let Ok(Some(status)) = front.child.try_wait() {
+                panic!("nginx exited with {status}:\n{}", front.log_text());
+            }
+            [front.https, front.grpcs]
+                .iter()
+                .all(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_ok())
+                .then_some(())
+        });
+        assert!(
+            listening.is_some(),
+            "nginx did not listen:\n{}",
+            front.log_text()
+        );
+        front
+    }
+
+    fn log_text(&self) -> String {
+        ["stderr.log", "error.log"]
+            .iter()
+            .map(|f| std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("---- nginx log ----\n{}", self.log_text());
+        }
+    }
+}
+
+/// The `tls:` of each case, by its `via` label.
+fn tls_of(pki: &Pki, via: &str) -> String {
+    let ca = match via {
+        "wrong_ca" => pki.file("other-ca.pem"),
+        _ => pki.file("ca.pem"),
+    };
+    let mut tls = format!("ca_file: {}", ca.display());
+    if via != "no_cert" {
+        tls.push_str(&format!(
+            ", cert_file: {}, key_file: {}",
+            pki.file("client.pem").display(),
+            pki.file("client-key.pem").display()
+        ));
+    }
+    format!("{{{tls}}}")
+}
+
+const CASES: [&str; 3] = ["good", "wrong_ca", "no_cert"];
+
+/// Starts proflow with `pprof_push` fanned out to a `file` exporter and one
+/// `kind` exporter per case (`endpoint` its TLS endpoint), pushes one
+/// profile of `app`, and waits until the good case has sent it and the
+/// other two have failed it for good. Returns proflow and the totals the
+/// `file` exporter wrote.
+fn push_through(kind: &str, endpoint: &str, pki: &Pki, app: &str) -> (common::Proflow, Totals) {
+    let mut exporters = String::new();
+    for via in CASES {
+        exporters.push_str(&format!(
+            "  {kind}/{via}:\n    endpoint: {endpoint}\n    tls: {}\n    external_labels: {{via: {via}}}\n",
+            tls_of(pki, via)
+        ));
+        if via != "good" {
+            exporters.push_str("    retry_on_failure: {enabled: false}\n");
+        }
+    }
+    let names: Vec<String> = CASES.iter().map(|v| format!("{kind}/{v}")).collect();
+    let proflow = common::Proflow::start(|ports, profiles| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\nexporters:\n  file:\n    directory: {}\n{exporters}service:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [pprof_push]\n      exporters: [file, {}]\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry,
+            names.join(", ")
+        )
+    });
+    common::push_valid(&proflow, app);
+    let count = |metric: &str, via: &str| {
+        common::metric_sum(
+            &proflow.metrics(),
+            metric,
+            &[("exporter", &format!("{kind}/{via}"))],
+        )
+    };
+    let settled = peer_env::poll(READ_BACK_TIMEOUT, || {
+        (count("proflow_exporter_sent_profiles_total", "good") == 1.0
+            && count("proflow_exporter_failed_profiles_total", "wrong_ca") == 1.0
+            && count("proflow_exporter_failed_profiles_total", "no_cert") == 1.0)
+            .then_some(())
+    });
+    assert!(
+        settled.is_some(),
+        "want {kind}/good sent, {kind}/wrong_ca and {kind}/no_cert failed:\n{}\nlog:\n{}",
+        proflow.metrics(),
+        proflow.log_text()
+    );
+    for via in ["wrong_ca", "no_cert"] {
+        assert_eq!(
+            count("proflow_exporter_sent_profiles_total", via),
+            0.0,
+            "{kind}/{via} sent"
+        );
+    }
+    let log = proflow.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&format!("{kind}/wrong_ca")) && l.contains("UnknownIssuer")),
+        "the wrong CA's failure should name the unknown issuer:\n{log}"
+    );
+    // nginx finishes the handshake and answers 400 ("No required SSL
+    // certificate was sent").
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&format!("{kind}/no_cert")) && l.contains("400")),
+        "the front's 400 without a client certificate should be logged:\n{log}"
+    );
+    let mut want = Totals::new();
+    let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
+    for e in &entries {
+        common::add_function_totals(
+            &mut want,
+            &common::read_profile(&e.path),
+            &[HOT_FUNCTION, WARM_FUNCTION],
+            None,
+        );
+    }
+    assert!(!want.is_empty(), "the file exporter wrote {entries:?}");
+    (proflow, want)
+}
+
+#[test]
+fn pyroscope_behind_a_tls_front_takes_the_ca_and_client_certificate_only() {
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let Some(nginx) = nginx() else {
+        return;
+    };
+    let pki = Pki::new();
+    let upstream = pyroscope.endpoint().to_owned();
+    let front = TlsFront::start(&nginx, &pki, &upstream, &upstream);
+    let app = common::unique_name("tls-front-pyroscope");
+    let endpoint = format!("https://127.0.0.1:{}", front.https);
+    let (proflow, want) = push_through("pyroscope", &endpoint, &pki, &app);
+    let http = common::http_client();
+    let base = pyroscope.http_base();
+    let selector = format!("{{service_name=\"{app}\",via=\"good\"}}");
+    let mut last = (Totals::new(), String::new());
+    let same = peer_env::poll(READ_BACK_TIMEOUT, || {
+        last = readback::pyroscope_totals(
+            &http,
+            &base,
+            &selector,
+            &[HOT_FUNCTION, WARM_FUNCTION],
+            Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds"),
+        );
+        (last.0 == want).then_some(())
+    });
+    assert!(
+        same.is_some(),
+        "Pyroscope has {:?} ({}) for {selector}; the file exporter wrote {want:?}\nlog:\n{}",
+        last.0,
+        last.1,
+        proflow.log_text()
+    );
+}
+
+#[test]
+fn parca_behind_a_tls_front_takes_the_ca_and_client_certificate_only() {
+    let Some(parca) = peer_env::peer("parca") else {
+        return;
+    };
+    let Some(nginx) = nginx() else {
+        return;
+    };
+    let pki = Pki::new();
+    let upstream = parca.endpoint().to_owned();
+    let front = TlsFront::start(&nginx, &pki, &upstream, &upstream);
+    let app = common::unique_name("tls-front-parca");
+    let endpoint = format!("https://127.0.0.1:{}", front.grpcs);
+    let (proflow, want) = push_through("parca", &endpoint, &pki, &app);
+    let http = common::http_client();
+    let base = parca.http_base();
+    let query = format!(
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds:delta{{service_name=\"{app}\",via=\"good\"}}"
+    );
+    let mut last = String::new();
+    let mut got = Totals::new();
+    let same = peer_env::poll(READ_BACK_TIMEOUT, || {
+        let merged = readback::parca_merge(&http, &base, &query, &mut last)?;
+        got = Totals::new();
+        common::add_function_totals(&mut got, &merged, &[HOT_FUNCTION, WARM_FUNCTION], None);
+        (got == want).then_some(())
+    });
+    assert!(
+        same.is_some(),
+        "Parca's merge of {query} has {got:?}, the file exporter wrote {want:?}; last answer: {last}\nlog:\n{}",
+        proflow.log_text()
+    );
+}
