@@ -26,114 +26,16 @@ mod common;
 #[allow(clippy::duplicate_mod)]
 mod peer_env;
 mod readback;
+mod tls_front;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::pki::Pki;
 use common::{HOT_FUNCTION, Totals, WARM_FUNCTION};
+use tls_front::{Server, TlsFront, nginx};
 
 /// How long a server may take to show what it was sent.
 const READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// nginx from `NGINX`, else Debian's (`scripts/test` installs it).
-fn nginx() -> Option<PathBuf> {
-    let bin = std::env::var_os("NGINX")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/sbin/nginx"));
-    if bin.is_file() {
-        Some(bin)
-    } else {
-        common::missing_peer(&format!(
-            "nginx (the TLS front): {} is missing; apt-get install nginx, or set NGINX",
-            bin.display()
-        ))
-    }
-}
-
-/// nginx in the foreground on two free ports, killed on drop: `https`
-/// passes to an HTTP server, `grpcs` (HTTP/2) to a plaintext gRPC server;
-/// both demand a client certificate of the test CA.
-struct TlsFront {
-    child: Child,
-    https: u16,
-    grpcs: u16,
-    dir: tempfile::TempDir,
-}
-
-impl TlsFront {
-    fn start(nginx: &Path, pki: &Pki, http_upstream: &str, grpc_upstream: &str) -> TlsFront {
-        let dir = tempfile::tempdir().unwrap();
-        let (https, grpcs) = (common::free_port(), common::free_port());
-        let d = dir.path().display();
-        let tls = format!(
-            "ssl_certificate {}; ssl_certificate_key {}; ssl_client_certificate {}; ssl_verify_client on;",
-            pki.file("server.pem").display(),
-            pki.file("server-key.pem").display(),
-            pki.file("ca.pem").display()
-        );
-        let config = format!(
-            "user root;\nworker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
-             events {{ worker_connections 64; }}\n\
-             http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  \
-             fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  client_max_body_size 16m;\n  \
-             server {{\n    listen 127.0.0.1:{https} ssl;\n    {tls}\n    location / {{ proxy_pass http://{http_upstream}; proxy_http_version 1.1; }}\n  }}\n  \
-             server {{\n    listen 127.0.0.1:{grpcs} ssl http2;\n    {tls}\n    location / {{ grpc_pass grpc://{grpc_upstream}; }}\n  }}\n}}\n"
-        );
-        let conf = dir.path().join("nginx.conf");
-        std::fs::write(&conf, &config).unwrap();
-        let log = std::fs::File::create(dir.path().join("stderr.log")).unwrap();
-        let child = Command::new(nginx)
-            .arg("-c")
-            .arg(&conf)
-            .arg("-p")
-            .arg(dir.path())
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", nginx.display()));
-        let mut front = TlsFront {
-            child,
-            https,
-            grpcs,
-            dir,
-        };
-        let listening = peer_env::poll(Duration::from_secs(20), || {
-            if let Ok(Some(status)) = front.child.try_wait() {
-                panic!("nginx exited with {status}:\n{}", front.log_text());
-            }
-            [front.https, front.grpcs]
-                .iter()
-                .all(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_ok())
-                .then_some(())
-        });
-        assert!(
-            listening.is_some(),
-            "nginx did not listen:\n{}",
-            front.log_text()
-        );
-        front
-    }
-
-    fn log_text(&self) -> String {
-        ["stderr.log", "error.log"]
-            .iter()
-            .map(|f| std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-}
-
-impl Drop for TlsFront {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("---- nginx log ----\n{}", self.log_text());
-        }
-    }
-}
 
 /// The `tls:` of each case, by its `via` label.
 fn tls_of(pki: &Pki, via: &str) -> String {
@@ -243,10 +145,20 @@ fn pyroscope_behind_a_tls_front_takes_the_ca_and_client_certificate_only() {
         return;
     };
     let pki = Pki::new();
-    let upstream = pyroscope.endpoint().to_owned();
-    let front = TlsFront::start(&nginx, &pki, &upstream, &upstream);
+    let front = TlsFront::start(
+        &nginx,
+        &pki,
+        &[Server {
+            client_certs: true,
+            http2: false,
+            location: format!(
+                "proxy_pass http://{}; proxy_http_version 1.1;",
+                pyroscope.endpoint()
+            ),
+        }],
+    );
     let app = common::unique_name("tls-front-pyroscope");
-    let endpoint = format!("https://127.0.0.1:{}", front.https);
+    let endpoint = format!("https://127.0.0.1:{}", front.ports[0]);
     let (proflow, want) = push_through("pyroscope", &endpoint, &pki, &app);
     let http = common::http_client();
     let base = pyroscope.http_base();
@@ -280,10 +192,17 @@ fn parca_behind_a_tls_front_takes_the_ca_and_client_certificate_only() {
         return;
     };
     let pki = Pki::new();
-    let upstream = parca.endpoint().to_owned();
-    let front = TlsFront::start(&nginx, &pki, &upstream, &upstream);
+    let front = TlsFront::start(
+        &nginx,
+        &pki,
+        &[Server {
+            client_certs: true,
+            http2: true,
+            location: format!("grpc_pass grpc://{};", parca.endpoint()),
+        }],
+    );
     let app = common::unique_name("tls-front-parca");
-    let endpoint = format!("https://127.0.0.1:{}", front.grpcs);
+    let endpoint = format!("https://127.0.0.1:{}", front.ports[0]);
     let (proflow, want) = push_through("parca", &endpoint, &pki, &app);
     let http = common::http_client();
     let base = parca.http_base();
