@@ -11,8 +11,17 @@
 //! - SIGKILL while the first is sending what it had stored (replay);
 //! - a segment truncated and damaged while the first is down: it starts, the
 //!   damage is counted, and every intact record is delivered.
+//!
+//! And against the real Pyroscope (a private one, `tests/peers/private`):
+//! stopped while the pushes come in and the first is killed, started again
+//! after; each profile names a function of its own, and every one must be
+//! there in Pyroscope's merged profile with its value (a whole multiple of
+//! it: a profile delivered twice is counted, never lost).
 
 mod common;
+#[allow(clippy::duplicate_mod)]
+mod peer_env;
+mod readback;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
@@ -89,6 +98,18 @@ fn start_second(addr: SocketAddr) -> Proflow {
     })
 }
 
+/// Profile `i` for the real Pyroscope: `main` → `pq_fn_<i>` of `i + 1` ms,
+/// so each profile shows in the merged profile by a function of its own.
+fn named_profile(i: usize) -> Vec<u8> {
+    let name = format!("pq_fn_{i}");
+    let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+    b.sample_type("cpu", "nanoseconds")
+        .period("cpu", "nanoseconds", 10_000_000)
+        .time(common::now_nanos() - 10_000_000_000, 10_000_000_000)
+        .sample_root_first(["main", name.as_str()], vec![(i as i64 + 1) * 1_000_000]);
+    gzip(&proflow_pipeline::pprof::encode(&b.build()))
+}
+
 /// Pushes profiles `0..N` to whichever first proflow `target` names, from
 /// several threads (each push waits for the group commit), until every one
 /// was answered 200. A push that fails (the process was killed under it) is
@@ -102,6 +123,11 @@ struct Pusher {
 
 impl Pusher {
     fn start(first: SocketAddr, n: usize) -> Pusher {
+        Pusher::start_with(first, n, "pq-app", profile)
+    }
+
+    /// Pushes `body(i)` as `app{seq=i}`.
+    fn start_with(first: SocketAddr, n: usize, app: &str, body: fn(usize) -> Vec<u8>) -> Pusher {
         let target = Arc::new(Mutex::new(first));
         let acked = Arc::new(AtomicUsize::new(0));
         let work: Arc<Mutex<VecDeque<usize>>> = Arc::new(Mutex::new((0..n).collect()));
@@ -109,6 +135,7 @@ impl Pusher {
         let threads = (0..8)
             .map(|_| {
                 let (target, acked, work) = (target.clone(), acked.clone(), work.clone());
+                let app = app.to_owned();
                 std::thread::spawn(move || {
                     let http = common::http_client();
                     loop {
@@ -118,12 +145,12 @@ impl Pusher {
                         let addr = *target.lock().unwrap();
                         let url = format!(
                             "http://{addr}{}",
-                            common::ingest_query(&format!("pq-app{{seq={i}}}"), Some("pprof"))
+                            common::ingest_query(&format!("{app}{{seq={i}}}"), Some("pprof"))
                         );
                         let ok = http
                             .post(&url)
                             .header("content-type", "application/octet-stream")
-                            .body(profile(i))
+                            .body(body(i))
                             .send()
                             .is_ok_and(|r| r.status().as_u16() == 200);
                         if ok {
@@ -376,5 +403,75 @@ fn a_damaged_segment_is_counted_and_every_intact_record_delivered() {
         "{M} stored profiles, 2 damaged records ({} profiles: {damaged_seqs:?}): the other {} delivered",
         damaged_seqs.len(),
         intact.len()
+    );
+}
+
+#[test]
+fn sigkill_with_the_real_pyroscope_down_loses_nothing() {
+    let Some(mut pyroscope) = peer_env::PrivatePeer::start("pyroscope") else {
+        return;
+    };
+    // Down before the first push: everything waits on the first's disk.
+    pyroscope.stop();
+    let addr: SocketAddr = pyroscope
+        .endpoint()
+        .parse()
+        .expect("Pyroscope's endpoint is host:port");
+    let queue = tempfile::tempdir().unwrap();
+    let app = common::unique_name("pq-pyroscope");
+    let mut first = start_first(queue.path(), addr);
+    let pusher = Pusher::start_with(first.ports.receiver, N, &app, named_profile);
+    pusher.wait_acked(N / 2);
+    sigkill(&mut first);
+    let first = start_first(queue.path(), addr);
+    assert!(
+        first.log_text().contains("persistent queue opened"),
+        "the restarted proflow found nothing to send again\n{}",
+        first.log_text()
+    );
+    pusher.retarget(first.ports.receiver);
+    pusher.finish();
+    pyroscope.start_again();
+    let names: Vec<String> = (0..N).map(|i| format!("pq_fn_{i}")).collect();
+    let functions: Vec<&str> = names.iter().map(String::as_str).collect();
+    let http = common::http_client();
+    let base = pyroscope.http_base();
+    let selector = format!("{{service_name=\"{app}\"}}");
+    let mut last = (common::Totals::new(), String::new());
+    let all = peer_env::poll(ARRIVAL, || {
+        last = readback::pyroscope_totals(
+            &http,
+            &base,
+            &selector,
+            &functions,
+            Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds"),
+        );
+        (last.0.len() == N).then_some(())
+    });
+    let missing: Vec<&str> = functions
+        .iter()
+        .copied()
+        .filter(|f| !last.0.contains_key(*f))
+        .collect();
+    assert!(
+        all.is_some(),
+        "{} of {N} profiles are not in Pyroscope: {:?}\nfirst's log:\n{}\nfirst's metrics:\n{}",
+        missing.len(),
+        &missing[..missing.len().min(40)],
+        first.log_text(),
+        first.metrics()
+    );
+    let mut duplicates = 0;
+    for (i, f) in functions.iter().enumerate() {
+        let (got, one) = (last.0[*f], (i as i64 + 1) * 1_000_000);
+        assert!(
+            got >= one && got % one == 0,
+            "{f}: {got} ns in Pyroscope, want a whole multiple of {one}"
+        );
+        duplicates += got / one - 1;
+    }
+    assert!(metric(&first, "proflow_exporter_queue_replayed_records_total") >= 1.0);
+    eprintln!(
+        "{N} profiles across a SIGKILL of the sender with the real Pyroscope down: all in Pyroscope, {duplicates} counted twice"
     );
 }
