@@ -244,12 +244,23 @@ fn outage_loses_nothing(
     peer.stop();
     let down_at = Instant::now();
     // Profiles pushed while the peer was shutting down may have reached it,
-    // and an answer it gave just before it exited may still be being counted:
-    // take the baseline a moment after it is gone.
-    let settle = Duration::from_secs(1);
-    std::thread::sleep(settle);
+    // and an answer it gave just before it exited may still be being
+    // counted: the baseline is taken once a send has failed against the
+    // stopped peer (a retry counted after it exited), which comes after the
+    // answers it gave.
+    let retries_at_stop = metric("proflow_exporter_retries_total");
+    let failed_once = peer_env::poll(SETTLE_TIMEOUT, || {
+        (metric("proflow_exporter_retries_total") > retries_at_stop).then_some(())
+    });
+    assert!(
+        failed_once.is_some(),
+        "no send failed in {SETTLE_TIMEOUT:?} after {id} stopped\nlog:\n{}",
+        proflow.log_text()
+    );
     let pushed_when_down = stream.accepted(1);
     let sent_when_down = metric("proflow_exporter_sent_profiles_total");
+    // The rest of the outage, measured from the baseline.
+    let settle = Duration::from_secs(1);
     std::thread::sleep(OUTAGE - settle);
     // Read before the metrics: a profile is queued before its push is
     // answered, and the queue only grows while the peer is down.

@@ -11,7 +11,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{IndexEntry, Proflow};
 
@@ -57,10 +57,10 @@ fn check_files(proflow: &Proflow, go: &std::path::Path, want: Expect<'_>) {
         hot,
         warm,
     } = want;
-    let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
-    // The client flushed before it exited; give the pipeline a moment to write
-    // every profile it accepted, so the proportions use all of them.
-    let entries = settle(proflow, app, entries);
+    // The client flushed before it exited: the proportions use every
+    // profile it pushed.
+    let entries = settle(proflow, app);
+    assert!(!entries.is_empty(), "nothing of {app} was written");
 
     for e in &entries {
         assert_eq!(
@@ -127,18 +127,33 @@ fn check_files(proflow: &Proflow, go: &std::path::Path, want: Expect<'_>) {
     );
 }
 
-/// Waits (bounded) until the number of index entries for `app` has not grown
-/// for a second, then returns them.
-fn settle(proflow: &Proflow, app: &str, mut entries: Vec<IndexEntry>) -> Vec<IndexEntry> {
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = proflow.wait_for_files(entries.len(), |e| e.label("service_name") == Some(app));
-        if now.len() == entries.len() {
-            break;
+/// The entries of `app` once everything the receiver accepted is written:
+/// the client has exited, so what it pushed is final, and the `file`
+/// exporter has sent as many profiles as the receiver accepted.
+fn settle(proflow: &Proflow, app: &str) -> Vec<IndexEntry> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = proflow.metrics();
+        let accepted =
+            common::metric_sum(&metrics, "proflow_receiver_accepted_profiles_total", &[]);
+        let written = common::metric_sum(
+            &metrics,
+            "proflow_exporter_sent_profiles_total",
+            &[("exporter", "file")],
+        );
+        if accepted > 0.0 && written == accepted {
+            return common::read_index(&proflow.profiles)
+                .into_iter()
+                .filter(|e| e.label("service_name") == Some(app))
+                .collect();
         }
-        entries = now;
+        assert!(
+            Instant::now() < deadline,
+            "{written} of {accepted} accepted profiles written in 30 s:\n{metrics}\nlog:\n{}",
+            proflow.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
-    entries
 }
 
 #[test]
