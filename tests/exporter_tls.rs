@@ -37,6 +37,24 @@ use tls_front::{Server, TlsFront, nginx};
 /// How long a server may take to show what it was sent.
 const READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A front with new certificates, asking for client certificates, passing
+/// to what `location` says (HTTP/2 for `grpc_pass`); None when nginx is
+/// missing (a skip, see `tls_front`).
+fn front_of(location: String, http2: bool) -> Option<(Pki, TlsFront)> {
+    let nginx = nginx()?;
+    let pki = Pki::new();
+    let front = TlsFront::start(
+        &nginx,
+        &pki,
+        &[Server {
+            client_certs: true,
+            http2,
+            location,
+        }],
+    );
+    Some((pki, front))
+}
+
 /// The `tls:` of each case, by its `via` label.
 fn tls_of(pki: &Pki, via: &str) -> String {
     let ca = match via {
@@ -141,22 +159,15 @@ fn pyroscope_behind_a_tls_front_takes_the_ca_and_client_certificate_only() {
     let Some(pyroscope) = peer_env::peer("pyroscope") else {
         return;
     };
-    let Some(nginx) = nginx() else {
+    let Some((pki, front)) = front_of(
+        format!(
+            "proxy_pass http://{}; proxy_http_version 1.1;",
+            pyroscope.endpoint()
+        ),
+        false,
+    ) else {
         return;
     };
-    let pki = Pki::new();
-    let front = TlsFront::start(
-        &nginx,
-        &pki,
-        &[Server {
-            client_certs: true,
-            http2: false,
-            location: format!(
-                "proxy_pass http://{}; proxy_http_version 1.1;",
-                pyroscope.endpoint()
-            ),
-        }],
-    );
     let app = common::unique_name("tls-front-pyroscope");
     let endpoint = format!("https://127.0.0.1:{}", front.ports[0]);
     let (proflow, want) = push_through("pyroscope", &endpoint, &pki, &app);
@@ -188,19 +199,10 @@ fn parca_behind_a_tls_front_takes_the_ca_and_client_certificate_only() {
     let Some(parca) = peer_env::peer("parca") else {
         return;
     };
-    let Some(nginx) = nginx() else {
+    let Some((pki, front)) = front_of(format!("grpc_pass grpc://{};", parca.endpoint()), true)
+    else {
         return;
     };
-    let pki = Pki::new();
-    let front = TlsFront::start(
-        &nginx,
-        &pki,
-        &[Server {
-            client_certs: true,
-            http2: true,
-            location: format!("grpc_pass grpc://{};", parca.endpoint()),
-        }],
-    );
     let app = common::unique_name("tls-front-parca");
     let endpoint = format!("https://127.0.0.1:{}", front.ports[0]);
     let (proflow, want) = push_through("parca", &endpoint, &pki, &app);

@@ -192,6 +192,31 @@ impl Pusher {
     }
 }
 
+/// Pushes `body(i)` as `app{seq=i}` for `0..N` to a first proflow on
+/// `queue` that sends to `backend`, kills it with SIGKILL halfway (pushes in
+/// flight on every thread), starts it again on the same directory and
+/// finishes the pushes there; returns the restarted one.
+fn push_across_a_sigkill(
+    queue: &Path,
+    backend: SocketAddr,
+    app: &str,
+    body: fn(usize) -> Vec<u8>,
+) -> Proflow {
+    let mut first = start_first(queue, backend);
+    let pusher = Pusher::start_with(first.ports.receiver, N, app, body);
+    pusher.wait_acked(N / 2);
+    sigkill(&mut first);
+    let first = start_first(queue, backend);
+    assert!(
+        first.log_text().contains("persistent queue opened"),
+        "the restarted proflow found nothing to send again\n{}",
+        first.log_text()
+    );
+    pusher.retarget(first.ports.receiver);
+    pusher.finish();
+    first
+}
+
 /// SIGKILL by pid (the harness's own kill needs the handle the test holds).
 fn sigkill(p: &mut Proflow) {
     let status = Command::new("kill")
@@ -266,19 +291,7 @@ fn sigkill_while_profiles_arrive_and_the_backend_is_down_loses_nothing() {
     // The backend comes up late, at an address the first proflow already has.
     let second_port = common::late_port();
     let second_addr = SocketAddr::from(([127, 0, 0, 1], second_port.port));
-    let mut first = start_first(queue.path(), second_addr);
-    let pusher = Pusher::start(first.ports.receiver, N);
-    // Killed mid-stream: pushes are in flight on every thread.
-    pusher.wait_acked(N / 2);
-    sigkill(&mut first);
-    let first = start_first(queue.path(), second_addr);
-    assert!(
-        first.log_text().contains("persistent queue opened"),
-        "the restarted proflow found nothing to send again\n{}",
-        first.log_text()
-    );
-    pusher.retarget(first.ports.receiver);
-    pusher.finish();
+    let first = push_across_a_sigkill(queue.path(), second_addr, "pq-app", profile);
     // Only now does the backend come up.
     let second = start_second(second_addr);
     let all: Vec<usize> = (0..N).collect();
@@ -419,18 +432,7 @@ fn sigkill_with_the_real_pyroscope_down_loses_nothing() {
         .expect("Pyroscope's endpoint is host:port");
     let queue = tempfile::tempdir().unwrap();
     let app = common::unique_name("pq-pyroscope");
-    let mut first = start_first(queue.path(), addr);
-    let pusher = Pusher::start_with(first.ports.receiver, N, &app, named_profile);
-    pusher.wait_acked(N / 2);
-    sigkill(&mut first);
-    let first = start_first(queue.path(), addr);
-    assert!(
-        first.log_text().contains("persistent queue opened"),
-        "the restarted proflow found nothing to send again\n{}",
-        first.log_text()
-    );
-    pusher.retarget(first.ports.receiver);
-    pusher.finish();
+    let first = push_across_a_sigkill(queue.path(), addr, &app, named_profile);
     pyroscope.start_again();
     let names: Vec<String> = (0..N).map(|i| format!("pq_fn_{i}")).collect();
     let functions: Vec<&str> = names.iter().map(String::as_str).collect();
