@@ -124,7 +124,6 @@ fn sigterm_while_pushing(fsync: &str, shutdown_timeout: &str, backlog: usize) ->
     });
     let stop = Arc::new(AtomicBool::new(false));
     let clients = spawn_pushers(&proflow.receiver_url(""), "sig.app", 4, &stop);
-    thread::sleep(Duration::from_millis(1500));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let queued = common::metric_sum(

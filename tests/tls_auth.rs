@@ -137,7 +137,17 @@ fn a_tls_push_with_the_ca_is_written_and_plain_http_gets_nothing() {
         untrusting.stderr
     );
 
-    std::thread::sleep(Duration::from_millis(500));
+    // Counted by the receiver, not waited for in the files: only the TLS
+    // push was ever accepted.
+    assert_eq!(
+        common::metric_sum(
+            &p.metrics(),
+            "proflow_receiver_accepted_profiles_total",
+            &[]
+        ),
+        1.0,
+        "only the TLS push was accepted"
+    );
     assert!(
         common::read_index(&p.profiles)
             .iter()

@@ -1245,20 +1245,35 @@ pub fn run_python_client_through(
 }
 
 /// After a client pushing as `app` to `proflow` (started by
-/// [`start_with_file_and`]) has exited: waits until the `file` exporter's
-/// count of `app`'s profiles is stable and `exporter` has sent at least as
+/// [`start_with_file_and`]) has exited: waits until the `file` exporter has
+/// written every profile the receiver accepted (the client flushed before
+/// it exited, so that count is final) and `exporter` has sent at least as
 /// many, with none failed. Returns the index entries and the metrics then.
 pub fn wait_exported(proflow: &Proflow, app: &str, exporter: &str) -> (Vec<IndexEntry>, String) {
-    // The client flushed before it exited; wait until the file count is stable.
-    let mut entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = proflow.wait_for_files(entries.len(), |e| e.label("service_name") == Some(app));
-        if now.len() == entries.len() {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = proflow.metrics();
+        let accepted = metric_sum(&metrics, "proflow_receiver_accepted_profiles_total", &[]);
+        let filed = metric_sum(
+            &metrics,
+            "proflow_exporter_sent_profiles_total",
+            &[("exporter", "file")],
+        );
+        if accepted > 0.0 && filed == accepted {
             break;
         }
-        entries = now;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the file exporter wrote {filed} of the {accepted} profiles accepted\nmetrics:\n{metrics}\nlog:\n{}",
+            proflow.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
+    let entries: Vec<IndexEntry> = read_index(&proflow.profiles)
+        .into_iter()
+        .filter(|e| e.label("service_name") == Some(app))
+        .collect();
+    assert!(!entries.is_empty(), "nothing of {app} was written");
     let written = entries.len() as f64;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let metrics = loop {
