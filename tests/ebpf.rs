@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 
 use common::{IndexEntry, KillOnDrop, Ports, Proflow};
 use ebpf_support::{
-    check_split_and_stacks, count_with, proflow_for, pyroscope_has, require_root, stacks_of,
+    check_split_and_stacks, count_with, proflow_for, proflow_for_with, pyroscope_has, require_root,
+    stacks_of,
 };
 use ebpf_targets::Target;
 use proflow_pipeline::pprof;
@@ -273,7 +274,10 @@ fn stopping_sends_the_interval_so_far() {
     let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
     let (child, pid) = ebpf_targets::spawn(&bin, 30);
     let _child = KillOnDrop(child);
-    let mut proflow = proflow_for(&[pid], "60s");
+    // A ring of 16MiB: a sampler thread that lags behind a parallel build
+    // must not lose the target's samples to a full ring (the test is of
+    // what the stop sends, not of the ring's size).
+    let mut proflow = proflow_for_with(&[pid], "60s", "    ring_buffer_size: 16MiB\n");
     // Sampling runs once proflow is ready: the target's CPU time from here
     // to the stop is what the profile must hold (997 samples a CPU second).
     let ticks_from = cpu_ticks(pid);

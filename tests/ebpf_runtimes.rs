@@ -414,12 +414,14 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
     let (child, pid, lines) = ebpf_targets::spawn_with_output(cmd);
     let mut child = KillOnDrop(child);
     let keep = pid.to_string();
-    // The default rate (100 waits a second per CPU): the target waits about
-    // 67 times a second, and other processes' waits are no longer noted
-    // once relabelling dropped them.
+    // A rate far above the target's 67 waits a second, and a ring of 16MiB:
+    // beside a parallel build, new processes' waits counted against the
+    // default rate (100 a second per CPU) until relabelling dropped each,
+    // and took a quarter of the target's waits with them; a reader that
+    // lags must not lose records to a full ring either.
     let mut proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
         format!(
-            "receivers:\n  ebpf:\n    collect_interval: 2s\n    off_cpu: {{threshold: 1ms}}\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\n      - {{target_label: service_name, replacement: '{app}'}}\nexporters:\n  file:\n    directory: {}\n  pyroscope:\n    endpoint: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file, pyroscope]\n",
+            "receivers:\n  ebpf:\n    collect_interval: 2s\n    off_cpu: {{threshold: 1ms, max_rate: 5000}}\n    ring_buffer_size: 16MiB\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\n      - {{target_label: service_name, replacement: '{app}'}}\nexporters:\n  file:\n    directory: {}\n  pyroscope:\n    endpoint: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file, pyroscope]\n",
             profiles.display(),
             pyroscope.http_base(),
             ports.telemetry
@@ -520,11 +522,13 @@ fn off_cpu_waits_of_python_functions() {
         let (child, pid, lines) = ebpf_targets::spawn_with_output(cmd);
         let mut child = KillOnDrop(child);
         let keep = pid.to_string();
-        // At the default sample rate, as the C test: at 997 Hz the ring
-        // buffer would also carry CPU samples of every process.
+        // At the default sample rate: at 997 Hz the ring buffer would also
+        // carry CPU samples of every process. The wait rate and ring as in
+        // the C test above (a parallel build took a quarter of the waits
+        // at the default rate).
         let mut proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
             format!(
-                "receivers:\n  ebpf:\n    collect_interval: 2s\n    off_cpu: {{threshold: 1ms}}\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
+                "receivers:\n  ebpf:\n    collect_interval: 2s\n    off_cpu: {{threshold: 1ms, max_rate: 5000}}\n    ring_buffer_size: 16MiB\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{keep}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
                 profiles.display(),
                 ports.telemetry
             )
