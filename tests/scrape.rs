@@ -9,14 +9,14 @@
 //! `/metrics`. Failures a real target cannot be made to produce on demand
 //! (a 404 on a profile path, a body that is not pprof, a gzip bomb, a
 //! target slower than the timeout) come from a small local server here.
-//! A target that demands TLS, client certificates and credentials is
-//! goscrape behind nginx (`tests/tls_front`).
+//! TLS and credentials against a target that demands them are in
+//! `tests/scrape_tls.rs`; the helpers both use are in `tests/scrape_support`.
 
 mod common;
 #[allow(clippy::duplicate_mod)]
 mod peer_env;
 mod readback;
-mod tls_front;
+mod scrape_support;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -24,104 +24,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{IndexEntry, Ports, Proflow};
+use common::{IndexEntry, Proflow};
 use proflow_pipeline::pprof::{self, Profile};
 
 /// goscrape's default allocation rate (bytes per second of goAllocLoop).
 const ALLOC_RATE: f64 = 4.0 * 1024.0 * 1024.0;
 
 use peer_env::go_target;
-
-/// A config with the `scrape` receiver (`jobs`: YAML list items of
-/// `scrape_configs`, unindented) and a `file` exporter, plus more exporters
-/// (`exporters`: YAML, unindented, and their ids).
-fn config(
-    ports: &Ports,
-    profiles: &Path,
-    jobs: &str,
-    receiver_extra: &str,
-    exporters: &str,
-    ids: &[&str],
-) -> String {
-    let indent = |text: &str, n: usize| -> String {
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| format!("{}{l}\n", " ".repeat(n)))
-            .collect()
-    };
-    let mut all = vec!["file"];
-    all.extend_from_slice(ids);
-    format!(
-        "receivers:\n  scrape:\n{}    scrape_configs:\n{}exporters:\n  file:\n    directory: {}\n{}\
-         service:\n  telemetry:\n    address: {}\n    log_level: info\n  pipelines:\n    profiles:\n      \
-         receivers: [scrape]\n      exporters: [{}]\n",
-        indent(receiver_extra, 4),
-        indent(jobs, 6),
-        profiles.display(),
-        indent(exporters, 2),
-        ports.telemetry,
-        all.join(", ")
-    )
-}
-
-fn start(jobs: &str) -> Proflow {
-    Proflow::start(|ports, profiles| config(ports, profiles, jobs, "", "", &[]))
-}
-
-/// Only `keep` of the built-in profiles, as a `profiling_config` line.
-fn only(keep: &[&str]) -> String {
-    let off: Vec<String> = ["process_cpu", "memory", "goroutine", "mutex", "block"]
-        .iter()
-        .filter(|p| !keep.contains(p))
-        .map(|p| format!("{p}: {{enabled: false}}"))
-        .collect();
-    format!("profiling_config: {{pprof_config: {{{}}}}}", off.join(", "))
-}
-
-/// Waits until the file exporter's index holds `n` entries that `pick`
-/// takes; returns them.
-fn wait_entries(
-    proflow: &Proflow,
-    n: usize,
-    timeout: Duration,
-    pick: impl Fn(&IndexEntry) -> bool,
-) -> Vec<IndexEntry> {
-    let got = peer_env::poll(timeout, || {
-        let entries: Vec<IndexEntry> = common::read_index(&proflow.profiles)
-            .into_iter()
-            .filter(|e| pick(e))
-            .collect();
-        (entries.len() >= n).then_some(entries)
-    });
-    got.unwrap_or_else(|| {
-        panic!(
-            "fewer than {n} matching profiles within {timeout:?}; index:\n{}\ntargets: {}\nlog:\n{}",
-            std::fs::read_to_string(proflow.profiles.join("index.jsonl")).unwrap_or_default(),
-            targets(proflow),
-            proflow.log_text()
-        )
-    })
-}
-
-/// `data` of `/targets` (Prometheus's targets API envelope), or Null.
-fn targets(proflow: &Proflow) -> serde_json::Value {
-    targets_at(proflow, "/targets")
-}
-
-fn targets_at(proflow: &Proflow, path: &str) -> serde_json::Value {
-    let page: serde_json::Value = proflow
-        .http()
-        .get(format!("http://{}{path}", proflow.ports.telemetry))
-        .send()
-        .and_then(|r| r.text())
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(serde_json::Value::Null);
-    if page["status"] != "success" {
-        return serde_json::Value::Null;
-    }
-    page["data"].clone()
-}
+use scrape_support::{config, only, start, targets, targets_at, wait_entries};
 
 fn active_urls(page: &serde_json::Value) -> Vec<String> {
     let mut urls: Vec<String> = page["activeTargets"]
@@ -688,156 +598,4 @@ fn scraped_go_profiles_reach_pyroscope() {
         );
         eprintln!("pyroscope {ty}: {:?}", last.0);
     }
-}
-
-/// `tls_config`, `authorization` and `basic_auth` against a target that
-/// demands them: goscrape behind nginx, one listener asking for a client
-/// certificate of the test CA and a bearer token, one asking for basic auth
-/// (an htpasswd file). The jobs with the right settings scrape profiles;
-/// a wrong token, a wrong password, a missing client certificate and
-/// another CA are refused, each target down with the reason on `/targets`,
-/// and nothing of theirs is written.
-#[test]
-fn tls_client_certificates_and_credentials_against_a_target_that_demands_them() {
-    let Some(target) = go_target(&[]) else {
-        return;
-    };
-    let Some(nginx) = tls_front::nginx() else {
-        return;
-    };
-    let pki = common::pki::Pki::new();
-    let dir = tempfile::tempdir().unwrap();
-    let htpasswd = dir.path().join("htpasswd");
-    std::fs::write(&htpasswd, "scraper:{PLAIN}s3cret\n").unwrap();
-    let password_file = dir.path().join("password");
-    std::fs::write(&password_file, "s3cret").unwrap();
-    let token = "scrape-token-1";
-    let front = tls_front::TlsFront::start(
-        &nginx,
-        &pki,
-        &[
-            tls_front::Server {
-                client_certs: true,
-                http2: false,
-                location: format!(
-                    "if ($http_authorization != \"Bearer {token}\") {{ return 401; }} proxy_pass http://{};",
-                    target.endpoint
-                ),
-            },
-            tls_front::Server {
-                client_certs: false,
-                http2: false,
-                location: format!(
-                    "auth_basic scrape; auth_basic_user_file {}; proxy_pass http://{};",
-                    htpasswd.display(),
-                    target.endpoint
-                ),
-            },
-        ],
-    );
-    let (with_cert, with_basic) = (
-        format!("127.0.0.1:{}", front.ports[0]),
-        format!("127.0.0.1:{}", front.ports[1]),
-    );
-    let (ca, other_ca, cert, key) = (
-        pki.file("ca.pem").display().to_string(),
-        pki.file("other-ca.pem").display().to_string(),
-        pki.file("client.pem").display().to_string(),
-        pki.file("client-key.pem").display().to_string(),
-    );
-    let job = |name: &str, target: &str, tls: &str, auth: &str| {
-        format!(
-            "- job_name: {name}\n  scheme: https\n  scrape_interval: 2s\n  scrape_timeout: 2s\n  \
-             tls_config: {tls}\n  {auth}\n  static_configs: [{{targets: ['{target}']}}]\n  {}\n",
-            only(&["goroutine"])
-        )
-    };
-    let full_tls = format!("{{ca_file: {ca}, cert_file: {cert}, key_file: {key}}}");
-    let bearer = format!("authorization: {{credentials: {token}}}");
-    let basic = format!(
-        "basic_auth: {{username: scraper, password_file: {}}}",
-        password_file.display()
-    );
-    let jobs = [
-        job("bearer", &with_cert, &full_tls, &bearer),
-        job("basic", &with_basic, &format!("{{ca_file: {ca}}}"), &basic),
-        job(
-            "wrong_token",
-            &with_cert,
-            &full_tls,
-            "authorization: {credentials: not-the-token}",
-        ),
-        job(
-            "no_cert",
-            &with_cert,
-            &format!("{{ca_file: {ca}}}"),
-            &bearer,
-        ),
-        job(
-            "wrong_password",
-            &with_basic,
-            &format!("{{ca_file: {ca}}}"),
-            "basic_auth: {username: scraper, password: wrong}",
-        ),
-        job(
-            "wrong_ca",
-            &with_basic,
-            &format!("{{ca_file: {other_ca}}}"),
-            &basic,
-        ),
-    ]
-    .concat();
-    let proflow = start(&jobs);
-    for good in ["bearer", "basic"] {
-        wait_entries(&proflow, 1, Duration::from_secs(60), |e| {
-            e.label("job") == Some(good)
-        });
-    }
-    let bad = ["wrong_token", "no_cert", "wrong_password", "wrong_ca"];
-    let mut metrics = String::new();
-    let all_failed = peer_env::poll(Duration::from_secs(60), || {
-        metrics = proflow.metrics();
-        bad.iter()
-            .all(|job| {
-                common::metric_sum(&metrics, "proflow_scrape_failures_total", &[("job", job)])
-                    >= 1.0
-            })
-            .then_some(())
-    });
-    assert!(
-        all_failed.is_some(),
-        "not every refused job failed:\n{metrics}\nlog:\n{}",
-        proflow.log_text()
-    );
-    // Why each is down, as `/targets` says: the front's 401 for a wrong
-    // token or password, its 400 without a client certificate, the unknown
-    // issuer of its certificate for another CA.
-    let page = targets(&proflow);
-    let active = page["activeTargets"].as_array().expect("activeTargets");
-    for (job, why) in [
-        ("bearer", ""),
-        ("basic", ""),
-        ("wrong_token", "401"),
-        ("no_cert", "400"),
-        ("wrong_password", "401"),
-        ("wrong_ca", "UnknownIssuer"),
-    ] {
-        let t = active
-            .iter()
-            .find(|t| t["scrapePool"] == job)
-            .unwrap_or_else(|| panic!("no target of {job}: {page}"));
-        let error = t["lastError"].as_str().unwrap_or_default();
-        if why.is_empty() {
-            assert_eq!(t["health"], "up", "{t}");
-        } else {
-            assert_eq!(t["health"], "down", "{t}");
-            assert!(error.contains(why), "{job}: want {why} in {t}");
-        }
-    }
-    let written: Vec<String> = common::read_index(&proflow.profiles)
-        .iter()
-        .filter_map(|e| e.label("job").map(str::to_owned))
-        .filter(|j| bad.contains(&j.as_str()))
-        .collect();
-    assert!(written.is_empty(), "refused jobs wrote {written:?}");
 }
