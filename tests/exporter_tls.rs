@@ -171,25 +171,21 @@ fn pyroscope_behind_a_tls_front_takes_the_ca_and_client_certificate_only() {
     let app = common::unique_name("tls-front-pyroscope");
     let endpoint = format!("https://127.0.0.1:{}", front.ports[0]);
     let (proflow, want) = push_through("pyroscope", &endpoint, &pki, &app);
-    let http = common::http_client();
-    let base = pyroscope.http_base();
     let selector = format!("{{service_name=\"{app}\",via=\"good\"}}");
-    let mut last = (Totals::new(), String::new());
-    let same = peer_env::poll(READ_BACK_TIMEOUT, || {
-        last = readback::pyroscope_totals(
-            &http,
-            &base,
+    let (same, got, answer) = readback::pyroscope_wait(
+        &common::http_client(),
+        &pyroscope.http_base(),
+        (
             &selector,
             &[HOT_FUNCTION, WARM_FUNCTION],
-            Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds"),
-        );
-        (last.0 == want).then_some(())
-    });
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+        ),
+        READ_BACK_TIMEOUT,
+        |t| *t == want,
+    );
     assert!(
-        same.is_some(),
-        "Pyroscope has {:?} ({}) for {selector}; the file exporter wrote {want:?}\nlog:\n{}",
-        last.0,
-        last.1,
+        same,
+        "Pyroscope has {got:?} ({answer}) for {selector}; the file exporter wrote {want:?}\nlog:\n{}",
         proflow.log_text()
     );
 }

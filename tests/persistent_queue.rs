@@ -436,27 +436,24 @@ fn sigkill_with_the_real_pyroscope_down_loses_nothing() {
     pyroscope.start_again();
     let names: Vec<String> = (0..N).map(|i| format!("pq_fn_{i}")).collect();
     let functions: Vec<&str> = names.iter().map(String::as_str).collect();
-    let http = common::http_client();
-    let base = pyroscope.http_base();
-    let selector = format!("{{service_name=\"{app}\"}}");
-    let mut last = (common::Totals::new(), String::new());
-    let all = peer_env::poll(ARRIVAL, || {
-        last = readback::pyroscope_totals(
-            &http,
-            &base,
-            &selector,
+    let (all, got, _) = readback::pyroscope_wait(
+        &common::http_client(),
+        &pyroscope.http_base(),
+        (
+            &format!("{{service_name=\"{app}\"}}"),
             &functions,
-            Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds"),
-        );
-        (last.0.len() == N).then_some(())
-    });
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+        ),
+        ARRIVAL,
+        |t| t.len() == N,
+    );
     let missing: Vec<&str> = functions
         .iter()
         .copied()
-        .filter(|f| !last.0.contains_key(*f))
+        .filter(|f| !got.contains_key(*f))
         .collect();
     assert!(
-        all.is_some(),
+        all,
         "{} of {N} profiles are not in Pyroscope: {:?}\nfirst's log:\n{}\nfirst's metrics:\n{}",
         missing.len(),
         &missing[..missing.len().min(40)],
@@ -465,7 +462,7 @@ fn sigkill_with_the_real_pyroscope_down_loses_nothing() {
     );
     let mut duplicates = 0;
     for (i, f) in functions.iter().enumerate() {
-        let (got, one) = (last.0[*f], (i as i64 + 1) * 1_000_000);
+        let (got, one) = (got[*f], (i as i64 + 1) * 1_000_000);
         assert!(
             got >= one && got % one == 0,
             "{f}: {got} ns in Pyroscope, want a whole multiple of {one}"

@@ -206,25 +206,17 @@ pub fn pyroscope_has(
     want: &common::Totals,
     proflow: &Proflow,
 ) {
-    let http = common::http_client();
-    let base = pyroscope.http_base();
     let selector = format!("{{service_name=\"{app}\"}}");
-    let mut last = (common::Totals::new(), String::new());
-    let same = crate::peer_env::poll(Duration::from_secs(90), || {
-        last = crate::readback::pyroscope_totals(
-            &http,
-            &base,
-            &selector,
-            functions,
-            Some(profile_type),
-        );
-        common::totals_close(&last.0, want).then_some(())
-    });
+    let (same, got, answer) = crate::readback::pyroscope_wait(
+        &common::http_client(),
+        &pyroscope.http_base(),
+        (&selector, functions, profile_type),
+        Duration::from_secs(90),
+        |t| common::totals_close(t, want),
+    );
     assert!(
-        same.is_some(),
-        "Pyroscope has {:?} ({}) for {selector}; the file exporter wrote {want:?}\nlog:\n{}",
-        last.0,
-        last.1,
+        same,
+        "Pyroscope has {got:?} ({answer}) for {selector}; the file exporter wrote {want:?}\nlog:\n{}",
         proflow.log_text()
     );
 }

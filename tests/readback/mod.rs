@@ -152,6 +152,31 @@ pub fn pyroscope_totals(
     )
 }
 
+/// Reads [`pyroscope_totals`] of `functions` for `selector` under
+/// `profile_type` every 500 ms until `done` takes them or `timeout` has
+/// passed. Returns whether `done` took them, the last totals and what
+/// Pyroscope answered (for the failure message).
+pub fn pyroscope_wait(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    (selector, functions, profile_type): (&str, &[&str], &str),
+    timeout: std::time::Duration,
+    done: impl Fn(&Totals) -> bool,
+) -> (bool, Totals, String) {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let (totals, answer) =
+            pyroscope_totals(http, base, selector, functions, Some(profile_type));
+        if done(&totals) {
+            return (true, totals, answer);
+        }
+        if std::time::Instant::now() >= deadline {
+            return (false, totals, answer);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
 /// Pyroscope's merged profile of the samples of `spans` (16-hex span ids,
 /// as `SelectMergeSpanProfile` selects them by their `span_id` label) for
 /// `selector` and `profile_type` over the last hour, reduced to the totals
