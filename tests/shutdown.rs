@@ -108,9 +108,10 @@ fn sigterm_with_a_backlog_reports_exactly_what_was_left() {
     assert!(undelivered > 0, "a backlog was left and reported");
 }
 
-/// Pushes from four clients, sends SIGTERM (after 1.5 s, and once the
-/// exporter's queue holds at least `backlog` profiles), and checks the
-/// accounting; returns the undelivered count the log reported.
+/// Pushes from four clients, sends SIGTERM (once the receiver has accepted
+/// more than 100 profiles and the exporter's queue holds at least `backlog`),
+/// and checks the accounting; returns the undelivered count the log
+/// reported.
 fn sigterm_while_pushing(fsync: &str, shutdown_timeout: &str, backlog: usize) -> usize {
     // With a backlog wanted, every profile is its own fsynced export.
     let max_profiles = if backlog > 0 { 1 } else { 20 };
@@ -126,17 +127,20 @@ fn sigterm_while_pushing(fsync: &str, shutdown_timeout: &str, backlog: usize) ->
     let clients = spawn_pushers(&proflow.receiver_url(""), "sig.app", 4, &stop);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
+        let metrics = proflow.metrics();
         let queued = common::metric_sum(
-            &proflow.metrics(),
+            &metrics,
             "proflow_exporter_queue_profiles",
             &[("exporter", "file")],
         );
-        if queued >= backlog as f64 {
+        let accepted =
+            common::metric_sum(&metrics, "proflow_receiver_accepted_profiles_total", &[]);
+        if queued >= backlog as f64 && accepted > 100.0 {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the file exporter's queue never held {backlog} profiles (last {queued})"
+            "in 30 s the file exporter's queue held {queued} profiles (want {backlog}) and the receiver accepted {accepted} (want over 100)"
         );
         thread::sleep(Duration::from_millis(50));
     }
