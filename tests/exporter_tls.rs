@@ -101,32 +101,11 @@ fn push_through(kind: &str, endpoint: &str, pki: &Pki, app: &str) -> (common::Pr
         )
     });
     common::push_valid(&proflow, app);
-    let count = |metric: &str, via: &str| {
-        common::metric_sum(
-            &proflow.metrics(),
-            metric,
-            &[("exporter", &format!("{kind}/{via}"))],
-        )
-    };
-    let settled = peer_env::poll(READ_BACK_TIMEOUT, || {
-        (count("proflow_exporter_sent_profiles_total", "good") == 1.0
-            && count("proflow_exporter_failed_profiles_total", "wrong_ca") == 1.0
-            && count("proflow_exporter_failed_profiles_total", "no_cert") == 1.0)
-            .then_some(())
-    });
-    assert!(
-        settled.is_some(),
-        "want {kind}/good sent, {kind}/wrong_ca and {kind}/no_cert failed:\n{}\nlog:\n{}",
-        proflow.metrics(),
-        proflow.log_text()
+    common::wait_one_sent_one_failed(
+        &proflow,
+        &[&format!("{kind}/good")],
+        &[&format!("{kind}/wrong_ca"), &format!("{kind}/no_cert")],
     );
-    for via in ["wrong_ca", "no_cert"] {
-        assert_eq!(
-            count("proflow_exporter_sent_profiles_total", via),
-            0.0,
-            "{kind}/{via} sent"
-        );
-    }
     let log = proflow.log_text();
     assert!(
         log.lines()

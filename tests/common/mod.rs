@@ -1302,6 +1302,42 @@ pub fn wait_exported(proflow: &Proflow, app: &str, exporter: &str) -> (Vec<Index
     (entries, metrics)
 }
 
+/// Waits (60 s at most) until each exporter of `sent` has sent exactly one
+/// profile and each of `failed` has failed exactly one for good, then checks
+/// that the failed ones sent none: a push fanned out to exporters some of
+/// which must be refused.
+pub fn wait_one_sent_one_failed(proflow: &Proflow, sent: &[&str], failed: &[&str]) {
+    let count = |metrics: &str, metric: &str, exporter: &str| {
+        metric_sum(metrics, metric, &[("exporter", exporter)])
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = proflow.metrics();
+        let settled = sent
+            .iter()
+            .all(|e| count(&metrics, "proflow_exporter_sent_profiles_total", e) == 1.0)
+            && failed
+                .iter()
+                .all(|e| count(&metrics, "proflow_exporter_failed_profiles_total", e) == 1.0);
+        if settled {
+            for e in failed {
+                assert_eq!(
+                    count(&metrics, "proflow_exporter_sent_profiles_total", e),
+                    0.0,
+                    "{e} sent"
+                );
+            }
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "want one sent by {sent:?} and one failed at {failed:?}:\n{metrics}\nlog:\n{}",
+            proflow.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// A cgroup named as a container runtime's systemd driver names them
 /// (`docker-<id>.scope`) holding one process; removed on drop, once its
 /// process has gone.
