@@ -317,14 +317,33 @@ fn python_frames_without_a_flag_in_every_cpython_from_3_8_to_3_13() {
 fn jvm_compiled_methods_named_after_compiler_perfmap() {
     let _one_at_a_time = require_root();
     let java = std::env::var_os("JAVA").unwrap_or_else(|| "java".into());
+    // The JIT says what it compiled, at which tier: the map is asked for
+    // once both methods have their final (C2, tier 4) code, so the code
+    // that runs from then on is the code the map names.
+    let jit = tempfile::tempdir().unwrap();
+    let jit_log = jit.path().join("jit.log");
     let mut cmd = Command::new(&java);
-    cmd.arg(ebpf_targets::source("Hot.java")).arg("40");
+    cmd.arg(format!(
+        "-Xlog:jit+compilation=debug:file={}",
+        jit_log.display()
+    ))
+    .arg(ebpf_targets::source("Hot.java"))
+    .arg("40");
     let (child, pid) = ebpf_targets::spawn_command(cmd);
     let _map = PerfMapFile::of(pid);
     let _child = KillOnDrop(child);
-    // Both methods are compiled within a few seconds of spinning; the map
-    // is written when asked.
-    std::thread::sleep(Duration::from_secs(4));
+    let compiled = peer_env::poll(Duration::from_secs(60), || {
+        let log = std::fs::read_to_string(&jit_log).unwrap_or_default();
+        ["Hot::proflow_hot_two", "Hot::proflow_hot_one"]
+            .iter()
+            .all(|m| log.lines().any(|l| final_compilation_of(l, m)))
+            .then_some(())
+    });
+    assert!(
+        compiled.is_some(),
+        "the JIT did not compile both methods at tier 4 in 60 s:\n{}",
+        std::fs::read_to_string(&jit_log).unwrap_or_default()
+    );
     let jcmd = Path::new(&java)
         .parent()
         .map(|d| d.join("jcmd"))
@@ -347,6 +366,19 @@ fn jvm_compiled_methods_named_after_compiler_perfmap() {
         "Hot.proflow_hot_two(long)",
         "Hot.proflow_hot_one(long)",
     );
+}
+
+/// Whether `line` of the JVM's `jit+compilation` log is `method`'s
+/// compilation at tier 4 (C2) as a whole method, not on-stack replacement
+/// (`%`) nor an old version being retired ("made not entrant"):
+/// `[1.474s][debug][jit,compilation] 1373       4       Hot::proflow_hot_two (47 bytes)`.
+fn final_compilation_of(line: &str, method: &str) -> bool {
+    let Some((_, rest)) = line.split_once("[jit,compilation]") else {
+        return false;
+    };
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    !rest.contains("made not entrant")
+        && matches!(words.as_slice(), [_, "4", m, ..] if *m == method)
 }
 
 /// A process in its own mount and PID namespaces with a /tmp of its own,
@@ -427,7 +459,7 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
             ports.telemetry
         )
     });
-    let measured = signal_and_read_slept(&keep, &lines);
+    let measured = signal_and_read_slept(&proflow, &keep, &lines);
     let _ = child.0.wait();
     proflow.terminate(Duration::from_secs(20));
     let (mut two, mut one, mut waits) = (0.0, 0.0, 0);
@@ -533,7 +565,7 @@ fn off_cpu_waits_of_python_functions() {
                 ports.telemetry
             )
         });
-        let measured = signal_and_read_slept(&keep, &lines);
+        let measured = signal_and_read_slept(&proflow, &keep, &lines);
         let _ = child.0.wait();
         proflow.terminate(Duration::from_secs(20));
         let (mut two, mut one) = (0.0, 0.0);
@@ -582,11 +614,19 @@ fn off_cpu_waits_of_python_functions() {
     }
 }
 
-/// Lets a sleeping target (`sleep.c`, `sleep.py`) begin, 3 s after the
-/// profiler started, and returns what it says it slept in each function
-/// (nanoseconds).
-fn signal_and_read_slept(pid: &str, lines: &std::sync::mpsc::Receiver<String>) -> Vec<f64> {
-    std::thread::sleep(Duration::from_secs(3));
+/// Lets a sleeping target (`sleep.c`, `sleep.py`) begin once `proflow` samples
+/// (its programs are attached before it reports ready, and it logs so), and
+/// returns what the target says it slept in each function (nanoseconds).
+fn signal_and_read_slept(
+    proflow: &Proflow,
+    pid: &str,
+    lines: &std::sync::mpsc::Receiver<String>,
+) -> Vec<f64> {
+    assert!(
+        proflow.log_text().contains("sampling every CPU"),
+        "the ebpf receiver is not sampling\nlog:\n{}",
+        proflow.log_text()
+    );
     let signalled = Command::new("kill")
         .args(["-USR1", pid])
         .status()

@@ -26,12 +26,12 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Proflow, cpu_profile, gzip, ingest_query, metric_sum};
+use common::{Proflow, cpu_profile, gzip, ingest_query, metric_sum, wait_served_more};
 
 const BUDGET: u64 = 64 << 20;
 const QUEUE_MAX_BYTES: u64 = 16 << 20;
@@ -237,9 +237,11 @@ fn hostile_clients_stay_inside_the_budget_and_never_starve_a_small_push() {
 
     // The small client: a typical push every 25 ms until the attacks end.
     let done = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
     let small = thread::spawn({
-        let (done, url) = (
+        let (done, served, url) = (
             done.clone(),
+            served.clone(),
             proflow.receiver_url(&ingest_query("small.app", Some("pprof"))),
         );
         move || {
@@ -258,6 +260,7 @@ fn hostile_clients_stay_inside_the_budget_and_never_starve_a_small_push() {
                     .map_or(0, |r| r.status().as_u16());
                 slowest = slowest.max(started.elapsed());
                 statuses.push(status);
+                served.fetch_add(1, Ordering::SeqCst);
                 thread::sleep(Duration::from_millis(25));
             }
             (statuses, slowest)
@@ -425,8 +428,8 @@ fn hostile_clients_stay_inside_the_budget_and_never_starve_a_small_push() {
     }
     stop_idle.store(true, Ordering::SeqCst);
     let idle_closed = idle.join().unwrap();
-    // The small client goes on a moment after the storm.
-    thread::sleep(Duration::from_millis(500));
+    // The small client goes on after the storm: five more pushes.
+    wait_served_more(&served, 5);
     done.store(true, Ordering::SeqCst);
     let (small_statuses, slowest) = small.join().unwrap();
     let peak = peak_rss(proflow.pid());

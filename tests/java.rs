@@ -101,19 +101,31 @@ fn run_app(java: &Path, agent: &Path, server: &str, app: &str, log: &Path) {
     );
 }
 
-/// The app's files (at least `least`), once their number stays put for a
-/// second.
+/// The app's files (at least `least`), once the file exporter has written
+/// every profile the receiver accepted: the caller's client has exited (the
+/// agent flushed at exit) or had its upload answered, so that count is final.
 fn app_files(proflow: &Proflow, app: &str, least: usize) -> Vec<IndexEntry> {
-    let mut entries = proflow.wait_for_files(least, |e| e.label("service_name") == Some(app));
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = proflow.wait_for_files(entries.len(), |e| e.label("service_name") == Some(app));
-        if now.len() == entries.len() {
+    let deadline = std::time::Instant::now() + READ_BACK_TIMEOUT;
+    loop {
+        let metrics = proflow.metrics();
+        let accepted =
+            common::metric_sum(&metrics, "proflow_receiver_accepted_profiles_total", &[]);
+        let filed = common::metric_sum(
+            &metrics,
+            "proflow_exporter_sent_profiles_total",
+            &[("exporter", "file")],
+        );
+        if accepted > 0.0 && filed == accepted {
             break;
         }
-        entries = now;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the file exporter wrote {filed} of the {accepted} profiles accepted\n{metrics}\nlog:\n{}",
+            proflow.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
-    entries
+    proflow.wait_for_files(least, |e| e.label("service_name") == Some(app))
 }
 
 fn files_named(entries: &[IndexEntry], name: &str) -> Vec<PathBuf> {

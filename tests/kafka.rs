@@ -333,9 +333,33 @@ fn a_consumer_stopped_gracefully_commits_what_it_delivered() {
         push(&first, "kafka-stop", i);
     }
     let third = consumer(broker, &topic, &group);
-    wait_distinct(&third, N, ARRIVAL_TIMEOUT);
-    // Give a re-read of the first half time to show up, if it were coming.
-    std::thread::sleep(Duration::from_secs(2));
+    // The topic's one partition is read in order: once the last record is
+    // written, and everything the receiver accepted is, a re-read of the
+    // first half would be among what was written.
+    let last = (2 * N - 1).to_string();
+    let deadline = Instant::now() + ARRIVAL_TIMEOUT;
+    loop {
+        let metrics = third.metrics();
+        let accepted =
+            common::metric_sum(&metrics, "proflow_receiver_accepted_profiles_total", &[]);
+        let written = common::metric_sum(
+            &metrics,
+            "proflow_exporter_sent_profiles_total",
+            &[("exporter", "file")],
+        );
+        let has_last = read_index(&third.profiles)
+            .iter()
+            .any(|e| e.label("seq") == Some(last.as_str()));
+        if has_last && written == accepted {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the next member did not write up to the last record ({written} of {accepted} written)\nlog:\n{}",
+            third.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let after: Vec<IndexEntry> = read_index(&third.profiles);
     let early: Vec<&str> = after
         .iter()
@@ -468,7 +492,19 @@ fn a_stalled_exporter_holds_the_consumer_back_instead_of_dropping() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_secs(2));
+    // Held back far past wait_when_full (200ms), as the exporter counts it:
+    // twenty more of its retries, one every 100ms.
+    let retries =
+        |m: &str| common::metric_sum(m, "proflow_exporter_retries_total", &[("exporter", "file")]);
+    let from = retries(&second.metrics());
+    let held = peer_env::poll(ARRIVAL_TIMEOUT, || {
+        (retries(&second.metrics()) >= from + 20.0).then_some(())
+    });
+    assert!(
+        held.is_some(),
+        "the stalled exporter stopped retrying\n{}",
+        second.metrics()
+    );
     let metrics = second.metrics();
     assert_eq!(
         common::metric_sum(&metrics, "proflow_exporter_dropped_profiles_total", &[]),

@@ -692,7 +692,38 @@ fn discovery_keeps_its_targets_while_the_api_server_is_gone_and_resyncs_when_it_
         "no watch failure logged\nlog:\n{}",
         proflow.log_text()
     );
-    std::thread::sleep(Duration::from_secs(2));
+    // The watch tries again while the server is gone: a listener of this
+    // test's own on the server's address takes each retry's connection and
+    // closes it. The second retry comes after the first one's failure was
+    // handled (1 s, then 2 s of backoff); the targets are still there.
+    // The killed server's socket may outlive the kill briefly.
+    let mut last_error = String::new();
+    let stand_in = peer_env::poll(Duration::from_secs(30), || {
+        std::net::TcpListener::bind(private.endpoint())
+            .map_err(|e| last_error = e.to_string())
+            .ok()
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "bind {} in the 30 s after the kill: {last_error}",
+            private.endpoint()
+        )
+    });
+    stand_in.set_nonblocking(true).unwrap();
+    let mut retries = 0;
+    let retried = peer_env::poll(Duration::from_secs(90), || {
+        while let Ok((conn, _)) = stand_in.accept() {
+            drop(conn);
+            retries += 1;
+        }
+        (retries >= 2).then_some(())
+    });
+    assert!(
+        retried.is_some(),
+        "the watch tried {retries} times in 90 s, not twice\nlog:\n{}",
+        proflow.log_text()
+    );
+    drop(stand_in);
     wait_discovered(&proflow, Duration::from_secs(1), |all| {
         pods(all) == ["before"]
     });

@@ -10,11 +10,13 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Proflow, cpu_profile, gzip, ingest_query, metric_samples, metric_sum};
+use common::{
+    Proflow, cpu_profile, gzip, ingest_query, metric_samples, metric_sum, wait_served_more,
+};
 
 /// The budget under test.
 const BUDGET: u64 = 64 << 20;
@@ -124,9 +126,10 @@ fn overload_is_refused_with_429_and_memory_stays_bounded() {
     let idle_rss = proflow.rss_bytes();
 
     let done = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
     // Small pushes all through the overload, each expected to succeed.
     let small = thread::spawn({
-        let done = done.clone();
+        let (done, served) = (done.clone(), served.clone());
         let url = proflow.receiver_url(&ingest_query("small.app", Some("pprof")));
         let http = common::http_client();
         move || {
@@ -140,6 +143,7 @@ fn overload_is_refused_with_429_and_memory_stays_bounded() {
                     .map(|r| r.status().as_u16())
                     .unwrap_or(0);
                 statuses.push(status);
+                served.fetch_add(1, Ordering::SeqCst);
                 thread::sleep(Duration::from_millis(25));
             }
             statuses
@@ -169,8 +173,8 @@ fn overload_is_refused_with_429_and_memory_stays_bounded() {
     let started = Instant::now();
     let outcomes: Vec<Outcome> = uploads.into_iter().map(|t| t.join().unwrap()).collect();
     let overload_took = started.elapsed();
-    // Keep the small client going a moment after the storm.
-    thread::sleep(Duration::from_millis(300));
+    // Keep the small client going after the storm: five more pushes.
+    wait_served_more(&served, 5);
     done.store(true, Ordering::SeqCst);
     let small_statuses = small.join().unwrap();
     // The kernel's high-water mark: the storm's peak, not a sample of it.

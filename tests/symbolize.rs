@@ -336,7 +336,8 @@ fn debug_files_from_the_real_debuginfod_named_once_fetched_and_misses_asked_once
         assert!(Instant::now() < deadline, "{}", proflow.metrics());
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // The miss is remembered in the same step that ends its fetch, so a
+    // push from now on finds either the fetch or the miss, never neither.
     push(&proflow, &other, profile_of(&s, pid, missing));
     names_of(&proflow, &other, 4);
     assert_eq!(

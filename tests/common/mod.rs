@@ -1395,3 +1395,20 @@ impl Drop for ContainerCgroup {
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
+
+/// Waits (60 s at most) until a client thread counting its answered
+/// requests in `served` has had `more` answered since the call: "a moment
+/// later" as the client sees it, on a machine of any speed.
+pub fn wait_served_more(served: &std::sync::atomic::AtomicUsize, more: usize) {
+    use std::sync::atomic::Ordering;
+    let from = served.load(Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while served.load(Ordering::SeqCst) < from + more {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client got {} of {more} answers in 60 s",
+            served.load(Ordering::SeqCst) - from
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
