@@ -45,7 +45,11 @@ fn main() {
     // gzip: one member, two members, one with every optional header field
     // (FEXTRA, FNAME, FCOMMENT, FHCRC) and one whose trailer understates it.
     put("gzip", "one_member", &cpu_gz);
-    put("gzip", "two_members", &[&pprof::gzip(b"ab")[..], &pprof::gzip(b"cd")[..]].concat());
+    put(
+        "gzip",
+        "two_members",
+        &[&pprof::gzip(b"ab")[..], &pprof::gzip(b"cd")[..]].concat(),
+    );
     let mut flagged = cpu_gz[..10].to_vec();
     flagged[3] = 4 | 8 | 16 | 2;
     flagged.extend_from_slice(&[3, 0, b'a', b'b', b'c']);
@@ -126,19 +130,28 @@ fn main() {
     put("otlp_proto", "plain", &with(0, &proto));
     put("otlp_proto", "gzip", &with(1, &pprof::gzip(&proto)));
     put("otlp_json", "request", &json::encode_request(&request));
-    if let (Some(dict), Some(profile)) = (
-        request.dictionary.as_ref(),
-        request
+    // A request's dictionary and first profile, encoded.
+    let dictionary_and_profile = |r: &otlp::collector::ExportProfilesServiceRequest| {
+        let profile = r
             .resource_profiles
             .first()
             .and_then(|r| r.scope_profiles.first())
-            .and_then(|s| s.profiles.first()),
-    ) {
-        put(
-            "otlp_wire",
-            "profile",
-            &join_parts(&dict.encode_to_vec(), &profile.encode_to_vec()),
-        );
+            .and_then(|s| s.profiles.first())?;
+        Some((
+            r.dictionary.as_ref()?.encode_to_vec(),
+            profile.encode_to_vec(),
+        ))
+    };
+    if let Some((dict, profile)) = dictionary_and_profile(&request) {
+        put("otlp_wire", "profile", &join_parts(&dict, &profile));
+        // Two dictionaries and a profile of the second, for the merge.
+        if let Some((second, profile)) = dictionary_and_profile(&testdata::otlp_request(1, 3, 2)) {
+            put(
+                "otlp_wire_merge",
+                "two",
+                &join_parts(&dict, &join_parts(&second, &profile)),
+            );
+        }
     }
 
     // OTLP traces: protobuf (0) and JSON (1).

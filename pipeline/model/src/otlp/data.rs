@@ -112,6 +112,14 @@ impl SharedDictionary {
         matches!(self.form, Form::Raw(_))
     }
 
+    /// The bytes that arrived, when held so.
+    pub fn raw(&self) -> Option<&Bytes> {
+        match &self.form {
+            Form::Raw(b) => Some(b),
+            Form::Decoded(_) => None,
+        }
+    }
+
     /// Memory it keeps alive: its bytes, or an estimate of the decoded heap.
     pub fn heap_size(&self) -> usize {
         match &self.form {
@@ -153,6 +161,14 @@ impl ProfileData {
     /// True when held as the bytes that arrived.
     pub fn is_raw(&self) -> bool {
         matches!(self.0, Form::Raw(_))
+    }
+
+    /// The bytes that arrived, when held so.
+    pub fn raw(&self) -> Option<&Bytes> {
+        match &self.0 {
+            Form::Raw(b) => Some(b),
+            Form::Decoded(_) => None,
+        }
     }
 
     /// Memory it keeps alive: its bytes, or an estimate of the decoded heap.

@@ -40,6 +40,7 @@ mod split;
 mod tests;
 mod to_pprof;
 mod wire_check;
+mod wire_merge;
 
 use std::collections::BTreeMap;
 
@@ -61,6 +62,7 @@ pub use request::{Request, RequestBuilder};
 pub use split::{Split, SplitError, split_decoded, split_raw};
 pub use to_pprof::otlp_to_pprof;
 pub use wire_check::{DictionaryIndex, ProfileFacts, check_dictionary_wire, check_profile_wire};
+pub use wire_merge::{Remap, WireMerge};
 
 /// The attribute a mapping's build id is written under (Go's pprof writer
 /// records the ELF GNU build id).

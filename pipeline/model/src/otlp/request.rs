@@ -5,9 +5,11 @@
 //! received request, the common gateway case) are written with that
 //! dictionary as it is: nothing is copied or re-indexed, and
 //! [`Request::encode`] writes the profiles and the dictionary by reference.
-//! Profiles from several dictionaries are re-indexed into a new one that
-//! holds only what they use (as does every request when `compact` is asked,
-//! for a file holding one profile of a large request).
+//! Profiles from several dictionaries are re-indexed into a new one: on
+//! their bytes when all arrived as bytes ([`WireMerge`]: every entry of
+//! every dictionary, deduplicated, nothing decoded), else decoded into one
+//! that holds only what they use (as is every request when `compact` is
+//! asked, for a file holding one profile of a large request).
 //!
 //! Profiles of equal resource and scope share one `ResourceProfiles` /
 //! `ScopeProfiles`; resource and scope come from
@@ -24,7 +26,7 @@ use super::check::get;
 use super::common::{AnyValue, InstrumentationScope, any_value};
 use super::{
     ConvertError, DictionaryBuilder, OtlpProfiles, ProfileData, Resource, SharedDictionary,
-    collector, proto,
+    WireMerge, collector, proto,
 };
 use crate::model::Labels;
 
@@ -88,7 +90,16 @@ impl<'a> RequestBuilder<'a> {
             _ => None,
         };
         let mut builder = DictionaryBuilder::new();
-        // Merging: every distinct dictionary decoded once, up front, so the
+        // Merging everything as it arrived: on the wire, no decoding.
+        let on_wire = shared.is_none()
+            && !self.compact
+            && self
+                .items
+                .iter()
+                .all(|(_, o)| o.dictionary.is_raw() && o.profiles.iter().all(ProfileData::is_raw));
+        let mut wire = on_wire.then(WireMerge::new);
+        let mut wire_remaps: Vec<super::Remap> = Vec::new();
+        // Else: every distinct dictionary decoded once, up front, so the
         // re-indexing below can borrow them all.
         let mut decoded: Vec<Cow<'a, proto::ProfilesDictionary>> = Vec::new();
         let mut which: HashMap<*const SharedDictionary, usize> = HashMap::new();
@@ -96,8 +107,16 @@ impl<'a> RequestBuilder<'a> {
             for (_, o) in &self.items {
                 let key = Arc::as_ptr(&o.dictionary);
                 if let std::collections::hash_map::Entry::Vacant(slot) = which.entry(key) {
-                    slot.insert(decoded.len());
-                    decoded.push(o.dictionary.decoded()?);
+                    match (wire.as_mut(), o.dictionary.raw()) {
+                        (Some(wire), Some(raw)) => {
+                            slot.insert(wire_remaps.len());
+                            wire_remaps.push(wire.add_dictionary(raw)?);
+                        }
+                        _ => {
+                            slot.insert(decoded.len());
+                            decoded.push(o.dictionary.decoded()?);
+                        }
+                    }
                 }
             }
         }
@@ -160,6 +179,11 @@ impl<'a> RequestBuilder<'a> {
                 profiles += 1;
                 if shared.is_some() {
                     group.push(Cow::Borrowed(p));
+                } else if let (Some(wire), Some(raw)) = (wire.as_ref(), p.raw()) {
+                    let remap = &wire_remaps[which[&Arc::as_ptr(&o.dictionary)]];
+                    let mut bytes = Vec::with_capacity(raw.len() + raw.len() / 8);
+                    wire.add_profile(raw, remap, &mut bytes)?;
+                    group.push(Cow::Owned(ProfileData::from_raw(bytes.into())));
                 } else {
                     let i = which[&Arc::as_ptr(&o.dictionary)];
                     let remapped = remaps[i].profile(&mut builder, &*p.decoded()?)?;
@@ -167,9 +191,13 @@ impl<'a> RequestBuilder<'a> {
                 }
             }
         }
-        let dictionary = match shared {
-            Some(d) => Cow::Borrowed(d),
-            None => Cow::Owned(SharedDictionary::from_decoded(builder.finish())),
+        let dictionary = match (shared, wire) {
+            (Some(d), _) => Cow::Borrowed(d),
+            (None, Some(wire)) => Cow::Owned(SharedDictionary::from_raw_entries(
+                wire.finish().into(),
+                wire.entries(),
+            )),
+            (None, None) => Cow::Owned(SharedDictionary::from_decoded(builder.finish())),
         };
         Ok(Request {
             dictionary,
