@@ -33,6 +33,56 @@ fn in_range(len: usize, what: &str, i: i32) -> Result<(), ConvertError> {
     }
 }
 
+/// Levels of messages an attribute's value may hold below itself (arrays,
+/// key-value lists and their values): prost decodes 100 levels, and a
+/// request, its dictionary and the attribute take three above the value.
+/// Deeper, the request proflow sends on could not be decoded.
+pub const MAX_VALUE_NESTING: usize = 97;
+
+/// Checks an attribute's value at `level` (0: the attribute's own): every
+/// string it refers to (`string_value_strindex`, `key_strindex`, at any
+/// depth) is one of `strings`, and it nests no deeper than
+/// [`MAX_VALUE_NESTING`].
+pub(crate) fn check_value(
+    v: &super::common::AnyValue,
+    level: usize,
+    strings: usize,
+) -> Result<(), ConvertError> {
+    use super::common::any_value::Value;
+    let deeper = |extra: usize| {
+        if level + extra > MAX_VALUE_NESTING {
+            Err(ConvertError::new(format!(
+                "an attribute value nests arrays or lists more than {MAX_VALUE_NESTING} levels deep"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    deeper(0)?;
+    match &v.value {
+        Some(Value::StringValueStrindex(i)) => in_range(strings, "string", *i),
+        // ArrayValue one level down, its values two.
+        Some(Value::ArrayValue(a)) => {
+            deeper(1)?;
+            a.values
+                .iter()
+                .try_for_each(|x| check_value(x, level + 2, strings))
+        }
+        // KeyValueList one level down, its KeyValues two, their values three.
+        Some(Value::KvlistValue(l)) => {
+            deeper(1)?;
+            l.values.iter().try_for_each(|kv| {
+                deeper(2)?;
+                in_range(strings, "string", kv.key_strindex)?;
+                kv.value
+                    .as_ref()
+                    .map_or(Ok(()), |x| check_value(x, level + 3, strings))
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Checks what the spec requires of every table: entry 0 present and the
 /// zero value wherever a table is used.
 pub fn check_dictionary(d: &proto::ProfilesDictionary) -> Result<(), ConvertError> {
@@ -103,11 +153,9 @@ pub fn check_dictionary_references(d: &proto::ProfilesDictionary) -> Result<(), 
     for a in &d.attribute_table {
         string(a.key_strindex)?;
         string(a.unit_strindex)?;
-        // A value held as a string index (as the wire check reads it).
-        if let Some(super::common::any_value::Value::StringValueStrindex(i)) =
-            a.value.as_ref().and_then(|v| v.value.as_ref())
-        {
-            string(*i)?;
+        // Strings the value refers to, at any depth (as the wire check reads it).
+        if let Some(v) = &a.value {
+            check_value(v, 0, strings)?;
         }
     }
     for m in &d.mapping_table {

@@ -49,7 +49,7 @@ pub use opentelemetry_proto::tonic::common::v1 as common;
 pub use opentelemetry_proto::tonic::profiles::v1development as proto;
 pub use opentelemetry_proto::tonic::resource::v1::Resource;
 
-pub use check::{check_dictionary, check_dictionary_references, check_profile};
+pub use check::{MAX_VALUE_NESTING, check_dictionary, check_dictionary_references, check_profile};
 pub use data::{ProfileData, SharedDictionary, decode_all};
 pub use dictionary::DictionaryBuilder;
 pub use form::{

@@ -303,6 +303,47 @@ fn frame(tag: u32, len: usize, buf: &mut Vec<u8>) {
     encode_varint(len as u64, buf);
 }
 
+/// `v` with every string it refers to (`string_value_strindex`,
+/// `key_strindex`, at any depth) written inline from `strings`: the new
+/// dictionary's strings are not the source's.
+fn inline_strings(v: &AnyValue, strings: &[String]) -> Result<AnyValue, ConvertError> {
+    use super::common::{ArrayValue, KeyValue, KeyValueList};
+    let string = |i: i32| get(strings, "string", i).cloned();
+    let value = match &v.value {
+        Some(any_value::Value::StringValueStrindex(i)) => {
+            Some(any_value::Value::StringValue(string(*i)?))
+        }
+        Some(any_value::Value::ArrayValue(a)) => Some(any_value::Value::ArrayValue(ArrayValue {
+            values: a
+                .values
+                .iter()
+                .map(|x| inline_strings(x, strings))
+                .collect::<Result<_, _>>()?,
+        })),
+        Some(any_value::Value::KvlistValue(l)) => {
+            let mut values = Vec::with_capacity(l.values.len());
+            for kv in &l.values {
+                values.push(KeyValue {
+                    key: if kv.key.is_empty() && kv.key_strindex != 0 {
+                        string(kv.key_strindex)?
+                    } else {
+                        kv.key.clone()
+                    },
+                    value: kv
+                        .value
+                        .as_ref()
+                        .map(|x| inline_strings(x, strings))
+                        .transpose()?,
+                    key_strindex: 0,
+                });
+            }
+            Some(any_value::Value::KvlistValue(KeyValueList { values }))
+        }
+        other => other.clone(),
+    };
+    Ok(AnyValue { value })
+}
+
 /// Where each entry of one source dictionary went in the new one (`-1`: not
 /// yet added).
 #[derive(Debug)]
@@ -380,13 +421,9 @@ impl<'d> Remap<'d> {
         }
         let key = get(&src.string_table, "string", a.key_strindex)?;
         let unit = get(&src.string_table, "string", a.unit_strindex)?;
-        let value = match a.value.as_ref().and_then(|v| v.value.as_ref()) {
-            Some(any_value::Value::StringValueStrindex(s)) => Some(AnyValue {
-                value: Some(any_value::Value::StringValue(
-                    get(&src.string_table, "string", *s)?.clone(),
-                )),
-            }),
-            _ => a.value.clone(),
+        let value = match &a.value {
+            Some(v) => Some(inline_strings(v, &src.string_table)?),
+            None => None,
         };
         let n = b.any_attribute(key, value, unit);
         self.attributes[i as usize] = n;

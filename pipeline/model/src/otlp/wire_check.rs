@@ -334,10 +334,8 @@ pub fn check_dictionary_wire(bytes: &[u8]) -> Result<DictionaryIndex<'_>, Conver
                 _ => index(v, strings, "string")?,
             }
         }
-        if let Some(super::common::any_value::Value::StringValueStrindex(i)) =
-            value.and_then(|v| v.value)
-        {
-            index(i as i64 as u64, strings, "string")?;
+        if let Some(v) = &value {
+            super::check::check_value(v, 0, strings.max(1))?;
         }
     }
     Ok(d)

@@ -15,7 +15,7 @@
 //! rewritten bytes are empty (the zero value) becomes 0 as well. Values
 //! given by reference inside attribute values (`string_value_strindex`,
 //! `key_strindex`, nested in arrays and key-value lists) are re-indexed at
-//! any depth up to [`MAX_DEPTH`].
+//! any depth the checks take ([`MAX_DEPTH`]).
 //!
 //! The input must have passed [`super::check_dictionary_wire`] and
 //! [`super::check_profile_wire`] (a receiver's checks); anything else is an
@@ -31,9 +31,11 @@ use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 use super::ConvertError;
 use crate::wire::{self, Value};
 
-/// Attribute values nested deeper than this are refused (prost decodes no
-/// deeper than 100 levels either).
-pub const MAX_DEPTH: usize = 100;
+/// Messages nested deeper than this below a dictionary entry are refused:
+/// the attribute's value and the levels the checks let it hold
+/// ([`super::check::MAX_VALUE_NESTING`]), so whatever passed the checks is
+/// merged.
+pub const MAX_DEPTH: usize = super::check::MAX_VALUE_NESTING + 1;
 
 /// The dictionary's tables by field number less one.
 const MAPPING: usize = 0;

@@ -284,19 +284,34 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(WireMerge::new().add_dictionary(&[0x08, 0x01]).is_err());
 }
 
-#[test]
-fn attribute_values_nested_past_the_limit_are_refused() {
+/// A dictionary with one attribute whose value holds `levels` levels of
+/// messages below itself: arrays (two levels each) and, for an odd count,
+/// one key-value list (three).
+fn nested_dictionary(levels: usize) -> proto::ProfilesDictionary {
     let mut value = AnyValue {
         value: Some(any_value::Value::IntValue(1)),
     };
-    for _ in 0..MAX_DEPTH {
+    let mut left = levels;
+    if left % 2 == 1 {
+        value = AnyValue {
+            value: Some(any_value::Value::KvlistValue(KeyValueList {
+                values: vec![KeyValue {
+                    key: "k".into(),
+                    value: Some(value),
+                    key_strindex: 0,
+                }],
+            })),
+        };
+        left -= 3;
+    }
+    for _ in 0..left / 2 {
         value = AnyValue {
             value: Some(any_value::Value::ArrayValue(ArrayValue {
                 values: vec![value],
             })),
         };
     }
-    let dict = proto::ProfilesDictionary {
+    proto::ProfilesDictionary {
         string_table: vec![String::new(), "k".into()],
         attribute_table: vec![
             proto::KeyValueAndUnit::default(),
@@ -307,11 +322,127 @@ fn attribute_values_nested_past_the_limit_are_refused() {
             },
         ],
         ..Default::default()
+    }
+}
+
+#[test]
+fn values_nested_as_deep_as_a_request_can_hold_are_checked_merged_and_sent() {
+    use crate::otlp::MAX_VALUE_NESTING;
+    let deepest = nested_dictionary(MAX_VALUE_NESTING).encode_to_vec();
+    check_dictionary_wire(&deepest).unwrap();
+    let mut merge = WireMerge::new();
+    merge.add_dictionary(&deepest).unwrap();
+    merge.add_dictionary(&deepest).unwrap();
+    // The merged dictionary, in a request, decodes (prost's 100 levels).
+    let request = collector::ExportProfilesServiceRequest {
+        dictionary: Some(proto::ProfilesDictionary::decode(merge.finish().as_slice()).unwrap()),
+        ..Default::default()
     };
+    let again = collector::ExportProfilesServiceRequest::decode(request.encode_to_vec().as_slice())
+        .unwrap();
+    check_dictionary_references(again.dictionary.as_ref().unwrap()).unwrap();
+
+    // One level more: refused by both checks, so never merged.
+    let deeper = nested_dictionary(MAX_VALUE_NESTING + 1);
+    let e = check_dictionary_wire(&deeper.encode_to_vec()).unwrap_err();
+    assert!(e.to_string().contains("levels deep"), "{e}");
+    let e = check_dictionary_references(&deeper).unwrap_err();
+    assert!(e.to_string().contains("levels deep"), "{e}");
+    // The merge refuses what is deeper than the checks let through.
     let e = WireMerge::new()
-        .add_dictionary(&dict.encode_to_vec())
+        .add_dictionary(&nested_dictionary(MAX_VALUE_NESTING + 2).encode_to_vec())
         .unwrap_err();
     assert!(e.to_string().contains("nested deeper"), "{e}");
+}
+
+#[test]
+fn strings_referred_to_inside_values_are_checked() {
+    let mut d = nested_strings_dictionary(0, "alpha");
+    check_dictionary_references(&d).unwrap();
+    check_dictionary_wire(&d.encode_to_vec()).unwrap();
+    // The list's key refers past the strings.
+    let Some(any_value::Value::ArrayValue(a)) = d.attribute_table[1]
+        .value
+        .as_mut()
+        .and_then(|v| v.value.as_mut())
+    else {
+        unreachable!()
+    };
+    let Some(any_value::Value::KvlistValue(l)) = a.values[1].value.as_mut() else {
+        unreachable!()
+    };
+    l.values[0].key_strindex = 50;
+    assert!(check_dictionary_references(&d).is_err());
+    let e = check_dictionary_wire(&d.encode_to_vec()).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+}
+
+#[test]
+fn the_decoded_merge_writes_strings_inside_values_inline() {
+    // Two dictionaries (decoded) with an attribute whose value refers to
+    // strings from inside an array and a list, merged by decoding.
+    let one = nested_strings_dictionary(0, "alpha");
+    let two = nested_strings_dictionary(5, "beta");
+    let labels = Labels::from_pairs([("service_name", "x")]);
+    let profile = |attr: i32| proto::Profile {
+        samples: vec![proto::Sample {
+            values: vec![1],
+            ..Default::default()
+        }],
+        attribute_indices: vec![attr],
+        ..Default::default()
+    };
+    let a = OtlpProfiles::decoded(one, vec![profile(1)]);
+    let b = OtlpProfiles::decoded(two, vec![profile(1)]);
+    let mut rb = RequestBuilder::new();
+    rb.push(&labels, &a);
+    rb.push(&labels, &b);
+    let msg =
+        collector::ExportProfilesServiceRequest::decode(rb.build().unwrap().encode().as_slice())
+            .unwrap();
+    let d = msg.dictionary.unwrap();
+    check_dictionary_references(&d).unwrap();
+    let words: Vec<String> = msg.resource_profiles[0].scope_profiles[0]
+        .profiles
+        .iter()
+        .map(|p| {
+            let attr = &d.attribute_table[p.attribute_indices[0] as usize];
+            let Some(any_value::Value::ArrayValue(a)) =
+                attr.value.as_ref().and_then(|v| v.value.clone())
+            else {
+                panic!("{attr:?}")
+            };
+            let Some(any_value::Value::KvlistValue(l)) = a.values[1].value.clone() else {
+                panic!("{a:?}")
+            };
+            let Some(any_value::Value::StringValue(w)) = a.values[0].value.clone() else {
+                panic!("{a:?}")
+            };
+            assert_eq!(l.values[0].key, w);
+            w
+        })
+        .collect();
+    assert_eq!(words, ["alpha", "beta"]);
+}
+
+#[test]
+fn equal_entries_become_one_and_samples_keep_their_order() {
+    // Found by the fuzz target's first oracle: a dictionary with two empty
+    // stacks, a profile with a sample on each. Merged, both are stack 0;
+    // the samples stay two, in order.
+    let mut merge = WireMerge::new();
+    merge.add_dictionary(&[]).unwrap();
+    let remap = merge.add_dictionary(&[0x3a, 0x00, 0x3a, 0x00]).unwrap();
+    let profile = [0x12, 0x02, 0x20, 0x01, 0x12, 0x04, 0x08, 0x01, 0x20, 0x02];
+    let mut out = Vec::new();
+    merge.add_profile(&profile, &remap, &mut out).unwrap();
+    let p = proto::Profile::decode(out.as_slice()).unwrap();
+    let stacks: Vec<(i32, Vec<i64>)> = p
+        .samples
+        .iter()
+        .map(|s| (s.stack_index, s.values.clone()))
+        .collect();
+    assert_eq!(stacks, [(0, vec![1]), (0, vec![2])]);
 }
 
 #[test]
