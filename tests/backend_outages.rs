@@ -9,8 +9,9 @@
 //! each with its own value, all by `main;proflowOutageStream;<phase>`, where
 //! the phase function names the part of the stream it was pushed in: before
 //! the stop, while the peer was down or starting, after it was back). The peer
-//! is stopped with SIGTERM (its own clean shutdown, as in a deploy) for
-//! [`OUTAGE`], then started again on the same ports and data dir. Checked:
+//! is stopped with SIGTERM (its own clean shutdown, as in a deploy) between
+//! two pushes, once everything pushed so far was sent, for [`OUTAGE`], then
+//! started again on the same ports and data dir. Checked:
 //! - while the peer was up, proflow sent without retrying;
 //! - while it was down, nothing was sent, every profile pushed since the stop
 //!   was waiting in the exporter's queue (`proflow_exporter_queue_profiles`),
@@ -36,8 +37,8 @@ mod common;
 mod peer_env;
 mod readback;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -81,6 +82,9 @@ struct Stream {
     /// Profiles accepted so far, per phase.
     accepted: Arc<[AtomicU64; 3]>,
     stop: Arc<AtomicBool>,
+    /// Held by the stream for each push: whoever holds it knows no push is
+    /// in flight.
+    pushing: Arc<Mutex<()>>,
     handle: JoinHandle<Pushed>,
 }
 
@@ -90,18 +94,32 @@ impl Stream {
         let phase = Arc::new(AtomicUsize::new(0));
         let accepted: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
         let stop = Arc::new(AtomicBool::new(false));
+        let pushing = Arc::new(Mutex::new(()));
         let base = proflow.receiver_url("");
         let app = app.to_owned();
         let handle = {
-            let (phase, accepted, stop) = (phase.clone(), accepted.clone(), stop.clone());
-            std::thread::spawn(move || push_until(&base, &app, &phase, &accepted, &stop))
+            let (phase, accepted, stop, pushing) = (
+                phase.clone(),
+                accepted.clone(),
+                stop.clone(),
+                pushing.clone(),
+            );
+            std::thread::spawn(move || {
+                push_until(&base, &app, (&phase, &accepted, &stop, &pushing))
+            })
         };
         Stream {
             phase,
             accepted,
             stop,
+            pushing,
             handle,
         }
+    }
+
+    /// Holds the stream between two pushes until the guard is dropped.
+    fn hold(&self) -> MutexGuard<'_, ()> {
+        self.pushing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn set_phase(&self, phase: usize) {
@@ -133,14 +151,13 @@ fn stream_profile(function: &str, value: i64, now: i64) -> Vec<u8> {
 fn push_until(
     base: &str,
     app: &str,
-    phase: &AtomicUsize,
-    accepted: &[AtomicU64; 3],
-    stop: &AtomicBool,
+    (phase, accepted, stop, pushing): (&AtomicUsize, &[AtomicU64; 3], &AtomicBool, &Mutex<()>),
 ) -> Pushed {
     let http = common::http_client();
     let mut pushed = Pushed::default();
     let mut next = Instant::now();
     for i in 0i64.. {
+        let _push = pushing.lock().unwrap_or_else(|p| p.into_inner());
         if stop.load(Ordering::SeqCst) {
             break;
         }
@@ -172,6 +189,7 @@ fn push_until(
             }
             Err(e) => pushed.refused.push(e.to_string()),
         }
+        drop(_push);
         next += PUSH_EVERY;
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
@@ -239,9 +257,26 @@ fn outage_loses_nothing(
         proflow.log_text()
     );
 
-    // Down.
+    // Down, between two pushes and once everything pushed so far was sent:
+    // a Pyroscope sent a profile as it shut down answered 200 and did not
+    // have it after the restart (once, on a loaded machine). What is checked
+    // here is proflow's queue across the outage, not the peer's shutdown.
+    let hold = stream.hold();
+    let mut metrics = String::new();
+    let delivered = peer_env::poll(SETTLE_TIMEOUT, || {
+        metrics = proflow.metrics();
+        let queue = exporter_metric(&metrics, "proflow_exporter_queue_profiles", id);
+        let sent = exporter_metric(&metrics, "proflow_exporter_sent_profiles_total", id);
+        (queue == 0.0 && sent >= stream.accepted(0) as f64).then_some(())
+    });
+    assert!(
+        delivered.is_some(),
+        "{} profiles pushed before the stop were not all sent\nmetrics:\n{metrics}",
+        stream.accepted(0)
+    );
     stream.set_phase(1);
     peer.stop();
+    drop(hold);
     let down_at = Instant::now();
     // Profiles pushed while the peer was shutting down may have reached it,
     // and an answer it gave just before it exited may still be being

@@ -385,6 +385,9 @@ struct Container {
     podman: PathBuf,
     name: String,
     _config: tempfile::TempDir,
+    /// Directories mounted into the container, kept while it runs (proflow
+    /// reads the ServiceAccount token when it lists, not only at start).
+    mounts: Vec<tempfile::TempDir>,
 }
 
 impl Container {
@@ -437,6 +440,7 @@ impl Container {
             podman: tools.podman.clone(),
             name,
             _config: config_dir,
+            mounts: Vec::new(),
         }
     }
 
@@ -493,7 +497,8 @@ fn run_as_chart(
 ) -> (Container, tempfile::TempDir) {
     let sa = tools.service_account_mount(ns, &format!("{release}-proflow"));
     let out = tempfile::tempdir().expect("tempdir");
-    let container = Container::start_with(tools, config, sa.path(), out.path(), extra);
+    let mut container = Container::start_with(tools, config, sa.path(), out.path(), extra);
+    container.mounts.push(sa);
     wait_ready(&format!("127.0.0.1:{telemetry}"), &container);
     (container, out)
 }

@@ -274,10 +274,12 @@ fn stopping_sends_the_interval_so_far() {
     let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
     let (child, pid) = ebpf_targets::spawn(&bin, 30);
     let _child = KillOnDrop(child);
-    // A ring of 16MiB: a sampler thread that lags behind a parallel build
-    // must not lose the target's samples to a full ring (the test is of
-    // what the stop sends, not of the ring's size).
-    let mut proflow = proflow_for_with(&[pid], "60s", "    ring_buffer_size: 16MiB\n");
+    // A ring of 64MiB, four seconds of every process's samples at 997 Hz
+    // on two CPUs: a sampler thread starved by a parallel build must not
+    // lose the target's samples to a full ring (16MiB, one second, lost
+    // three quarters of them once). The test is of what the stop sends,
+    // not of the ring's size.
+    let mut proflow = proflow_for_with(&[pid], "60s", "    ring_buffer_size: 64MiB\n");
     // Sampling runs once proflow is ready: the target's CPU time from here
     // to the stop is what the profile must hold (997 samples a CPU second).
     let ticks_from = cpu_ticks(pid);

@@ -459,7 +459,7 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
             ports.telemetry
         )
     });
-    let measured = signal_and_read_slept(&proflow, &keep, &lines);
+    let measured = signal_and_read_slept(&proflow, &keep, &lines, false);
     let _ = child.0.wait();
     proflow.terminate(Duration::from_secs(20));
     let (mut two, mut one, mut waits) = (0.0, 0.0, 0);
@@ -565,7 +565,7 @@ fn off_cpu_waits_of_python_functions() {
                 ports.telemetry
             )
         });
-        let measured = signal_and_read_slept(&proflow, &keep, &lines);
+        let measured = signal_and_read_slept(&proflow, &keep, &lines, true);
         let _ = child.0.wait();
         proflow.terminate(Duration::from_secs(20));
         let (mut two, mut one) = (0.0, 0.0);
@@ -617,21 +617,49 @@ fn off_cpu_waits_of_python_functions() {
 /// Lets a sleeping target (`sleep.c`, `sleep.py`) begin once `proflow` samples
 /// (its programs are attached before it reports ready, and it logs so), and
 /// returns what the target says it slept in each function (nanoseconds).
+/// `sleep.py` first waits in `proflow_warm_up` until a second signal, sent
+/// once `proflow` has written a wait of it with that Python frame: from then
+/// on the receiver walks its frames (a Python process is known from its
+/// first sample on, which a loaded machine reads late), so the measured
+/// waits all have theirs.
 fn signal_and_read_slept(
     proflow: &Proflow,
     pid: &str,
     lines: &std::sync::mpsc::Receiver<String>,
+    python: bool,
 ) -> Vec<f64> {
     assert!(
         proflow.log_text().contains("sampling every CPU"),
         "the ebpf receiver is not sampling\nlog:\n{}",
         proflow.log_text()
     );
-    let signalled = Command::new("kill")
-        .args(["-USR1", pid])
-        .status()
-        .expect("run kill");
-    assert!(signalled.success());
+    let signal = || {
+        let signalled = Command::new("kill")
+            .args(["-USR1", pid])
+            .status()
+            .expect("run kill");
+        assert!(signalled.success());
+    };
+    signal();
+    if python {
+        let walked = peer_env::poll(Duration::from_secs(60), || {
+            common::read_index(&proflow.profiles)
+                .iter()
+                .filter(|e| e.label("pid") == Some(pid) && e.path.is_file())
+                .any(|e| {
+                    common::function_names(&common::read_profile(&e.path))
+                        .iter()
+                        .any(|f| f == "proflow_warm_up")
+                })
+                .then_some(())
+        });
+        assert!(
+            walked.is_some(),
+            "no wait in proflow_warm_up with its Python frame in 60 s\nlog:\n{}",
+            proflow.log_text()
+        );
+        signal();
+    }
     let slept = lines
         .recv_timeout(Duration::from_secs(30))
         .expect("the target prints what it slept");

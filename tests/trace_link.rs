@@ -200,9 +200,13 @@ fn a_pyroscope_instrumented_go_service_reaches_an_otlp_backend_linked_to_its_tra
             "span {span} ({}) linked to the wrong trace",
             e.name
         );
-        assert_eq!(
-            e.name, "hot-request",
-            "only root spans are labelled by otel-profiling-go"
+        // A root span: hot-request, or (a sample that landed in its few
+        // microseconds on the CPU, on a loaded machine) idle-request; never
+        // hot-child.
+        assert!(
+            ["hot-request", "idle-request"].contains(&e.name.as_str()),
+            "only root spans are labelled by otel-profiling-go, not {}",
+            e.name
         );
     }
     let linked: i64 = links.values().sum();
