@@ -200,8 +200,8 @@ fn a_pyroscope_instrumented_go_service_reaches_an_otlp_backend_linked_to_its_tra
             "span {span} ({}) linked to the wrong trace",
             e.name
         );
-        // A root span: hot-request, or (a sample that landed in its few
-        // microseconds on the CPU, on a loaded machine) idle-request; never
+        // A root span: hot-request, or idle-request (its span's own work,
+        // starting, sleeping and ending, is sometimes sampled); never
         // hot-child.
         assert!(
             ["hot-request", "idle-request"].contains(&e.name.as_str()),
@@ -248,8 +248,13 @@ fn a_pyroscope_instrumented_go_service_reaches_an_otlp_backend_linked_to_its_tra
             let Some(span) = labels.get("span_id") else {
                 continue;
             };
-            assert_eq!(exported[*span].name, "hot-request");
-            assert_eq!(labels.get("span_name"), Some(&"hot-request"));
+            // A root span (see above), named as the SDK exported it.
+            let name = exported[*span].name.as_str();
+            assert!(
+                ["hot-request", "idle-request"].contains(&name),
+                "{labels:?}"
+            );
+            assert_eq!(labels.get("span_name"), Some(&name));
             checked += 1;
         }
     }
