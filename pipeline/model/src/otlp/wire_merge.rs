@@ -430,10 +430,14 @@ fn framed(
     out.extend_from_slice(&[0; ROOM]);
     body(out)?;
     let len = out.len() - at - ROOM;
-    let need = encoded_len_varint(len as u64);
-    if need > ROOM {
-        return Err(bad("a message", "longer than 4 GiB"));
+    // Protobuf's bound on a message (2 GiB less a byte) fits the room.
+    if len > i32::MAX as usize {
+        return Err(bad(
+            "a message",
+            "longer than 2 GiB, the most protobuf allows",
+        ));
     }
+    let need = encoded_len_varint(len as u64);
     out.copy_within(at + ROOM.., at + need);
     out.truncate(out.len() - (ROOM - need));
     let mut rest = len;
