@@ -11,7 +11,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{IndexEntry, Proflow};
 
@@ -131,29 +131,11 @@ fn check_files(proflow: &Proflow, go: &std::path::Path, want: Expect<'_>) {
 /// the client has exited, so what it pushed is final, and the `file`
 /// exporter has sent as many profiles as the receiver accepted.
 fn settle(proflow: &Proflow, app: &str) -> Vec<IndexEntry> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let metrics = proflow.metrics();
-        let accepted =
-            common::metric_sum(&metrics, "proflow_receiver_accepted_profiles_total", &[]);
-        let written = common::metric_sum(
-            &metrics,
-            "proflow_exporter_sent_profiles_total",
-            &[("exporter", "file")],
-        );
-        if accepted > 0.0 && written == accepted {
-            return common::read_index(&proflow.profiles)
-                .into_iter()
-                .filter(|e| e.label("service_name") == Some(app))
-                .collect();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{written} of {accepted} accepted profiles written in 30 s:\n{metrics}\nlog:\n{}",
-            proflow.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_all_written(proflow, Duration::from_secs(30));
+    common::read_index(&proflow.profiles)
+        .into_iter()
+        .filter(|e| e.label("service_name") == Some(app))
+        .collect()
 }
 
 #[test]

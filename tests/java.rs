@@ -105,26 +105,7 @@ fn run_app(java: &Path, agent: &Path, server: &str, app: &str, log: &Path) {
 /// every profile the receiver accepted: the caller's client has exited (the
 /// agent flushed at exit) or had its upload answered, so that count is final.
 fn app_files(proflow: &Proflow, app: &str, least: usize) -> Vec<IndexEntry> {
-    let deadline = std::time::Instant::now() + READ_BACK_TIMEOUT;
-    loop {
-        let metrics = proflow.metrics();
-        let accepted =
-            common::metric_sum(&metrics, "proflow_receiver_accepted_profiles_total", &[]);
-        let filed = common::metric_sum(
-            &metrics,
-            "proflow_exporter_sent_profiles_total",
-            &[("exporter", "file")],
-        );
-        if accepted > 0.0 && filed == accepted {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the file exporter wrote {filed} of the {accepted} profiles accepted\n{metrics}\nlog:\n{}",
-            proflow.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    common::wait_all_written(proflow, READ_BACK_TIMEOUT);
     proflow.wait_for_files(least, |e| e.label("service_name") == Some(app))
 }
 

@@ -337,29 +337,18 @@ fn a_consumer_stopped_gracefully_commits_what_it_delivered() {
     // written, and everything the receiver accepted is, a re-read of the
     // first half would be among what was written.
     let last = (2 * N - 1).to_string();
-    let deadline = Instant::now() + ARRIVAL_TIMEOUT;
-    loop {
-        let metrics = third.metrics();
-        let accepted =
-            common::metric_sum(&metrics, "proflow_receiver_accepted_profiles_total", &[]);
-        let written = common::metric_sum(
-            &metrics,
-            "proflow_exporter_sent_profiles_total",
-            &[("exporter", "file")],
-        );
-        let has_last = read_index(&third.profiles)
+    let has_last = peer_env::poll(ARRIVAL_TIMEOUT, || {
+        read_index(&third.profiles)
             .iter()
-            .any(|e| e.label("seq") == Some(last.as_str()));
-        if has_last && written == accepted {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the next member did not write up to the last record ({written} of {accepted} written)\nlog:\n{}",
-            third.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+            .any(|e| e.label("seq") == Some(last.as_str()))
+            .then_some(())
+    });
+    assert!(
+        has_last.is_some(),
+        "the next member did not write the last record in {ARRIVAL_TIMEOUT:?}\nlog:\n{}",
+        third.log_text()
+    );
+    common::wait_all_written(&third, ARRIVAL_TIMEOUT);
     let after: Vec<IndexEntry> = read_index(&third.profiles);
     let early: Vec<&str> = after
         .iter()

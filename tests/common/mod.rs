@@ -1244,13 +1244,11 @@ pub fn run_python_client_through(
     }
 }
 
-/// After a client pushing as `app` to `proflow` (started by
-/// [`start_with_file_and`]) has exited: waits until the `file` exporter has
-/// written every profile the receiver accepted (the client flushed before
-/// it exited, so that count is final) and `exporter` has sent at least as
-/// many, with none failed. Returns the index entries and the metrics then.
-pub fn wait_exported(proflow: &Proflow, app: &str, exporter: &str) -> (Vec<IndexEntry>, String) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+/// Polls until the `file` exporter has written every profile the receivers
+/// accepted (at least one), for up to `timeout`; returns the metrics that
+/// showed it.
+pub fn wait_all_written(proflow: &Proflow, timeout: Duration) -> String {
+    let deadline = std::time::Instant::now() + timeout;
     loop {
         let metrics = proflow.metrics();
         let accepted = metric_sum(&metrics, "proflow_receiver_accepted_profiles_total", &[]);
@@ -1260,15 +1258,24 @@ pub fn wait_exported(proflow: &Proflow, app: &str, exporter: &str) -> (Vec<Index
             &[("exporter", "file")],
         );
         if accepted > 0.0 && filed == accepted {
-            break;
+            return metrics;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the file exporter wrote {filed} of the {accepted} profiles accepted\nmetrics:\n{metrics}\nlog:\n{}",
+            "the file exporter wrote {filed} of the {accepted} profiles accepted in {timeout:?}\nmetrics:\n{metrics}\nlog:\n{}",
             proflow.log_text()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// After a client pushing as `app` to `proflow` (started by
+/// [`start_with_file_and`]) has exited: waits until the `file` exporter has
+/// written every profile the receiver accepted (the client flushed before
+/// it exited, so that count is final) and `exporter` has sent at least as
+/// many, with none failed. Returns the index entries and the metrics then.
+pub fn wait_exported(proflow: &Proflow, app: &str, exporter: &str) -> (Vec<IndexEntry>, String) {
+    wait_all_written(proflow, Duration::from_secs(30));
     let entries: Vec<IndexEntry> = read_index(&proflow.profiles)
         .into_iter()
         .filter(|e| e.label("service_name") == Some(app))
