@@ -464,12 +464,14 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
     proflow.terminate(Duration::from_secs(20));
     let (mut two, mut one, mut waits) = (0.0, 0.0, 0);
     let mut stacks = Vec::new();
+    let mut unnamed = Vec::new();
     let mut written = common::Totals::new();
     for e in common::read_index(&proflow.profiles) {
         if e.label("pid") != Some(keep.as_str()) || e.label("__name__") != Some("off_cpu") {
             continue;
         }
         let p = common::read_profile(&e.path);
+        unnamed.extend(unnamed_locations(&p));
         common::add_function_totals(&mut written, &p, &SLEEPERS, Some("off_cpu"));
         assert_eq!(p.string(p.sample_type[0].r#type), "off_cpu");
         assert_eq!(p.string(p.sample_type[0].unit), "nanoseconds");
@@ -486,7 +488,8 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
         }
     }
     let report = format!(
-        "measured by the target: {measured:?} ns; off_cpu: {two} and {one} ns in {waits} waits; stacks: {stacks:#?}"
+        "measured by the target: {measured:?} ns; off_cpu: {two} and {one} ns in {waits} waits; stacks: {stacks:#?}\nunnamed locations: {unnamed:#?}\nlog:\n{}",
+        proflow.log_text()
     );
     eprintln!(
         "off_cpu: the target measured {measured:?} ns, its profile has {two} and {one} ns in {waits} waits"
@@ -668,6 +671,27 @@ fn signal_and_read_slept(
         .unwrap_or_else(|| panic!("{slept:?}"))
         .split_whitespace()
         .map(|n| n.parse().unwrap())
+        .collect()
+}
+
+/// Where each location of `p` without a function points: its address and
+/// its mapping's file and build id (a report's clue to why it is unnamed).
+fn unnamed_locations(p: &pprof::Profile) -> Vec<String> {
+    p.location
+        .iter()
+        .filter(|l| l.line.is_empty())
+        .map(|l| match p.mapping.iter().find(|m| m.id == l.mapping_id) {
+            Some(m) => format!(
+                "{:#x} in {} [{:#x}, {:#x}) at offset {:#x}, build id {:?}",
+                l.address,
+                p.string(m.filename),
+                m.memory_start,
+                m.memory_limit,
+                m.file_offset,
+                p.string(m.build_id)
+            ),
+            None => format!("{:#x} in no mapping", l.address),
+        })
         .collect()
 }
 
