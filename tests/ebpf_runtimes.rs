@@ -461,6 +461,15 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
     });
     let measured = signal_and_read_slept(&proflow, &keep, &lines, false);
     let _ = child.0.wait();
+    // The receiver's own counts (stacks by how they were unwound, samples
+    // dropped or lost), up to the last interval it ended: the report's
+    // clue when a wait's stack is missing.
+    let ebpf_metrics: Vec<String> = proflow
+        .metrics()
+        .lines()
+        .filter(|l| !l.starts_with('#') && (l.contains("ebpf") || l.contains("dropped")))
+        .map(str::to_owned)
+        .collect();
     proflow.terminate(Duration::from_secs(20));
     let (mut two, mut one, mut waits) = (0.0, 0.0, 0);
     let mut stacks = Vec::new();
@@ -488,7 +497,7 @@ fn off_cpu_time_is_where_a_thread_waited_and_how_long() {
         }
     }
     let report = format!(
-        "measured by the target: {measured:?} ns; off_cpu: {two} and {one} ns in {waits} waits; stacks: {stacks:#?}\nunnamed locations: {unnamed:#?}\nlog:\n{}",
+        "measured by the target: {measured:?} ns; off_cpu: {two} and {one} ns in {waits} waits; stacks: {stacks:#?}\nunnamed locations: {unnamed:#?}\nthe receiver's counts: {ebpf_metrics:#?}\nlog:\n{}",
         proflow.log_text()
     );
     eprintln!(
