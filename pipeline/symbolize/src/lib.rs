@@ -118,6 +118,11 @@ pub struct FileRef<'a> {
     /// The file the caller read (its build id, its segments), when it did:
     /// another file found at `path` by now is not used.
     pub id: Option<FileId>,
+    /// Where the caller keeps that very file open (`/proc/self/fd/N`), when
+    /// it does: tried first, so the file is still read after `path` is gone
+    /// (a process's `/proc/PID/root/...` once it exited). The debug file
+    /// its `.gnu_debuglink` names is still looked for beside `path`.
+    pub held: Option<&'a Path>,
 }
 
 /// Bounds of a [`Symbols`].
@@ -172,7 +177,7 @@ pub struct Symbols {
     /// Where a `.gnu_debuglink`'s and a dwz file's targets are looked for.
     debug_dirs: Vec<PathBuf>,
     supplements: Supplements,
-    /// `/proc/kallsyms`, read at the first kernel frame.
+    /// `/proc/kallsyms`, read at the first kernel frame unless given.
     kallsyms: Option<Kallsyms>,
     frames: FastMap<(FileKey, Addr), Lines>,
     kernel: FastMap<u64, Lines>,
@@ -227,6 +232,13 @@ impl Symbols {
             names: FastMap::default(),
             hits: 0,
         }
+    }
+
+    /// Names kernel frames from `kallsyms` (read already) rather than
+    /// reading `/proc/kallsyms` at the first kernel frame.
+    pub fn with_kallsyms(mut self, kallsyms: Kallsyms) -> Self {
+        self.kallsyms = Some(kallsyms);
+        self
     }
 
     /// Lookups answered from the cache since the last call.
@@ -387,12 +399,15 @@ impl Symbols {
                 self.evict(o);
             }
         }
-        let Some(elf) = ElfFile::open(file.path) else {
+        let Some(elf) = file
+            .held
+            .into_iter()
+            .chain([file.path])
+            .filter_map(ElfFile::open)
+            .find(|elf| file.id.is_none() || elf.info.file == file.id)
+        else {
             return false;
         };
-        if file.id.is_some() && elf.info.file != file.id {
-            return false;
-        }
         let o = self.readable_pair(file.key.clone(), file.path, elf);
         let budget = self.limits.max_debug_info.saturating_mul(2);
         let incoming = o.dwarf_bytes();
@@ -599,6 +614,7 @@ mod tests {
             key: &key,
             path: &me,
             id: info.file,
+            held: None,
         };
         let limits = Limits {
             max_entries: 10,
@@ -659,5 +675,58 @@ mod tests {
             lines[0].function.contains("a_function_to_find") && lines[0].file.is_none(),
             "{lines:?}"
         );
+    }
+
+    #[test]
+    fn a_file_the_caller_holds_is_read_after_its_path_is_gone() {
+        let addr = a_function_to_find as *const () as u64;
+        let _ = a_function_to_find();
+        let me = std::env::current_exe().unwrap();
+        let info = elf::ElfInfo::read(&me).unwrap();
+        let (start, offset) = own_mapping(addr);
+        let at = Addr::FileOffset(addr - start + offset);
+        // The path a process that exited mapped the file at (in a
+        // directory removed at once).
+        let gone = tempfile::tempdir().unwrap().path().join("app");
+        let key = FileKey::Path(gone.to_string_lossy().into());
+        let limits = Limits {
+            max_entries: 10,
+            max_open: 2,
+            max_debug_info: 0,
+        };
+        let unheld = FileRef {
+            key: &key,
+            path: &gone,
+            id: info.file,
+            held: None,
+        };
+        let mut symbols = Symbols::new(limits.clone(), Some(Vec::new()));
+        assert!(symbols.file(unheld, at).is_empty(), "nothing at the path");
+
+        let file = std::fs::File::open(&me).unwrap();
+        let held = open::fd_path(&file);
+        let lines = symbols.file(
+            FileRef {
+                held: Some(&held),
+                ..unheld
+            },
+            at,
+        );
+        assert!(
+            lines
+                .last()
+                .is_some_and(|l| l.function.contains("a_function_to_find")),
+            "{lines:?}"
+        );
+
+        // Held, but another file than the caller read: not used.
+        let mut symbols = Symbols::new(limits, Some(Vec::new()));
+        let not_it = FileRef {
+            key: &key,
+            path: &gone,
+            id: Some(FileId { dev: 0, ino: 0 }),
+            held: Some(&held),
+        };
+        assert!(symbols.file(not_it, at).is_empty());
     }
 }

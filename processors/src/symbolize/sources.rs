@@ -343,7 +343,12 @@ pub fn lookup(
             let Some(addr) = addr else {
                 return Err(reason::NOT_FOUND);
             };
-            let file = FileRef { key, path, id: *id };
+            let file = FileRef {
+                key,
+                path,
+                id: *id,
+                held: None,
+            };
             symbols.file(file, addr)
         }
     };

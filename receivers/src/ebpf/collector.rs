@@ -832,4 +832,84 @@ mod tests {
         assert_eq!(out[0].labels.get("comm"), Some("third"));
         assert_eq!(out[0].labels.get("service_name"), Some("other"));
     }
+
+    #[inline(never)]
+    fn a_function_to_name() -> u64 {
+        std::hint::black_box(11)
+    }
+
+    /// The function names of the samples of `c`'s next profile, leaf first.
+    fn names_of(c: &mut Collector) -> Vec<String> {
+        let out = c.flush(0, 1);
+        let p = out[0].payload.decoded().unwrap();
+        p.sample
+            .iter()
+            .flat_map(|s| s.location_id.iter())
+            .flat_map(|&id| p.location[id as usize - 1].line.iter())
+            .map(|l| {
+                p.string(p.function[l.function_id as usize - 1].name)
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_process_gone_before_its_samples_are_read_is_still_named() {
+        let addr = a_function_to_name as *const () as u64;
+        let _ = a_function_to_name();
+        // This test binary's executable mapping, as a process's `/proc/PID`
+        // of the test's own gives it (its root: this machine's).
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps
+            .lines()
+            .find(|l| {
+                let range = l.split(' ').next().unwrap();
+                let (s, e) = range.split_once('-').unwrap();
+                let (s, e) = (
+                    u64::from_str_radix(s, 16).unwrap(),
+                    u64::from_str_radix(e, 16).unwrap(),
+                );
+                s <= addr && addr < e
+            })
+            .unwrap();
+        let run = |max_held: usize| {
+            let pid = 0x7fff_fff3;
+            let proc_root = tempfile::tempdir().unwrap();
+            let dir = proc_root.path().join(pid.to_string());
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(dir.join("maps"), format!("{line}\n")).unwrap();
+            std::os::unix::fs::symlink("/", dir.join("root")).unwrap();
+            let procs =
+                Processes::new(Relabeler::default(), super::super::config::GroupBy::Process)
+                    .with_proc_root(proc_root.path().to_path_buf())
+                    .with_max_held(max_held);
+            let symbols = Symbols::new(
+                super::super::symbols::Limits {
+                    max_entries: 100,
+                    max_open: 4,
+                    max_debug_info: 0,
+                },
+                Some(Vec::new()),
+            );
+            let mut c = Collector::new(procs, Some(symbols), 100, 19);
+            // Its first sample, in code no file maps: its mappings are read.
+            let first = record(pid, "app", &[], &[0x1000], (0, 0, 0), &[]);
+            c.add(&Sample::parse(&first).unwrap()).unwrap();
+            assert_eq!(c.procs.held_files(), max_held.min(1));
+            let _ = names_of(&mut c);
+            // It exits; a sample of it read later, in the function.
+            std::fs::remove_dir_all(&dir).unwrap();
+            let late = record(pid, "app", &[], &[addr], (0, 0, 0), &[]);
+            c.add(&Sample::parse(&late).unwrap()).unwrap();
+            names_of(&mut c)
+        };
+        let names = run(8);
+        assert!(
+            names.iter().any(|n| n.contains("a_function_to_name")),
+            "{names:?}"
+        );
+        // Without the file held, its path is all there is, and it is gone.
+        let names = run(0);
+        assert!(names.is_empty(), "{names:?}");
+    }
 }

@@ -113,6 +113,7 @@ use collector::Collector;
 pub use config::EbpfReceiverConfig;
 use config::Symbolize;
 use procs::{Processes, PyChange};
+use proflow_symbolize::kallsyms::Kallsyms;
 use python::PyProcValue;
 use sample::Sample;
 use symbols::Symbols;
@@ -339,6 +340,22 @@ fn attach_off_cpu(bpf: &mut aya::Ebpf) -> Result<(), String> {
 impl Receiver for EbpfReceiver {
     async fn start(self: Box<Self>, ctx: ReceiverContext) -> Result<ServeFuture, BuildError> {
         let id = ctx.id.clone();
+        // Read before the programs are attached: reading them takes a while
+        // (a tenth of a second; ten times that in a debug build), and the
+        // samples taken meanwhile would wait in the ring buffer, of
+        // processes that may be gone when they are read (and, for Python,
+        // without the frames user space turns on at a process's first
+        // sample).
+        let kallsyms = (self.config.symbolize == Symbolize::Local).then(|| {
+            let k = Kallsyms::from_proc();
+            if k.is_empty() {
+                tracing::warn!(
+                    receiver = %id,
+                    "/proc/kallsyms names no kernel symbol (kernel.kptr_restrict hides them from this user): kernel frames keep their addresses"
+                );
+            }
+            k
+        });
         let loaded = match load(&self.config) {
             Ok(l) => l,
             Err(e) => {
@@ -355,11 +372,6 @@ impl Receiver for EbpfReceiver {
         unsafe {
             libc::malloc_trim(0);
         }
-        tracing::info!(
-            receiver = %id,
-            sample_rate = self.config.sample_rate,
-            "sampling every CPU"
-        );
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Envelope>>(2);
         let stop = Arc::new(AtomicBool::new(false));
         let config = self.config.clone();
@@ -368,8 +380,16 @@ impl Receiver for EbpfReceiver {
         let thread_stop = stop.clone();
         let sampler = std::thread::Builder::new()
             .name("proflow-ebpf".into())
-            .spawn(move || sample_loop(loaded, config, relabel, telemetry, tx, thread_stop))
+            .spawn(move || {
+                let symbols = local_symbols(&config, kallsyms);
+                sample_loop(loaded, symbols, config, relabel, telemetry, tx, thread_stop)
+            })
             .map_err(|e| BuildError::new(format!("cannot start the sampling thread: {e}")))?;
+        tracing::info!(
+            receiver = %id,
+            sample_rate = self.config.sample_rate,
+            "sampling every CPU"
+        );
         let meta = Arc::new(BatchMeta {
             receiver: id.as_str().into(),
             tenant: None,
@@ -428,25 +448,19 @@ fn unix_nanos(t: SystemTime) -> i64 {
 /// `collect_interval` hands the interval's profiles to the receiver's task.
 fn sample_loop(
     mut loaded: Loaded,
+    symbols: Option<Symbols>,
     config: EbpfReceiverConfig,
     relabel: Relabeler,
     telemetry: EbpfTelemetry,
     tx: tokio::sync::mpsc::Sender<Vec<Envelope>>,
     stop: Arc<AtomicBool>,
 ) {
-    let symbols = (config.symbolize == Symbolize::Local).then(|| {
-        Symbols::new(
-            symbols::Limits {
-                max_entries: config.symbol_cache_entries,
-                max_open: config.open_binaries,
-                max_debug_info: config.max_debug_info.bytes(),
-            },
-            None,
-        )
-    });
     let mut collector = Collector::new(
         {
             let mut procs = Processes::new(relabel, config.group_by);
+            if symbols.is_none() {
+                procs = procs.with_max_held(0);
+            }
             if let Some(map) = loaded.py_procs.take().filter(|_| config.python) {
                 procs = procs.with_python(py_sink(map));
             }
@@ -565,6 +579,21 @@ fn sample_loop(
             return;
         }
     }
+}
+
+/// The symbolizer of `symbolize: local` (`kallsyms` is read only then),
+/// with the kernel's symbols read before sampling started.
+fn local_symbols(config: &EbpfReceiverConfig, kallsyms: Option<Kallsyms>) -> Option<Symbols> {
+    let kallsyms = kallsyms?;
+    let symbols = Symbols::new(
+        symbols::Limits {
+            max_entries: config.symbol_cache_entries,
+            max_open: config.open_binaries,
+            max_debug_info: config.max_debug_info.bytes(),
+        },
+        None,
+    );
+    Some(symbols.with_kallsyms(kallsyms))
 }
 
 /// Puts each Python process found in the BPF program's `py_procs` map, and

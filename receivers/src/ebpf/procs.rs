@@ -15,7 +15,13 @@
 //!
 //! ELF files are read once per file (device and inode) and shared by every
 //! process that maps them; only the build id, the executable segments and
-//! an interpreter's two symbols are kept. The unwind sections are used in
+//! an interpreter's two symbols are kept, with the file's descriptor: the
+//! symbolizer reads the file through it, so the samples of a process that
+//! exited before they were read (the ring buffer is drained late on a busy
+//! machine) still name its functions, where the process's
+//! `/proc/PID/root/...` path is gone. At most a quarter of this process's
+//! open-file limit is held so (sockets keep the rest); a file beyond it is
+//! read through its process's root while that process lives. The unwind sections are used in
 //! place from the file mapped (only the pages the unwinder reads are in
 //! memory), never copied; a compressed `.debug_frame` (Go's) is inflated.
 
@@ -24,6 +30,7 @@ use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use framehop::x86_64::UnwinderX86_64;
@@ -69,6 +76,81 @@ pub struct Binary {
     unwind: Option<UnwindSections>,
     /// A CPython interpreter's symbols, when the file is one.
     pub python: Option<PyBinary>,
+    /// The file kept open for the symbolizer (see the module docs).
+    held: Option<Held>,
+}
+
+impl Binary {
+    /// Where the file read is open in this process (`/proc/self/fd/N`),
+    /// when it is held.
+    pub fn held_path(&self) -> Option<&Path> {
+        self.held.as_ref().map(|h| h.path.as_path())
+    }
+}
+
+/// A file's descriptor held open, counted against [`HeldFiles`]' bound
+/// until it is dropped.
+#[derive(Debug)]
+struct Held {
+    path: PathBuf,
+    count: Arc<AtomicUsize>,
+    _file: std::fs::File,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The bound on the descriptors [`Binary`]s hold: a quarter of this
+/// process's open-file limit (its soft limit).
+#[derive(Debug, Clone)]
+struct HeldFiles {
+    count: Arc<AtomicUsize>,
+    max: usize,
+}
+
+impl HeldFiles {
+    fn new() -> Self {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit, which `limit` is.
+        let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+            usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
+        } else {
+            0
+        };
+        HeldFiles::with_max(soft / 4)
+    }
+
+    fn with_max(max: usize) -> Self {
+        HeldFiles {
+            count: Arc::new(AtomicUsize::new(0)),
+            max,
+        }
+    }
+
+    /// Holds `file` if the bound allows; else it is closed.
+    fn hold(&self, file: std::fs::File) -> Option<Held> {
+        let taken = self
+            .count
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max).then_some(n + 1)
+            });
+        taken.ok().map(|_| Held {
+            path: proflow_symbolize::open::fd_path(&file),
+            count: self.count.clone(),
+            _file: file,
+        })
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
 }
 
 /// What framehop needs of a file: `.eh_frame` (with its `.eh_frame_hdr`
@@ -237,6 +319,8 @@ pub struct Processes {
     group_by: GroupBy,
     /// `/proc`; tests point it elsewhere.
     proc_root: PathBuf,
+    /// The bound on the files' descriptors held open.
+    held: HeldFiles,
     /// Most bytes read of one process's perf map; `None`: perf maps off.
     perf_map_max: Option<u64>,
     /// Processes relabelling dropped since [`Processes::take_dropped`].
@@ -258,6 +342,7 @@ impl Processes {
             relabel,
             group_by,
             proc_root: PathBuf::from("/proc"),
+            held: HeldFiles::new(),
             perf_map_max: None,
             dropped: Vec::new(),
             py_sink: None,
@@ -282,6 +367,19 @@ impl Processes {
     pub(crate) fn with_proc_root(mut self, root: PathBuf) -> Self {
         self.proc_root = root;
         self
+    }
+
+    /// Holds at most `max` files' descriptors open (0 without a
+    /// symbolizer to read them).
+    pub fn with_max_held(mut self, max: usize) -> Self {
+        self.held = HeldFiles::with_max(max);
+        self
+    }
+
+    /// Files' descriptors held open now.
+    #[cfg(test)]
+    pub(crate) fn held_files(&self) -> usize {
+        self.held.len()
     }
 
     /// Processes relabelling dropped since the last call (the off-CPU
@@ -454,7 +552,7 @@ impl Processes {
                 Some(b) => b.clone(),
                 None => {
                     let open = root.join(m.path.trim_start_matches('/'));
-                    let b = Arc::new(read_binary(&open, m.path));
+                    let b = Arc::new(read_binary(&open, m.path, &self.held));
                     self.binaries
                         .insert((m.dev.to_owned(), m.inode, m.path.into()), b.clone());
                     b
@@ -599,7 +697,7 @@ fn module(m: &Mapping) -> Option<Module<Section>> {
 /// Reads what is kept of an ELF file; a file that cannot be read or parsed
 /// gives a binary with no build id and no unwind sections (its frames keep
 /// their addresses).
-fn read_binary(open: &Path, path: &str) -> Binary {
+fn read_binary(open: &Path, path: &str, held: &HeldFiles) -> Binary {
     let mut b = Binary {
         path: path.into(),
         build_id: None,
@@ -607,6 +705,7 @@ fn read_binary(open: &Path, path: &str) -> Binary {
         exec_segments: Vec::new(),
         unwind: None,
         python: None,
+        held: None,
     };
     // Only a regular file, opened without blocking (the path is the
     // process's, and may name a FIFO by now).
@@ -639,8 +738,9 @@ fn read_binary(open: &Path, path: &str) -> Binary {
             // and read again from the file on the next access.
             let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
         }
-        None => read_elf(&mut b, &object::ReadCache::new(regular.file), None, path),
+        None => read_elf(&mut b, &object::ReadCache::new(&regular.file), None, path),
     }
+    b.held = held.hold(regular.file);
     tracing::debug!(
         path,
         unwind_bytes = b.unwind.as_ref().map_or(0, UnwindSections::bytes),
@@ -751,7 +851,7 @@ impl UnwindSections {
 
 #[cfg(test)]
 pub(crate) fn tests_binary(path: &Path) -> Binary {
-    read_binary(path, &path.to_string_lossy())
+    read_binary(path, &path.to_string_lossy(), &HeldFiles::with_max(0))
 }
 
 /// The range of a `/proc/PID/maps` line that is executable, whatever it maps.

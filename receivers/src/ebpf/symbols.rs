@@ -2,11 +2,12 @@
 //! local`), through the symbolizer the `symbolize` processor uses too
 //! ([`proflow_symbolize`], where the caches and their bounds are
 //! described). This adds what is the receiver's own: a user frame is looked
-//! up by its file offset in the file its process maps, opened through the
-//! first live process that maps it (`/proc/PID/root/...`, so files inside
-//! containers are found); that path keeps working while the file stays
-//! open, and a new one is taken if it had to be reopened after its process
-//! ended.
+//! up by its file offset in the file its process maps, read through the
+//! descriptor held since the process's mappings were read (see
+//! [`super::procs`]), so a process that exited before its samples were read
+//! is still named; a file not held is opened through its process's root
+//! (`/proc/PID/root/...`, so files inside containers are found) while that
+//! process lives.
 
 use proflow_symbolize::{Addr, FileKey, FileRef};
 pub use proflow_symbolize::{Limits, Line, Lines, Symbols};
@@ -26,6 +27,7 @@ pub fn user(symbols: &mut Symbols, mapping: &Mapping, lookup: u64) -> Lines {
         key: &key,
         path: &mapping.open_path,
         id: mapping.binary.id,
+        held: mapping.binary.held_path(),
     };
     symbols.file(file, Addr::FileOffset(mapping.file_offset(lookup)))
 }

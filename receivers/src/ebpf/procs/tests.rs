@@ -178,9 +178,26 @@ fn a_process_that_exited_is_forgotten_at_the_next_sweep() {
 #[test]
 fn the_test_binary_reads_with_build_id_and_unwind_sections() {
     let me = std::env::current_exe().unwrap();
-    let b = read_binary(&me, &me.to_string_lossy());
+    let held = HeldFiles::with_max(1);
+    let b = read_binary(&me, &me.to_string_lossy(), &held);
     assert!(b.unwind.is_some(), "a Rust test binary has .eh_frame");
     assert!(!b.exec_segments.is_empty());
-    let missing = read_binary(Path::new("/nonexistent"), "/nonexistent");
+    let missing = read_binary(Path::new("/nonexistent"), "/nonexistent", &held);
     assert!(missing.build_id.is_none() && missing.unwind.is_none());
+
+    // Its descriptor is held (the same file), within the bound, until the
+    // binary goes.
+    let path = b.held_path().expect("held").to_path_buf();
+    let id = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.dev(), m.ino())
+    };
+    assert_eq!(id(&path), id(&me));
+    assert!(missing.held_path().is_none());
+    assert_eq!(held.len(), 1);
+    let second = read_binary(&me, &me.to_string_lossy(), &held);
+    assert!(second.held_path().is_none(), "beyond the bound");
+    assert!(second.build_id.is_some(), "read all the same");
+    drop(b);
+    assert_eq!(held.len(), 0);
 }
