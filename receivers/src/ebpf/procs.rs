@@ -26,27 +26,24 @@
 //! memory), never copied; a compressed `.debug_frame` (Go's) is inflated.
 
 use std::collections::HashMap;
-use std::ops::Range;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use framehop::Unwinder;
 use framehop::x86_64::UnwinderX86_64;
-use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
-use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 use proflow_pipeline::model::Labels;
 use proflow_relabel::Relabeler;
-use proflow_symbolize::FileId;
-use proflow_symbolize::open::open_regular;
+
+pub use binary::{Binary, Section};
+use binary::{HeldFiles, module, read_binary};
+#[cfg(test)]
+pub(crate) use binary::{own_maps_line, tests_binary};
 
 use super::config::GroupBy;
 use super::perfmap::{Owner, PerfMap};
-use super::python::{PyBinary, PyProcValue, PyProcess};
+use super::python::{PyProcValue, PyProcess};
 
-/// Largest unwind section kept from one file.
-const MAX_SECTION: u64 = 64 << 20;
 /// Most executable mappings kept per process.
 const MAX_MAPPINGS: usize = 65_536;
 /// Files kept beyond those a live process maps.
@@ -59,138 +56,6 @@ const RELOAD_EVERY: Duration = Duration::from_secs(1);
 pub struct ProcKey {
     pub pid: u32,
     pub start_time: u64,
-}
-
-/// An ELF file as the unwinder and the symbolizer need it.
-#[derive(Debug)]
-pub struct Binary {
-    /// The path in the process's mount namespace, as `/proc/PID/maps` says.
-    pub path: Arc<str>,
-    /// The GNU build id, hex.
-    pub build_id: Option<Arc<str>>,
-    /// The file that was read (the symbolizer reads no other one found at
-    /// its path later); `None` when it could not be opened.
-    pub id: Option<FileId>,
-    /// Executable PT_LOAD segments: (p_vaddr, p_offset).
-    exec_segments: Vec<(u64, u64)>,
-    unwind: Option<UnwindSections>,
-    /// A CPython interpreter's symbols, when the file is one.
-    pub python: Option<PyBinary>,
-    /// The file kept open for the symbolizer (see the module docs).
-    held: Option<Held>,
-}
-
-impl Binary {
-    /// Where the file read is open in this process (`/proc/self/fd/N`),
-    /// when it is held.
-    pub fn held_path(&self) -> Option<&Path> {
-        self.held.as_ref().map(|h| h.path.as_path())
-    }
-}
-
-/// A file's descriptor held open, counted against [`HeldFiles`]' bound
-/// until it is dropped.
-#[derive(Debug)]
-struct Held {
-    path: PathBuf,
-    count: Arc<AtomicUsize>,
-    _file: std::fs::File,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// The bound on the descriptors [`Binary`]s hold: a quarter of this
-/// process's open-file limit (its soft limit).
-#[derive(Debug, Clone)]
-struct HeldFiles {
-    count: Arc<AtomicUsize>,
-    max: usize,
-}
-
-impl HeldFiles {
-    fn new() -> Self {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit writes one rlimit, which `limit` is.
-        let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
-            usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
-        } else {
-            0
-        };
-        HeldFiles::with_max(soft / 4)
-    }
-
-    fn with_max(max: usize) -> Self {
-        HeldFiles {
-            count: Arc::new(AtomicUsize::new(0)),
-            max,
-        }
-    }
-
-    /// Holds `file` if the bound allows; else it is closed.
-    fn hold(&self, file: std::fs::File) -> Option<Held> {
-        let taken = self
-            .count
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < self.max).then_some(n + 1)
-            });
-        taken.ok().map(|_| Held {
-            path: proflow_symbolize::open::fd_path(&file),
-            count: self.count.clone(),
-            _file: file,
-        })
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.count.load(Ordering::Relaxed)
-    }
-}
-
-/// What framehop needs of a file: `.eh_frame` (with its `.eh_frame_hdr`
-/// index) as C, C++ and Rust toolchains write it, else `.debug_frame` as Go
-/// writes it (Go has frame pointers, but its frameless leaf functions hide
-/// their caller from a frame-pointer walk; the CFI does not).
-#[derive(Debug)]
-struct UnwindSections {
-    text_svma: Option<Range<u64>>,
-    got_svma: Option<Range<u64>>,
-    eh_frame: Option<(Range<u64>, Section)>,
-    eh_frame_hdr: Option<(Range<u64>, Section)>,
-    debug_frame: Option<Section>,
-}
-
-/// The bytes of an unwind section: in place in the file, mapped (only the
-/// pages the unwinder reads are in memory, and the kernel may drop them
-/// again), or inflated from a compressed section.
-#[derive(Debug, Clone)]
-pub enum Section {
-    Mapped(Arc<memmap2::Mmap>, Range<usize>),
-    /// Copied from a file only root cannot change, or inflated (kept as
-    /// made: an `Arc<[u8]>` would copy it once more).
-    Inflated(Arc<Vec<u8>>),
-}
-
-impl Default for Section {
-    fn default() -> Self {
-        Section::Inflated(Arc::new(Vec::new()))
-    }
-}
-
-impl std::ops::Deref for Section {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Section::Mapped(map, range) => &map[range.clone()],
-            Section::Inflated(bytes) => bytes,
-        }
-    }
 }
 
 /// One executable mapping of a process.
@@ -672,188 +537,6 @@ fn service_name(exe: &str, comm: &str) -> String {
     }
 }
 
-/// The framehop module of a mapping whose file has unwind sections.
-fn module(m: &Mapping) -> Option<Module<Section>> {
-    let u = m.binary.unwind.as_ref()?;
-    let bias = m.binary.bias(m)?;
-    Some(Module::new(
-        m.binary.path.to_string(),
-        m.start..m.end,
-        bias,
-        ExplicitModuleSectionInfo {
-            base_svma: 0,
-            text_svma: u.text_svma.clone(),
-            got_svma: u.got_svma.clone(),
-            eh_frame_svma: u.eh_frame.as_ref().map(|(r, _)| r.clone()),
-            eh_frame: u.eh_frame.as_ref().map(|(_, d)| d.clone()),
-            debug_frame: u.debug_frame.clone(),
-            eh_frame_hdr_svma: u.eh_frame_hdr.as_ref().map(|(r, _)| r.clone()),
-            eh_frame_hdr: u.eh_frame_hdr.as_ref().map(|(_, d)| d.clone()),
-            ..Default::default()
-        },
-    ))
-}
-
-/// Reads what is kept of an ELF file; a file that cannot be read or parsed
-/// gives a binary with no build id and no unwind sections (its frames keep
-/// their addresses).
-fn read_binary(open: &Path, path: &str, held: &HeldFiles) -> Binary {
-    let mut b = Binary {
-        path: path.into(),
-        build_id: None,
-        id: None,
-        exec_segments: Vec::new(),
-        unwind: None,
-        python: None,
-        held: None,
-    };
-    // Only a regular file, opened without blocking (the path is the
-    // process's, and may name a FIFO by now).
-    let Ok(regular) = open_regular(open, u64::MAX) else {
-        return b;
-    };
-    b.id = Some(regular.id);
-    // A file only root can change is mapped, parsed in place (no copy of
-    // its symbol tables on the heap), and its unwind sections are used in
-    // place later. Any other file is read and its sections copied: a user
-    // could truncate it while it is mapped, and reading a mapped page past
-    // the file's end kills the reader.
-    let root_only = regular
-        .file
-        .metadata()
-        .is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0);
-    // SAFETY: the map is only read, and the file can only be truncated by
-    // root (who could kill this process anyway); files are replaced by
-    // rename in practice, which leaves this map valid.
-    let map = root_only
-        .then(|| unsafe { memmap2::Mmap::map(&regular.file) }.ok())
-        .flatten()
-        .map(Arc::new);
-    match &map {
-        Some(map) => {
-            read_elf(&mut b, &map[..], Some(map), path);
-            // The pages the parse read (headers, symbol tables) leave this
-            // process's memory; the unwinder brings back only those it reads.
-            // SAFETY: a private read-only file mapping: its pages are dropped
-            // and read again from the file on the next access.
-            let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
-        }
-        None => read_elf(&mut b, &object::ReadCache::new(&regular.file), None, path),
-    }
-    b.held = held.hold(regular.file);
-    tracing::debug!(
-        path,
-        unwind_bytes = b.unwind.as_ref().map_or(0, UnwindSections::bytes),
-        "read a mapped file's unwind sections"
-    );
-    b
-}
-
-/// Fills `b` from the ELF file `data`; its unwind sections refer to `map`
-/// when the file is mapped, else are copied.
-fn read_elf<'d, R: object::ReadRef<'d>>(
-    b: &mut Binary,
-    data: R,
-    map: Option<&Arc<memmap2::Mmap>>,
-    path: &str,
-) {
-    let Ok(elf) = object::File::parse(data) else {
-        return;
-    };
-    if let Ok(Some(id)) = elf.build_id() {
-        b.build_id = Some(proflow_symbolize::elf::hex(id).into());
-    }
-    for seg in elf.segments() {
-        if let SegmentFlags::Elf { p_flags } = seg.flags()
-            && p_flags & object::elf::PF_X != 0
-        {
-            b.exec_segments.push((seg.address(), seg.file_range().0));
-        }
-    }
-    if super::python::version_of(path).is_some() {
-        b.python = super::python::read_symbols(&elf, path);
-    }
-    // Uncompressed sections are used in place, from the file mapped.
-    let section = |name: &str| -> Option<(Range<u64>, Section)> {
-        let s = elf.section_by_name(name)?;
-        let (offset, size) = s.file_range()?;
-        let compressed = s.compressed_file_range().ok()?.format;
-        if size > MAX_SECTION || compressed != object::CompressionFormat::None {
-            return None;
-        }
-        let bytes = match map {
-            Some(map) => {
-                let range = usize::try_from(offset).ok()?..usize::try_from(offset + size).ok()?;
-                map.get(range.clone())?;
-                Section::Mapped(map.clone(), range)
-            }
-            None => Section::Inflated(Arc::new(s.data().ok()?.to_vec())),
-        };
-        Some((s.address()..s.address() + s.size(), bytes))
-    };
-    let range = |name: &str| {
-        elf.section_by_name(name)
-            .map(|s| s.address()..s.address() + s.size())
-    };
-    let eh_frame = section(".eh_frame");
-    // Compressed in Go binaries (SHF_COMPRESSED): inflated here, if the
-    // size its header states is within bound (checked before inflating);
-    // else used in place.
-    let debug_frame = if eh_frame.is_none() {
-        section(".debug_frame").map(|(_, d)| d).or_else(|| {
-            let s = elf.section_by_name(".debug_frame")?;
-            let stated = s.compressed_file_range().ok()?.uncompressed_size;
-            if stated > MAX_SECTION {
-                return None;
-            }
-            let d = s.uncompressed_data().ok()?;
-            (d.len() as u64 <= MAX_SECTION).then(|| Section::Inflated(Arc::new(d.into_owned())))
-        })
-    } else {
-        None
-    };
-    if eh_frame.is_some() || debug_frame.is_some() {
-        b.unwind = Some(UnwindSections {
-            text_svma: range(".text"),
-            got_svma: range(".got"),
-            eh_frame,
-            eh_frame_hdr: section(".eh_frame_hdr"),
-            debug_frame,
-        });
-    }
-}
-
-impl Binary {
-    /// What its addresses are moved by in the process that maps it as `m`
-    /// (an executable mapping): the executable segment `m` starts in (its
-    /// offset rounded down to a page, as mmap maps it) gives the load bias.
-    pub fn bias(&self, m: &Mapping) -> Option<u64> {
-        let (vaddr, offset) = self
-            .exec_segments
-            .iter()
-            .copied()
-            .rev()
-            .find(|&(_, off)| off & !0xfff <= m.offset)
-            .or_else(|| self.exec_segments.first().copied())?;
-        let svma_of_start = vaddr.wrapping_sub(offset).wrapping_add(m.offset);
-        Some(m.start.wrapping_sub(svma_of_start))
-    }
-}
-
-impl UnwindSections {
-    /// Bytes held.
-    fn bytes(&self) -> usize {
-        self.eh_frame.as_ref().map_or(0, |(_, d)| d.len())
-            + self.eh_frame_hdr.as_ref().map_or(0, |(_, d)| d.len())
-            + self.debug_frame.as_ref().map_or(0, |d| d.len())
-    }
-}
-
-#[cfg(test)]
-pub(crate) fn tests_binary(path: &Path) -> Binary {
-    read_binary(path, &path.to_string_lossy(), &HeldFiles::with_max(0))
-}
-
 /// The range of a `/proc/PID/maps` line that is executable, whatever it maps.
 fn exec_range(line: &str) -> Option<(u64, u64)> {
     let mut f = line.split(' ');
@@ -948,5 +631,6 @@ fn is_id(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+mod binary;
 #[cfg(test)]
 mod tests;

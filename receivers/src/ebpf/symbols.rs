@@ -46,22 +46,10 @@ mod tests {
     #[test]
     fn a_function_of_this_binary_is_found_through_its_mapping() {
         // Map this test binary as a process would, from its own maps.
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         let addr = a_function_to_find as *const () as u64;
         let _ = a_function_to_find();
         let me = std::env::current_exe().unwrap();
-        let line = maps
-            .lines()
-            .find(|l| {
-                let (range, _) = l.split_once(' ').unwrap();
-                let (s, e) = range.split_once('-').unwrap();
-                let (s, e) = (
-                    u64::from_str_radix(s, 16).unwrap(),
-                    u64::from_str_radix(e, 16).unwrap(),
-                );
-                s <= addr && addr < e
-            })
-            .unwrap();
+        let line = super::super::procs::own_maps_line(addr);
         let f: Vec<&str> = line.split_whitespace().collect();
         let (s, e) = f[0].split_once('-').unwrap();
         let mapping = Mapping {

@@ -1,6 +1,8 @@
 //! Tests of the process table: container ids and cgroup paths, maps lines,
 //! labels, a process that exits, and the files read.
 
+use std::os::unix::fs::MetadataExt;
+
 use super::*;
 
 const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
