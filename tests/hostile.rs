@@ -162,12 +162,20 @@ fn grpc_stall(addr: SocketAddr, len: usize) -> Option<u32> {
         let mut message = vec![0u8; 5];
         message[1..5].copy_from_slice(&u32::try_from(len).ok()?.to_be_bytes());
         message.extend(std::iter::repeat_n(0x0a, len - 1));
-        for chunk in message.chunks(16 << 10) {
+        // The collector may answer before the message is all sent (a
+        // deadline passed, or no memory for it) and end the stream: the
+        // sending stops there, and the answer is read all the same.
+        'send: for chunk in message.chunks(16 << 10) {
             body.reserve_capacity(chunk.len());
             while body.capacity() < chunk.len() {
-                std::future::poll_fn(|cx| body.poll_capacity(cx)).await?.ok()?;
+                match std::future::poll_fn(|cx| body.poll_capacity(cx)).await {
+                    Some(Ok(_)) => {}
+                    _ => break 'send,
+                }
             }
-            body.send_data(Bytes::copy_from_slice(chunk), false).ok()?;
+            if body.send_data(Bytes::copy_from_slice(chunk), false).is_err() {
+                break;
+            }
         }
         let response = response.await.ok()?;
         let status = |h: &http::HeaderMap| {
