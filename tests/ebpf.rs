@@ -392,7 +392,7 @@ fn into_pyroscope() {
         return;
     };
     let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
-    let (child, pid) = ebpf_targets::spawn(&bin, 6);
+    let (child, pid) = ebpf_targets::spawn(&bin, 60);
     let mut child = KillOnDrop(child);
     let app = common::unique_name("ebpf-hot");
     let mut proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
@@ -403,6 +403,11 @@ fn into_pyroscope() {
             ports.telemetry
         )
     });
+    // Sampled long enough for the split to show (the target started
+    // before the collector, whose start takes longer on a loaded machine:
+    // a fixed run left it a window of a few hundred samples there).
+    stacks_of(&proflow, pid, 2000);
+    let _ = child.0.kill();
     child.0.wait().unwrap();
     stop_sending_everything(&mut proflow);
     let want = hot_totals_in_files(&proflow, pid);
