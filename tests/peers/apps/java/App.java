@@ -1,7 +1,7 @@
 // A small Java service for the JFR tests, run with the Pyroscope Java agent
 // (io.pyroscope:agent, from Maven Central) on the classpath and as
 // -javaagent. For the given number of seconds it:
-//   - burns CPU in javaHot and javaWarm, about 2:1, on the main thread, each
+//   - burns CPU in javaHot and javaWarm, 2:1 in work done, on the main thread, each
 //     call under a dynamic label (endpoint=/hot, endpoint=/warm);
 //   - allocates in javaAlloc on a second thread;
 //   - contends for one monitor in javaContend on two more threads.
@@ -13,11 +13,15 @@ public class App {
     static final Object MONITOR = new Object();
     static volatile long sink;
 
-    /** Spins on the CPU for about `nanos` of wall time. */
-    static long spin(long nanos) {
-        long end = System.nanoTime() + nanos;
+    /**
+     * Burns a fixed amount of CPU: `units` of a thousand multiply-adds
+     * (about a millisecond per thousand units on a 2026 x86 core). Work, not wall time: on a
+     * busy machine a wall-time spin gets whatever CPU the scheduler and the
+     * garbage collector leave it, and the 2:1 split drifts with them.
+     */
+    static long work(long units) {
         long x = 0;
-        while (System.nanoTime() < end) {
+        for (long u = 0; u < units; u++) {
             for (int i = 0; i < 1000; i++) {
                 x = x * 31 + i;
             }
@@ -26,11 +30,11 @@ public class App {
     }
 
     static void javaHot() {
-        sink += spin(20_000_000);
+        sink += work(20_000);
     }
 
     static void javaWarm() {
-        sink += spin(10_000_000);
+        sink += work(10_000);
     }
 
     static void javaAlloc(long end) {
