@@ -296,15 +296,6 @@ impl Symbols {
         lines
     }
 
-    /// True when this machine's kallsyms names any symbol (it does not for
-    /// a user that `kptr_restrict` hides addresses from).
-    pub fn has_kallsyms(&mut self) -> bool {
-        !self
-            .kallsyms
-            .get_or_insert_with(Kallsyms::from_proc)
-            .is_empty()
-    }
-
     /// `addr` in `file` (already adjusted for return addresses). Empty
     /// lines when the file does not name it, or is not the regular ELF
     /// file `file.id` says.
