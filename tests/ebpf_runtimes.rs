@@ -221,6 +221,12 @@ fn python_frames_without_a_flag_in_every_cpython_from_3_8_to_3_13() {
         };
         let (child, pid) = ebpf_targets::spawn_command(cmd);
         let _child = KillOnDrop(child);
+        // Shown if a check below fails (the split's messages do not say
+        // which interpreter ran).
+        eprintln!(
+            "CPython {minor} ({}, thread: {threaded}): pid {pid}",
+            python.display()
+        );
         let proflow = proflow_for(&[pid], "2s");
         let stacks = stacks_of(&proflow, pid, 4000);
         let dump = check_split(&stacks, "proflow_hot_two", "proflow_hot_one");
