@@ -8,6 +8,8 @@
 //!   at `sample_rate` Hz on every CPU and sends each sample through a ring
 //!   buffer.
 //! - [`config`]: the config (Parca's and Alloy's names and defaults).
+//! - [`ring`]: the ring buffer read in passes of a bounded number of
+//!   records.
 //! - [`sample`]: one ring-buffer record, read with every length checked.
 //! - [`procs`]: processes (identity, labels, cgroup and container,
 //!   mappings, ELF files with build ids and unwind sections).
@@ -88,6 +90,7 @@ pub mod perfmap;
 pub mod procs;
 pub mod pylines;
 pub mod python;
+pub mod ring;
 pub mod sample;
 pub mod symbols;
 
@@ -481,6 +484,7 @@ fn sample_loop(
     let (mut off_cpu_rate_before, mut off_cpu_untracked_before, mut off_cpu_no_syscall_before) =
         (0u64, 0u64, 0u64);
     let fd = loaded.ring.as_fd().as_raw_fd();
+    let mut more = false;
     loop {
         let stopping = stop.load(Ordering::Relaxed);
         // The BPF program wakes this thread only when the ring is an eighth
@@ -488,15 +492,16 @@ fn sample_loop(
         let wait = next
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(100));
-        if !stopping {
+        // After a full pass the ring may hold more: read on at once.
+        if !stopping && !more {
             poll_readable(fd, wait);
         }
-        let mut n = 0u64;
-        let mut bytes = 0u64;
-        while let Some(item) = loaded.ring.next() {
-            n += 1;
-            bytes += item.len() as u64;
-            match Sample::parse(&item) {
+        // Bounded, so that a flood does not hold back the interval's end;
+        // when stopping, everything already sent is read.
+        let pass = ring::read_pass(
+            &mut loaded.ring,
+            (!stopping).then_some(ring::MAX_PASS),
+            |item| match Sample::parse(item) {
                 Ok(s) => {
                     if let Err(d) = collector.add(&s) {
                         telemetry.dropped(d.as_str());
@@ -506,10 +511,11 @@ fn sample_loop(
                     telemetry.dropped("bad_record");
                     tracing::debug!("bad sample record: {e}");
                 }
-            }
-        }
-        if n > 0 {
-            telemetry.samples(n, bytes);
+            },
+        );
+        more = pass.full;
+        if pass.records > 0 {
+            telemetry.samples(pass.records, pass.bytes);
         }
         let dropped = collector.procs.take_dropped();
         if let Some(skip) = loaded.offcpu_skip.as_mut() {
