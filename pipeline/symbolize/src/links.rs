@@ -13,7 +13,9 @@
 //!   its build id is the link's. blazesym finds it by build id in its own
 //!   debug directory: a private one ([`Supplements`], mode 0700) holding
 //!   `.build-id/ab/cdef….debug` symlinks to `/proc/self/fd/N` of the files
-//!   opened here, so what it opens is what was checked.
+//!   opened here, so what it opens is what was checked. The directory is
+//!   named after its process; a proflow that was killed cannot remove its
+//!   own, so the next one removes those of processes gone.
 //!
 //! A file whose links cannot be followed this way is read without DWARF.
 
@@ -118,13 +120,27 @@ pub struct Supplements {
 
 impl Supplements {
     pub fn new() -> Supplements {
-        let dir = tempfile::Builder::new()
-            .prefix("proflow-symbolize-")
-            .tempdir()
+        Supplements::in_dir(&std::env::temp_dir())
+    }
+
+    /// Its directory made in `parent`, named after this process (see
+    /// [`Owner`]), and the directories there of processes gone without
+    /// removing theirs (killed, or crashed) removed.
+    pub fn in_dir(parent: &Path) -> Supplements {
+        let dir = Owner::of_this_process()
+            .ok_or_else(|| io::Error::other("/proc/self cannot be read"))
+            .and_then(|me| {
+                tempfile::Builder::new()
+                    .prefix(&me.prefix())
+                    .tempdir_in(parent)
+            })
             .inspect_err(|e| {
                 tracing::warn!(error = %e, "symbolize: no private directory for supplementary (dwz) debug files; files that need one are named without DWARF");
             })
             .ok();
+        if let Some(dir) = &dir {
+            remove_stale(parent, dir.path());
+        }
         Supplements {
             dir,
             held: HashMap::new(),
@@ -208,6 +224,108 @@ impl Supplements {
     }
 }
 
+/// The prefix of every private directory.
+const PREFIX: &str = "proflow-symbolize-";
+/// Entries of the temporary directory looked at, at most, for stale ones.
+const MAX_SCANNED: usize = 100_000;
+
+/// The process a private directory belongs to, written in its name
+/// (`proflow-symbolize-PIDNS-PID-START-random`): its pid namespace, its
+/// pid and its start time (clock ticks after boot), so that a later process
+/// with the same pid is not taken for it, nor one of another namespace
+/// that shares the directory (containers with a common `/tmp`).
+#[derive(Debug, PartialEq, Eq)]
+struct Owner {
+    pid_ns: u64,
+    pid: u32,
+    start: u64,
+}
+
+impl Owner {
+    fn of_this_process() -> Option<Owner> {
+        Some(Owner {
+            pid_ns: pid_ns()?,
+            pid: std::process::id(),
+            start: start_time(std::process::id())?,
+        })
+    }
+
+    fn prefix(&self) -> String {
+        format!("{PREFIX}{}-{}-{}-", self.pid_ns, self.pid, self.start)
+    }
+
+    /// The owner a directory's name gives; `None` for any other name
+    /// (an older proflow's, without one, is left).
+    fn from_name(name: &str) -> Option<Owner> {
+        let mut parts = name.strip_prefix(PREFIX)?.splitn(4, '-');
+        let owner = Owner {
+            pid_ns: parts.next()?.parse().ok()?,
+            pid: parts.next()?.parse().ok()?,
+            start: parts.next()?.parse().ok()?,
+        };
+        parts.next()?;
+        Some(owner)
+    }
+
+    /// Whether the process is running (what `/proc` says when it is of
+    /// this namespace; of another, it is taken as running).
+    fn is_running(&self) -> bool {
+        pid_ns() != Some(self.pid_ns) || start_time(self.pid) == Some(self.start)
+    }
+}
+
+/// The inode of this process's pid namespace (`pid:[4026531836]`).
+fn pid_ns() -> Option<u64> {
+    let link = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    link.to_str()?
+        .strip_prefix("pid:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// When process `pid` started: field 22 of `/proc/PID/stat`, counted after
+/// the command's closing parenthesis (the command may hold spaces and
+/// parentheses).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Removes the private directories in `parent` whose process is gone:
+/// only directories (not links), owned by the user `own` (this process's
+/// own directory) is owned by.
+fn remove_stale(parent: &Path, own: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(entries), Ok(me)) = (std::fs::read_dir(parent), own.metadata()) else {
+        return;
+    };
+    for entry in entries.flatten().take(MAX_SCANNED) {
+        let name = entry.file_name();
+        let Some(owner) = name.to_str().and_then(Owner::from_name) else {
+            continue;
+        };
+        let path = entry.path();
+        if path == own || owner.is_running() {
+            continue;
+        }
+        let Ok(meta) = path.symlink_metadata() else {
+            continue;
+        };
+        if meta.is_dir() && meta.uid() == me.uid() {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => {
+                    tracing::debug!(path = %path.display(), "symbolize: removed the directory of a proflow gone")
+                }
+                Err(e) => {
+                    tracing::debug!(path = %path.display(), error = %e, "symbolize: cannot remove the directory of a proflow gone")
+                }
+            }
+        }
+    }
+}
+
 impl Default for Supplements {
     fn default() -> Self {
         Supplements::new()
@@ -230,6 +348,96 @@ mod tests {
             Path::new("proc/self/root/usr")
         );
         assert_eq!(within_root(Path::new("/")), Path::new(""));
+    }
+
+    #[test]
+    fn a_directory_names_its_process() {
+        let me = Owner::of_this_process().expect("/proc/self");
+        assert_eq!(me.pid, std::process::id());
+        assert!(me.is_running());
+        let name = format!("{}a1B2c3", me.prefix());
+        assert_eq!(Owner::from_name(&name), Some(me));
+        // An older proflow's (random only), a name cut short, another's.
+        for other in [
+            "proflow-symbolize-02ZUvb",
+            "proflow-symbolize-1-2-3",
+            "proflow-symbolize-1-x-3-abc",
+            "proflow-other-1-2-3-abc",
+        ] {
+            assert_eq!(Owner::from_name(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn the_directories_of_processes_gone_are_removed_and_nothing_else() {
+        let parent = tempfile::tempdir().unwrap();
+        let me = Owner::of_this_process().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().join("kept");
+        std::fs::write(&target, b"x").unwrap();
+        let make = |owner: &Owner, what: &str| -> PathBuf {
+            let dir = parent.path().join(format!("{}{what}", owner.prefix()));
+            // As a killed proflow leaves one: a link to a file.
+            let links = dir.join(".build-id/ab");
+            std::fs::create_dir_all(&links).unwrap();
+            std::os::unix::fs::symlink(&target, links.join("cdef.debug")).unwrap();
+            dir
+        };
+        // Above the kernel's highest pid (2^22): never a process's.
+        let gone = make(
+            &Owner {
+                pid: 4_194_305,
+                ..Owner::of_this_process().unwrap()
+            },
+            "gone1",
+        );
+        // This pid, but an earlier process's (the pid was reused).
+        let reused = make(
+            &Owner {
+                start: me.start.wrapping_sub(1),
+                ..Owner::of_this_process().unwrap()
+            },
+            "gone2",
+        );
+        // A running process's: another symbolizer of this one.
+        let running = make(&me, "alive");
+        // Another pid namespace's: /proc here cannot say.
+        let other_ns = make(
+            &Owner {
+                pid_ns: me.pid_ns + 1,
+                pid: 4_194_305,
+                start: 1,
+            },
+            "otherns",
+        );
+        // A stale name on a file and on a link to a directory.
+        let stale = Owner {
+            pid: 4_194_305,
+            ..Owner::of_this_process().unwrap()
+        };
+        let file = parent.path().join(format!("{}file", stale.prefix()));
+        std::fs::write(&file, b"x").unwrap();
+        let link = parent.path().join(format!("{}link", stale.prefix()));
+        std::os::unix::fs::symlink(outside.path(), &link).unwrap();
+        // An older proflow's, whose process cannot be told.
+        let older = parent.path().join("proflow-symbolize-02ZUvb");
+        std::fs::create_dir(&older).unwrap();
+
+        let supplements = Supplements::in_dir(parent.path());
+        let own = supplements.dir().expect("its directory").to_path_buf();
+        assert_eq!(own.parent(), Some(parent.path()));
+        assert!(!gone.exists(), "a process that is not running");
+        assert!(!reused.exists(), "an earlier process of this pid");
+        for kept in [&running, &other_ns, &file, &older, &own] {
+            assert!(kept.exists(), "{} was removed", kept.display());
+        }
+        assert!(link.symlink_metadata().is_ok(), "the link was removed");
+        assert!(
+            target.exists() && outside.path().exists(),
+            "a link was followed"
+        );
+        drop(supplements);
+        assert!(!own.exists(), "its own directory outlives it");
     }
 
     #[test]
