@@ -127,7 +127,9 @@ impl Supplements {
     /// [`Owner`]), and the directories there of processes gone without
     /// removing theirs (killed, or crashed) removed.
     pub fn in_dir(parent: &Path) -> Supplements {
-        let dir = Owner::of_this_process()
+        let me = Owner::of_this_process();
+        let dir = me
+            .as_ref()
             .ok_or_else(|| io::Error::other("/proc/self cannot be read"))
             .and_then(|me| {
                 tempfile::Builder::new()
@@ -138,8 +140,8 @@ impl Supplements {
                 tracing::warn!(error = %e, "symbolize: no private directory for supplementary (dwz) debug files; files that need one are named without DWARF");
             })
             .ok();
-        if let Some(dir) = &dir {
-            remove_stale(parent, dir.path());
+        if let (Some(dir), Some(me)) = (&dir, &me) {
+            remove_stale(parent, dir.path(), me.pid_ns);
         }
         Supplements {
             dir,
@@ -267,10 +269,11 @@ impl Owner {
         Some(owner)
     }
 
-    /// Whether the process is running (what `/proc` says when it is of
-    /// this namespace; of another, it is taken as running).
-    fn is_running(&self) -> bool {
-        pid_ns() != Some(self.pid_ns) || start_time(self.pid) == Some(self.start)
+    /// Whether the process is running, seen from pid namespace `here`:
+    /// `/proc` tells for a process of `here`; one of another namespace is
+    /// taken as running.
+    fn is_running(&self, here: u64) -> bool {
+        self.pid_ns != here || start_time(self.pid) == Some(self.start)
     }
 }
 
@@ -293,10 +296,10 @@ fn start_time(pid: u32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// Removes the private directories in `parent` whose process is gone:
-/// only directories (not links), owned by the user `own` (this process's
-/// own directory) is owned by.
-fn remove_stale(parent: &Path, own: &Path) {
+/// Removes the private directories in `parent` whose process, of pid
+/// namespace `here`, is gone: only directories (not links), and only those
+/// of the user that owns `own`, this process's directory.
+fn remove_stale(parent: &Path, own: &Path, here: u64) {
     use std::os::unix::fs::MetadataExt;
     let (Ok(entries), Ok(me)) = (std::fs::read_dir(parent), own.metadata()) else {
         return;
@@ -307,7 +310,7 @@ fn remove_stale(parent: &Path, own: &Path) {
             continue;
         };
         let path = entry.path();
-        if path == own || owner.is_running() {
+        if path == own || owner.is_running(here) {
             continue;
         }
         let Ok(meta) = path.symlink_metadata() else {
@@ -354,7 +357,7 @@ mod tests {
     fn a_directory_names_its_process() {
         let me = Owner::of_this_process().expect("/proc/self");
         assert_eq!(me.pid, std::process::id());
-        assert!(me.is_running());
+        assert!(me.is_running(me.pid_ns));
         let name = format!("{}a1B2c3", me.prefix());
         assert_eq!(Owner::from_name(&name), Some(me));
         // An older proflow's (random only), a name cut short, another's.
