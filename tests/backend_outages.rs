@@ -72,6 +72,9 @@ struct Pushed {
     totals: Totals,
     /// Profiles accepted.
     profiles: u64,
+    /// Each profile accepted: its leaf function ([`seq_function`]), value
+    /// and when its push was answered (from the stream's start).
+    each: Vec<(String, i64, Duration)>,
     /// Answers other than 200 (none expected: the queue has room for all).
     refused: Vec<String>,
 }
@@ -136,15 +139,21 @@ impl Stream {
     }
 }
 
+/// The leaf function of the stream's profile number `i`: when the totals
+/// differ, the peer's total of each names the profiles lost or doubled.
+fn seq_function(i: i64) -> String {
+    format!("proflowOutageSeq{i}")
+}
+
 /// One CPU profile of the last `PUSH_EVERY`: `value` nanoseconds in
-/// `main;proflowOutageStream;<phase function>`.
-fn stream_profile(function: &str, value: i64, now: i64) -> Vec<u8> {
+/// `main;proflowOutageStream;<phase function>;<seq function>`.
+fn stream_profile(function: &str, seq: &str, value: i64, now: i64) -> Vec<u8> {
     let mut b = pprof::ProfileBuilder::new();
     let span = PUSH_EVERY.as_nanos() as i64;
     b.sample_type("cpu", "nanoseconds")
         .period("cpu", "nanoseconds", 10_000_000)
         .time(now - span, span)
-        .sample_root_first(["main", "proflowOutageStream", function], vec![value]);
+        .sample_root_first(["main", "proflowOutageStream", function, seq], vec![value]);
     pprof::gzip(&pprof::encode(&b.build())).to_vec()
 }
 
@@ -155,7 +164,8 @@ fn push_until(
 ) -> Pushed {
     let http = common::http_client();
     let mut pushed = Pushed::default();
-    let mut next = Instant::now();
+    let started = Instant::now();
+    let mut next = started;
     for i in 0i64.. {
         let _push = pushing.lock().unwrap_or_else(|p| p.into_inner());
         if stop.load(Ordering::SeqCst) {
@@ -163,6 +173,7 @@ fn push_until(
         }
         let p = phase.load(Ordering::SeqCst);
         let function = PHASES[p];
+        let seq = seq_function(i);
         // Distinct values (10 to 40 ms plus the sequence number in ns), so
         // a profile lost or delivered twice changes the totals.
         let value = 10_000_000 * (1 + i % 4) + i;
@@ -174,12 +185,13 @@ fn push_until(
         let answer = http
             .post(&url)
             .header("content-type", "application/octet-stream")
-            .body(stream_profile(function, value, now))
+            .body(stream_profile(function, &seq, value, now))
             .send();
         match answer {
             Ok(r) if r.status().as_u16() == 200 => {
                 *pushed.totals.entry(function.to_owned()).or_default() += value;
                 pushed.profiles += 1;
+                pushed.each.push((seq, value, started.elapsed()));
                 accepted[p].fetch_add(1, Ordering::SeqCst);
             }
             Ok(r) => {
@@ -228,18 +240,19 @@ fn exporter_metric(metrics: &str, metric: &str, id: &str) -> f64 {
 
 /// Runs the stream through proflow to `peer` (exporter `id`), stops the peer
 /// for [`OUTAGE`], starts it again, and checks what the module doc says;
-/// `read_back(app)` reads the peer's per-phase totals (and a description of
-/// what it saw).
+/// `read_back(app, functions)` reads the peer's totals of those functions
+/// (and a description of what it saw).
 fn outage_loses_nothing(
     peer: &mut PrivatePeer,
     id: &str,
     body: &str,
-    read_back: impl Fn(&str) -> (Totals, String),
+    read_back: impl Fn(&str, &[&str]) -> (Totals, String),
 ) {
     let started = Instant::now();
     let proflow = start_proflow(id, body);
     let app = common::unique_name(&format!("outage-{id}"));
     let stream = Stream::start(&proflow, &app);
+    let stream_started = Instant::now();
     let metric = |name: &str| exporter_metric(&proflow.metrics(), name, id);
 
     // Up: profiles are sent as they come, without a retry.
@@ -324,6 +337,7 @@ fn outage_loses_nothing(
 
     // Back.
     peer.start_again();
+    let back_at = Instant::now();
     let outage = down_at.elapsed();
     stream.set_phase(2);
     std::thread::sleep(STEADY);
@@ -367,16 +381,36 @@ fn outage_loses_nothing(
     assert_eq!(want.len(), PHASES.len(), "every phase pushed: {want:?}");
     let mut last = (Totals::new(), String::new());
     let same = peer_env::poll(SETTLE_TIMEOUT, || {
-        last = read_back(&app);
+        last = read_back(&app, &PHASES);
         (last.0 == want).then_some(())
     });
-    assert!(
-        same.is_some(),
-        "{id} has per-phase totals {:?} ({}) for service_name={app}; proflow accepted {want:?}\nlog:\n{}",
-        last.0,
-        last.1,
-        proflow.log_text()
-    );
+    if same.is_none() {
+        // Which profiles: each one's own leaf function, read back.
+        let since = |at: Instant| at.duration_since(stream_started);
+        let seqs: Vec<&str> = pushed.each.iter().map(|(f, _, _)| f.as_str()).collect();
+        let (by_seq, _) = read_back(&app, &seqs);
+        let differ: Vec<String> = pushed
+            .each
+            .iter()
+            .filter(|(f, value, _)| by_seq.get(f).copied().unwrap_or(0) != *value)
+            .map(|(f, value, answered)| {
+                format!(
+                    "{f}: pushed {value}, read {} (answered {answered:?} into the stream)",
+                    by_seq.get(f).copied().unwrap_or(0)
+                )
+            })
+            .collect();
+        panic!(
+            "{id} has per-phase totals {:?} ({}) for service_name={app}; proflow accepted {want:?}\n\
+             the profiles that differ (the peer stopped {:?} and was started again {:?} into the stream):\n{}\nlog:\n{}",
+            last.0,
+            last.1,
+            since(down_at),
+            since(back_at),
+            differ.join("\n"),
+            proflow.log_text()
+        );
+    }
     eprintln!(
         "{id}: {} profiles ({pushed_while_down} while down, outage {outage:?}, {retries} retries, {queued} queued before the restart) all read back as {want:?}; test took {:?}",
         pushed.profiles,
@@ -395,12 +429,12 @@ fn pyroscope_stopped_and_restarted_mid_stream_loses_nothing() {
         &mut pyroscope,
         "pyroscope",
         &format!("endpoint: {base}\n"),
-        |app| {
+        |app, functions| {
             readback::pyroscope_totals(
                 &http,
                 &base,
                 &format!("{{service_name=\"{app}\"}}"),
-                &PHASES,
+                functions,
                 Some(PYROSCOPE_TYPE),
             )
         },
@@ -419,12 +453,12 @@ fn parca_stopped_and_restarted_mid_stream_loses_nothing() {
         &mut parca,
         "parca",
         &format!("endpoint: {endpoint}\ntls: {{ insecure: true }}\n"),
-        |app| {
+        |app, functions| {
             let query = format!("{PYROSCOPE_TYPE}:delta{{service_name=\"{app}\"}}");
             let mut last = String::new();
             let mut totals = Totals::new();
             if let Some(merged) = readback::parca_merge(&http, &base, &query, &mut last) {
-                common::add_function_totals(&mut totals, &merged, &PHASES, None);
+                common::add_function_totals(&mut totals, &merged, functions, None);
             }
             (totals, format!("{query}: {last}"))
         },

@@ -100,6 +100,117 @@ fn main() {
             b"main;a\nmain;a\nmain;b\n",
         ),
     );
+    put(
+        "ingest",
+        "groups",
+        &query_body("name=shop.cpu&format=groups&sampleRate=100", folded),
+    );
+    // Binary tree and trie bodies (LEB128 name length, name, value, child
+    // count per node, depth first): main;hot 30 and main;idle 5.
+    let node = |name: &str, value: u8, children: u8| {
+        [&[name.len() as u8][..], name.as_bytes(), &[value, children]].concat()
+    };
+    let tree = [
+        node("", 0, 1),
+        node("main", 0, 2),
+        node("hot", 30, 0),
+        node("idle", 5, 0),
+    ]
+    .concat();
+    put(
+        "ingest",
+        "tree",
+        &query_body("name=shop.cpu&format=tree&sampleRate=100", &tree),
+    );
+    let trie = [
+        node("", 0, 1),
+        node("main;", 0, 2),
+        node("hot", 30, 0),
+        node("idle", 5, 0),
+    ]
+    .concat();
+    put(
+        "ingest",
+        "trie",
+        &query_body("name=shop.cpu&format=trie&sampleRate=100", &trie),
+    );
+    // Speedscope: a sampled profile with fractional weights in seconds, and
+    // an evented one in milliseconds, sharing the frames.
+    let speedscope = br#"{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":[{"name":"main"},{"name":"hot"},{"name":"idle"}]},"profiles":[{"type":"sampled","name":"s","unit":"seconds","startValue":0,"endValue":0.04,"samples":[[0,1],[0,2],[0,1]],"weights":[0.01,0.01,0.02]},{"type":"evented","name":"e","unit":"milliseconds","startValue":0,"endValue":30,"events":[{"type":"O","frame":0,"at":0},{"type":"O","frame":1,"at":5},{"type":"C","frame":1,"at":25},{"type":"C","frame":0,"at":30}]}]}"#;
+    put(
+        "ingest",
+        "speedscope",
+        &query_body("name=shop.cpu&format=speedscope", speedscope),
+    );
+    // JFR through /ingest: the recording the real Java agent made (seeds/jfr).
+    let recording =
+        fs::read(root.join("jfr/agent-itimer.jfr")).expect("seeds/jfr/agent-itimer.jfr");
+    put(
+        "ingest",
+        "jfr",
+        &query_body("name=shop&format=jfr", &recording),
+    );
+
+    // Debug files: a small C program compiled here with DWARF, the same
+    // stripped, and its separate debug file (`objcopy --only-keep-debug`),
+    // as a debuginfod server sends them.
+    let work = std::env::temp_dir().join(format!("proflow-seeds-{}", std::process::id()));
+    fs::create_dir_all(&work).expect("a temporary folder");
+    let c = work.join("tiny.c");
+    fs::write(
+        &c,
+        "static int hot(int n) { int s = 0; for (int i = 0; i < n; i++) s += i * i; return s; }\n\
+         __attribute__((noinline)) int work(int n) { return hot(n) + 1; }\n\
+         int main(int argc, char **argv) { (void)argv; return work(argc * 1000) & 1; }\n",
+    )
+    .expect("write tiny.c");
+    let run = |program: &str, args: &[&std::ffi::OsStr]| {
+        let status = std::process::Command::new(program)
+            .args(args)
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+        assert!(status.success(), "{program} {args:?} failed: {status}");
+    };
+    let exe = work.join("tiny");
+    let stripped = work.join("tiny.stripped");
+    let debug = work.join("tiny.debug");
+    run(
+        "cc",
+        &[
+            "-g".as_ref(),
+            "-O1".as_ref(),
+            // The same bytes from every run: no temporary path in the DWARF.
+            format!("-ffile-prefix-map={}=.", work.display()).as_ref(),
+            "-Wl,--build-id".as_ref(),
+            "-o".as_ref(),
+            exe.as_os_str(),
+            c.as_os_str(),
+        ],
+    );
+    run(
+        "objcopy",
+        &[
+            "--only-keep-debug".as_ref(),
+            exe.as_os_str(),
+            debug.as_os_str(),
+        ],
+    );
+    run(
+        "strip",
+        &["-o".as_ref(), stripped.as_os_str(), exe.as_os_str()],
+    );
+    for (name, path) in [
+        ("with_dwarf", &exe),
+        ("stripped", &stripped),
+        ("debug_only", &debug),
+    ] {
+        put(
+            "debug_file",
+            name,
+            &fs::read(path).expect("read a built file"),
+        );
+    }
+    fs::remove_dir_all(&work).expect("remove the temporary folder");
 
     // Folded text: bit 0 lines, the rest a sample rate.
     put("folded", "folded", &with(20, folded));
@@ -265,6 +376,19 @@ fn main() {
             b"301b3a257fde 40 JS:~hot /app/index.js:10:25\n7febeacbb97f b py::hot:/app/x.py\n0x00007f5fd8f22d80 0x00000000000000b8 void Hot.spin(long)\n",
         ),
     );
+
+    // Every /ingest seed reaches its format's parser and converts: a seed
+    // refused at the door would leave that parser unfuzzed.
+    for entry in fs::read_dir(root.join("ingest")).expect("seeds/ingest") {
+        let path = entry.expect("a seed").path();
+        let seed = fs::read(&path).expect("read a seed");
+        let split = seed.iter().position(|&b| b == 0).expect("query, NUL, body");
+        let query = String::from_utf8_lossy(&seed[..split]);
+        match proflow_receivers::pprof_push::fuzzing::ingest(&query, &seed[split + 1..]) {
+            Ok(envelopes) if !envelopes.is_empty() => {}
+            other => panic!("the seed {} does not convert: {other:?}", path.display()),
+        }
+    }
 }
 
 /// A Go-style heap profile: alloc and inuse types, a mapping, a label.

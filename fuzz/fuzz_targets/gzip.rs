@@ -24,13 +24,19 @@ fuzz_target!(|data: &[u8]| {
     let mut grant = budget.grant();
     match inflate(data, LIMIT, &mut grant) {
         Ok(out) => {
-            assert!(read.is_ok() && !past_limit, "inflated what the reader refuses");
+            assert!(
+                read.is_ok() && !past_limit,
+                "inflated what the reader refuses"
+            );
             assert_eq!(out, reference);
             assert!(grant.held() >= out.capacity());
         }
         Err(InflateError::TooLarge { .. }) => assert!(past_limit, "too large, the reader says not"),
         Err(InflateError::Corrupt(e)) => {
-            assert!(read.is_err() || past_limit, "corrupt ({e}), the reader read it")
+            assert!(
+                read.is_err() || past_limit,
+                "corrupt ({e}), the reader read it"
+            )
         }
         Err(InflateError::OverBudget(e)) => panic!("a 1 MiB limit in a 64 MiB budget: {e}"),
     }
@@ -39,10 +45,16 @@ fuzz_target!(|data: &[u8]| {
     let mut out = Vec::new();
     match pprof::gunzip_into(data, LIMIT, &mut out) {
         Ok(()) => {
-            assert!(read.is_ok() && !past_limit, "gunzipped what the reader refuses");
+            assert!(
+                read.is_ok() && !past_limit,
+                "gunzipped what the reader refuses"
+            );
             assert_eq!(out, reference);
         }
         Err(DecodeError::TooLarge { .. }) => assert!(past_limit),
-        Err(e) => assert!(read.is_err() || past_limit, "refused ({e}), the reader read it"),
+        Err(e) => assert!(
+            read.is_err() || past_limit,
+            "refused ({e}), the reader read it"
+        ),
     }
 });

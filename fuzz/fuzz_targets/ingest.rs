@@ -1,5 +1,6 @@
 //! `/ingest` requests: the bytes up to the first NUL are the query string,
-//! the rest the body (pprof, folded or lines, as the query's `format` says);
+//! the rest the body (pprof, folded, groups, lines, tree, trie, speedscope
+//! or JFR, as the query's `format` says);
 //! each envelope made is checked.
 #![no_main]
 use libfuzzer_sys::fuzz_target;

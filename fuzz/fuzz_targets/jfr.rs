@@ -26,7 +26,10 @@ fuzz_target!(|data: &[u8]| {
         proflow_fuzz::check_envelope(e);
         let profile = e.payload.decoded().expect("a converted profile");
         let profile = profile.as_ref();
-        assert!(!profile.sample_type.is_empty(), "a profile without sample types");
+        assert!(
+            !profile.sample_type.is_empty(),
+            "a profile without sample types"
+        );
         for s in &profile.sample {
             assert_eq!(s.value.len(), profile.sample_type.len());
             assert!(!s.location_id.is_empty(), "a sample without frames");

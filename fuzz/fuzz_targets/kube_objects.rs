@@ -16,7 +16,9 @@ use proflow_receivers::scrape::discovery::kubernetes::roles::{self, Caches};
 
 fn objects<K: Resource>(data: &[u8], list: bool) -> Vec<K> {
     if list {
-        return decode_list::<K>(data).map(|(items, _, _)| items).unwrap_or_default();
+        return decode_list::<K>(data)
+            .map(|(items, _, _)| items)
+            .unwrap_or_default();
     }
     data.split(|&b| b == b'\n')
         .filter_map(|line| match decode_event::<K>(line) {
@@ -56,7 +58,10 @@ fuzz_target!(|data: &[u8]| {
         roles::node_groups(&caches),
     ] {
         for g in groups {
-            assert!(g.targets.iter().all(|t| !t.is_empty()), "an empty address: {g:?}");
+            assert!(
+                g.targets.iter().all(|t| !t.is_empty()),
+                "an empty address: {g:?}"
+            );
             assert!(
                 g.labels.keys().all(|k| is_valid_label_name(k)),
                 "a label name Prometheus refuses: {g:?}"
@@ -68,13 +73,15 @@ fuzz_target!(|data: &[u8]| {
             "metadata: [k8s.namespace.name, k8s.pod.name, k8s.container.name, container.id, container.image.name, container.image.tag, k8s.cronjob.name]\nlabels: [{key_regex: '(.*)'}]\nannotations: [{key_regex: 'a(.*)', tag_name: 'x.$1'}]\n",
         )
         .expect("extract");
-        let index = Extractor::new(&extract).expect("extractor").index(&PodCaches {
-            pods: pods.clone(),
-            namespaces: None,
-            nodes: None,
-            replicasets: None,
-            indexed: Default::default(),
-        });
+        let index = Extractor::new(&extract)
+            .expect("extractor")
+            .index(&PodCaches {
+                pods: pods.clone(),
+                namespaces: None,
+                nodes: None,
+                replicasets: None,
+                indexed: Default::default(),
+            });
         for pod in index.by_name.values() {
             assert!(
                 pod.labels.iter().all(|(k, _)| is_valid_label_name(k)),

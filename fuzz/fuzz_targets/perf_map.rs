@@ -16,7 +16,10 @@ fuzz_target!(|data: &[u8]| {
     let mut map = PerfMap::default();
     let used = fuzzing::add_lines(&mut map, &file[..grown]);
     assert!(used <= grown);
-    assert!(used == 0 || file[used - 1] == b'\n', "a read ends after a whole line");
+    assert!(
+        used == 0 || file[used - 1] == b'\n',
+        "a read ends after a whole line"
+    );
     let more = fuzzing::add_lines(&mut map, &file[used..]);
     assert!(used + more <= file.len());
     for e in fuzzing::entries(&map) {

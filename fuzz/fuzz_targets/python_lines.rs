@@ -18,7 +18,10 @@ fuzz_target!(|data: &[u8]| {
     let table = &data[9..];
     let bound = |line: u32| {
         let most = (table.len() / 2) as i64 * 128;
-        assert!((i64::from(line) - i64::from(first)).abs() <= most, "{line} from {first}");
+        assert!(
+            (i64::from(line) - i64::from(first)).abs() <= most,
+            "{line} from {first}"
+        );
     };
     match data[0] % 3 {
         0 => {

@@ -13,7 +13,7 @@ install_debuginfod() {
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
       log "debuginfod: installing the Debian package debuginfod"
       mkdir -p "$cache_root"
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debuginfod >"$cache_root/debuginfod-apt.log" 2>&1 \
+      DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -qq debuginfod >"$cache_root/debuginfod-apt.log" 2>&1 \
         || { cat "$cache_root/debuginfod-apt.log" >&2; die "debuginfod: apt-get install debuginfod failed (log above)"; }
     else
       die "debuginfod: not installed; install the Debian package debuginfod"

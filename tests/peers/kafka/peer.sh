@@ -39,7 +39,7 @@ install_kafka() {
   if ! command -v kcat >/dev/null; then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
       log "kafka: installing kcat (Debian package)"
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat >"$dest/apt.log" 2>&1 \
+      DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -qq kcat >"$dest/apt.log" 2>&1 \
         || { cat "$dest/apt.log" >&2; die "kafka: apt-get install kcat failed (log above)"; }
     else
       die "kafka: kcat is not installed; install the Debian package kcat"
