@@ -166,6 +166,7 @@ fn push_until(
     let mut pushed = Pushed::default();
     let started = Instant::now();
     let mut next = started;
+    let mut last_time = 0i64;
     for i in 0i64.. {
         let _push = pushing.lock().unwrap_or_else(|p| p.into_inner());
         if stop.load(Ordering::SeqCst) {
@@ -177,7 +178,15 @@ fn push_until(
         // Distinct values (10 to 40 ms plus the sequence number in ns), so
         // a profile lost or delivered twice changes the totals.
         let value = 10_000_000 * (1 + i % 4) + i;
-        let now = common::now_nanos();
+        // Each profile's time at least `PUSH_EVERY` after the one before:
+        // Pyroscope counts the profiles of one series that share a
+        // millisecond once (its query deduplicates by series and
+        // millisecond, though it stored and acknowledged both; see
+        // `pyroscope_counts_one_profile_per_series_and_millisecond` in
+        // tests/pyroscope_exporter.rs), and a stream held while the peer
+        // stopped must not push two into one millisecond when it goes on.
+        let now = common::now_nanos().max(last_time + PUSH_EVERY.as_nanos() as i64);
+        last_time = now;
         let url = format!(
             "{base}/ingest?name={app}&from={}&until={now}&format=pprof&spyName=e2e&sampleRate=100",
             now - PUSH_EVERY.as_nanos() as i64
@@ -202,7 +211,8 @@ fn push_until(
             Err(e) => pushed.refused.push(e.to_string()),
         }
         drop(_push);
-        next += PUSH_EVERY;
+        // After a hold, on from now: no burst to catch up.
+        next = (next + PUSH_EVERY).max(Instant::now());
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
     pushed

@@ -170,3 +170,88 @@ fn go_profiles_reach_pyroscope_over_the_push_api() {
         last.1, last.0
     );
 }
+
+/// What the real Pyroscope does with profiles of one series that share a
+/// millisecond: it acknowledges and stores each, but its query counts one of
+/// them (the querier deduplicates profiles by series and millisecond). Four
+/// profiles of one series go through proflow's `pyroscope` exporter, two of
+/// them 0.3 ms apart: proflow sends all four (each with the time it was
+/// pushed with), Pyroscope answers 200 to each, and reads back three. Pinned
+/// here because `tests/backend_outages.rs` once lost a profile this way (its
+/// stream, held during the peer's stop, pushed two into one millisecond);
+/// the exporter's README says it for users. If a Pyroscope upgrade counts
+/// both, this fails: drop the note then.
+#[test]
+fn pyroscope_counts_one_profile_per_series_and_millisecond() {
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let proflow = common::start_with_file_and(
+        "pyroscope",
+        &format!("endpoint: {}\n", pyroscope.http_base()),
+    );
+    let app = common::unique_name("pyro-same-ms");
+    // A and B in one millisecond; C and D 20 and 25 ms later.
+    let ms = common::now_nanos() / 1_000_000 * 1_000_000 + 100_000;
+    let shots = [
+        ("proflowSameMsA", 1_000_000i64, ms),
+        ("proflowSameMsB", 2_000_000, ms + 300_000),
+        ("proflowSameMsC", 4_000_000, ms + 20_000_000),
+        ("proflowSameMsD", 8_000_000, ms + 25_000_000),
+    ];
+    for (function, value, time) in shots {
+        let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+        b.sample_type("cpu", "nanoseconds")
+            .period("cpu", "nanoseconds", 10_000_000)
+            .time(time, 10_000_000)
+            .sample_root_first(["main", function], vec![value]);
+        let body = proflow_pipeline::pprof::encode(&b.build()).to_vec();
+        let answer = common::http_client()
+            .post(proflow.receiver_url(&format!(
+                "/ingest?name={app}&format=pprof&spyName=e2e&sampleRate=100"
+            )))
+            .body(body)
+            .send()
+            .expect("push to proflow");
+        assert_eq!(
+            answer.status().as_u16(),
+            200,
+            "{function}: {:?}",
+            answer.text()
+        );
+    }
+    // All four written and sent, none failed: Pyroscope answered each 200.
+    let (entries, metrics) = common::wait_exported(&proflow, &app, "pyroscope");
+    assert_eq!(entries.len(), 4, "four profiles written");
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_exporter_sent_profiles_total",
+            &[("exporter", "pyroscope")]
+        ),
+        4.0,
+        "four sent\n{metrics}"
+    );
+    // Acknowledged means stored: read once C and D are both there.
+    let functions: Vec<&str> = shots.iter().map(|s| s.0).collect();
+    let (seen, got, answer) = readback::pyroscope_wait(
+        &common::http_client(),
+        &pyroscope.http_base(),
+        (
+            &format!("{{service_name=\"{app}\"}}"),
+            &functions,
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+        ),
+        READ_BACK_TIMEOUT,
+        |t| t.contains_key("proflowSameMsC") && t.contains_key("proflowSameMsD"),
+    );
+    assert!(seen, "C and D never read back: {got:?} ({answer})");
+    let a = got.get("proflowSameMsA").copied();
+    let b = got.get("proflowSameMsB").copied();
+    assert!(
+        matches!((a, b), (Some(1_000_000), None) | (None, Some(2_000_000))),
+        "of the two profiles in one millisecond Pyroscope counts one, the other's value untouched: A {a:?}, B {b:?} (all: {got:?})"
+    );
+    assert_eq!(got.get("proflowSameMsC"), Some(&4_000_000));
+    assert_eq!(got.get("proflowSameMsD"), Some(&8_000_000));
+}
