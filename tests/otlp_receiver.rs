@@ -293,6 +293,14 @@ fn forward_and_check(exporter_type: &str, exporter: impl Fn(&Proflow, u16) -> St
 fn post_and_check(proflow: &Proflow, url: &str) {
     let service = peer_env::unique("proflow-otlp-in-");
     let sent = request(&service);
+    let accepted = || {
+        common::metric_sum(
+            &proflow.metrics(),
+            "proflow_receiver_accepted_profiles_total",
+            &[("receiver", "otlp")],
+        )
+    };
+    let accepted_before = accepted();
     let reply = http_client()
         .post(url)
         .header("content-type", "application/x-protobuf")
@@ -300,8 +308,20 @@ fn post_and_check(proflow: &Proflow, url: &str) {
         .send()
         .unwrap();
     assert!(reply.status().is_success(), "{:?}", reply.text());
-    let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(&service));
+    proflow.wait_for_files(1, |e| e.label("service_name") == Some(&service));
+    // Counted once everything accepted is written: a second copy would be
+    // accepted and written too.
+    common::wait_all_written(proflow, Duration::from_secs(30));
+    let entries: Vec<_> = common::read_index(&proflow.profiles)
+        .into_iter()
+        .filter(|e| e.label("service_name") == Some(&service))
+        .collect();
     assert_eq!(entries.len(), 1, "one profile sent, one written");
+    assert_eq!(
+        accepted() - accepted_before,
+        1.0,
+        "one profile sent, one accepted"
+    );
     let written = json::decode_request(&std::fs::read(&entries[0].path).unwrap()).unwrap();
     assert_eq!(stacks(&written), stacks(&sent), "functions and values");
     let attributes = resource_attributes(&written);
@@ -928,13 +948,29 @@ fn the_collector_sends_again_what_a_stalled_proflow_refused() {
         &[("receiver", "otlp"), ("reason", "backpressure")],
     );
     std::fs::remove_file(proflow.profiles.join(&service)).unwrap();
-    let entries = proflow.wait_for_files(N, |e| e.label("service_name") == Some(&service));
+    proflow.wait_for_files(N, |e| e.label("service_name") == Some(&service));
+    // Counted once everything accepted is written: a request the Collector
+    // sent again after proflow took it would be a second copy here.
+    common::wait_all_written(&proflow, Duration::from_secs(60));
+    let entries: Vec<_> = common::read_index(&proflow.profiles)
+        .into_iter()
+        .filter(|e| e.label("service_name") == Some(&service))
+        .collect();
     assert_eq!(
         entries.len(),
         N,
         "every request the Collector took arrived once"
     );
     let metrics = proflow.metrics();
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_accepted_profiles_total",
+            &[("receiver", "otlp")]
+        ),
+        N as f64,
+        "proflow accepted each of the Collector's {N} requests once\n{metrics}"
+    );
     assert_eq!(
         common::metric_sum(&metrics, "proflow_exporter_dropped_profiles_total", &[]),
         0.0,

@@ -37,6 +37,16 @@ use common::{Proflow, gzip, read_index};
 const N: usize = 500;
 /// How long the second may take to get everything.
 const ARRIVAL: Duration = Duration::from_secs(120);
+/// The first's exporter: consumers, and profiles in one export of each.
+const CONSUMERS: usize = 2;
+const BATCH: usize = 2;
+/// The most profiles the first can have sent and not yet recorded as sent
+/// when it is killed: each consumer's one export in flight. After its
+/// restart only those may arrive twice.
+const IN_FLIGHT: usize = CONSUMERS * BATCH;
+/// Threads pushing at once: each may have one push stored whose answer a
+/// SIGKILL cut off, which the client sends again (a second copy).
+const PUSHERS: usize = 8;
 
 /// Profile `i`: its hot function's value is `i + 1` ms.
 fn profile(i: usize) -> Vec<u8> {
@@ -73,7 +83,7 @@ fn start_first(queue: &Path, second: SocketAddr) -> Proflow {
         format!(
             "receivers:\n  pprof_push:\n    endpoint: {}\n\
              exporters:\n  pyroscope:\n    endpoint: http://{second}\n    timeout: 5s\n    \
-             sending_queue:\n      num_consumers: 2\n      batch: {{max_profiles: 2}}\n      storage: {{directory: {}, fsync: batch}}\n    \
+             sending_queue:\n      num_consumers: {CONSUMERS}\n      batch: {{max_profiles: {BATCH}}}\n      storage: {{directory: {}, fsync: batch}}\n    \
              retry_on_failure: {{initial_interval: 100ms, max_interval: 500ms, max_elapsed_time: 0s}}\n\
              service:\n  shutdown_timeout: 1s\n  telemetry:\n    address: {}\n    log_level: info\n  \
              pipelines:\n    profiles:\n      receivers: [pprof_push]\n      exporters: [pyroscope]\n",
@@ -132,7 +142,7 @@ impl Pusher {
         let acked = Arc::new(AtomicUsize::new(0));
         let work: Arc<Mutex<VecDeque<usize>>> = Arc::new(Mutex::new((0..n).collect()));
         let deadline = Instant::now() + ARRIVAL;
-        let threads = (0..8)
+        let threads = (0..PUSHERS)
             .map(|_| {
                 let (target, acked, work) = (target.clone(), acked.clone(), work.clone());
                 let app = app.to_owned();
@@ -244,9 +254,9 @@ fn arrived(second: &Proflow) -> BTreeMap<usize, Vec<u64>> {
     out
 }
 
-/// Waits until `want` arrived at `second` (every copy with the right
-/// content); returns how many arrived twice or more.
-fn wait_all_arrived(second: &Proflow, first: &Proflow, want: &[usize]) -> usize {
+/// Waits until `want` arrived at `second`, every copy with the right
+/// content.
+fn wait_all_arrived(second: &Proflow, first: &Proflow, want: &[usize]) {
     let hashes: HashMap<usize, u64> = want.iter().map(|&i| (i, expected_hash(i))).collect();
     let deadline = Instant::now() + ARRIVAL;
     loop {
@@ -265,7 +275,7 @@ fn wait_all_arrived(second: &Proflow, first: &Proflow, want: &[usize]) -> usize 
                     );
                 }
             }
-            return got.values().map(|c| c.len() - 1).sum();
+            return;
         }
         if Instant::now() >= deadline {
             panic!(
@@ -285,6 +295,24 @@ fn metric(p: &Proflow, name: &str) -> f64 {
     common::metric_sum(&p.metrics(), name, &[("exporter", "pyroscope")])
 }
 
+/// Waits until the first has sent everything and recorded it (nothing
+/// queued, nothing stored): no copy can come later. Then the copies that
+/// arrived more than once.
+fn duplicates_once_drained(second: &Proflow, first: &Proflow) -> usize {
+    let deadline = Instant::now() + ARRIVAL;
+    while metric(first, "proflow_exporter_queue_stored_records") > 0.0
+        || metric(first, "proflow_exporter_queue_profiles") > 0.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the first still holds records after everything arrived\n{}",
+            first.metrics()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    arrived(second).values().map(|c| c.len() - 1).sum()
+}
+
 #[test]
 fn sigkill_while_profiles_arrive_and_the_backend_is_down_loses_nothing() {
     let queue = tempfile::tempdir().unwrap();
@@ -295,8 +323,17 @@ fn sigkill_while_profiles_arrive_and_the_backend_is_down_loses_nothing() {
     // Only now does the backend come up.
     let second = start_second(second_addr);
     let all: Vec<usize> = (0..N).collect();
-    let duplicates = wait_all_arrived(&second, &first, &all);
+    wait_all_arrived(&second, &first, &all);
     assert!(metric(&first, "proflow_exporter_queue_replayed_records_total") >= 1.0);
+    // Nothing was delivered before the kill (the backend was down): a copy
+    // can only be a push the client sent again after the kill cut off its
+    // answer, one per pushing thread at most.
+    let duplicates = duplicates_once_drained(&second, &first);
+    assert!(
+        duplicates <= PUSHERS,
+        "{duplicates} profiles arrived twice; at most {PUSHERS} pushes were cut off by the kill\nfirst's log:\n{}",
+        first.log_text()
+    );
     eprintln!(
         "{N} profiles across a SIGKILL of the sender with the backend down: none lost, {duplicates} delivered twice"
     );
@@ -333,7 +370,16 @@ fn sigkill_while_replaying_loses_nothing() {
     );
     let first = start_first(queue.path(), second_addr);
     let all: Vec<usize> = (0..N).collect();
-    let duplicates = wait_all_arrived(&second, &first, &all);
+    wait_all_arrived(&second, &first, &all);
+    // The replay goes on from where the killed one recorded it was: only
+    // what it had in flight may come twice.
+    let duplicates = duplicates_once_drained(&second, &first);
+    assert!(
+        duplicates <= IN_FLIGHT,
+        "{duplicates} profiles arrived twice after a SIGKILL during replay ({before_kill} had arrived); \
+         at most {IN_FLIGHT} ({CONSUMERS} consumers x {BATCH} a batch) were in flight\nfirst's log:\n{}",
+        first.log_text()
+    );
     eprintln!(
         "{N} profiles across a SIGKILL during replay ({before_kill} had arrived): none lost, {duplicates} delivered twice"
     );
@@ -460,6 +506,11 @@ fn sigkill_with_the_real_pyroscope_down_loses_nothing() {
         first.log_text(),
         first.metrics()
     );
+    // Each a whole multiple of its own value. A record proflow sends twice
+    // has the same series and time, which Pyroscope counts once
+    // (tests/pyroscope_exporter.rs); a push the client sent again because
+    // the kill cut off its answer is a profile of its own and counts: at
+    // most one per pushing thread.
     let mut duplicates = 0;
     for (i, f) in functions.iter().enumerate() {
         let (got, one) = (got[*f], (i as i64 + 1) * 1_000_000);
@@ -467,10 +518,14 @@ fn sigkill_with_the_real_pyroscope_down_loses_nothing() {
             got >= one && got % one == 0,
             "{f}: {got} ns in Pyroscope, want a whole multiple of {one}"
         );
-        duplicates += got / one - 1;
+        duplicates += (got / one - 1) as usize;
     }
+    assert!(
+        duplicates <= PUSHERS,
+        "{duplicates} profiles counted twice in Pyroscope; at most {PUSHERS} pushes were cut off by the kill"
+    );
     assert!(metric(&first, "proflow_exporter_queue_replayed_records_total") >= 1.0);
     eprintln!(
-        "{N} profiles across a SIGKILL of the sender with the real Pyroscope down: all in Pyroscope, {duplicates} counted twice"
+        "{N} profiles across a SIGKILL of the sender with the real Pyroscope down: all in Pyroscope, {duplicates} pushed again by the client"
     );
 }
