@@ -341,7 +341,11 @@ fn the_chart_lints_and_a_real_api_server_takes_every_mode_with_valid_configs() {
     }
 }
 
-/// The image, built once per test binary: its name.
+/// The image, built once per test process: its name. Building it removes
+/// the test images of earlier runs, with any container that uses them, so
+/// the tests of this file run one at a time (cargo nextest runs each test in
+/// a process of its own; `.config/nextest.toml` puts them in the `podman`
+/// group).
 fn image(tools: &Tools) -> String {
     static IMAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     IMAGE

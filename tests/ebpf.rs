@@ -279,6 +279,9 @@ fn stopping_sends_the_interval_so_far() {
     // lose the target's samples to a full ring (16MiB, one second, lost
     // three quarters of them once). The test is of what the stop sends,
     // not of the ring's size.
+    // All the CPU the target can have had while proflow sampled: from
+    // before proflow started to after it stopped (the upper bound).
+    let ticks_before_start = cpu_ticks(pid);
     let mut proflow = proflow_for_with(&[pid], "60s", "    ring_buffer_size: 64MiB\n");
     // Sampling runs once proflow is ready: the target's CPU time from here
     // to the stop is what the profile must hold (997 samples a CPU second).
@@ -291,6 +294,7 @@ fn stopping_sends_the_interval_so_far() {
     let cpu_seconds = (cpu_ticks(pid) - ticks_from) as f64 / ticks_per_second();
     let code = proflow.terminate(Duration::from_secs(20));
     assert_eq!(code, Some(0), "log:\n{}", proflow.log_text());
+    let cpu_seconds_at_most = (cpu_ticks(pid) - ticks_before_start) as f64 / ticks_per_second();
     let entries = common::read_index(&proflow.profiles);
     let mine: Vec<&IndexEntry> = entries
         .iter()
@@ -306,6 +310,14 @@ fn stopping_sends_the_interval_so_far() {
     assert!(
         samples > 0 && samples as f64 >= expected * 0.5,
         "{samples} samples for {cpu_seconds:.2} s of the target's CPU at 997 Hz (about {expected:.0})"
+    );
+    // And no more than the CPU it had while sampled, give or take the
+    // clock ticks' 10 ms and the sampler's rate: an interval sent twice, or
+    // samples counted twice, is far past this.
+    let at_most = cpu_seconds_at_most * 997.0 * 1.15 + 20.0;
+    assert!(
+        samples as f64 <= at_most,
+        "{samples} samples, but the target had at most {cpu_seconds_at_most:.2} s of CPU while sampled (at most {at_most:.0} at 997 Hz)"
     );
     eprintln!("{samples} samples for {cpu_seconds:.2} s of the target's CPU (about {expected:.0})");
 }
