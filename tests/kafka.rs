@@ -413,6 +413,26 @@ fn a_broker_stopped_for_30s_mid_stream_loses_nothing() {
         kafka.start_again();
         pushing.join().expect("pushing thread");
     });
+    // The producing side first: everything it took is sent to the broker
+    // started again (else the failure is there, not in the consumer).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let metrics = first.metrics();
+        let sent = common::metric_sum(
+            &metrics,
+            "proflow_exporter_sent_profiles_total",
+            &[("exporter", "kafka")],
+        );
+        if sent >= N as f64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the producing proflow sent {sent} of {N} profiles in 120 s after the broker came back\nmetrics:\n{metrics}\nlog:\n{}",
+            first.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let got = wait_distinct(&second, N, Duration::from_secs(120));
     let distinct: BTreeSet<&str> = got.iter().filter_map(|e| e.label("seq")).collect();
     assert_eq!(distinct.len(), N, "every profile arrived");
