@@ -311,11 +311,7 @@ fn post_and_check(proflow: &Proflow, url: &str) {
     proflow.wait_for_files(1, |e| e.label("service_name") == Some(&service));
     // Counted once everything accepted is written: a second copy would be
     // accepted and written too.
-    common::wait_all_written(proflow, Duration::from_secs(30));
-    let entries: Vec<_> = common::read_index(&proflow.profiles)
-        .into_iter()
-        .filter(|e| e.label("service_name") == Some(&service))
-        .collect();
+    let entries = common::written_entries(proflow, &service, Duration::from_secs(30));
     assert_eq!(entries.len(), 1, "one profile sent, one written");
     assert_eq!(
         accepted() - accepted_before,
@@ -951,11 +947,7 @@ fn the_collector_sends_again_what_a_stalled_proflow_refused() {
     proflow.wait_for_files(N, |e| e.label("service_name") == Some(&service));
     // Counted once everything accepted is written: a request the Collector
     // sent again after proflow took it would be a second copy here.
-    common::wait_all_written(&proflow, Duration::from_secs(60));
-    let entries: Vec<_> = common::read_index(&proflow.profiles)
-        .into_iter()
-        .filter(|e| e.label("service_name") == Some(&service))
-        .collect();
+    let entries = common::written_entries(&proflow, &service, Duration::from_secs(60));
     assert_eq!(
         entries.len(),
         N,

@@ -1268,17 +1268,24 @@ pub fn wait_all_written(proflow: &Proflow, timeout: Duration) {
     }
 }
 
+/// The index entries of service `app` once the `file` exporter has written
+/// every profile the receivers accepted ([`wait_all_written`]): a copy
+/// accepted twice would be there too.
+pub fn written_entries(proflow: &Proflow, app: &str, timeout: Duration) -> Vec<IndexEntry> {
+    wait_all_written(proflow, timeout);
+    read_index(&proflow.profiles)
+        .into_iter()
+        .filter(|e| e.label("service_name") == Some(app))
+        .collect()
+}
+
 /// After a client pushing as `app` to `proflow` (started by
 /// [`start_with_file_and`]) has exited: waits until the `file` exporter has
 /// written every profile the receiver accepted (the client flushed before
 /// it exited, so that count is final) and `exporter` has sent at least as
 /// many, with none failed. Returns the index entries and the metrics then.
 pub fn wait_exported(proflow: &Proflow, app: &str, exporter: &str) -> (Vec<IndexEntry>, String) {
-    wait_all_written(proflow, Duration::from_secs(30));
-    let entries: Vec<IndexEntry> = read_index(&proflow.profiles)
-        .into_iter()
-        .filter(|e| e.label("service_name") == Some(app))
-        .collect();
+    let entries = written_entries(proflow, app, Duration::from_secs(30));
     assert!(!entries.is_empty(), "nothing of {app} was written");
     let written = entries.len() as f64;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
