@@ -218,6 +218,17 @@ impl Proflow {
         args: &[&str],
         mut make_config: impl FnMut(&Ports, &Path) -> String,
     ) -> Proflow {
+        Proflow::start_with_env(args, |ports, profiles| {
+            (make_config(ports, profiles), Vec::new())
+        })
+    }
+
+    /// Like [`Proflow::start_with_args`]; `make` also gives the variables set
+    /// in the binary's environment (what a config's `${env:NAME}` reads).
+    pub fn start_with_env(
+        args: &[&str],
+        mut make: impl FnMut(&Ports, &Path) -> (String, Vec<(String, String)>),
+    ) -> Proflow {
         let dir = tempfile::Builder::new()
             .prefix("proflow-e2e-")
             .tempdir()
@@ -228,10 +239,12 @@ impl Proflow {
         let mut last_log = String::new();
         for attempt in 1..=3 {
             let ports = Ports::fresh();
-            std::fs::write(&config, make_config(&ports, &profiles)).expect("write the config");
+            let (yaml, env) = make(&ports, &profiles);
+            std::fs::write(&config, yaml).expect("write the config");
             let log = dir.path().join(format!("proflow-{attempt}.log"));
             let child = spawn_logged(
                 Command::new(env!("CARGO_BIN_EXE_proflow"))
+                    .envs(env)
                     .args(args)
                     .arg("-c")
                     .arg(&config),
@@ -427,6 +440,24 @@ impl Drop for Proflow {
             );
         }
     }
+}
+
+/// `examples/NAME` as a user copies it, with each `(from, to)` of `edits`
+/// replaced (the addresses, ports and directories a test must change).
+/// Panics unless each `from` occurs exactly once, so an edited example
+/// fails its test rather than running with an edit that no longer applies.
+pub fn example_config(name: &str, edits: &[(&str, &str)]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name);
+    let mut yaml =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    for (from, to) in edits {
+        let n = yaml.matches(from).count();
+        assert_eq!(n, 1, "{from:?} occurs {n} times in {}", path.display());
+        yaml = yaml.replace(from, to);
+    }
+    yaml
 }
 
 /// A blocking HTTP client with a bounded timeout and no proxy.
