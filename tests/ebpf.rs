@@ -354,13 +354,17 @@ fn short_lived_processes_grouped_by_service() {
             ports.telemetry
         )
     });
-    // Three processes one after the other, each about a second.
+    // Three processes one after the other, each about a second. Their CPU
+    // time, user and system, is what this process's waited-for children
+    // gained meanwhile (each test runs in a process of its own).
+    let children_before = children_cpu_seconds();
     let mut pids = Vec::new();
     for _ in 0..3 {
         let (mut child, pid) = ebpf_targets::spawn(&bin, 1);
         child.wait().unwrap();
         pids.push(pid);
     }
+    let cpu_seconds = children_cpu_seconds() - children_before;
     let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app.as_str()));
     for e in &entries {
         assert_eq!(
@@ -393,6 +397,36 @@ fn short_lived_processes_grouped_by_service() {
         "the short-lived processes {pids:?} were not symbolized: {totals:?}; stacks: {stacks:#?}; index:\n{}",
         std::fs::read_to_string(proflow.profiles.join("index.jsonl")).unwrap_or_default()
     );
+    // All three processes are in the one profile, each whole: the samples
+    // are the CPU they had at 997 Hz (a process missed leaves two thirds,
+    // an interval sent twice doubles it), and split 2:1 as they spend it.
+    let samples: i64 = stacks.values().sum();
+    let expected = cpu_seconds * 997.0;
+    assert!(
+        (expected * 0.8..=expected * 1.15 + 20.0).contains(&(samples as f64)),
+        "{samples} samples for the {cpu_seconds:.2} s of CPU the processes {pids:?} had (about {expected:.0} at 997 Hz); stacks: {stacks:#?}"
+    );
+    let ratio = two as f64 / one as f64;
+    assert!(
+        (1.6..=2.5).contains(&ratio),
+        "split {two}:{one} = {ratio:.2}, not 2:1; stacks: {stacks:#?}"
+    );
+    eprintln!(
+        "{samples} samples for {cpu_seconds:.2} s of CPU (about {expected:.0}), split {ratio:.2}"
+    );
+}
+
+/// User plus system CPU time, in seconds, of this process's children that
+/// have ended and been waited for (`getrusage(RUSAGE_CHILDREN)`).
+fn children_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given and reads nothing else.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage), 0);
+        usage
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 /// The receiver's profiles in the real Pyroscope: the same totals come back
