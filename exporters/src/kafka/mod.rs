@@ -460,9 +460,9 @@ impl KafkaExporter {
             logged.len() < MAX_REMEMBERED_MESSAGES && logged.insert(key)
         };
         if first {
-            tracing::warn!(exporter = %self.id, reason = %e.reason, message = %e.message, "profiles refused; this reason is logged once");
+            tracing::warn!(exporter = %self.id, reason = %e.reason, error = %e.message, "profiles refused; this reason is logged once");
         } else {
-            tracing::debug!(exporter = %self.id, reason = %e.reason, message = %e.message, "profiles refused");
+            tracing::debug!(exporter = %self.id, reason = %e.reason, error = %e.message, "profiles refused");
         }
     }
 

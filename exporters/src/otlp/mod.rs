@@ -585,11 +585,11 @@ impl OtlpExporter {
                 exporter = %self.id,
                 peer = %self.transport.shown(),
                 rejected = p.rejected_profiles,
-                message = %p.error_message,
+                error = %p.error_message,
                 "the peer accepted a request but rejected some of its profiles (OTLP does not say which); this message is logged once"
             );
         } else {
-            tracing::debug!(exporter = %self.id, rejected = p.rejected_profiles, message = %p.error_message, "the peer rejected some profiles of a request");
+            tracing::debug!(exporter = %self.id, rejected = p.rejected_profiles, error = %p.error_message, "the peer rejected some profiles of a request");
         }
     }
 }

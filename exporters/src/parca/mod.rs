@@ -367,11 +367,11 @@ impl ParcaExporter {
             tracing::warn!(
                 exporter = %self.id,
                 peer = %self.shown,
-                message = %message,
+                error = %message,
                 "Parca refused profiles as invalid; they were dropped (this message is logged once)"
             );
         } else {
-            tracing::debug!(exporter = %self.id, message = %message, "Parca refused profiles as invalid");
+            tracing::debug!(exporter = %self.id, error = %message, "Parca refused profiles as invalid");
         }
     }
 }

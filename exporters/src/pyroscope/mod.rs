@@ -382,9 +382,9 @@ impl PyroscopeExporter {
             logged.len() < MAX_REMEMBERED_MESSAGES && logged.insert(format!("{status} {said}"))
         };
         if first_time {
-            tracing::warn!(exporter = %self.id, peer = %self.base, status, message = %said, "Pyroscope refused profiles; this message is logged once");
+            tracing::warn!(exporter = %self.id, peer = %self.base, status, error = %said, "Pyroscope refused profiles; this message is logged once");
         } else {
-            tracing::debug!(exporter = %self.id, status, message = %said, "Pyroscope refused profiles");
+            tracing::debug!(exporter = %self.id, status, error = %said, "Pyroscope refused profiles");
         }
         ExportError::permanent(reason, message)
     }

@@ -234,7 +234,7 @@ impl Handler {
             tracing::debug!(
                 receiver = %self.id,
                 reason = error.reason(),
-                message = %error,
+                error = %error,
                 "request refused"
             );
         }

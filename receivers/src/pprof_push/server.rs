@@ -548,7 +548,7 @@ impl Shared {
                         receiver = %self.id,
                         status = error.status().as_u16(),
                         reason = error.reason(),
-                        message = %error,
+                        error = %error,
                         "request refused"
                     );
                 }
