@@ -248,3 +248,226 @@ fn every_example_config_validates() {
         dir.display()
     );
 }
+
+/// `examples/gateway.yaml` as a user copies it (only its addresses and
+/// directories moved to free ports and a temporary directory, `CLUSTER`
+/// set): a push labelled `pod_template_hash` is written as the gzip pprof it
+/// arrived as and as folded text, labelled with the cluster and without the
+/// hash.
+#[test]
+fn the_gateway_example_writes_a_push_as_pprof_and_as_folded_text() {
+    let cluster = common::unique_name("cluster");
+    let proflow = Proflow::start_with_env(&["run"], |ports, profiles| {
+        let folded = profiles.with_file_name("folded");
+        let yaml = common::example_config(
+            "gateway.yaml",
+            &[
+                (
+                    "endpoint: 0.0.0.0:4040",
+                    &format!("endpoint: {}", ports.receiver),
+                ),
+                (
+                    "address: 0.0.0.0:8888",
+                    &format!("address: {}", ports.telemetry),
+                ),
+                (
+                    "directory: /var/lib/proflow/pprof",
+                    &format!("directory: {}", profiles.display()),
+                ),
+                (
+                    "directory: /var/lib/proflow/folded",
+                    &format!("directory: {}", folded.display()),
+                ),
+            ],
+        );
+        (yaml, vec![("CLUSTER".to_owned(), cluster.clone())])
+    });
+    let app = common::unique_name("gateway");
+    let body = common::gzip(&common::cpu_profile());
+    proflow
+        .post(
+            &common::ingest_query(
+                &format!("{app}{{pod_template_hash=5d8f9c,env=prod}}"),
+                Some("pprof"),
+            ),
+            &[("content-type", "application/octet-stream")],
+            body.clone(),
+        )
+        .expect_status(200, "a push to the gateway example");
+    let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app.as_str()));
+    assert_eq!(entries.len(), 1, "one push, one pprof file: {entries:?}");
+    let e = &entries[0];
+    assert_eq!(e.label("cluster"), Some(cluster.as_str()), "{:?}", e.labels);
+    assert_eq!(e.label("env"), Some("prod"), "{:?}", e.labels);
+    assert_eq!(e.label("pod_template_hash"), None, "{:?}", e.labels);
+    assert!(
+        std::fs::read(&e.path).expect("read the pprof file") == body,
+        "the pprof file is not the gzip body that was pushed"
+    );
+    // The folded copy: the pushed profile's two stacks with their values.
+    let folded = proflow.profiles.with_file_name("folded");
+    let deadline = std::time::Instant::now() + common::FILE_TIMEOUT;
+    let entry = loop {
+        let found: Vec<common::IndexEntry> = common::read_index(&folded)
+            .into_iter()
+            .filter(|e| e.label("service_name") == Some(app.as_str()) && e.path.is_file())
+            .collect();
+        if let Some(first) = found.first() {
+            assert_eq!(
+                found.len(),
+                1,
+                "one sample type, one folded file: {found:?}"
+            );
+            break first.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no folded file for {app} under {}: {:?}\nlog:\n{}",
+            folded.display(),
+            common::list_files(&folded),
+            proflow.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(entry.label("cluster"), Some(cluster.as_str()));
+    let text = std::fs::read_to_string(&entry.path).expect("read the folded file");
+    assert_eq!(
+        text,
+        format!(
+            "main;{} 300000000\nmain;{} 100000000\n",
+            common::HOT_FUNCTION,
+            common::WARM_FUNCTION
+        ),
+        "{}",
+        entry.path.display()
+    );
+}
+
+/// The keys that an object of `text` (valid JSON) repeats: serde_json
+/// keeps the last of them silently; other readers keep the first or refuse
+/// the line.
+fn repeated_keys(text: &str) -> Vec<String> {
+    enum Frame {
+        /// The keys so far, and whether a key comes next.
+        Object(std::collections::HashSet<String>, bool),
+        Array,
+    }
+    let mut stack = Vec::new();
+    let mut repeated = Vec::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' => stack.push(Frame::Object(Default::default(), true)),
+            '[' => stack.push(Frame::Array),
+            '}' | ']' => {
+                stack.pop();
+            }
+            ',' => {
+                if let Some(Frame::Object(_, key_next)) = stack.last_mut() {
+                    *key_next = true;
+                }
+            }
+            '"' => {
+                let mut string = String::new();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        '\\' => {
+                            string.push(c);
+                            string.extend(chars.next());
+                        }
+                        _ => string.push(c),
+                    }
+                }
+                if let Some(Frame::Object(keys, key_next)) = stack.last_mut()
+                    && std::mem::take(key_next)
+                    && !keys.insert(string.clone())
+                {
+                    repeated.push(string);
+                }
+            }
+            _ => {}
+        }
+    }
+    repeated
+}
+
+/// `service.telemetry.log_format: json`: every line the collector writes is
+/// one JSON object, with the timestamp, level, target and fields
+/// (`message` and the event's own) of tracing-subscriber's JSON format:
+/// the start, a refused push (logged at debug) and the stop.
+#[test]
+fn json_logs_are_one_object_a_line() {
+    let mut proflow = Proflow::start(|ports, profiles| {
+        common::file_pipeline_config(ports, profiles, "", false).replace(
+            "    log_level: info\n",
+            "    log_level: debug\n    log_format: json\n",
+        )
+    });
+    proflow
+        .post(
+            &common::ingest_query("json-logs", Some("pprof")),
+            &[("content-type", "application/octet-stream")],
+            b"not a profile".to_vec(),
+        )
+        .expect_status(400, "a body that is not pprof");
+    assert_eq!(
+        proflow.terminate(std::time::Duration::from_secs(20)),
+        Some(0)
+    );
+    let log = proflow.log_text();
+    let mut events = Vec::new();
+    for line in log.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not one JSON object ({e}): {line:?}\nlog:\n{log}"));
+        let repeated = repeated_keys(line);
+        assert!(
+            repeated.is_empty(),
+            "the line repeats the keys {repeated:?} in one object (readers differ on which they keep): {line}"
+        );
+        let level = v["level"].as_str().unwrap_or_default();
+        assert!(
+            ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"].contains(&level),
+            "level {level:?}: {line}"
+        );
+        let timestamp = v["timestamp"].as_str().unwrap_or_default();
+        assert!(
+            timestamp.len() >= 20 && timestamp.as_bytes()[10] == b'T' && timestamp.ends_with('Z'),
+            "timestamp {timestamp:?}: {line}"
+        );
+        assert!(
+            v["target"].as_str().is_some_and(|t| !t.is_empty()),
+            "no target: {line}"
+        );
+        assert!(
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "no fields.message: {line}"
+        );
+        events.push(v);
+    }
+    let find = |message: &str| {
+        events
+            .iter()
+            .find(|v| v["fields"]["message"] == message)
+            .unwrap_or_else(|| panic!("no {message:?} line in the log:\n{log}"))
+    };
+    assert_eq!(find("proflow is running")["level"], "INFO");
+    assert_eq!(
+        find("proflow is running")["fields"]["version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    let refused = find("request refused");
+    assert_eq!(refused["level"], "DEBUG", "{refused}");
+    assert_eq!(refused["fields"]["status"], 400, "{refused}");
+    assert_eq!(refused["fields"]["receiver"], "pprof_push", "{refused}");
+    assert_eq!(refused["fields"]["reason"], "bad_request", "{refused}");
+    assert!(
+        refused["fields"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not a valid pprof")),
+        "{refused}"
+    );
+    find("SIGTERM received");
+}
