@@ -693,7 +693,14 @@ impl ScrapeJobConfig {
             self.authorization.as_ref(),
             self.tls_config.as_ref(),
         ));
-        if self.scheme == Scheme::Http && self.tls_config.is_some() {
+        // Relabelling may make a target https (Alloy's `.scheme` annotation
+        // rule writes __scheme__); a rule that may write any label counts.
+        let relabelling_sets_scheme = self.relabel_configs.iter().any(|r| {
+            r.action == relabel::RelabelAction::LabelMap
+                || r.target_label == "__scheme__"
+                || r.target_label.contains('$')
+        });
+        if self.scheme == Scheme::Http && self.tls_config.is_some() && !relabelling_sets_scheme {
             problems.push(FieldError::new(
                 "tls_config",
                 "is only used with `scheme: https` (or targets whose __scheme__ is https); keep it only if relabelling sets __scheme__",

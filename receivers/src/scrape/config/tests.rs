@@ -119,6 +119,30 @@ fn every_problem_is_reported() {
 }
 
 #[test]
+fn tls_config_without_https_is_refused_unless_relabelling_sets_the_scheme() {
+    let job = |relabel: &str| {
+        parse(&format!(
+            "scrape_configs:\n- job_name: a\n  tls_config: {{insecure_skip_verify: true}}\n  static_configs: [{{targets: ['h:1']}}]\n  relabel_configs: [{relabel}]\n"
+        ))
+        .problems()
+        .into_iter()
+        .map(|p| p.path)
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        job("{target_label: team, replacement: x}"),
+        ["scrape_configs.0.tls_config"]
+    );
+    for sets_scheme in [
+        "{source_labels: [s], regex: '(https?)', target_label: __scheme__}",
+        "{source_labels: [s], regex: '(.+)', target_label: '__${1}__'}",
+        "{action: labelmap, regex: '__meta_(scheme)', replacement: '__$1__'}",
+    ] {
+        assert_eq!(job(sets_scheme), Vec::<String>::new(), "{sets_scheme}");
+    }
+}
+
+#[test]
 fn unknown_fields_are_refused() {
     let r: Result<ScrapeReceiverConfig, _> = serde_saphyr::from_str(
         "scrape_configs: [{job_name: a, scrape_intervall: 5s, static_configs: []}]",
