@@ -108,6 +108,56 @@ fn collector_links(file: &str, app: &str) -> (BTreeMap<(String, String), i64>, i
     (links, unlinked)
 }
 
+/// Runs gotrace as `app` for 6 s against `proflow` (profiles to its
+/// `pprof_push` receiver, spans to its OTLP receiver on `otlp_port`); checks
+/// it reported no failure and exported at least 10 `hot-request` spans.
+/// Returns the spans it exported and the span ids of the `hot-request`
+/// ones.
+fn run_gotrace(
+    gotrace: &Path,
+    proflow: &common::Proflow,
+    otlp_port: u16,
+    app: &str,
+) -> (HashMap<String, Exported>, HashSet<String>) {
+    let spans_out = proflow.dir.path().join("spans.txt");
+    let log = proflow.dir.path().join("gotrace.log");
+    let (status, output) = common::run_bounded(
+        Command::new(gotrace)
+            .arg("-server")
+            .arg(format!("http://{}", proflow.ports.receiver))
+            .arg("-otlp")
+            .arg(format!("127.0.0.1:{otlp_port}"))
+            .arg("-app")
+            .arg(app)
+            .arg("-upload-rate")
+            .arg("1s")
+            .arg("-duration")
+            .arg("6s")
+            .arg("-spans-out")
+            .arg(&spans_out),
+        &log,
+        Duration::from_secs(60),
+    );
+    assert!(status.success(), "gotrace: {status}\n{output}");
+    assert!(
+        !output.contains("failed"),
+        "gotrace reported failures:\n{output}\nproflow log:\n{}",
+        proflow.log_text()
+    );
+    let exported = read_spans(&spans_out);
+    let hot: HashSet<String> = exported
+        .iter()
+        .filter(|(_, e)| e.name == "hot-request")
+        .map(|(s, _)| s.clone())
+        .collect();
+    assert!(
+        hot.len() >= 10,
+        "gotrace exported {} hot-request spans:\n{output}",
+        hot.len()
+    );
+    (exported, hot)
+}
+
 #[test]
 fn a_pyroscope_instrumented_go_service_reaches_an_otlp_backend_linked_to_its_traces() {
     let Some(otelcol) = peer_env::peer("otelcol") else {
@@ -137,49 +187,111 @@ fn a_pyroscope_instrumented_go_service_reaches_an_otlp_backend_linked_to_its_tra
         )
     });
     let app = common::unique_name("gotrace");
-    let spans_out = proflow.dir.path().join("spans.txt");
-    let log = proflow.dir.path().join("gotrace.log");
-    let (status, output) = common::run_bounded(
-        Command::new(&gotrace)
-            .arg("-server")
-            .arg(format!("http://{}", proflow.ports.receiver))
-            .arg("-otlp")
-            .arg(format!("127.0.0.1:{otlp_port}"))
-            .arg("-app")
-            .arg(&app)
-            .arg("-upload-rate")
-            .arg("1s")
-            .arg("-duration")
-            .arg("6s")
-            .arg("-spans-out")
-            .arg(&spans_out),
-        &log,
-        Duration::from_secs(60),
-    );
-    assert!(status.success(), "gotrace: {status}\n{output}");
-    assert!(
-        !output.contains("failed"),
-        "gotrace reported failures:\n{output}\nproflow log:\n{}",
-        proflow.log_text()
-    );
-    let exported = read_spans(&spans_out);
-    let hot: HashSet<&String> = exported
-        .iter()
-        .filter(|(_, e)| e.name == "hot-request")
-        .map(|(s, _)| s)
-        .collect();
-    assert!(
-        hot.len() >= 10,
-        "gotrace exported {} hot-request spans:\n{output}",
-        hot.len()
-    );
+    let (exported, hot) = run_gotrace(&gotrace, &proflow, otlp_port, &app);
+    let hot: HashSet<&String> = hot.iter().collect();
 
-    // The collector: every link is a (trace, span) the SDK exported, and
-    // most of the hot spans' CPU arrived linked.
+    let links = check_collector(&otelcol, &app, &exported, &hot, &proflow);
+
+    // The file exporter's pprof: Pyroscope's labels, normalized (no
+    // `trace_id` label: `trace_id_label` is not in the output).
+    let mut checked = 0;
+    for entry in common::read_index(&proflow.profiles) {
+        if entry.label("service_name") != Some(app.as_str()) {
+            continue;
+        }
+        let p = common::read_profile(&entry.path);
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        for sample in &p.sample {
+            let labels: BTreeMap<&str, &str> =
+                sample.label.iter().map(|l| (s(l.key), s(l.str))).collect();
+            assert_eq!(labels.get("trace_id"), None, "{labels:?}");
+            let Some(span) = labels.get("span_id") else {
+                continue;
+            };
+            // A root span (see above), named as the SDK exported it.
+            let name = exported[*span].name.as_str();
+            assert!(
+                ["hot-request", "idle-request"].contains(&name),
+                "{labels:?}"
+            );
+            assert_eq!(labels.get("span_name"), Some(&name));
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no sample of the files has a span_id label");
+
+    check_pyroscope(&pyroscope_base, &app, &links, &hot);
+}
+
+/// `examples/trace-link.yaml` as a user copies it (its listening addresses
+/// moved to free ports; `OTLP_BACKEND` and `PYROSCOPE_URL` naming the real
+/// Collector and Pyroscope): gotrace's profiles reach the Collector linked to
+/// the traces it exported, and Pyroscope with the span labels it reads.
+#[test]
+fn the_trace_link_example_links_gotraces_profiles_to_its_traces() {
+    let Some(otelcol) = peer_env::peer("otelcol") else {
+        return;
+    };
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let Some(gotrace) = peer_env::go_app("gotrace") else {
+        return;
+    };
+    let pyroscope_base = pyroscope.http_base();
+    let mut otlp_port = 0;
+    let proflow = common::Proflow::start_with_env(&["run"], |ports, _| {
+        otlp_port = common::free_port();
+        let yaml = common::example_config(
+            "trace-link.yaml",
+            &[
+                (
+                    "endpoint: 0.0.0.0:4040",
+                    &format!("endpoint: {}", ports.receiver),
+                ),
+                (
+                    "endpoint: 0.0.0.0:4317",
+                    &format!("endpoint: 127.0.0.1:{otlp_port}"),
+                ),
+                (
+                    "address: 127.0.0.1:8888",
+                    &format!("address: {}", ports.telemetry),
+                ),
+            ],
+        );
+        let env = [
+            ("OTLP_BACKEND", otelcol.endpoint()),
+            ("PYROSCOPE_URL", pyroscope_base.as_str()),
+        ];
+        (
+            yaml,
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    });
+    let app = common::unique_name("gotrace-example");
+    let (exported, hot) = run_gotrace(&gotrace, &proflow, otlp_port, &app);
+    let hot: HashSet<&String> = hot.iter().collect();
+    let links = check_collector(&otelcol, &app, &exported, &hot, &proflow);
+    check_pyroscope(&pyroscope_base, &app, &links, &hot);
+}
+
+/// The collector's output for `app`: every link is a (trace, span) the SDK
+/// exported, and most of the hot spans' CPU arrived linked; proflow's
+/// metrics count the linked samples and the spans indexed. Returns the
+/// links with the CPU of their samples.
+fn check_collector(
+    otelcol: &peer_env::Peer,
+    app: &str,
+    exported: &HashMap<String, Exported>,
+    hot: &HashSet<&String>,
+    proflow: &common::Proflow,
+) -> BTreeMap<(String, String), i64> {
     let file = otelcol.var("FILE_PATH").to_owned();
     let mut last = (BTreeMap::new(), 0);
     let settled = peer_env::poll(READ_BACK_TIMEOUT, || {
-        last = collector_links(&file, &app);
+        last = collector_links(&file, app);
         let linked_hot = last.0.keys().filter(|(_, s)| hot.contains(s)).count();
         (linked_hot * 2 >= hot.len()).then_some(())
     });
@@ -231,36 +343,18 @@ fn a_pyroscope_instrumented_go_service_reaches_an_otlp_backend_linked_to_its_tra
         links.keys().filter(|(_, s)| hot.contains(s)).count(),
         hot.len()
     );
+    last.0
+}
 
-    // The file exporter's pprof: Pyroscope's labels, normalized (no
-    // `trace_id` label: `trace_id_label` is not in the output).
-    let mut checked = 0;
-    for entry in common::read_index(&proflow.profiles) {
-        if entry.label("service_name") != Some(app.as_str()) {
-            continue;
-        }
-        let p = common::read_profile(&entry.path);
-        let s = |i: i64| p.string_table[i as usize].as_str();
-        for sample in &p.sample {
-            let labels: BTreeMap<&str, &str> =
-                sample.label.iter().map(|l| (s(l.key), s(l.str))).collect();
-            assert_eq!(labels.get("trace_id"), None, "{labels:?}");
-            let Some(span) = labels.get("span_id") else {
-                continue;
-            };
-            // A root span (see above), named as the SDK exported it.
-            let name = exported[*span].name.as_str();
-            assert!(
-                ["hot-request", "idle-request"].contains(&name),
-                "{labels:?}"
-            );
-            assert_eq!(labels.get("span_name"), Some(&name));
-            checked += 1;
-        }
-    }
-    assert!(checked > 0, "no sample of the files has a span_id label");
-
-    // Pyroscope: its span profiles find the hot function by span id.
+/// Pyroscope at `pyroscope_base`: its span profiles find the hot function
+/// of `app` by the ids of the hot spans that were linked, and no
+/// `trace_id` label reached it.
+fn check_pyroscope(
+    pyroscope_base: &str,
+    app: &str,
+    links: &BTreeMap<(String, String), i64>,
+    hot: &HashSet<&String>,
+) {
     let spans: Vec<String> = links
         .keys()
         .filter(|(_, s)| hot.contains(s))
@@ -272,7 +366,7 @@ fn a_pyroscope_instrumented_go_service_reaches_an_otlp_backend_linked_to_its_tra
     let found = peer_env::poll(READ_BACK_TIMEOUT, || {
         last = readback::pyroscope_span_totals(
             &http,
-            &pyroscope_base,
+            pyroscope_base,
             &selector,
             CPU_TYPE,
             &spans,
