@@ -62,13 +62,16 @@ fn consumer(broker: &str, topic: &str, group: &str) -> Proflow {
     })
 }
 
-/// Pushes profile `i` as service `service` with tenant `tenant`.
+/// The tenant every push names.
+const TENANT: &str = "team-k";
+
+/// Pushes profile `i` as service `service` with tenant [`TENANT`].
 fn push(p: &Proflow, service: &str, i: usize) {
     p.post(
         &common::ingest_query(&format!("{service}{{seq={i}}}"), Some("pprof")),
         &[
             ("content-type", "application/octet-stream"),
-            ("x-scope-orgid", "team-k"),
+            ("x-scope-orgid", TENANT),
         ],
         profile(i),
     )
@@ -123,6 +126,97 @@ fn wait_distinct(p: &Proflow, n: usize, timeout: Duration) -> Vec<IndexEntry> {
     }
 }
 
+/// The headers of the first `count` records of `topic`, as kcat prints
+/// them: one line per record, `name=value` pairs separated by commas.
+fn record_headers(broker: &str, topic: &str, count: usize) -> Vec<String> {
+    let out = std::process::Command::new("timeout")
+        .args(["30", "kcat", "-q", "-b", broker, "-C", "-t", topic])
+        .args(["-o", "beginning", "-c", &count.to_string(), "-f", "%h\\n"])
+        .output()
+        .unwrap_or_else(|e| panic!("could not run kcat (Debian package kcat): {e}"));
+    assert!(
+        out.status.success(),
+        "kcat reading the headers of {topic}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), count, "header lines of {topic}: {lines:?}");
+    lines
+}
+
+/// The offset group `group` has committed for partition 0 of `topic`
+/// (-1: none), as the broker at `broker` (a single node, so the group's
+/// coordinator) answers an OffsetFetch request, version 1: what a member
+/// asks when it is given a partition. Asking does not join the group.
+fn committed_offset(broker: &str, group: &str, topic: &str) -> Result<i64, String> {
+    use std::io::{Read, Write};
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&i16::try_from(s.len()).expect("short string").to_be_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    const OFFSET_FETCH: i16 = 9;
+    const CORRELATION: i32 = 0x7072_6f66;
+    let mut request = Vec::new();
+    request.extend_from_slice(&OFFSET_FETCH.to_be_bytes());
+    request.extend_from_slice(&1i16.to_be_bytes());
+    request.extend_from_slice(&CORRELATION.to_be_bytes());
+    string(&mut request, "proflow-test");
+    string(&mut request, group);
+    request.extend_from_slice(&1i32.to_be_bytes()); // one topic
+    string(&mut request, topic);
+    request.extend_from_slice(&1i32.to_be_bytes()); // one partition
+    request.extend_from_slice(&0i32.to_be_bytes()); // partition 0
+    let mut conn = std::net::TcpStream::connect(broker).map_err(|e| format!("connect: {e}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut framed = (request.len() as i32).to_be_bytes().to_vec();
+    framed.extend_from_slice(&request);
+    conn.write_all(&framed).map_err(|e| format!("send: {e}"))?;
+    let mut len = [0u8; 4];
+    conn.read_exact(&mut len)
+        .map_err(|e| format!("read: {e}"))?;
+    let len = usize::try_from(i32::from_be_bytes(len)).map_err(|_| "negative length")?;
+    let mut body = vec![0u8; len.min(1 << 20)];
+    conn.read_exact(&mut body)
+        .map_err(|e| format!("read: {e}"))?;
+    // correlation id, topics [name, partitions [index, offset, metadata, error]]
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        let field = body
+            .get(at..at + n)
+            .ok_or_else(|| format!("the answer ends at byte {at}: {body:?}"))?;
+        at += n;
+        Ok(field)
+    };
+    let int = |b: &[u8]| b.iter().fold(0i64, |acc, &x| (acc << 8) | i64::from(x));
+    let correlation = int(take(4)?);
+    if correlation != i64::from(CORRELATION) {
+        return Err(format!("correlation id {correlation}"));
+    }
+    if int(take(4)?) != 1 {
+        return Err("not one topic in the answer".into());
+    }
+    let name_len = int(take(2)?) as usize;
+    take(name_len)?;
+    if int(take(4)?) != 1 {
+        return Err("not one partition in the answer".into());
+    }
+    take(4)?; // partition index
+    let offset = take(8)?;
+    let offset = i64::from_be_bytes(offset.try_into().expect("8 bytes"));
+    let metadata_len = i16::from_be_bytes(take(2)?.try_into().expect("2 bytes"));
+    take(usize::try_from(metadata_len).unwrap_or(0))?;
+    let error = i16::from_be_bytes(take(2)?.try_into().expect("2 bytes"));
+    if error != 0 {
+        return Err(format!("Kafka error code {error}"));
+    }
+    Ok(offset)
+}
+
 #[test]
 fn pprof_records_arrive_byte_for_byte_with_labels_and_keys() {
     let Some(kafka) = peer_env::peer("kafka") else {
@@ -150,7 +244,6 @@ fn pprof_records_arrive_byte_for_byte_with_labels_and_keys() {
     let e = &got_entries[0];
     assert_eq!(e.label("service_name"), Some("kafka-e2e"));
     assert_eq!(e.label("__name__"), Some("process_cpu"));
-
     // The records as kcat reads them: the key is the series' stable hash.
     let records = peer_env::kafka_consume(broker, &topic, N, Duration::from_secs(30));
     let keys: BTreeSet<Vec<u8>> = records.iter().filter_map(|r| r.key.clone()).collect();
@@ -159,6 +252,39 @@ fn pprof_records_arrive_byte_for_byte_with_labels_and_keys() {
         keys.iter()
             .all(|k| k.len() == 16 && k.iter().all(u8::is_ascii_hexdigit))
     );
+    // The tenant each push named (`X-Scope-OrgID`) travels in a record
+    // header ...
+    let headers = record_headers(broker, &topic, N);
+    let tenant_header = format!("proflow.tenant={TENANT}");
+    let without: Vec<&String> = headers
+        .iter()
+        .filter(|h| !h.split(',').any(|kv| kv == tenant_header))
+        .collect();
+    assert!(
+        without.is_empty(),
+        "{} of {N} records without the header {tenant_header}, the first: {:?}",
+        without.len(),
+        &without[..without.len().min(3)]
+    );
+    // ... and the second proflow carries it to its exporters.
+    let tenant_of = |e: &IndexEntry| {
+        e.raw
+            .get("tenant")
+            .and_then(|t| t.as_str())
+            .map(str::to_owned)
+    };
+    let untenanted: Vec<(Option<&str>, Option<String>)> = got_entries
+        .iter()
+        .map(|e| (e.label("seq"), tenant_of(e)))
+        .filter(|(_, t)| t.as_deref() != Some(TENANT))
+        .collect();
+    assert!(
+        untenanted.is_empty(),
+        "{} of {N} profiles written after Kafka without tenant {TENANT}, the first (seq, tenant): {:?}",
+        untenanted.len(),
+        &untenanted[..untenanted.len().min(3)]
+    );
+
     let metrics = first.metrics();
     let sent_n = common::metric_sum(
         &metrics,
@@ -234,7 +360,7 @@ fn a_consumer_killed_mid_stream_loses_nothing() {
     }
     let mut second = consumer(broker, &topic, &group);
     wait_log(&second, "partitions assigned", ARRIVAL_TIMEOUT);
-    let pushing = {
+    let committed_before_kill = {
         let url_first = &first;
         std::thread::scope(|s| {
             let h = s.spawn(move || {
@@ -243,16 +369,27 @@ fn a_consumer_killed_mid_stream_loses_nothing() {
                     std::thread::sleep(Duration::from_millis(10));
                 }
             });
-            // Kill the consumer once it has written part of the stream, and
-            // its commit timer (500 ms) has run several times since the
-            // first record it wrote.
-            wait_distinct(&second, 1, ARRIVAL_TIMEOUT);
-            let first_written = Instant::now();
-            let before = wait_distinct(&second, N / 2, ARRIVAL_TIMEOUT);
-            std::thread::sleep(Duration::from_millis(1500).saturating_sub(first_written.elapsed()));
+            // Kill the consumer once it has written part of the stream and
+            // the broker holds a commit of its group past the first record:
+            // the position a restarted member resumes from, read from the
+            // broker right before the kill.
+            wait_distinct(&second, N / 2, ARRIVAL_TIMEOUT);
+            let committed = peer_env::poll(ARRIVAL_TIMEOUT, || {
+                committed_offset(broker, &group, &topic)
+                    .ok()
+                    .filter(|&c| c > 0)
+            });
+            let Some(committed) = committed else {
+                panic!(
+                    "in {ARRIVAL_TIMEOUT:?} the broker held no commit of group {group} past the first record, while the consumer wrote {} profiles (committed: {:?})\nlog:\n{}",
+                    read_index(&second.profiles).len(),
+                    committed_offset(broker, &group, &topic),
+                    second.log_text()
+                );
+            };
             second.sigkill();
             h.join().expect("pushing thread");
-            files_by_seq(&before)
+            committed
         })
     };
     // What the killed consumer wrote (read before its directory goes).
@@ -263,7 +400,11 @@ fn a_consumer_killed_mid_stream_loses_nothing() {
             *seen.entry(seq.to_owned()).or_default() += 1;
         }
     }
-    assert!(seen.len() >= pushing.len());
+    assert!(
+        seen.len() >= N / 2,
+        "the killed consumer wrote {} distinct profiles",
+        seen.len()
+    );
     drop(second);
     let third = consumer(broker, &topic, &group);
     let deadline = Instant::now() + ARRIVAL_TIMEOUT;
@@ -295,14 +436,27 @@ fn a_consumer_killed_mid_stream_loses_nothing() {
         "profiles lost across the SIGKILL: {lost:?}\nlog of the restarted consumer:\n{}",
         third.log_text()
     );
-    // Commits did happen before the kill: the restarted consumer did not
-    // read everything again from the start.
+    // The topic's one partition holds one record per profile from offset 0,
+    // and the group's commits only move forward. Every record below the
+    // offset committed before the kill was written by the killed consumer
+    // (a record is committed only once delivered), and the restarted one
+    // resumes at that offset or later: it can deliver again only what the
+    // killed one wrote at or past it.
+    let committed = usize::try_from(committed_before_kill).expect("a committed offset is positive");
     assert!(
-        duplicates < written_before_kill,
-        "{duplicates} duplicates of {written_before_kill} profiles written before the kill: nothing was committed"
+        committed <= seen.len(),
+        "the group committed offset {committed}, past the {} profiles its consumer had written",
+        seen.len()
+    );
+    let may_repeat = seen.len().saturating_sub(committed);
+    assert!(
+        duplicates <= may_repeat,
+        "{duplicates} profiles delivered twice, more than the {may_repeat} the killed consumer wrote at or past its group's committed offset {committed} ({} distinct written before the kill)\nlog of the restarted consumer:\n{}",
+        seen.len(),
+        third.log_text()
     );
     eprintln!(
-        "{N} profiles across a SIGKILL of the consumer: none lost, {duplicates} delivered twice"
+        "{N} profiles across a SIGKILL of the consumer: none lost, {duplicates} delivered twice (offset {committed} committed before the kill, {written_before_kill} written)"
     );
 }
 
