@@ -205,6 +205,76 @@ fn cumulative_profiles_arrive_as_deltas_with_steady_totals() {
     );
 }
 
+#[test]
+fn a_restarted_target_starts_its_deltas_again_from_the_new_process() {
+    // The same address, a new process: its allocation counters start again
+    // from zero, below the last ones proflow holds for that target.
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let args = ["-mem-profile-rate", "1", "-addr", addr.as_str()];
+    let Some(old) = go_target(&args) else {
+        return;
+    };
+    let proflow = start(&format!(
+        "- job_name: restart-job\n  scrape_interval: 3s\n  scrape_timeout: 2s\n  \
+         static_configs: [{{targets: ['{addr}']}}]\n  {}\n",
+        only(&["memory"])
+    ));
+    let is_memory = |e: &IndexEntry| e.label("__name__") == Some("memory");
+    wait_entries(&proflow, 2, Duration::from_secs(60), is_memory);
+    drop(old);
+    let restarted_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0);
+    let Some(_new) = go_target(&args) else {
+        return;
+    };
+    // Profiles the new process wrote (Go stamps each with the time it was
+    // written): three of them.
+    let after =
+        |e: &IndexEntry| is_memory(e) && common::read_profile(&e.path).time_nanos > restarted_at;
+    let entries = wait_entries(&proflow, 3, Duration::from_secs(60), after);
+    let mut rates = Vec::new();
+    for e in &entries[..3] {
+        let p = common::read_profile(&e.path);
+        let seconds = p.duration_nanos as f64 / 1e9;
+        // A delta against the old process's counters would span the
+        // restart, and its values would be the new counters less the old:
+        // below zero.
+        assert!(
+            (2.0..=4.5).contains(&seconds),
+            "a delta after the restart covers one interval (3s), this one {seconds}s"
+        );
+        let negative = p
+            .sample
+            .iter()
+            .flat_map(|s| &s.value)
+            .filter(|v| **v < 0)
+            .count();
+        let bytes = total_in(&p, "alloc_space", "main.goAllocLoop");
+        assert_eq!(
+            negative, 0,
+            "{negative} values below zero in a delta after the restart (goAllocLoop: {bytes} bytes in {seconds}s)"
+        );
+        rates.push(bytes as f64 / seconds);
+    }
+    // One delta's bounds, as in the test above: the interval give or take
+    // one GC cycle at either end.
+    for r in &rates {
+        assert!(
+            (ALLOC_RATE * 0.6..=ALLOC_RATE * 1.45).contains(r),
+            "alloc_space rates of goAllocLoop per delta after the restart {rates:?} B/s, want {ALLOC_RATE} (-40%, +45%)"
+        );
+    }
+    let log = proflow.log_text();
+    let resets = log
+        .lines()
+        .filter(|l| l.contains("the target restarted"))
+        .count();
+    assert_eq!(resets, 1, "the restart was noticed {resets} times:\n{log}");
+    eprintln!("alloc rates of the deltas after the restart: {rates:?} B/s");
+}
+
 /// Writes `text` to `path` atomically (what SD files should be).
 fn write_atomic(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp");
@@ -278,11 +348,17 @@ fn file_sd_targets_are_picked_up_and_dropped_within_one_refresh() {
             .and_then(|t| t["scrapes"].as_u64())
     };
     let kept_url = format!("http://localhost:{}/debug/pprof/goroutine", target.port());
-    let before = scrapes_of(&targets(&proflow), &kept_url).unwrap_or(0);
-    assert!(before >= 1, "the rewritten target was not scraped yet");
+    let interval = Duration::from_secs(2);
+    // Three scrapes first: a loop started again counts from zero (a new
+    // status) and stays below three for two intervals.
+    let before = peer_env::poll(Duration::from_secs(20), || {
+        scrapes_of(&targets(&proflow), &kept_url).filter(|&n| n >= 3)
+    })
+    .unwrap_or_else(|| panic!("the rewritten target was not scraped three times in 20 s"));
     // Another file matching the pattern adds its targets, and the unchanged
-    // target keeps running (its count goes on); removing both files drops
-    // everything.
+    // target keeps its loop: its count, read every 200 ms from before the
+    // change until two intervals after it took effect, never goes back and
+    // goes on. Removing both files then drops everything.
     let extra = sd_dir.path().join("more.json");
     write_atomic(
         &extra,
@@ -293,11 +369,29 @@ fn file_sd_targets_are_picked_up_and_dropped_within_one_refresh() {
         format!("http://localhost:{}/debug/pprof/goroutine", target.port()),
     ];
     both.sort();
-    wait_targets(&proflow, &both, refresh + Duration::from_secs(3));
-    let after = scrapes_of(&targets(&proflow), &kept_url).unwrap_or(0);
+    let mut counts = vec![before];
+    let changed_by = Instant::now() + refresh + Duration::from_secs(3);
+    let mut both_since: Option<Instant> = None;
+    loop {
+        let page = targets(&proflow);
+        if !page.is_null() {
+            // Absent from a page: stopped, so restarted if it comes back.
+            counts.push(scrapes_of(&page, &kept_url).unwrap_or(0));
+            if both_since.is_none() && active_urls(&page) == both {
+                both_since = Some(Instant::now());
+            }
+        }
+        match both_since {
+            Some(at) if at.elapsed() >= 2 * interval => break,
+            None if Instant::now() >= changed_by => {
+                panic!("/targets did not become {both:?} within {refresh:?} + 3 s: {page}")
+            }
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
     assert!(
-        after >= before,
-        "the unchanged target was restarted: {before} scrapes before, {after} after"
+        counts.windows(2).all(|w| w[0] <= w[1]) && counts.last() > Some(&before),
+        "the unchanged target's loop was started again or stopped: its scrapes read every 200 ms across the change were {counts:?}"
     );
     std::fs::remove_file(&sd_file).expect("remove the SD file");
     std::fs::remove_file(&extra).expect("remove the SD file");
