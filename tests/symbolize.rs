@@ -20,6 +20,7 @@ mod common;
 mod ebpf_targets;
 #[allow(clippy::duplicate_mod)]
 mod peer_env;
+mod readback;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -245,12 +246,9 @@ fn metric(proflow: &Proflow, name: &str, result: &str) -> f64 {
     common::metric_sum(&proflow.metrics(), name, &[("result", result)])
 }
 
-#[test]
-fn debug_files_from_the_real_debuginfod_named_once_fetched_and_misses_asked_once() {
-    let Some(server) = peer_env::peer("debuginfod") else {
-        return;
-    };
-    let s = stripped();
+/// Puts the debug file of `s` where `server` (debuginfod) serves from and
+/// waits until it serves it; returns the file's path there.
+fn serve(server: &peer_env::Peer, s: &Stripped) -> PathBuf {
     // The server indexes its directory every second; the file is asked for
     // once it is served (a 404 before would be remembered for negative_ttl).
     let served = Path::new(server.var("DIR")).join(format!("{}.debug", common::unique_name("hot")));
@@ -265,6 +263,97 @@ fn debug_files_from_the_real_debuginfod_named_once_fetched_and_misses_asked_once
             .map(|_| ())
     });
     assert!(indexed.is_some(), "debuginfod never served {url}");
+    served
+}
+
+/// `examples/symbolize-gateway.yaml` as a user copies it (its listening
+/// addresses moved to free ports, its cache to a temporary directory;
+/// `DEBUGINFOD_URL` and `PYROSCOPE_URL` naming the real debuginfod and
+/// Pyroscope): one push of a stripped program's addresses reaches Pyroscope
+/// with its frames named from the debug file debuginfod served, with the
+/// values pushed.
+#[test]
+fn the_symbolize_gateway_example_names_a_push_from_debuginfod_into_pyroscope() {
+    let Some(server) = peer_env::peer("debuginfod") else {
+        return;
+    };
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let s = stripped();
+    let served = serve(&server, &s);
+    let (child, pid) = ebpf_targets::spawn(&s.binary, 60);
+    let _child = KillOnDrop(child);
+    let cache = s.dir.join("cache");
+    let proflow = Proflow::start_with_env(&["run"], |ports, _| {
+        let yaml = common::example_config(
+            "symbolize-gateway.yaml",
+            &[
+                (
+                    "endpoint: 0.0.0.0:4040",
+                    &format!("endpoint: {}", ports.receiver),
+                ),
+                (
+                    "endpoint: 0.0.0.0:4317",
+                    &format!("endpoint: 127.0.0.1:{}", common::free_port()),
+                ),
+                (
+                    "cache_dir: /var/cache/proflow/debuginfod",
+                    &format!("cache_dir: {}", cache.display()),
+                ),
+                (
+                    "address: 127.0.0.1:8888",
+                    &format!("address: {}", ports.telemetry),
+                ),
+            ],
+        );
+        let env = vec![
+            ("DEBUGINFOD_URL".to_owned(), server.http_base()),
+            ("PYROSCOPE_URL".to_owned(), pyroscope.http_base()),
+        ];
+        (yaml, env)
+    });
+    let app = common::unique_name("symbolize-gateway");
+    push(&proflow, &app, profile_of(&s, pid, &s.build_id));
+    // profile_of's values: 200 ms in proflow_hot_two, 100 ms in
+    // proflow_hot_one, both called from main.
+    let functions = ["proflow_hot_two", "proflow_hot_one", "main"];
+    let want: readback::Totals = functions
+        .iter()
+        .zip([200_000_000, 100_000_000, 300_000_000])
+        .map(|(f, v)| (f.to_string(), v))
+        .collect();
+    let (same, got, answer) = readback::pyroscope_wait(
+        &common::http_client(),
+        &pyroscope.http_base(),
+        (
+            &format!("{{service_name=\"{app}\"}}"),
+            &functions,
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+        ),
+        Duration::from_secs(60),
+        |t| *t == want,
+    );
+    assert!(
+        same,
+        "Pyroscope has {got:?} for {app}, want {want:?} ({answer})\nmetrics:\n{}\nlog:\n{}",
+        proflow.metrics(),
+        proflow.log_text()
+    );
+    assert!(
+        cache.join(&s.build_id).join("debuginfo").is_file(),
+        "the fetched file is in the example's cache_dir"
+    );
+    let _ = std::fs::remove_file(&served);
+}
+
+#[test]
+fn debug_files_from_the_real_debuginfod_named_once_fetched_and_misses_asked_once() {
+    let Some(server) = peer_env::peer("debuginfod") else {
+        return;
+    };
+    let s = stripped();
+    let served = serve(&server, &s);
 
     let (child, pid) = ebpf_targets::spawn(&s.binary, 60);
     let _child = KillOnDrop(child);
