@@ -9,11 +9,22 @@
 //!   new or deleted pod followed within seconds;
 //! - the endpoints, endpointslice, service and node roles' labels;
 //! - the `k8s_attributes` processor on pushed profiles, by the sender's pod
-//!   IP (tests/ebpf.rs has it on eBPF profiles, by container id).
+//!   IP (tests/ebpf.rs has it on eBPF profiles, by container id);
+//! - `api_server` and a client-certificate kubeconfig, `attach_metadata:
+//!   {namespace: true}`, and a relist after `410 Gone`
+//!   (kubernetes_cases/api_server.rs);
+//! - the Helm chart's scraper rules for the `.port_name`, `.scheme` and
+//!   `.path` annotations (kubernetes_cases/annotations.rs).
 
 mod common;
 #[allow(clippy::duplicate_mod)]
 mod peer_env;
+mod tls_front;
+
+#[path = "kubernetes_cases/annotations.rs"]
+mod annotations;
+#[path = "kubernetes_cases/api_server.rs"]
+mod api_server;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -9,7 +9,9 @@
 #
 # The API server serves HTTPS on 127.0.0.1 with a certificate made here for
 # 127.0.0.1 and localhost, authenticates a static admin token (group
-# system:masters) and authorizes with RBAC, so a ServiceAccount's token is held
+# system:masters) and client certificates of its CA (a client certificate of
+# user proflow-client in group system:masters is made with it), and
+# authorizes with RBAC, so a ServiceAccount's token is held
 # to its Roles (tests of the chart's RBAC). The ServiceAccount admission plugin
 # is off: without the controller manager no namespace gets its `default`
 # ServiceAccount, and pods would be refused.
@@ -21,6 +23,9 @@
 #   KUBE_CA_FILE=<PEM CA of the serving certificate>
 #   KUBE_KUBECONFIG=<a kubeconfig with the three above>
 #   KUBE_KUBECTL=<path of the kubectl built with it>
+#   KUBE_CLIENT_CERT=<PEM client certificate the API server accepts (admin)>
+#   KUBE_CLIENT_KEY=<its PEM key>
+#   KUBE_ETCD_ENDPOINT=127.0.0.1:PORT (etcd's client URL, plain HTTP)
 
 kube_dir="$peers_dir/kube"
 kube_home() { printf '%s/kube-%s' "$cache_root" "$(go_mod_version "$kube_dir" k8s.io/kubernetes)"; }
@@ -47,6 +52,8 @@ start_kube() {
     printf '%s,proflow-admin,proflow-admin,"system:masters"\n' "$token" >"$dir/pki/tokens.csv"
   fi
   token="$(cut -d, -f1 "$dir/pki/tokens.csv")"
+  # Made apart from kube_pki: run dirs made before it existed get one too.
+  [[ -s "$dir/pki/client.crt" ]] || kube_client_cert "$dir/pki"
   # etcd fsyncs nothing here: the data is thrown away with the run dir.
   start_bg kube bash -c '
     "$1/etcd/bin/etcd" --name peer --data-dir "$2/data/etcd" \
@@ -57,12 +64,13 @@ start_kube() {
       --etcd-servers "http://127.0.0.1:$3" \
       --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$5" \
       --tls-cert-file "$2/pki/server.crt" --tls-private-key-file "$2/pki/server.key" \
-      --token-auth-file "$2/pki/tokens.csv" --authorization-mode RBAC \
+      --token-auth-file "$2/pki/tokens.csv" --client-ca-file "$2/pki/ca.crt" \
+      --authorization-mode RBAC \
       --service-account-issuer https://kubernetes.default.svc \
       --service-account-key-file "$2/pki/sa.pub" --service-account-signing-key-file "$2/pki/sa.key" \
       --service-cluster-ip-range 10.96.0.0/16 \
       --disable-admission-plugins ServiceAccount \
-      --endpoint-reconciler-type none --profiling=false' \
+      --endpoint-reconciler-type none --profiling=false ${PROFLOW_KUBE_APISERVER_FLAGS:-}' \
     kube "$home" "$dir" "$etcd_client" "$etcd_peer" "$api"
   cat >"$dir/kubeconfig" <<EOF
 apiVersion: v1
@@ -88,6 +96,9 @@ EOF
     printf 'KUBE_CA_FILE=%s\n' "$dir/pki/ca.crt"
     printf 'KUBE_KUBECONFIG=%s\n' "$dir/kubeconfig"
     printf 'KUBE_KUBECTL=%s\n' "$home/kubectl/bin/kubectl"
+    printf 'KUBE_CLIENT_CERT=%s\n' "$dir/pki/client.crt"
+    printf 'KUBE_CLIENT_KEY=%s\n' "$dir/pki/client.key"
+    printf 'KUBE_ETCD_ENDPOINT=%s\n' "$(endpoint "$etcd_client")"
   } >"$dir/endpoints"
 }
 
@@ -107,6 +118,20 @@ kube_pki() {
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
   ) || die "kube: making the test certificates with openssl failed"
+}
+
+# kube_client_cert DIR: a client certificate of the CA in DIR for user
+# proflow-client in group system:masters (client.crt, client.key).
+kube_client_cert() {
+  local pki="$1"
+  (
+    cd "$pki"
+    openssl req -newkey rsa:2048 -nodes -subj /O=system:masters/CN=proflow-client \
+      -keyout client.key -out client.csr 2>/dev/null
+    printf 'extendedKeyUsage=clientAuth\n' >client.ext
+    openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 \
+      -extfile client.ext -out client.crt 2>/dev/null
+  ) || die "kube: making the client certificate with openssl failed"
 }
 
 ready_kube() {
