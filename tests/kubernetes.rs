@@ -12,7 +12,8 @@
 //!   IP (tests/ebpf.rs has it on eBPF profiles, by container id);
 //! - `api_server` and a client-certificate kubeconfig, `attach_metadata:
 //!   {namespace: true}`, and a relist after `410 Gone`
-//!   (kubernetes_cases/api_server.rs);
+//!   (kubernetes_cases/api_server.rs); in-cluster with `own_namespace`
+//!   (kubernetes_cases/in_cluster.rs);
 //! - the Helm chart's scraper rules for the `.port_name`, `.scheme` and
 //!   `.path` annotations (kubernetes_cases/annotations.rs).
 
@@ -25,6 +26,8 @@ mod tls_front;
 mod annotations;
 #[path = "kubernetes_cases/api_server.rs"]
 mod api_server;
+#[path = "kubernetes_cases/in_cluster.rs"]
+mod in_cluster;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
