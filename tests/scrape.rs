@@ -275,6 +275,136 @@ fn a_restarted_target_starts_its_deltas_again_from_the_new_process() {
     eprintln!("alloc rates of the deltas after the restart: {rates:?} B/s");
 }
 
+/// The seconds between profiles one after another (their `time_nanos`).
+fn seconds_between(profiles: &[Profile]) -> Vec<f64> {
+    profiles
+        .windows(2)
+        .map(|w| (w[1].time_nanos - w[0].time_nanos) as f64 / 1e9)
+        .collect()
+}
+
+/// The profiles written under `__name__` `name`, in the order of the
+/// times their target wrote them.
+fn profiles_named(proflow: &Proflow, n: usize, name: &str) -> Vec<Profile> {
+    let entries = wait_entries(proflow, n, Duration::from_secs(60), |e| {
+        e.label("__name__") == Some(name)
+    });
+    let mut profiles: Vec<Profile> = entries
+        .iter()
+        .map(|e| common::read_profile(&e.path))
+        .collect();
+    profiles.sort_by_key(|p| p.time_nanos);
+    profiles
+}
+
+#[test]
+fn godeltaprof_and_fgprof_endpoints_are_scraped_as_they_are_served() {
+    // Every allocation recorded, as in the delta test above.
+    let Some(target) = go_target(&["-mem-profile-rate", "1"]) else {
+        return;
+    };
+    let proflow = start(&format!(
+        "- job_name: lib-job\n  scrape_interval: 4s\n  scrape_timeout: 3s\n  \
+         static_configs: [{{targets: ['{}']}}]\n  \
+         profiling_config: {{pprof_config: {{process_cpu: {{enabled: false}}, memory: {{enabled: false}}, \
+         goroutine: {{enabled: false}}, mutex: {{enabled: false}}, block: {{enabled: false}}, \
+         godeltaprof_memory: {{enabled: true}}, godeltaprof_mutex: {{enabled: true}}, \
+         godeltaprof_block: {{enabled: true}}, fgprof: {{enabled: true}}}}}}\n",
+        target.endpoint
+    ));
+    let base = format!("http://{}", target.endpoint);
+    let mut urls: Vec<String> = [
+        "/debug/pprof/delta_heap",
+        "/debug/pprof/delta_mutex",
+        "/debug/pprof/delta_block",
+        "/debug/fgprof?seconds=3",
+    ]
+    .iter()
+    .map(|p| format!("{base}{p}"))
+    .collect();
+    urls.sort();
+    wait_targets(&proflow, &urls, Duration::from_secs(10));
+
+    let mut seen = Vec::new();
+    // fgprof samples every goroutine for the seconds asked (the interval
+    // less one): each of goscrape's loops has that long under its stack,
+    // goMutexContend's two goroutines twice that.
+    for p in &profiles_named(&proflow, 2, "fgprof")[..2] {
+        let seconds = p.duration_nanos as f64 / 1e9;
+        assert!(
+            (2.9..=3.5).contains(&seconds),
+            "fgprof sampled {seconds} s, asked for 3"
+        );
+        for (function, goroutines) in [
+            ("main.goAllocLoop", 1.0),
+            ("main.goBlockWait", 1.0),
+            ("main.work", 1.0),
+            ("main.goMutexContend", 2.0),
+        ] {
+            let wall = total_in(p, "time", function) as f64 / 1e9;
+            seen.push(format!("fgprof {function} {:.3}x", wall / seconds));
+            assert!(
+                (goroutines * seconds * 0.9..=goroutines * seconds * 1.1).contains(&wall),
+                "fgprof: {wall:.2} s under {function} in {seconds:.2} s, want {goroutines} goroutine(s) x {seconds:.2} s ±10%"
+            );
+        }
+    }
+
+    // godeltaprof answers what happened since its previous answer (the
+    // first: since the program started), stamped with the time it was
+    // written. proflow passes it on under the plain profile's name, so
+    // from the second profile on each holds about the rate times the time
+    // since the one before; differenced again it would hold about nothing.
+    let memory = profiles_named(&proflow, 4, "memory");
+    let gaps = seconds_between(&memory[..4]);
+    let bytes: Vec<i64> = memory[1..4]
+        .iter()
+        .map(|p| total_in(p, "alloc_space", "main.goAllocLoop"))
+        .collect();
+    let rates: Vec<f64> = bytes
+        .iter()
+        .zip(&gaps)
+        .map(|(b, s)| *b as f64 / s)
+        .collect();
+    let overall = bytes.iter().sum::<i64>() as f64 / gaps.iter().sum::<f64>();
+    // The bounds of the delta test above: each within one GC cycle at
+    // either end, all together within 15%.
+    assert!(
+        (ALLOC_RATE * 0.85..=ALLOC_RATE * 1.15).contains(&overall)
+            && rates
+                .iter()
+                .all(|r| (ALLOC_RATE * 0.6..=ALLOC_RATE * 1.45).contains(r)),
+        "godeltaprof memory: goAllocLoop at {overall:.0} B/s over {gaps:?} s (per profile {rates:?}), want {ALLOC_RATE}"
+    );
+    // goMutexContend waits about half of each second for its mutex (a
+    // little less when its sleeps overrun: 0.46 measured), and goBlockWait
+    // about all of it for its channel (goscrape's header); counted twice
+    // it would be 0.9 and 2.
+    for (name, function, low, high) in [
+        ("mutex", "main.goMutexContend", 0.35, 0.6),
+        ("block", "main.goBlockWait", 0.8, 1.2),
+    ] {
+        let profiles = profiles_named(&proflow, 3, name);
+        for (p, gap) in profiles[1..3].iter().zip(seconds_between(&profiles[..3])) {
+            let waited = total_in(p, "delay", function) as f64 / 1e9 / gap;
+            seen.push(format!("{name} {waited:.3} s/s"));
+            assert!(
+                (low..=high).contains(&waited),
+                "godeltaprof {name}: {function} waited {waited:.3} s a second over {gap:.2} s, want {low} to {high}"
+            );
+        }
+    }
+
+    // Nothing of these is differenced, so no state is held for them.
+    let metrics = proflow.metrics();
+    assert_eq!(
+        common::metric_sum(&metrics, "proflow_scrape_delta_series", &[]),
+        0.0,
+        "{metrics}"
+    );
+    eprintln!("godeltaprof memory: {rates:?} B/s, {overall:.0} over all; {seen:?}");
+}
+
 /// Writes `text` to `path` atomically (what SD files should be).
 fn write_atomic(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp");

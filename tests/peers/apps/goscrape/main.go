@@ -35,6 +35,24 @@
 //
 // Mutex and block profiling record every event (rates set to 1).
 //
+// Beside net/http/pprof it serves what Grafana's and Felix Geisendörfer's
+// libraries add to a Go program, on the -addr listener only:
+//
+//   - godeltaprof (github.com/grafana/pyroscope-go/godeltaprof/http/pprof):
+//     /debug/pprof/delta_heap, delta_mutex and delta_block answer the
+//     allocations, mutex and block profiles as deltas: each answer holds
+//     what happened since the previous request to the same path (the first
+//     one: since the program started). goAllocLoop's alloc_space in one of
+//     them is therefore about -alloc-rate × the time since the previous
+//     request, not since start. Profile times are when the answer was
+//     written; the duration is how long writing took.
+//   - fgprof (github.com/felixge/fgprof): /debug/fgprof?seconds=N samples
+//     every goroutine's stack 99 times a second for N seconds, running or
+//     waiting, as wall-clock time ("time", nanoseconds; "samples", count).
+//     A goroutine that lives throughout has about N seconds under its
+//     stack: goAllocLoop, goBlockWait and work (goHotLoop, goWarmLoop)
+//     one each, goMutexContend two (N×2), whatever they are doing.
+//
 // It listens on -addr (127.0.0.1 only; port 0 picks a free port) and prints
 // GOSCRAPE_ENDPOINT=host:port on stdout once it accepts connections.
 //
@@ -86,6 +104,9 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/felixge/fgprof"
+	deltapprof "github.com/grafana/pyroscope-go/godeltaprof/http/pprof"
 )
 
 func main() {
@@ -181,7 +202,10 @@ func main() {
 	log.Fatal(<-errs)
 }
 
-// realMux serves net/http/pprof as a program that imports it does.
+// realMux serves net/http/pprof as a program that imports it does, plus
+// godeltaprof's and fgprof's endpoints. The virtual listeners do not serve
+// those: godeltaprof keeps one previous profile per path for the whole
+// process, so targets sharing it would split each other's deltas.
 func realMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -189,6 +213,10 @@ func realMux() *http.ServeMux {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/debug/pprof/delta_heap", deltapprof.Heap)
+	mux.HandleFunc("/debug/pprof/delta_mutex", deltapprof.Mutex)
+	mux.HandleFunc("/debug/pprof/delta_block", deltapprof.Block)
+	mux.Handle("/debug/fgprof", fgprof.Handler())
 	return mux
 }
 
