@@ -15,8 +15,9 @@
 //!
 //! The exporter's TLS settings meet a Collector of the test's own serving
 //! TLS and asking for client certificates: the CA and a client certificate
-//! deliver over gRPC and HTTP; another CA, or no client certificate, is
-//! refused with the reason in the log.
+//! deliver over gRPC and HTTP, each copy with the totals the `file`
+//! exporter wrote; another CA, or no client certificate, is refused with
+//! the reason in the log.
 
 mod common;
 // Both helper modules include `peer_skip` (one copy each, same skip rules):
@@ -28,7 +29,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::Totals;
+use common::{HOT_FUNCTION, Totals, WARM_FUNCTION};
 use proflow_pipeline::otlp::{self, Lost, common as otlp_common, json, proto};
 
 /// How long the client program burns CPU.
@@ -83,12 +84,13 @@ fn service_name(rp: &proto::ResourceProfiles, strings: &[String]) -> Option<Stri
     })
 }
 
-/// The totals of every profile of `service.name = app` in the collector's
-/// file output so far.
-fn collector_totals(file: &str, app: &str) -> Totals {
-    let mut totals = Totals::new();
+/// Per resource of `service.name = app` in a collector's file output so
+/// far, the [`Totals`] of `functions` in its profiles, converted back to
+/// pprof.
+fn totals_per_resource(file: &std::path::Path, app: &str, functions: &[&str]) -> Vec<Totals> {
+    let mut per_resource = Vec::new();
     let Ok(all) = std::fs::read_to_string(file) else {
-        return totals;
+        return per_resource;
     };
     for line in all.lines().filter(|l| l.contains(app)) {
         let request =
@@ -104,9 +106,23 @@ fn collector_totals(file: &str, app: &str) -> Totals {
                 .flat_map(|sp| sp.profiles.iter().cloned())
                 .collect();
             let mut lost = Lost::default();
+            let mut totals = Totals::new();
             for p in otlp::otlp_to_pprof(dict, &profiles, &mut lost).expect("converts back") {
-                common::add_totals(&mut totals, &p);
+                common::add_function_totals(&mut totals, &p, functions, None);
             }
+            per_resource.push(totals);
+        }
+    }
+    per_resource
+}
+
+/// The totals of every profile of `service.name = app` in the collector's
+/// file output so far.
+fn collector_totals(file: &str, app: &str) -> Totals {
+    let mut totals = Totals::new();
+    for resource in totals_per_resource(file.as_ref(), app, &common::PY_FUNCTIONS) {
+        for (f, v) in resource {
+            *totals.entry(f).or_default() += v;
         }
     }
     totals
@@ -382,25 +398,10 @@ impl TlsCollector {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Resources of service `app` in what its file exporter wrote.
-    fn resources_of(&self, app: &str) -> usize {
-        let all = std::fs::read_to_string(&self.out).unwrap_or_default();
-        let mut n = 0;
-        for line in all.lines().filter(|l| l.contains(app)) {
-            let request = json::decode_request(line.as_bytes())
-                .expect("proflow reads the collector's OTLP JSON");
-            let strings = request
-                .dictionary
-                .as_ref()
-                .map(|d| d.string_table.clone())
-                .unwrap_or_default();
-            n += request
-                .resource_profiles
-                .iter()
-                .filter(|rp| service_name(rp, &strings).as_deref() == Some(app))
-                .count();
-        }
-        n
+    /// Per resource of service `app` in what its file exporter wrote, the
+    /// totals of [`HOT_FUNCTION`] and [`WARM_FUNCTION`].
+    fn totals_per_resource(&self, app: &str) -> Vec<Totals> {
+        totals_per_resource(&self.out, app, &[HOT_FUNCTION, WARM_FUNCTION])
     }
 }
 
@@ -420,7 +421,7 @@ impl Drop for TlsCollector {
 /// (`cert_file`, `key_file`), gRPC and HTTP deliver; with another CA the
 /// server's certificate is refused; without a client certificate the
 /// Collector refuses the exporter. The Collector then holds exactly the two
-/// good copies.
+/// good copies, each with the totals the `file` exporter wrote.
 #[test]
 fn tls_and_mutual_tls_against_the_collector_and_refusals() {
     let Some(otelcol) = peer_env::peer("otelcol") else {
@@ -494,20 +495,36 @@ fn tls_and_mutual_tls_against_the_collector_and_refusals() {
             .any(|l| l.contains("otlp/no_client_cert") && l.contains("export failed")),
         "the refusal of the exporter without a client certificate should be logged:\n{log}"
     );
-    // The two good copies arrive, and no other: the refused exporters'
-    // failures were final before this count.
-    let mut got = 0;
+    // The two good copies arrive, and no other (the refused exporters'
+    // failures were final before this count), each with the totals the
+    // `file` exporter wrote.
+    let mut want = Totals::new();
+    for e in common::written_entries(&proflow, &app, READ_BACK_TIMEOUT) {
+        common::add_function_totals(
+            &mut want,
+            &common::read_profile(&e.path),
+            &[HOT_FUNCTION, WARM_FUNCTION],
+            None,
+        );
+    }
+    assert!(
+        want.values().all(|v| *v > 0) && want.len() == 2,
+        "the file exporter wrote {want:?} for {app}"
+    );
+    let mut got = Vec::new();
     let both = peer_env::poll(READ_BACK_TIMEOUT, || {
-        got = collector.resources_of(&app);
-        (got >= 2).then_some(())
+        got = collector.totals_per_resource(&app);
+        (got.len() >= 2).then_some(())
     });
     assert!(
         both.is_some(),
-        "the collector wrote {got} resources of {app}:\n{}",
+        "the collector wrote {} resources of {app}:\n{}",
+        got.len(),
         collector.log_text()
     );
     assert_eq!(
-        got, 2,
-        "only the two exporters with the CA and a client certificate delivered"
+        got,
+        vec![want.clone(), want],
+        "only the two exporters with the CA and a client certificate delivered, each the totals the file exporter wrote"
     );
 }
