@@ -638,3 +638,86 @@ fn this_hosts_profiles_named_by_the_symbolize_processor_from_local_files() {
         );
     }
 }
+
+/// `examples/node-agent.yaml` as a user copies it (its telemetry address
+/// moved to a free port, `PYROSCOPE_URL` naming the real Pyroscope): every
+/// process of the host is sampled at 19 Hz and each one's profile reaches
+/// Pyroscope every 15 s, named after its executable, or after its
+/// container by the example's rule for a process in a container's cgroup.
+/// Two copies of the C target run: one as it is, one moved into a
+/// container-like cgroup; both are found in Pyroscope by the name the
+/// example gives them, with their two hot functions split about 2:1.
+#[test]
+fn the_node_agent_example_sends_every_process_to_pyroscope() {
+    // The example's sample_rate: 19 Hz, a sample is 1/19 s of CPU.
+    const SAMPLE_NANOS: i64 = 1_000_000_000 / 19;
+    const MIN_SAMPLES: i64 = 200;
+    let _one_at_a_time = require_root();
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let built = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A name of its own: the example names a process after its executable.
+    let name = common::unique_name("node-agent");
+    let bin = dir.path().join(&name);
+    std::fs::copy(&built, &bin).expect("copy the target");
+    let (child, _) = ebpf_targets::spawn(&bin, 240);
+    let _plain = KillOnDrop(child);
+    let (child, in_container) = ebpf_targets::spawn(&bin, 240);
+    let contained = KillOnDrop(child);
+    let cgroup = common::ContainerCgroup::enter(in_container);
+    let proflow = Proflow::start_with_env(&["run"], |ports, _| {
+        let yaml = common::example_config(
+            "node-agent.yaml",
+            &[(
+                "address: 127.0.0.1:8888",
+                &format!("address: {}", ports.telemetry),
+            )],
+        );
+        (
+            yaml,
+            vec![("PYROSCOPE_URL".to_owned(), pyroscope.http_base())],
+        )
+    });
+    let http = common::http_client();
+    for selector in [
+        format!("{{service_name=\"{name}\"}}"),
+        format!(
+            "{{service_name=\"container-{}\", container_id=\"{}\"}}",
+            &cgroup.id[..12],
+            cgroup.id
+        ),
+    ] {
+        let (found, got, answer) = readback::pyroscope_wait(
+            &http,
+            &pyroscope.http_base(),
+            (&selector, &HOT_FUNCTIONS, CPU),
+            Duration::from_secs(150),
+            |t| {
+                HOT_FUNCTIONS
+                    .iter()
+                    .all(|f| t.get(*f).is_some_and(|v| *v > 0))
+                    && t.values().sum::<i64>() >= MIN_SAMPLES * SAMPLE_NANOS
+            },
+        );
+        assert!(
+            found,
+            "Pyroscope has {got:?} for {selector} ({answer})\nlog:\n{}",
+            proflow.log_text()
+        );
+        // With n ≥ 200 samples the 2:1 split's share (2/3) is known to
+        // ±3 × 3.3%: a ratio of 1.3 to 3.3.
+        let (two, one) = (got[HOT_FUNCTIONS[0]], got[HOT_FUNCTIONS[1]]);
+        let ratio = two as f64 / one as f64;
+        let samples = (two + one) / SAMPLE_NANOS;
+        assert!(
+            (1.3..=3.3).contains(&ratio),
+            "{selector}: split {two}:{one} = {ratio:.2} over {samples} samples"
+        );
+        eprintln!("{selector}: {got:?}, split {ratio:.2} over {samples} samples");
+    }
+    drop(proflow);
+    drop(contained);
+    drop(cgroup);
+}
