@@ -13,7 +13,9 @@
 //!   reads back with the totals pushed;
 //! - `wrong_ca`: another CA: the front's certificate is refused (logged as
 //!   `UnknownIssuer`), nothing is sent;
-//! - `no_cert`: the CA but no client certificate: the front answers 400.
+//! - `no_cert`: the CA but no client certificate: the front answers 400
+//!   ("No required SSL certificate was sent"), logged by proflow with that
+//!   status and by nginx with its reason.
 //!
 //! The refused exporters retry nothing, so each fails its one profile for
 //! good (`proflow_exporter_failed_profiles_total`) and sends none.
@@ -74,12 +76,34 @@ fn tls_of(pki: &Pki, via: &str) -> String {
 
 const CASES: [&str; 3] = ["good", "wrong_ca", "no_cert"];
 
+/// proflow's log as records: a record starts with a timestamp line and
+/// takes the lines after it that do not (a server's message may hold line
+/// breaks).
+fn log_records(log: &str) -> Vec<String> {
+    let starts_record = |l: &str| {
+        let b = l.as_bytes();
+        b.len() > 10 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-' && b[10] == b'T'
+    };
+    let mut records: Vec<String> = Vec::new();
+    for line in log.lines() {
+        match records.last_mut() {
+            Some(last) if !starts_record(line) => {
+                last.push('\n');
+                last.push_str(line);
+            }
+            _ => records.push(line.to_owned()),
+        }
+    }
+    records
+}
+
 /// Starts proflow with `pprof_push` fanned out to a `file` exporter and one
-/// `kind` exporter per case (`endpoint` its TLS endpoint), pushes one
+/// `kind` exporter per case (to `front`'s TLS port), pushes one
 /// profile of `app`, and waits until the good case has sent it and the
 /// other two have failed it for good. Returns proflow and the totals the
 /// `file` exporter wrote.
-fn push_through(kind: &str, endpoint: &str, pki: &Pki, app: &str) -> (common::Proflow, Totals) {
+fn push_through(kind: &str, front: &TlsFront, pki: &Pki, app: &str) -> (common::Proflow, Totals) {
+    let endpoint = format!("https://127.0.0.1:{}", front.ports[0]);
     let mut exporters = String::new();
     for via in CASES {
         exporters.push_str(&format!(
@@ -112,12 +136,34 @@ fn push_through(kind: &str, endpoint: &str, pki: &Pki, app: &str) -> (common::Pr
             .any(|l| l.contains(&format!("{kind}/wrong_ca")) && l.contains("UnknownIssuer")),
         "the wrong CA's failure should name the unknown issuer:\n{log}"
     );
-    // nginx finishes the handshake and answers 400 ("No required SSL
-    // certificate was sent").
+    // nginx finishes the handshake, answers 400 with its reason in the body
+    // and says why in its own log. The exporter's record of it: Pyroscope's
+    // logs the status as a field and the body nginx sent; Parca's (gRPC)
+    // names the HTTP status it got in place of a gRPC answer.
+    let no_cert = format!("exporter={kind}/no_cert ");
+    let refusal = log_records(&log).into_iter().find(|r| {
+        r.contains(&no_cert)
+            && match kind {
+                "pyroscope" => {
+                    r.contains(" status=400 ") && r.contains("No required SSL certificate was sent")
+                }
+                _ => r.contains("the peer answered HTTP 400 Bad Request instead of gRPC"),
+            }
+    });
     assert!(
-        log.lines()
-            .any(|l| l.contains(&format!("{kind}/no_cert")) && l.contains("400")),
-        "the front's 400 without a client certificate should be logged:\n{log}"
+        refusal.is_some(),
+        "the front's 400 for the missing client certificate should be logged for {kind}/no_cert:\n{log}"
+    );
+    let path = match kind {
+        "pyroscope" => "/push.v1.PusherService/Push",
+        _ => "/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw",
+    };
+    let front_log = front.log_text();
+    assert!(
+        front_log.lines().any(|l| l.contains(
+            "client sent no required SSL certificate while reading client request headers"
+        ) && l.contains(&format!("request: \"POST {path} "))),
+        "nginx should log the request to {path} without a client certificate:\n{front_log}"
     );
     let mut want = Totals::new();
     let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
@@ -148,8 +194,7 @@ fn pyroscope_behind_a_tls_front_takes_the_ca_and_client_certificate_only() {
         return;
     };
     let app = common::unique_name("tls-front-pyroscope");
-    let endpoint = format!("https://127.0.0.1:{}", front.ports[0]);
-    let (proflow, want) = push_through("pyroscope", &endpoint, &pki, &app);
+    let (proflow, want) = push_through("pyroscope", &front, &pki, &app);
     let selector = format!("{{service_name=\"{app}\",via=\"good\"}}");
     let (same, got, answer) = readback::pyroscope_wait(
         &common::http_client(),
@@ -179,8 +224,7 @@ fn parca_behind_a_tls_front_takes_the_ca_and_client_certificate_only() {
         return;
     };
     let app = common::unique_name("tls-front-parca");
-    let endpoint = format!("https://127.0.0.1:{}", front.ports[0]);
-    let (proflow, want) = push_through("parca", &endpoint, &pki, &app);
+    let (proflow, want) = push_through("parca", &front, &pki, &app);
     let http = common::http_client();
     let base = parca.http_base();
     let query = format!(
