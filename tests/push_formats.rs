@@ -1,15 +1,66 @@
 //! Every push format the `pprof_push` receiver takes arrives as a profile file:
 //! raw pprof on `/ingest` (plain and gzip), multipart like pyroscope-go,
-//! folded text, and Connect `Push` in protobuf (plain and gzip) and JSON.
+//! folded text, and Connect `Push` in protobuf (plain and gzip) and JSON;
+//! each file holds, per sample type and function, the totals sent.
 
 mod common;
 
+use std::collections::BTreeMap;
+
 use common::{HOT_FUNCTION, IndexEntry, Proflow, WARM_FUNCTION};
+use proflow_pipeline::pprof::{self, Profile};
+
+/// The functions of [`common::cpu_profile`] and of the folded push.
+const FUNCTIONS: [&str; 3] = ["main", HOT_FUNCTION, WARM_FUNCTION];
+
+/// Per sample type (`type/unit`) and function of [`FUNCTIONS`], the sum of
+/// the values of the samples whose stack holds it.
+type SampleTotals = BTreeMap<(String, String), i64>;
+
+fn sample_totals(profile: &Profile) -> SampleTotals {
+    let string = |i: i64| {
+        profile
+            .string_table
+            .get(i as usize)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let types: Vec<String> = profile
+        .sample_type
+        .iter()
+        .map(|st| format!("{}/{}", string(st.r#type), string(st.unit)))
+        .collect();
+    let mut totals = SampleTotals::new();
+    for (frames, sample) in pprof::stacks_root_first(profile) {
+        for (ty, value) in types.iter().zip(&sample.value) {
+            for f in FUNCTIONS.iter().filter(|f| frames.contains(f)) {
+                *totals.entry((ty.clone(), (*f).to_owned())).or_default() += value;
+            }
+        }
+    }
+    totals
+}
+
+/// What a push of [`common::cpu_profile`] sent, read from its bytes.
+fn sent_cpu_profile() -> SampleTotals {
+    let sent = pprof::decode(&common::cpu_profile().into(), 1 << 20).expect("a pprof profile");
+    let totals = sample_totals(&sent);
+    assert!(
+        totals.len() == FUNCTIONS.len() && totals.values().all(|v| *v > 0),
+        "the pushed profile holds every function once: {totals:?}"
+    );
+    totals
+}
 
 /// Waits for the one file of `app`, checks its labels (`service_name`, the
-/// relabelled `team=core`, a `__name__`, and `extra`) and that it holds both
-/// test functions; returns the entry.
-fn expect_profile_file(proflow: &Proflow, app: &str, extra: &[(&str, &str)]) -> IndexEntry {
+/// relabelled `team=core`, a `__name__`, and `extra`) and that its sample
+/// totals per sample type and function are those `sent`; returns the entry.
+fn expect_profile_file(
+    proflow: &Proflow,
+    app: &str,
+    extra: &[(&str, &str)],
+    sent: &SampleTotals,
+) -> IndexEntry {
     let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
     let entry = entries[0].clone();
     assert_eq!(entry.label("team"), Some("core"), "{:?}", entry.raw);
@@ -21,15 +72,13 @@ fn expect_profile_file(proflow: &Proflow, app: &str, extra: &[(&str, &str)]) -> 
     for (k, v) in extra {
         assert_eq!(entry.label(k), Some(*v), "label {k}: {:?}", entry.raw);
     }
-    let profile = common::read_profile(&entry.path);
-    let names = common::function_names(&profile);
-    for f in [HOT_FUNCTION, WARM_FUNCTION, "main"] {
-        assert!(
-            names.iter().any(|n| n == f),
-            "{f} missing from {}: {names:?}",
-            entry.path.display()
-        );
-    }
+    let written = sample_totals(&common::read_profile(&entry.path));
+    assert_eq!(
+        &written,
+        sent,
+        "sample totals of {} (left) against those sent (right)",
+        entry.path.display()
+    );
     entry
 }
 
@@ -48,7 +97,12 @@ fn raw_pprof(gzipped: bool) {
             body,
         )
         .expect_status(200, "raw pprof push");
-    expect_profile_file(&proflow, &app, &[("env", "e2e"), ("region", "local")]);
+    expect_profile_file(
+        &proflow,
+        &app,
+        &[("env", "e2e"), ("region", "local")],
+        &sent_cpu_profile(),
+    );
 }
 
 #[test]
@@ -86,7 +140,7 @@ fn multipart_like_pyroscope_go() {
     proflow
         .post(&query, &[("content-type", content_type.as_str())], body)
         .expect_status(200, "multipart push");
-    expect_profile_file(&proflow, &app, &[("lang", "go")]);
+    expect_profile_file(&proflow, &app, &[("lang", "go")], &sent_cpu_profile());
 }
 
 #[test]
@@ -101,22 +155,21 @@ fn folded_text() {
     proflow
         .post(&query, &[("content-type", "text/plain")], body.into_bytes())
         .expect_status(200, "folded push");
-    let entry = expect_profile_file(&proflow, &app, &[("kind", "folded")]);
-    // The hot stack keeps three times the warm one's value.
-    let profile = common::read_profile(&entry.path);
-    let mut hot = 0;
-    let mut warm = 0;
-    for (frames, sample) in proflow_pipeline::pprof::stacks_root_first(&profile) {
-        let v = sample.value.first().copied().unwrap_or(0);
-        if frames.contains(&HOT_FUNCTION) {
-            hot += v;
-        }
-        if frames.contains(&WARM_FUNCTION) {
-            warm += v;
-        }
-    }
-    assert!(warm > 0, "warm stack has no value");
-    assert_eq!(hot, 3 * warm, "folded values: hot {hot}, warm {warm}");
+    // Each counted sample of a CPU profile at sampleRate=100 is worth
+    // 1 s / 100, in nanoseconds.
+    let sample = 10_000_000;
+    let cpu = |f: &str, samples: i64| {
+        (
+            ("cpu/nanoseconds".to_owned(), f.to_owned()),
+            samples * sample,
+        )
+    };
+    let sent = SampleTotals::from([
+        cpu("main", 40),
+        cpu(HOT_FUNCTION, 30),
+        cpu(WARM_FUNCTION, 10),
+    ]);
+    expect_profile_file(&proflow, &app, &[("kind", "folded")], &sent);
 }
 
 fn connect_labels(app: &str) -> Vec<(&str, &str)> {
@@ -148,7 +201,12 @@ fn connect_proto(gzipped: bool) {
         "a Connect proto reply is application/proto, got {:?}",
         reply.content_type
     );
-    let entry = expect_profile_file(&proflow, &app, &[("flavor", "connect")]);
+    let entry = expect_profile_file(
+        &proflow,
+        &app,
+        &[("flavor", "connect")],
+        &sent_cpu_profile(),
+    );
     assert_eq!(entry.label("__name__"), Some("process_cpu"));
 }
 
@@ -187,7 +245,12 @@ fn connect_push_json() {
         "a Connect JSON reply is application/json, got {:?}",
         reply.content_type
     );
-    let entry = expect_profile_file(&proflow, &app, &[("flavor", "connect")]);
+    let entry = expect_profile_file(
+        &proflow,
+        &app,
+        &[("flavor", "connect")],
+        &sent_cpu_profile(),
+    );
     assert_eq!(entry.label("__name__"), Some("process_cpu"));
 }
 
