@@ -9,7 +9,8 @@
 //!   new or deleted pod followed within seconds;
 //! - the endpoints, endpointslice, service and node roles' labels;
 //! - the `k8s_attributes` processor on pushed profiles, by the sender's pod
-//!   IP (tests/ebpf.rs has it on eBPF profiles, by container id);
+//!   IP (tests/ebpf.rs has it on eBPF profiles, by container id), and on
+//!   OTLP from the official Python classes (kubernetes_cases/otlp_input.rs);
 //! - `api_server` and a client-certificate kubeconfig, `attach_metadata:
 //!   {namespace: true}`, and a relist after `410 Gone`
 //!   (kubernetes_cases/api_server.rs); in-cluster with `own_namespace`
@@ -28,6 +29,8 @@ mod annotations;
 mod api_server;
 #[path = "kubernetes_cases/in_cluster.rs"]
 mod in_cluster;
+#[path = "kubernetes_cases/otlp_input.rs"]
+mod otlp_input;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
