@@ -18,12 +18,22 @@ use common::{
     Proflow, cpu_profile, gzip, ingest_query, metric_samples, metric_sum, wait_served_more,
 };
 
-/// The budget under test.
+/// The budget under test (`service.limits.max_in_flight_bytes`).
 const BUDGET: u64 = 64 << 20;
-/// What the process may hold beside the budget: its own baseline (~10 MiB),
-/// accepted profiles waiting in the exporter queue (bounded by its
-/// `max_bytes: 16MiB`), and allocator slack (freed blocks glibc keeps).
-const MARGIN: u64 = 64 << 20;
+/// What the process may hold beside the budget, on top of what it held idle
+/// before the storm (binary, runtime, thread stacks; 11-12 MiB measured):
+/// - accepted profiles handed to the pipeline leave the budget for the
+///   exporter queue, bounded by its `max_bytes: 16MiB` (the `nop` exporter
+///   empties it at once, so it is seldom more than one profile);
+/// - allocator slack, 16 MiB: memory freed but not yet given back to the
+///   kernel, and the arenas the extra worker and blocking threads touch.
+///
+/// Six runs on the 2-core test machine beside other builds and tests
+/// peaked 61 to 64 MiB above idle (72-77 MiB), under this bound of 96 MiB
+/// above idle; the large uploads alone may hold three quarters of
+/// the budget (48 MiB, `memory::max_grant`). A budget that let through
+/// twice the bytes it should peaked 108, 110 and 109 MiB above idle.
+const MARGIN: u64 = (16 << 20) + (16 << 20);
 
 /// A valid pprof profile of about `size` bytes (long function names).
 fn large_profile(size: usize) -> Vec<u8> {
@@ -197,9 +207,10 @@ fn overload_is_refused_with_429_and_memory_stays_bounded() {
         })
         .count();
     let report = format!(
-        "{accepted} accepted, {refused} refused in {overload_took:?}; RSS idle {} MiB, peak {} MiB; outcomes: {outcomes:?}",
+        "{accepted} accepted, {refused} refused in {overload_took:?}; RSS idle {} MiB, peak {} MiB ({} MiB above idle); outcomes: {outcomes:?}",
         idle_rss >> 20,
-        peak >> 20
+        peak >> 20,
+        peak.saturating_sub(idle_rss) >> 20
     );
     eprintln!("overload: {report}");
     assert_eq!(
@@ -216,9 +227,12 @@ fn overload_is_refused_with_429_and_memory_stays_bounded() {
         "30 large uploads at once overload a 64 MiB budget: {report}"
     );
     assert!(
-        peak < BUDGET + MARGIN,
-        "peak RSS {} MiB must stay under the budget (64 MiB) + margin (64 MiB): {report}",
-        peak >> 20
+        peak < idle_rss + BUDGET + MARGIN,
+        "peak RSS {} MiB must stay under idle ({} MiB) + the budget ({} MiB) + the queue and allocator slack ({} MiB): {report}",
+        peak >> 20,
+        idle_rss >> 20,
+        BUDGET >> 20,
+        MARGIN >> 20
     );
     assert!(
         small_statuses.len() >= 10 && small_statuses.iter().all(|&s| s == 200),
