@@ -11,7 +11,9 @@
 //!   password from `password_file`), the receiver as a SCRAM-SHA-512 user; the
 //!   credentials are written into the KRaft metadata when the broker's
 //!   storage is formatted. A wrong password: authentication failure logged,
-//!   retries counted, nothing sent, the topic never created.
+//!   retries counted, nothing sent, the topic never created; and for the
+//!   receiver, the failure logged and nothing read from a topic that holds
+//!   records (the receiver has no metric of its client's errors).
 //! - SSL with a CA and certificates made here with the openssl CLI (PEM files
 //!   the broker reads with `ssl.keystore.type=PEM`): the exporter with
 //!   `tls: {ca_file}` (the broker's certificate names 127.0.0.1, which
@@ -202,6 +204,43 @@ fn refused(p: &Proflow, plaintext: &str, topic: &str, reason: &str) -> String {
     line
 }
 
+/// How long a refused consumer is watched after its log said why: nothing
+/// may arrive meanwhile (an authenticated consumer of the same topic had
+/// every record within a second or two).
+const REFUSED_WATCH: Duration = Duration::from_secs(5);
+
+/// Waits (at most [`REFUSAL_TIMEOUT`]) until the consuming proflow `p`'s
+/// log holds `reason`, watches it for [`REFUSED_WATCH`] more, and checks
+/// that it accepted and wrote nothing and that the reason was logged.
+/// Returns the log line that says why.
+fn consumer_refused(p: &Proflow, reason: &str) -> String {
+    let line = peer_env::poll(REFUSAL_TIMEOUT, || {
+        p.log_text()
+            .lines()
+            .find(|l| l.contains(reason))
+            .map(str::to_owned)
+    });
+    std::thread::sleep(REFUSED_WATCH);
+    let metrics = p.metrics();
+    let accepted = common::metric_sum(
+        &metrics,
+        "proflow_receiver_accepted_profiles_total",
+        &[("receiver", "kafka")],
+    );
+    let written = read_index(&p.profiles).len();
+    assert!(
+        accepted == 0.0 && written == 0,
+        "a consumer that should be refused accepted {accepted} profiles and wrote {written}\nlog:\n{}",
+        p.log_text()
+    );
+    line.unwrap_or_else(|| {
+        panic!(
+            "after {REFUSAL_TIMEOUT:?} no `{reason}` in the receiving log\nlog:\n{}",
+            p.log_text()
+        )
+    })
+}
+
 #[test]
 fn scram_over_sasl_plaintext_end_to_end_and_a_wrong_password_is_refused() {
     let producer_password = peer_env::unique("p256-");
@@ -262,7 +301,19 @@ fn scram_over_sasl_plaintext_end_to_end_and_a_wrong_password_is_refused() {
         "invalid credentials",
     );
     assert!(why.contains("SCRAM-SHA-256"), "{why}");
-    eprintln!("SCRAM: {N} profiles byte for byte; wrong password refused: {why}");
+
+    // The receiver with a wrong password, on the topic that holds N
+    // records: turned away with librdkafka's reason, nothing read.
+    let turned_away = consumer(
+        &sasl,
+        &topic,
+        "sasl: {mechanism: SCRAM-SHA-512, username: proflow-consumer, password: not-the-password}",
+    );
+    let consumer_why = consumer_refused(&turned_away, "invalid credentials");
+    assert!(consumer_why.contains("SCRAM-SHA-512"), "{consumer_why}");
+    eprintln!(
+        "SCRAM: {N} profiles byte for byte; wrong password refused: {why}; consumer with a wrong password refused: {consumer_why}"
+    );
 }
 
 /// Runs `openssl ARGS` in `dir`; panics with its output if it fails.
