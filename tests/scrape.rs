@@ -788,7 +788,8 @@ fn scraped_go_profiles_reach_pyroscope() {
     let Some(pyroscope) = peer_env::peer("pyroscope") else {
         return;
     };
-    let Some(target) = go_target(&[]) else {
+    // Every allocation recorded, as in the delta test above.
+    let Some(target) = go_target(&["-mem-profile-rate", "1"]) else {
         return;
     };
     let job = common::unique_name("scrape-e2e");
@@ -810,31 +811,83 @@ fn scraped_go_profiles_reach_pyroscope() {
     let http = common::http_client();
     let base = pyroscope.http_base();
     let selector = format!("{{service_name=\"{job}\"}}");
-    for (ty, functions) in [
+    // What proflow wrote to the file exporter of `name`: the totals of
+    // `functions` in `sample_type`, the seconds the profiles cover, and
+    // how many there are. The same profiles went to Pyroscope.
+    let written = |name: &str, sample_type: &str, functions: &[&str]| {
+        let mut totals = common::Totals::new();
+        let (mut seconds, mut count) = (0.0, 0);
+        for e in common::read_index(&proflow.profiles) {
+            if e.label("__name__") != Some(name) {
+                continue;
+            }
+            let p = common::read_profile(&e.path);
+            for f in functions {
+                *totals.entry((*f).to_owned()).or_default() += total_in(&p, sample_type, f);
+            }
+            seconds += p.duration_nanos as f64 / 1e9;
+            count += 1;
+        }
+        (totals, seconds, count)
+    };
+    let mut stored = Vec::new();
+    for (ty, name, sample_type, functions) in [
         (
             "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
-            ["main.goHotLoop", "main.goWarmLoop"],
+            "process_cpu",
+            "cpu",
+            &["main.goHotLoop", "main.goWarmLoop"][..],
         ),
         (
             "memory:alloc_space:bytes:space:bytes",
-            ["main.goAllocLoop", "main.goAllocLoop"],
+            "memory",
+            "alloc_space",
+            &["main.goAllocLoop"][..],
         ),
     ] {
+        // Pyroscope holds exactly what proflow wrote once both have the
+        // same profiles: wait for four or more and a moment the two agree.
         let mut last = (common::Totals::new(), String::new());
-        let found = peer_env::poll(Duration::from_secs(60), || {
-            last = readback::pyroscope_totals(&http, &base, &selector, &functions, Some(ty));
-            functions
-                .iter()
-                .all(|f| last.0.get(*f).is_some_and(|v| *v > 0))
-                .then_some(())
+        let mut want = (common::Totals::new(), 0.0, 0);
+        let agreed = peer_env::poll(Duration::from_secs(90), || {
+            want = written(name, sample_type, functions);
+            last = readback::pyroscope_totals(&http, &base, &selector, functions, Some(ty));
+            (want.2 >= 4
+                && functions.iter().all(|f| {
+                    want.0.get(*f).is_some_and(|v| *v > 0) && last.0.get(*f) == want.0.get(*f)
+                }))
+            .then_some(())
         });
         assert!(
-            found.is_some(),
-            "Pyroscope shows {:?} ({}) for {selector} {ty}\nlog:\n{}",
+            agreed.is_some(),
+            "Pyroscope shows {:?} ({}) for {selector} {ty}; proflow wrote {:?} in {} profiles\nlog:\n{}",
             last.0,
             last.1,
+            want.0,
+            want.2,
             proflow.log_text()
         );
-        eprintln!("pyroscope {ty}: {:?}", last.0);
+        stored.push((name, want));
     }
+    // And what they hold is what goscrape did: goHotLoop 3/4 of the hot and
+    // warm CPU (±15% of that, as the CPU test), goAllocLoop 4 MiB/s over
+    // the seconds its deltas cover (±15%, as the delta test).
+    let (_, (cpu, _, _)) = &stored[0];
+    let (hot, warm) = (cpu["main.goHotLoop"] as f64, cpu["main.goWarmLoop"] as f64);
+    let share = hot / (hot + warm);
+    assert!(
+        (0.75 * 0.85..=0.75 * 1.15).contains(&share),
+        "goHotLoop has {:.1}% of hot+warm CPU in Pyroscope, want 75% ±15%",
+        share * 100.0
+    );
+    let (_, (memory, seconds, count)) = &stored[1];
+    let rate = memory["main.goAllocLoop"] as f64 / seconds;
+    assert!(
+        (ALLOC_RATE * 0.85..=ALLOC_RATE * 1.15).contains(&rate),
+        "goAllocLoop allocated {rate:.0} B/s in Pyroscope over {count} deltas ({seconds:.1} s), want {ALLOC_RATE} ±15%"
+    );
+    eprintln!(
+        "pyroscope: goHotLoop {:.1}% of hot+warm CPU, goAllocLoop {rate:.0} B/s over {count} deltas",
+        share * 100.0
+    );
 }
