@@ -149,12 +149,14 @@ fn cumulative_profiles_arrive_as_deltas_with_steady_totals() {
     // What a delta holds is what Go published between two scrapes, and Go
     // publishes the allocation profile at the end of each GC cycle (about
     // one a second at 4 MiB/s): one delta's window is the interval give or
-    // take one cycle at either end, so one delta of 3 s holds 2 to 4 s of
-    // allocations (measured over four runs of five deltas: 0.79x to 1.24x
-    // the rate). Over the five deltas those edges cancel but for the two
-    // outer ones: the bytes of all five over their seconds stayed within 4%
-    // of the rate (0.96x to 1.05x). A delta over two intervals, or a
-    // cumulative profile (the fifth 5x the first), is 2x or more.
+    // take one cycle at either end, so one delta of 3 s holds about 2 to 4
+    // s of allocations (measured over six runs of five deltas: 0.68x to
+    // 1.30x the rate; a late scrape on a busy machine adds to that, so
+    // each is allowed ±50%). Over the five deltas those edges cancel but
+    // for the two outer ones: the bytes of all five over their seconds
+    // stayed within 6% of the rate (0.94x to 1.05x). A delta over two
+    // intervals, or a cumulative profile (the fifth 5x the first), is 2x
+    // or more.
     let overall = all_bytes as f64 / all_seconds;
     assert!(
         (ALLOC_RATE * 0.85..=ALLOC_RATE * 1.15).contains(&overall),
@@ -162,8 +164,8 @@ fn cumulative_profiles_arrive_as_deltas_with_steady_totals() {
     );
     for r in &rates {
         assert!(
-            (ALLOC_RATE * 0.6..=ALLOC_RATE * 1.45).contains(r),
-            "alloc_space rates of goAllocLoop per delta {rates:?} B/s, want {ALLOC_RATE} within one GC cycle (-40%, +45%)"
+            (ALLOC_RATE * 0.5..=ALLOC_RATE * 1.5).contains(r),
+            "alloc_space rates of goAllocLoop per delta {rates:?} B/s, want {ALLOC_RATE} within one GC cycle (±50%)"
         );
     }
     // The first scrape only primed: one more memory scrape than profiles.
@@ -181,16 +183,29 @@ fn cumulative_profiles_arrive_as_deltas_with_steady_totals() {
         scrapes > written,
         "{scrapes} memory scrapes gave {written} profiles; the first must only prime"
     );
-    for (name, function) in [
-        ("mutex", "main.goMutexContend"),
-        ("block", "main.goBlockWait"),
+    // goMutexContend waits about half of each second for its mutex (0.46
+    // measured) and goBlockWait about all of it for its channel, each in
+    // about 100 waits a second (goscrape's header); a cumulative delay
+    // would grow with every scrape.
+    let mut waits = Vec::new();
+    for (name, function, low, high) in [
+        ("mutex", "main.goMutexContend", 0.35, 0.6),
+        ("block", "main.goBlockWait", 0.8, 1.2),
     ] {
-        let entries = wait_entries(&proflow, 2, Duration::from_secs(30), |e| {
+        let entries = wait_entries(&proflow, 3, Duration::from_secs(30), |e| {
             e.label("__name__") == Some(name)
         });
-        let p = common::read_profile(&entries[1].path);
-        let contentions = total_in(&p, "contentions", function);
-        assert!(contentions > 0, "{name}: no contentions in {function}");
+        for e in &entries[1..3] {
+            let p = common::read_profile(&e.path);
+            let seconds = p.duration_nanos as f64 / 1e9;
+            let waited = total_in(&p, "delay", function) as f64 / 1e9 / seconds;
+            let per_second = total_in(&p, "contentions", function) as f64 / seconds;
+            waits.push(format!("{name} {waited:.3} s/s {per_second:.0}/s"));
+            assert!(
+                (low..=high).contains(&waited) && (60.0..=110.0).contains(&per_second),
+                "{name}: {function} waited {waited:.3} s a second in {per_second:.0} waits a second over {seconds:.2} s, want {low} to {high} s in about 100"
+            );
+        }
     }
     let metrics = proflow.metrics();
     let series = common::metric_sum(&metrics, "proflow_scrape_delta_series", &[]);
@@ -201,7 +216,7 @@ fn cumulative_profiles_arrive_as_deltas_with_steady_totals() {
     );
     assert!(bytes > 0.0, "{metrics}");
     eprintln!(
-        "alloc rates of the deltas: {rates:?} B/s, {overall:.0} B/s over all five; delta state {bytes} bytes"
+        "alloc rates of the deltas: {rates:?} B/s, {overall:.0} B/s over all five; {waits:?}; delta state {bytes} bytes"
     );
 }
 
@@ -262,8 +277,8 @@ fn a_restarted_target_starts_its_deltas_again_from_the_new_process() {
     // one GC cycle at either end.
     for r in &rates {
         assert!(
-            (ALLOC_RATE * 0.6..=ALLOC_RATE * 1.45).contains(r),
-            "alloc_space rates of goAllocLoop per delta after the restart {rates:?} B/s, want {ALLOC_RATE} (-40%, +45%)"
+            (ALLOC_RATE * 0.5..=ALLOC_RATE * 1.5).contains(r),
+            "alloc_space rates of goAllocLoop per delta after the restart {rates:?} B/s, want {ALLOC_RATE} (±50%)"
         );
     }
     let log = proflow.log_text();
@@ -373,7 +388,7 @@ fn godeltaprof_and_fgprof_endpoints_are_scraped_as_they_are_served() {
         (ALLOC_RATE * 0.85..=ALLOC_RATE * 1.15).contains(&overall)
             && rates
                 .iter()
-                .all(|r| (ALLOC_RATE * 0.6..=ALLOC_RATE * 1.45).contains(r)),
+                .all(|r| (ALLOC_RATE * 0.5..=ALLOC_RATE * 1.5).contains(r)),
         "godeltaprof memory: goAllocLoop at {overall:.0} B/s over {gaps:?} s (per profile {rates:?}), want {ALLOC_RATE}"
     );
     // goMutexContend waits about half of each second for its mutex (a
@@ -890,4 +905,96 @@ fn scraped_go_profiles_reach_pyroscope() {
         "pyroscope: goHotLoop {:.1}% of hot+warm CPU, goAllocLoop {rate:.0} B/s over {count} deltas",
         share * 100.0
     );
+}
+
+/// `examples/scrape.yaml` as a user copies it (its telemetry address moved
+/// to a free port; `GO_PPROF_PORT`, `PROFLOW_TARGETS_DIR` and `PROFLOW_DIR`
+/// set as its comments say): the static target (goscrape) gets every
+/// default profile, named after the job with the static label, its CPU
+/// profile holding goscrape's hot loops; a target in a file of the targets
+/// directory (another goscrape) is named by its SD label as the example's
+/// relabel rule says.
+#[test]
+fn the_scrape_example_scrapes_its_static_and_file_targets() {
+    let Some(checkout) = go_target(&[]) else {
+        return;
+    };
+    let Some(search) = go_target(&[]) else {
+        return;
+    };
+    let sd_dir = tempfile::tempdir().expect("temp dir");
+    write_atomic(
+        &sd_dir.path().join("search.json"),
+        &format!(
+            r#"[{{"targets": ["{}"], "labels": {{"__meta_app": "search"}}}}]"#,
+            search.endpoint
+        ),
+    );
+    let proflow = Proflow::start_with_env(&["run"], |ports, profiles| {
+        let yaml = common::example_config(
+            "scrape.yaml",
+            &[(
+                "address: 127.0.0.1:8888",
+                &format!("address: {}", ports.telemetry),
+            )],
+        );
+        let env = [
+            ("GO_PPROF_PORT", checkout.port().to_owned()),
+            ("PROFLOW_TARGETS_DIR", sd_dir.path().display().to_string()),
+            ("PROFLOW_DIR", profiles.display().to_string()),
+        ];
+        (
+            yaml,
+            env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        )
+    });
+    let defaults = ["process_cpu", "memory", "goroutine", "mutex", "block"];
+    let of = |endpoint: &str, e: &IndexEntry| e.label("instance") == Some(endpoint);
+    // Cumulative profiles need two scrapes (15 s apart) for a first delta.
+    let mut all = Vec::new();
+    let complete = peer_env::poll(Duration::from_secs(120), || {
+        all = common::read_index(&proflow.profiles);
+        defaults
+            .iter()
+            .all(|name| {
+                all.iter()
+                    .any(|e| of(&checkout.endpoint, e) && e.label("__name__") == Some(name))
+            })
+            .then_some(())
+    });
+    assert!(
+        complete.is_some(),
+        "not every default profile of the static target within 120 s: {all:?}\nlog:\n{}",
+        proflow.log_text()
+    );
+    for name in defaults {
+        let e = all
+            .iter()
+            .find(|e| of(&checkout.endpoint, e) && e.label("__name__") == Some(name))
+            .unwrap_or_else(|| panic!("no {name} profile of the static target: {all:?}"));
+        assert_eq!(e.label("service_name"), Some("checkout"), "{:?}", e.labels);
+        assert_eq!(e.label("job"), Some("checkout"), "{:?}", e.labels);
+        assert_eq!(e.label("env"), Some("dev"), "{:?}", e.labels);
+    }
+    let cpu = all
+        .iter()
+        .find(|e| of(&checkout.endpoint, e) && e.label("__name__") == Some("process_cpu"))
+        .expect("checked above");
+    let names = common::function_names(&common::read_profile(&cpu.path));
+    for f in common::GO_FUNCTIONS {
+        assert!(names.iter().any(|n| n == f), "{f} not in {names:?}");
+    }
+    let searched = wait_entries(&proflow, 1, Duration::from_secs(60), |e| {
+        of(&search.endpoint, e)
+    });
+    for e in &searched {
+        assert_eq!(e.label("service_name"), Some("search"), "{:?}", e.labels);
+        assert_eq!(e.label("job"), Some("checkout"), "{:?}", e.labels);
+        assert_eq!(e.label("env"), None, "{:?}", e.labels);
+        assert!(
+            e.labels.keys().all(|k| !k.contains("app")),
+            "{:?}",
+            e.labels
+        );
+    }
 }
