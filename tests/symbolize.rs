@@ -6,12 +6,16 @@
 //! names the frames. Also: a build id no server has is asked once (negative
 //! cache), and a server that never answers does not hold profiles back.
 //!
+//! Also: the same program's addresses sent as OTLP profiles by the official
+//! Python classes (`opentelemetry-proto`, `tests/peers/apps/otlp-python`)
+//! to the `otlp` receiver are named from debuginfod by the mapping's build id.
+//!
 //! Also: a pushed profile is named from no local file and no kallsyms by
 //! default (`local`/`kernel: this_host`), and is with `true`; a file
 //! swapped for a FIFO between two pushes does not hold a worker.
 //!
 //! The processor's other sources (local binaries, debug directories,
-//! kallsyms, OTLP) are tested in `processors/src/symbolize/tests.rs` and
+//! kallsyms, OTLP frame types) are tested in `processors/src/symbolize/tests.rs` and
 //! `safety_tests.rs`, and the `ebpf` receiver → `symbolize` → Pyroscope
 //! path (this host's profiles, named locally) in `tests/ebpf.rs`.
 
@@ -649,4 +653,120 @@ fn profile_mapping_again(body: &[u8], from: &str, to: &str) -> Vec<u8> {
         }
     }
     common::gzip(&pprof::encode(&p))
+}
+
+/// A real OTLP producer, the official Python classes (`send.py
+/// --addresses`), sends the running stripped program's runtime addresses
+/// (no lines, no functions) in one mapping whose only clue is its GNU build
+/// id attribute, to proflow's `otlp` receiver → `symbolize` (debuginfod
+/// alone) → `file` (pprof): the stacks come out named, each with the value
+/// sent, the mapping keeps the build id, and the debug file fetched is the
+/// one filed under that build id.
+#[test]
+fn otlp_from_the_python_classes_is_named_from_debuginfod_by_the_mappings_build_id() {
+    let Some(server) = peer_env::peer("debuginfod") else {
+        return;
+    };
+    let python = match common::otlp_python_client() {
+        Ok(p) => p,
+        Err(why) => {
+            // Panics unless PROFLOW_SKIP_PEERS=1 outside CI; then a loud skip.
+            let _: Option<()> = common::missing_peer(&format!(
+                "the Python opentelemetry-proto client is not available: {why}"
+            ));
+            return;
+        }
+    };
+    let s = stripped();
+    let served = serve(&server, &s);
+    let (child, pid) = ebpf_targets::spawn(&s.binary, 60);
+    let _child = KillOnDrop(child);
+    let cache = s.dir.join("cache");
+    let grpc = common::free_port();
+    let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  otlp:\n    protocols:\n      grpc: {{endpoint: 127.0.0.1:{grpc}}}\n      http: {{endpoint: {}}}\nprocessors:\n  symbolize:\n    local: false\n    debug_dirs: []\n    debuginfod:\n      urls: [{}]\n      timeout: 30s\n      cache_dir: {}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [otlp]\n      processors: [symbolize]\n      exporters: [file]\n",
+            ports.receiver,
+            server.http_base(),
+            cache.display(),
+            profiles.display(),
+            ports.telemetry
+        )
+    });
+
+    let addr = |symbol| runtime_address(pid, &s.binary, &s.full, symbol, 4);
+    let (two, mapping) = addr("proflow_hot_two");
+    let (one, _) = addr("proflow_hot_one");
+    let (main, _) = addr("main");
+    let spec = serde_json::json!({
+        "mapping": {
+            "filename": s.binary.to_str().unwrap(),
+            "memory_start": mapping.0,
+            "memory_limit": mapping.1,
+            "file_offset": mapping.2,
+            "build_id": s.build_id,
+        },
+        "samples": [
+            {"addresses": [two, main], "value": 200_000_000},
+            {"addresses": [one, main], "value": 100_000_000},
+        ],
+    });
+    let spec_path = proflow.dir.path().join("addresses.json");
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+    let app = common::unique_name("symbolize-otlp");
+    let (status, output) = common::run_bounded(
+        Command::new(&python)
+            .arg(common::peers_dir().join("apps/otlp-python/send.py"))
+            .arg("--url")
+            .arg(format!(
+                "http://{}/v1development/profiles",
+                proflow.ports.receiver
+            ))
+            .arg("--tag")
+            .arg(&app)
+            .arg("--out")
+            .arg(proflow.dir.path().join("sent.pb"))
+            .arg("--addresses")
+            .arg(&spec_path),
+        &proflow.dir.path().join("send.log"),
+        Duration::from_secs(60),
+    );
+    assert!(status.success(), "send.py failed ({status}):\n{output}");
+
+    let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app.as_str()));
+    assert_eq!(entries.len(), 1, "one profile sent, one written");
+    let written = common::read_profile(&entries[0].path);
+    let mut stacks: Vec<(String, i64)> = pprof::stacks_root_first(&written)
+        .map(|(frames, sample)| (frames.join(";"), sample.value[0]))
+        .collect();
+    stacks.sort();
+    assert_eq!(
+        stacks,
+        [
+            ("main;proflow_hot_one".to_owned(), 100_000_000),
+            ("main;proflow_hot_two".to_owned(), 200_000_000),
+        ],
+        "the stacks sent, named, with the values sent\nmetrics:\n{}\nlog:\n{}",
+        proflow.metrics(),
+        proflow.log_text()
+    );
+    let build_ids: Vec<&str> = written
+        .mapping
+        .iter()
+        .map(|m| written.string(m.build_id))
+        .collect();
+    assert_eq!(build_ids, [s.build_id.as_str()], "the mapping sent");
+    assert!(
+        cache.join(&s.build_id).join("debuginfo").is_file(),
+        "the debug file fetched is filed under the mapping's build id"
+    );
+    assert_eq!(
+        metric(
+            &proflow,
+            "proflow_symbolize_debuginfod_fetches_total",
+            "found"
+        ),
+        1.0
+    );
+    let _ = std::fs::remove_file(&served);
 }

@@ -29,11 +29,22 @@ and lines, one with an inlined frame, one unsymbolized; stacks shared between
 profiles; sample attributes (``thread.name``, and an int with a unit); a link
 with a trace and a span id.
 
+With ``--addresses FILE`` it sends instead one CPU profile (``cpu``/
+``nanoseconds``, period 10 ms) of one process, service ``TAG``, whose
+locations hold addresses only (no lines, no functions: for a symbolizer to
+name). ``FILE`` is JSON::
+
+    {"mapping": {"filename": "/path", "memory_start": 4194304,
+                 "memory_limit": 4198400, "file_offset": 4096,
+                 "build_id": "hex"},
+     "samples": [{"addresses": [leaf, ..., root], "value": 200000000}]}
+
 Exit status 0 only when the endpoint answered 200 with a response that
 rejected nothing; otherwise the answer is printed on stderr and the status is 1.
 """
 
 import argparse
+import json
 import sys
 import time
 import urllib.error
@@ -366,6 +377,37 @@ def build_request(tag, now_ns):
     )
 
 
+def build_addresses_request(tag, spec, now_ns):
+    """One CPU profile of addresses in one mapping, as ``spec`` describes."""
+    d = Dictionary()
+    m = spec["mapping"]
+    mapping = d.mapping(
+        m["filename"], m["memory_start"], m["memory_limit"], m["file_offset"], m["build_id"]
+    )
+    samples = []
+    for s in spec["samples"]:
+        stack = d.stack([d.location(mapping, a, []) for a in s["addresses"]])
+        samples.append(profiles_pb2.Sample(stack_index=stack, values=[s["value"]]))
+    second = 1_000_000_000
+    profile = profiles_pb2.Profile(
+        sample_type=d.value_type("cpu", "nanoseconds"),
+        period_type=d.value_type("cpu", "nanoseconds"),
+        period=10_000_000,
+        time_unix_nano=now_ns - 10 * second,
+        duration_nano=10 * second,
+        samples=samples,
+    )
+    return profiles_service_pb2.ExportProfilesServiceRequest(
+        resource_profiles=[
+            profiles_pb2.ResourceProfiles(
+                resource=resource_pb2.Resource(attributes=[key_value("service.name", tag)]),
+                scope_profiles=[profiles_pb2.ScopeProfiles(profiles=[profile])],
+            )
+        ],
+        dictionary=d.message,
+    )
+
+
 def post(url, body):
     """POSTs ``body``; returns None on success, else what went wrong."""
     request = urllib.request.Request(
@@ -397,10 +439,19 @@ def main():
     parser.add_argument("--url", required=True, help="OTLP/HTTP profiles endpoint")
     parser.add_argument("--tag", required=True, help="prefix of service and function names")
     parser.add_argument("--out", required=True, help="file for the serialized request sent")
+    parser.add_argument(
+        "--addresses", help="JSON file: send one profile of these addresses instead"
+    )
     args = parser.parse_args()
 
     check_otlp_version()
-    body = build_request(args.tag, time.time_ns()).SerializeToString()
+    if args.addresses:
+        with open(args.addresses) as f:
+            spec = json.load(f)
+        request = build_addresses_request(args.tag, spec, time.time_ns())
+    else:
+        request = build_request(args.tag, time.time_ns())
+    body = request.SerializeToString()
     # Written before sending, so a failed send can still be looked at.
     with open(args.out, "wb") as f:
         f.write(body)
