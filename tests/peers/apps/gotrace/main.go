@@ -8,9 +8,16 @@
 //
 // Until -duration it repeats, each time in a new trace:
 //
-//   - a root span "hot-request": goSpanHot burns about 100ms of CPU, then a child
-//     span "hot-child" in which goChildHot burns about 30ms;
+//   - a root span "hot-request": goSpanHot does 30,000 units of work (about
+//     50ms of CPU), then a child span "hot-child" in which goChildHot does
+//     9,000 (about 15ms);
 //   - a root span "idle-request" that sleeps about 50ms and burns nothing.
+//
+// A unit is a thousand dependent multiply-adds, about 1.7 µs on a 2026 x86
+// core. The work is fixed, not wall time spun, so each hot-request has the
+// same CPU however busy the machine is (a wall-time spin gets whatever CPU is
+// left: a span could get none) and the split between goSpanHot and goChildHot
+// is 10:3 (76.9%) by construction.
 //
 // Every span the SDK exported (the OTLP export returned no error) is a line of
 // -spans-out:
@@ -45,9 +52,9 @@ import (
 )
 
 const (
-	spanHotCPU  = 100 * time.Millisecond // goSpanHot, in each hot-request
-	childHotCPU = 30 * time.Millisecond  // goChildHot, in each hot-child
-	idleSleep   = 50 * time.Millisecond  // each idle-request
+	spanHotUnits  = 30000                 // goSpanHot, in each hot-request
+	childHotUnits = 9000                  // goChildHot, in each hot-child
+	idleSleep     = 50 * time.Millisecond // each idle-request
 )
 
 func main() {
@@ -147,9 +154,9 @@ func main() {
 // hot-child (goChildHot).
 func hotRequest(tracer trace.Tracer) {
 	ctx, root := tracer.Start(context.Background(), "hot-request", trace.WithNewRoot())
-	goSpanHot(spanHotCPU)
+	goSpanHot(spanHotUnits)
 	_, child := tracer.Start(ctx, "hot-child")
-	goChildHot(childHotCPU)
+	goChildHot(childHotUnits)
 	child.End()
 	root.End()
 }
@@ -164,17 +171,17 @@ func idleRequest(tracer trace.Tracer) {
 var sink uint64
 
 //go:noinline
-func goSpanHot(d time.Duration) { spin(d) }
+func goSpanHot(units int) { burn(units) }
 
 //go:noinline
-func goChildHot(d time.Duration) { spin(d) }
+func goChildHot(units int) { burn(units) }
 
-// spin busy-loops for d. Whether or not the compiler inlines it, every sample
-// taken inside it has goSpanHot or goChildHot (never inlined) on its stack.
-func spin(d time.Duration) {
-	end := time.Now().Add(d)
+// burn does units of a thousand dependent multiply-adds. Whether or not the
+// compiler inlines it, every sample taken inside it has goSpanHot or
+// goChildHot (never inlined) on its stack.
+func burn(units int) {
 	x := sink
-	for time.Now().Before(end) {
+	for u := 0; u < units; u++ {
 		for i := 0; i < 1000; i++ {
 			x = x*6364136223846793005 + 1442695040888963407
 		}
