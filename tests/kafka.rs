@@ -57,11 +57,23 @@ fn producer(broker: &str, topic: &str, encoding: &str) -> Proflow {
 
 /// The second proflow: `kafka` (group `group`) → `file`.
 fn consumer(broker: &str, topic: &str, group: &str) -> Proflow {
+    consumer_logging(broker, topic, group, "", "info")
+}
+
+/// [`consumer`] with more librdkafka consumer properties (`extra`, YAML
+/// flow-map entries after a comma) and `log_level`.
+fn consumer_logging(
+    broker: &str,
+    topic: &str,
+    group: &str,
+    extra: &str,
+    log_level: &str,
+) -> Proflow {
     Proflow::start(|ports, profiles| {
         format!(
-            "receivers:\n  kafka:\n    brokers: [\"{broker}\"]\n    topics: [{topic}]\n    group_id: {group}\n    initial_offset: earliest\n    commit_interval: 500ms\n    consumer: {{session.timeout.ms: \"6000\", heartbeat.interval.ms: \"1000\"}}\n\
+            "receivers:\n  kafka:\n    brokers: [\"{broker}\"]\n    topics: [{topic}]\n    group_id: {group}\n    initial_offset: earliest\n    commit_interval: 500ms\n    consumer: {{session.timeout.ms: \"6000\", heartbeat.interval.ms: \"1000\"{extra}}}\n\
              exporters:\n  file:\n    directory: {}\n    sending_queue: {{when_full: block}}\n\
-             service:\n  telemetry:\n    address: {}\n    log_level: info\n  \
+             service:\n  telemetry:\n    address: {}\n    log_level: \"{log_level}\"\n  \
              pipelines:\n    profiles:\n      receivers: [kafka]\n      exporters: [file]\n",
             profiles.display(),
             ports.telemetry
@@ -540,7 +552,17 @@ fn a_broker_stopped_for_30s_mid_stream_loses_nothing() {
             "brokers: [\"{broker}\"]\ntopic: {topic}\nencoding: pprof\ntimeout: 5s\nsending_queue: {{when_full: block, queue_size: 5000}}\nretry_on_failure: {{initial_interval: 1s, max_interval: 3s, max_elapsed_time: 0s}}"
         ),
     );
-    let second = consumer(&broker, &topic, &peer_env::unique("g-"));
+    // The consumer logs librdkafka's group protocol (join, sync, session
+    // timeouts, assignments): if it does not get its partition back, its
+    // log says where it stopped.
+    let group = peer_env::unique("g-");
+    let second = consumer_logging(
+        &broker,
+        &topic,
+        &group,
+        ", debug: cgrp",
+        "info,librdkafka=debug",
+    );
     const N: usize = 200;
     let started = Instant::now();
     std::thread::scope(|s| {
@@ -594,7 +616,27 @@ fn a_broker_stopped_for_30s_mid_stream_loses_nothing() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let got = wait_distinct(&second, N, Duration::from_secs(120));
+    let arrived = peer_env::poll(Duration::from_secs(120), || {
+        let entries: Vec<IndexEntry> = read_index(&second.profiles)
+            .into_iter()
+            .filter(|e| e.path.is_file())
+            .collect();
+        let distinct: BTreeSet<&str> = entries.iter().filter_map(|e| e.label("seq")).collect();
+        (distinct.len() >= N).then_some(entries)
+    });
+    let Some(got) = arrived else {
+        let distinct: BTreeSet<String> = read_index(&second.profiles)
+            .iter()
+            .filter_map(|e| e.label("seq").map(str::to_owned))
+            .collect();
+        panic!(
+            "120 s after the producer sent everything, {} of {N} profiles arrived; the group's committed offset as the broker answers: {:?}\nconsumer log:\n{}\nbroker log (last 150 lines):\n{}",
+            distinct.len(),
+            committed_offset(&broker, &group, &topic),
+            second.log_text(),
+            kafka.log_tail(150)
+        );
+    };
     let distinct: BTreeSet<&str> = got.iter().filter_map(|e| e.label("seq")).collect();
     assert_eq!(distinct.len(), N, "every profile arrived");
     let metrics = first.metrics();
