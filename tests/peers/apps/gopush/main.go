@@ -2,8 +2,13 @@
 // itself with github.com/grafana/pyroscope-go and pushes to -server (Pyroscope's
 // /ingest API), which is either a real Pyroscope or proflow's push receiver.
 //
-// Its CPU goes to the same known hot functions as goscrape: goHotLoop about 75%,
-// goWarmLoop about 25%, about half of one core in all.
+// Its CPU goes to the same known hot functions as goscrape: goHotLoop 75%,
+// goWarmLoop 25%, about half of one core in all. The split is in work done,
+// not in wall time spun: each cycle does -units units of work (a thousand
+// multiply-adds each, about 1.7 µs on a 2026 x86 core), three quarters in
+// goHotLoop and one quarter in goWarmLoop, so the CPU split is 3:1 however
+// busy the machine is (a wall-time spin gets whatever CPU is left, and the
+// split drifts with the scheduler).
 //
 // With -duration it stops after that long, uploading what it profiled last, and
 // exits 0; otherwise it runs until killed. Upload errors go to stderr.
@@ -27,10 +32,13 @@ func main() {
 	tags := flag.String("tags", "", "extra tags, comma-separated k=v pairs")
 	uploadRate := flag.Duration("upload-rate", 5*time.Second, "how often profiles are pushed")
 	duration := flag.Duration("duration", 0, "stop after this long (0: run until killed)")
-	cycle := flag.Duration("cycle", 40*time.Millisecond, "CPU time of one work cycle (3/4 hot, 1/4 warm)")
+	units := flag.Int("units", 24000, "work units of one cycle, 3/4 in goHotLoop and 1/4 in goWarmLoop (about 40ms of CPU)")
 	idle := flag.Duration("idle", 40*time.Millisecond, "sleep after each work cycle")
 	flag.Parse()
 
+	if *units < 4 || *units%4 != 0 {
+		log.Fatalf("gopush: -units %d must be a positive multiple of 4", *units)
+	}
 	if u, err := url.Parse(*server); err != nil || u.Host == "" {
 		log.Fatalf("gopush: -server %q must be a base URL like http://127.0.0.1:4040", *server)
 	}
@@ -64,7 +72,7 @@ func main() {
 		log.Fatalf("gopush: start profiler: %v", err)
 	}
 
-	go work(*cycle, *idle)
+	go work(*units, *idle)
 	if *duration <= 0 {
 		select {}
 	}
@@ -74,8 +82,8 @@ func main() {
 	}
 }
 
-func work(cycle, idle time.Duration) {
-	hot, warm := cycle*3/4, cycle/4
+func work(units int, idle time.Duration) {
+	hot, warm := units*3/4, units/4
 	for {
 		goHotLoop(hot)
 		goWarmLoop(warm)
@@ -86,17 +94,17 @@ func work(cycle, idle time.Duration) {
 var sink uint64
 
 //go:noinline
-func goHotLoop(d time.Duration) { spin(d) }
+func goHotLoop(units int) { burn(units) }
 
 //go:noinline
-func goWarmLoop(d time.Duration) { spin(d) }
+func goWarmLoop(units int) { burn(units) }
 
-// spin busy-loops for d. Whether or not the compiler inlines it, every sample
-// taken inside it has goHotLoop or goWarmLoop (never inlined) on its stack.
-func spin(d time.Duration) {
-	end := time.Now().Add(d)
+// burn does units of a thousand dependent multiply-adds. Whether or not the
+// compiler inlines it, every sample taken inside it has goHotLoop or
+// goWarmLoop (never inlined) on its stack.
+func burn(units int) {
 	x := sink
-	for time.Now().Before(end) {
+	for u := 0; u < units; u++ {
 		for i := 0; i < 1000; i++ {
 			x = x*6364136223846793005 + 1442695040888963407
 		}

@@ -3,8 +3,12 @@
 // end-to-end tests.
 //
 // It burns CPU for SECONDS seconds in two functions with a known split:
-//   nodeHotLoop  -- about 75% of the CPU time
-//   nodeWarmLoop -- about 25% of the CPU time
+//   nodeHotLoop  -- 75% of the work
+//   nodeWarmLoop -- 25% of the work
+// The split is in work done, not in wall time spun: each slice does a fixed
+// number of work units in each function, 3:1, so the CPU split is 3:1 however
+// busy the machine is (a wall-time spin gets whatever CPU is left, and the
+// split drifts with the scheduler).
 // and pushes wall-clock profiles with CPU time collected (sample types
 // samples/count, wall/nanoseconds, cpu/nanoseconds) to a Pyroscope-compatible
 // server, then stops the client (which uploads the last, partial profile) and
@@ -21,8 +25,11 @@
 // The wall/heap start and stop functions live on the default export only.
 const Pyroscope = require('@pyroscope/nodejs').default;
 
-const SLICE_MS = 20;
-const HOT_SHARE = 0.75;
+// Work units of one slice: 3:1, about 2.4 ms and 0.8 ms of CPU on a 2026 x86 core.
+// A slice much shorter than the 10 ms between samples, and not a divisor of
+// it, so the samples do not keep hitting the same phase of the slices.
+const HOT_UNITS = 1500;
+const WARM_UNITS = 500;
 
 function parseArgs(argv) {
   const args = {
@@ -48,22 +55,21 @@ function parseArgs(argv) {
   return args;
 }
 
-// Busy-loops for `ms` milliseconds of wall time; returns a value so the work is not optimised away.
-function spin(ms) {
-  const deadline = performance.now() + ms;
+// Does `units` units of a thousand multiply-adds; returns a value so the work is not optimised away.
+function burn(units) {
   let acc = 0;
-  while (performance.now() < deadline) {
-    for (let i = 0; i < 200; i++) acc = (Math.imul(acc, 31) + i) | 0;
+  for (let u = 0; u < units; u++) {
+    for (let i = 0; i < 1000; i++) acc = (Math.imul(acc, 31) + i) | 0;
   }
   return acc;
 }
 
-function nodeHotLoop(ms) {
-  return spin(ms);
+function nodeHotLoop(units) {
+  return burn(units);
 }
 
-function nodeWarmLoop(ms) {
-  return spin(ms);
+function nodeWarmLoop(units) {
+  return burn(units);
 }
 
 async function main() {
@@ -80,8 +86,8 @@ async function main() {
   const deadline = performance.now() + args.seconds * 1000;
   let acc = 0;
   while (performance.now() < deadline) {
-    acc ^= nodeHotLoop(SLICE_MS * HOT_SHARE);
-    acc ^= nodeWarmLoop(SLICE_MS * (1 - HOT_SHARE));
+    acc ^= nodeHotLoop(HOT_UNITS);
+    acc ^= nodeWarmLoop(WARM_UNITS);
     // Let the client's upload timer and HTTP requests run.
     await new Promise((resolve) => setImmediate(resolve));
   }

@@ -2,8 +2,13 @@
 
 It burns CPU for SECONDS seconds in two functions with a known split:
 
-* ``py_hot_loop``  -- about 75% of the CPU time
-* ``py_warm_loop`` -- about 25% of the CPU time
+* ``py_hot_loop``  -- 75% of the work
+* ``py_warm_loop`` -- 25% of the work
+
+The split is in work done, not in wall time spun: each round does a fixed
+number of work units in each function, 3:1, so the CPU split is 3:1 however
+busy the machine is (a wall-time spin gets whatever CPU is left, and the
+split drifts with the scheduler).
 
 and pushes its profiles to a Pyroscope-compatible server, then shuts the agent
 down (which sends the last, partial profile) and exits.
@@ -27,27 +32,28 @@ import time
 
 import pyroscope
 
-# One slice of the work loop; 75% of it in the hot function, 25% in the warm one.
-SLICE_SECONDS = 0.02
-HOT_SHARE = 0.75
+# Work units of one round: 3:1, about 2.2 ms and 0.7 ms of CPU on a 2026 x86 core.
+# A round much shorter than the 10 ms between samples, and not a divisor of
+# it, so the samples do not keep hitting the same phase of the rounds.
+HOT_UNITS = 150
+WARM_UNITS = 50
 
 
-def spin(seconds):
-    """Busy-loops on the CPU for `seconds` of wall time; returns a value so nothing is optimised away."""
-    deadline = time.perf_counter() + seconds
+def burn(units):
+    """Does `units` units of a hundred multiply-adds; returns a value so nothing is optimised away."""
     acc = 0
-    while time.perf_counter() < deadline:
-        for i in range(200):
+    for _ in range(units):
+        for i in range(100):
             acc = (acc * 31 + i) & 0xFFFFFFFF
     return acc
 
 
-def py_hot_loop(seconds):
-    return spin(seconds)
+def py_hot_loop(units):
+    return burn(units)
 
 
-def py_warm_loop(seconds):
-    return spin(seconds)
+def py_warm_loop(units):
+    return burn(units)
 
 
 def main(argv):
@@ -73,8 +79,8 @@ def main(argv):
     deadline = time.perf_counter() + args.seconds
     acc = 0
     while time.perf_counter() < deadline:
-        acc ^= py_hot_loop(SLICE_SECONDS * HOT_SHARE)
-        acc ^= py_warm_loop(SLICE_SECONDS * (1 - HOT_SHARE))
+        acc ^= py_hot_loop(HOT_UNITS)
+        acc ^= py_warm_loop(WARM_UNITS)
 
     if not pyroscope.shutdown():
         print("pyroscope.shutdown failed", file=sys.stderr)
