@@ -334,11 +334,30 @@ pub struct KafkaReceiver {
 struct GroupContext {
     id: String,
     offsets: Arc<Mutex<Offsets>>,
+    /// librdkafka's client errors: when one was last logged, and how many
+    /// came since (a broker down makes it report every failed connection
+    /// of every thread, hundreds in half a minute).
+    errors: Mutex<ErrorLog>,
+}
+
+#[derive(Default)]
+struct ErrorLog {
+    last: Option<std::time::Instant>,
+    unlogged: u64,
 }
 
 impl ClientContext for GroupContext {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        tracing::warn!(receiver = %self.id, error = %error, reason, "Kafka client error");
+        // At most one line every ERROR_LOG_EVERY, saying how many it stood for.
+        let mut log = self.errors.lock().unwrap_or_else(PoisonError::into_inner);
+        log.unlogged += 1;
+        if log.last.is_some_and(|t| t.elapsed() < ERROR_LOG_EVERY) {
+            return;
+        }
+        let errors = std::mem::take(&mut log.unlogged);
+        log.last = Some(std::time::Instant::now());
+        drop(log);
+        tracing::warn!(receiver = %self.id, error = %error, reason, errors_since_last_line = errors, "Kafka client error; librdkafka retries by itself");
     }
 }
 
@@ -415,6 +434,7 @@ impl Receiver for KafkaReceiver {
             .create_with_context(GroupContext {
                 id: ctx.id.clone(),
                 offsets: offsets.clone(),
+                errors: Mutex::default(),
             })
             .map_err(|e| fail(format!("librdkafka refused the consumer settings: {e}")))?;
         let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
