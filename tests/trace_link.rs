@@ -24,8 +24,13 @@
 //!   the span labels it expects: `SelectMergeSpanProfile` for the hot spans
 //!   returns the CPU of `goSpanHot` and `goChildHot` the collector got
 //!   (within 1%).
+//!
+//! `otlp_input` (tests/trace_link_cases/otlp_input.rs): OTLP profiles from
+//! the official Python classes, linked through spans sent over OTLP/HTTP.
 
 mod common;
+#[path = "trace_link_cases/otlp_input.rs"]
+mod otlp_input;
 #[allow(clippy::duplicate_mod)]
 mod peer_env;
 mod readback;

@@ -39,6 +39,19 @@ name). ``FILE`` is JSON::
                  "build_id": "hex"},
      "samples": [{"addresses": [leaf, ..., root], "value": 200000000}]}
 
+With ``--trace-link FILE --traces-url URL`` it first POSTs the spans ``FILE``
+names as an OTLP ``ExportTraceServiceRequest`` (protobuf, the package's trace
+classes; service ``TAG``) to ``URL`` (``http://HOST:PORT/v1/traces``), then
+sends one CPU profile (``cpu``/``nanoseconds``) of service ``TAG`` whose
+samples are one frame each (function ``TAG.NAME``) and name a span as a
+``span_id`` sample attribute (hex as given), without a trace id and without a
+link. ``FILE`` is JSON::
+
+    {"spans": [{"trace_id": "32 hex", "span_id": "16 hex", "name": "checkout"}],
+     "samples": [{"function": "NAME", "value": 30000000, "span_id": "16 hex"}]}
+
+(a sample's ``span_id`` may be null: no attribute).
+
 Exit status 0 only when the endpoint answered 200 with a response that
 rejected nothing; otherwise the answer is printed on stderr and the status is 1.
 """
@@ -51,9 +64,11 @@ import urllib.error
 import urllib.request
 
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
 
 # OTLP profiles 1.10 renumbered Sample's fields; a package on an earlier
 # version would serialize a request that decodes into nonsense elsewhere.
@@ -408,7 +423,64 @@ def build_addresses_request(tag, spec, now_ns):
     )
 
 
-def post(url, body):
+def build_spans_request(tag, spec, now_ns):
+    """The spans ``spec`` names, each 100 ms long, ended a second ago."""
+    second = 1_000_000_000
+    spans = [
+        trace_pb2.Span(
+            trace_id=bytes.fromhex(s["trace_id"]),
+            span_id=bytes.fromhex(s["span_id"]),
+            name=s["name"],
+            kind=trace_pb2.Span.SPAN_KIND_SERVER,
+            start_time_unix_nano=now_ns - second - 100_000_000,
+            end_time_unix_nano=now_ns - second,
+        )
+        for s in spec["spans"]
+    ]
+    return trace_service_pb2.ExportTraceServiceRequest(
+        resource_spans=[
+            trace_pb2.ResourceSpans(
+                resource=resource_pb2.Resource(attributes=[key_value("service.name", tag)]),
+                scope_spans=[trace_pb2.ScopeSpans(spans=spans)],
+            )
+        ]
+    )
+
+
+def build_trace_link_request(tag, spec, now_ns):
+    """One CPU profile whose samples name spans by a ``span_id`` attribute."""
+    d = Dictionary()
+    samples = []
+    for s in spec["samples"]:
+        function = d.function(f"{tag}.{s['function']}", "", "", 0)
+        stack = d.stack([d.location(0, 0, [(function, 0, 0)])])
+        attributes = [] if s["span_id"] is None else [d.attribute("span_id", s["span_id"])]
+        samples.append(
+            profiles_pb2.Sample(
+                stack_index=stack, attribute_indices=attributes, values=[s["value"]]
+            )
+        )
+    second = 1_000_000_000
+    profile = profiles_pb2.Profile(
+        sample_type=d.value_type("cpu", "nanoseconds"),
+        period_type=d.value_type("cpu", "nanoseconds"),
+        period=10_000_000,
+        time_unix_nano=now_ns - 10 * second,
+        duration_nano=10 * second,
+        samples=samples,
+    )
+    return profiles_service_pb2.ExportProfilesServiceRequest(
+        resource_profiles=[
+            profiles_pb2.ResourceProfiles(
+                resource=resource_pb2.Resource(attributes=[key_value("service.name", tag)]),
+                scope_profiles=[profiles_pb2.ScopeProfiles(profiles=[profile])],
+            )
+        ],
+        dictionary=d.message,
+    )
+
+
+def post(url, body, response_class=profiles_service_pb2.ExportProfilesServiceResponse):
     """POSTs ``body``; returns None on success, else what went wrong."""
     request = urllib.request.Request(
         url, data=body, method="POST", headers={"Content-Type": "application/x-protobuf"}
@@ -424,13 +496,12 @@ def post(url, body):
         return f"POST {url} failed: {e.reason}"
     if status != 200:
         return f"{url} answered {status}: {answer!r}"
-    response = profiles_service_pb2.ExportProfilesServiceResponse()
+    response = response_class()
     response.ParseFromString(answer)
     partial = response.partial_success
-    if partial.rejected_profiles or partial.error_message:
-        return (
-            f"{url} rejected {partial.rejected_profiles} profiles: {partial.error_message}"
-        )
+    rejected = getattr(partial, "rejected_profiles", 0) or getattr(partial, "rejected_spans", 0)
+    if rejected or partial.error_message:
+        return f"{url} rejected {rejected}: {partial.error_message}"
     return None
 
 
@@ -442,10 +513,27 @@ def main():
     parser.add_argument(
         "--addresses", help="JSON file: send one profile of these addresses instead"
     )
+    parser.add_argument(
+        "--trace-link",
+        help="JSON file: send these spans to --traces-url, then one profile naming them",
+    )
+    parser.add_argument("--traces-url", help="OTLP/HTTP traces endpoint (with --trace-link)")
     args = parser.parse_args()
+    if bool(args.trace_link) != bool(args.traces_url):
+        parser.error("--trace-link and --traces-url go together")
 
     check_otlp_version()
-    if args.addresses:
+    if args.trace_link:
+        with open(args.trace_link) as f:
+            spec = json.load(f)
+        spans = build_spans_request(args.tag, spec, time.time_ns()).SerializeToString()
+        problem = post(args.traces_url, spans, trace_service_pb2.ExportTraceServiceResponse)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
+        print(f"sent {len(spec['spans'])} spans ({len(spans)} bytes) to {args.traces_url}")
+        request = build_trace_link_request(args.tag, spec, time.time_ns())
+    elif args.addresses:
         with open(args.addresses) as f:
             spec = json.load(f)
         request = build_addresses_request(args.tag, spec, time.time_ns())
