@@ -62,6 +62,22 @@ impl Kube {
         self.kubectl(&["apply", "-f", "-"], yaml);
     }
 
+    /// Deletes a pod at once: no kubelet runs to confirm a graceful delete.
+    fn delete_pod(&self, ns: &str, pod: &str) {
+        self.kubectl(
+            &[
+                "-n",
+                ns,
+                "delete",
+                "pod",
+                pod,
+                "--grace-period=0",
+                "--force",
+            ],
+            "",
+        );
+    }
+
     /// A namespace of this test.
     fn namespace(&self, prefix: &str) -> String {
         let name = peer_env::unique(prefix);
@@ -296,18 +312,7 @@ spec:
 
     // Changes are followed: a pod deleted goes, a pod added comes.
     let changed = Instant::now();
-    kube.kubectl(
-        &[
-            "-n",
-            &ns,
-            "delete",
-            "pod",
-            "other",
-            "--grace-period=0",
-            "--force",
-        ],
-        "",
-    );
+    kube.delete_pod(&ns, "other");
     kube.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: late, namespace: {ns}}}\nspec:\n  containers: [{{name: app, image: example/app:1, ports: [{{containerPort: 7777}}]}}]\n"
     ));

@@ -95,18 +95,7 @@ fn discovery_keeps_its_targets_while_the_api_server_is_gone_and_resyncs_when_it_
 
     // Back, with the same data; what changed after it came back is seen.
     private.start_again();
-    kube.kubectl(
-        &[
-            "-n",
-            &ns,
-            "delete",
-            "pod",
-            "before",
-            "--grace-period=0",
-            "--force",
-        ],
-        "",
-    );
+    kube.delete_pod(&ns, "before");
     kube.apply(&pod("after"));
     kube.run_pod(&ns, "after", "10.9.0.2", &[("app", "containerd://0b")]);
     let back = Instant::now();
