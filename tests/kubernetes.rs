@@ -159,6 +159,17 @@ fn wait_discovered(
     })
 }
 
+/// The sorted pod names (`__meta_kubernetes_pod_name`) of discovered
+/// targets' labels.
+fn pod_names(all: &[serde_json::Value]) -> Vec<String> {
+    let mut names: Vec<String> = all
+        .iter()
+        .filter_map(|l| l["__meta_kubernetes_pod_name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
 fn label<'a>(labels: &'a serde_json::Value, name: &str) -> &'a str {
     labels[name].as_str().unwrap_or("<absent>")
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Kube, label, start, wait_discovered};
+use super::{Kube, label, pod_names as pods, start, wait_discovered};
 use crate::{common, peer_env};
 
 /// No scraping: the tests read discovery alone.
@@ -301,14 +301,6 @@ fn a_watch_whose_version_etcd_compacted_away_lists_again_and_sees_what_changed_m
         port = relay.port,
         tls = tls_config(&kube, true),
     ));
-    let pods = |all: &[serde_json::Value]| -> Vec<String> {
-        let mut names: Vec<String> = all
-            .iter()
-            .filter_map(|l| l["__meta_kubernetes_pod_name"].as_str().map(str::to_owned))
-            .collect();
-        names.sort();
-        names
-    };
     wait_discovered(&proflow, Duration::from_secs(20), |all| {
         pods(all) == ["before"]
     });

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{Kube, start, targets, wait_discovered};
+use super::{Kube, pod_names as pods, start, targets, wait_discovered};
 use crate::common::{Ports, Proflow};
 use crate::peer_env;
 
@@ -32,14 +32,6 @@ fn discovery_keeps_its_targets_while_the_api_server_is_gone_and_resyncs_when_it_
          profiling_config: {{pprof_config: {{process_cpu: {{enabled: false}}, memory: {{enabled: false}}, mutex: {{enabled: false}}, block: {{enabled: false}}}}}}\n",
         kc = kube.kubeconfig()
     ));
-    let pods = |all: &[serde_json::Value]| -> Vec<String> {
-        let mut names: Vec<String> = all
-            .iter()
-            .filter_map(|l| l["__meta_kubernetes_pod_name"].as_str().map(str::to_owned))
-            .collect();
-        names.sort();
-        names
-    };
     wait_discovered(&proflow, Duration::from_secs(20), |all| {
         pods(all) == ["before"]
     });

@@ -392,17 +392,9 @@ def build_request(tag, now_ns):
     )
 
 
-def build_addresses_request(tag, spec, now_ns):
-    """One CPU profile of addresses in one mapping, as ``spec`` describes."""
-    d = Dictionary()
-    m = spec["mapping"]
-    mapping = d.mapping(
-        m["filename"], m["memory_start"], m["memory_limit"], m["file_offset"], m["build_id"]
-    )
-    samples = []
-    for s in spec["samples"]:
-        stack = d.stack([d.location(mapping, a, []) for a in s["addresses"]])
-        samples.append(profiles_pb2.Sample(stack_index=stack, values=[s["value"]]))
+def cpu_request(d, tag, samples, now_ns):
+    """One CPU profile (cpu/nanoseconds, period 10 ms, the last 10 s) of
+    `samples` for service `tag`, in a request with the dictionary `d`."""
     second = 1_000_000_000
     profile = profiles_pb2.Profile(
         sample_type=d.value_type("cpu", "nanoseconds"),
@@ -421,6 +413,20 @@ def build_addresses_request(tag, spec, now_ns):
         ],
         dictionary=d.message,
     )
+
+
+def build_addresses_request(tag, spec, now_ns):
+    """One CPU profile of addresses in one mapping, as ``spec`` describes."""
+    d = Dictionary()
+    m = spec["mapping"]
+    mapping = d.mapping(
+        m["filename"], m["memory_start"], m["memory_limit"], m["file_offset"], m["build_id"]
+    )
+    samples = []
+    for s in spec["samples"]:
+        stack = d.stack([d.location(mapping, a, []) for a in s["addresses"]])
+        samples.append(profiles_pb2.Sample(stack_index=stack, values=[s["value"]]))
+    return cpu_request(d, tag, samples, now_ns)
 
 
 def build_spans_request(tag, spec, now_ns):
@@ -460,24 +466,7 @@ def build_trace_link_request(tag, spec, now_ns):
                 stack_index=stack, attribute_indices=attributes, values=[s["value"]]
             )
         )
-    second = 1_000_000_000
-    profile = profiles_pb2.Profile(
-        sample_type=d.value_type("cpu", "nanoseconds"),
-        period_type=d.value_type("cpu", "nanoseconds"),
-        period=10_000_000,
-        time_unix_nano=now_ns - 10 * second,
-        duration_nano=10 * second,
-        samples=samples,
-    )
-    return profiles_service_pb2.ExportProfilesServiceRequest(
-        resource_profiles=[
-            profiles_pb2.ResourceProfiles(
-                resource=resource_pb2.Resource(attributes=[key_value("service.name", tag)]),
-                scope_profiles=[profiles_pb2.ScopeProfiles(profiles=[profile])],
-            )
-        ],
-        dictionary=d.message,
-    )
+    return cpu_request(d, tag, samples, now_ns)
 
 
 def post(url, body, response_class=profiles_service_pb2.ExportProfilesServiceResponse):
