@@ -90,6 +90,10 @@ fn hex(bytes: &[u8]) -> String {
 struct Collected {
     /// How many CPU profiles.
     profiles: usize,
+    /// How many lines naming the app were not a request the decoder reads,
+    /// and how many requests naming it had no dictionary (shown when a
+    /// profile is missing).
+    unread_lines: usize,
     /// Per (trace id, span id) of a sample link, the CPU of the samples
     /// carrying it.
     links: BTreeMap<(String, String), i64>,
@@ -127,9 +131,11 @@ fn collected(file: &str, app: &str) -> Collected {
     };
     for line in all.lines().filter(|l| l.contains(app)) {
         let Ok(request) = json::decode_request(line.as_bytes()) else {
+            c.unread_lines += 1;
             continue;
         };
         let Some(dict) = request.dictionary.as_ref() else {
+            c.unread_lines += 1;
             continue;
         };
         let string = |i: i32| dict.string_table.get(i as usize).map(String::as_str);
@@ -446,8 +452,15 @@ fn check_collector(
     });
     assert!(
         settled.is_some(),
-        "the collector's output for {app} has {} CPU profiles of the {accepted} proflow accepted: {c:?}\nproflow log:\n{}",
+        "the collector's output for {app} has {} CPU profiles of the {accepted} proflow accepted: {c:?}\nproflow's exporter metrics (did it send them all?):\n{}\nproflow log:\n{}",
         c.profiles,
+        proflow
+            .metrics()
+            .lines()
+            .filter(|l| l.starts_with("proflow_exporter_")
+                || l.starts_with("proflow_receiver_accepted"))
+            .collect::<Vec<_>>()
+            .join("\n"),
         proflow.log_text()
     );
     for (trace, span) in c.links.keys() {
