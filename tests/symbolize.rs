@@ -251,7 +251,11 @@ fn metric(proflow: &Proflow, name: &str, result: &str) -> f64 {
 }
 
 /// Puts the debug file of `s` where `server` (debuginfod) serves from and
-/// waits until it serves it; returns the file's path there.
+/// waits until it serves it; returns the file's path there. The copy is
+/// never removed: every test's stripped program has the same build id, and
+/// once one copy is gone debuginfod answers 404 for the build id until its
+/// next groom, even with other copies in place (seen once in a run of the
+/// whole suite: a test that pushed just after another removed its copy).
 fn serve(server: &peer_env::Peer, s: &Stripped) -> PathBuf {
     // The server indexes its directory every second; the file is asked for
     // once it is served (a 404 before would be remembered for negative_ttl).
@@ -285,7 +289,8 @@ fn the_symbolize_gateway_example_names_a_push_from_debuginfod_into_pyroscope() {
         return;
     };
     let s = stripped();
-    let served = serve(&server, &s);
+    // Never removed (see `serve`).
+    let _served = serve(&server, &s);
     let (child, pid) = ebpf_targets::spawn(&s.binary, 60);
     let _child = KillOnDrop(child);
     let cache = s.dir.join("cache");
@@ -348,7 +353,6 @@ fn the_symbolize_gateway_example_names_a_push_from_debuginfod_into_pyroscope() {
         cache.join(&s.build_id).join("debuginfo").is_file(),
         "the fetched file is in the example's cache_dir"
     );
-    let _ = std::fs::remove_file(&served);
 }
 
 #[test]
@@ -357,7 +361,8 @@ fn debug_files_from_the_real_debuginfod_named_once_fetched_and_misses_asked_once
         return;
     };
     let s = stripped();
-    let served = serve(&server, &s);
+    // Never removed (see `serve`).
+    let _served = serve(&server, &s);
 
     let (child, pid) = ebpf_targets::spawn(&s.binary, 60);
     let _child = KillOnDrop(child);
@@ -442,7 +447,6 @@ fn debug_files_from_the_real_debuginfod_named_once_fetched_and_misses_asked_once
         1.0,
         "a miss is asked for once within negative_ttl"
     );
-    let _ = std::fs::remove_file(&served);
 }
 
 /// A server that takes connections and never answers (a failure the real
@@ -671,7 +675,8 @@ fn otlp_from_the_python_classes_is_named_from_debuginfod_by_the_mappings_build_i
         return;
     };
     let s = stripped();
-    let served = serve(&server, &s);
+    // Never removed (see `serve`).
+    let _served = serve(&server, &s);
     let (child, pid) = ebpf_targets::spawn(&s.binary, 60);
     let _child = KillOnDrop(child);
     let cache = s.dir.join("cache");
@@ -761,5 +766,4 @@ fn otlp_from_the_python_classes_is_named_from_debuginfod_by_the_mappings_build_i
         ),
         1.0
     );
-    let _ = std::fs::remove_file(&served);
 }
