@@ -84,6 +84,54 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Each line of the collector's file output naming `app`, one per line:
+/// its profiles' sample type, samples and time (shown when a profile is
+/// missing, to see which one).
+fn describe_lines(file: &str, app: &str) -> String {
+    let Ok(all) = std::fs::read_to_string(file) else {
+        return format!("{file} cannot be read");
+    };
+    let mut out = format!(
+        "{} lines in {file}; those naming {app}:\n",
+        all.lines().count()
+    );
+    for (n, line) in all.lines().enumerate().filter(|(_, l)| l.contains(app)) {
+        let Ok(request) = json::decode_request(line.as_bytes()) else {
+            out.push_str(&format!(
+                "  line {n}: {} bytes, not a request\n",
+                line.len()
+            ));
+            continue;
+        };
+        let strings = request
+            .dictionary
+            .as_ref()
+            .map(|d| d.string_table.clone())
+            .unwrap_or_default();
+        let profiles: Vec<String> = request
+            .resource_profiles
+            .iter()
+            .flat_map(|rp| &rp.scope_profiles)
+            .flat_map(|sp| &sp.profiles)
+            .map(|p| {
+                let kind = p
+                    .sample_type
+                    .as_ref()
+                    .and_then(|t| strings.get(t.type_strindex as usize))
+                    .map_or("?", String::as_str);
+                format!(
+                    "{kind}: {} samples at {} for {} ns",
+                    p.samples.len(),
+                    p.time_unix_nano,
+                    p.duration_nano
+                )
+            })
+            .collect();
+        out.push_str(&format!("  line {n}: {profiles:?}\n"));
+    }
+    out
+}
+
 /// What the collector's file output holds for one service: its CPU
 /// profiles' samples (nanoseconds).
 #[derive(Debug, Default)]
@@ -452,8 +500,9 @@ fn check_collector(
     });
     assert!(
         settled.is_some(),
-        "the collector's output for {app} has {} CPU profiles of the {accepted} proflow accepted: {c:?}\nproflow's exporter metrics (did it send them all?):\n{}\nproflow log:\n{}",
+        "the collector's output for {app} has {} CPU profiles of the {accepted} proflow accepted: {c:?}\n{}\nproflow's exporter metrics (did it send them all?):\n{}\nproflow log:\n{}",
         c.profiles,
+        describe_lines(&file, app),
         proflow
             .metrics()
             .lines()
