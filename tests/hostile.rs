@@ -19,8 +19,14 @@
 //! the queue's `max_bytes` + 64 MiB; it stays up; every request an attacker
 //! made is answered (no connection cut instead) and every refusal counted
 //! under its reason.
+//!
+//! `work` (tests/hostile_cases/work.rs): bodies whose work grows faster
+//! than their bytes (a shared OTLP dictionary, nested speedscope opens, a
+//! trie of empty nodes), each bounded in time or charged to the budget.
 
 mod common;
+#[path = "hostile_cases/work.rs"]
+mod work;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

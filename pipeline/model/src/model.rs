@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 mod payload;
-pub use payload::{Encoded, Format, Payload, PayloadError};
+pub use payload::{ConvertCache, Encoded, Format, Payload, PayloadError};
 
 use crate::delivery::{Ack, Delivery};
 use crate::pprof::{self};

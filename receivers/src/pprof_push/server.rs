@@ -293,14 +293,17 @@ fn require_post(req: &Request) -> Result<(), IngestError> {
 const DECODE_INLINE_MAX: usize = 16 << 10;
 
 /// Whether a request's decoding may run on the async worker: only when the
-/// body has no Content-Encoding (identity) and is at most
-/// [`DECODE_INLINE_MAX`] bytes. Then the only inflation left is of gzipped
+/// body has no Content-Encoding (identity), is at most [`DECODE_INLINE_MAX`]
+/// bytes and is not itself gzip (a body the formats find gzipped by its
+/// magic bytes is inflated whatever the header says: a few KB of it may be
+/// megabytes of text to parse). Then the only inflation left is of gzipped
 /// profiles inside those 16 KiB, which deflate's ~1000:1 ratio bounds to about
-/// 16 MiB in all, a few milliseconds of work even for a bomb. A gzip body
-/// (which may hold gzipped profiles, ~1000 × 1000) or a larger body always
-/// goes to the blocking pool.
-fn decode_inline(encoding: ContentEncoding, wire_len: usize) -> bool {
-    encoding == ContentEncoding::Identity && wire_len <= DECODE_INLINE_MAX
+/// 16 MiB in all. A gzip body (which may hold gzipped profiles, ~1000 × 1000)
+/// or a larger body always goes to the blocking pool.
+fn decode_inline(encoding: ContentEncoding, body: &[u8]) -> bool {
+    encoding == ContentEncoding::Identity
+        && body.len() <= DECODE_INLINE_MAX
+        && !proflow_pipeline::pprof::is_gzip(body)
 }
 
 /// Runs CPU-bound decoding: inline when [`decode_inline`] allows it, on the
@@ -388,7 +391,7 @@ impl Shared {
         let kind = ingest::body_kind(&params.format, content_type.as_deref())?;
         let encoding = ContentEncoding::from_headers(&parts.headers)?;
         let (body, grant) = self.read_body(&parts.headers, body).await?;
-        let inline = decode_inline(encoding, body.len());
+        let inline = decode_inline(encoding, &body);
         // One budget for everything this request inflates.
         let mut budget = DecompressBudget::with_grant(self.limits.max_decompressed, grant);
         budget.keep_plain(self.consumer.reads_profiles());
@@ -479,7 +482,7 @@ impl Shared {
             Codec::from_content_type(header_text(&parts.headers, header::CONTENT_TYPE).as_deref())?;
         let encoding = ContentEncoding::from_headers(&parts.headers)?;
         let (body, grant) = self.read_body(&parts.headers, body).await?;
-        let inline = decode_inline(encoding, body.len());
+        let inline = decode_inline(encoding, &body);
         // One budget for the body and every profile in it.
         let mut budget = DecompressBudget::with_grant(self.limits.max_decompressed, grant);
         budget.keep_plain(self.consumer.reads_profiles());
@@ -590,13 +593,18 @@ mod tests {
     }
 
     #[test]
-    fn only_small_identity_bodies_decode_inline() {
-        assert!(decode_inline(ContentEncoding::Identity, DECODE_INLINE_MAX));
+    fn only_small_identity_bodies_that_are_not_gzip_decode_inline() {
+        let text = vec![b'a'; DECODE_INLINE_MAX];
+        assert!(decode_inline(ContentEncoding::Identity, &text));
         assert!(!decode_inline(
             ContentEncoding::Identity,
-            DECODE_INLINE_MAX + 1
+            &vec![b'a'; DECODE_INLINE_MAX + 1]
         ));
-        assert!(!decode_inline(ContentEncoding::Gzip, 100));
+        assert!(!decode_inline(ContentEncoding::Gzip, &text[..100]));
+        // Gzip found by its magic bytes, with no Content-Encoding.
+        let sniffed = pprof::gzip(&vec![b'{'; 1 << 20]);
+        assert!(sniffed.len() < 16 << 10);
+        assert!(!decode_inline(ContentEncoding::Identity, &sniffed));
     }
 
     #[test]

@@ -256,22 +256,26 @@ fn sampled(
     Ok(())
 }
 
-fn evented(
+fn evented<'p>(
     p: &Profile,
-    names: &[&str],
+    names: &[&'p str],
     multiplier: u64,
     out: &mut StackSums,
     charge: &mut Charge<'_>,
 ) -> Result<(), FoldedError> {
     let mut last = p.start_value;
-    let mut open: Vec<(usize, &str)> = Vec::new();
+    let mut open: Vec<(usize, &'p str)> = Vec::new();
     for ev in &p.events {
         if ev.at < last {
             return Err(bad(format!("events out of order, {} before {last}", ev.at)));
         }
         let name = frame(names, ev.frame)?;
         let index = ev.frame.trunc() as usize;
-        let stack: Vec<&str> = open.iter().map(|(_, n)| *n).collect();
+        // The open frames as a stack, made only for time to add: a run of
+        // opens at one instant costs nothing per open but the open itself
+        // (building it for each would be quadratic in the depth).
+        let stack =
+            |open: &[(usize, &'p str)]| -> Vec<&'p str> { open.iter().map(|(_, n)| *n).collect() };
         match ev.kind.as_str() {
             "C" => {
                 if open.last().map(|(i, _)| *i) != Some(index) {
@@ -280,17 +284,18 @@ fn evented(
                         ev.at
                     )));
                 }
-                add(
-                    out,
-                    &stack,
-                    to_u64(ev.at - last).saturating_mul(multiplier),
-                    charge,
-                )?;
+                let value = to_u64(ev.at - last).saturating_mul(multiplier);
+                if value != 0 {
+                    add(out, &stack(&open), value, charge)?;
+                }
                 open.pop();
             }
             "O" => {
                 // As Pyroscope does: the time up to an open is not scaled.
-                add(out, &stack, to_u64(ev.at - last), charge)?;
+                let value = to_u64(ev.at - last);
+                if value != 0 {
+                    add(out, &stack(&open), value, charge)?;
+                }
                 charge(std::mem::size_of::<(usize, &str)>()).map_err(FoldedError::Memory)?;
                 open.push((index, name));
             }

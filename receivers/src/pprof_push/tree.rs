@@ -12,8 +12,9 @@
 //!
 //! Both read as Pyroscope reads them, into the stacks the folded text
 //! conversion takes ([`Stacks`]); every stack made is charged before it is
-//! copied, and the distinct stacks are capped, so a deep chain of nodes
-//! (each a copy of the path above it) is refused when the budget runs out.
+//! copied, and so is every open node kept on the way down; the distinct
+//! stacks are capped, so a deep chain of nodes (each a copy of the path
+//! above it, or nameless and empty) is refused when the budget runs out.
 
 use super::folded::{Charge, FoldedError, StackSums, Stacks, TextLimits};
 
@@ -149,6 +150,9 @@ pub(crate) fn parse_trie(
         }
         out.add(&key, value)?;
         if children != 0 {
+            // An open node costs 3 bytes on the wire and more here: charged
+            // as the vector holds it at its fullest (twice, as it grows).
+            (out.charge)(2 * std::mem::size_of::<(u64, usize)>()).map_err(FoldedError::Memory)?;
             offsets.push((children, copied));
             continue;
         }
@@ -275,6 +279,38 @@ mod tests {
         };
         assert!(matches!(
             parse_tree(&body, TextLimits::default(), &mut budget),
+            Err(FoldedError::Memory(_))
+        ));
+    }
+
+    #[test]
+    fn a_trie_of_nameless_open_nodes_is_charged_for_each() {
+        // 3 bytes a node on the wire, each kept open: a million of them
+        // (3 MB) charge at least 16 bytes each, so a 8 MiB budget refuses
+        // them; an unlimited one reads them (no stack has a value).
+        let body = b"\x00\x00\x01".repeat(1 << 20);
+        let mut charged = 0usize;
+        let got = parse_trie(&body, TextLimits::default(), &mut |n| {
+            charged += n;
+            Ok(())
+        });
+        assert!(got.unwrap().stacks.is_empty());
+        assert!(charged >= 16 << 20, "charged {charged} bytes");
+        let mut total = 0usize;
+        let mut budget = |n: usize| {
+            total += n;
+            if total > 8 << 20 {
+                Err(proflow_pipeline::memory::OverBudget {
+                    limit: 8 << 20,
+                    wanted: n,
+                    never: true,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        assert!(matches!(
+            parse_trie(&body, TextLimits::default(), &mut budget),
             Err(FoldedError::Memory(_))
         ));
     }

@@ -3,6 +3,7 @@
 //! at once (all or nothing across `block` queues).
 
 use super::*;
+use crate::model::ConvertCache;
 
 pub(super) struct PipelineRuntime {
     pub(super) processors: Vec<(Arc<dyn Processor>, ProcessorTelemetry)>,
@@ -18,18 +19,63 @@ pub(super) struct Fanout {
     pub(super) telemetry: Arc<Telemetry>,
 }
 
+/// What a batch's payloads may account for and still be converted on the
+/// async worker: a typical request's few profiles take microseconds, which
+/// a hand-off to the blocking pool would cost more than. A larger batch
+/// (an OTLP request of many profiles, or a large dictionary) is converted
+/// on the blocking pool, so no request stalls the other connections.
+const CONVERT_INLINE_MAX: usize = 64 << 10;
+
+/// Payloads converted in this consume call, by (payload identity, form).
+type Converted = HashMap<(usize, Format), Payload>;
+
 impl Fanout {
+    /// [`Fanout::prepare`], on the blocking pool when the batch needs a
+    /// conversion and is larger than [`CONVERT_INLINE_MAX`].
+    pub(super) async fn prepare_batch(
+        &self,
+        forms: &[Format],
+        mut envelopes: Vec<Envelope>,
+        mut done: Converted,
+    ) -> Result<(Vec<Envelope>, Converted), ConsumeError> {
+        let needed = forms
+            .iter()
+            .any(|f| envelopes.iter().any(|e| !e.payload.has(*f)));
+        if !needed {
+            return Ok((envelopes, done));
+        }
+        if batch_bytes(&envelopes) <= CONVERT_INLINE_MAX {
+            Fanout::prepare(&self.telemetry, forms, &mut envelopes, &mut done);
+            return Ok((envelopes, done));
+        }
+        let telemetry = self.telemetry.clone();
+        let forms = forms.to_vec();
+        let work = tokio::task::spawn_blocking(move || {
+            Fanout::prepare(&telemetry, &forms, &mut envelopes, &mut done);
+            (envelopes, done)
+        });
+        match work.await {
+            Ok(prepared) => Ok(prepared),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // A blocking task is cancelled only when the runtime stops.
+            Err(_) => Err(ConsumeError::ShuttingDown),
+        }
+    }
+
     /// Gives every profile the forms the pipeline's exporters want, before
     /// any queue counts it: each payload is converted once per consume call
     /// (`done` holds what other pipelines already converted) and shared by
-    /// every exporter. A profile that cannot be converted keeps its form;
-    /// the exporter that needs the other one reports it as failed.
-    pub(super) fn prepare(
-        &self,
+    /// every exporter; the payloads of one OTLP request decode their shared
+    /// dictionary once in all ([`ConvertCache`]). A profile that cannot be
+    /// converted keeps its form; the exporter that needs the other one
+    /// reports it as failed.
+    fn prepare(
+        telemetry: &Telemetry,
         forms: &[Format],
         envelopes: &mut [Envelope],
-        done: &mut HashMap<(usize, Format), Payload>,
+        done: &mut Converted,
     ) {
+        let mut cache = ConvertCache::default();
         for form in forms {
             for e in envelopes.iter_mut() {
                 if e.payload.has(*form) {
@@ -41,14 +87,14 @@ impl Fanout {
                     continue;
                 }
                 let mut lost = Lost::default();
-                match e.payload.with_form(*form, &mut lost) {
+                match e.payload.with_form_cached(*form, &mut lost, &mut cache) {
                     Ok(p) => {
-                        self.telemetry.converted(*form, &lost);
+                        telemetry.converted(*form, &lost);
                         done.insert(key, p.clone());
                         e.payload = p;
                     }
                     Err(err) => {
-                        self.telemetry.conversion_failed(*form);
+                        telemetry.conversion_failed(*form);
                         tracing::debug!(error = %err, series = %e.labels.to_selector_string(), "profile not converted to {form}");
                     }
                 }
@@ -222,7 +268,7 @@ impl Consumer for Fanout {
             if b.is_empty() {
                 continue;
             }
-            self.prepare(&p.forms, &mut b, &mut converted);
+            (b, converted) = self.prepare_batch(&p.forms, b, converted).await?;
             // The plain bytes a receiver handed along served the processors
             // and the conversions: no queue keeps them.
             for e in &mut b {

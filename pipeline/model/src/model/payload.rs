@@ -262,6 +262,18 @@ impl Payload {
     /// counts both forms. Whatever the conversion could not carry is added
     /// to `lost`.
     pub fn with_form(&self, format: Format, lost: &mut Lost) -> Result<Payload, PayloadError> {
+        self.with_form_cached(format, lost, &mut ConvertCache::default())
+    }
+
+    /// [`Payload::with_form`] for one of a batch of payloads: `cache` keeps
+    /// the dictionary the last conversion decoded, so the payloads of one
+    /// OTLP request (which share it) decode and check it once in all.
+    pub fn with_form_cached(
+        &self,
+        format: Format,
+        lost: &mut Lost,
+        cache: &mut ConvertCache,
+    ) -> Result<Payload, PayloadError> {
         if self.has(format) {
             return Ok(self.clone());
         }
@@ -270,7 +282,7 @@ impl Payload {
         let payload = match format {
             Format::Otlp => self.with_otlp(Arc::new(self.convert_to_otlp(lost)?)),
             Format::Pprof => {
-                let encoded = self.convert_to_pprof(lost)?;
+                let encoded = self.convert_to_pprof(lost, cache)?;
                 let size = inner.size + encoded.bytes.len();
                 Payload::new(
                     inner.arrived,
@@ -341,7 +353,7 @@ impl Payload {
     pub fn encoded(&self) -> Result<Encoded, PayloadError> {
         match &self.inner.pprof {
             Some(f) => Ok(f.encoded().clone()),
-            None => self.convert_to_pprof(&mut Lost::default()),
+            None => self.convert_to_pprof(&mut Lost::default(), &mut ConvertCache::default()),
         }
     }
 
@@ -386,14 +398,18 @@ impl Payload {
         Ok(OtlpProfiles::decoded(dict.finish(), profiles))
     }
 
-    fn convert_to_pprof(&self, lost: &mut Lost) -> Result<Encoded, PayloadError> {
+    fn convert_to_pprof(
+        &self,
+        lost: &mut Lost,
+        cache: &mut ConvertCache,
+    ) -> Result<Encoded, PayloadError> {
         self.inner.converted_once.store(true, Ordering::Relaxed);
         let Some(o) = &self.inner.otlp else {
             return Err(ConvertError("the payload holds no profile".to_owned()).into());
         };
-        let dictionary = o.dictionary.decoded()?;
+        let dictionary = cache.dictionary(&o.dictionary)?;
         let decoded = otlp::decode_all(&o.profiles)?;
-        let mut profiles = otlp::otlp_to_pprof(&dictionary, &decoded, lost)?.into_iter();
+        let mut profiles = otlp::otlp_to_pprof_checked(&dictionary, &decoded, lost)?.into_iter();
         let profile = match (profiles.next(), profiles.next()) {
             (Some(p), None) => p,
             _ => {
@@ -433,6 +449,38 @@ impl Payload {
     /// forms, both.
     pub fn size_bytes(&self) -> usize {
         self.inner.size
+    }
+}
+
+/// What the conversions of one batch share: the dictionary the last one
+/// decoded and checked, kept while the next payload has the same one (the
+/// payloads of an OTLP request share theirs, so a request of many profiles
+/// and a large dictionary costs one decode, not one per profile). Held only
+/// while the batch is converted, then dropped with it.
+#[derive(Debug, Default)]
+pub struct ConvertCache {
+    last: Option<(
+        Arc<otlp::SharedDictionary>,
+        Arc<otlp::proto::ProfilesDictionary>,
+    )>,
+}
+
+impl ConvertCache {
+    fn dictionary(
+        &mut self,
+        shared: &Arc<otlp::SharedDictionary>,
+    ) -> Result<Arc<otlp::proto::ProfilesDictionary>, ConvertError> {
+        if let Some((s, d)) = &self.last
+            && Arc::ptr_eq(s, shared)
+        {
+            return Ok(d.clone());
+        }
+        self.last = None;
+        let decoded = shared.decoded()?.into_owned();
+        otlp::check_dictionary(&decoded)?;
+        let decoded = Arc::new(decoded);
+        self.last = Some((shared.clone(), decoded.clone()));
+        Ok(decoded)
     }
 }
 

@@ -60,7 +60,7 @@ pub use form::{
 pub use from_pprof::{SPAN_ID_LABEL, TRACE_ID_LABEL, pprof_to_otlp};
 pub use request::{Request, RequestBuilder};
 pub use split::{Split, SplitError, split_decoded, split_raw};
-pub use to_pprof::otlp_to_pprof;
+pub use to_pprof::{otlp_to_pprof, otlp_to_pprof_checked};
 pub use wire_check::{DictionaryIndex, ProfileFacts, check_dictionary_wire, check_profile_wire};
 pub use wire_merge::{Remap, WireMerge};
 

@@ -297,6 +297,18 @@ pub fn otlp_to_pprof(
     lost: &mut Lost,
 ) -> Result<Vec<pprof::Profile>, ConvertError> {
     check_dictionary(dict)?;
+    otlp_to_pprof_checked(dict, profiles, lost)
+}
+
+/// [`otlp_to_pprof`] for a dictionary that has passed
+/// [`check_dictionary`] already: the profiles of one request share their
+/// dictionary, so a batch of them checks it once, not once per profile (its
+/// cost is the whole dictionary's, whatever one profile uses of it).
+pub fn otlp_to_pprof_checked(
+    dict: &proto::ProfilesDictionary,
+    profiles: &[proto::Profile],
+    lost: &mut Lost,
+) -> Result<Vec<pprof::Profile>, ConvertError> {
     // Group by window, keeping the order in which windows first appear.
     type Window = (u64, u64, Option<(i32, i32)>, i64);
     let mut windows: Vec<(Window, Vec<&proto::Profile>)> = Vec::new();
