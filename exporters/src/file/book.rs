@@ -10,10 +10,18 @@
 //! live ones and there are at least [`COMPACT_MIN_STALE`]: each rewrite is paid
 //! for by as many deletions as lines it keeps, so the cost per export stays
 //! constant, and the index is never more than about twice the live lines.
+//!
+//! What retention counts is what the files take on disk: each profile file's
+//! allocated blocks (a 300-byte file takes a 4 KiB block), each service
+//! directory's, and the index itself. A directory whose last file retention
+//! deleted is removed; while the index's stale lines keep the total over
+//! `max_total_size`, the index is rewritten as soon as there are
+//! [`COMPACT_MIN_STALE`] of them, so the cap holds with any number of series.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -24,6 +32,15 @@ use crate::error::Error;
 
 /// Fewest stale index lines worth a rewrite of the index.
 pub(crate) const COMPACT_MIN_STALE: u64 = 16;
+
+/// What a directory takes on disk when its size cannot be read (one block).
+const DIR_BYTES: u64 = 4096;
+
+/// What a file or directory takes on disk: its allocated blocks, or its
+/// length when that is more (a sparse file, or blocks not yet counted).
+pub(crate) fn disk_size(meta: &fs::Metadata) -> u64 {
+    meta.len().max(meta.blocks().saturating_mul(512))
+}
 
 /// Retention limits; zero/`None` means unlimited.
 #[derive(Debug, Clone, Copy, Default)]
@@ -43,6 +60,7 @@ impl Retention {
 struct Entry {
     /// Path relative to the exporter's directory, `/`-separated.
     rel: String,
+    /// What it takes on disk ([`disk_size`]).
     size: u64,
     /// When it was written (mtime for files found at start).
     written: SystemTime,
@@ -52,6 +70,7 @@ struct Entry {
 #[derive(Debug)]
 pub(crate) struct Written {
     pub rel: String,
+    /// What it takes on disk ([`disk_size`]).
     pub size: u64,
 }
 
@@ -116,7 +135,7 @@ fn scan_service_dir(
             scan.next_seq = scan.next_seq.max(seq.saturating_add(1));
             let written = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
             let rel = format!("{dir_name}/{name}");
-            let size = meta.len();
+            let size = disk_size(&meta);
             found.push((written, seq, Entry { rel, size, written }));
         }
     }
@@ -160,7 +179,13 @@ pub(crate) struct Book {
     /// Oldest first.
     files: VecDeque<Entry>,
     live: HashSet<String>,
+    /// What the live profile files take on disk.
     total_bytes: u64,
+    /// Per service directory holding live files: how many, and what the
+    /// directory itself takes on disk.
+    dirs: HashMap<String, (u64, u64)>,
+    /// What those directories take, summed.
+    dir_bytes: u64,
     /// Index lines naming files that exist / that retention deleted.
     live_lines: u64,
     stale_lines: u64,
@@ -194,10 +219,16 @@ impl Book {
             index_len,
             live: scan.entries.iter().map(|e| e.rel.clone()).collect(),
             total_bytes: scan.entries.iter().map(|e| e.size).sum(),
-            files: scan.entries.into(),
+            dirs: HashMap::new(),
+            dir_bytes: 0,
+            files: VecDeque::new(),
             live_lines: 0,
             stale_lines: 0,
         };
+        for e in &scan.entries {
+            book.add_to_dir(&e.rel);
+        }
+        book.files = scan.entries.into();
         // Line counts only steer compaction, which only retention needs; skip
         // reading a possibly large index otherwise.
         if retention.enabled() {
@@ -234,6 +265,7 @@ impl Book {
         let now = SystemTime::now();
         for w in written {
             self.total_bytes += w.size;
+            self.add_to_dir(&w.rel);
             self.live_lines += 1;
             self.live.insert(w.rel.clone());
             self.files.push_back(Entry {
@@ -264,14 +296,58 @@ impl Book {
         }
     }
 
+    /// Everything retention counts: the live files, their directories and
+    /// the index.
+    fn used_bytes(&self) -> u64 {
+        self.total_bytes + self.dir_bytes + self.index_len
+    }
+
+    /// Counts a live file in its service directory (the directory's own
+    /// size the first time).
+    fn add_to_dir(&mut self, rel: &str) {
+        let Some((dir, _)) = rel.split_once('/') else {
+            return;
+        };
+        if let Some((files, _)) = self.dirs.get_mut(dir) {
+            *files += 1;
+            return;
+        }
+        let size = fs::metadata(self.root.join(dir)).map_or(DIR_BYTES, |m| disk_size(&m));
+        self.dir_bytes += size;
+        self.dirs.insert(dir.to_owned(), (1, size));
+    }
+
+    /// Forgets a deleted file in its directory, and removes the directory
+    /// once it holds no live file (a directory that is not empty, e.g. an
+    /// export is writing into it, stays and is counted again by its next file).
+    fn remove_from_dir(&mut self, rel: &str) {
+        let Some((dir, _)) = rel.split_once('/') else {
+            return;
+        };
+        let Some((files, size)) = self.dirs.get_mut(dir) else {
+            return;
+        };
+        *files = files.saturating_sub(1);
+        if *files > 0 {
+            return;
+        }
+        self.dir_bytes = self.dir_bytes.saturating_sub(*size);
+        self.dirs.remove(dir);
+        let _ = fs::remove_dir(self.root.join(dir));
+    }
+
     /// Deletes the oldest files while over `max_total_size` (always keeping the
-    /// newest, so one profile larger than the limit is still written) and
-    /// every file older than `max_age`.
+    /// newest, so one profile larger than the limit is still written),
+    /// rewriting the index when its stale lines keep it over, and every file
+    /// older than `max_age`.
     fn enforce_retention(&mut self, now: SystemTime) {
         let max_bytes = self.retention.max_total_bytes;
         if max_bytes > 0 {
-            while self.total_bytes > max_bytes && self.files.len() > 1 {
+            while self.used_bytes() > max_bytes && self.files.len() > 1 {
                 self.delete_oldest();
+                if self.used_bytes() > max_bytes && self.stale_lines >= COMPACT_MIN_STALE {
+                    self.compact_or_warn();
+                }
             }
         }
         if let Some(max_age) = self.retention.max_age {
@@ -306,12 +382,17 @@ impl Book {
                 tracing::warn!(path = %path.display(), error = %e, "retention could not delete a profile file; it is no longer accounted for")
             }
         }
+        self.remove_from_dir(&entry.rel);
     }
 
     fn maybe_compact(&mut self) {
         if self.stale_lines < COMPACT_MIN_STALE || self.stale_lines <= self.live_lines {
             return;
         }
+        self.compact_or_warn();
+    }
+
+    fn compact_or_warn(&mut self) {
         if let Err(e) = self.compact() {
             // The index stays valid, only longer; try again after as many
             // deletions as it takes to pass the threshold anew.

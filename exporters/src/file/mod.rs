@@ -31,9 +31,11 @@
 //!
 //! Retention: `max_total_size` and `max_age` delete the oldest profile files
 //! after each export (and once at start), using an in-memory list built by one
-//! scan at start. Index lines of deleted files are dropped by rewriting the
-//! index once they outnumber the live ones (see [`book`]); until then readers
-//! must tolerate index lines whose file is gone.
+//! scan at start; `max_total_size` counts what the files, their service
+//! directories and the index take on disk. Index lines of deleted files are
+//! dropped by rewriting the index once they outnumber the live ones or keep
+//! the total over the cap (see [`book`]); until then readers must tolerate
+//! index lines whose file is gone.
 
 mod book;
 mod folded;
@@ -88,9 +90,11 @@ pub enum FileFormat {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetentionSettings {
-    /// Most bytes of profile files kept under `directory` (the index not
-    /// counted); the oldest files are deleted first, the newest always kept.
-    /// `0` (default) keeps everything.
+    /// Most bytes kept under `directory`, as they take up the disk: profile
+    /// files (their allocated blocks), the service directories holding them,
+    /// and `index.jsonl`. The oldest files are deleted first (a directory
+    /// left empty with them), the newest always kept. `0` (default) keeps
+    /// everything.
     pub max_total_size: ByteSize,
     /// Profile files written longer ago than this are deleted (checked after
     /// each export and at start). `0` (default) keeps them forever.
@@ -507,28 +511,42 @@ impl Shared {
     /// filesystem, so the rename is atomic).
     fn stage(&self, p: Pending) -> Result<Staged, Error> {
         let dir = self.root.join(&p.service_dir);
-        fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         let temp = dir.join(naming::temp_file(p.seq));
-        let written = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)
-            .and_then(|mut f| {
-                f.write_all(&p.bytes)?;
-                if self.fsync {
-                    f.sync_all()?;
-                }
-                Ok(())
-            });
-        if let Err(e) = written {
-            let _ = fs::remove_file(&temp);
-            return Err(Error::io("write", &temp, e));
-        }
+        let mut attempts = 0;
+        let written = loop {
+            fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
+            let written = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&temp)
+                .and_then(|mut f| {
+                    f.write_all(&p.bytes)?;
+                    if self.fsync {
+                        f.sync_all()?;
+                    }
+                    f.metadata()
+                });
+            attempts += 1;
+            match written {
+                // Retention removes a service directory once its last file is
+                // deleted, which may fall between making it and opening the
+                // file in it: make it again.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 3 => continue,
+                other => break other,
+            }
+        };
+        let meta = match written {
+            Ok(meta) => meta,
+            Err(e) => {
+                let _ = fs::remove_file(&temp);
+                return Err(Error::io("write", &temp, e));
+            }
+        };
         Ok(Staged {
             temp,
             dest: dir.join(&p.file_name),
             rel: format!("{}/{}", p.service_dir, p.file_name),
-            size: p.bytes.len() as u64,
+            size: book::disk_size(&meta),
             line: p.line,
         })
     }

@@ -324,7 +324,7 @@ async fn concurrent_exports_never_collide_or_interleave() {
 #[tokio::test]
 async fn size_retention_deletes_the_oldest_and_compacts_the_index() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let exp = exporter(tmp.path(), "retention:\n  max_total_size: 4KiB\n");
+    let exp = exporter(tmp.path(), "retention:\n  max_total_size: 64KiB\n");
     let mut written = Vec::new();
     for i in 0..120 {
         exp.export(&ExportBatch::from(vec![envelope(
@@ -340,11 +340,8 @@ async fn size_retention_deletes_the_oldest_and_compacts_the_index() {
         written.push(newest);
     }
     let files = profile_files(tmp.path());
-    let total: u64 = files
-        .iter()
-        .map(|f| std::fs::metadata(tmp.path().join(f)).map_or(0, |m| m.len()))
-        .sum();
-    assert!(total <= 4096, "{total} bytes kept");
+    let total = disk_usage(tmp.path());
+    assert!(total <= 64 << 10, "{total} bytes on disk");
     assert!(files.len() >= 2, "{files:?}");
     // Exactly the newest files survive.
     let newest: Vec<String> = written[written.len() - files.len()..].to_vec();
@@ -363,6 +360,65 @@ async fn size_retention_deletes_the_oldest_and_compacts_the_index() {
         stale as u64 <= (files.len() as u64).max(COMPACT_MIN_STALE),
         "{stale} stale lines for {} files",
         files.len()
+    );
+}
+
+/// What everything under `dir` takes on disk: files' and directories'
+/// allocated blocks (or their length when more), `dir` itself not counted.
+fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).expect("list").flatten() {
+        let meta = entry.metadata().expect("stat");
+        total += meta.len().max(meta.blocks() * 512);
+        if meta.is_dir() {
+            total += disk_usage(&entry.path());
+        }
+    }
+    total
+}
+
+#[tokio::test]
+async fn size_retention_holds_on_disk_with_ten_thousand_series() {
+    // Each series a service of its own: a folder, a file of a few hundred
+    // bytes (a 4 KiB block) and an index line each. Retention counted only
+    // the files' lengths: 9,000 series under a 1 MiB cap took 74 MB.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let exp = exporter(tmp.path(), "retention:\n  max_total_size: 1MiB\n");
+    let mut peak = 0;
+    for batch in 0..100 {
+        let envelopes: Vec<Envelope> = (0..100)
+            .map(|i| envelope(Some(&format!("svc-{batch}-{i}")), "hot"))
+            .collect();
+        exp.export(&ExportBatch::from(envelopes))
+            .await
+            .expect("export succeeds");
+        if batch % 10 == 9 {
+            peak = peak.max(disk_usage(tmp.path()));
+        }
+    }
+    let total = disk_usage(tmp.path());
+    let dirs = std::fs::read_dir(tmp.path())
+        .expect("list")
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .count();
+    let files = profile_files(tmp.path());
+    eprintln!(
+        "10,000 series under 1 MiB: {total} bytes on disk at the end, {peak} at most; {} files, {dirs} folders",
+        files.len()
+    );
+    let cap = 1u64 << 20;
+    assert!(
+        peak <= cap + cap / 10,
+        "{peak} bytes on disk under a {cap}-byte cap"
+    );
+    assert_eq!(dirs, files.len(), "one folder per live file's service");
+    assert!(files.len() >= 50, "{} files kept", files.len());
+    // The newest series is always there.
+    assert!(
+        files.iter().any(|f| f.starts_with("svc-99-99/")),
+        "{files:?}"
     );
 }
 
