@@ -23,8 +23,12 @@
 //! `work` (tests/hostile_cases/work.rs): bodies whose work grows faster
 //! than their bytes (a shared OTLP dictionary, nested speedscope opens, a
 //! trie of empty nodes), each bounded in time or charged to the budget.
+//! `secrets` (tests/hostile_cases/secrets.rs): a password in a URL or a
+//! token in scrape `params` shows nowhere proflow writes.
 
 mod common;
+#[path = "hostile_cases/secrets.rs"]
+mod secrets;
 #[path = "hostile_cases/work.rs"]
 mod work;
 

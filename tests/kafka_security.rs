@@ -275,7 +275,7 @@ fn scram_over_sasl_plaintext_end_to_end_and_a_wrong_password_is_refused() {
         &sasl,
         &topic,
         &format!(
-            "sasl: {{mechanism: SCRAM-SHA-256, username: proflow-producer, password_file: {}}}",
+            "sasl: {{mechanism: SCRAM-SHA-256, username: proflow-producer, password_file: {}, allow_plaintext: true}}",
             password_file.display()
         ),
     );
@@ -283,7 +283,7 @@ fn scram_over_sasl_plaintext_end_to_end_and_a_wrong_password_is_refused() {
         &sasl,
         &topic,
         &format!(
-            "sasl: {{mechanism: SCRAM-SHA-512, username: proflow-consumer, password: {consumer_password}}}"
+            "sasl: {{mechanism: SCRAM-SHA-512, username: proflow-consumer, password: {consumer_password}, allow_plaintext: true}}"
         ),
     );
     all_arrive_byte_for_byte(&first, &second, "kafka-scram");
@@ -292,7 +292,7 @@ fn scram_over_sasl_plaintext_end_to_end_and_a_wrong_password_is_refused() {
     let wrong = producer(
         &sasl,
         &wrong_topic,
-        "sasl: {mechanism: SCRAM-SHA-256, username: proflow-producer, password: not-the-password}",
+        "sasl: {mechanism: SCRAM-SHA-256, username: proflow-producer, password: not-the-password, allow_plaintext: true}",
     );
     let why = refused(
         &wrong,
@@ -307,7 +307,7 @@ fn scram_over_sasl_plaintext_end_to_end_and_a_wrong_password_is_refused() {
     let turned_away = consumer(
         &sasl,
         &topic,
-        "sasl: {mechanism: SCRAM-SHA-512, username: proflow-consumer, password: not-the-password}",
+        "sasl: {mechanism: SCRAM-SHA-512, username: proflow-consumer, password: not-the-password, allow_plaintext: true}",
     );
     let consumer_why = consumer_refused(&turned_away, "invalid credentials");
     assert!(consumer_why.contains("SCRAM-SHA-512"), "{consumer_why}");

@@ -115,6 +115,14 @@ impl TlsSettings {
 
 /// An absolute `http://` or `https://` URL with a host.
 pub(crate) fn parse_url(text: &str) -> Result<Uri, String> {
+    // Refused before anything else, and shown without the password: URLs go
+    // into log lines and error messages.
+    if proflow_pipeline::url::has_userinfo(text) {
+        return Err(format!(
+            "`{}` holds a user name and password: write the URL without them and set the exporter's `basic_auth` (or an `Authorization` header); a password in a URL would end up in logs",
+            proflow_pipeline::url::redact_userinfo(text)
+        ));
+    }
     let uri: Uri = text
         .parse()
         .map_err(|e| format!("`{text}` is not a valid URL or host:port: {e}"))?;

@@ -57,6 +57,28 @@ fn is_registered_and_wants_pprof() {
 }
 
 #[test]
+fn a_password_in_the_endpoint_is_refused_and_never_shown() {
+    for endpoint in [
+        "http://user:PASS@127.0.0.1:4040",
+        "https://PASS@pyroscope.example",
+    ] {
+        let c = typed(&format!("endpoint: {endpoint}\n"));
+        let problems = c.validate();
+        let shown = format!("{problems:?}");
+        assert!(
+            problems.iter().any(|p| p.path == "endpoint"),
+            "{endpoint}: {shown}"
+        );
+        assert!(
+            shown.contains("<secret>") && !shown.contains("PASS"),
+            "{shown}"
+        );
+        let err = c.build_pyroscope(&ctx()).expect_err("refused");
+        assert!(!err.to_string().contains("PASS"), "{err}");
+    }
+}
+
+#[test]
 fn validation_reports_every_problem() {
     let c = typed(
         "endpoint: ftp://x\n\

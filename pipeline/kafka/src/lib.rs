@@ -348,6 +348,11 @@ pub struct SaslSettings {
     /// ignored).
     #[serde(default)]
     pub password_file: Option<PathBuf>,
+    /// SASL without `tls` sends the user name (and with `PLAIN` the
+    /// password) over the network in clear; it is refused unless this says
+    /// the network is trusted. Default `false`.
+    #[serde(default)]
+    pub allow_plaintext: bool,
 }
 
 /// `tls`: its presence turns TLS on (OpenSSL inside librdkafka).
@@ -442,6 +447,19 @@ impl ClientSettings {
                 problems.push(FieldError::new(
                     "sasl",
                     "needs exactly one of `password` and `password_file`",
+                ));
+            }
+            if self.tls.is_none() && !s.allow_plaintext {
+                problems.push(FieldError::new(
+                    "sasl",
+                    format!(
+                        "without `tls` the brokers get the credentials in clear ({}): add `tls: {{}}` (and `ca_file` for a private CA), or set `sasl.allow_plaintext: true` for a network you trust",
+                        if s.mechanism == SaslMechanism::Plain {
+                            "PLAIN sends the password itself"
+                        } else {
+                            "SCRAM sends the user name, and its exchange can be recorded"
+                        }
+                    ),
                 ));
             }
         }
@@ -628,6 +646,7 @@ mod tests {
                 username: "u".into(),
                 password: Some("p".into()),
                 password_file: None,
+                allow_plaintext: false,
             }),
             tls: Some(TlsSettings::default()),
         };
@@ -646,6 +665,7 @@ mod tests {
                 username: String::new(),
                 password: None,
                 password_file: None,
+                allow_plaintext: false,
             }),
             tls: Some(TlsSettings {
                 cert_file: Some("c.pem".into()),
@@ -663,6 +683,19 @@ mod tests {
                 "sasl",
                 "tls"
             ]
+        );
+        // SASL without TLS: refused unless allowed.
+        let mut clear = s.clone();
+        clear.tls = None;
+        let paths: Vec<_> = clear.problems().into_iter().map(|p| p.path).collect();
+        assert_eq!(paths, ["sasl"]);
+        if let Some(sasl) = &mut clear.sasl {
+            sasl.allow_plaintext = true;
+        }
+        assert!(clear.problems().is_empty());
+        assert_eq!(
+            clear.properties().unwrap()["security.protocol"],
+            "sasl_plaintext"
         );
         let map = BTreeMap::from([
             ("linger.ms".to_owned(), "5".to_owned()),

@@ -494,6 +494,14 @@ pub(crate) fn client_problems(
 
 /// Checks a `host:port` target.
 pub(crate) fn target_problem(target: &str) -> Option<String> {
+    if proflow_pipeline::url::has_userinfo(target) {
+        // Shown without its password: this message reaches logs and
+        // `/targets`.
+        let shown = proflow_pipeline::url::redact_userinfo(target);
+        return Some(format!(
+            "{shown:?} holds a user name: a target is host:port; put the credentials in the job's `basic_auth` (a password in an address would end up in logs and labels)"
+        ));
+    }
     if target.contains("://") || target.contains('/') {
         return Some(format!(
             "{target:?} must be host:port without scheme or path (use `scheme` and `profiling_config.path_prefix`)"

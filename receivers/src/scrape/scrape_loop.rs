@@ -177,13 +177,13 @@ pub async fn run(shared: Arc<JobShared>, status: Arc<TargetStatus>, cancel: Canc
             Transition::Same => {}
             Transition::Failing => tracing::warn!(
                 job = %job.name,
-                url = %status.target.url,
+                url = %status.target.shown_url(),
                 error = error.as_deref().unwrap_or(""),
                 "scrape failed; logged again when the reason changes or the target recovers (every failure is counted in proflow_scrape_failures_total and shown on /targets)"
             ),
             Transition::Recovered => tracing::info!(
                 job = %job.name,
-                url = %status.target.url,
+                url = %status.target.shown_url(),
                 "scrape target recovered"
             ),
         }
@@ -319,7 +319,7 @@ async fn scrape_once(
         DeltaOutcome::Reset => {
             tracing::info!(
                 job = %job.name,
-                url = %target.url,
+                url = %target.shown_url(),
                 "a cumulative profile went down (the target restarted): its deltas start again from this scrape"
             );
             Ok(None)

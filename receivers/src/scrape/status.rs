@@ -126,7 +126,7 @@ impl TargetStatus {
         let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         json!({
             "scrapePool": self.job,
-            "scrapeUrl": self.target.url.to_string(),
+            "scrapeUrl": self.target.shown_url(),
             "profile": self.target.profile.name,
             "labels": labels_json(&self.target.labels),
             "discoveredLabels": labels_json(&self.target.discovered),
@@ -162,10 +162,20 @@ pub fn dropped_json(job: &str, d: &Dropped) -> Value {
     v
 }
 
+/// Labels as `/targets` shows them: a password in `__address__` and the
+/// values of `__param_*` (the job's `params`, which may carry a token)
+/// redacted.
 fn labels_json(labels: &Labels) -> Value {
     let mut m = Map::new();
     for l in labels.iter() {
-        m.insert(l.name.clone(), Value::String(l.value.clone()));
+        let value = if l.name == "__address__" {
+            proflow_pipeline::url::redact_userinfo(&l.value)
+        } else if l.name.starts_with("__param_") && l.name != "__param_seconds" {
+            proflow_pipeline::url::SECRET.to_owned()
+        } else {
+            l.value.clone()
+        };
+        m.insert(l.name.clone(), Value::String(value));
     }
     Value::Object(m)
 }

@@ -80,6 +80,15 @@ pub struct Target {
     pub profile: Arc<ProfileTarget>,
 }
 
+impl Target {
+    /// The URL as logs and `/targets` show it: the values of its query
+    /// parameters (`params`, which may carry a token) redacted, but for
+    /// `seconds`, which proflow sets itself.
+    pub fn shown_url(&self) -> String {
+        proflow_pipeline::url::redact_url(&self.url.to_string(), &["seconds"])
+    }
+}
+
 /// A target relabelling dropped (or that has no usable address).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dropped {
@@ -203,9 +212,10 @@ fn finish(job: &JobSpec, labels: Labels, profile: &ProfileTarget) -> Result<(Uri
         url.push('=');
         url.push_str(&percent_encode(v));
     }
-    let url: Uri = url
-        .parse()
-        .map_err(|e| format!("the target URL {url:?} is not valid: {e}"))?;
+    let url: Uri = url.parse().map_err(|e| {
+        let shown = proflow_pipeline::url::redact_url(&url, &["seconds"]);
+        format!("the target URL {shown:?} is not valid: {e}")
+    })?;
 
     let name = labels
         .get("__name__")
@@ -266,6 +276,47 @@ mod tests {
     fn job(yaml: &str) -> JobSpec {
         let c: ScrapeJobConfig = serde_saphyr::from_str(yaml).expect("job parses");
         JobSpec::new(&c).expect("job compiles")
+    }
+
+    #[test]
+    fn credentials_in_an_address_drop_the_target_and_never_show() {
+        let j = job(
+            "job_name: checkout\nscrape_interval: 15s\nparams: {token: [abc123]}\nstatic_configs: []\n",
+        );
+        let (active, dropped) = build(
+            &j,
+            &[group(&["user:PASS@10.0.0.1:6060", "10.0.0.2:6060"], &[])],
+        );
+        assert!(
+            active
+                .iter()
+                .all(|t| t.labels.get("instance") == Some("10.0.0.2:6060"))
+        );
+        assert_eq!(
+            dropped.len(),
+            5,
+            "one per profile of the address with credentials"
+        );
+        for d in &dropped {
+            let reason = d.reason.as_deref().unwrap_or("");
+            assert!(reason.contains("user:<secret>@10.0.0.1:6060"), "{reason}");
+            assert!(!reason.contains("PASS"), "{reason}");
+            let shown = crate::scrape::status::dropped_json("checkout", d).to_string();
+            assert!(
+                !shown.contains("PASS") && !shown.contains("abc123"),
+                "{shown}"
+            );
+        }
+        let cpu = active
+            .iter()
+            .find(|t| t.profile.name == "process_cpu")
+            .expect("cpu target");
+        // The real URL carries the token; what is shown does not.
+        assert!(cpu.url.to_string().contains("token=abc123"));
+        assert_eq!(
+            cpu.shown_url(),
+            "http://10.0.0.2:6060/debug/pprof/profile?token=<secret>&seconds=14"
+        );
     }
 
     #[test]

@@ -37,7 +37,8 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// The discoverer of one `http_sd_configs` item.
 pub struct HttpDiscoverer {
     url: Uri,
-    /// The URL as configured: the `__meta_url` value.
+    /// The URL as configured, its password redacted: the `__meta_url`
+    /// value.
     configured: String,
     refresh: Duration,
     client: HttpClient,
@@ -59,7 +60,7 @@ impl HttpDiscoverer {
             .ok_or_else(|| {
                 format!(
                     "url: {:?} is not an absolute http:// or https:// URL",
-                    config.url
+                    proflow_pipeline::url::redact_userinfo(&config.url)
                 )
             })?;
         // The client loads the system's CA roots only when a tls_config is
@@ -80,7 +81,8 @@ impl HttpDiscoverer {
         )?;
         Ok(HttpDiscoverer {
             url,
-            configured: config.url.clone(),
+            // Shown in logs and as a label: never with its password.
+            configured: proflow_pipeline::url::redact_userinfo(&config.url),
             // Validation refuses 0; tokio's interval panics on it, so never pass it.
             refresh: config.refresh_interval.get().max(Duration::from_millis(1)),
             client,
