@@ -137,7 +137,9 @@ pub struct DebuginfodConfig {
     pub fetch_timeout: Duration,
     /// Where fetched debug files are kept, one directory per build id.
     /// Default `$XDG_CACHE_HOME/proflow/debuginfod`, else
-    /// `$HOME/.cache/proflow/debuginfod`.
+    /// `$HOME/.cache/proflow/debuginfod`, else (neither set)
+    /// `<temp dir>/proflow-<uid>/cache/proflow/debuginfod`, its first folder
+    /// made with mode 0700 and refused if it is not this user's own.
     #[serde(default)]
     pub cache_dir: Option<PathBuf>,
     /// Most bytes the cache holds; the least recently fetched files are
@@ -190,7 +192,10 @@ impl DebuginfodConfig {
             .collect()
     }
 
-    /// The cache directory: configured, else under the user's cache.
+    /// The cache directory: configured, else under the user's cache, else
+    /// (neither `XDG_CACHE_HOME` nor `HOME` set) a directory of this user's
+    /// own under the temporary directory, `proflow-<uid>`, which
+    /// [`private_dir`] makes or checks before it is used.
     pub fn resolved_cache_dir(&self) -> PathBuf {
         if let Some(d) = &self.cache_dir {
             return d.clone();
@@ -199,9 +204,50 @@ impl DebuginfodConfig {
             .map(PathBuf::from)
             .filter(|p| p.is_absolute())
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .unwrap_or_else(std::env::temp_dir);
+            .unwrap_or_else(|| private_temp_base().join("cache"));
         base.join("proflow").join("debuginfod")
     }
+
+    /// [`Self::resolved_cache_dir`], with the private temporary directory
+    /// made (or checked) first when that is where it falls back to.
+    pub fn prepared_cache_dir(&self) -> Result<PathBuf, String> {
+        let dir = self.resolved_cache_dir();
+        let base = private_temp_base();
+        if dir.starts_with(&base) {
+            private_dir(&base)?;
+        }
+        Ok(dir)
+    }
+}
+
+/// This user's directory under the temporary directory: `proflow-<uid>`.
+fn private_temp_base() -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid());
+    std::env::temp_dir().join(format!("proflow-{uid}"))
+}
+
+/// Makes `dir` with mode 0700, or checks the one there: a directory (not a
+/// symbolic link) owned by this process's user that no one else may enter.
+/// Another local user could otherwise make it first, in a shared temporary
+/// directory, and fill it with files proflow would read as debug files.
+pub fn private_dir(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot make {}: {e}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(dir)
+        .map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
+    let me = std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid());
+    if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is not a private directory of this user (a symbolic link, another owner, or open to others): set `debuginfod.cache_dir`, or HOME or XDG_CACHE_HOME",
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 fn default_debuginfod_timeout() -> Duration {

@@ -284,8 +284,17 @@ pub fn trim(cache_dir: &Path, max: u64) {
     let mut files: Vec<(SystemTime, u64, PathBuf)> = entries
         .flatten()
         .filter_map(|e| {
+            // Only what a fetch makes: a directory holding a regular file,
+            // never followed through a symbolic link (one planted in the
+            // cache could make trimming delete a file elsewhere).
+            if !e.file_type().ok()?.is_dir() {
+                return None;
+            }
             let path = e.path().join("debuginfo");
-            let meta = std::fs::metadata(&path).ok()?;
+            let meta = std::fs::symlink_metadata(&path).ok()?;
+            if !meta.is_file() {
+                return None;
+            }
             Some((meta.modified().ok()?, meta.len(), path))
         })
         .collect();
@@ -307,6 +316,49 @@ pub fn trim(cache_dir: &Path, max: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fresh directory of this test's own under the temporary directory.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("proflow-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn trimming_never_follows_a_symbolic_link() {
+        let dir = scratch("trim-links");
+        let elsewhere = scratch("trim-elsewhere");
+        let victim = elsewhere.join("victim");
+        std::fs::write(&victim, vec![0u8; 1000]).unwrap();
+        std::fs::create_dir(dir.join("aa01")).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("aa01/debuginfo")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.join("bb02")).unwrap();
+        trim(&dir, 0);
+        assert!(victim.is_file(), "a file outside the cache was deleted");
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&elsewhere);
+    }
+
+    #[test]
+    fn the_fallback_directory_must_be_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch("private");
+        let fresh = dir.join("mine");
+        crate::symbolize::config::private_dir(&fresh).unwrap();
+        let mode = std::fs::metadata(&fresh).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        // Open to others, or a symbolic link to one: refused.
+        let open = dir.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(crate::symbolize::config::private_dir(&open).is_err());
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&fresh, &link).unwrap();
+        let err = crate::symbolize::config::private_dir(&link).unwrap_err();
+        assert!(err.contains("debuginfod.cache_dir"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn the_cache_keeps_the_newest_files_under_its_cap() {

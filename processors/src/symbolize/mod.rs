@@ -85,10 +85,13 @@ impl ProcessorConfig for SymbolizeProcessorConfig {
             })
             .map_err(|e| BuildError::new(format!("debuginfod: {e}")))?;
             let d = &self.debuginfod;
+            let cache_dir = d
+                .prepared_cache_dir()
+                .map_err(|e| BuildError::new(format!("debuginfod: {e}")))?;
             Some(Debuginfod::new(
                 debuginfod::Settings {
                     urls,
-                    cache_dir: d.resolved_cache_dir(),
+                    cache_dir,
                     max_cache_size: d.max_cache_size.bytes(),
                     max_file_size: d.max_file_size.as_usize(),
                     negative_ttl: d.negative_ttl.get(),
