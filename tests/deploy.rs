@@ -295,6 +295,35 @@ fn the_chart_lints_and_a_real_api_server_takes_every_mode_with_valid_configs() {
         .collect();
     assert_eq!(deployments, ["fleet-proflow-consumer", "fleet-proflow"]);
 
+    // Every mode ships a NetworkPolicy: telemetry only from the monitoring
+    // namespace; the gateway's receivers from everyone.
+    for (mode, objects) in [("agent", &agent), ("gateway", &gateway)] {
+        let policy = object(objects, "NetworkPolicy");
+        let ingress = policy["spec"]["ingress"].as_array().expect("ingress rules");
+        assert_eq!(
+            ingress[0]["ports"][0]["port"], "telemetry",
+            "{mode}: {policy:#}"
+        );
+        assert_eq!(
+            ingress[0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+            "monitoring",
+            "{mode}: {policy:#}"
+        );
+        assert_eq!(
+            ingress.len(),
+            if mode == "gateway" { 2 } else { 1 },
+            "{policy:#}"
+        );
+        if mode == "gateway" {
+            assert_eq!(
+                ingress[1]["from"],
+                Value::Null,
+                "receivers open to all: {policy:#}"
+            );
+            assert_eq!(ingress[1]["ports"].as_array().map(Vec::len), Some(3));
+        }
+    }
+
     // Scraper: a Deployment with RBAC to read pods only.
     let scraper = tools.render_and_dry_run("scraper", &ns, &["--set", "mode=scraper"]);
     assert_eq!(validate_configs(&scraper), 1);
