@@ -7,6 +7,7 @@
 //! its password went into the log, `/targets` and the `instance` label; and
 //! `params` values showed on `/targets`.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,21 @@ use super::common::{self, Proflow};
 
 const PASSWORD: &str = "Hunter2Pass";
 const TOKEN: &str = "tok3nS3cret";
+
+/// `proflow validate -c config`: whether it passed, and what it printed.
+fn validate(config: &Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_proflow"))
+        .args(["validate", "-c"])
+        .arg(config)
+        .output()
+        .expect("run proflow validate");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
 
 #[test]
 fn passwords_and_tokens_show_nowhere() {
@@ -27,17 +43,8 @@ fn passwords_and_tokens_show_nowhere() {
         ),
     )
     .expect("write the config");
-    let out = Command::new(env!("CARGO_BIN_EXE_proflow"))
-        .args(["validate", "-c"])
-        .arg(&config)
-        .output()
-        .expect("run proflow validate");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!out.status.success(), "a password in the endpoint: {said}");
+    let (ok, said) = validate(&config);
+    assert!(!ok, "a password in the endpoint: {said}");
     assert!(
         said.contains("user:<secret>@127.0.0.1:1") && !said.contains(PASSWORD),
         "{said}"
@@ -52,18 +59,9 @@ fn passwords_and_tokens_show_nowhere() {
         ),
     )
     .expect("write the config");
-    let out = Command::new(env!("CARGO_BIN_EXE_proflow"))
-        .args(["validate", "-c"])
-        .arg(&config)
-        .output()
-        .expect("run proflow validate");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, said) = validate(&config);
     assert!(
-        !out.status.success() && said.contains("allow_plaintext") && !said.contains(PASSWORD),
+        !ok && said.contains("allow_plaintext") && !said.contains(PASSWORD),
         "SASL without TLS: {said}"
     );
 

@@ -237,12 +237,7 @@ fn requests_whose_work_outgrows_their_bytes_never_stall_the_collector() {
             folded.clone(),
         );
         slowest_push = slowest_push.max(started.elapsed());
-        assert_eq!(
-            reply.status,
-            200,
-            "an innocent push: {}",
-            String::from_utf8_lossy(&reply.body)
-        );
+        reply.expect_status(200, "an innocent push");
         pushes += 1;
         thread::sleep(Duration::from_millis(100));
     }
@@ -301,17 +296,13 @@ fn a_trie_of_empty_nodes_is_charged_to_the_budget() {
     });
     // Warm the allocator with a small push first, so the idle size is the
     // running collector's.
-    let small = proflow.post(
-        &ingest_query("small", Some("pprof")),
-        &[],
-        gzip(&cpu_profile()),
-    );
-    assert_eq!(
-        small.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&small.body)
-    );
+    proflow
+        .post(
+            &ingest_query("small", Some("pprof")),
+            &[],
+            gzip(&cpu_profile()),
+        )
+        .expect_status(200, "a small push");
     let idle = peak_rss(proflow.pid());
     let trie = Arc::new(gzip(&b"\x00\x00\x01".repeat(20 << 20)));
     eprintln!("trie: {} KiB gzipped", trie.len() >> 10);
@@ -356,15 +347,11 @@ fn a_trie_of_empty_nodes_is_charged_to_the_budget() {
         peak >> 20,
         bound >> 20
     );
-    let small = proflow.post(
-        &ingest_query("small", Some("pprof")),
-        &[],
-        gzip(&cpu_profile()),
-    );
-    assert_eq!(
-        small.status,
-        200,
-        "a push after the attack: {}",
-        String::from_utf8_lossy(&small.body)
-    );
+    proflow
+        .post(
+            &ingest_query("small", Some("pprof")),
+            &[],
+            gzip(&cpu_profile()),
+        )
+        .expect_status(200, "a push after the attack");
 }

@@ -201,6 +201,25 @@ mod tests {
         |_| Ok(())
     }
 
+    /// A budget that refuses once `limit` bytes in all were charged.
+    fn capped(
+        limit: usize,
+    ) -> impl FnMut(usize) -> Result<(), proflow_pipeline::memory::OverBudget> {
+        let mut total = 0usize;
+        move |n| {
+            total += n;
+            if total > limit {
+                Err(proflow_pipeline::memory::OverBudget {
+                    limit,
+                    wanted: n,
+                    never: true,
+                })
+            } else {
+                Ok(())
+            }
+        }
+    }
+
     #[test]
     fn a_tree_as_pyroscope_reads_it() {
         // root → main (1 self) → foo (3), bar (2); root → idle (4)
@@ -264,19 +283,7 @@ mod tests {
             put(&mut body, "frame", 1, 1);
         }
         put(&mut body, "leaf", 1, 0);
-        let mut total = 0usize;
-        let mut budget = |n: usize| {
-            total += n;
-            if total > 64 << 20 {
-                Err(proflow_pipeline::memory::OverBudget {
-                    limit: 64 << 20,
-                    wanted: n,
-                    never: true,
-                })
-            } else {
-                Ok(())
-            }
-        };
+        let mut budget = capped(64 << 20);
         assert!(matches!(
             parse_tree(&body, TextLimits::default(), &mut budget),
             Err(FoldedError::Memory(_))
@@ -296,19 +303,7 @@ mod tests {
         });
         assert!(got.unwrap().stacks.is_empty());
         assert!(charged >= 16 << 20, "charged {charged} bytes");
-        let mut total = 0usize;
-        let mut budget = |n: usize| {
-            total += n;
-            if total > 8 << 20 {
-                Err(proflow_pipeline::memory::OverBudget {
-                    limit: 8 << 20,
-                    wanted: n,
-                    never: true,
-                })
-            } else {
-                Ok(())
-            }
-        };
+        let mut budget = capped(8 << 20);
         assert!(matches!(
             parse_trie(&body, TextLimits::default(), &mut budget),
             Err(FoldedError::Memory(_))
