@@ -16,8 +16,10 @@ use super::common::{self, Proflow};
 const PASSWORD: &str = "Hunter2Pass";
 const TOKEN: &str = "tok3nS3cret";
 
-/// `proflow validate -c config`: whether it passed, and what it printed.
-fn validate(config: &Path) -> (bool, String) {
+/// `proflow validate -c config` of `yaml`, written to `config` first:
+/// whether it passed, and what it printed.
+fn validate(config: &Path, yaml: &str) -> (bool, String) {
+    std::fs::write(config, yaml).expect("write the config");
     let out = Command::new(env!("CARGO_BIN_EXE_proflow"))
         .args(["validate", "-c"])
         .arg(config)
@@ -36,14 +38,12 @@ fn passwords_and_tokens_show_nowhere() {
     // An exporter endpoint with a password: refused, shown redacted.
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("exporter.yaml");
-    std::fs::write(
+    let (ok, said) = validate(
         &config,
-        format!(
+        &format!(
             "receivers:\n  pprof_push:\n    endpoint: 127.0.0.1:0\nexporters:\n  pyroscope:\n    endpoint: http://user:{PASSWORD}@127.0.0.1:1\nservice:\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [pyroscope]}}\n"
         ),
-    )
-    .expect("write the config");
-    let (ok, said) = validate(&config);
+    );
     assert!(!ok, "a password in the endpoint: {said}");
     assert!(
         said.contains("user:<secret>@127.0.0.1:1") && !said.contains(PASSWORD),
@@ -52,14 +52,12 @@ fn passwords_and_tokens_show_nowhere() {
 
     // SASL without TLS: refused unless the config says the network is
     // trusted (the credentials would cross it in clear).
-    std::fs::write(
+    let (ok, said) = validate(
         &config,
-        format!(
+        &format!(
             "receivers:\n  pprof_push:\n    endpoint: 127.0.0.1:0\nexporters:\n  kafka:\n    brokers: ['127.0.0.1:9092']\n    topic: profiles\n    sasl: {{mechanism: PLAIN, username: u, password: {PASSWORD}}}\nservice:\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [kafka]}}\n"
         ),
-    )
-    .expect("write the config");
-    let (ok, said) = validate(&config);
+    );
     assert!(
         !ok && said.contains("allow_plaintext") && !said.contains(PASSWORD),
         "SASL without TLS: {said}"
