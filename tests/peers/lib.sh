@@ -87,28 +87,58 @@ with_install_lock() {
 # build_go_tool PEER DEST_DIR WRAPPER_DIR PKG BIN_NAME: builds PKG from the
 # wrapper module in WRAPPER_DIR into DEST_DIR/bin/BIN_NAME, unless the stamp
 # there says it was built from the same go.mod and go.sum.
-build_go_tool() {
-  local peer="$1" dest="$2" wrapper="$3" pkg="$4" bin="$5"
-  local stamp="$dest/.proflow-built" digest
+build_go_tool() { build_go_tools "$1" "$3" "$2|$4|$5"; }
+
+# build_go_tools PEER WRAPPER_DIR 'DEST_DIR|PKG|BIN_NAME'...: build_go_tool for
+# several binaries of one wrapper module, in one `go build`, so that the
+# packages they share are compiled once and the links of two binaries overlap
+# on two cores. Only the binaries whose stamp is outdated are built. Without
+# DWARF and symbol tables (-s -w): nothing reads them, and the linker spends a
+# large part of its time writing them.
+build_go_tools() {
+  local peer="$1" wrapper="$2"; shift 2
+  local digest spec dest pkg bin todo=() pkgs=()
   digest="$(files_digest "$wrapper/go.mod" "$wrapper/go.sum")"
-  if [[ -x "$dest/bin/$bin" && "$(cat "$stamp" 2>/dev/null)" == "$digest" ]]; then
-    return 0
-  fi
-  command -v go >/dev/null || die "$peer: 'go' is not on PATH; it is needed to build $pkg"
-  log "$peer: building $pkg into $dest/bin (several minutes on a cold cache)"
-  mkdir -p "$dest/bin"
-  local started=$SECONDS buildlog="$dest/build.log"
+  for spec in "$@"; do
+    IFS='|' read -r dest pkg bin <<<"$spec"
+    if [[ ! -x "$dest/bin/$bin" || "$(cat "$dest/.proflow-built" 2>/dev/null)" != "$digest" ]]; then
+      todo+=("$spec")
+      pkgs+=("$pkg")
+    fi
+  done
+  ((${#todo[@]})) || return 0
+  command -v go >/dev/null || die "$peer: 'go' is not on PATH; it is needed to build ${pkgs[*]}"
+  log "$peer: building ${pkgs[*]} (several minutes on a cold cache)"
+  mkdir -p "$cache_root"
+  local started=$SECONDS out buildlog
+  out="$(mktemp -d "$cache_root/.build-$peer.XXXXXX")"
+  buildlog="$out/build.log"
   # -mod=readonly: the committed go.sum is the pin; nothing is resolved anew.
+  # `-o DIR/` names each binary as `go build` does: the package's last path
+  # element, or the one before a major-version suffix (/v3).
   if ! (cd "$wrapper" && nice -n "${PROFLOW_PEERS_NICE:-19}" env \
         GOFLAGS="-mod=readonly -trimpath -buildvcs=false -p=${PROFLOW_PEERS_BUILD_JOBS:-2}" \
         ${GONOSUMDB_EXTRA:+GONOSUMDB="$GONOSUMDB_EXTRA"} \
-        go build -o "$dest/bin/$bin.tmp" "$pkg") >"$buildlog" 2>&1; then
+        go build -ldflags="-s -w" -o "$out/" "${pkgs[@]}") >"$buildlog" 2>&1; then
     cat "$buildlog" >&2
-    die "$peer: go build $pkg failed (log above, also in $buildlog)"
+    mkdir -p "$cache_root/failed-builds"
+    cp -f "$buildlog" "$cache_root/failed-builds/$peer.log"
+    rm -rf "$out"
+    die "$peer: go build ${pkgs[*]} failed (log above, also in $cache_root/failed-builds/$peer.log)"
   fi
-  mv -f "$dest/bin/$bin.tmp" "$dest/bin/$bin"
-  printf '%s' "$digest" >"$stamp"
-  log "$peer: built in $((SECONDS - started))s"
+  local name parent
+  for spec in "${todo[@]}"; do
+    IFS='|' read -r dest pkg bin <<<"$spec"
+    name="${pkg##*/}"
+    if [[ $name =~ ^v[0-9]+$ ]]; then parent="${pkg%/*}"; name="${parent##*/}"; fi
+    [[ -x "$out/$name" ]] || die "$peer: go build of $pkg left no binary $out/$name"
+    mkdir -p "$dest/bin"
+    mv -f "$out/$name" "$dest/bin/$bin"
+    cp -f "$buildlog" "$dest/build.log"
+    printf '%s' "$digest" >"$dest/.proflow-built"
+  done
+  rm -rf "$out"
+  log "$peer: built ${#todo[@]} binaries in $((SECONDS - started))s"
 }
 
 # go_mod_version WRAPPER_DIR MODULE: the version of MODULE required in go.mod.

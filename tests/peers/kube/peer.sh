@@ -32,10 +32,12 @@ kube_home() { printf '%s/kube-%s' "$cache_root" "$(go_mod_version "$kube_dir" k8
 
 install_kube() {
   local home; home="$(kube_home)"
-  # One build directory per binary: each keeps its own stamp of the pin.
-  build_go_tool kube "$home/etcd" "$kube_dir" go.etcd.io/etcd/server/v3 etcd
-  build_go_tool kube "$home/kube-apiserver" "$kube_dir" k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver
-  build_go_tool kube "$home/kubectl" "$kube_dir" k8s.io/kubernetes/cmd/kubectl kubectl
+  # One build directory per binary: each keeps its own stamp of the pin; the
+  # three are built by one `go build`.
+  build_go_tools kube "$kube_dir" \
+    "$home/etcd|go.etcd.io/etcd/server/v3|etcd" \
+    "$home/kube-apiserver|k8s.io/kubernetes/cmd/kube-apiserver|kube-apiserver" \
+    "$home/kubectl|k8s.io/kubernetes/cmd/kubectl|kubectl"
 }
 
 start_kube() {
