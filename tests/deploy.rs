@@ -272,6 +272,31 @@ fn the_chart_lints_and_a_real_api_server_takes_every_mode_with_valid_configs() {
         .filter_map(|p| p["port"].as_i64())
         .collect();
     assert_eq!(ports, [4040, 4317, 4318]);
+    // By default the gateway trusts no sender's pod labels; agents of the
+    // chart that push to it can be trusted by their addresses.
+    let config_of = |objects: &[Value]| {
+        object(objects, "ConfigMap")["data"]["config.yaml"]
+            .as_str()
+            .expect("config.yaml")
+            .to_owned()
+    };
+    assert!(!config_of(&gateway).contains("trusted_senders"));
+    let trusting = tools.render_only(
+        "trusting",
+        &ns,
+        &[
+            "--set",
+            "mode=gateway",
+            "--set-json",
+            "gateway.trustedSenders=[\"10.42.0.0/16\",\"fd00::/8\"]",
+        ],
+    );
+    assert_eq!(validate_configs(&trusting), 1);
+    let config = config_of(&trusting);
+    assert!(
+        config.contains(r#"trusted_senders: ["10.42.0.0/16","fd00::/8"]"#),
+        "{config}"
+    );
 
     // Gateway with a Kafka fleet: the pushing gateways write to Kafka, the
     // consumers read and export.

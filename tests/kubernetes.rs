@@ -591,8 +591,14 @@ fn k8s_attributes_labels_a_pushed_profile_by_its_senders_pod_and_follows_a_new_i
         )
     });
     push_from(&proflow, ip, "checkout");
-    // A sender that is no pod of the namespace: the profile passes as it came.
-    push_from(&proflow, std::net::Ipv4Addr::new(127, 0, 0, 1), "stranger");
+    // A sender that is no pod of the namespace, claiming checkout's IP and
+    // uid and another namespace in its labels: no pod is found, and the
+    // claimed identity is removed (only the connection names a pod).
+    push_from(
+        &proflow,
+        std::net::Ipv4Addr::new(127, 0, 0, 1),
+        &format!("stranger{{k8s_pod_ip={ip},k8s_pod_uid=x,k8s_namespace_name=payments,team=a}}"),
+    );
     let entries = proflow.wait_for_files(2, |_| true);
     let checkout = entries
         .iter()
@@ -619,12 +625,15 @@ fn k8s_attributes_labels_a_pushed_profile_by_its_senders_pod_and_follows_a_new_i
         .iter()
         .find(|e| e.label("service_name") == Some("stranger"))
         .expect("the stranger's profile");
-    assert_eq!(
-        stranger.label("k8s_pod_name"),
-        None,
-        "{:?}",
-        stranger.labels
-    );
+    for name in [
+        "k8s_pod_name",
+        "k8s_pod_ip",
+        "k8s_pod_uid",
+        "k8s_namespace_name",
+    ] {
+        assert_eq!(stranger.label(name), None, "{name}: {:?}", stranger.labels);
+    }
+    assert_eq!(stranger.label("team"), Some("a"), "{:?}", stranger.labels);
 
     // The pod gets a new IP (rescheduled): profiles from it are its own
     // within seconds of the change.
@@ -671,6 +680,12 @@ fn k8s_attributes_labels_a_pushed_profile_by_its_senders_pod_and_follows_a_new_i
         );
         assert!(n >= at_least, "{result}: {n}\n{metrics}");
     }
+    let removed = common::metric_sum(
+        &metrics,
+        "proflow_k8s_attributes_untrusted_labels_removed_total",
+        &[],
+    );
+    assert_eq!(removed, 3.0, "{metrics}");
     let pods = common::metric_sum(
         &metrics,
         "proflow_k8s_attributes_cache_objects",

@@ -71,6 +71,7 @@ fn relabel(c: &mut Criterion) {
         .build(&BuildContext {
             id: "relabel/bench".to_owned(),
             telemetry: Arc::new(Telemetry::new()),
+            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
         })
         .expect("build");
     let envelope = Envelope {

@@ -50,6 +50,12 @@ pub mod pprof_push;
 pub mod pylines;
 #[cfg(feature = "scrape")]
 pub mod scrape;
+/// The ebpf receiver's state budget, which the perf map reader charges
+/// (feature `perf-map`).
+#[cfg(all(feature = "perf-map", not(feature = "ebpf"), target_os = "linux"))]
+#[doc(hidden)]
+#[path = "ebpf/state_budget.rs"]
+pub mod state_budget;
 
 use proflow_pipeline::registry::Factory;
 #[cfg(any(

@@ -78,6 +78,7 @@ impl Harness {
         let build = BuildContext {
             id: "otlp".into(),
             telemetry: telemetry.clone(),
+            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
         };
         let receiver = config.build_receiver(&build).unwrap();
         let addrs = receiver.local_addrs();

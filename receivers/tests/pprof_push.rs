@@ -47,6 +47,7 @@ impl Harness {
         let build = BuildContext {
             id: "pprof_push".into(),
             telemetry: telemetry.clone(),
+            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
         };
         let receiver = config.build_receiver(&build).unwrap();
         let local_addr = receiver.local_addr();
@@ -876,6 +877,7 @@ async fn bind_errors_name_the_address() {
     let build = BuildContext {
         id: "pprof_push/busy".into(),
         telemetry,
+        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
     };
     let receiver = config.build(&build).unwrap();
     let recorder = Recorder::new();

@@ -44,6 +44,7 @@ fn ctx() -> BuildContext {
     BuildContext {
         id: "file".into(),
         telemetry: Arc::new(Telemetry::new()),
+        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
     }
 }
 

@@ -22,6 +22,7 @@ fn ctx() -> BuildContext {
     BuildContext {
         id: "kafka".into(),
         telemetry: Arc::new(Telemetry::new()),
+        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
     }
 }
 

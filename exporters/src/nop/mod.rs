@@ -155,6 +155,7 @@ mod tests {
         let ctx = BuildContext {
             id: "nop".into(),
             telemetry: Arc::new(Telemetry::new()),
+            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
         };
         let exporter = config.build(&ctx).expect("nop builds");
         let batch = ExportBatch::from(vec![envelope(), envelope()]);

@@ -525,6 +525,7 @@ fn ctx(id: &str) -> BuildContext {
     BuildContext {
         id: id.into(),
         telemetry: Arc::new(Telemetry::new()),
+        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
     }
 }
 

@@ -353,6 +353,7 @@ fn ctx() -> BuildContext {
     BuildContext {
         id: "parca".into(),
         telemetry: Arc::new(Telemetry::new()),
+        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
     }
 }
 

@@ -33,6 +33,7 @@ fn ctx() -> BuildContext {
     BuildContext {
         id: "pyroscope".into(),
         telemetry: Arc::new(Telemetry::new()),
+        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
     }
 }
 

@@ -41,6 +41,11 @@ pub struct BuildContext {
     /// The component id, such as `relabel/team`.
     pub id: String,
     pub telemetry: Arc<Telemetry>,
+    /// The collector-wide in-flight budget (`service.limits.max_in_flight_bytes`),
+    /// for components that hold memory on behalf of what they were sent
+    /// outside a receiver's request (a debug file fetched because a pushed
+    /// profile named its build id).
+    pub memory: crate::memory::MemoryBudget,
 }
 
 impl BuildContext {

@@ -3,6 +3,7 @@
 //! `pod_association`, `wait_for_metadata`), with the defaults that suit
 //! profiles (see the README beside this file).
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 use proflow_config::Duration;
@@ -36,8 +37,20 @@ pub struct K8sAttributesProcessorConfig {
     /// sources all have a value and name a known pod wins. Default:
     /// `container.id`, then `k8s.pod.uid`, then `k8s.pod.ip`, then
     /// `k8s.namespace.name` with `k8s.pod.name`, then the connection.
+    /// Rules that read a label apply only to profiles whose labels are
+    /// trusted (see `trusted_senders`).
     #[serde(default = "default_association")]
     pub pod_association: Vec<Association>,
+    /// The senders whose pushed labels are trusted, as addresses or CIDR
+    /// ranges (`10.42.0.0/16`, `fd00::/8`, `192.0.2.7`): their profiles may
+    /// name their pod by labels and keep the identity labels they carry. A
+    /// profile pushed by anyone else finds its pod by the connection only,
+    /// and the identity labels it carried (those this processor sets) are
+    /// removed and set from that pod. Profiles proflow made on this host
+    /// (`ebpf`), scraped, or read from Kafka are always trusted. Default
+    /// none.
+    #[serde(default)]
+    pub trusted_senders: Vec<String>,
     /// Hold profiles while the first lists have not arrived, for at most
     /// `wait_for_metadata_timeout` after the start; then (or with false)
     /// profiles pass as they are until the metadata is there. Default false.
@@ -356,6 +369,17 @@ impl K8sAttributesProcessorConfig {
                 ));
             }
         }
+        for (i, t) in self.trusted_senders.iter().enumerate() {
+            if let Err(err) = t.parse::<IpNet>() {
+                problems.push(FieldError::new(format!("trusted_senders.{i}"), err));
+            }
+        }
+        if self.passthrough && !self.trusted_senders.is_empty() {
+            problems.push(FieldError::new(
+                "trusted_senders",
+                "is not used with `passthrough` (which reads no labels); remove it",
+            ));
+        }
         if self.wait_for_metadata_timeout.is_zero() && self.wait_for_metadata {
             problems.push(FieldError::new(
                 "wait_for_metadata_timeout",
@@ -446,5 +470,57 @@ impl FieldFilter {
             }
         }
         problems
+    }
+}
+
+/// An address range of `trusted_senders`: an address and how many of its
+/// leading bits a sender's address must share (all of them for a bare
+/// address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    addr: IpAddr,
+    bits: u8,
+}
+
+impl std::str::FromStr for IpNet {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (addr, bits) = match s.split_once('/') {
+            Some((a, b)) => (a, Some(b)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr.parse().map_err(|_| {
+            format!("{s:?} is not an address or CIDR range (like 10.42.0.0/16 or fd00::/8)")
+        })?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let bits = match bits {
+            None => max,
+            Some(b) => match b.parse::<u8>() {
+                Ok(b) if b <= max => b,
+                _ => return Err(format!("{s:?}: the prefix length must be 0 to {max}")),
+            },
+        };
+        Ok(IpNet { addr, bits })
+    }
+}
+
+impl IpNet {
+    /// Whether `ip` is in the range (an IPv4 address mapped into IPv6 is
+    /// taken as the IPv4 address).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        let (net, ip, width) = match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                (u128::from(n.to_bits()), u128::from(a.to_bits()), 32)
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => (n.to_bits(), a.to_bits(), 128),
+            _ => return false,
+        };
+        if self.bits == 0 {
+            return true;
+        }
+        let shift = width - u32::from(self.bits);
+        (net >> shift) == (ip >> shift)
     }
 }

@@ -8,7 +8,15 @@
 //! sources it has: a container id (the `ebpf` receiver's `container_id`
 //! label, from the process's cgroup), a pod uid or IP label, namespace and
 //! pod name labels, or the IP address of the connection it was pushed on.
-//! Labels the profile has already are left as they are.
+//!
+//! Identity is taken only from what a sender cannot choose. Labels are
+//! trusted when proflow set them (the `ebpf` receiver on this host, scrape
+//! discovery, a Kafka topic of one's own) or the profile was pushed from an
+//! address of `trusted_senders`; there the label rules apply and labels the
+//! profile has already are left as they are. A profile pushed from any
+//! other address finds its pod by the connection only, and the identity
+//! labels it carried (those this processor sets) are removed, then set
+//! from that pod.
 //!
 //! The pods (and, as the config needs them, namespaces, nodes and
 //! ReplicaSets) come from watches of the API server ([`proflow_kube`]),
@@ -36,7 +44,7 @@ use proflow_pipeline::telemetry::K8sAttributesTelemetry;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use config::K8sAttributesProcessorConfig;
-use config::{AuthType, ExtractFrom, SourceFrom};
+use config::{AuthType, ExtractFrom, FieldExtract, IpNet, METADATA, SourceFrom};
 use index::{Caches, Extractor, Index, PodInfo};
 
 /// How long a burst of watch events is gathered before the index is built
@@ -54,6 +62,11 @@ impl ProcessorConfig for K8sAttributesProcessorConfig {
         no_problems(self.problems())?;
         let telemetry = ctx.telemetry.k8s_attributes(&ctx.id);
         let rules = Rules::new(self);
+        let trusted = self
+            .trusted_senders
+            .iter()
+            .map(|t| t.parse::<IpNet>().map_err(BuildError::new))
+            .collect::<Result<Vec<_>, _>>()?;
         if self.passthrough {
             return Ok(Arc::new(K8sAttributesProcessor {
                 rules,
@@ -62,6 +75,7 @@ impl ProcessorConfig for K8sAttributesProcessorConfig {
                 wait_until: None,
                 telemetry,
                 passthrough: true,
+                trusted,
                 _stop: CancellationToken::new().drop_guard(),
             }));
         }
@@ -144,6 +158,7 @@ impl ProcessorConfig for K8sAttributesProcessorConfig {
                 .then(|| tokio::time::Instant::now() + self.wait_for_metadata_timeout.get()),
             telemetry,
             passthrough: false,
+            trusted,
             _stop: stop.drop_guard(),
         }))
     }
@@ -227,6 +242,58 @@ struct Rules {
     /// The label `k8s.container.name` is in (to pick a pod's container).
     container_label: String,
     pod_ip_label: String,
+    /// The labels this processor may set, which a profile of an untrusted
+    /// sender may not bring.
+    identity: IdentityLabels,
+}
+
+/// The labels this processor may set: every `extract.metadata` name it
+/// knows, and the names `extract.labels` and `extract.annotations` give
+/// (exactly, or by the prefix before a `$` group of a `key_regex` rule).
+struct IdentityLabels {
+    names: std::collections::HashSet<String>,
+    prefixes: Vec<String>,
+}
+
+impl IdentityLabels {
+    fn new(config: &K8sAttributesProcessorConfig) -> Self {
+        let mut names: std::collections::HashSet<String> =
+            METADATA.iter().map(|m| label_name(m)).collect();
+        let mut prefixes = Vec::new();
+        for (what, list) in [
+            ("labels", &config.extract.labels),
+            ("annotations", &config.extract.annotations),
+        ] {
+            for FieldExtract {
+                tag_name,
+                key,
+                from,
+                ..
+            } in list
+            {
+                match (tag_name, key) {
+                    (Some(tag), _) => match tag.split_once('$') {
+                        None => {
+                            names.insert(label_name(tag));
+                        }
+                        Some(("", _)) => {}
+                        Some((prefix, _)) => prefixes.push(label_name(prefix)),
+                    },
+                    (None, Some(key)) => {
+                        names.insert(label_name(&format!("k8s.{}.{what}.{key}", from.as_str())));
+                    }
+                    (None, None) => {
+                        prefixes.push(label_name(&format!("k8s.{}.{what}.", from.as_str())))
+                    }
+                }
+            }
+        }
+        IdentityLabels { names, prefixes }
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.names.contains(name) || self.prefixes.iter().any(|p| name.starts_with(p.as_str()))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -263,6 +330,7 @@ impl Rules {
                 .collect(),
             container_label: label_name("k8s.container.name"),
             pod_ip_label: label_name("k8s.pod.ip"),
+            identity: IdentityLabels::new(config),
         }
     }
 }
@@ -282,20 +350,35 @@ pub struct K8sAttributesProcessor {
     wait_until: Option<tokio::time::Instant>,
     telemetry: K8sAttributesTelemetry,
     passthrough: bool,
+    /// `trusted_senders`.
+    trusted: Vec<IpNet>,
     /// Stops the watches and the index task when the processor goes.
     _stop: DropGuard,
 }
 
 impl K8sAttributesProcessor {
+    /// Whether the labels of profiles in a batch with `meta` may name their
+    /// pod: those proflow set (no sender's address: this host, scrape,
+    /// Kafka) or pushed from an address of `trusted_senders`.
+    fn trusts_labels(&self, meta: &BatchMeta) -> bool {
+        meta.client
+            .is_none_or(|a| self.trusted.iter().any(|t| t.contains(a.ip())))
+    }
+
     /// The pod (and its container's position, when the profile names one).
+    /// With `labels_trusted` false, only rules of connection sources apply.
     fn find(
         &self,
         index: &Index,
         envelope: &Envelope,
         meta: &BatchMeta,
+        labels_trusted: bool,
     ) -> Result<(Arc<PodInfo>, Option<usize>), Miss> {
         let mut had_identifier = false;
         'rules: for rule in &self.rules.rules {
+            if !labels_trusted && rule.iter().any(|s| matches!(s, Source::Label { .. })) {
+                continue;
+            }
             let mut values = Vec::with_capacity(rule.len());
             for source in rule {
                 let value = match source {
@@ -363,9 +446,11 @@ impl K8sAttributesProcessor {
     }
 }
 
-fn add_missing(envelope: &mut Envelope, pairs: &[(String, String)]) {
+/// Adds `pairs` to the profile: only those it has no value for, or all of
+/// them (`overwrite`).
+fn add(envelope: &mut Envelope, pairs: &[(String, String)], overwrite: bool) {
     for (name, value) in pairs {
-        if envelope.labels.get(name).is_none() {
+        if overwrite || envelope.labels.get(name).is_none() {
             envelope.labels.set(name.clone(), value.clone());
         }
     }
@@ -389,18 +474,32 @@ impl Processor for K8sAttributesProcessor {
             Ok(i) => i.clone(),
             Err(_) => return batch,
         };
-        let (mut associated, mut not_found, mut none) = (0, 0, 0);
+        let trusted = self.trusts_labels(meta);
+        let (mut associated, mut not_found, mut none, mut removed) = (0, 0, 0, 0);
         for envelope in &mut batch {
-            match self.find(&index, envelope, meta) {
+            // An untrusted sender's container name picks among the
+            // containers of the pod its connection names, nothing more.
+            let container_name = envelope
+                .labels
+                .get(&self.rules.container_label)
+                .map(str::to_owned);
+            if !trusted {
+                let before = envelope.labels.len();
+                envelope
+                    .labels
+                    .retain(|l| !self.rules.identity.contains(&l.name));
+                removed += (before - envelope.labels.len()) as u64;
+            }
+            match self.find(&index, envelope, meta, trusted) {
                 Ok((pod, container)) => {
                     associated += 1;
-                    add_missing(envelope, &pod.labels);
+                    add(envelope, &pod.labels, !trusted);
                     let container = container.or_else(|| {
-                        let name = envelope.labels.get(&self.rules.container_label)?;
+                        let name = container_name.as_deref()?;
                         pod.containers.iter().position(|(n, _)| n == name)
                     });
                     if let Some((_, labels)) = container.and_then(|c| pod.containers.get(c)) {
-                        add_missing(envelope, labels);
+                        add(envelope, labels, !trusted);
                     }
                 }
                 Err(Miss::NotFound) => not_found += 1,
@@ -410,6 +509,7 @@ impl Processor for K8sAttributesProcessor {
         self.telemetry.profiles("associated", associated);
         self.telemetry.profiles("not_found", not_found);
         self.telemetry.profiles("no_identifier", none);
+        self.telemetry.untrusted_labels_removed(removed);
         batch
     }
 }

@@ -55,6 +55,11 @@ fn processor_and_telemetry(yaml: &str) -> (K8sAttributesProcessor, Arc<Telemetry
         wait_until: None,
         telemetry: telemetry.k8s_attributes("k8s_attributes"),
         passthrough: config.passthrough,
+        trusted: config
+            .trusted_senders
+            .iter()
+            .map(|t| t.parse().expect("trusted_senders"))
+            .collect(),
         _stop: CancellationToken::new().drop_guard(),
     };
     (p, telemetry)
@@ -118,8 +123,8 @@ async fn a_pushed_profile_finds_its_pod_by_the_senders_address_of_either_family(
 }
 
 #[tokio::test]
-async fn labels_the_profile_has_stay_and_a_named_container_is_used() {
-    let p = processor("{}");
+async fn a_trusted_senders_labels_stay_and_a_named_container_is_used() {
+    let p = processor("trusted_senders: [10.0.0.0/24]");
     let l = run(
         &p,
         envelope(&[
@@ -132,6 +137,115 @@ async fn labels_the_profile_has_stay_and_a_named_container_is_used() {
     assert_eq!(l.get("k8s_namespace_name"), Some("mine"));
     assert_eq!(l.get("k8s_pod_name"), Some("web-5d4f-abcde"));
     assert_eq!(l.get("k8s_container_name"), Some("app"));
+}
+
+#[tokio::test]
+async fn an_untrusted_sender_cannot_claim_another_pod() {
+    let (p, telemetry) = processor_and_telemetry("{}");
+    // From pod web's address, naming pod backup by its IP and uid, another
+    // namespace, and another pod's container: written as web, in its own
+    // namespace; the container name picks among web's containers.
+    let l = run(
+        &p,
+        envelope(&[
+            ("service_name", "web"),
+            ("k8s_pod_ip", "10.0.0.9"),
+            ("k8s_pod_uid", "uid-backup"),
+            ("k8s_namespace_name", "payments"),
+            ("k8s_container_name", "app"),
+        ]),
+        &from("10.0.0.7"),
+    )
+    .await;
+    assert_eq!(l.get("k8s_pod_name"), Some("web-5d4f-abcde"));
+    assert_eq!(l.get("k8s_pod_uid"), Some("uid-web"));
+    assert_eq!(l.get("k8s_namespace_name"), Some("shop"));
+    assert_eq!(l.get("k8s_container_name"), Some("app"));
+    assert_eq!(l.get("k8s_pod_ip"), None);
+    assert_eq!(l.get("service_name"), Some("web"));
+    // Another pod's container id, from web's address: web, no container.
+    let l = run(
+        &p,
+        envelope(&[("container_id", "bbb222")]),
+        &from("10.0.0.7"),
+    )
+    .await;
+    assert_eq!(l.get("k8s_pod_name"), Some("web-5d4f-abcde"));
+    assert_eq!(l.get("container_id"), None);
+    assert_eq!(l.get("k8s_container_name"), None);
+    // From an address that names no pod, the claimed identity is removed
+    // and nothing is put in its place.
+    let l = run(
+        &p,
+        envelope(&[
+            ("k8s_namespace_name", "payments"),
+            ("k8s_pod_name", "billing-0"),
+            ("k8s_deployment_name", "billing"),
+            ("team", "pay"),
+        ]),
+        &from("192.0.2.1"),
+    )
+    .await;
+    assert_eq!(l.get("k8s_namespace_name"), None);
+    assert_eq!(l.get("k8s_pod_name"), None);
+    assert_eq!(l.get("k8s_deployment_name"), None);
+    assert_eq!(l.get("team"), Some("pay"));
+    let text = telemetry.render();
+    // 4 + 1 + 3 identity labels removed; the first two profiles found web.
+    for want in [
+        r#"untrusted_labels_removed_total{processor="k8s_attributes"} 8"#,
+        r#"result="associated"} 2"#,
+        r#"result="not_found"} 1"#,
+    ] {
+        assert!(text.contains(want), "{want} not in {text}");
+    }
+}
+
+#[tokio::test]
+async fn untrusted_senders_lose_the_names_extract_rules_give() {
+    let p = processor(
+        "extract:\n  metadata: [k8s.pod.name]\n  labels:\n  - {key: team}\n  - {tag_name: 'app.$1', key_regex: 'app\\.kubernetes\\.io/(.*)'}\n  - {key_regex: 'tier.*'}\n  annotations:\n  - {tag_name: owner, key: owner}\n",
+    );
+    let l = run(
+        &p,
+        envelope(&[
+            ("k8s_pod_labels_team", "other"),
+            ("app_name", "other"),
+            ("k8s_pod_labels_tier_x", "other"),
+            ("owner", "mallory"),
+            ("region", "eu"),
+        ]),
+        &from("192.0.2.1"),
+    )
+    .await;
+    let left: Vec<&str> = l.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(left, ["region"]);
+}
+
+#[test]
+fn trusted_sender_ranges() {
+    let net = |s: &str| s.parse::<super::config::IpNet>().expect(s);
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().expect(s);
+    assert!(net("10.42.0.0/16").contains(ip("10.42.200.1")));
+    assert!(!net("10.42.0.0/16").contains(ip("10.43.0.1")));
+    assert!(net("10.42.0.0/16").contains(ip("::ffff:10.42.0.1")));
+    assert!(net("192.0.2.7").contains(ip("192.0.2.7")));
+    assert!(!net("192.0.2.7").contains(ip("192.0.2.8")));
+    assert!(net("0.0.0.0/0").contains(ip("203.0.113.1")));
+    assert!(!net("0.0.0.0/0").contains(ip("fd00::1")));
+    assert!(net("fd00::/8").contains(ip("fd12::1")));
+    assert!(!net("fd00::/8").contains(ip("fe80::1")));
+    assert!(net("::/0").contains(ip("fe80::1")));
+    for bad in [
+        "10.0.0.0/33",
+        "fd00::/129",
+        "10.0.0/8",
+        "",
+        "10.0.0.1/x",
+        "host",
+    ] {
+        assert!(bad.parse::<super::config::IpNet>().is_err(), "{bad}");
+    }
 }
 
 #[tokio::test]
@@ -239,7 +353,8 @@ fn config_problems_name_their_fields() {
     let config: K8sAttributesProcessorConfig = serde_saphyr::from_str(
         "kubeconfig_file: /k\nfilter: {node: a, node_from_env_var: B, labels: [{key: 'a=b', op: exists, value: x}], fields: [{key: f, op: exists}]}\n\
          extract: {metadata: [k8s.pod.nope], labels: [{}], annotations: [{key_regex: '('}]}\n\
-         pod_association: [{sources: [{from: resource_attribute}]}, {sources: [{from: resource_attribute, name: k8s.pod.name}]}, {sources: [{from: connection, name: x}]}, {sources: []}]\n",
+         pod_association: [{sources: [{from: resource_attribute}]}, {sources: [{from: resource_attribute, name: k8s.pod.name}]}, {sources: [{from: connection, name: x}]}, {sources: []}]\n\
+         trusted_senders: [10.0.0.0/8, '10.0.0.0/40']\n",
     )
     .expect("parses");
     let paths: Vec<String> = config.problems().into_iter().map(|p| p.path).collect();
@@ -256,7 +371,9 @@ fn config_problems_name_their_fields() {
         "pod_association.1.sources",
         "pod_association.2.sources.0.name",
         "pod_association.3.sources",
+        "trusted_senders.1",
     ] {
         assert!(paths.iter().any(|p| p == want), "{want} not in {paths:?}");
     }
+    assert!(!paths.iter().any(|p| p == "trusted_senders.0"), "{paths:?}");
 }

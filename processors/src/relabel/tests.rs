@@ -46,6 +46,7 @@ fn build(yaml: &str, telemetry: &Arc<Telemetry>) -> Arc<dyn Processor> {
         .build(&BuildContext {
             id: "relabel/team".to_owned(),
             telemetry: telemetry.clone(),
+            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
         })
         .unwrap()
 }

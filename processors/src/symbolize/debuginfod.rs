@@ -8,7 +8,10 @@
 //! (counted as `debuginfod_timeout`), and the fetch goes on so that later
 //! profiles of the same build id are named once its file is in the cache.
 //! At most `max_concurrent_fetches` run at once, each holding the file in
-//! memory while it arrives (up to `max_file_size`); at most
+//! memory while it arrives (up to `max_file_size`, every byte granted from
+//! the collector's in-flight budget first: a fetch the budget has no room
+//! for ends without a file, is not remembered as a miss, and is counted as
+//! `over_budget`); at most
 //! [`MAX_IN_FLIGHT`] build ids wait for one, and at most [`MAX_NEGATIVE`]
 //! misses are remembered, so build ids from untrusted profiles cannot grow
 //! either without bound. A fetched file is kept only if its build id is the
@@ -20,6 +23,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use proflow_pipeline::http::{FetchError, HttpClient};
+use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
 use proflow_pipeline::telemetry::SymbolizeTelemetry;
 use proflow_symbolize::elf::ElfInfo;
 
@@ -52,6 +56,18 @@ pub struct Settings {
     pub negative_ttl: Duration,
     pub fetch_timeout: Duration,
     pub max_concurrent_fetches: usize,
+    /// The in-flight budget each fetched file is granted from while it is
+    /// in memory.
+    pub memory: MemoryBudget,
+}
+
+/// Why no server gave a file.
+enum Failure {
+    /// Worth remembering as a miss for `negative_ttl`.
+    Lasting(String),
+    /// The budget had no room: asked again by the next profile that needs
+    /// it.
+    OverBudget(String),
 }
 
 struct Fetches {
@@ -130,6 +146,7 @@ impl Debuginfod {
             me: self.clone(),
             build_id: build_id.to_owned(),
             found: false,
+            remember: true,
         };
         self.runtime.spawn(async move { guard.fetch().await });
         while fetches.in_flight.contains(build_id) {
@@ -150,31 +167,49 @@ impl Debuginfod {
         }
     }
 
-    /// The debug file from the first server that has it; `None` when every
-    /// server answered 404; an error when none had it and one failed.
-    async fn fetch_from_servers(&self, build_id: &str) -> Result<Option<bytes::Bytes>, String> {
+    /// The debug file from the first server that has it, with the grant
+    /// that holds its bytes; `None` when every server answered 404; a
+    /// failure when none had it and one failed.
+    async fn fetch_from_servers(
+        &self,
+        build_id: &str,
+    ) -> Result<Option<(bytes::Bytes, MemoryGrant)>, Failure> {
         let mut failure = None;
         for url in &self.settings.urls {
             let uri = format!("{url}/buildid/{build_id}/debuginfo");
             let Ok(uri) = uri.parse() else {
-                failure = Some(format!("{uri} is not a URL"));
+                failure = Some(Failure::Lasting(format!("{uri} is not a URL")));
                 continue;
             };
-            let get = self.client.get(uri, self.settings.max_file_size);
+            // A file more than one grant can ever hold is too large, like
+            // one over max_file_size (a miss to remember), not a shortage.
+            let limit = self
+                .settings
+                .max_file_size
+                .min(self.settings.memory.max_grant());
+            let mut grant = self.settings.memory.grant();
+            let get = self.client.get_granted(uri, limit, &mut grant);
             match tokio::time::timeout(self.settings.fetch_timeout, get).await {
-                Ok(Ok(bytes)) => return Ok(Some(bytes)),
+                Ok(Ok(bytes)) => return Ok(Some((bytes, grant))),
                 Ok(Err(FetchError::Status { status: 404, .. })) => {}
                 Ok(Err(FetchError::TooLarge { limit })) => {
-                    failure = Some(format!(
-                        "{url}: the debug file is larger than max_file_size ({limit} bytes)"
-                    ))
+                    failure = Some(Failure::Lasting(format!(
+                        "{url}: the debug file is larger than max_file_size or than one fetch may hold of service.limits.max_in_flight_bytes ({limit} bytes)"
+                    )))
                 }
-                Ok(Err(e)) => failure = Some(format!("{url}: {e}")),
+                Ok(Err(FetchError::Memory(e))) => {
+                    // Nothing is learnt about the server: do not try the
+                    // next one with the same budget, nor remember a miss.
+                    return Err(Failure::OverBudget(format!(
+                        "{url}: the in-flight budget (service.limits.max_in_flight_bytes) has no room for the debug file: {e}"
+                    )));
+                }
+                Ok(Err(e)) => failure = Some(Failure::Lasting(format!("{url}: {e}"))),
                 Err(_) => {
-                    failure = Some(format!(
+                    failure = Some(Failure::Lasting(format!(
                         "{url}: no answer within fetch_timeout ({:?})",
                         self.settings.fetch_timeout
-                    ))
+                    )))
                 }
             }
         }
@@ -209,6 +244,8 @@ struct InFlight {
     me: Arc<Debuginfod>,
     build_id: String,
     found: bool,
+    /// Whether a fetch that found nothing is remembered as a miss.
+    remember: bool,
 }
 
 impl InFlight {
@@ -217,10 +254,21 @@ impl InFlight {
         let id = self.build_id.clone();
         let result = match me.permits.clone().acquire_owned().await {
             Ok(_permit) => me.fetch_from_servers(&id).await,
-            Err(_) => Err("the fetches were closed".to_owned()),
+            Err(_) => Err(Failure::Lasting("the fetches were closed".to_owned())),
         };
         let result = match result {
-            Ok(Some(bytes)) => {
+            Err(Failure::OverBudget(e)) => {
+                tracing::warn!(build_id = id, error = %e, "debuginfod: no debug file for now; asked again when a profile needs it");
+                me.telemetry.debuginfod_fetch("over_budget");
+                self.remember = false;
+                return;
+            }
+            Err(Failure::Lasting(e)) => Err(e),
+            Ok(None) => Ok(None),
+            Ok(Some(fetched)) => Ok(Some(fetched)),
+        };
+        let result = match result {
+            Ok(Some((bytes, _grant))) => {
                 let info = ElfInfo::parse(&bytes);
                 if info.as_ref().and_then(|i| i.build_id.as_deref()) == Some(id.as_str()) {
                     let store = me.clone();
@@ -258,7 +306,7 @@ impl Drop for InFlight {
             Err(p) => p.into_inner(),
         };
         fetches.in_flight.remove(&self.build_id);
-        if !self.found {
+        if !self.found && self.remember {
             if fetches.negative.len() >= MAX_NEGATIVE {
                 let ttl = self.me.settings.negative_ttl;
                 fetches.negative.retain(|_, at| at.elapsed() < ttl);

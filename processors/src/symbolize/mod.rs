@@ -97,6 +97,7 @@ impl ProcessorConfig for SymbolizeProcessorConfig {
                     negative_ttl: d.negative_ttl.get(),
                     fetch_timeout: d.fetch_timeout.get(),
                     max_concurrent_fetches: d.max_concurrent_fetches,
+                    memory: ctx.memory.clone(),
                 },
                 client,
                 runtime,

@@ -88,6 +88,18 @@ pub struct EbpfReceiverConfig {
     /// stay unnamed. Default 16MiB.
     #[serde(default = "default_max_perf_map_size")]
     pub max_perf_map_size: ByteSize,
+    /// Most memory the receiver keeps because of what the node's processes
+    /// hold, together: their perf maps' entries and the unwind sections
+    /// copied or inflated onto the heap (those of files users can change,
+    /// and compressed `.debug_frame`). What does not fit is refused,
+    /// counted in `proflow_ebpf_state_refusals_total{use}`: a perf map
+    /// stops at that line and reads on once room is freed, a section is
+    /// left out (that file's frames are not unwound). Given back as
+    /// processes exit and files are let go. Default 64MiB, so that the
+    /// chart's agent stays within its memory limit whatever the node's
+    /// users run.
+    #[serde(default = "default_max_state_size")]
+    pub max_state_size: ByteSize,
     /// Walk the Python frames of CPython 3.8 to 3.13 processes (found by
     /// the `python3.X` or `libpython3.X.so` they map; no flag or restart of
     /// theirs needed), and put them in the native stack where the
@@ -172,6 +184,9 @@ fn default_python() -> bool {
 }
 fn default_max_perf_map_size() -> ByteSize {
     ByteSize::mib(16)
+}
+fn default_max_state_size() -> ByteSize {
+    ByteSize::mib(64)
 }
 
 impl EbpfReceiverConfig {
@@ -281,6 +296,7 @@ mod tests {
         assert_eq!(on.threshold, Duration::from_millis(1));
         assert_eq!(on.max_rate, 100);
         assert_eq!(c.max_perf_map_size, ByteSize::mib(16));
+        assert_eq!(c.max_state_size, ByteSize::mib(64));
         assert!(c.problems().is_empty());
     }
 

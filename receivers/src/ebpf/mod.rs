@@ -92,6 +92,7 @@ pub mod pylines;
 pub mod python;
 pub mod ring;
 pub mod sample;
+pub mod state_budget;
 pub mod symbols;
 
 use std::os::fd::{AsFd, AsRawFd};
@@ -460,7 +461,9 @@ fn sample_loop(
 ) {
     let mut collector = Collector::new(
         {
-            let mut procs = Processes::new(relabel, config.group_by);
+            let mut procs = Processes::new(relabel, config.group_by).with_state_budget(
+                usize::try_from(config.max_state_size.bytes()).unwrap_or(usize::MAX),
+            );
             if symbols.is_none() {
                 procs = procs.with_max_held(0);
             }
@@ -481,6 +484,7 @@ fn sample_loop(
     let mut started = SystemTime::now();
     let mut next = Instant::now() + interval;
     let mut lost_before = 0u64;
+    let mut refusals_before = [0u64; state_budget::Use::ALL.len()];
     let (mut off_cpu_rate_before, mut off_cpu_untracked_before, mut off_cpu_no_syscall_before) =
         (0u64, 0u64, 0u64);
     let fd = loaded.ring.as_fd().as_raw_fd();
@@ -569,6 +573,13 @@ fn sample_loop(
                 *before = now.max(*before);
             }
             telemetry.state(collector.procs.len(), collector.symbol_entries());
+            let state = collector.procs.state_budget();
+            telemetry.state_bytes(state.used_bytes());
+            for (what, before) in state_budget::Use::ALL.iter().zip(&mut refusals_before) {
+                let now = state.refusals(*what);
+                telemetry.state_refused(what.as_str(), now.saturating_sub(*before));
+                *before = now.max(*before);
+            }
             for (how, n) in collector.take_unwound() {
                 telemetry.unwound(how.as_str(), n);
             }

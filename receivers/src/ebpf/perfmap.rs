@@ -15,6 +15,14 @@
 //! container, names nothing. At most `max_size` bytes of one process's map
 //! are read; entries past it stay unnamed.
 //!
+//! What every process's map holds together is bounded too, within the
+//! receiver's state budget ([`StateBudget`], `max_state_size`): each entry is
+//! charged as it is taken (its name's allocation and a share of the tree),
+//! and given back when it is replaced or its process goes. A map the budget
+//! has no room for stops at the line that did not fit, and goes on from
+//! there once room is freed: a user who writes huge maps for many processes
+//! cannot take the agent past its limits.
+//!
 //! What may depend on this: the receiver's process table (`procs.rs`) and
 //! the `perf_map` fuzz target (through feature `perf-map`).
 
@@ -27,6 +35,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::state_budget::{StateBudget, Use};
+
 /// How often a map whose lookups miss is looked at again for new lines.
 const REREAD_EVERY: Duration = Duration::from_secs(1);
 /// How much of a map is read at once.
@@ -37,6 +47,19 @@ const MAX_LINE: usize = 64 << 10;
 const HEAD: usize = 64;
 /// The longest name kept, in characters (JVM signatures can run long).
 pub const MAX_NAME: usize = 1024;
+
+/// Bytes an entry is counted as besides its name's allocation: the tree's
+/// key and value (8 + 24) and their share of its nodes (at most 11 entries
+/// a node; a map read in address order leaves its nodes about half full),
+/// with the allocator's overhead. Measured: a 16 MiB map of one-letter
+/// names took about 118 bytes of RSS an entry, name included.
+const ENTRY_BYTES: usize = 96;
+
+/// What an entry named `name` is charged: [`ENTRY_BYTES`] and the `Arc<str>`
+/// (two counts and the bytes, rounded up to the allocator's 8).
+fn entry_cost(name: &str) -> usize {
+    ENTRY_BYTES + (16 + name.len()).next_multiple_of(8)
+}
 
 /// Who may have written a process's perf map, and where it is.
 #[derive(Debug, Clone)]
@@ -69,9 +92,33 @@ pub struct PerfMap {
     /// again from its start (the JVM's `Compiler.perfmap` does that).
     head: Vec<u8>,
     last_read: Option<Instant>,
+    /// The budget its entries are charged to (`None`: not bounded, for the
+    /// fuzz targets), and what they are charged now.
+    budget: Option<Arc<StateBudget>>,
+    charged: usize,
+}
+
+impl Drop for PerfMap {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.give(self.charged);
+        }
+    }
 }
 
 impl PerfMap {
+    /// An empty map whose entries are charged to `budget`.
+    pub fn with_budget(budget: Arc<StateBudget>) -> Self {
+        let mut map = PerfMap::default();
+        map.budget = Some(budget);
+        map
+    }
+
+    /// Bytes its entries are charged.
+    pub fn charged_bytes(&self) -> usize {
+        self.charged
+    }
+
     /// The JIT function holding `addr`, reading what the runtime appended
     /// since the last look if it is not known yet.
     pub fn lookup(
@@ -134,11 +181,14 @@ impl PerfMap {
         file.read_exact(&mut head).ok();
         if self.file != Some(id) || meta.len() < self.read || head != self.head {
             // A new file, or one written again from its start.
-            *self = PerfMap {
-                file: Some(id),
-                last_read: self.last_read,
-                ..PerfMap::default()
-            };
+            self.entries.clear();
+            self.read = 0;
+            self.file = Some(id);
+            self.head.clear();
+            if let Some(b) = &self.budget {
+                b.give(self.charged);
+            }
+            self.charged = 0;
         }
         let until = meta.len().min(max_size);
         if until <= self.read {
@@ -167,13 +217,17 @@ impl PerfMap {
             file.read_exact(&mut pending[start..])?;
             at += n as u64;
             // Only whole lines: the runtime may be writing the next one.
-            let used = self.add_lines(&pending);
+            let (used, full) = self.add_lines(&pending);
             if self.head.len() < HEAD {
                 let more = (HEAD - self.head.len()).min(used);
                 self.head.extend_from_slice(&pending[..more]);
             }
             self.read += used as u64;
             pending.drain(..used);
+            if full {
+                // The budget has no room: go on from this line later.
+                return Ok(());
+            }
             if pending.len() > max_line {
                 // Longer than any line of a map: passed over.
                 if self.head.len() < HEAD {
@@ -188,18 +242,37 @@ impl PerfMap {
     }
 
     /// Takes the entries of the whole lines of `bytes` (what follows the
-    /// last newline waits for the next read); returns the bytes used.
-    fn add_lines(&mut self, bytes: &[u8]) -> usize {
+    /// last newline waits for the next read); returns the bytes used, and
+    /// whether it stopped before a line the budget had no room for.
+    fn add_lines(&mut self, bytes: &[u8]) -> (usize, bool) {
         let Some(end) = bytes.iter().rposition(|&b| b == b'\n') else {
-            return 0;
+            return (0, false);
         };
+        let mut used = 0;
         for line in bytes[..end].split(|&b| b == b'\n') {
             if let Some((start, size, name)) = parse_line(line) {
+                // A line for a start already known replaces its entry: only
+                // what the new one takes beyond the old is asked for.
+                let cost = entry_cost(&name);
+                let old = self.entries.get(&start).map_or(0, |(_, n)| entry_cost(n));
+                if let Some(b) = &self.budget
+                    && cost > old
+                    && !b.take(Use::PerfMap, cost - old)
+                {
+                    return (used, true);
+                }
                 self.entries
                     .insert(start, (start.saturating_add(size), name));
+                if let Some(b) = &self.budget
+                    && old > cost
+                {
+                    b.give(old - cost);
+                }
+                self.charged = self.charged - old + cost;
             }
+            used += line.len() + 1;
         }
-        end + 1
+        (end + 1, false)
     }
 }
 
@@ -210,7 +283,7 @@ pub mod fuzzing {
 
     /// Adds the whole lines of `bytes` to `map`; the bytes used.
     pub fn add_lines(map: &mut PerfMap, bytes: &[u8]) -> usize {
-        map.add_lines(bytes)
+        map.add_lines(bytes).0
     }
 
     /// Every entry, by start.
@@ -426,6 +499,63 @@ mod tests {
             Some("c")
         );
         assert_eq!(map.lookup(dir.path(), &owner, 0x1000, 12), None);
+    }
+
+    #[test]
+    fn every_map_together_stays_within_the_budget_and_gives_it_back() {
+        let dir = proc_dir();
+        let owner = me();
+        let path = dir
+            .path()
+            .join(format!("root/tmp/perf-{}.map", owner.ns_pid));
+        // Three entries of one-letter names: 96 + 24 bytes each.
+        std::fs::write(&path, "1000 10 a\n2000 10 b\n3000 10 c\n").unwrap();
+        let one = entry_cost("a");
+        assert_eq!(one, 120);
+        let budget = StateBudget::new(4 * one);
+        let mut first = PerfMap::with_budget(budget.clone());
+        assert!(first.lookup(dir.path(), &owner, 0x3000, 1 << 20).is_some());
+        assert_eq!(budget.used_bytes(), 3 * one);
+        // A second process's map gets the one entry left, and stops at the
+        // line that did not fit.
+        let mut second = PerfMap::with_budget(budget.clone());
+        assert!(second.lookup(dir.path(), &owner, 0x1000, 1 << 20).is_some());
+        assert_eq!(second.lookup(dir.path(), &owner, 0x2000, 1 << 20), None);
+        assert_eq!(budget.used_bytes(), 4 * one);
+        assert_eq!(second.read, "1000 10 a\n".len() as u64);
+        assert_eq!(budget.refusals(Use::PerfMap), 1);
+        // The first process goes: the second reads on from that line.
+        drop(first);
+        assert_eq!(budget.used_bytes(), one);
+        second.last_read = None;
+        assert!(second.lookup(dir.path(), &owner, 0x3000, 1 << 20).is_some());
+        assert_eq!(budget.used_bytes(), 3 * one);
+        assert_eq!(second.charged_bytes(), 3 * one);
+        // A line for a start already known replaces its entry and its charge.
+        std::fs::write(
+            &path,
+            "1000 10 a\n2000 10 b\n3000 10 c\n3000 10 dddddddddd\n",
+        )
+        .unwrap();
+        second.last_read = None;
+        assert_eq!(
+            second
+                .lookup(dir.path(), &owner, 0x3000, 1 << 20)
+                .map(|e| e.name)
+                .as_deref(),
+            Some("c"),
+            "a known address is not read again"
+        );
+        second.last_read = None;
+        assert!(second.lookup(dir.path(), &owner, 0x4000, 1 << 20).is_none());
+        assert_eq!(budget.used_bytes(), 2 * one + entry_cost("dddddddddd"));
+        // Written again from its start: everything is given back first.
+        std::fs::write(&path, "9000 10 z\n").unwrap();
+        second.last_read = None;
+        assert!(second.lookup(dir.path(), &owner, 0x9000, 1 << 20).is_some());
+        assert_eq!(budget.used_bytes(), one);
+        drop(second);
+        assert_eq!(budget.used_bytes(), 0);
     }
 
     #[test]

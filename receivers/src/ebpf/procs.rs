@@ -43,6 +43,7 @@ pub(crate) use binary::{own_maps_line, tests_binary};
 use super::config::GroupBy;
 use super::perfmap::{Owner, PerfMap};
 use super::python::{PyProcValue, PyProcess};
+use super::state_budget::StateBudget;
 
 /// Most executable mappings kept per process.
 const MAX_MAPPINGS: usize = 65_536;
@@ -188,6 +189,8 @@ pub struct Processes {
     held: HeldFiles,
     /// Most bytes read of one process's perf map; `None`: perf maps off.
     perf_map_max: Option<u64>,
+    /// What perf maps and unwind sections on the heap may take together.
+    state: Arc<StateBudget>,
     /// Processes relabelling dropped since [`Processes::take_dropped`].
     dropped: Vec<ProcKey>,
     /// Where Python processes found and gone are told (the BPF program's
@@ -209,6 +212,7 @@ impl Processes {
             proc_root: PathBuf::from("/proc"),
             held: HeldFiles::new(),
             perf_map_max: None,
+            state: StateBudget::unbounded(),
             dropped: Vec::new(),
             py_sink: None,
         }
@@ -258,6 +262,18 @@ impl Processes {
     pub fn with_perf_maps(mut self, max_size: u64) -> Self {
         self.perf_map_max = Some(max_size);
         self
+    }
+
+    /// Holds perf map entries and unwind sections on the heap within
+    /// `max_bytes` together (the receiver's `max_state_size`).
+    pub fn with_state_budget(mut self, max_bytes: usize) -> Self {
+        self.state = StateBudget::new(max_bytes);
+        self
+    }
+
+    /// The state budget: bytes charged now, refusals by use.
+    pub fn state_budget(&self) -> &StateBudget {
+        &self.state
     }
 
     /// Perf map entries held over all processes.
@@ -359,6 +375,11 @@ impl Processes {
             }
             true
         });
+        // An idle file whose sections are on the heap goes at once (that
+        // memory is the state budget's, given back with it); the others are
+        // kept for a process that maps them again, up to the bound.
+        self.binaries
+            .retain(|_, b| Arc::strong_count(b) > 1 || b.heap_bytes() == 0);
         if self.binaries.len() > MAX_IDLE_BINARIES {
             self.binaries.retain(|_, b| Arc::strong_count(b) > 1);
         }
@@ -417,7 +438,7 @@ impl Processes {
                 Some(b) => b.clone(),
                 None => {
                     let open = root.join(m.path.trim_start_matches('/'));
-                    let b = Arc::new(read_binary(&open, m.path, &self.held));
+                    let b = Arc::new(read_binary(&open, m.path, &self.held, &self.state));
                     self.binaries
                         .insert((m.dev.to_owned(), m.inode, m.path.into()), b.clone());
                     b
@@ -452,7 +473,7 @@ impl Processes {
             Some(max_size) if from_proc => owner(&dir).map(|owner| Perf {
                 dir: dir.clone(),
                 owner,
-                map: PerfMap::default(),
+                map: PerfMap::with_budget(self.state.clone()),
                 max_size,
             }),
             _ => None,

@@ -750,6 +750,7 @@ mod tests {
         let ctx = BuildContext {
             id: "kafka".into(),
             telemetry: Arc::new(proflow_pipeline::telemetry::Telemetry::new()),
+            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
         };
         let err = c.build(&ctx).err().expect("invalid").to_string();
         assert!(err.starts_with("receiver `kafka`: brokers:"), "{err}");

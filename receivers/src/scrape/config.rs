@@ -35,9 +35,11 @@ pub struct ScrapeReceiverConfig {
     /// configs, relabelled, and scraped for its enabled profiles.
     pub scrape_configs: Vec<ScrapeJobConfig>,
     /// Most memory the previous values of cumulative profiles (for client-side
-    /// deltas) may take over all targets. A target whose state would not fit
-    /// has its cumulative profiles dropped (counted, reason
-    /// `delta_state_full`) until others leave room. Default 128MiB.
+    /// deltas) may take over all targets, shared fairly: a target whose state
+    /// would not fit has its cumulative profiles dropped (counted, reason
+    /// `delta_state_full`); if its state is within its share (this limit
+    /// over the targets holding state), targets over theirs are refused at
+    /// their next scrapes and give their room back. Default 128MiB.
     #[serde(default = "default_max_delta_state")]
     pub max_delta_state: ByteSize,
 }

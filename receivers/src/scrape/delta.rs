@@ -107,14 +107,24 @@ const SPARSE_ENTRY: usize = 2 * (size_of::<(u64, usize)>() + 1);
 
 /// Memory all delta states may take together; shared by every scrape loop
 /// (Arc).
+///
+/// Shared fairly: a state's share is the limit over the series holding
+/// state (and the one asking). A state within its share that finds no room
+/// puts the store under pressure for its next scrapes and those of the
+/// others (twice as many calls as there are series); under pressure, a
+/// state over its share is refused at its next scrape, which gives its
+/// memory back, so one target with a huge profile cannot keep every other
+/// target's state out. Without pressure a state may take what is free.
 #[derive(Debug)]
 pub struct DeltaStore {
     limit: usize,
-    // Relaxed ordering is enough for both counters: each is one variable
+    // Relaxed ordering is enough for the counters: each is one variable
     // updated atomically on its own, and nothing else is published through
     // them.
     used: AtomicUsize,
     series: AtomicUsize,
+    /// Calls of [`DeltaStore::replace`] left under pressure.
+    pressure: AtomicUsize,
 }
 
 impl DeltaStore {
@@ -125,6 +135,7 @@ impl DeltaStore {
             limit: limit_bytes,
             used: AtomicUsize::new(0),
             series: AtomicUsize::new(0),
+            pressure: AtomicUsize::new(0),
         })
     }
 
@@ -143,9 +154,35 @@ impl DeltaStore {
         self.series.load(Ordering::Relaxed)
     }
 
-    /// Trades a state of `old` bytes for one of `new` bytes if the total
-    /// stays within the limit; leaves the count unchanged otherwise.
+    /// Trades a state of `old` bytes (0: none yet) for one of `new` bytes
+    /// if the total stays within the limit and, under pressure, `new` is
+    /// within the state's share; leaves the count unchanged otherwise.
     fn replace(&self, old: usize, new: usize) -> bool {
+        let pressed = self
+            .pressure
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| p.checked_sub(1))
+            .is_ok();
+        // The holders, and one more: this state if it holds nothing yet,
+        // else the one waiting when there is pressure.
+        let sharers = self
+            .series
+            .load(Ordering::Relaxed)
+            .saturating_add(usize::from(old == 0 || pressed))
+            .max(1);
+        let share = self.limit / sharers;
+        if pressed && new > share {
+            return false;
+        }
+        let fits = self.fits(old, new);
+        if !fits && new <= share {
+            self.pressure
+                .store(sharers.saturating_mul(2), Ordering::Relaxed);
+        }
+        fits
+    }
+
+    /// [`DeltaStore::replace`]'s trade, if the total stays within the limit.
+    fn fits(&self, old: usize, new: usize) -> bool {
         self.used
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
                 // `used` includes `old` (its holder has not released it), so

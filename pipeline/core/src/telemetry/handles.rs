@@ -163,6 +163,23 @@ impl EbpfTelemetry {
             .get_or_create(&self.id)
             .set(symbols as i64);
     }
+
+    /// What the state budget holds now.
+    pub fn state_bytes(&self, bytes: usize) {
+        self.t
+            .ebpf_state_bytes
+            .get_or_create(&self.id)
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// `n` more refusals of the state budget for `what` (`perf_map`,
+    /// `unwind_section`).
+    pub fn state_refused(&self, what: &str, n: u64) {
+        if n > 0 {
+            let labels = with(&self.id, "use", what);
+            self.t.ebpf_state_refusals.get_or_create(&labels).inc_by(n);
+        }
+    }
 }
 
 /// Metric handle of a `trace_link` processor.
@@ -302,6 +319,16 @@ impl K8sAttributesTelemetry {
             self.t
                 .k8s_attributes_profiles
                 .get_or_create(&labels)
+                .inc_by(n);
+        }
+    }
+
+    /// `n` more identity labels removed from profiles of untrusted senders.
+    pub fn untrusted_labels_removed(&self, n: u64) {
+        if n > 0 {
+            self.t
+                .k8s_attributes_untrusted_labels_removed
+                .get_or_create(&self.id)
                 .inc_by(n);
         }
     }

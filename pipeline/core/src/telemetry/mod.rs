@@ -83,6 +83,8 @@ pub struct Telemetry {
     ebpf_samples_dropped: Counters,
     ebpf_processes: Gauges,
     ebpf_symbol_cache_entries: Gauges,
+    ebpf_state_bytes: Gauges,
+    ebpf_state_refusals: Counters,
     symbolize_frames: Counters,
     symbolize_cache_hits: Counters,
     symbolize_debuginfod_fetches: Counters,
@@ -99,6 +101,7 @@ pub struct Telemetry {
     trace_link_index_spans: Gauges,
     trace_link_index_bytes: Gauges,
     k8s_attributes_profiles: Counters,
+    k8s_attributes_untrusted_labels_removed: Counters,
     k8s_attributes_cache_objects: Gauges,
     k8s_attributes_watch_failures: Gauges,
     /// What `/targets` shows: each pull receiver's view, by receiver id.
@@ -334,6 +337,16 @@ impl Telemetry {
                 "Symbolized addresses an eBPF receiver keeps (bounded by symbol_cache_entries)",
                 Gauges::default()
             ),
+            ebpf_state_bytes: family!(
+                "ebpf_state_bytes",
+                "Memory an eBPF receiver keeps because of what the node's processes hold (perf map entries, unwind sections on the heap), bounded by max_state_size",
+                Gauges::default()
+            ),
+            ebpf_state_refusals: family!(
+                "ebpf_state_refusals",
+                "What an eBPF receiver did not keep because max_state_size was used up, by use (perf_map: a map stopped at a line, at most once a second per process; unwind_section: a file's section left out)",
+                Counters::default()
+            ),
             symbolize_frames: family!(
                 "symbolize_frames",
                 "Frames a symbolize processor was asked to name, by result (symbolized, or why not: no_mapping, no_build_id, not_found, kernel_disabled, kernel_not_this_host, local_not_this_host, debuginfod_timeout)",
@@ -346,7 +359,7 @@ impl Telemetry {
             ),
             symbolize_debuginfod_fetches: family!(
                 "symbolize_debuginfod_fetches",
-                "Debug files a symbolize processor fetched from debuginfod servers, by result (found, not_found: every server answered 404, error)",
+                "Debug files a symbolize processor fetched from debuginfod servers, by result (found, not_found: every server answered 404, error, over_budget: the in-flight budget had no room for the file, which is asked for again)",
                 Counters::default()
             ),
             symbolize_cache_entries: family!(
@@ -412,6 +425,11 @@ impl Telemetry {
             k8s_attributes_profiles: family!(
                 "k8s_attributes_profiles",
                 "Profiles a k8s_attributes processor saw, by result (associated: a pod was found and its metadata added; not_found: an identifier named no known pod; no_identifier: the profile carried none of the pod_association sources)",
+                Counters::default()
+            ),
+            k8s_attributes_untrusted_labels_removed: family!(
+                "k8s_attributes_untrusted_labels_removed",
+                "Identity labels (those the processor sets) a k8s_attributes processor removed from profiles pushed by senders outside its trusted_senders; the pod found by the connection sets them again",
                 Counters::default()
             ),
             k8s_attributes_cache_objects: family!(

@@ -158,9 +158,11 @@ impl Running {
 
     pub(super) async fn apply(&mut self, plan: Plan) -> Result<ReloadReport, BuildError> {
         let telemetry = self.telemetry.clone();
+        let memory = self.memory.clone();
         let ctx = |id: &str| BuildContext {
             id: id.to_owned(),
             telemetry: telemetry.clone(),
+            memory: memory.clone(),
         };
         let fingerprint = |section: &str, id: &str| {
             plan.fingerprints
@@ -527,6 +529,7 @@ impl Running {
         let c = BuildContext {
             id: start.id.clone(),
             telemetry: self.telemetry.clone(),
+            memory: self.memory.clone(),
         };
         let consumer = Arc::new(SwapConsumer::new(start.fanout.clone()));
         let spans = start

@@ -16,6 +16,7 @@ use proflow_symbolize::FileId;
 use proflow_symbolize::open::open_regular;
 
 use super::super::python::PyBinary;
+use super::super::state_budget::{Charge, StateBudget, Use};
 use super::Mapping;
 
 /// Largest unwind section kept from one file.
@@ -41,6 +42,11 @@ pub struct Binary {
 }
 
 impl Binary {
+    /// Bytes of its unwind sections on the heap (copied or inflated).
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.unwind.as_ref().map_or(0, UnwindSections::heap_bytes)
+    }
+
     /// Where the file read is open in this process (`/proc/self/fd/N`),
     /// when it is held.
     pub fn held_path(&self) -> Option<&Path> {
@@ -121,9 +127,9 @@ impl HeldFiles {
 pub(super) struct UnwindSections {
     text_svma: Option<Range<u64>>,
     got_svma: Option<Range<u64>>,
-    eh_frame: Option<(Range<u64>, Section)>,
+    pub(super) eh_frame: Option<(Range<u64>, Section)>,
     eh_frame_hdr: Option<(Range<u64>, Section)>,
-    debug_frame: Option<Section>,
+    pub(super) debug_frame: Option<Section>,
 }
 
 /// The bytes of an unwind section: in place in the file, mapped (only the
@@ -132,14 +138,25 @@ pub(super) struct UnwindSections {
 #[derive(Debug, Clone)]
 pub enum Section {
     Mapped(Arc<memmap2::Mmap>, Range<usize>),
-    /// Copied from a file only root cannot change, or inflated (kept as
-    /// made: an `Arc<[u8]>` would copy it once more).
-    Inflated(Arc<Vec<u8>>),
+    /// Copied from a file only root cannot change, or inflated, and
+    /// charged to the receiver's state budget while it is kept.
+    Inflated(Arc<Heap>),
+}
+
+/// A section's bytes on the heap (kept as made: an `Arc<[u8]>` would copy
+/// them once more), with their charge.
+#[derive(Debug)]
+pub struct Heap {
+    bytes: Vec<u8>,
+    _charge: Option<Charge>,
 }
 
 impl Default for Section {
     fn default() -> Self {
-        Section::Inflated(Arc::new(Vec::new()))
+        Section::Inflated(Arc::new(Heap {
+            bytes: Vec::new(),
+            _charge: None,
+        }))
     }
 }
 
@@ -148,7 +165,7 @@ impl std::ops::Deref for Section {
     fn deref(&self) -> &[u8] {
         match self {
             Section::Mapped(map, range) => &map[range.clone()],
-            Section::Inflated(bytes) => bytes,
+            Section::Inflated(heap) => &heap.bytes,
         }
     }
 }
@@ -178,7 +195,16 @@ pub(super) fn module(m: &Mapping) -> Option<Module<Section>> {
 /// Reads what is kept of an ELF file; a file that cannot be read or parsed
 /// gives a binary with no build id and no unwind sections (its frames keep
 /// their addresses).
-pub(super) fn read_binary(open: &Path, path: &str, held: &HeldFiles) -> Binary {
+///
+/// Sections copied or inflated onto the heap are charged to `state` first;
+/// one that does not fit is left out (its frames are not unwound through
+/// that file), counted as the budget's `unwind_section` refusal.
+pub(super) fn read_binary(
+    open: &Path,
+    path: &str,
+    held: &HeldFiles,
+    state: &Arc<StateBudget>,
+) -> Binary {
     let mut b = Binary {
         path: path.into(),
         build_id: None,
@@ -212,14 +238,20 @@ pub(super) fn read_binary(open: &Path, path: &str, held: &HeldFiles) -> Binary {
         .map(Arc::new);
     match &map {
         Some(map) => {
-            read_elf(&mut b, &map[..], Some(map), path);
+            read_elf(&mut b, &map[..], Some(map), path, state);
             // The pages the parse read (headers, symbol tables) leave this
             // process's memory; the unwinder brings back only those it reads.
             // SAFETY: a private read-only file mapping: its pages are dropped
             // and read again from the file on the next access.
             let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
         }
-        None => read_elf(&mut b, &object::ReadCache::new(&regular.file), None, path),
+        None => read_elf(
+            &mut b,
+            &object::ReadCache::new(&regular.file),
+            None,
+            path,
+            state,
+        ),
     }
     b.held = held.hold(regular.file);
     tracing::debug!(
@@ -237,6 +269,7 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
     data: R,
     map: Option<&Arc<memmap2::Mmap>>,
     path: &str,
+    state: &Arc<StateBudget>,
 ) {
     let Ok(elf) = object::File::parse(data) else {
         return;
@@ -268,7 +301,14 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
                 map.get(range.clone())?;
                 Section::Mapped(map.clone(), range)
             }
-            None => Section::Inflated(Arc::new(s.data().ok()?.to_vec())),
+            None => {
+                // Charged before it is copied.
+                let charge = Charge::take(state, Use::UnwindSection, usize::try_from(size).ok()?)?;
+                Section::Inflated(Arc::new(Heap {
+                    bytes: s.data().ok()?.to_vec(),
+                    _charge: Some(charge),
+                }))
+            }
         };
         Some((s.address()..s.address() + s.size(), bytes))
     };
@@ -287,8 +327,16 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
             if stated > MAX_SECTION {
                 return None;
             }
+            // Charged at the size its header states before it is inflated
+            // (object inflates exactly that much, or fails).
+            let charge = Charge::take(state, Use::UnwindSection, usize::try_from(stated).ok()?)?;
             let d = s.uncompressed_data().ok()?;
-            (d.len() as u64 <= MAX_SECTION).then(|| Section::Inflated(Arc::new(d.into_owned())))
+            (d.len() as u64 <= stated).then(|| {
+                Section::Inflated(Arc::new(Heap {
+                    bytes: d.into_owned(),
+                    _charge: Some(charge),
+                }))
+            })
         })
     } else {
         None
@@ -328,6 +376,20 @@ impl UnwindSections {
             + self.eh_frame_hdr.as_ref().map_or(0, |(_, d)| d.len())
             + self.debug_frame.as_ref().map_or(0, |d| d.len())
     }
+
+    /// [`UnwindSections::bytes`] of the sections on the heap only.
+    fn heap_bytes(&self) -> usize {
+        [
+            self.eh_frame.as_ref().map(|(_, d)| d),
+            self.eh_frame_hdr.as_ref().map(|(_, d)| d),
+            self.debug_frame.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|d| matches!(d, Section::Inflated(_)))
+        .map(|d| d.len())
+        .sum()
+    }
 }
 
 /// The line of this process's `/proc/self/maps` that maps `addr`.
@@ -351,5 +413,10 @@ pub(crate) fn own_maps_line(addr: u64) -> String {
 
 #[cfg(test)]
 pub(crate) fn tests_binary(path: &Path) -> Binary {
-    read_binary(path, &path.to_string_lossy(), &HeldFiles::with_max(0))
+    read_binary(
+        path,
+        &path.to_string_lossy(),
+        &HeldFiles::with_max(0),
+        &StateBudget::unbounded(),
+    )
 }

@@ -181,10 +181,15 @@ fn a_process_that_exited_is_forgotten_at_the_next_sweep() {
 fn the_test_binary_reads_with_build_id_and_unwind_sections() {
     let me = std::env::current_exe().unwrap();
     let held = HeldFiles::with_max(1);
-    let b = read_binary(&me, &me.to_string_lossy(), &held);
+    let b = read_binary(&me, &me.to_string_lossy(), &held, &StateBudget::unbounded());
     assert!(b.unwind.is_some(), "a Rust test binary has .eh_frame");
     assert!(!b.exec_segments.is_empty());
-    let missing = read_binary(Path::new("/nonexistent"), "/nonexistent", &held);
+    let missing = read_binary(
+        Path::new("/nonexistent"),
+        "/nonexistent",
+        &held,
+        &StateBudget::unbounded(),
+    );
     assert!(missing.build_id.is_none() && missing.unwind.is_none());
 
     // Its descriptor is held (the same file), within the bound, until the
@@ -197,9 +202,77 @@ fn the_test_binary_reads_with_build_id_and_unwind_sections() {
     assert_eq!(id(&path), id(&me));
     assert!(missing.held_path().is_none());
     assert_eq!(held.len(), 1);
-    let second = read_binary(&me, &me.to_string_lossy(), &held);
+    let second = read_binary(&me, &me.to_string_lossy(), &held, &StateBudget::unbounded());
     assert!(second.held_path().is_none(), "beyond the bound");
     assert!(second.build_id.is_some(), "read all the same");
     drop(b);
     assert_eq!(held.len(), 0);
+}
+
+/// A binary whose `.eh_frame` is gone and whose compressed `.debug_frame`
+/// states `inflated` bytes (zeros: a few KB on disk), as a user of the node
+/// can make one.
+fn compressed_debug_frame(dir: &Path, inflated: usize) -> PathBuf {
+    let src = dir.join("tiny.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
+    let bin = dir.join("tiny");
+    let zeros = dir.join("zeros");
+    std::fs::write(&zeros, vec![0u8; inflated]).unwrap();
+    let run = |cmd: &mut std::process::Command| {
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(std::process::Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src));
+    run(std::process::Command::new("objcopy")
+        .args([
+            "--remove-section",
+            ".eh_frame",
+            "--remove-section",
+            ".eh_frame_hdr",
+        ])
+        .arg("--add-section")
+        .arg(format!(".debug_frame={}", zeros.display()))
+        .arg(&bin));
+    // Compressed in a second step: the step that adds a section does not
+    // compress it.
+    run(std::process::Command::new("objcopy")
+        .arg("--compress-debug-sections=zlib-gabi")
+        .arg(&bin));
+    assert!(std::fs::metadata(&bin).unwrap().len() < (inflated / 4) as u64);
+    bin
+}
+
+#[test]
+fn an_inflated_debug_frame_is_charged_before_it_is_inflated() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compressed_debug_frame(dir.path(), 4 << 20);
+    let held = HeldFiles::with_max(0);
+    let path = bin.to_string_lossy();
+    // Room for it: inflated, charged at its size until the binary goes.
+    let roomy = StateBudget::new(8 << 20);
+    let b = read_binary(&bin, &path, &held, &roomy);
+    let unwind = b.unwind.as_ref().expect("unwind sections");
+    assert!(unwind.eh_frame.is_none());
+    assert_eq!(unwind.debug_frame.as_ref().map(|d| d.len()), Some(4 << 20));
+    assert_eq!(roomy.used_bytes(), 4 << 20);
+    let again = read_binary(&bin, &path, &held, &roomy);
+    assert!(again.unwind.is_some());
+    // A third copy finds no room: left out, counted, nothing inflated.
+    let third = read_binary(&bin, &path, &held, &roomy);
+    assert!(third.unwind.is_none());
+    assert!(third.build_id.is_some(), "the rest of the file is read");
+    assert_eq!(
+        roomy.refusals(super::super::state_budget::Use::UnwindSection),
+        1
+    );
+    assert_eq!(roomy.used_bytes(), 8 << 20);
+    drop((b, again, third));
+    assert_eq!(roomy.used_bytes(), 0, "given back with the binaries");
 }

@@ -414,6 +414,46 @@ fn a_full_store_refuses_state_and_gets_memory_back() {
 }
 
 #[test]
+fn a_series_within_its_share_gets_room_from_one_over_its_share() {
+    // Heap stacks take 24 bytes each: `big` 72, `small` 48 (within half of
+    // 100), not both.
+    let store = DeltaStore::new(100);
+    let stacks = |n: usize, v: i64| -> Vec<(String, Vec<i64>)> {
+        (0..n)
+            .map(|i| (format!("main;f{i}"), vec![v, v, 1, 1]))
+            .collect()
+    };
+    let at = |stacks: &[(String, Vec<i64>)], time: i64| {
+        let refs: Vec<(&str, Vec<i64>)> = stacks
+            .iter()
+            .map(|(s, v)| (s.as_str(), v.clone()))
+            .collect();
+        profile(&HEAP, &refs, time)
+    };
+    let mut big = DeltaState::new(store.clone());
+    let mut small = DeltaState::new(store.clone());
+    assert_eq!(big.scrape(at(&stacks(3, 1), 100)), Out::Primed);
+    // Within its share, no room: refused, and the store is under pressure.
+    assert_eq!(small.scrape(at(&stacks(2, 1), 100)), Out::StateFull);
+    assert_eq!((store.used_bytes(), store.series()), (72, 1));
+    // The state over its share gives way at its next scrape...
+    assert_eq!(big.scrape(at(&stacks(3, 2), 110)), Out::StateFull);
+    assert_eq!((store.used_bytes(), store.series()), (0, 0));
+    // ... and the one within its share gets the room, and keeps it.
+    assert_eq!(small.scrape(at(&stacks(2, 2), 110)), Out::Primed);
+    expect_delta(small.scrape(at(&stacks(2, 3), 120)));
+    for t in [120, 130, 140] {
+        assert_eq!(big.scrape(at(&stacks(3, 3), t)), Out::StateFull);
+    }
+    expect_delta(small.scrape(at(&stacks(2, 4), 130)));
+    assert_eq!((store.used_bytes(), store.series()), (48, 1));
+    // Alone again, the big one may take what is free.
+    drop(small);
+    assert_eq!(big.scrape(at(&stacks(3, 4), 150)), Out::Primed);
+    assert_eq!((store.used_bytes(), store.series()), (72, 1));
+}
+
+#[test]
 fn profiles_without_cumulative_types_pass_and_keep_nothing() {
     let (store, mut state) = state();
     let cpu = profile(
