@@ -48,12 +48,33 @@ run_dir() { printf '%s/%s' "$run_root" "$1"; }
 files_digest() { cat "$@" | sha256sum | cut -c1-16; }
 
 # free_ports N: N distinct free TCP ports on 127.0.0.1, space-separated. All
-# sockets are held open together so the ports differ.
+# sockets are held open together so the ports differ. Picked below the range
+# the kernel hands out for port 0 (net.ipv4.ip_local_port_range), where every
+# test's own servers and clients get theirs: a peer stopped and started again
+# on its ports (tests/peers/private) was seen to find one taken in between by
+# another test's gRPC server, which answered the exporter UNIMPLEMENTED.
+# Falls back to port 0 when that range leaves too little room below it.
 free_ports() {
   python3 - "$1" <<'PY'
-import socket, sys
+import random, socket, sys
+n = int(sys.argv[1])
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    low = 0
 socks = []
-for _ in range(int(sys.argv[1])):
+if low - 10000 >= 4096:
+    for _ in range(10000):
+        if len(socks) == n:
+            break
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", random.randrange(10000, low)))
+        except OSError:
+            s.close()
+            continue
+        socks.append(s)
+while len(socks) < n:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     socks.append(s)
@@ -130,8 +151,8 @@ build_go_tools() {
   for spec in "${todo[@]}"; do
     IFS='|' read -r dest pkg bin <<<"$spec"
     name="${pkg##*/}"
-    if [[ $name =~ ^v[0-9]+$ ]]; then parent="${pkg%/*}"; name="${parent##*/}"; fi
-    [[ -x "$out/$name" ]] || die "$peer: go build of $pkg left no binary $out/$name"
+    if [[ $name =~ ^v([2-9]|[1-9][0-9]+)$ ]]; then parent="${pkg%/*}"; name="${parent##*/}"; fi
+    [[ -x "$out/$name" ]] || { rm -rf "$out"; die "$peer: go build of $pkg left no binary $out/$name"; }
     mkdir -p "$dest/bin"
     mv -f "$out/$name" "$dest/bin/$bin"
     cp -f "$buildlog" "$dest/build.log"

@@ -501,7 +501,15 @@ impl std::str::FromStr for IpNet {
                 _ => return Err(format!("{s:?}: the prefix length must be 0 to {max}")),
             },
         };
-        Ok(IpNet { addr, bits })
+        // An IPv4 range written IPv4-mapped (`::ffff:10.0.0.0/104`) is the
+        // IPv4 range, as senders' addresses are compared.
+        match addr {
+            IpAddr::V6(v6) if bits >= 96 && v6.to_ipv4_mapped().is_some() => Ok(IpNet {
+                addr: addr.to_canonical(),
+                bits: bits - 96,
+            }),
+            _ => Ok(IpNet { addr, bits }),
+        }
     }
 }
 

@@ -236,6 +236,9 @@ fn trusted_sender_ranges() {
     assert!(net("fd00::/8").contains(ip("fd12::1")));
     assert!(!net("fd00::/8").contains(ip("fe80::1")));
     assert!(net("::/0").contains(ip("fe80::1")));
+    assert!(net("::ffff:10.42.0.0/112").contains(ip("10.42.7.1")));
+    assert!(net("::ffff:10.42.0.0/112").contains(ip("::ffff:10.42.7.1")));
+    assert!(!net("::ffff:10.42.0.0/112").contains(ip("10.43.0.1")));
     for bad in [
         "10.0.0.0/33",
         "fd00::/129",

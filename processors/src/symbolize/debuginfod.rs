@@ -183,10 +183,11 @@ impl Debuginfod {
             };
             // A file more than one grant can ever hold is too large, like
             // one over max_file_size (a miss to remember), not a shortage.
+            // Half of it: a buffer that grows is granted for both copies.
             let limit = self
                 .settings
                 .max_file_size
-                .min(self.settings.memory.max_grant());
+                .min(self.settings.memory.max_grant() / 2);
             let mut grant = self.settings.memory.grant();
             let get = self.client.get_granted(uri, limit, &mut grant);
             match tokio::time::timeout(self.settings.fetch_timeout, get).await {

@@ -376,10 +376,12 @@ impl Processes {
             true
         });
         // An idle file whose sections are on the heap goes at once (that
-        // memory is the state budget's, given back with it); the others are
-        // kept for a process that maps them again, up to the bound.
+        // memory is the state budget's, given back with it), and so does one
+        // whose section the budget refused (read again by the next process
+        // that maps it, when there may be room); the others are kept for a
+        // process that maps them again, up to the bound.
         self.binaries
-            .retain(|_, b| Arc::strong_count(b) > 1 || b.heap_bytes() == 0);
+            .retain(|_, b| Arc::strong_count(b) > 1 || (b.heap_bytes() == 0 && !b.state_refused));
         if self.binaries.len() > MAX_IDLE_BINARIES {
             self.binaries.retain(|_, b| Arc::strong_count(b) > 1);
         }

@@ -39,6 +39,8 @@ pub struct Binary {
     pub python: Option<PyBinary>,
     /// The file kept open for the symbolizer (see [`super`]).
     held: Option<Held>,
+    /// The state budget refused one of its unwind sections.
+    pub(super) state_refused: bool,
 }
 
 impl Binary {
@@ -213,6 +215,7 @@ pub(super) fn read_binary(
         unwind: None,
         python: None,
         held: None,
+        state_refused: false,
     };
     // Only a regular file, opened without blocking (the path is the
     // process's, and may name a FIFO by now).
@@ -287,6 +290,9 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
     if super::super::python::version_of(path).is_some() {
         b.python = super::super::python::read_symbols(&elf, path);
     }
+    // Whether the state budget refused a section (the binary is then read
+    // again by the next process that maps it, when there may be room).
+    let refused = std::cell::Cell::new(false);
     // Uncompressed sections are used in place, from the file mapped.
     let section = |name: &str| -> Option<(Range<u64>, Section)> {
         let s = elf.section_by_name(name)?;
@@ -303,7 +309,12 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
             }
             None => {
                 // Charged before it is copied.
-                let charge = Charge::take(state, Use::UnwindSection, usize::try_from(size).ok()?)?;
+                let Some(charge) =
+                    Charge::take(state, Use::UnwindSection, usize::try_from(size).ok()?)
+                else {
+                    refused.set(true);
+                    return None;
+                };
                 Section::Inflated(Arc::new(Heap {
                     bytes: s.data().ok()?.to_vec(),
                     _charge: Some(charge),
@@ -323,13 +334,24 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
     let debug_frame = if eh_frame.is_none() {
         section(".debug_frame").map(|(_, d)| d).or_else(|| {
             let s = elf.section_by_name(".debug_frame")?;
-            let stated = s.compressed_file_range().ok()?.uncompressed_size;
+            let compressed = s.compressed_file_range().ok()?;
+            // Only a compressed one: an uncompressed one `section` left out
+            // (too large, or refused by the budget) stays out.
+            if compressed.format == object::CompressionFormat::None {
+                return None;
+            }
+            let stated = compressed.uncompressed_size;
             if stated > MAX_SECTION {
                 return None;
             }
             // Charged at the size its header states before it is inflated
             // (object inflates exactly that much, or fails).
-            let charge = Charge::take(state, Use::UnwindSection, usize::try_from(stated).ok()?)?;
+            let Some(charge) =
+                Charge::take(state, Use::UnwindSection, usize::try_from(stated).ok()?)
+            else {
+                refused.set(true);
+                return None;
+            };
             let d = s.uncompressed_data().ok()?;
             (d.len() as u64 <= stated).then(|| {
                 Section::Inflated(Arc::new(Heap {
@@ -341,6 +363,7 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
     } else {
         None
     };
+    b.state_refused = refused.get();
     if eh_frame.is_some() || debug_frame.is_some() {
         b.unwind = Some(UnwindSections {
             text_svma: range(".text"),
