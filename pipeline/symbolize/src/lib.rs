@@ -161,6 +161,11 @@ struct Open {
     /// file's segments (a file offset in the main file becomes the virtual
     /// address the debug file knows).
     debug: Option<(Readable, ElfInfo)>,
+    /// The main file's segments: a file offset in it becomes the virtual
+    /// address blazesym is asked for, translated here with checked
+    /// arithmetic (blazesym's own translation overflows on a segment whose
+    /// offset and size wrap, found by the `debug_file` fuzz target).
+    segments: ElfInfo,
     /// When a new address last needed it.
     used: Instant,
 }
@@ -347,7 +352,11 @@ impl Symbols {
         }
         let src = source(&open.main);
         let input = match addr {
-            Addr::FileOffset(o) => Input::FileOffset(o),
+            Addr::FileOffset(o) => match open.segments.vaddr_of_offset(o) {
+                Some(v) => Input::VirtOffset(v),
+                // In no segment: the file does not name it.
+                None => return Some(self.empty.clone()),
+            },
             Addr::Virtual(v) => Input::VirtOffset(v),
         };
         match self.blaze.symbolize_single(&src, input) {
@@ -426,11 +435,13 @@ impl Symbols {
         } else {
             None
         };
+        let segments = elf.info.clone();
         Open {
             key,
             id,
             main: self.readable(elf),
             debug,
+            segments,
             used: Instant::now(),
         }
     }
