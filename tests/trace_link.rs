@@ -471,6 +471,25 @@ fn the_trace_link_example_links_gotraces_profiles_to_its_traces() {
     check_pyroscope(&pyroscope_base, &app, &collected, &hot);
 }
 
+/// The collector's own metrics of what its receiver took and its exporters
+/// sent (`otelcol_receiver_*`, `otelcol_exporter_*`, in samples), for a
+/// failure message.
+fn collector_counts(otelcol: &peer_env::Peer) -> String {
+    let url = format!("http://{}/metrics", otelcol.var("METRICS_ENDPOINT"));
+    match common::http_client()
+        .get(&url)
+        .send()
+        .and_then(|r| r.text())
+    {
+        Ok(text) => text
+            .lines()
+            .filter(|l| l.starts_with("otelcol_receiver_") || l.starts_with("otelcol_exporter_"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("{url}: {e}"),
+    }
+}
+
 /// The collector's output for `app`, once it has as many CPU profiles as
 /// proflow accepted: every link names a root span the SDK exported, in the
 /// trace it exported it in; every hot span is linked, and every sample in
@@ -500,9 +519,10 @@ fn check_collector(
     });
     assert!(
         settled.is_some(),
-        "the collector's output for {app} has {} CPU profiles of the {accepted} proflow accepted: {c:?}\n{}\nproflow's exporter metrics (did it send them all?):\n{}\nproflow log:\n{}",
+        "the collector's output for {app} has {} CPU profiles of the {accepted} proflow accepted: {c:?}\n{}\nthe collector's own counts (of every test's profiles: did it take them all, did its file exporter write them?):\n{}\nproflow's exporter metrics (did it send them all?):\n{}\nproflow log:\n{}",
         c.profiles,
         describe_lines(&file, app),
+        collector_counts(otelcol),
         proflow
             .metrics()
             .lines()

@@ -1,9 +1,11 @@
 # shellcheck shell=bash
 # OpenTelemetry Collector built with the collector builder (ocb) from
 # builder-config.yaml beside this file, run with config.yaml and profiles on.
-# Prints OTELCOL_ENDPOINT (OTLP gRPC), OTELCOL_HTTP_ENDPOINT (OTLP HTTP) and
-# OTELCOL_FILE_PATH (the file exporter's output, OTLP JSON lines) and
-# OTELCOL_BIN (the collector binary, for tests that run one of their own).
+# Prints OTELCOL_ENDPOINT (OTLP gRPC), OTELCOL_HTTP_ENDPOINT (OTLP HTTP),
+# OTELCOL_METRICS_ENDPOINT (its own Prometheus metrics: what its receiver
+# took and its exporters sent), OTELCOL_FILE_PATH (the file exporter's
+# output, OTLP JSON lines) and OTELCOL_BIN (the collector binary, for tests
+# that run one of their own).
 
 otelcol_dir="$peers_dir/otelcol"
 otelcol_version() { sed -n 's/^ *version: *\([0-9][0-9.]*\)-proflow.*/v\1/p' "$otelcol_dir/builder-config.yaml"; }
@@ -47,16 +49,18 @@ install_otelcol() {
 }
 
 start_otelcol() {
-  local dir grpc http
+  local dir grpc http metrics
   dir="$(run_dir otelcol)"
-  read -r grpc http < <(free_ports 2)
+  read -r grpc http metrics < <(free_ports 3)
   start_bg otelcol env OTELCOL_GRPC_PORT="$grpc" OTELCOL_HTTP_PORT="$http" \
+    OTELCOL_METRICS_PORT="$metrics" \
     OTELCOL_FILE_PATH="$dir/data/profiles.jsonl" \
     "$(otelcol_home)/src/otelcol-proflow" --config "$otelcol_dir/config.yaml" \
     --feature-gates=+service.profilesSupport
   {
     printf 'OTELCOL_ENDPOINT=%s\n' "$(endpoint "$grpc")"
     printf 'OTELCOL_HTTP_ENDPOINT=%s\n' "$(endpoint "$http")"
+    printf 'OTELCOL_METRICS_ENDPOINT=%s\n' "$(endpoint "$metrics")"
     printf 'OTELCOL_FILE_PATH=%s\n' "$dir/data/profiles.jsonl"
     printf 'OTELCOL_BIN=%s\n' "$(otelcol_home)/src/otelcol-proflow"
   } >"$dir/endpoints"
