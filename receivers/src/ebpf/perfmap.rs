@@ -100,9 +100,7 @@ pub struct PerfMap {
 
 impl Drop for PerfMap {
     fn drop(&mut self) {
-        if let Some(b) = &self.budget {
-            b.give(self.charged);
-        }
+        self.give_back();
     }
 }
 
@@ -117,6 +115,14 @@ impl PerfMap {
     /// Bytes its entries are charged.
     pub fn charged_bytes(&self) -> usize {
         self.charged
+    }
+
+    /// Gives back what its entries are charged (they are being dropped).
+    fn give_back(&mut self) {
+        if let Some(b) = &self.budget {
+            b.give(self.charged);
+        }
+        self.charged = 0;
     }
 
     /// The JIT function holding `addr`, reading what the runtime appended
@@ -185,10 +191,7 @@ impl PerfMap {
             self.read = 0;
             self.file = Some(id);
             self.head.clear();
-            if let Some(b) = &self.budget {
-                b.give(self.charged);
-            }
-            self.charged = 0;
+            self.give_back();
         }
         let until = meta.len().min(max_size);
         if until <= self.read {
