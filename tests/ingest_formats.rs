@@ -4,7 +4,13 @@
 //! profiles in one file), sent to the real Pyroscope directly under one service
 //! name and through proflow's `pyroscope` exporter under another: both read
 //! back with the same totals per function, in the profile type the app
-//! name's suffix chose.
+//! name's suffix chose. Speedscope is the exception: Pyroscope truncates
+//! each value before it scales it (and leaves some unscaled), so there
+//! proflow's read back is checked against the file's own totals, and
+//! Pyroscope's is only printed beside it.
+//!
+//! A body that converts to nothing, or loses samples on the way, is still
+//! answered 200 (as Pyroscope answers it), and is counted and logged.
 
 mod common;
 #[allow(clippy::duplicate_mod)]
@@ -120,6 +126,75 @@ fn same_in_pyroscope(
     }
 }
 
+/// Sends `body` as `name.suffix` to Pyroscope and through proflow, and
+/// checks that proflow's read back, in `profile_type`, is `want` (the
+/// file's own totals in nanoseconds); Pyroscope's own reading is printed.
+fn file_totals_in_pyroscope(
+    what: &str,
+    suffix: &str,
+    body: Vec<u8>,
+    profile_type: &str,
+    want: &[(&str, i64)],
+) {
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let proflow = common::start_with_file_and(
+        "pyroscope",
+        &format!("endpoint: {}\n", pyroscope.http_base()),
+    );
+    let direct = common::unique_name(&format!("fmt-{what}-direct"));
+    let through = common::unique_name(&format!("fmt-{what}-proflow"));
+    let http = common::http_client();
+    let base = pyroscope.http_base();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    let (from, until) = (now - 10, now);
+    for (to, name) in [(&base, &direct), (&proflow.receiver_url(""), &through)] {
+        readback::post_ok(
+            &http,
+            &format!("{to}/ingest?name={name}{suffix}&from={from}&until={until}&format=speedscope"),
+            "application/json",
+            body.clone(),
+        );
+    }
+    let want: common::Totals = want.iter().map(|(f, v)| ((*f).to_owned(), *v)).collect();
+    let selector = format!("{{service_name=\"{through}\"}}");
+    let (ok, got, answer) = readback::pyroscope_wait(
+        &http,
+        &base,
+        (&selector, &FUNCTIONS, profile_type),
+        READ_BACK_TIMEOUT,
+        |t| *t == want,
+    );
+    let (pyroscope_reads, _) = readback::pyroscope_totals(
+        &http,
+        &base,
+        &format!("{{service_name=\"{direct}\"}}"),
+        &FUNCTIONS,
+        Some(profile_type),
+    );
+    eprintln!(
+        "{what}: the file's totals {want:?}; through proflow {got:?}; Pyroscope directly {pyroscope_reads:?}"
+    );
+    assert!(
+        ok,
+        "{what}: through proflow Pyroscope read {got:?} ({answer}), the file holds {want:?}\nlog:\n{}",
+        proflow.log_text()
+    );
+    assert_eq!(
+        common::metric_sum(
+            &proflow.metrics(),
+            "proflow_receiver_lost_samples_total",
+            &[]
+        ),
+        0.0,
+        "{what}: nothing of the file is lost"
+    );
+}
+
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 const OCTET: &str = "binary/octet-stream";
 
@@ -197,39 +272,174 @@ const EVENTED: &str = r#"{"type": "evented", "name": "second", "unit": "millisec
                {"type": "O", "at": 4, "frame": 2}, {"type": "C", "at": 6.5, "frame": 2}, {"type": "C", "at": 7, "frame": 0},
                {"type": "O", "at": 7, "frame": 3}, {"type": "C", "at": 8, "frame": 3}]}"#;
 
+/// SAMPLED's totals in nanoseconds (idle's 1.5 ms is 1 ms in Pyroscope).
+const SAMPLED_TOTALS: [(&str, i64); 4] = [
+    ("main", 6_000_000),
+    ("foo", 3_000_000),
+    ("bar", 2_000_000),
+    ("idle", 1_500_000),
+];
+/// EVENTED's: main 1 ms before foo opens (Pyroscope leaves it unscaled),
+/// foo 3, bar 2.5 (2 in Pyroscope), main 0.5 (0 in Pyroscope), idle 1.
+const EVENTED_TOTALS: [(&str, i64); 4] = [
+    ("main", 7_000_000),
+    ("foo", 3_000_000),
+    ("bar", 2_500_000),
+    ("idle", 1_000_000),
+];
+
 #[test]
 fn speedscope_sampled() {
-    same_in_pyroscope(
+    file_totals_in_pyroscope(
         "speedscope-sampled",
         "",
-        "&format=speedscope",
-        "application/json",
         speedscope(SAMPLED),
         CPU,
+        &SAMPLED_TOTALS,
     );
 }
 
 #[test]
 fn speedscope_evented() {
-    same_in_pyroscope(
+    file_totals_in_pyroscope(
         "speedscope-evented",
         ".cpu",
-        "&format=speedscope",
-        "application/json",
         speedscope(EVENTED),
         CPU,
+        &EVENTED_TOTALS,
     );
 }
 
 #[test]
 fn speedscope_of_two_profiles() {
-    // Each is named after its unit, which makes it a wall profile.
-    same_in_pyroscope(
+    // Each is named after its unit, which makes it a wall profile; both
+    // are milliseconds, so they sum.
+    let two: Vec<(&str, i64)> = SAMPLED_TOTALS
+        .iter()
+        .zip(EVENTED_TOTALS)
+        .map(|((f, a), (_, b))| (*f, a + b))
+        .collect();
+    file_totals_in_pyroscope(
         "speedscope-two",
         "",
-        "&format=speedscope",
-        "application/json",
         speedscope(&format!("{SAMPLED}, {EVENTED}")),
         "wall:wall:nanoseconds:cpu:nanoseconds",
+        &two,
+    );
+}
+
+/// A 100 Hz sampler writing seconds: each weight is 0.01 (Pyroscope stores
+/// nothing of it).
+#[test]
+fn speedscope_in_fractions_of_a_second() {
+    let samples = [("[0, 1]", 3), ("[0, 2]", 2), ("[3]", 1), ("[0]", 1)];
+    let (stacks, weights): (Vec<&str>, Vec<&str>) = samples
+        .iter()
+        .flat_map(|(s, n)| std::iter::repeat_n((*s, "0.01"), *n))
+        .unzip();
+    let profile = format!(
+        r#"{{"type": "sampled", "name": "py", "unit": "seconds", "startValue": 0, "endValue": 0.07,
+            "samples": [{}], "weights": [{}]}}"#,
+        stacks.join(", "),
+        weights.join(", ")
+    );
+    file_totals_in_pyroscope(
+        "speedscope-seconds",
+        ".cpu",
+        speedscope(&profile),
+        CPU,
+        &[
+            ("main", 60_000_000),
+            ("foo", 30_000_000),
+            ("bar", 20_000_000),
+            ("idle", 10_000_000),
+        ],
+    );
+}
+
+/// Bodies that keep only part of what they carry, or nothing, are answered
+/// 200 as Pyroscope answers them, and counted and logged (once per reason
+/// and sender).
+#[test]
+fn what_a_body_loses_is_counted_and_logged() {
+    let proflow = common::Proflow::start(|ports, profiles| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [file]}}\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry
+        )
+    });
+    // Folded: a line with no count, a count with no frame, and one stack.
+    for _ in 0..2 {
+        proflow
+            .post(
+                "/ingest?name=partly.cpu&format=folded",
+                &[],
+                b"main;foo 3\nmain;foo\n;; 2\n".to_vec(),
+            )
+            .expect_status(200, "a folded body that keeps one stack of three");
+    }
+    // Only lines with no count: nothing to store.
+    proflow
+        .post(
+            "/ingest?name=nothing.cpu&format=folded",
+            &[],
+            b"main;foo\nmain;bar\n".to_vec(),
+        )
+        .expect_status(200, "a folded body with nothing in it");
+    // A speedscope weight too small for a nanosecond.
+    let tiny = speedscope(
+        r#"{"type": "sampled", "name": "t", "unit": "seconds", "startValue": 0, "endValue": 1,
+            "samples": [[0], [0, 1]], "weights": [1e-12, 0.5]}"#,
+    );
+    proflow
+        .post("/ingest?name=tiny&format=speedscope", &[], tiny)
+        .expect_status(200, "a speedscope body with one weight under a nanosecond");
+    let files = proflow.wait_for_files(3, |_| true);
+    let metrics = proflow.metrics();
+    let lost = |reason: &str| {
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_lost_samples_total",
+            &[("receiver", "pprof_push"), ("reason", reason)],
+        )
+    };
+    assert_eq!(
+        (
+            lost("no_count"),
+            lost("empty_stack"),
+            lost("rounded_to_zero")
+        ),
+        (4.0, 2.0, 1.0),
+        "lost samples by reason\n{metrics}"
+    );
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_empty_requests_total",
+            &[("format", "folded")]
+        ),
+        1.0,
+        "the folded body with nothing to store\n{metrics}"
+    );
+    // Two partly lost folded bodies and one speedscope body were written.
+    assert_eq!(files.len(), 3, "{files:?}");
+    let log = proflow.log_text();
+    let said = |what: &[&str]| {
+        log.lines()
+            .filter(|l| what.iter().all(|w| l.contains(w)))
+            .count()
+    };
+    let lost_line = "could not be converted";
+    assert_eq!(
+        (
+            said(&[lost_line, "no_count"]),
+            said(&[lost_line, "empty_stack"]),
+            said(&[lost_line, "rounded_to_zero"]),
+            said(&["held no sample to store"]),
+        ),
+        (1, 1, 1, 1),
+        "each reason logged once for this sender\nlog:\n{log}"
     );
 }

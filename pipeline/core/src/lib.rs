@@ -16,8 +16,8 @@
 #[doc(hidden)]
 pub use proflow_model::testdata;
 pub use proflow_model::{
-    delivery, inflate, jfr, json_shape, memory, model, otlp, pprof, profile_type, push_v1, spans,
-    wire,
+    delivery, inflate, jfr, json_shape, lost, memory, model, otlp, pprof, profile_type, push_v1,
+    spans, wire,
 };
 
 // The network edges, where they were before they had a crate of their own.

@@ -6,8 +6,9 @@
 //! Pyroscope's push messages ([`push_v1`]), the spans a `traces` pipeline
 //! carries ([`spans`]), the protobuf wire walker that bounds untrusted
 //! messages before they are decoded ([`wire`]), the bound of a JSON
-//! document's decoded size ([`json_shape`]), and the in-flight memory budget
-//! every decoder of outside bytes runs under ([`memory`], [`inflate`]).
+//! document's decoded size ([`json_shape`]), the in-flight memory budget
+//! every decoder of outside bytes runs under ([`memory`], [`inflate`]), and
+//! the samples a conversion could not carry ([`lost`]).
 //!
 //! It depends on no other proflow crate; everything else depends on it.
 
@@ -15,6 +16,7 @@ pub mod delivery;
 pub mod inflate;
 pub mod jfr;
 pub mod json_shape;
+pub mod lost;
 pub mod memory;
 pub mod model;
 pub mod otlp;

@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::mem::size_of;
 
+use proflow_pipeline::lost::LostSamples;
 use proflow_pipeline::memory::OverBudget;
 use proflow_pipeline::pprof::{Profile, ProfileBuilder, Sample};
 
@@ -101,10 +102,12 @@ const FRAME_ENTRY: usize = 2
 const SAMPLE_ENTRY: usize = 2 * size_of::<Sample>() + size_of::<i64>();
 
 /// Stacks with their summed counts, in first-seen order; borrowed from the
-/// body where it is valid UTF-8.
+/// body where it is valid UTF-8. `lost`: the samples the body had that
+/// none of the stacks carries.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Stacks<'a> {
     pub stacks: Vec<(Cow<'a, str>, i64)>,
+    pub lost: LostSamples,
 }
 
 impl Stacks<'_> {
@@ -120,6 +123,8 @@ pub(crate) struct StackSums {
     index: HashMap<String, usize>,
     stacks: Vec<(Cow<'static, str>, i64)>,
     limits: TextLimits,
+    /// Samples added that no stack carries.
+    pub lost: LostSamples,
 }
 
 impl StackSums {
@@ -128,22 +133,28 @@ impl StackSums {
             index: HashMap::new(),
             stacks: Vec::new(),
             limits,
+            lost: LostSamples::default(),
         }
     }
 
     /// Adds `value` to the stack `frames` (`;`-joined, root first); a
-    /// value of 0 or less, or a stack of no frames, adds nothing.
+    /// value of 0 or less adds nothing, and one on a stack of no frames is
+    /// lost.
     pub fn add(
         &mut self,
         stack: &str,
         value: i64,
         charge: &mut Charge<'_>,
     ) -> Result<(), FoldedError> {
-        if value <= 0 || stack.split(';').all(str::is_empty) {
+        if value <= 0 {
+            return Ok(());
+        }
+        if stack.split(';').all(str::is_empty) {
+            self.lost.add("empty_stack", 1);
             return Ok(());
         }
         if let Some(&at) = self.index.get(stack) {
-            self.stacks[at].1 = self.stacks[at].1.saturating_add(value);
+            self.stacks[at].1 = sum(self.stacks[at].1, value, &mut self.lost);
             return Ok(());
         }
         if self.stacks.len() >= self.limits.max_stacks {
@@ -160,8 +171,18 @@ impl StackSums {
     pub fn into_stacks(self) -> Stacks<'static> {
         Stacks {
             stacks: self.stacks,
+            lost: self.lost,
         }
     }
+}
+
+/// `a + b`, the largest `i64` when that does not fit (counted as
+/// `value_capped`).
+fn sum(a: i64, b: i64, lost: &mut LostSamples) -> i64 {
+    a.checked_add(b).unwrap_or_else(|| {
+        lost.add("value_capped", 1);
+        i64::MAX
+    })
 }
 
 /// `stack count` split at the last space, borrowing what `line` borrows.
@@ -191,6 +212,7 @@ pub(crate) fn parse_stacks<'a>(
     }
     let mut index: HashMap<Cow<'a, str>, usize> = HashMap::new();
     let mut stacks: Vec<(Cow<'a, str>, i64)> = Vec::new();
+    let mut lost = LostSamples::default();
     for (i, raw) in body.split(|&b| b == b'\n').enumerate() {
         let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
         if std::str::from_utf8(raw).is_err() {
@@ -204,6 +226,10 @@ pub(crate) fn parse_stacks<'a>(
             TextFormat::Lines | TextFormat::Tree | TextFormat::Trie => (line, 1i64),
             TextFormat::Folded => {
                 let Some((stack, count)) = split_count(line) else {
+                    // A line of text with no count (Pyroscope skips it too).
+                    if raw.iter().any(|b| !b.is_ascii_whitespace()) {
+                        lost.add("no_count", 1);
+                    }
                     continue;
                 };
                 let count = count
@@ -217,11 +243,18 @@ pub(crate) fn parse_stacks<'a>(
                 (stack, count)
             }
         };
-        if count == 0 || stack.split(';').all(str::is_empty) {
+        if count == 0 {
+            continue;
+        }
+        if stack.split(';').all(str::is_empty) {
+            // A blank line of `lines` is no sample.
+            if format == TextFormat::Folded || !stack.trim().is_empty() {
+                lost.add("empty_stack", 1);
+            }
             continue;
         }
         match index.get(stack.as_ref()) {
-            Some(&at) => stacks[at].1 = stacks[at].1.saturating_add(count),
+            Some(&at) => stacks[at].1 = sum(stacks[at].1, count, &mut lost),
             None => {
                 if stacks.len() >= limits.max_stacks {
                     return Err(FoldedError::TooManyStacks {
@@ -238,7 +271,7 @@ pub(crate) fn parse_stacks<'a>(
             }
         }
     }
-    Ok(Stacks { stacks })
+    Ok(Stacks { stacks, lost })
 }
 
 /// The period and sample type a converted profile gets: sampled types (CPU,
@@ -283,6 +316,7 @@ pub(crate) fn to_profile(
     duration_nanos: i64,
     limits: TextLimits,
     charge: &mut Charge<'_>,
+    lost: &mut LostSamples,
 ) -> Result<Profile, FoldedError> {
     let mut b = ProfileBuilder::new();
     b.sample_type(&conv.sample_type.0, &conv.sample_type.1);
@@ -307,7 +341,11 @@ pub(crate) fn to_profile(
         }
         charge(SAMPLE_ENTRY + depth * size_of::<u64>()).map_err(FoldedError::Memory)?;
         let frames = stack.split(';').filter(|f| !f.is_empty());
-        b.sample_root_first(frames, vec![count.saturating_mul(conv.scale)]);
+        let value = count.checked_mul(conv.scale).unwrap_or_else(|| {
+            lost.add("value_capped", 1);
+            i64::MAX
+        });
+        b.sample_root_first(frames, vec![value]);
     }
     Ok(b.build())
 }
@@ -334,6 +372,7 @@ mod tests {
             duration,
             TextLimits::default(),
             &mut free,
+            &mut LostSamples::default(),
         )
         .unwrap()
     }
@@ -346,6 +385,34 @@ mod tests {
             s.stacks,
             vec![("main;work;hot".into(), 32), ("main;idle".into(), 10)]
         );
+        // The line without a count is lost and counted; blank lines and
+        // counts of 0 are no samples.
+        assert_eq!(s.lost.iter().collect::<Vec<_>>(), vec![("no_count", 1)]);
+    }
+
+    #[test]
+    fn what_the_stacks_cannot_carry_is_counted() {
+        let body = b" 5\n;; 3\nmain 9223372036854775807\nmain 1\nmain;x 2\n";
+        let s = parse_stacks(body, TextFormat::Folded).unwrap();
+        assert_eq!(
+            s.stacks,
+            vec![("main".into(), i64::MAX), ("main;x".into(), 2)]
+        );
+        assert_eq!(
+            s.lost.iter().collect::<Vec<_>>(),
+            vec![("empty_stack", 2), ("value_capped", 1)]
+        );
+        let s = parse_stacks(b"a\n\n;;\n", TextFormat::Lines).unwrap();
+        assert_eq!(s.stacks, vec![("a".into(), 1)]);
+        assert_eq!(s.lost.iter().collect::<Vec<_>>(), vec![("empty_stack", 1)]);
+        // A count that fits but does not once it is scaled.
+        let conv = conversion(folded_type("cpu").unwrap(), 100);
+        let s = parse_stacks(b"a 9223372036854775807\nb 1\n", TextFormat::Folded).unwrap();
+        let mut lost = LostSamples::default();
+        let p = super::to_profile(&s, &conv, 0, 0, TextLimits::default(), &mut free, &mut lost)
+            .unwrap();
+        assert_eq!(p.sample.len(), 2);
+        assert_eq!(lost.iter().collect::<Vec<_>>(), vec![("value_capped", 1)]);
     }
 
     #[test]
@@ -435,13 +502,31 @@ mod tests {
         let s = super::parse_stacks(b"f0;f1;f2;f3;f4 1", TextFormat::Folded, limits, &mut free)
             .unwrap();
         let conv = conversion(folded_type("cpu").unwrap(), 100);
-        let err = super::to_profile(&s, &conv, 0, 0, limits, &mut free).unwrap_err();
+        let err = super::to_profile(
+            &s,
+            &conv,
+            0,
+            0,
+            limits,
+            &mut free,
+            &mut LostSamples::default(),
+        )
+        .unwrap_err();
         assert_eq!(err, FoldedError::TooManyFrames { limit: 4 });
         assert!(err.to_string().contains("max_text_frames"), "{err}");
         // Repeated frames are one frame each.
         let s =
             super::parse_stacks(b"a;a;a;a;a;a;b 1", TextFormat::Folded, limits, &mut free).unwrap();
-        let p = super::to_profile(&s, &conv, 0, 0, limits, &mut free).unwrap();
+        let p = super::to_profile(
+            &s,
+            &conv,
+            0,
+            0,
+            limits,
+            &mut free,
+            &mut LostSamples::default(),
+        )
+        .unwrap();
         assert_eq!(p.function.len(), 2);
     }
 
@@ -492,7 +577,16 @@ mod tests {
         let parsed = charged.get();
         assert!(parsed >= 2000 * STACK_ENTRY, "{parsed}");
         let conv = conversion(folded_type("cpu").unwrap(), 100);
-        let p = super::to_profile(&s, &conv, 0, 0, TextLimits::default(), &mut count).unwrap();
+        let p = super::to_profile(
+            &s,
+            &conv,
+            0,
+            0,
+            TextLimits::default(),
+            &mut count,
+            &mut LostSamples::default(),
+        )
+        .unwrap();
         let built = charged.get() - parsed;
         // Every frame's name twice, and its entries; every sample.
         let names: usize = p.string_table.iter().map(String::len).sum();
@@ -516,8 +610,16 @@ mod tests {
             left = left.checked_sub(n).ok_or(no_room.clone())?;
             Ok(())
         };
-        let err =
-            super::to_profile(&s, &conv, 0, 0, TextLimits::default(), &mut tight).unwrap_err();
+        let err = super::to_profile(
+            &s,
+            &conv,
+            0,
+            0,
+            TextLimits::default(),
+            &mut tight,
+            &mut LostSamples::default(),
+        )
+        .unwrap_err();
         assert_eq!(err, FoldedError::Memory(no_room.clone()));
     }
 

@@ -10,6 +10,7 @@
 
 use axum::http::Uri;
 use bytes::Bytes;
+use proflow_pipeline::lost::LostSamples;
 use proflow_pipeline::model::{Envelope, Payload, ValueType};
 
 use super::budget::DecompressBudget;
@@ -60,6 +61,21 @@ pub(crate) enum BodyKind {
     /// A speedscope JSON file.
     Speedscope,
     Text(TextFormat),
+}
+
+impl BodyKind {
+    /// The format's name, as `format=` names it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            BodyKind::Pprof | BodyKind::Multipart => "pprof",
+            BodyKind::Jfr { .. } => "jfr",
+            BodyKind::Speedscope => "speedscope",
+            BodyKind::Text(TextFormat::Folded) => "folded",
+            BodyKind::Text(TextFormat::Lines) => "lines",
+            BodyKind::Text(TextFormat::Tree) => "tree",
+            BodyKind::Text(TextFormat::Trie) => "trie",
+        }
+    }
 }
 
 fn first<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
@@ -222,13 +238,15 @@ pub(crate) fn with_plain(payload: Payload, plain: Option<Bytes>) -> Payload {
 /// A folded, lines, tree or trie body converted to one pprof profile (or
 /// none when it holds no stacks). A gzipped body is inflated within what is
 /// left of the request's decompression `budget`; the conversion's memory is
-/// granted from it as it grows, within `limits`.
+/// granted from it as it grows, within `limits`. The samples the profile
+/// cannot carry are added to `lost`.
 pub(crate) fn text_batch(
     params: &IngestParams,
     format: TextFormat,
     body: Bytes,
     limits: TextLimits,
     budget: &mut DecompressBudget,
+    lost: &mut LostSamples,
 ) -> Result<Vec<Envelope>, Refused> {
     let refuse = |error: IngestError| Refused { error, profiles: 1 };
     // The name is checked before the body is read.
@@ -240,6 +258,7 @@ pub(crate) fn text_batch(
     let mut charge = |bytes: usize| budget.charge(bytes);
     let stacks = folded::parse_stacks(&text, format, limits, &mut charge)
         .map_err(|e| refuse(IngestError::from_text(e)))?;
+    lost.merge(&stacks.lost);
     stacks_envelope(
         params,
         &params.name.app,
@@ -248,17 +267,20 @@ pub(crate) fn text_batch(
         None,
         limits,
         &mut charge,
+        lost,
     )
     .map(|e| e.into_iter().collect())
 }
 
 /// A speedscope body converted to one pprof profile per profile in it (see
 /// [`super::speedscope`]); its decoding is granted from its shape first.
+/// The samples the profiles cannot carry are added to `lost`.
 pub(crate) fn speedscope_batch(
     params: &IngestParams,
     body: Bytes,
     limits: TextLimits,
     budget: &mut DecompressBudget,
+    lost: &mut LostSamples,
 ) -> Result<Vec<Envelope>, Refused> {
     let refuse = |error: IngestError| Refused { error, profiles: 1 };
     let text = budget
@@ -280,6 +302,7 @@ pub(crate) fn speedscope_batch(
             params.name.app.clone()
         };
         let name = Some(("profile_name", p.name.as_str())).filter(|(_, n)| !n.is_empty());
+        lost.merge(&p.stacks.lost);
         out.extend(stacks_envelope(
             params,
             &app,
@@ -288,6 +311,7 @@ pub(crate) fn speedscope_batch(
             name,
             limits,
             &mut charge,
+            lost,
         )?);
     }
     Ok(out)
@@ -296,6 +320,7 @@ pub(crate) fn speedscope_batch(
 /// The profile of `stacks` sent as application `app` (whose suffix says its
 /// type), at `sample_rate`, with one `extra` label; none when it holds no
 /// stacks.
+#[allow(clippy::too_many_arguments)]
 fn stacks_envelope(
     params: &IngestParams,
     app: &str,
@@ -304,6 +329,7 @@ fn stacks_envelope(
     extra: Option<(&str, &str)>,
     limits: TextLimits,
     charge: &mut folded::Charge<'_>,
+    lost: &mut LostSamples,
 ) -> Result<Option<Envelope>, Refused> {
     let refuse = |error: IngestError| Refused { error, profiles: 1 };
     if stacks.is_empty() {
@@ -325,6 +351,7 @@ fn stacks_envelope(
         params.end_nanos - params.start_nanos,
         limits,
         charge,
+        lost,
     )
     .map_err(|e| refuse(IngestError::from_text(e)))?;
     Ok(Some(Envelope {
@@ -447,6 +474,7 @@ mod tests {
             text,
             TextLimits::default(),
             &mut budget,
+            &mut LostSamples::default(),
         )
         .unwrap();
         assert_eq!(budget.remaining(), 64);
@@ -457,6 +485,7 @@ mod tests {
             gz,
             TextLimits::default(),
             &mut budget,
+            &mut LostSamples::default(),
         )
         .unwrap_err();
         assert_eq!(
@@ -581,6 +610,7 @@ mod tests {
             Bytes::from_static(b"main;work 3\nmain;idle 1\n"),
             TextLimits::default(),
             &mut DecompressBudget::new(1 << 20),
+            &mut LostSamples::default(),
         )
         .unwrap();
         let e = &batch[0];
@@ -602,7 +632,8 @@ mod tests {
                 TextFormat::Folded,
                 gz,
                 TextLimits::default(),
-                &mut DecompressBudget::new(1 << 20)
+                &mut DecompressBudget::new(1 << 20),
+                &mut LostSamples::default()
             )
             .unwrap()
             .len(),
@@ -615,6 +646,7 @@ mod tests {
             Bytes::from_static(b"a 1"),
             TextLimits::default(),
             &mut DecompressBudget::new(1 << 20),
+            &mut LostSamples::default(),
         )
         .unwrap_err();
         assert!(err.error.to_string().contains(".app"), "{}", err.error);
@@ -624,6 +656,7 @@ mod tests {
             Bytes::from_static(b"a x"),
             TextLimits::default(),
             &mut DecompressBudget::new(1 << 20),
+            &mut LostSamples::default(),
         )
         .unwrap_err();
         assert!(err.error.to_string().contains("line 1"), "{}", err.error);
@@ -633,7 +666,8 @@ mod tests {
                 TextFormat::Folded,
                 Bytes::new(),
                 TextLimits::default(),
-                &mut DecompressBudget::new(1 << 20)
+                &mut DecompressBudget::new(1 << 20),
+                &mut LostSamples::default()
             )
             .unwrap()
             .is_empty()
@@ -647,8 +681,8 @@ mod tests {
             let body = Bytes::from(body);
             let _ = pprof_batch(&p, body.clone(), None, &mut DecompressBudget::new(4096));
             let _ = pprof_batch(&p, body.clone(), Some(&body), &mut DecompressBudget::new(4096));
-            let _ = text_batch(&p, TextFormat::Folded, body.clone(), TextLimits::default(), &mut DecompressBudget::new(4096));
-            let _ = text_batch(&p, TextFormat::Lines, body, TextLimits::default(), &mut DecompressBudget::new(4096));
+            let _ = text_batch(&p, TextFormat::Folded, body.clone(), TextLimits::default(), &mut DecompressBudget::new(4096), &mut LostSamples::default());
+            let _ = text_batch(&p, TextFormat::Lines, body, TextLimits::default(), &mut DecompressBudget::new(4096), &mut LostSamples::default());
         }
 
         #[test]

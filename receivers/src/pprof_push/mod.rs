@@ -346,13 +346,22 @@ pub mod fuzzing {
             BodyKind::Pprof | BodyKind::Multipart => {
                 ingest::pprof_batch(&params, body, None, &mut budget)
             }
-            BodyKind::Text(format) => {
-                ingest::text_batch(&params, format, body, Default::default(), &mut budget)
-            }
+            BodyKind::Text(format) => ingest::text_batch(
+                &params,
+                format,
+                body,
+                Default::default(),
+                &mut budget,
+                &mut Default::default(),
+            ),
             BodyKind::Jfr { .. } => jfr::jfr_batch(&params, body, None, &mut budget),
-            BodyKind::Speedscope => {
-                ingest::speedscope_batch(&params, body, Default::default(), &mut budget)
-            }
+            BodyKind::Speedscope => ingest::speedscope_batch(
+                &params,
+                body,
+                Default::default(),
+                &mut budget,
+                &mut Default::default(),
+            ),
         }
         .map_err(|r| r.error.to_string())
     }
@@ -402,8 +411,16 @@ pub mod fuzzing {
         );
         let ty = folded_type("cpu").ok_or("no cpu type")?;
         let conv = folded::conversion(ty, sample_rate);
-        let profile = folded::to_profile(&stacks, &conv, 1, 1, limits, &mut charge)
-            .map_err(|e| e.to_string())?;
+        let profile = folded::to_profile(
+            &stacks,
+            &conv,
+            1,
+            1,
+            limits,
+            &mut charge,
+            &mut Default::default(),
+        )
+        .map_err(|e| e.to_string())?;
         // Every frame's name is held twice (the string table and the
         // builder's index); the sample and period type names are not
         // charged (a few constant words).

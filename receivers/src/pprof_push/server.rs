@@ -21,6 +21,7 @@ use bytes::Bytes;
 use proflow_pipeline::component::{
     self, BuildError, Consumer, Receiver, ReceiverContext, ServeFuture,
 };
+use proflow_pipeline::lost::LostSamples;
 use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{BatchMeta, Envelope, now_unix_nanos};
 use proflow_pipeline::server::body::{declared_length, read_body};
@@ -392,10 +393,13 @@ impl Shared {
         let encoding = ContentEncoding::from_headers(&parts.headers)?;
         let (body, grant) = self.read_body(&parts.headers, body).await?;
         let inline = decode_inline(encoding, &body);
+        let body_bytes = body.len();
         // One budget for everything this request inflates.
         let mut budget = DecompressBudget::with_grant(self.limits.max_decompressed, grant);
         budget.keep_plain(self.consumer.reads_profiles());
-        let (batch, budget) = match kind {
+        // `lost`: what the conversion of a text or speedscope body could not
+        // carry (pprof and JFR bodies are passed on as they came).
+        let (batch, budget, lost) = match kind {
             BodyKind::Multipart => {
                 let (form, mut budget) =
                     read_multipart(encoding, body, content_type.as_deref(), budget).await?;
@@ -411,7 +415,7 @@ impl Shared {
                         form.sample_type_config.as_deref(),
                         &mut budget,
                     )?;
-                    Ok((batch, budget))
+                    Ok((batch, budget, LostSamples::default()))
                 })
                 .await?
             }
@@ -437,7 +441,7 @@ impl Shared {
                         encoding.decode(recording, &mut budget)?
                     };
                     let batch = jfr::jfr_batch(&params, recording, labels, &mut budget)?;
-                    Ok((batch, budget))
+                    Ok((batch, budget, LostSamples::default()))
                 })
                 .await?
             }
@@ -445,7 +449,7 @@ impl Shared {
                 blocking(inline, move || {
                     let body = encoding.decode(body, &mut budget)?;
                     let batch = ingest::pprof_batch(&params, body, None, &mut budget)?;
-                    Ok((batch, budget))
+                    Ok((batch, budget, LostSamples::default()))
                 })
                 .await?
             }
@@ -453,8 +457,10 @@ impl Shared {
                 let limits = self.limits.text;
                 blocking(inline, move || {
                     let body = encoding.decode(body, &mut budget)?;
-                    let batch = ingest::speedscope_batch(&params, body, limits, &mut budget)?;
-                    Ok((batch, budget))
+                    let mut lost = LostSamples::default();
+                    let batch =
+                        ingest::speedscope_batch(&params, body, limits, &mut budget, &mut lost)?;
+                    Ok((batch, budget, lost))
                 })
                 .await?
             }
@@ -462,12 +468,24 @@ impl Shared {
                 let limits = self.limits.text;
                 blocking(inline, move || {
                     let body = encoding.decode(body, &mut budget)?;
-                    let batch = ingest::text_batch(&params, format, body, limits, &mut budget)?;
-                    Ok((batch, budget))
+                    let mut lost = LostSamples::default();
+                    let batch =
+                        ingest::text_batch(&params, format, body, limits, &mut budget, &mut lost)?;
+                    Ok((batch, budget, lost))
                 })
                 .await?
             }
         };
+        let sender = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
+        let format = kind.name();
+        if !lost.is_empty() {
+            self.telemetry.lost(format, sender, &lost);
+        }
+        if batch.is_empty() && body_bytes > 0 {
+            // Answered 200 as Pyroscope answers it (clients keep working),
+            // but not silently.
+            self.telemetry.empty_request(format, sender, body_bytes);
+        }
         self.deliver(&parts, batch).await?;
         // The profiles are queued (and counted there): the request's memory
         // grant goes back.

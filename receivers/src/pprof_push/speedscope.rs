@@ -2,17 +2,29 @@
 //! Pyroscope reads them: the file's `$schema` must be speedscope's; each
 //! profile, `sampled` (stacks of frame indexes, root first, and their
 //! weights) or `evented` (frames opened and closed at times), becomes the
-//! stacks the folded conversion takes, with its values scaled as Pyroscope
-//! scales them: times are kept to a hundredth of their unit and converted
-//! to nanoseconds by a sample rate chosen from the unit (when the client
-//! sent the default 100), bytes are taken as they are. Profiles of the same
-//! name, type, unit and start are merged. With more than one profile each
-//! is named `<app>.<unit>` (which makes its type); every one is labelled
+//! stacks the folded conversion takes. Profiles of the same name, type,
+//! unit and start are merged. With more than one profile each is named
+//! `<app>.<unit>` (which makes its type); every one is labelled
 //! `profile_name`.
 //!
-//! One difference: nanoseconds. Pyroscope's sample rate for them overflows
-//! and every value becomes 0; here a nanosecond profile keeps its values in
-//! nanoseconds.
+//! Values are scaled before they are rounded, so no fraction of a unit is
+//! lost to truncation:
+//! - a time (`seconds`, `milliseconds`, `microseconds`, `nanoseconds`, and
+//!   `none`, a sample of 10 ms as Pyroscope takes it) sent with the default
+//!   `sampleRate` (100) becomes nanoseconds, rounded to the nearest;
+//! - with another `sampleRate` R, a time is a count of samples at R, kept
+//!   to a hundredth of its unit (Pyroscope's meaning of R), rounded to the
+//!   nearest hundredth; `nanoseconds` are always nanoseconds;
+//! - `bytes` are rounded to the nearest byte.
+//!
+//! A sample whose value was not 0 but rounds to 0, or whose stack has no
+//! frame, is counted as lost (its reason in [`Stacks::lost`]).
+//!
+//! Where this differs from Pyroscope, which truncates each value before it
+//! scales it (a 100 Hz sampler's weight of 0.01 s becomes 0 and nothing is
+//! stored), does not scale the time before an open in an evented profile,
+//! and makes every nanosecond value 0 (its sample rate overflows): here none
+//! of these is lost.
 //!
 //! The document's memory is granted from its shape before it is decoded.
 
@@ -22,8 +34,11 @@ use super::folded::{Charge, FoldedError, StackSums, Stacks, TextLimits};
 
 /// The `$schema` every speedscope file names.
 const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
-/// Times are kept to a hundredth of their unit.
-const PRECISION: u64 = 100;
+/// With a sample rate of the client's, times are kept to a hundredth of
+/// their unit.
+const PRECISION: f64 = 100.0;
+/// The sample rate of nanoseconds.
+const NANOS: u32 = 1_000_000_000;
 
 #[derive(Debug, Deserialize)]
 struct File {
@@ -108,26 +123,25 @@ fn bad(what: String) -> FoldedError {
     ))
 }
 
-/// The unit's sample rate when the client sent the default (100), and what
-/// a value is multiplied by.
-fn unit_rate(unit: &str, sample_rate: u32) -> Result<(u32, u64), FoldedError> {
-    let (default, multiplier) = match unit {
-        "none" => (10_000, PRECISION),
-        "nanoseconds" => return Ok((1_000_000_000, 1)),
-        "microseconds" => (100_000_000, PRECISION),
-        "milliseconds" => (100_000, PRECISION),
-        "seconds" => (100, PRECISION),
-        "bytes" => (0, 1),
+/// The sample rate a profile's values are worth, and what a value of
+/// `unit` is multiplied by before it is rounded.
+fn unit_rate(unit: &str, sample_rate: u32) -> Result<(u32, f64), FoldedError> {
+    let nanos_per_unit = match unit {
+        // One sample of 10 ms, as Pyroscope takes it (its rate 10,000 for a
+        // hundredth of a sample).
+        "none" => 1e7,
+        "nanoseconds" => return Ok((NANOS, 1.0)),
+        "microseconds" => 1e3,
+        "milliseconds" => 1e6,
+        "seconds" => 1e9,
+        "bytes" => return Ok((0, 1.0)),
         other => return Err(bad(format!("unknown unit {other:?}"))),
     };
-    Ok((
-        if sample_rate == 100 {
-            default
-        } else {
-            sample_rate
-        },
-        multiplier,
-    ))
+    Ok(if sample_rate == 100 {
+        (NANOS, nanos_per_unit)
+    } else {
+        (sample_rate, PRECISION)
+    })
 }
 
 /// The profiles of a speedscope body.
@@ -165,9 +179,14 @@ pub(crate) fn parse(
     for p in &merged {
         let (rate, multiplier) = unit_rate(&p.unit, sample_rate)?;
         let mut stacks = StackSums::new(limits);
+        let mut sums = Sums {
+            out: &mut stacks,
+            multiplier,
+            charge,
+        };
         match p.kind.as_str() {
-            "sampled" => sampled(p, &names, multiplier, &mut stacks, charge)?,
-            "evented" => evented(p, &names, multiplier, &mut stacks, charge)?,
+            "sampled" => sampled(p, &names, &mut sums)?,
+            "evented" => evented(p, &names, &mut sums)?,
             other => {
                 return Err(bad(format!(
                     "profile type {other:?} is neither sampled nor evented"
@@ -184,19 +203,41 @@ pub(crate) fn parse(
     Ok(out)
 }
 
-/// Adds `value` to the stack of `frames` (root first).
-fn add(
-    sums: &mut StackSums,
-    frames: &[&str],
-    value: u64,
-    charge: &mut Charge<'_>,
-) -> Result<(), FoldedError> {
-    if value == 0 || frames.is_empty() {
-        return Ok(());
+/// Where one profile's values go: its stacks, the scale of its unit, the
+/// request's charge and what it lost.
+struct Sums<'a, 'c> {
+    out: &'a mut StackSums,
+    multiplier: f64,
+    charge: &'a mut Charge<'c>,
+}
+
+impl Sums<'_, '_> {
+    /// Adds `value` (in the profile's unit, not negative) to the stack of
+    /// `frames` (root first), scaled and then rounded to the nearest. A
+    /// value that was not 0 is lost when it rounds to 0 or has no frame,
+    /// and capped when it does not fit.
+    fn add(&mut self, frames: &[&str], value: f64) -> Result<(), FoldedError> {
+        if value.is_nan() || value <= 0.0 {
+            return Ok(());
+        }
+        if frames.is_empty() {
+            self.out.lost.add("empty_stack", 1);
+            return Ok(());
+        }
+        let scaled = (value * self.multiplier).round();
+        if scaled < 1.0 {
+            self.out.lost.add("rounded_to_zero", 1);
+            return Ok(());
+        }
+        let scaled = if scaled >= i64::MAX as f64 {
+            self.out.lost.add("value_capped", 1);
+            i64::MAX
+        } else {
+            scaled as i64
+        };
+        (self.charge)(frames.iter().map(|f| f.len() + 1).sum()).map_err(FoldedError::Memory)?;
+        self.out.add(&frames.join(";"), scaled, self.charge)
     }
-    charge(frames.iter().map(|f| f.len() + 1).sum()).map_err(FoldedError::Memory)?;
-    let value = i64::try_from(value).unwrap_or(i64::MAX);
-    sums.add(&frames.join(";"), value, charge)
 }
 
 fn frame<'n>(names: &[&'n str], index: f64) -> Result<&'n str, FoldedError> {
@@ -211,25 +252,7 @@ fn frame<'n>(names: &[&'n str], index: f64) -> Result<&'n str, FoldedError> {
     Ok(names[i as usize])
 }
 
-/// A float as Go's `uint64()` takes it: truncated, negative and NaN as 0,
-/// too large as the largest.
-fn to_u64(v: f64) -> u64 {
-    if v.is_nan() || v <= 0.0 {
-        0
-    } else if v >= u64::MAX as f64 {
-        u64::MAX
-    } else {
-        v as u64
-    }
-}
-
-fn sampled(
-    p: &Profile,
-    names: &[&str],
-    multiplier: u64,
-    out: &mut StackSums,
-    charge: &mut Charge<'_>,
-) -> Result<(), FoldedError> {
+fn sampled(p: &Profile, names: &[&str], sums: &mut Sums<'_, '_>) -> Result<(), FoldedError> {
     if p.samples.len() != p.weights.len() {
         return Err(bad(format!(
             "{} samples but {} weights",
@@ -246,23 +269,12 @@ fn sampled(
         for &f in sample {
             stack.push(frame(names, f)?);
         }
-        add(
-            out,
-            &stack,
-            to_u64(weight).saturating_mul(multiplier),
-            charge,
-        )?;
+        sums.add(&stack, weight)?;
     }
     Ok(())
 }
 
-fn evented<'p>(
-    p: &Profile,
-    names: &[&'p str],
-    multiplier: u64,
-    out: &mut StackSums,
-    charge: &mut Charge<'_>,
-) -> Result<(), FoldedError> {
+fn evented<'p>(p: &Profile, names: &[&'p str], sums: &mut Sums<'_, '_>) -> Result<(), FoldedError> {
     let mut last = p.start_value;
     let mut open: Vec<(usize, &'p str)> = Vec::new();
     for ev in &p.events {
@@ -284,19 +296,18 @@ fn evented<'p>(
                         ev.at
                     )));
                 }
-                let value = to_u64(ev.at - last).saturating_mul(multiplier);
-                if value != 0 {
-                    add(out, &stack(&open), value, charge)?;
+                if ev.at > last {
+                    sums.add(&stack(&open), ev.at - last)?;
                 }
                 open.pop();
             }
             "O" => {
-                // As Pyroscope does: the time up to an open is not scaled.
-                let value = to_u64(ev.at - last);
-                if value != 0 {
-                    add(out, &stack(&open), value, charge)?;
+                // The time up to an open is the open frames' own (none
+                // open: time outside the profile, not a sample).
+                if ev.at > last && !open.is_empty() {
+                    sums.add(&stack(&open), ev.at - last)?;
                 }
-                charge(std::mem::size_of::<(usize, &str)>()).map_err(FoldedError::Memory)?;
+                (sums.charge)(std::mem::size_of::<(usize, &str)>()).map_err(FoldedError::Memory)?;
                 open.push((index, name));
             }
             other => return Err(bad(format!("unknown event type {other:?}"))),
@@ -309,6 +320,7 @@ fn evented<'p>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proflow_pipeline::lost::LostSamples;
 
     fn ok(_: usize) -> Result<(), proflow_pipeline::memory::OverBudget> {
         Ok(())
@@ -322,8 +334,15 @@ mod tests {
             .collect()
     }
 
+    fn parse_all(body: &[u8], sample_rate: u32) -> (Vec<Converted>, LostSamples) {
+        let got = parse(body, sample_rate, TextLimits::default(), &mut ok).unwrap();
+        let mut lost = LostSamples::default();
+        got.iter().for_each(|c| lost.merge(&c.stacks.lost));
+        (got, lost)
+    }
+
     #[test]
-    fn sampled_and_evented_as_pyroscope_reads_them() {
+    fn sampled_and_evented_in_nanoseconds() {
         let body = br#"{"$schema": "https://www.speedscope.app/file-format-schema.json",
             "shared": {"frames": [{"name": "main"}, {"name": "foo"}, {"name": "bar"}]},
             "profiles": [
@@ -333,19 +352,79 @@ mod tests {
                "events": [{"type": "O", "at": 10, "frame": 0}, {"type": "O", "at": 12, "frame": 1},
                           {"type": "C", "at": 15, "frame": 1}, {"type": "C", "at": 16, "frame": 0}]}
             ]}"#;
-        let got = parse(body, 100, TextLimits::default(), &mut ok).unwrap();
+        let (got, lost) = parse_all(body, 100);
         assert_eq!(got.len(), 2);
-        assert_eq!((got[0].name.as_str(), got[0].sample_rate), ("s", 100_000));
+        assert_eq!((got[0].name.as_str(), got[0].sample_rate), ("s", NANOS));
+        // 1.5 ms is 1.5 ms (Pyroscope truncates it to 1 ms).
         assert_eq!(
             stacks(&got[0]),
-            vec![("main;foo".into(), 400), ("main;bar".into(), 200)]
+            vec![
+                ("main;foo".into(), 4_500_000),
+                ("main;bar".into(), 2_000_000)
+            ]
         );
-        assert_eq!((got[1].unit.as_str(), got[1].sample_rate), ("seconds", 100));
-        // main opened at 10: 2 s unscaled up to foo's open, foo 3 s, main 1 s.
+        assert_eq!(
+            (got[1].unit.as_str(), got[1].sample_rate),
+            ("seconds", NANOS)
+        );
+        // main opened at 10: 2 s up to foo's open (Pyroscope leaves these
+        // unscaled), foo 3 s, main 1 s.
         assert_eq!(
             stacks(&got[1]),
-            vec![("main".into(), 2 + 100), ("main;foo".into(), 300)]
+            vec![
+                ("main".into(), 3_000_000_000),
+                ("main;foo".into(), 3_000_000_000)
+            ]
         );
+        assert!(lost.is_empty(), "{lost:?}");
+    }
+
+    #[test]
+    fn fractions_of_a_unit_are_kept() {
+        // A 100 Hz sampler writing seconds: Pyroscope stores nothing.
+        let body = br#"{"$schema": "https://www.speedscope.app/file-format-schema.json",
+            "shared": {"frames": [{"name": "main"}, {"name": "work"}]},
+            "profiles": [{"type": "sampled", "name": "py", "unit": "seconds", "startValue": 0, "endValue": 0.03,
+               "samples": [[0, 1], [0, 1], [0]], "weights": [0.01, 0.01, 0.01]}]}"#;
+        let (got, lost) = parse_all(body, 100);
+        assert_eq!(got[0].sample_rate, NANOS);
+        assert_eq!(
+            stacks(&got[0]),
+            vec![
+                ("main;work".into(), 20_000_000),
+                ("main".into(), 10_000_000)
+            ]
+        );
+        assert!(lost.is_empty(), "{lost:?}");
+        // With the client's own sample rate, hundredths of a sample at it.
+        let (got, _) = parse_all(body, 97);
+        assert_eq!(got[0].sample_rate, 97);
+        assert_eq!(
+            stacks(&got[0]),
+            vec![("main;work".into(), 2), ("main".into(), 1)]
+        );
+    }
+
+    #[test]
+    fn what_cannot_be_carried_is_counted() {
+        let body = br#"{"$schema": "https://www.speedscope.app/file-format-schema.json",
+            "shared": {"frames": [{"name": "main"}]},
+            "profiles": [{"type": "sampled", "name": "p", "unit": "seconds", "startValue": 0, "endValue": 1,
+               "samples": [[0], [], [0], [0], []], "weights": [1e-10, 0.5, 0, 1e300, 0]}]}"#;
+        let (got, lost) = parse_all(body, 100);
+        assert_eq!(stacks(&got[0]), vec![("main".into(), i64::MAX)]);
+        // The zero weights are nothing to store, not losses.
+        assert_eq!(
+            lost.iter().collect::<Vec<_>>(),
+            vec![
+                ("rounded_to_zero", 1),
+                ("empty_stack", 1),
+                ("value_capped", 1)
+            ]
+        );
+        // A hundredth of a sample is the precision at the client's rate.
+        let (_, lost) = parse_all(body, 97);
+        assert_eq!(lost.samples("rounded_to_zero"), 1);
     }
 
     #[test]

@@ -108,6 +108,9 @@ pub(crate) fn parse_tree(
         // name, and the `;` after it) and takes keys longer than that.
         if path.len() > 2 {
             out.add(&path[2..], value)?;
+        } else if value > 0 {
+            // The root's own value has no frame to go to.
+            out.sums.lost.add("empty_stack", 1);
         }
         if children > 0 {
             (out.charge)(2 * std::mem::size_of::<(usize, u64)>()).map_err(FoldedError::Memory)?;
@@ -224,12 +227,17 @@ mod tests {
     fn a_tree_as_pyroscope_reads_it() {
         // root → main (1 self) → foo (3), bar (2); root → idle (4)
         let mut body = Vec::new();
-        put(&mut body, "", 0, 2);
+        put(&mut body, "", 7, 2);
         put(&mut body, "main", 1, 2);
         put(&mut body, "foo", 3, 0);
         put(&mut body, "bar", 2, 0);
         put(&mut body, "idle", 4, 0);
         let got = parse_tree(&body, TextLimits::default(), &mut unlimited()).unwrap();
+        // The root's own value has no frame: lost, and counted.
+        assert_eq!(
+            got.lost.iter().collect::<Vec<_>>(),
+            vec![("empty_stack", 1)]
+        );
         assert_eq!(
             stacks(got),
             vec![

@@ -45,6 +45,74 @@ impl ReceiverTelemetry {
         }
     }
 
+    /// What one accepted request's conversion (from `format`, sent by
+    /// `sender`) could not carry: counted per reason, and logged once per
+    /// reason and sender with the numbers.
+    pub fn lost(
+        &self,
+        format: &str,
+        sender: Option<std::net::IpAddr>,
+        lost: &crate::lost::LostSamples,
+    ) {
+        for (reason, samples) in lost.iter() {
+            self.t
+                .receiver_lost_samples
+                .get_or_create(&with(&self.id, "reason", reason))
+                .inc_by(samples);
+            if self.first_time(reason, sender) {
+                tracing::warn!(
+                    receiver = %self.id[0].1,
+                    format,
+                    reason,
+                    samples,
+                    sender = %sender.map_or_else(|| "unknown".to_owned(), |s| s.to_string()),
+                    "samples of an accepted request could not be converted (logged once per reason and sender; counted in proflow_receiver_lost_samples_total)"
+                );
+            }
+        }
+    }
+
+    /// An accepted request of `format` whose non-empty body (`bytes` long)
+    /// held no sample to store: counted, and logged once per sender.
+    pub fn empty_request(&self, format: &str, sender: Option<std::net::IpAddr>, bytes: usize) {
+        self.t
+            .receiver_empty_requests
+            .get_or_create(&with(&self.id, "format", format))
+            .inc();
+        if self.first_time("empty_request", sender) {
+            tracing::warn!(
+                receiver = %self.id[0].1,
+                format,
+                bytes,
+                sender = %sender.map_or_else(|| "unknown".to_owned(), |s| s.to_string()),
+                "a request was accepted but its body held no sample to store (logged once per sender; counted in proflow_receiver_empty_requests_total)"
+            );
+        }
+    }
+
+    /// Whether `what` from `sender` is logged for the first time. The set of
+    /// pairs logged is bounded: once it holds 10,000 it starts again.
+    fn first_time(&self, what: &'static str, sender: Option<std::net::IpAddr>) -> bool {
+        const MOST: usize = 10_000;
+        let key = (
+            self.id[0].1.clone(),
+            what,
+            sender.map(|s| s.to_string()).unwrap_or_default(),
+        );
+        let mut logged = self
+            .t
+            .lost_samples_logged
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if logged.contains(&key) {
+            return false;
+        }
+        if logged.len() >= MOST {
+            logged.clear();
+        }
+        logged.insert(key)
+    }
+
     /// A request refused for `reason` (a short snake_case word such as `bad_request`,
     /// `too_large`, `backpressure`), with the profiles it carried if known.
     pub fn refused(&self, reason: &str, profiles: u64) {

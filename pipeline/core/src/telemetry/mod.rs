@@ -94,6 +94,11 @@ pub struct Telemetry {
     symbolize_skipped_profiles: Counters,
     receiver_accepted_spans: Counters,
     receiver_refused_spans: Counters,
+    receiver_lost_samples: Counters,
+    receiver_empty_requests: Counters,
+    /// (receiver, reason, sender) already logged for lost samples; bounded.
+    lost_samples_logged:
+        std::sync::Mutex<std::collections::HashSet<(String, &'static str, String)>>,
     trace_link_samples: Counters,
     trace_link_spans_indexed: Counters,
     trace_link_spans_evicted: Counters,
@@ -392,6 +397,17 @@ impl Telemetry {
                 "Spans a receiver refused (ids of the wrong length or all zero)",
                 Counters::default()
             ),
+            receiver_lost_samples: family!(
+                "receiver_lost_samples",
+                "Samples that arrived in an accepted request but could not be carried by its conversion, by reason",
+                Counters::default()
+            ),
+            receiver_empty_requests: family!(
+                "receiver_empty_requests",
+                "Accepted requests whose non-empty body held no sample to store, by format",
+                Counters::default()
+            ),
+            lost_samples_logged: Default::default(),
             trace_link_samples: family!(
                 "trace_link_samples",
                 "Samples a trace_link processor read a span from, by result (linked; no_trace_id: the span's trace is unknown; malformed: an id that is not one)",
