@@ -571,5 +571,40 @@ fn jdk_flight_recordings_read_the_same_through_proflow() {
         &all,
         &proflow,
     );
-    eprintln!("JDK recording: {share:.1}% hot ({totals:?})");
+    // The sampling events Pyroscope makes no profile of are counted as
+    // lost, as many as the JDK's own `jfr summary` finds.
+    let jfr_tool = java.with_file_name("jfr");
+    let summary = Command::new(&jfr_tool)
+        .arg("summary")
+        .arg(&recording)
+        .output()
+        .unwrap_or_else(|e| panic!("{} summary: {e}", jfr_tool.display()));
+    let summary = String::from_utf8_lossy(&summary.stdout);
+    let unsupported: u64 = summary
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let name = words.next()?;
+            let count = words.next()?.parse::<u64>().ok()?;
+            [
+                "jdk.NativeMethodSample",
+                "jdk.CPUTimeSample",
+                "jdk.OldObjectSample",
+            ]
+            .contains(&name)
+            .then_some(count)
+        })
+        .sum();
+    let lost = common::metric_sum(
+        &proflow.metrics(),
+        "proflow_receiver_lost_samples_total",
+        &[("reason", "unsupported_event")],
+    );
+    assert_eq!(
+        lost, unsupported as f64,
+        "unsupported sampling events counted as lost; jfr summary:\n{summary}"
+    );
+    eprintln!(
+        "JDK recording: {share:.1}% hot ({totals:?}); {unsupported} sampling events of kinds Pyroscope makes no profile of, counted as lost"
+    );
 }

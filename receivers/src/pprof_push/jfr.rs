@@ -12,6 +12,7 @@
 
 use bytes::Bytes;
 use proflow_pipeline::jfr::{self, JfrError, Meter, labels::LabelsSnapshot};
+use proflow_pipeline::lost::LostSamples;
 use proflow_pipeline::model::{Envelope, Payload, ValueType};
 use prost::Message;
 
@@ -31,12 +32,14 @@ const JFR_EVENT_LABEL: &str = "jfr_event";
 const LABELS_BYTES_PER_WIRE_BYTE: usize = 32;
 
 /// A JFR upload as envelopes: `recording` (plain or gzip) and the agent's
-/// `labels` (a `LabelsSnapshot`, plain or gzip), if sent.
+/// `labels` (a `LabelsSnapshot`, plain or gzip), if sent. The samples no
+/// profile carries are added to `lost`.
 pub(crate) fn jfr_batch(
     params: &IngestParams,
     recording: Bytes,
     labels: Option<Bytes>,
     budget: &mut DecompressBudget,
+    lost: &mut LostSamples,
 ) -> Result<Vec<Envelope>, Refused> {
     let refuse = |error: IngestError| Refused { error, profiles: 1 };
     if recording.is_empty() {
@@ -87,6 +90,7 @@ pub(crate) fn jfr_batch(
             )),
         })
     })?;
+    lost.merge(&recording.lost);
     let mut out = Vec::with_capacity(recording.profiles.len());
     for converted in recording.profiles {
         let mut labels = ingest_folded_labels(

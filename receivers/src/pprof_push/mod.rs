@@ -354,7 +354,9 @@ pub mod fuzzing {
                 &mut budget,
                 &mut Default::default(),
             ),
-            BodyKind::Jfr { .. } => jfr::jfr_batch(&params, body, None, &mut budget),
+            BodyKind::Jfr { .. } => {
+                jfr::jfr_batch(&params, body, None, &mut budget, &mut Default::default())
+            }
             BodyKind::Speedscope => ingest::speedscope_batch(
                 &params,
                 body,
@@ -383,6 +385,7 @@ pub mod fuzzing {
             Bytes::copy_from_slice(recording),
             labels,
             &mut budget,
+            &mut Default::default(),
         )
         .map_err(|r| r.error.to_string())
     }

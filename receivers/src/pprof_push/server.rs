@@ -397,8 +397,8 @@ impl Shared {
         // One budget for everything this request inflates.
         let mut budget = DecompressBudget::with_grant(self.limits.max_decompressed, grant);
         budget.keep_plain(self.consumer.reads_profiles());
-        // `lost`: what the conversion of a text or speedscope body could not
-        // carry (pprof and JFR bodies are passed on as they came).
+        // `lost`: what the conversion of a text, speedscope or JFR body could
+        // not carry (pprof bodies are passed on as they came).
         let (batch, budget, lost) = match kind {
             BodyKind::Multipart => {
                 let (form, mut budget) =
@@ -440,8 +440,9 @@ impl Shared {
                     } else {
                         encoding.decode(recording, &mut budget)?
                     };
-                    let batch = jfr::jfr_batch(&params, recording, labels, &mut budget)?;
-                    Ok((batch, budget, LostSamples::default()))
+                    let mut lost = LostSamples::default();
+                    let batch = jfr::jfr_batch(&params, recording, labels, &mut budget, &mut lost)?;
+                    Ok((batch, budget, lost))
                 })
                 .await?
             }

@@ -35,6 +35,7 @@ use super::pools::Pools;
 use super::stacks::Stacks;
 use super::values::Value;
 use super::{Meter, Result};
+use crate::lost::LostSamples;
 use crate::pprof::ProfileBuilder;
 
 /// Pyroscope's sample rate when the client names none.
@@ -71,6 +72,13 @@ pub struct Recording {
     /// `wall`, …), which Pyroscope puts on the series as `jfr_event`; none
     /// in the JDK's own recordings.
     pub event: Option<String>,
+    /// Samples of the recording that no profile carries, by reason:
+    /// `empty_stack` (an event with no stack, or none of whose frames has a
+    /// name), `zero_sample_rate` (CPU and wall samples sent with
+    /// `sampleRate=0`, which gives them no value), `unsupported_event`
+    /// (sampling events Pyroscope makes no profile of, such as
+    /// `jdk.NativeMethodSample` and `jdk.CPUTimeSample`).
+    pub lost: LostSamples,
 }
 
 /// Samples of one kind: their summed values.
@@ -279,7 +287,11 @@ pub fn to_pprof(
         1_000_000_000 / i64::from(sample_rate)
     };
     let contexts = canonical_contexts(labels, meter)?;
+    let mut lost = LostSamples::default();
     let mut event = None;
+    // The `event` setting last seen: a chunk without one keeps it, as
+    // Pyroscope's reader does.
+    let mut mode: Option<String> = None;
     let mut done: Vec<Converted> = Vec::new();
     // A profile by kind, made as the chunks are read.
     let mut profiles: Vec<(&'static Kind, ProfileBuilder)> = Vec::new();
@@ -296,7 +308,10 @@ pub fn to_pprof(
         let md = Metadata::read(&mut m, meter)?;
         let pools = Pools::read(chunk, header.constant_pool_offset, &md, meter)?;
         let setting = event_setting(chunk, &md, meter)?;
-        let wall_mode = setting.as_deref() == Some("wall");
+        if setting.is_some() {
+            mode.clone_from(&setting);
+        }
+        let wall_mode = mode.as_deref() == Some("wall");
         if event.is_none() {
             event = setting;
         }
@@ -309,10 +324,17 @@ pub fn to_pprof(
         };
         let mut stacks = Stacks::new(&md, &pools);
         let mut fields: HashMap<u64, EventFields> = HashMap::default();
+        let unsupported = std::cell::Cell::new(0u64);
         events::for_each_flat(
             chunk,
             &md,
-            |class| KNOWN.contains(&class.name.as_str()),
+            |class| {
+                let name = class.name.as_str();
+                if UNSUPPORTED_SAMPLES.contains(&name) {
+                    unsupported.set(unsupported.get() + 1);
+                }
+                KNOWN.contains(&name)
+            },
             |class, v| {
                 let f = *fields
                     .entry(class.id)
@@ -320,6 +342,7 @@ pub fn to_pprof(
                 let int = |i: Option<usize>| i.and_then(|i| v.get(i)).copied();
                 let ticks = |i| int(i).map_or(0, |t| header.ticks_to_nanos(t as i64));
                 let Some(stack) = int(f.stack_trace) else {
+                    lost.add("empty_stack", 1);
                     return Ok(());
                 };
                 let key = SampleKey {
@@ -330,8 +353,13 @@ pub fn to_pprof(
                     span: int(f.span_id).unwrap_or(0),
                     span_name: int(f.span_name).unwrap_or(0),
                 };
+                if !stacks.has_frames(stack, meter)? {
+                    lost.add("empty_stack", 1);
+                    return Ok(());
+                }
                 let mut add = |kind: &'static Kind, values: Vec<i64>| -> Result<()> {
-                    if !stacks.has_frames(stack, meter)? {
+                    if period == 0 && (kind.name == CPU.name || kind.name == WALL.name) {
+                        lost.add("zero_sample_rate", 1);
                         return Ok(());
                     }
                     let i = match kinds.iter().position(|(k, _)| std::ptr::eq(*k, kind)) {
@@ -356,15 +384,15 @@ pub fn to_pprof(
                     Ok(())
                 };
                 match class.name.as_str() {
-                    "jdk.ExecutionSample" => match state(&f, v) {
-                        None | Some("STATE_SLEEPING") => {}
-                        Some(_) => {
+                    "jdk.ExecutionSample" => {
+                        let (cpu, wall) = execution_sample(state(&f, v), wall_mode);
+                        if cpu {
                             add(&CPU, vec![period])?;
-                            if wall_mode {
-                                add(&WALL, vec![period])?;
-                            }
                         }
-                    },
+                        if wall {
+                            add(&WALL, vec![period])?;
+                        }
+                    }
                     "profiler.WallClockSample" => {
                         let samples = int(f.samples).unwrap_or(1) as i64;
                         add(&WALL, vec![samples.saturating_mul(period)])?;
@@ -391,6 +419,7 @@ pub fn to_pprof(
                 Ok(())
             },
         )?;
+        lost.add("unsupported_event", unsupported.get());
         // The chunk's sums into the profiles, each sample taken from the
         // meter: its locations, values and labels (names and lines are
         // interned by the builder, at most once per method and line).
@@ -452,6 +481,7 @@ pub fn to_pprof(
     Ok(Recording {
         profiles: done,
         event,
+        lost,
     })
 }
 
@@ -485,6 +515,24 @@ fn new_builder(kind: &Kind, from: i64, until: i64) -> ProfileBuilder {
     b.time(from, until.saturating_sub(from));
     b
 }
+
+/// Whether an execution sample of a thread in `state` counts as CPU and as
+/// wall time: CPU unless the thread slept (or its state is not known);
+/// wall whenever the profiler samples wall (its `event` setting), whatever
+/// the state, as Pyroscope's reader counts it: a sleeping thread's time is
+/// wall time.
+fn execution_sample(state: Option<&str>, wall_mode: bool) -> (bool, bool) {
+    (!matches!(state, None | Some("STATE_SLEEPING")), wall_mode)
+}
+
+/// Sampling events (of the JDK and async-profiler) that Pyroscope makes no
+/// profile of: counted as lost.
+const UNSUPPORTED_SAMPLES: &[&str] = &[
+    "jdk.NativeMethodSample",
+    "jdk.CPUTimeSample",
+    "jdk.OldObjectSample",
+    "profiler.Free",
+];
 
 /// The event classes a profile is made from (and the settings).
 const KNOWN: &[&str] = &[
@@ -524,4 +572,29 @@ fn event_setting(chunk: &[u8], md: &Metadata, meter: &mut Meter<'_>) -> Result<O
         },
     )?;
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sleeping_thread_is_wall_time_when_the_profiler_samples_wall() {
+        assert_eq!(
+            execution_sample(Some("STATE_RUNNABLE"), false),
+            (true, false)
+        );
+        assert_eq!(
+            execution_sample(Some("STATE_SLEEPING"), false),
+            (false, false)
+        );
+        assert_eq!(execution_sample(None, false), (false, false));
+        assert_eq!(execution_sample(Some("STATE_RUNNABLE"), true), (true, true));
+        // It used to be neither.
+        assert_eq!(
+            execution_sample(Some("STATE_SLEEPING"), true),
+            (false, true)
+        );
+        assert_eq!(execution_sample(None, true), (false, true));
+    }
 }
