@@ -4,7 +4,8 @@
 //! are pprof or not. Nothing panics; the states stay within their store's
 //! limit and give it all back; the delta of a scrape that decodes decodes
 //! too, counts its samples right, never has more than its scrape and keeps
-//! its tables; a profile without
+//! its tables and never has a negative cumulative value; a first scrape's
+//! instant values come with every cumulative value zero; a profile without
 //! a cumulative type is left to pass as it was; and a profile scraped twice
 //! over has nothing new (every cumulative value of the second delta zero).
 #![no_main]
@@ -33,8 +34,23 @@ fuzz_target!(|data: &[u8]| {
             );
             // What the delta did not rewrite passes as it came, so only a
             // scrape that decodes makes a delta that must.
-            if let (Ok(DeltaOutcome::Delta(d)), Some(scraped)) = (&outcome, &scraped) {
+            // A first scrape (or one after a restart) emits its instant
+            // values alone: every cumulative one 0.
+            let (made, instant) = match &outcome {
+                Ok(DeltaOutcome::Delta(d)) => (Some(d), false),
+                Ok(DeltaOutcome::Primed(Some(d)) | DeltaOutcome::Reset(Some(d))) => (Some(d), true),
+                _ => (None, false),
+            };
+            if let (Some(d), Some(scraped)) = (made, &scraped) {
                 let delta = Profile::decode(&d.bytes[..]).expect("a delta that does not decode");
+                let columns = cumulative(&delta);
+                for s in &delta.sample {
+                    for &c in &columns {
+                        let v = s.value.get(c).copied().unwrap_or(0);
+                        assert!(v >= 0, "a negative delta");
+                        assert!(!instant || v == 0, "a cumulative value in a first scrape");
+                    }
+                }
                 assert_eq!(delta.sample.len(), d.samples, "samples miscounted");
                 {
                     assert!(
@@ -74,7 +90,7 @@ fuzz_target!(|data: &[u8]| {
             }
             primed = matches!(
                 outcome,
-                Ok(DeltaOutcome::Primed | DeltaOutcome::Reset | DeltaOutcome::Delta(_))
+                Ok(DeltaOutcome::Primed(_) | DeltaOutcome::Reset(_) | DeltaOutcome::Delta(_))
             );
         }
     }

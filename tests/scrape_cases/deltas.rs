@@ -7,7 +7,23 @@ use std::time::Duration;
 
 use proflow_pipeline::pprof::Profile;
 
-use super::{ALLOC_RATE, go_target, only, start, targets, total_in, wait_entries, wait_targets};
+/// The total of sample type `ty` over every sample.
+fn type_total(p: &Profile, ty: &str) -> i64 {
+    let Some(i) = p.sample_type.iter().position(|t| p.string(t.r#type) == ty) else {
+        return 0;
+    };
+    p.sample.iter().filter_map(|s| s.value.get(i)).sum()
+}
+
+/// Whether `p` is what a first scrape (or the first after a restart)
+/// emits: its in-use values, nothing allocated.
+fn in_use_only(p: &Profile) -> bool {
+    type_total(p, "alloc_space") == 0
+        && type_total(p, "alloc_objects") == 0
+        && type_total(p, "inuse_space") > 0
+}
+
+use super::{ALLOC_RATE, go_target, only, start, total_in, wait_entries, wait_targets};
 use crate::common::{self, IndexEntry, Proflow};
 
 #[test]
@@ -24,12 +40,20 @@ fn cumulative_profiles_arrive_as_deltas_with_steady_totals() {
         target.endpoint,
         only(&["memory", "mutex", "block"])
     ));
-    let memory = wait_entries(&proflow, 5, Duration::from_secs(60), |e| {
+    let memory = wait_entries(&proflow, 6, Duration::from_secs(60), |e| {
         e.label("__name__") == Some("memory")
     });
+    // The first scrape primes the deltas and sends what is in use now.
+    let first = common::read_profile(&memory[0].path);
+    assert!(
+        in_use_only(&first),
+        "the first memory profile holds its in-use values alone: alloc_space {}, inuse_space {}",
+        type_total(&first, "alloc_space"),
+        type_total(&first, "inuse_space")
+    );
     let mut rates = Vec::new();
     let (mut all_bytes, mut all_seconds) = (0i64, 0.0f64);
-    for e in &memory[..5] {
+    for e in &memory[1..6] {
         let p = common::read_profile(&e.path);
         let seconds = p.duration_nanos as f64 / 1e9;
         assert!(
@@ -70,21 +94,6 @@ fn cumulative_profiles_arrive_as_deltas_with_steady_totals() {
             "alloc_space rates of goAllocLoop per delta {rates:?} B/s, want {ALLOC_RATE} within one GC cycle (±50%)"
         );
     }
-    // The first scrape only primed: one more memory scrape than profiles.
-    let page = targets(&proflow);
-    let scrapes = page["activeTargets"]
-        .as_array()
-        .and_then(|a| a.iter().find(|t| t["profile"] == "memory"))
-        .and_then(|t| t["scrapes"].as_u64())
-        .expect("the memory target on /targets");
-    let written = common::read_index(&proflow.profiles)
-        .iter()
-        .filter(|e| e.label("__name__") == Some("memory"))
-        .count() as u64;
-    assert!(
-        scrapes > written,
-        "{scrapes} memory scrapes gave {written} profiles; the first must only prime"
-    );
     // goMutexContend waits about half of each second for its mutex (0.46
     // measured) and goBlockWait about all of it for its channel, each in
     // about 100 waits a second (goscrape's header); a cumulative delay
@@ -147,12 +156,20 @@ fn a_restarted_target_starts_its_deltas_again_from_the_new_process() {
         return;
     };
     // Profiles the new process wrote (Go stamps each with the time it was
-    // written): three of them.
+    // written): its in-use values when the restart is seen, then three
+    // deltas.
     let after =
         |e: &IndexEntry| is_memory(e) && common::read_profile(&e.path).time_nanos > restarted_at;
-    let entries = wait_entries(&proflow, 3, Duration::from_secs(60), after);
+    let entries = wait_entries(&proflow, 4, Duration::from_secs(60), after);
+    let restarted = common::read_profile(&entries[0].path);
+    assert!(
+        in_use_only(&restarted),
+        "the scrape that saw the restart sends its in-use values alone: alloc_space {}, inuse_space {}",
+        type_total(&restarted, "alloc_space"),
+        type_total(&restarted, "inuse_space")
+    );
     let mut rates = Vec::new();
-    for e in &entries[..3] {
+    for e in &entries[1..4] {
         let p = common::read_profile(&e.path);
         let seconds = p.duration_nanos as f64 / 1e9;
         // A delta against the old process's counters would span the

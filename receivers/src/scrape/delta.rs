@@ -203,11 +203,12 @@ impl DeltaStore {
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeltaOutcome {
     /// First scrape (or first after a reset / after state was refused, or
-    /// the sample types changed): nothing to emit, state primed.
-    Primed,
+    /// the sample types changed): state primed. Its instant values
+    /// (`inuse_*`) are emitted, every cumulative value 0, when it has any.
+    Primed(Option<Delta>),
     /// A counter went down: the process restarted. State re-primed with this
-    /// scrape; nothing emitted.
-    Reset,
+    /// scrape; its instant values emitted as on a first scrape.
+    Reset(Option<Delta>),
     /// The profile has no cumulative sample type: it passes as scraped, and
     /// the state (of no use now) is forgotten.
     Unchanged,
@@ -225,6 +226,9 @@ pub struct Delta {
     pub bytes: Vec<u8>,
     /// How many samples it holds: 0 when nothing happened in the interval.
     pub samples: usize,
+    /// Stacks whose `alloc_objects` went down since the previous scrape (an
+    /// estimate, see [`CUMULATIVE_TYPES`]): their delta there is 0.
+    pub went_down: usize,
     /// When the scrape was written (the profile's `time_nanos`).
     pub time_nanos: i64,
     /// The time the delta covers: since the previous scrape, or as
@@ -330,6 +334,7 @@ impl DeltaState {
     ) -> Result<DeltaOutcome, DeltaError> {
         let hasher = StackHasher::new(parts)?;
         let column = parts.cumulative_columns(&hasher);
+        let restarts = parts::restart_columns(parts, &hasher, &column);
         let width = column.iter().flatten().count();
         if width == 0 {
             // Nothing to difference, so nothing to remember; a state left
@@ -362,7 +367,9 @@ impl DeltaState {
         // From here the store counts the new state in place of the old
         // one: a failure gives the new state's bytes back and forgets the
         // old state without giving its bytes back a second time.
-        let result = self.difference(plain, parts, &order, &column, layout, new_bytes, granted);
+        let result = self.difference(
+            plain, parts, &order, &column, &restarts, layout, new_bytes, granted,
+        );
         drop(order);
         match result {
             Ok((new, outcome)) => {
@@ -393,6 +400,7 @@ impl DeltaState {
         parts: &Parts<'_>,
         order: &[(u64, usize)],
         column: &[Option<usize>],
+        restarts: &[bool],
         layout: u64,
         new_bytes: usize,
         granted: usize,
@@ -432,16 +440,19 @@ impl DeltaState {
         };
         debug_assert_eq!(new.bytes(), new_bytes);
 
+        let instant = || instant(plain, parts, column, &new, &first, &slot_of, granted);
         let outcome = match &self.held {
-            None => DeltaOutcome::Primed,
+            None => DeltaOutcome::Primed(instant()?),
             // Another profile shape under the same series (the target was
             // replaced by something else): start over as on a first scrape.
-            Some(old) if old.layout != layout || old.width != width => DeltaOutcome::Primed,
-            Some(old) => match Rewrite::new(column, old, &new, &first, &slot_of) {
+            Some(old) if old.layout != layout || old.width != width => {
+                DeltaOutcome::Primed(instant()?)
+            }
+            Some(old) => match Rewrite::new(column, restarts, old, &new, &first, &slot_of) {
                 Some(rewrite) => {
                     DeltaOutcome::Delta(rewrite.delta(plain, parts, old, &new, granted)?)
                 }
-                None => DeltaOutcome::Reset,
+                None => DeltaOutcome::Reset(instant()?),
             },
         };
         Ok((new, outcome))
@@ -459,6 +470,33 @@ impl DeltaState {
 impl Drop for DeltaState {
     fn drop(&mut self) {
         self.clear();
+    }
+}
+
+/// A scrape's instant values alone (`inuse_*`: every cumulative value 0),
+/// for a scrape with nothing to difference against; `None` when it has no
+/// instant sample type, none of its values is above 0, or writing them
+/// would take more than `granted` (the state is primed all the same).
+fn instant(
+    plain: &[u8],
+    parts: &Parts<'_>,
+    column: &[Option<usize>],
+    new: &Held,
+    first: &[usize],
+    slot_of: &[usize],
+    granted: usize,
+) -> Result<Option<Delta>, DeltaError> {
+    if column.iter().all(Option::is_some) {
+        return Ok(None);
+    }
+    // Against itself nothing went down, so every cumulative delta is 0.
+    let Some(rewrite) = Rewrite::new(column, &[], new, new, first, slot_of) else {
+        return Ok(None);
+    };
+    match rewrite.delta(plain, parts, new, new, granted) {
+        Ok(d) if d.samples > 0 => Ok(Some(d)),
+        Ok(_) | Err(DeltaError::OverBudget { .. }) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

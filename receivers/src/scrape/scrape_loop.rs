@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use proflow_pipeline::component::{Admission, ConsumeError, Consumer};
 use proflow_pipeline::inflate::{self, InflateError};
+use proflow_pipeline::lost::LostSamples;
 use proflow_pipeline::memory::MemoryBudget;
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope, Payload};
 use proflow_pipeline::pprof::{self, DecodeError};
@@ -314,26 +315,39 @@ async fn scrape_once(
         DeltaError::OverBudget { .. } => ScrapeError::Memory(e.to_string()),
     })?;
     drop(data);
-    match outcome {
-        DeltaOutcome::Primed => Ok(None),
-        DeltaOutcome::Reset => {
+    let delta = match outcome {
+        DeltaOutcome::Primed(instant) => instant,
+        DeltaOutcome::Reset(instant) => {
             tracing::info!(
                 job = %job.name,
                 url = %target.shown_url(),
                 "a cumulative profile went down (the target restarted): its deltas start again from this scrape"
             );
-            Ok(None)
+            instant
         }
-        DeltaOutcome::StateFull => Err(ScrapeError::DeltaStateFull),
-        // Nothing happened in the interval (no allocation, no contention):
-        // an empty profile says nothing a backend could show.
-        DeltaOutcome::Delta(d) if d.samples == 0 => Ok(None),
+        DeltaOutcome::StateFull => return Err(ScrapeError::DeltaStateFull),
         // The scan saw a cumulative type by name; differencing found none
         // (the same names, so never): as if it were not cumulative.
-        DeltaOutcome::Unchanged => Err(ScrapeError::Invalid(
-            "the profile's cumulative sample types could not be read".to_owned(),
-        )),
-        DeltaOutcome::Delta(d) => {
+        DeltaOutcome::Unchanged => {
+            return Err(ScrapeError::Invalid(
+                "the profile's cumulative sample types could not be read".to_owned(),
+            ));
+        }
+        DeltaOutcome::Delta(d) => Some(d),
+    };
+    match delta {
+        // Nothing happened in the interval (no allocation, no contention):
+        // an empty profile says nothing a backend could show.
+        None => Ok(None),
+        Some(d) if d.samples == 0 => Ok(None),
+        Some(d) => {
+            if d.went_down > 0 {
+                // An estimate (Go's alloc_objects) that went down: its delta
+                // is 0, not a negative value, nor a restart.
+                let mut lost = LostSamples::default();
+                lost.add("negative_delta", d.went_down as u64);
+                shared.receiver.lost("pprof", None, &lost);
+            }
             let end = if d.time_nanos > 0 {
                 d.time_nanos
             } else {

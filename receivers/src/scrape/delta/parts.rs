@@ -98,6 +98,36 @@ impl<'a> Parts<'a> {
     }
 }
 
+/// For each cumulative column, whether a value of it going down means the
+/// process restarted. Go's `alloc_objects` is an estimate (its count scaled
+/// by the stack's average allocation size against the sampling rate), which
+/// goes down when a stack's average size grows; the other cumulative types
+/// never go down in a running process. A profile whose only cumulative
+/// type is `alloc_objects` is judged by it.
+pub(super) fn restart_columns(
+    parts: &Parts<'_>,
+    hasher: &StackHasher,
+    column: &[Option<usize>],
+) -> Vec<bool> {
+    let width = column.iter().flatten().count();
+    let mut restarts = vec![true; width];
+    for (&(t, _), k) in parts.sample_types.iter().zip(column) {
+        if let Some(&k) = k.as_ref()
+            && hasher.string_bytes(parts, t) == ESTIMATED_TYPE.as_bytes()
+        {
+            restarts[k] = false;
+        }
+    }
+    if restarts.iter().all(|r| !r) {
+        restarts.fill(true);
+    }
+    restarts
+}
+
+/// The cumulative sample type whose values may go down between two scrapes
+/// of a running Go process.
+const ESTIMATED_TYPE: &str = "alloc_objects";
+
 /// Fields 1 to `N` of a message whose fields are all integers (a
 /// ValueType, Function, Line or Label), 0 when absent, the last when
 /// repeated; other field numbers are skipped, as a decoder skips unknown

@@ -29,14 +29,18 @@ pub(super) struct Rewrite<'s> {
     /// Per slot of the new state.
     prev: Vec<Prev>,
     slot_of: &'s [usize],
+    /// Keys with a value that went down where that is no restart (their
+    /// delta in that column is 0).
+    went_down: usize,
 }
 
 impl<'s> Rewrite<'s> {
-    /// `None` when a cumulative value went down (a restart). `new` is the
-    /// scrape's state, `first` the first sample of each of its keys and
-    /// `slot_of` the slot of each of its samples.
+    /// `None` when a cumulative value of a column in `restarts` went down (a
+    /// restart). `new` is the scrape's state, `first` the first sample of
+    /// each of its keys and `slot_of` the slot of each of its samples.
     pub(super) fn new(
         column: &'s [Option<usize>],
+        restarts: &[bool],
         old: &Held,
         new: &Held,
         first: &[usize],
@@ -44,20 +48,23 @@ impl<'s> Rewrite<'s> {
     ) -> Option<Rewrite<'s>> {
         // Both key arrays are sorted: one merge finds each key's previous slot.
         let mut prev = Vec::with_capacity(new.keys.len());
+        let mut went_down = 0;
         let mut j = 0;
         for (slot, key) in new.keys.iter().enumerate() {
             while old.keys.get(j).is_some_and(|k| k < key) {
                 j += 1;
             }
             let before = if old.keys.get(j) == Some(key) {
-                let went_down = new
-                    .values(slot)
-                    .iter()
-                    .zip(old.values(j))
-                    .any(|(now, before)| now < before);
-                if went_down {
-                    return None;
+                let mut down = false;
+                for (k, (now, before)) in new.values(slot).iter().zip(old.values(j)).enumerate() {
+                    if now < before {
+                        if restarts.get(k).copied().unwrap_or(true) {
+                            return None;
+                        }
+                        down = true;
+                    }
                 }
+                went_down += usize::from(down);
                 j
             } else {
                 usize::MAX
@@ -71,6 +78,7 @@ impl<'s> Rewrite<'s> {
             column,
             prev,
             slot_of,
+            went_down,
         })
     }
 
@@ -102,6 +110,7 @@ impl<'s> Rewrite<'s> {
         Ok(Delta {
             bytes,
             samples,
+            went_down: self.went_down,
             time_nanos: parts.time_nanos,
             duration_nanos: duration.unwrap_or(parts.duration_nanos),
         })
@@ -168,11 +177,12 @@ impl<'s> Rewrite<'s> {
         let first = prev.first == index;
         let value_of = |index: usize, v: i64| match self.column.get(index) {
             Some(&Some(k)) if first => {
-                // Not negative (no value went down), but a crafted
-                // negative previous value could overflow the plain
-                // subtraction.
+                // An estimate that went down adds nothing (0, not a
+                // negative value); saturating, as a crafted negative
+                // previous value could overflow the plain subtraction.
                 let now = now.get(k).copied().unwrap_or(0);
                 now.saturating_sub(before.get(k).copied().unwrap_or(0))
+                    .max(0)
             }
             Some(&Some(_)) => 0,
             _ => v,

@@ -30,8 +30,8 @@ impl Scrape for DeltaState {
             .next(&plain, 1 << 30)
             .expect("a profile the tests made")
         {
-            DeltaOutcome::Primed => Out::Primed,
-            DeltaOutcome::Reset => Out::Reset,
+            DeltaOutcome::Primed(_) => Out::Primed,
+            DeltaOutcome::Reset(_) => Out::Reset,
             DeltaOutcome::Unchanged => Out::Unchanged,
             DeltaOutcome::StateFull => Out::StateFull,
             DeltaOutcome::Delta(d) => {
@@ -796,7 +796,7 @@ fn the_work_is_counted_before_it_is_allocated() {
     assert!(need >= STACKS.len() * WORK_PER_SAMPLE, "{need}");
     assert_eq!(store.series(), 0);
     // Enough for the scratch but not for the delta written: refused too.
-    assert_eq!(state.next(&p, need).unwrap(), DeltaOutcome::Primed);
+    assert_eq!(state.next(&p, need).unwrap(), DeltaOutcome::Primed(None));
     let grown: Vec<(&str, Vec<i64>)> = STACKS.iter().map(|s| (*s, vec![2, 2])).collect();
     let q = pprof::encode(&profile(&MUTEX, &grown, 110));
     assert!(matches!(
@@ -805,7 +805,7 @@ fn the_work_is_counted_before_it_is_allocated() {
     ));
     assert_eq!(
         state.next(&q, need + q.len()).unwrap(),
-        DeltaOutcome::Primed
+        DeltaOutcome::Primed(None)
     );
 }
 
@@ -830,4 +830,92 @@ fn a_failure_after_the_state_was_counted_gives_its_bytes_back() {
     assert_eq!((store.used_bytes(), store.series()), (0, 0));
     assert_eq!(state.scrape(p), Out::Primed);
     assert_eq!((store.used_bytes(), store.series()), (24, 1));
+}
+
+#[test]
+fn an_allocation_estimate_going_down_is_no_restart() {
+    // Go scales a stack's alloc_objects by its average allocation size:
+    // one large allocation on "main;grow" raises the average and lowers the
+    // estimate (52429 to 3) while alloc_space still grows.
+    let (_store, mut heap) = state();
+    let before = profile(
+        &HEAP,
+        &[
+            ("main;grow", vec![52_429, 524_290, 0, 0]),
+            ("main;steady", vec![100, 1_000, 10, 100]),
+        ],
+        100,
+    );
+    let after = profile(
+        &HEAP,
+        &[
+            ("main;grow", vec![3, 1_627_000, 0, 0]),
+            ("main;steady", vec![150, 1_500, 10, 100]),
+        ],
+        110,
+    );
+    assert_eq!(heap.scrape(before), Out::Primed);
+    let plain = pprof::encode(&after);
+    let DeltaOutcome::Delta(d) = heap.next(&plain, 1 << 30).unwrap() else {
+        panic!("a delta, not a reset");
+    };
+    assert_eq!(d.went_down, 1);
+    let delta = <Profile as prost::Message>::decode(&d.bytes[..]).unwrap();
+    assert_eq!(
+        by_stack(&delta),
+        map(&[
+            ("main;grow", vec![0, 1_102_710, 0, 0]),
+            ("main;steady", vec![50, 500, 10, 100]),
+        ])
+    );
+    // alloc_space going down is a restart.
+    let restarted = profile(
+        &HEAP,
+        &[
+            ("main;grow", vec![5, 1_000, 0, 0]),
+            ("main;steady", vec![160, 1_600, 10, 100]),
+        ],
+        120,
+    );
+    assert_eq!(heap.scrape(restarted), Out::Reset);
+    // A profile of alloc_objects alone is judged by it.
+    let (_store, mut alone) = state();
+    let only = [("alloc_objects", "count")];
+    assert_eq!(
+        alone.scrape(profile(&only, &[("a", vec![10])], 1)),
+        Out::Primed
+    );
+    assert_eq!(
+        alone.scrape(profile(&only, &[("a", vec![5])], 2)),
+        Out::Reset
+    );
+}
+
+#[test]
+fn a_first_scrape_emits_its_instant_values_alone() {
+    let (_store, mut heap) = state();
+    let first = profile(
+        &HEAP,
+        &[
+            ("main;live", vec![500, 5_000, 20, 200]),
+            ("main;gone", vec![300, 3_000, 0, 0]),
+        ],
+        100,
+    );
+    let DeltaOutcome::Primed(Some(d)) = heap.next(&pprof::encode(&first), 1 << 30).unwrap() else {
+        panic!("a first scrape with in-use values emits them");
+    };
+    let instant = <Profile as prost::Message>::decode(&d.bytes[..]).unwrap();
+    // What is in use now; nothing of what was allocated since the start.
+    assert_eq!(
+        by_stack(&instant),
+        map(&[("main;live", vec![0, 0, 20, 200])])
+    );
+    // A profile of cumulative types alone has nothing to emit first.
+    let (_store, mut mutex) = state();
+    let p = profile(&MUTEX, &[("main;a", vec![1, 1])], 100);
+    assert_eq!(
+        mutex.next(&pprof::encode(&p), 1 << 30).unwrap(),
+        DeltaOutcome::Primed(None)
+    );
 }
