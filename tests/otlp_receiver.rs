@@ -335,13 +335,35 @@ fn post_and_check(proflow: &Proflow, url: &str) {
 }
 
 /// The proflow half alone (no peer): what proflow's own OTLP/HTTP endpoint
-/// takes is what its file exporter writes.
+/// takes is what its file exporter writes; a request that holds no profile
+/// is answered 200 (as the Collector answers it) and counted.
 #[test]
 fn proflow_writes_what_its_otlp_receiver_took() {
     let (proflow, http_port) = start_proflow();
-    post_and_check(
-        &proflow,
-        &format!("http://127.0.0.1:{http_port}/v1development/profiles"),
+    let url = format!("http://127.0.0.1:{http_port}/v1development/profiles");
+    post_and_check(&proflow, &url);
+    let mut empty = request(&peer_env::unique("proflow-otlp-empty-"));
+    empty.resource_profiles[0].scope_profiles[0].profiles.clear();
+    let reply = http_client()
+        .post(&url)
+        .header("content-type", "application/x-protobuf")
+        .body(empty.encode_to_vec())
+        .send()
+        .unwrap();
+    assert!(reply.status().is_success(), "{:?}", reply.text());
+    let metrics = proflow.metrics();
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_empty_requests_total",
+            &[("receiver", "otlp"), ("format", "otlp_proto")]
+        ),
+        1.0,
+        "a request of no profile is counted\n{metrics}"
+    );
+    assert!(
+        proflow.log_text().contains("held no sample to store"),
+        "and logged"
     );
 }
 

@@ -555,6 +555,12 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
                 tracing::warn!(receiver = %shared.id, topic = %topic, partition, offset, rejected = decoded.rejected, error = %decoded.rejected_message, "profiles of a record refused");
             }
             if decoded.envelopes.is_empty() {
+                if decoded.rejected == 0 {
+                    // A record that held no profile: committed, but counted.
+                    shared
+                        .telemetry
+                        .empty_request("kafka_record", None, value_bytes);
+                }
                 shared.resolve(&slot);
                 break Some(None);
             }

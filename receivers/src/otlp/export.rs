@@ -94,6 +94,7 @@ impl Handler {
             .await
             .map_err(OtlpError::from_memory)?;
         let inline = body.len() <= DECODE_INLINE_MAX;
+        let body_bytes = body.len();
         let mapping = self.labels.clone();
         let work = move || -> Result<(Split, MemoryGrant), Refused> {
             let built = split(&body, encoding, &mapping)?;
@@ -123,6 +124,15 @@ impl Handler {
                 rejected_profiles: i64::try_from(built.rejected).unwrap_or(i64::MAX),
                 error_message: built.error_message.clone(),
             });
+        if built.envelopes.is_empty() && built.rejected == 0 && body_bytes > 0 {
+            // Answered as the Collector answers it, but not silently.
+            let format = match encoding {
+                Encoding::Protobuf => "otlp_proto",
+                Encoding::Json => "otlp_json",
+            };
+            self.telemetry
+                .empty_request(format, origin.client.map(|c| c.ip()), body_bytes);
+        }
         self.deliver(built.envelopes, origin).await?;
         drop(grant);
         Ok(collector::ExportProfilesServiceResponse { partial_success })

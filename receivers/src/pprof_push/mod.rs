@@ -392,8 +392,13 @@ pub mod fuzzing {
 
     /// A folded (`lines`: lines) text body as a CPU profile sampled at
     /// `sample_rate`, converted as `/ingest` converts it: the stacks read,
-    /// and the profile made of them. Every stack read counts more than zero.
-    pub fn folded(body: &[u8], lines: bool, sample_rate: u32) -> Result<Profile, String> {
+    /// the profile made of them, and the samples counted as lost. Every
+    /// stack read counts more than zero.
+    pub fn folded(
+        body: &[u8],
+        lines: bool,
+        sample_rate: u32,
+    ) -> Result<(Profile, proflow_pipeline::lost::LostSamples), String> {
         let format = if lines {
             TextFormat::Lines
         } else {
@@ -414,16 +419,9 @@ pub mod fuzzing {
         );
         let ty = folded_type("cpu").ok_or("no cpu type")?;
         let conv = folded::conversion(ty, sample_rate);
-        let profile = folded::to_profile(
-            &stacks,
-            &conv,
-            1,
-            1,
-            limits,
-            &mut charge,
-            &mut Default::default(),
-        )
-        .map_err(|e| e.to_string())?;
+        let mut lost = stacks.lost.clone();
+        let profile = folded::to_profile(&stacks, &conv, 1, 1, limits, &mut charge, &mut lost)
+            .map_err(|e| e.to_string())?;
         // Every frame's name is held twice (the string table and the
         // builder's index); the sample and period type names are not
         // charged (a few constant words).
@@ -437,7 +435,7 @@ pub mod fuzzing {
             "the conversion charged {} bytes for {names} bytes of frame names",
             charged.get()
         );
-        Ok(profile)
+        Ok((profile, lost))
     }
 
     /// A `multipart/form-data` body read as `/ingest` reads it, each part at
