@@ -11,7 +11,9 @@
 //! way, collector's OTLP/HTTP receiver → `otlp_grpc` → proflow, and every
 //! profile must arrive unchanged: resolved through each request's
 //! dictionary, all fields equal and the samples equal as multisets
-//! (`otlp_receiver_cases/python.rs`).
+//! (`otlp_receiver_cases/python.rs`). A request in the 1.9 layout, made with
+//! that release's own Go bindings, arrives converted
+//! (`otlp_receiver_cases/older.rs`).
 
 // Both helpers include `peer_skip` (the first test to use the two): each
 // gets its own copy, which only means a skip is recorded by the one that saw it.
@@ -20,6 +22,8 @@
 mod common;
 mod peer_env;
 
+#[path = "otlp_receiver_cases/older.rs"]
+mod older;
 #[path = "otlp_receiver_cases/python.rs"]
 mod python;
 
@@ -343,7 +347,9 @@ fn proflow_writes_what_its_otlp_receiver_took() {
     let url = format!("http://127.0.0.1:{http_port}/v1development/profiles");
     post_and_check(&proflow, &url);
     let mut empty = request(&peer_env::unique("proflow-otlp-empty-"));
-    empty.resource_profiles[0].scope_profiles[0].profiles.clear();
+    empty.resource_profiles[0].scope_profiles[0]
+        .profiles
+        .clear();
     let reply = http_client()
         .post(&url)
         .header("content-type", "application/x-protobuf")

@@ -554,6 +554,9 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
                     .refused("invalid_profile", decoded.rejected);
                 tracing::warn!(receiver = %shared.id, topic = %topic, partition, offset, rejected = decoded.rejected, error = %decoded.rejected_message, "profiles of a record refused");
             }
+            if decoded.from_1_9 {
+                shared.telemetry.upgraded("otlp_1_9", None);
+            }
             if decoded.envelopes.is_empty() {
                 if decoded.rejected == 0 {
                     // A record that held no profile: committed, but counted.

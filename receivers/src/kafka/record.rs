@@ -45,6 +45,8 @@ pub struct Decoded {
     /// Why, when `rejected > 0`.
     pub rejected_message: String,
     pub tenant: Option<String>,
+    /// An OTLP profiles 1.9 value, made 1.10 first.
+    pub from_1_9: bool,
 }
 
 /// How records are read.
@@ -102,6 +104,7 @@ pub(crate) fn decode(
                 rejected: split.rejected,
                 rejected_message: split.error_message,
                 tenant: None,
+                from_1_9: split.from_1_9,
             }
         }
     };

@@ -119,6 +119,10 @@ impl Handler {
         if built.rejected > 0 {
             self.telemetry.refused("invalid_profile", built.rejected);
         }
+        if built.from_1_9 {
+            self.telemetry
+                .upgraded("otlp_1_9", origin.client.map(|c| c.ip()));
+        }
         let partial_success =
             (built.rejected > 0).then(|| collector::ExportProfilesPartialSuccess {
                 rejected_profiles: i64::try_from(built.rejected).unwrap_or(i64::MAX),

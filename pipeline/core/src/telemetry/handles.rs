@@ -90,6 +90,23 @@ impl ReceiverTelemetry {
         }
     }
 
+    /// A request of an older layout (`from`, e.g. `otlp_1_9`) that was
+    /// converted to the current one: counted, and logged once per sender.
+    pub fn upgraded(&self, from: &'static str, sender: Option<std::net::IpAddr>) {
+        self.t
+            .receiver_upgraded_requests
+            .get_or_create(&with(&self.id, "from", from))
+            .inc();
+        if self.first_time(from, sender) {
+            tracing::info!(
+                receiver = %self.id[0].1,
+                from,
+                sender = %sender.map_or_else(|| "unknown".to_owned(), |s| s.to_string()),
+                "a request of an older layout was converted (logged once per sender; counted in proflow_receiver_upgraded_requests_total)"
+            );
+        }
+    }
+
     /// Whether `what` from `sender` is logged for the first time. The set of
     /// pairs logged is bounded: once it holds 10,000 it starts again.
     fn first_time(&self, what: &'static str, sender: Option<std::net::IpAddr>) -> bool {

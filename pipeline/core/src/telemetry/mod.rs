@@ -96,6 +96,7 @@ pub struct Telemetry {
     receiver_refused_spans: Counters,
     receiver_lost_samples: Counters,
     receiver_empty_requests: Counters,
+    receiver_upgraded_requests: Counters,
     /// (receiver, reason, sender) already logged for lost samples; bounded.
     lost_samples_logged:
         std::sync::Mutex<std::collections::HashSet<(String, &'static str, String)>>,
@@ -405,6 +406,11 @@ impl Telemetry {
             receiver_empty_requests: family!(
                 "receiver_empty_requests",
                 "Accepted requests whose non-empty body held no sample to store, by format",
+                Counters::default()
+            ),
+            receiver_upgraded_requests: family!(
+                "receiver_upgraded_requests",
+                "Requests of an older layout a receiver converted to the current one, by layout (otlp_1_9: OTLP profiles 1.9)",
                 Counters::default()
             ),
             lost_samples_logged: Default::default(),

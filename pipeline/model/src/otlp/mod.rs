@@ -34,6 +34,7 @@ mod dictionary;
 mod form;
 mod from_pprof;
 pub mod json;
+mod older;
 mod request;
 mod split;
 #[cfg(test)]
@@ -58,6 +59,7 @@ pub use form::{
     profile_heap_size,
 };
 pub use from_pprof::{SPAN_ID_LABEL, TRACE_ID_LABEL, pprof_to_otlp};
+pub use older::upgrade_1_9;
 pub use request::{Request, RequestBuilder};
 pub use split::{Split, SplitError, split_decoded, split_raw};
 pub use to_pprof::{otlp_to_pprof, otlp_to_pprof_checked};

@@ -35,6 +35,9 @@ use crate::profile_type::profile_name_from_sample_types;
 #[derive(Debug, Default)]
 pub struct Split {
     pub envelopes: Vec<Envelope>,
+    /// The request was OTLP profiles 1.9, made 1.10 first (see
+    /// [`upgrade_1_9`](super::upgrade_1_9)).
+    pub from_1_9: bool,
     /// Profiles refused alone (reported in `partial_success`).
     pub rejected: u64,
     /// Why, for `partial_success.error_message`.
@@ -86,8 +89,18 @@ fn utf8(b: &[u8]) -> Result<String, String> {
 
 /// The envelopes of a protobuf request, checked on the wire without
 /// decoding its profiles or dictionary (see the module docs): the payloads
-/// hold slices of `body`.
+/// hold slices of `body` (or of its 1.10 copy, for a 1.9 request).
 pub fn split_raw(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, SplitError> {
+    if let Some(upgraded) = super::upgrade_1_9(body) {
+        let mut split = split_raw_1_10(&upgraded, mapping)?;
+        split.from_1_9 = true;
+        return Ok(split);
+    }
+    split_raw_1_10(body, mapping)
+}
+
+/// [`split_raw`] of a request in the 1.10 layout.
+fn split_raw_1_10(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, SplitError> {
     use crate::wire::{Value, fields};
     let not_otlp = |e: String| SplitError {
         message: format!("the body is not an OTLP ExportProfilesServiceRequest: {e}"),
@@ -251,6 +264,7 @@ pub fn split_raw(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, Split
         .collect();
     Ok(Split {
         envelopes,
+        from_1_9: false,
         rejected,
         error_message,
     })
@@ -361,6 +375,7 @@ pub fn split_decoded(
         .collect();
     Ok(Split {
         envelopes,
+        from_1_9: false,
         rejected,
         error_message,
     })
