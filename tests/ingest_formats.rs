@@ -17,6 +17,9 @@ mod common;
 mod peer_env;
 mod readback;
 
+#[path = "ingest_formats_cases/producers.rs"]
+mod producers;
+
 use std::time::Duration;
 
 const READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);

@@ -243,7 +243,7 @@ impl Proflow {
             std::fs::write(&config, yaml).expect("write the config");
             let log = dir.path().join(format!("proflow-{attempt}.log"));
             let child = spawn_logged(
-                Command::new(env!("CARGO_BIN_EXE_proflow"))
+                Command::new(proflow_binary())
                     .envs(env)
                     .args(args)
                     .arg("-c")
@@ -458,6 +458,15 @@ pub fn example_config(name: &str, edits: &[(&str, &str)]) -> String {
         yaml = yaml.replace(from, to);
     }
     yaml
+}
+
+/// The binary [`Proflow::start`] runs: this build's, or the one
+/// `PROFLOW_TEST_BINARY` names (to measure a release build with a test:
+/// `PROFLOW_TEST_BINARY=target/release/proflow cargo test --test hostile`).
+pub fn proflow_binary() -> PathBuf {
+    std::env::var_os("PROFLOW_TEST_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_proflow")))
 }
 
 /// A blocking HTTP client with a bounded timeout and no proxy.
