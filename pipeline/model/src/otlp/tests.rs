@@ -659,3 +659,31 @@ fn otlp_json_follows_the_otlp_mapping() {
         "{err}"
     );
 }
+
+#[test]
+fn the_times_of_samples_are_counted_as_lost_in_pprof() {
+    let dict = small_dictionary();
+    let p = proto::Profile {
+        sample_type: Some(proto::ValueType {
+            type_strindex: 1,
+            unit_strindex: 2,
+        }),
+        samples: vec![
+            proto::Sample {
+                stack_index: 1,
+                timestamps_unix_nano: vec![1, 2, 3],
+                ..Default::default()
+            },
+            proto::Sample {
+                stack_index: 1,
+                values: vec![4],
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    let mut lost = Lost::default();
+    let out = otlp_to_pprof(&dict, &[p], &mut lost).unwrap();
+    assert_eq!(out[0].sample[0].value, vec![3 + 4]);
+    assert_eq!(lost.counts.get("sample timestamps"), Some(&3));
+}

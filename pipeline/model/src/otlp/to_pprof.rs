@@ -225,6 +225,9 @@ impl<'d> Builder<'d> {
         lost: &mut Lost,
     ) -> Result<(), ConvertError> {
         for (n, s) in p.samples.iter().enumerate() {
+            // pprof has no time per sample: the sample's total is kept, the
+            // times of its events are not.
+            lost.add("sample timestamps", s.timestamps_unix_nano.len());
             let value = match (s.values.is_empty(), s.timestamps_unix_nano.is_empty()) {
                 (false, true) => s.values.iter().fold(0i64, |a, v| a.saturating_add(*v)),
                 (false, false) if s.values.len() == s.timestamps_unix_nano.len() => {
