@@ -451,7 +451,7 @@ async fn broken_profiles_are_refused_alone_in_partial_success() {
 
 /// The request of a sender on OTLP profiles 1.9, which numbered Sample's
 /// values 2 (1.10 reads field 2 as attribute indexes): it decodes without
-/// error into nonsense, and must be refused with the version named.
+/// error into nonsense as 1.10, and is converted.
 fn v1_9_request() -> Vec<u8> {
     let good = request(&["old"], 1);
     let mut bytes = collector::ExportProfilesServiceRequest {
@@ -471,6 +471,26 @@ fn v1_9_request() -> Vec<u8> {
     prost::encoding::encode_varint(resource.len() as u64, &mut bytes);
     bytes.extend_from_slice(&resource);
     bytes
+}
+
+#[tokio::test]
+async fn a_1_9_request_is_converted_with_its_values() {
+    let h = Harness::start().await;
+    let reply = h.post(PATH, &[PROTOBUF], v1_9_request()).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let (envelopes, _) = h.batches().remove(0);
+    let otlp = envelopes[0].payload.otlp().unwrap();
+    let sample = &otlp.profiles[0].decoded().unwrap().samples[0];
+    assert_eq!(
+        (sample.values.clone(), sample.attribute_indices.clone()),
+        (vec![30], vec![])
+    );
+    assert!(
+        h.metric(r#"proflow_receiver_upgraded_requests_total{receiver="otlp",from="otlp_1_9"} 1"#),
+        "{}",
+        h.telemetry.render()
+    );
+    h.stop().await;
 }
 
 #[tokio::test]
@@ -508,10 +528,13 @@ async fn bad_dictionaries_and_old_versions_are_refused_with_the_version_named() 
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("1.10"), "{}", err.message());
 
-    let reply = h.post(PATH, &[PROTOBUF], v1_9_request()).await;
+    // A sample with nothing to count in either layout (what a sender on a
+    // version before 1.8 can look like): refused, naming 1.10.
+    let mut old = request(&["old"], 1);
+    old.resource_profiles[0].scope_profiles[0].profiles[0].samples[0] = Default::default();
+    let reply = h.post(PATH, &[PROTOBUF], old.encode_to_vec()).await;
     assert_eq!(reply.status, 400, "{}", reply.text());
     let message = reply.status_message().message;
-    assert!(message.contains("attribute index 30"), "{message}");
     assert!(message.contains("1.10"), "{message}");
 
     let mut no_dictionary = request(&["a"], 2);
