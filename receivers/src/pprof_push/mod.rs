@@ -390,6 +390,40 @@ pub mod fuzzing {
         .map_err(|r| r.error.to_string())
     }
 
+    /// A speedscope body read as `/ingest?format=speedscope&sampleRate=..`
+    /// reads it: per profile its sample rate and its stacks (`;`-joined,
+    /// root first) with their values, and what was counted as lost.
+    #[allow(clippy::type_complexity)]
+    pub fn speedscope(
+        body: &[u8],
+        sample_rate: u32,
+    ) -> Result<(Vec<(u32, Vec<(String, i64)>)>, proflow_pipeline::lost::LostSamples), String>
+    {
+        let mut free = |_: usize| -> Result<(), proflow_pipeline::memory::OverBudget> { Ok(()) };
+        let profiles = super::speedscope::parse(
+            body,
+            sample_rate,
+            folded::TextLimits::default(),
+            &mut free,
+        )
+        .map_err(|e| e.to_string())?;
+        let mut lost = proflow_pipeline::lost::LostSamples::default();
+        let out = profiles
+            .into_iter()
+            .map(|p| {
+                lost.merge(&p.stacks.lost);
+                let stacks = p
+                    .stacks
+                    .stacks
+                    .into_iter()
+                    .map(|(k, v)| (k.into_owned(), v))
+                    .collect();
+                (p.sample_rate, stacks)
+            })
+            .collect();
+        Ok((out, lost))
+    }
+
     /// A folded (`lines`: lines) text body as a CPU profile sampled at
     /// `sample_rate`, converted as `/ingest` converts it: the stacks read,
     /// the profile made of them, and the samples counted as lost. Every
