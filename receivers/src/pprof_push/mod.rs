@@ -397,16 +397,17 @@ pub mod fuzzing {
     pub fn speedscope(
         body: &[u8],
         sample_rate: u32,
-    ) -> Result<(Vec<(u32, Vec<(String, i64)>)>, proflow_pipeline::lost::LostSamples), String>
-    {
+    ) -> Result<
+        (
+            Vec<(u32, Vec<(String, i64)>)>,
+            proflow_pipeline::lost::LostSamples,
+        ),
+        String,
+    > {
         let mut free = |_: usize| -> Result<(), proflow_pipeline::memory::OverBudget> { Ok(()) };
-        let profiles = super::speedscope::parse(
-            body,
-            sample_rate,
-            folded::TextLimits::default(),
-            &mut free,
-        )
-        .map_err(|e| e.to_string())?;
+        let profiles =
+            super::speedscope::parse(body, sample_rate, folded::TextLimits::default(), &mut free)
+                .map_err(|e| e.to_string())?;
         let mut lost = proflow_pipeline::lost::LostSamples::default();
         let out = profiles
             .into_iter()
