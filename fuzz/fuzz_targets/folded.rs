@@ -64,11 +64,9 @@ fuzz_target!(|data: &[u8]| {
         assert!(s.value[0] >= 0, "a negative sample value");
     }
     // Sampled: each count is worth the period.
-    let scale = if sample_rate > 0 {
-        u128::from(1_000_000_000 / sample_rate)
-    } else {
-        1
-    };
+    let scale = 1_000_000_000u32
+        .checked_div(sample_rate)
+        .map_or(1, u128::from);
     let (total, lost_lines) = tally(body, lines);
     let out: u128 = profile.sample.iter().map(|s| s.value[0] as u128).sum();
     if lost.samples("value_capped") == 0 {

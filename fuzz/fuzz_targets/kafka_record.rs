@@ -74,6 +74,7 @@ fuzz_target!(|data: &[u8]| {
     }
     proflow_fuzz::check_otlp_split(&Split {
         envelopes: decoded.envelopes,
+        from_1_9: decoded.from_1_9,
         rejected: decoded.rejected,
         error_message: decoded.rejected_message,
     });
