@@ -26,8 +26,13 @@ fn tally(body: &[u8], lines: bool) -> (u128, u64) {
                 continue;
             };
             // Parsed as the parser does (a sign allowed, `-0` is 0).
-            let count = count.parse::<i64>().expect("a body with a bad count is refused");
-            (stack, u128::try_from(count).expect("a negative count is refused"))
+            let count = count
+                .parse::<i64>()
+                .expect("a body with a bad count is refused");
+            (
+                stack,
+                u128::try_from(count).expect("a negative count is refused"),
+            )
         };
         if count == 0 {
             continue;
@@ -70,7 +75,11 @@ fuzz_target!(|data: &[u8]| {
     let (total, lost_lines) = tally(body, lines);
     let out: u128 = profile.sample.iter().map(|s| s.value[0] as u128).sum();
     if lost.samples("value_capped") == 0 {
-        assert_eq!(out, total * scale, "the profile's values are not the lines' counts");
+        assert_eq!(
+            out,
+            total * scale,
+            "the profile's values are not the lines' counts"
+        );
     } else {
         assert!(out < total * scale, "capped, yet nothing is missing");
     }

@@ -100,7 +100,14 @@ fuzz_target!(|data: &[u8]| {
                 for (s, w) in samples.iter().zip(&weights) {
                     let frames: Vec<&str> = s.as_array().into_iter().flatten().map(name).collect();
                     let w = w.as_f64().unwrap_or(0.0);
-                    tally(w, no_stack(&frames), mult, &mut kept, &mut lost_here, &mut capped);
+                    tally(
+                        w,
+                        no_stack(&frames),
+                        mult,
+                        &mut kept,
+                        &mut lost_here,
+                        &mut capped,
+                    );
                 }
             }
             _ => {
@@ -112,7 +119,14 @@ fuzz_target!(|data: &[u8]| {
                     let at = e["at"].as_f64().unwrap_or(0.0);
                     if at > last && !open.is_empty() {
                         let empty = no_stack(&open);
-                        tally(at - last, empty, mult, &mut kept, &mut lost_here, &mut capped);
+                        tally(
+                            at - last,
+                            empty,
+                            mult,
+                            &mut kept,
+                            &mut lost_here,
+                            &mut capped,
+                        );
                     }
                     if e["type"].as_str() == Some("O") {
                         open.push(name(&e["frame"]));
