@@ -38,53 +38,62 @@ struct Signs {
     newer: bool,
 }
 
-/// Every sample of a request (slices of it), and what they say about its
-/// version; `None` when the request cannot be walked (the 1.10 checks then
-/// say why).
-fn samples(body: &[u8]) -> Option<(Vec<&[u8]>, Signs)> {
-    let mut all = Vec::new();
-    let mut signs = Signs::default();
-    for resource in nested(body, 1)? {
-        for scope in nested(resource, 2)? {
-            for profile in nested(scope, 2)? {
-                for sample in nested(profile, 2)? {
-                    let (mut two, mut four, mut five) = (false, false, false);
-                    for f in fields(sample) {
-                        match f.ok()? {
-                            (2, _) => two = true,
-                            (3, Value::Bytes(_)) | (4, Value::Varint(_)) => signs.older = true,
-                            (3, Value::Varint(_)) | (4, Value::Bytes(_)) => signs.newer = true,
-                            (5, _) => five = true,
-                            _ => {}
-                        }
-                        four |= matches!(f, Ok((4, _)));
+/// Calls `f` with every sample of a request (a slice of it), in order,
+/// until it returns `false`; nothing is allocated. `None` when the request
+/// cannot be walked (the 1.10 checks then say why).
+fn each_sample<'a>(body: &'a [u8], mut f: impl FnMut(&'a [u8]) -> bool) -> Option<()> {
+    for resource in nested(body, 1) {
+        for scope in nested(resource?, 2) {
+            for profile in nested(scope?, 2) {
+                for sample in nested(profile?, 2) {
+                    if !f(sample?) {
+                        return Some(());
                     }
-                    if two && !four && !five {
-                        signs.older = true;
-                    }
-                    if signs.newer {
-                        // A 1.10 request: the rest need not be walked.
-                        return Some((Vec::new(), signs));
-                    }
-                    all.push(sample);
                 }
             }
         }
     }
-    Some((all, signs))
+    Some(())
 }
 
-/// The length-delimited fields numbered `number` of `message`.
-fn nested(message: &[u8], number: u32) -> Option<Vec<&[u8]>> {
-    let mut out = Vec::new();
-    for f in fields(message) {
-        if let (n, Value::Bytes(b)) = f.ok()?
-            && n == number
-        {
-            out.push(b);
+/// What the samples of a request say about its version; `None` when it
+/// cannot be walked. Stops at the first sample only 1.10 can be.
+fn signs(body: &[u8]) -> Option<Signs> {
+    let mut signs = Signs::default();
+    let mut walked = true;
+    each_sample(body, |sample| {
+        let (mut two, mut four, mut five) = (false, false, false);
+        for f in fields(sample) {
+            let Ok(f) = f else {
+                walked = false;
+                return false;
+            };
+            match f {
+                (2, _) => two = true,
+                (3, Value::Bytes(_)) | (4, Value::Varint(_)) => signs.older = true,
+                (3, Value::Varint(_)) | (4, Value::Bytes(_)) => signs.newer = true,
+                (5, _) => five = true,
+                _ => {}
+            }
+            four |= f.0 == 4;
         }
-    }
-    Some(out)
+        if two && !four && !five {
+            signs.older = true;
+        }
+        // A 1.10 request: the rest need not be walked.
+        !signs.newer
+    })?;
+    walked.then_some(signs)
+}
+
+/// The length-delimited fields numbered `number` of `message`, each `None`
+/// when the message stops being protobuf there.
+fn nested(message: &[u8], number: u32) -> impl Iterator<Item = Option<&[u8]>> {
+    fields(message).filter_map(move |f| match f {
+        Ok((n, Value::Bytes(b))) if n == number => Some(Some(b)),
+        Ok(_) => None,
+        Err(_) => Some(None),
+    })
 }
 
 /// The 1.10 number of a 1.9 sample field.
@@ -100,26 +109,30 @@ fn renumbered(number: u32) -> u32 {
 /// `body` rewritten as 1.10 when it is a 1.9 request (see the module
 /// docs); `None` when it is not (or cannot be walked).
 pub fn upgrade_1_9(body: &Bytes) -> Option<Bytes> {
-    let (all, signs) = samples(body)?;
+    let signs = signs(body)?;
     if !signs.older || signs.newer {
         return None;
     }
     let base = body.as_ptr() as usize;
     let mut out = body.to_vec();
-    for sample in all {
+    let mut rewritten = true;
+    each_sample(body, |sample| {
         let start = sample.as_ptr() as usize - base;
         let mut walker = fields(sample);
         loop {
             let tag_at = start + (sample.len() - walker.rest().len());
-            let Some(f) = walker.next() else { break };
-            let (number, _) = f.ok()?;
+            let Some(Ok((number, _))) = walker.next() else {
+                break;
+            };
             let new = renumbered(number);
-            if new != number {
-                rewrite_tag(&mut out[tag_at..], new)?;
+            if new != number && rewrite_tag(&mut out[tag_at..], new).is_none() {
+                rewritten = false;
+                return false;
             }
         }
-    }
-    Some(Bytes::from(out))
+        true
+    })?;
+    rewritten.then(|| Bytes::from(out))
 }
 
 /// Writes the tag of field `number` over the tag at the start of `bytes`,
