@@ -77,27 +77,32 @@ fn lines() -> Vec<u8> {
     out.into_bytes()
 }
 
-/// Sends `body` as `name.suffix` to Pyroscope and through proflow, and
-/// compares what both read back in `profile_type`.
-fn same_in_pyroscope(
+/// The same body sent to the real Pyroscope directly and through proflow
+/// (a `pyroscope` exporter beside a `file` one), under two service names.
+struct BothWays {
+    proflow: common::Proflow,
+    http: reqwest::blocking::Client,
+    base: String,
+    direct: String,
+    through: String,
+}
+
+/// Sends `body` (as `content_type`) as `name.suffix` with `query` to
+/// Pyroscope and through proflow; `None` when the peer is missing and
+/// skipping is allowed.
+fn both_ways(
     what: &str,
     suffix: &str,
     query: &str,
     content_type: &str,
     body: Vec<u8>,
-    profile_type: &str,
-) {
-    let Some(pyroscope) = peer_env::peer("pyroscope") else {
-        return;
-    };
-    let proflow = common::start_with_file_and(
-        "pyroscope",
-        &format!("endpoint: {}\n", pyroscope.http_base()),
-    );
+) -> Option<BothWays> {
+    let pyroscope = peer_env::peer("pyroscope")?;
+    let base = pyroscope.http_base();
+    let proflow = common::start_with_file_and("pyroscope", &format!("endpoint: {base}\n"));
     let direct = common::unique_name(&format!("fmt-{what}-direct"));
     let through = common::unique_name(&format!("fmt-{what}-proflow"));
     let http = common::http_client();
-    let base = pyroscope.http_base();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
@@ -111,27 +116,50 @@ fn same_in_pyroscope(
             body.clone(),
         );
     }
+    Some(BothWays {
+        proflow,
+        http,
+        base,
+        direct,
+        through,
+    })
+}
+
+/// Sends `body` as `name.suffix` to Pyroscope and through proflow, and
+/// compares what both read back in `profile_type`.
+fn same_in_pyroscope(
+    what: &str,
+    suffix: &str,
+    query: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    profile_type: &str,
+) {
+    let Some(b) = both_ways(what, suffix, query, content_type, body) else {
+        return;
+    };
     match readback::same_service_totals(
-        &http,
-        &base,
-        &direct,
-        &through,
+        &b.http,
+        &b.base,
+        &b.direct,
+        &b.through,
         &FUNCTIONS,
         profile_type,
         READ_BACK_TIMEOUT,
         |t| t.len() == FUNCTIONS.len(),
     ) {
         Ok(totals) => eprintln!("{what}: {totals:?}"),
-        Err((a, b)) => panic!(
-            "{what}: Pyroscope directly {a:?}, through proflow {b:?}\nlog:\n{}",
-            proflow.log_text()
+        Err((a, other)) => panic!(
+            "{what}: Pyroscope directly {a:?}, through proflow {other:?}\nlog:\n{}",
+            b.proflow.log_text()
         ),
     }
 }
 
-/// Sends `body` as `name.suffix` to Pyroscope and through proflow, and
-/// checks that proflow's read back, in `profile_type`, is `want` (the
-/// file's own totals in nanoseconds); Pyroscope's own reading is printed.
+/// Sends a speedscope `body` as `name.suffix` to Pyroscope and through
+/// proflow, and checks that proflow's read back, in `profile_type`, is
+/// `want` (the file's own totals in nanoseconds); Pyroscope's own reading
+/// is printed.
 fn file_totals_in_pyroscope(
     what: &str,
     suffix: &str,
@@ -139,43 +167,22 @@ fn file_totals_in_pyroscope(
     profile_type: &str,
     want: &[(&str, i64)],
 ) {
-    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+    let Some(b) = both_ways(what, suffix, "&format=speedscope", "application/json", body) else {
         return;
     };
-    let proflow = common::start_with_file_and(
-        "pyroscope",
-        &format!("endpoint: {}\n", pyroscope.http_base()),
-    );
-    let direct = common::unique_name(&format!("fmt-{what}-direct"));
-    let through = common::unique_name(&format!("fmt-{what}-proflow"));
-    let http = common::http_client();
-    let base = pyroscope.http_base();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_secs();
-    let (from, until) = (now - 10, now);
-    for (to, name) in [(&base, &direct), (&proflow.receiver_url(""), &through)] {
-        readback::post_ok(
-            &http,
-            &format!("{to}/ingest?name={name}{suffix}&from={from}&until={until}&format=speedscope"),
-            "application/json",
-            body.clone(),
-        );
-    }
     let want: common::Totals = want.iter().map(|(f, v)| ((*f).to_owned(), *v)).collect();
-    let selector = format!("{{service_name=\"{through}\"}}");
+    let selector = format!("{{service_name=\"{}\"}}", b.through);
     let (ok, got, answer) = readback::pyroscope_wait(
-        &http,
-        &base,
+        &b.http,
+        &b.base,
         (&selector, &FUNCTIONS, profile_type),
         READ_BACK_TIMEOUT,
         |t| *t == want,
     );
     let (pyroscope_reads, _) = readback::pyroscope_totals(
-        &http,
-        &base,
-        &format!("{{service_name=\"{direct}\"}}"),
+        &b.http,
+        &b.base,
+        &format!("{{service_name=\"{}\"}}", b.direct),
         &FUNCTIONS,
         Some(profile_type),
     );
@@ -185,11 +192,11 @@ fn file_totals_in_pyroscope(
     assert!(
         ok,
         "{what}: through proflow Pyroscope read {got:?} ({answer}), the file holds {want:?}\nlog:\n{}",
-        proflow.log_text()
+        b.proflow.log_text()
     );
     assert_eq!(
         common::metric_sum(
-            &proflow.metrics(),
+            &b.proflow.metrics(),
             "proflow_receiver_lost_samples_total",
             &[]
         ),

@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::common::{self, Proflow};
-use super::{peer_env, readback};
+use super::readback;
 
 /// Per function name: seconds (from a file) or nanoseconds (written).
 type Totals = BTreeMap<String, f64>;
@@ -39,20 +39,27 @@ fn work_py() -> PathBuf {
     common::peers_dir().join("apps/pysamplers/work.py")
 }
 
-/// Runs `args` (a sampler writing `out`) and returns what it wrote.
-fn record(bin: &Path, args: &[&str], out: &Path) -> Vec<u8> {
-    let output = Command::new(bin)
-        .args(args)
+/// Runs py-spy on work.py at 100 Hz, writing `format` (`speedscope`,
+/// `raw`), and returns what it wrote.
+fn py_spy(bin: &Path, format: &str) -> Vec<u8> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join(format!("py-spy.{format}"));
+    let output = Command::new(bin.join("py-spy"))
+        .args(["record", "--format", format, "--rate", "100", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(bin.join("python"))
+        .arg(work_py())
+        .arg(ROUNDS)
         .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()));
+        .expect("run py-spy");
     assert!(
         output.status.success(),
-        "{} {args:?}: {}\n{}",
-        bin.display(),
+        "py-spy record --format {format}: {}\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    std::fs::read(out).unwrap_or_else(|e| panic!("read {}: {e}", out.display()))
+    std::fs::read(&out).unwrap_or_else(|e| panic!("read {}: {e}", out.display()))
 }
 
 /// A frame's function: `py_hot (work.py:18)` (py-spy's folded names) is
@@ -160,19 +167,16 @@ fn written_totals(proflow: &Proflow, app: &str) -> Totals {
     totals
 }
 
-/// proflow with a `file` exporter (and the real Pyroscope, when given).
-fn start(pyroscope: Option<&str>) -> Proflow {
-    match pyroscope {
-        Some(base) => common::start_with_file_and("pyroscope", &format!("endpoint: {base}\n")),
-        None => Proflow::start(|ports, profiles| {
-            format!(
-                "receivers:\n  pprof_push:\n    endpoint: {}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [file]}}\n",
-                ports.receiver,
-                profiles.display(),
-                ports.telemetry
-            )
-        }),
-    }
+/// proflow with a `file` exporter.
+fn start() -> Proflow {
+    Proflow::start(|ports, profiles| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [file]}}\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry
+        )
+    })
 }
 
 /// Checks that `written` (ns) is `own` (in `unit` seconds each) for every
@@ -200,43 +204,18 @@ fn assert_agrees(what: &str, written: &Totals, own: &Totals, unit: f64, values: 
 #[test]
 fn py_spy_speedscope_arrives_with_its_own_totals_in_pyroscope_too() {
     let Some(bin) = samplers() else { return };
-    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+    let file = py_spy(&bin, "speedscope");
+    let (own, values) = speedscope_totals(&file);
+    let Some(b) = super::both_ways(
+        "pyspy",
+        ".cpu",
+        "&format=speedscope&spyName=pyspy",
+        "application/json",
+        file,
+    ) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = dir.path().join("spy.json");
-    let file = record(
-        &bin.join("py-spy"),
-        &[
-            "record",
-            "--format",
-            "speedscope",
-            "--rate",
-            "100",
-            "-o",
-            out.to_str().unwrap(),
-            "--",
-            bin.join("python").to_str().unwrap(),
-            work_py().to_str().unwrap(),
-            ROUNDS,
-        ],
-        &out,
-    );
-    let (own, values) = speedscope_totals(&file);
-    let base = pyroscope.http_base();
-    let proflow = start(Some(&base));
-    let direct = common::unique_name("pyspy-direct");
-    let through = common::unique_name("pyspy-proflow");
-    let http = common::http_client();
-    for (to, name) in [(&base, &direct), (&proflow.receiver_url(""), &through)] {
-        readback::post_ok(
-            &http,
-            &format!("{to}/ingest?name={name}.cpu&format=speedscope&spyName=pyspy"),
-            "application/json",
-            file.clone(),
-        );
-    }
-    let written = written_totals(&proflow, &through);
+    let written = written_totals(&b.proflow, &b.through);
     assert_agrees("py-spy speedscope", &written, &own, 1e9, values);
     // Pyroscope, through proflow: the same totals (each 0.01 s weight is
     // exactly 10,000,000 ns).
@@ -244,24 +223,21 @@ fn py_spy_speedscope_arrives_with_its_own_totals_in_pyroscope_too() {
         .iter()
         .map(|(f, v)| (f.clone(), *v as i64))
         .collect();
-    let selector = format!("{{service_name=\"{through}\"}}");
+    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+    let selector = format!("{{service_name=\"{}\"}}", b.through);
     let (ok, got, answer) = readback::pyroscope_wait(
-        &http,
-        &base,
-        (
-            &selector,
-            &FUNCTIONS,
-            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
-        ),
+        &b.http,
+        &b.base,
+        (&selector, &FUNCTIONS, cpu),
         Duration::from_secs(60),
         |t| *t == want,
     );
     let (direct_reads, _) = readback::pyroscope_totals(
-        &http,
-        &base,
-        &format!("{{service_name=\"{direct}\"}}"),
+        &b.http,
+        &b.base,
+        &format!("{{service_name=\"{}\"}}", b.direct),
         &FUNCTIONS,
-        Some("process_cpu:cpu:nanoseconds:cpu:nanoseconds"),
+        Some(cpu),
     );
     eprintln!(
         "py-spy speedscope, {values} samples: the file's own {own:?} s; through proflow {got:?} ns; Pyroscope directly {direct_reads:?}"
@@ -275,27 +251,9 @@ fn py_spy_speedscope_arrives_with_its_own_totals_in_pyroscope_too() {
 #[test]
 fn py_spy_raw_folded_arrives_with_its_own_totals() {
     let Some(bin) = samplers() else { return };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = dir.path().join("spy.txt");
-    let file = record(
-        &bin.join("py-spy"),
-        &[
-            "record",
-            "--format",
-            "raw",
-            "--rate",
-            "100",
-            "-o",
-            out.to_str().unwrap(),
-            "--",
-            bin.join("python").to_str().unwrap(),
-            work_py().to_str().unwrap(),
-            ROUNDS,
-        ],
-        &out,
-    );
+    let file = py_spy(&bin, "raw");
     let (own, lines) = folded_totals(&file);
-    let proflow = start(None);
+    let proflow = start();
     let app = common::unique_name("pyspy-raw");
     proflow
         .post(
