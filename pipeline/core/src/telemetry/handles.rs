@@ -10,6 +10,11 @@ pub(super) fn with(id: &LabelSet, k: &'static str, v: &str) -> LabelSet {
     l
 }
 
+/// A sender's address for a log line (`unknown` when the receiver has none).
+fn shown(sender: Option<std::net::IpAddr>) -> String {
+    sender.map_or_else(|| "unknown".to_owned(), |s| s.to_string())
+}
+
 /// Metric handle of one receiver.
 #[derive(Clone, Debug)]
 pub struct ReceiverTelemetry {
@@ -65,7 +70,7 @@ impl ReceiverTelemetry {
                     format,
                     reason,
                     samples,
-                    sender = %sender.map_or_else(|| "unknown".to_owned(), |s| s.to_string()),
+                    sender = %shown(sender),
                     "samples of an accepted request could not be converted (logged once per reason and sender; counted in proflow_receiver_lost_samples_total)"
                 );
             }
@@ -84,7 +89,7 @@ impl ReceiverTelemetry {
                 receiver = %self.id[0].1,
                 format,
                 bytes,
-                sender = %sender.map_or_else(|| "unknown".to_owned(), |s| s.to_string()),
+                sender = %shown(sender),
                 "a request was accepted but its body held no sample to store (logged once per sender; counted in proflow_receiver_empty_requests_total)"
             );
         }
@@ -101,7 +106,7 @@ impl ReceiverTelemetry {
             tracing::info!(
                 receiver = %self.id[0].1,
                 from,
-                sender = %sender.map_or_else(|| "unknown".to_owned(), |s| s.to_string()),
+                sender = %shown(sender),
                 "a request of an older layout was converted (logged once per sender; counted in proflow_receiver_upgraded_requests_total)"
             );
         }

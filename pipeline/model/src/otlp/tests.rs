@@ -291,6 +291,15 @@ fn one_profile(
     dict: &proto::ProfilesDictionary,
     samples: Vec<proto::Sample>,
 ) -> Result<Vec<pprof::Profile>, ConvertError> {
+    one_profile_losing(dict, samples, &mut Lost::default())
+}
+
+/// [`one_profile`], counting what the conversion loses in `lost`.
+fn one_profile_losing(
+    dict: &proto::ProfilesDictionary,
+    samples: Vec<proto::Sample>,
+    lost: &mut Lost,
+) -> Result<Vec<pprof::Profile>, ConvertError> {
     let p = proto::Profile {
         sample_type: Some(proto::ValueType {
             type_strindex: 1,
@@ -299,7 +308,7 @@ fn one_profile(
         samples,
         ..Default::default()
     };
-    otlp_to_pprof(dict, &[p], &mut Lost::default())
+    otlp_to_pprof(dict, &[p], lost)
 }
 
 fn small_dictionary() -> proto::ProfilesDictionary {
@@ -662,28 +671,20 @@ fn otlp_json_follows_the_otlp_mapping() {
 
 #[test]
 fn the_times_of_samples_are_counted_as_lost_in_pprof() {
-    let dict = small_dictionary();
-    let p = proto::Profile {
-        sample_type: Some(proto::ValueType {
-            type_strindex: 1,
-            unit_strindex: 2,
-        }),
-        samples: vec![
-            proto::Sample {
-                stack_index: 1,
-                timestamps_unix_nano: vec![1, 2, 3],
-                ..Default::default()
-            },
-            proto::Sample {
-                stack_index: 1,
-                values: vec![4],
-                ..Default::default()
-            },
-        ],
-        ..Default::default()
-    };
+    let samples = vec![
+        proto::Sample {
+            stack_index: 1,
+            timestamps_unix_nano: vec![1, 2, 3],
+            ..Default::default()
+        },
+        proto::Sample {
+            stack_index: 1,
+            values: vec![4],
+            ..Default::default()
+        },
+    ];
     let mut lost = Lost::default();
-    let out = otlp_to_pprof(&dict, &[p], &mut lost).unwrap();
+    let out = one_profile_losing(&small_dictionary(), samples, &mut lost).unwrap();
     assert_eq!(out[0].sample[0].value, vec![3 + 4]);
     assert_eq!(lost.counts.get("sample timestamps"), Some(&3));
 }
