@@ -35,6 +35,7 @@ mod collector;
 mod producer_settings;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{IndexEntry, Proflow, gzip, read_index};
@@ -754,5 +755,53 @@ fn a_stalled_exporter_holds_the_consumer_back_instead_of_dropping() {
         common::metric_sum(&metrics, "proflow_exporter_dropped_profiles_total", &[]),
         0.0,
         "{metrics}"
+    );
+}
+
+/// A record that holds no profile (an OTLP request of a resource and no
+/// profile, as a producer with nothing to send may write) is committed,
+/// and counted and logged, not passed over in silence.
+#[test]
+fn a_record_of_no_profile_is_counted() {
+    let Some(kafka) = peer_env::peer("kafka") else {
+        return;
+    };
+    let broker = kafka.endpoint().to_owned();
+    let topic = peer_env::unique("proflow-empty-record-");
+    let c = consumer(&broker, &topic, &peer_env::unique("proflow-g-"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let value = dir.path().join("no-profile.otlp");
+    // ExportProfilesServiceRequest { resource_profiles: [{ resource: {} }] }
+    std::fs::write(&value, [0x0a, 0x02, 0x0a, 0x00]).expect("write the value");
+    let out = Command::new("timeout")
+        .args(["30", "kcat", "-q", "-b", &broker, "-P", "-t", &topic])
+        .args(["-H", "proflow.encoding=otlp_proto"])
+        .arg(&value)
+        .output()
+        .unwrap_or_else(|e| panic!("could not run kcat (Debian package kcat): {e}"));
+    assert!(
+        out.status.success(),
+        "kcat producing to {topic}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counted = peer_env::poll(Duration::from_secs(60), || {
+        let n = common::metric_sum(
+            &c.metrics(),
+            "proflow_receiver_empty_requests_total",
+            &[("receiver", "kafka"), ("format", "kafka_record")],
+        );
+        (n >= 1.0).then_some(n)
+    });
+    assert_eq!(
+        counted,
+        Some(1.0),
+        "the record of no profile is counted once\nlog:\n{}",
+        c.log_text()
+    );
+    assert!(
+        c.log_text().contains("held no sample to store"),
+        "and logged:\n{}",
+        c.log_text()
     );
 }
