@@ -307,6 +307,17 @@ fn decode_inline(encoding: ContentEncoding, body: &[u8]) -> bool {
         && !proflow_pipeline::pprof::is_gzip(body)
 }
 
+/// Whether the parts of a form read from a body that [`decode_inline`]
+/// allowed (`inline`) may still be decoded inline: not when one of them is
+/// gzip, which may inflate to a thousand times its bytes.
+fn parts_inline(inline: bool, parts: &[Option<&Bytes>]) -> bool {
+    inline
+        && !parts
+            .iter()
+            .flatten()
+            .any(|p| proflow_pipeline::pprof::is_gzip(p))
+}
+
 /// Runs CPU-bound decoding: inline when [`decode_inline`] allows it, on the
 /// blocking pool otherwise so large bodies never stall the async workers.
 async fn blocking<T: Send + 'static>(
@@ -408,6 +419,7 @@ impl Shared {
                         "the multipart body has no `profile` part; send the pprof bytes in a part named profile",
                     )
                 })?;
+                let inline = parts_inline(inline, &[Some(&profile)]);
                 blocking(inline, move || {
                     let batch = ingest::pprof_batch(
                         &params,
@@ -432,6 +444,7 @@ impl Shared {
                 } else {
                     (body, None, budget)
                 };
+                let inline = parts_inline(inline, &[Some(&recording), labels.as_ref()]);
                 blocking(inline, move || {
                     // A raw recording may come with a Content-Encoding; the
                     // parts of a form were decoded with the body.
@@ -624,6 +637,16 @@ mod tests {
         let sniffed = pprof::gzip(&vec![b'{'; 1 << 20]);
         assert!(sniffed.len() < 16 << 10);
         assert!(!decode_inline(ContentEncoding::Identity, &sniffed));
+    }
+
+    #[test]
+    fn a_gzipped_part_of_a_small_form_is_not_decoded_inline() {
+        let plain = Bytes::from_static(b"\x0a\x02\x08\x01");
+        let gzipped = Bytes::from(pprof::gzip(&vec![0u8; 1 << 20]));
+        assert!(parts_inline(true, &[Some(&plain), None]));
+        assert!(!parts_inline(true, &[Some(&plain), Some(&gzipped)]));
+        assert!(!parts_inline(true, &[Some(&gzipped)]));
+        assert!(!parts_inline(false, &[Some(&plain)]));
     }
 
     #[test]
