@@ -642,7 +642,7 @@ mod tests {
     #[test]
     fn a_gzipped_part_of_a_small_form_is_not_decoded_inline() {
         let plain = Bytes::from_static(b"\x0a\x02\x08\x01");
-        let gzipped = Bytes::from(pprof::gzip(&vec![0u8; 1 << 20]));
+        let gzipped = pprof::gzip(&vec![0u8; 1 << 20]);
         assert!(parts_inline(true, &[Some(&plain), None]));
         assert!(!parts_inline(true, &[Some(&plain), Some(&gzipped)]));
         assert!(!parts_inline(true, &[Some(&gzipped)]));
