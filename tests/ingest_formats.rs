@@ -87,6 +87,36 @@ struct BothWays {
     through: String,
 }
 
+impl BothWays {
+    /// Waits (up to [`READ_BACK_TIMEOUT`]) until Pyroscope reads `want` in
+    /// `profile_type` of `functions` through proflow; returns whether it
+    /// did, the last totals, what Pyroscope answered, and what it reads of
+    /// the same body sent directly.
+    fn read_back(
+        &self,
+        functions: &[&str],
+        profile_type: &str,
+        want: &common::Totals,
+    ) -> (bool, common::Totals, String, common::Totals) {
+        let selector = format!("{{service_name=\"{}\"}}", self.through);
+        let (ok, got, answer) = readback::pyroscope_wait(
+            &self.http,
+            &self.base,
+            (&selector, functions, profile_type),
+            READ_BACK_TIMEOUT,
+            |t| t == want,
+        );
+        let (direct, _) = readback::pyroscope_totals(
+            &self.http,
+            &self.base,
+            &format!("{{service_name=\"{}\"}}", self.direct),
+            functions,
+            Some(profile_type),
+        );
+        (ok, got, answer, direct)
+    }
+}
+
 /// Sends `body` (as `content_type`) as `name.suffix` with `query` to
 /// Pyroscope and through proflow; `None` when the peer is missing and
 /// skipping is allowed.
@@ -171,21 +201,7 @@ fn file_totals_in_pyroscope(
         return;
     };
     let want: common::Totals = want.iter().map(|(f, v)| ((*f).to_owned(), *v)).collect();
-    let selector = format!("{{service_name=\"{}\"}}", b.through);
-    let (ok, got, answer) = readback::pyroscope_wait(
-        &b.http,
-        &b.base,
-        (&selector, &FUNCTIONS, profile_type),
-        READ_BACK_TIMEOUT,
-        |t| *t == want,
-    );
-    let (pyroscope_reads, _) = readback::pyroscope_totals(
-        &b.http,
-        &b.base,
-        &format!("{{service_name=\"{}\"}}", b.direct),
-        &FUNCTIONS,
-        Some(profile_type),
-    );
+    let (ok, got, answer, pyroscope_reads) = b.read_back(&FUNCTIONS, profile_type, &want);
     eprintln!(
         "{what}: the file's totals {want:?}; through proflow {got:?}; Pyroscope directly {pyroscope_reads:?}"
     );

@@ -223,21 +223,10 @@ fn py_spy_speedscope_arrives_with_its_own_totals_in_pyroscope_too() {
         .iter()
         .map(|(f, v)| (f.clone(), *v as i64))
         .collect();
-    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
-    let selector = format!("{{service_name=\"{}\"}}", b.through);
-    let (ok, got, answer) = readback::pyroscope_wait(
-        &b.http,
-        &b.base,
-        (&selector, &FUNCTIONS, cpu),
-        Duration::from_secs(60),
-        |t| *t == want,
-    );
-    let (direct_reads, _) = readback::pyroscope_totals(
-        &b.http,
-        &b.base,
-        &format!("{{service_name=\"{}\"}}", b.direct),
+    let (ok, got, answer, direct_reads) = b.read_back(
         &FUNCTIONS,
-        Some(cpu),
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+        &want,
     );
     eprintln!(
         "py-spy speedscope, {values} samples: the file's own {own:?} s; through proflow {got:?} ns; Pyroscope directly {direct_reads:?}"
