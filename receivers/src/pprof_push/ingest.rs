@@ -173,8 +173,9 @@ pub(crate) fn body_kind(format: &str, content_type: Option<&str>) -> Result<Body
     }
 }
 
-/// One pprof profile from /ingest as an envelope (or none for an empty body,
-/// which Pyroscope accepts as "nothing to store"). A gzipped profile is
+/// One pprof profile from /ingest as an envelope (or none for an empty body
+/// or a profile of no sample, which Pyroscope accepts as "nothing to
+/// store"). A gzipped profile is
 /// inflated within what is left of the request's decompression `budget`.
 pub(crate) fn pprof_batch(
     params: &IngestParams,
@@ -214,6 +215,11 @@ pub(crate) fn pprof_batch(
         &profile_name,
     )
     .map_err(|e| refuse(IngestError::bad_request(format!("name: {e}"))))?;
+    if meta.sample_count == 0 {
+        // A valid profile with nothing to store (Pyroscope stores nothing
+        // of it either): the caller counts the request as empty.
+        return Ok(Vec::new());
+    }
     let period = meta.period;
     let (sample_types, period_type) = meta.take_value_types();
     Ok(vec![Envelope {
@@ -579,6 +585,15 @@ mod tests {
         );
         assert!(
             pprof_batch(&p, Bytes::new(), None, &mut DecompressBudget::new(1 << 20))
+                .unwrap()
+                .is_empty()
+        );
+        // A profile of no sample: nothing to store.
+        let mut b = ProfileBuilder::new();
+        b.sample_type("samples", "count");
+        let empty = pprof::encode(&b.build());
+        assert!(
+            pprof_batch(&p, empty, None, &mut DecompressBudget::new(1 << 20))
                 .unwrap()
                 .is_empty()
         );
