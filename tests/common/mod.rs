@@ -799,6 +799,20 @@ pub fn otlp_python_client() -> Option<PathBuf> {
     }
 }
 
+/// The bin directory of the venv with py-spy (and its python):
+/// `PROFLOW_PYSAMPLERS`, else what `tests/peers/install-clients` prints.
+/// `Err` says why it is not available.
+pub fn py_samplers() -> Result<PathBuf, String> {
+    let dir = client_path("PROFLOW_PYSAMPLERS")?;
+    if !dir.join("py-spy").is_file() {
+        return Err(format!(
+            "PROFLOW_PYSAMPLERS {} has no py-spy",
+            dir.display()
+        ));
+    }
+    Ok(dir)
+}
+
 /// The `node_modules` with `@pyroscope/nodejs` (used as `NODE_PATH`):
 /// `PROFLOW_NODE_MODULES`, else what `tests/peers/install-clients` prints.
 pub fn node_client() -> Result<PathBuf, String> {

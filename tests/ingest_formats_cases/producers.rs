@@ -27,11 +27,9 @@ const ROUNDS: &str = "300";
 
 /// The venv's bin directory with python and py-spy.
 fn samplers() -> Option<PathBuf> {
-    match std::env::var_os("PROFLOW_PYSAMPLERS") {
-        Some(dir) if Path::new(&dir).join("py-spy").is_file() => Some(PathBuf::from(dir)),
-        other => common::missing_peer(&format!(
-            "the Python samplers (PROFLOW_PYSAMPLERS={other:?}): run tests/peers/install-clients"
-        )),
+    match common::py_samplers() {
+        Ok(dir) => Some(dir),
+        Err(why) => common::missing_peer(&format!("py-spy is not available: {why}")),
     }
 }
 
