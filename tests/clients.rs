@@ -25,7 +25,7 @@ const NODE_RUN_SECONDS: &str = "6";
 /// function (12 runs, load 5 to 19), too near the band, and a longer run
 /// averages more of those waits.
 const PYTHON_RUN_SECONDS: &str = "10";
-/// A client run must end well within this.
+/// The Python client's run must end well within this.
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 /// The hot function's share (percent) of the CPU of hot + warm: the client
 /// programs do 3 units of work in it for each unit in the warm one.
@@ -193,25 +193,7 @@ fn node_client_pushes_through_relabel_to_files() {
     };
     let proflow = Proflow::start_default("");
     let app = common::unique_name("node-e2e");
-    let log = proflow.dir.path().join("node-client.log");
-    let node = std::env::var_os("NODE").unwrap_or_else(|| "node".into());
-    let (status, output) = common::run_bounded(
-        Command::new(node)
-            .env("NODE_PATH", &node_modules)
-            // Lets the client log failed uploads.
-            .env("DEBUG", "pyroscope")
-            .arg(common::peers_dir().join("apps/node/main.js"))
-            .args(["--server", &proflow.receiver_url("")])
-            .args(["--app-name", &app])
-            .arg(NODE_RUN_SECONDS),
-        &log,
-        RUN_TIMEOUT,
-    );
-    assert!(status.success(), "node client failed ({status}):\n{output}");
-    assert!(
-        !output.contains("rejected") && !output.contains("Error sending"),
-        "the node client reports failed uploads:\n{output}"
-    );
+    common::run_node_client(&proflow, &node_modules, &app, NODE_RUN_SECONDS);
     // Wall-clock profiles with CPU time collected: one profile, three types.
     check_files(
         &proflow,

@@ -1,5 +1,6 @@
 //! The `pyroscope` exporter against the real Pyroscope server. A real
-//! Pyroscope client (`pyroscope-io` for Python, `pyroscope-go`) pushes to
+//! Pyroscope client (`pyroscope-io` for Python, `pyroscope-go`,
+//! `@pyroscope/nodejs`) pushes to
 //! proflow's `pprof_push` receiver; one pipeline fans out to a `file`
 //! exporter (pprof, what proflow received) and to the `pyroscope` exporter,
 //! which sends to the real Pyroscope over its push API
@@ -176,6 +177,97 @@ fn go_profiles_reach_pyroscope_over_the_push_api() {
         last.1, last.0
     );
 }
+
+/// The Node client: `@pyroscope/nodejs` pushes wall-clock profiles with CPU
+/// time collected (sample types `samples`, `wall`, `cpu`) to proflow's
+/// `/ingest`; proflow sends them on over the push API. Each of the three
+/// comes back from Pyroscope as its own profile type with the totals of
+/// `nodeHotLoop` and `nodeWarmLoop` that the client sent (the `file`
+/// exporter writes its bytes as they arrived), within 1%.
+#[test]
+fn node_profiles_reach_pyroscope_with_every_sample_type() {
+    let Some(pyroscope) = peer_env::peer("pyroscope") else {
+        return;
+    };
+    let node_modules = match common::node_client() {
+        Ok(m) => m,
+        Err(why) => {
+            return common::missing_peer(&format!("@pyroscope/nodejs: {why}")).unwrap_or(());
+        }
+    };
+    let proflow = common::start_with_file_and(
+        "pyroscope",
+        &format!(
+            "endpoint: {}\nexternal_labels: {{ via: proflow }}\n",
+            pyroscope.http_base()
+        ),
+    );
+    let app = common::unique_name("node-pyro-exp");
+    common::run_node_client(&proflow, &node_modules, &app, RUN_SECONDS);
+    let (entries, metrics) = common::wait_exported(&proflow, &app, "pyroscope");
+    let converted = common::metric_sum(&metrics, "proflow_conversions_total", &[]);
+    assert_eq!(converted, 0.0, "metrics:\n{metrics}");
+    let profiles: Vec<_> = entries
+        .iter()
+        .map(|e| common::read_profile(&e.path))
+        .collect();
+
+    // The client names a function `<file>:<name>:<line>`.
+    let functions: Vec<String> = NODE_FUNCTIONS
+        .iter()
+        .map(|f| {
+            let part = format!(":{f}:");
+            profiles
+                .iter()
+                .flat_map(|p| p.string_table.iter())
+                .find(|s| s.contains(&part))
+                .unwrap_or_else(|| {
+                    panic!("no function named like *{part}* in the client's profiles")
+                })
+                .clone()
+        })
+        .collect();
+    let functions: Vec<&str> = functions.iter().map(String::as_str).collect();
+
+    let http = common::http_client();
+    let base = pyroscope.http_base();
+    let selector = format!("{{service_name=\"{app}\", via=\"proflow\"}}");
+    for sample_type in ["samples", "wall", "cpu"] {
+        let mut want = Totals::new();
+        for p in &profiles {
+            common::add_function_totals(&mut want, p, &functions, Some(sample_type));
+        }
+        assert!(
+            functions
+                .iter()
+                .all(|f| want.get(*f).is_some_and(|v| *v > 0)),
+            "the client's {sample_type} values should have both functions: {want:?}"
+        );
+        let unit = if sample_type == "samples" {
+            "count"
+        } else {
+            "nanoseconds"
+        };
+        let id = format!("wall:{sample_type}:{unit}:wall:nanoseconds");
+        let mut last = (Totals::new(), String::new());
+        let same = peer_env::poll(READ_BACK_TIMEOUT, || {
+            last = readback::pyroscope_totals(&http, &base, &selector, &functions, Some(&id));
+            common::totals_close(&last.0, &want).then_some(())
+        });
+        assert!(
+            same.is_some(),
+            "Pyroscope has {id} totals {:?} ({}) for service_name={app}, the client sent {want:?}\nlog:\n{}",
+            last.0,
+            last.1,
+            proflow.log_text()
+        );
+        eprintln!("@pyroscope/nodejs {id}: sent {want:?}, read {:?}", last.0);
+    }
+}
+
+/// The Node program's hot and warm functions (part of the names its client
+/// gives them).
+const NODE_FUNCTIONS: [&str; 2] = ["nodeHotLoop", "nodeWarmLoop"];
 
 /// What the real Pyroscope does with profiles of one series that share a
 /// millisecond: it acknowledges and stores each, but its query counts one of

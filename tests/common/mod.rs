@@ -826,6 +826,31 @@ pub fn node_client() -> Result<PathBuf, String> {
     Ok(modules)
 }
 
+/// Runs the Node program of `tests/peers/apps/node` (with the real
+/// `@pyroscope/nodejs` of `node_modules`) as `app` for `seconds`, pushing to
+/// `proflow`; panics if it fails or reports a failed upload.
+pub fn run_node_client(proflow: &Proflow, node_modules: &Path, app: &str, seconds: &str) {
+    let log = proflow.dir.path().join("node-client.log");
+    let node = std::env::var_os("NODE").unwrap_or_else(|| "node".into());
+    let (status, output) = run_bounded(
+        Command::new(node)
+            .env("NODE_PATH", node_modules)
+            // Lets the client log failed uploads.
+            .env("DEBUG", "pyroscope")
+            .arg(peers_dir().join("apps/node/main.js"))
+            .args(["--server", &proflow.receiver_url("")])
+            .args(["--app-name", app])
+            .arg(seconds),
+        &log,
+        Duration::from_secs(60),
+    );
+    assert!(status.success(), "node client failed ({status}):\n{output}");
+    assert!(
+        !output.contains("rejected") && !output.contains("Error sending"),
+        "the node client reports failed uploads:\n{output}"
+    );
+}
+
 /// `java` (11 or later) and the Pyroscope Java agent's jar:
 /// `PROFLOW_JAVA` and `PROFLOW_JAVA_AGENT`, else what
 /// `tests/peers/install-clients` prints (it fetches the agent from Maven
