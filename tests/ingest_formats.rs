@@ -282,6 +282,34 @@ fn lines_by_format() {
     same_in_pyroscope("lines", ".cpu", "&format=lines", OCTET, lines(), CPU);
 }
 
+/// Empty frames and stacks that end in `;`: Pyroscope keeps an empty
+/// frame as a frame with an empty name and ends a stack at one `;` at its
+/// end; proflow reads the same, empty frames included.
+#[test]
+fn folded_with_empty_frames() {
+    let body = b"main;;foo 3\nmain;bar; 2\n;idle 4\nmain;foo;; 1\n; 5\n".to_vec();
+    let Some(b) = both_ways("empty-frames", ".cpu", "&format=folded", OCTET, body) else {
+        return;
+    };
+    let functions = ["main", "foo", "bar", "idle", ""];
+    match readback::same_service_totals(
+        &b.http,
+        &b.base,
+        &b.direct,
+        &b.through,
+        &functions,
+        CPU,
+        READ_BACK_TIMEOUT,
+        |t| t.len() == functions.len(),
+    ) {
+        Ok(totals) => eprintln!("empty frames: {totals:?}"),
+        Err((a, other)) => panic!(
+            "empty frames: Pyroscope directly {a:?}, through proflow {other:?}\nlog:\n{}",
+            b.proflow.log_text()
+        ),
+    }
+}
+
 const SPEEDSCOPE_FRAMES: &str = r#""shared": {"frames": [{"name": "main"}, {"name": "foo"}, {"name": "bar"}, {"name": "idle"}]}"#;
 
 fn speedscope(profiles: &str) -> Vec<u8> {

@@ -37,7 +37,7 @@ fn tally(body: &[u8], lines: bool) -> (u128, u64) {
         if count == 0 {
             continue;
         }
-        if stack.split(';').all(str::is_empty) {
+        if stack.is_empty() {
             lost += 1;
         } else {
             total += count;

@@ -5,6 +5,9 @@
 //! Grouped lines split at the last space; a line without one is skipped and a
 //! count that is not a whole number refuses the request (as in Pyroscope).
 //! Frames are separated by `;`, root first. Identical stacks are merged.
+//! As in Pyroscope, an empty frame (`a;;b`, `;b`) is a frame with an empty
+//! name, and one `;` at the end of a stack ends it (`a;` is `a`); a stack
+//! with no text at all (` 5`) has no frame to go to and is counted as lost.
 //!
 //! Everything the conversion holds beside the body (the distinct stacks, the
 //! profile's strings, functions, locations and samples) is charged as it
@@ -149,7 +152,7 @@ impl StackSums {
         if value <= 0 {
             return Ok(());
         }
-        if stack.split(';').all(str::is_empty) {
+        if stack.is_empty() {
             self.lost.add("empty_stack", 1);
             return Ok(());
         }
@@ -246,9 +249,9 @@ pub(crate) fn parse_stacks<'a>(
         if count == 0 {
             continue;
         }
-        if stack.split(';').all(str::is_empty) {
+        if stack.is_empty() {
             // A blank line of `lines` is no sample.
-            if format == TextFormat::Folded || !stack.trim().is_empty() {
+            if format == TextFormat::Folded {
                 lost.add("empty_stack", 1);
             }
             continue;
@@ -326,7 +329,7 @@ pub(crate) fn to_profile(
     b.time(time_nanos, duration_nanos);
     for (stack, count) in &stacks.stacks {
         let mut depth = 0;
-        for frame in stack.split(';').filter(|f| !f.is_empty()) {
+        for frame in frames(stack) {
             depth += 1;
             if !b.has_frame(frame) {
                 if b.frames() >= limits.max_frames {
@@ -340,7 +343,7 @@ pub(crate) fn to_profile(
             }
         }
         charge(SAMPLE_ENTRY + depth * size_of::<u64>()).map_err(FoldedError::Memory)?;
-        let frames = stack.split(';').filter(|f| !f.is_empty());
+        let frames = frames(stack);
         let value = count.checked_mul(conv.scale).unwrap_or_else(|| {
             lost.add("value_capped", 1);
             i64::MAX
@@ -348,6 +351,13 @@ pub(crate) fn to_profile(
         b.sample_root_first(frames, vec![value]);
     }
     Ok(b.build())
+}
+
+/// The frames of a non-empty stack, root first: split at `;`, one `;` at
+/// the end ending the stack (Pyroscope's rule: `a;;b` is `a`, ``, `b`;
+/// `a;` is `a`; `;` is one frame with an empty name).
+fn frames(stack: &str) -> std::str::Split<'_, char> {
+    stack.strip_suffix(';').unwrap_or(stack).split(';')
 }
 
 #[cfg(test)]
@@ -391,20 +401,46 @@ mod tests {
     }
 
     #[test]
+    fn empty_frames_are_kept_and_one_trailing_separator_ends_a_stack() {
+        // What the real Pyroscope stores for the same lines.
+        let body = b"a;;b 5\nc; 3\n;d 2\nx;y;; 1\n; 4\n";
+        let s = parse_stacks(body, TextFormat::Folded).unwrap();
+        let conv = conversion(folded_type("cpu").unwrap(), 0);
+        let p = to_profile(&s, &conv, 0, 0);
+        let mut got: Vec<(Vec<&str>, i64)> = stacks_root_first(&p)
+            .map(|(frames, sample)| (frames, sample.value[0]))
+            .collect();
+        got.sort();
+        let want: Vec<(Vec<&str>, i64)> = vec![
+            (vec![""], 4),
+            (vec!["", "d"], 2),
+            (vec!["a", "", "b"], 5),
+            (vec!["c"], 3),
+            (vec!["x", "y", ""], 1),
+        ];
+        assert_eq!(got, want);
+        assert!(s.lost.is_empty(), "{:?}", s.lost);
+    }
+
+    #[test]
     fn what_the_stacks_cannot_carry_is_counted() {
         let body = b" 5\n;; 3\nmain 9223372036854775807\nmain 1\nmain;x 2\n";
         let s = parse_stacks(body, TextFormat::Folded).unwrap();
         assert_eq!(
             s.stacks,
-            vec![("main".into(), i64::MAX), ("main;x".into(), 2)]
+            vec![
+                (";;".into(), 3),
+                ("main".into(), i64::MAX),
+                ("main;x".into(), 2)
+            ]
         );
         assert_eq!(
             s.lost.iter().collect::<Vec<_>>(),
-            vec![("empty_stack", 2), ("value_capped", 1)]
+            vec![("empty_stack", 1), ("value_capped", 1)]
         );
         let s = parse_stacks(b"a\n\n;;\n", TextFormat::Lines).unwrap();
-        assert_eq!(s.stacks, vec![("a".into(), 1)]);
-        assert_eq!(s.lost.iter().collect::<Vec<_>>(), vec![("empty_stack", 1)]);
+        assert_eq!(s.stacks, vec![("a".into(), 1), (";;".into(), 1)]);
+        assert!(s.lost.is_empty(), "{:?}", s.lost);
         // A count that fits but does not once it is scaled.
         let conv = conversion(folded_type("cpu").unwrap(), 100);
         let s = parse_stacks(b"a 9223372036854775807\nb 1\n", TextFormat::Folded).unwrap();

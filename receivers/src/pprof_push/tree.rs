@@ -10,6 +10,10 @@
 //! - In a **trie** a node's name is a piece of the `;`-joined stack: the
 //!   stack of a node is its ancestors' pieces and its own, put together.
 //!
+//! Bytes after a tree's last node are ignored, as Pyroscope ignores them,
+//! and counted as lost (`after_tree`: the nodes there with a value, at
+//! least 1).
+//!
 //! Both read as Pyroscope reads them, into the stacks the folded text
 //! conversion takes ([`Stacks`]); every stack made is charged before it is
 //! copied, and so is every open node kept on the way down; the distinct
@@ -122,9 +126,31 @@ pub(crate) fn parse_tree(
             open.pop();
         }
         if open.is_empty() {
+            let after = values_after(body, at);
+            if after > 0 {
+                out.sums.lost.add("after_tree", after);
+            }
             return Ok(out.sums.into_stacks());
         }
     }
+}
+
+/// What follows a tree's last node, which Pyroscope ignores (and so does
+/// this reader, answering 200): the nodes there with a value, or 1 when
+/// the rest holds bytes but no such node, so that nothing goes unseen.
+fn values_after(body: &[u8], mut at: usize) -> u64 {
+    if at >= body.len() {
+        return 0;
+    }
+    let mut values = 0;
+    // Each node takes at least 3 bytes: the loop ends within the body.
+    while at < body.len() {
+        match node(body, &mut at) {
+            Ok((_, value, _)) => values += u64::from(value > 0),
+            Err(_) => break,
+        }
+    }
+    values.max(1)
 }
 
 /// The stacks of a `trie` body, read to its end.
@@ -247,6 +273,29 @@ mod tests {
                 ("idle".into(), 4)
             ]
         );
+    }
+
+    #[test]
+    fn what_follows_a_tree_is_ignored_and_counted() {
+        let mut tree = Vec::new();
+        put(&mut tree, "", 0, 1);
+        put(&mut tree, "main", 5, 0);
+        // A second tree after the first: two nodes with a value.
+        let mut body = tree.clone();
+        put(&mut body, "", 0, 2);
+        put(&mut body, "a", 1, 0);
+        put(&mut body, "b", 2, 0);
+        let got = parse_tree(&body, TextLimits::default(), &mut unlimited()).unwrap();
+        assert_eq!(got.lost.iter().collect::<Vec<_>>(), vec![("after_tree", 2)]);
+        assert_eq!(stacks(got), vec![("main".into(), 5)]);
+        // Bytes that are no node.
+        let mut body = tree.clone();
+        body.extend_from_slice(b"\xff\xff");
+        let got = parse_tree(&body, TextLimits::default(), &mut unlimited()).unwrap();
+        assert_eq!(got.lost.iter().collect::<Vec<_>>(), vec![("after_tree", 1)]);
+        // Nothing after it.
+        let got = parse_tree(&tree, TextLimits::default(), &mut unlimited()).unwrap();
+        assert!(got.lost.is_empty());
     }
 
     #[test]
