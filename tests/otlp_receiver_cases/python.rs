@@ -305,9 +305,9 @@ fn resolve(r: &collector::ExportProfilesServiceRequest) -> Vec<ResolvedProfile> 
 /// Runs `send.py` against `url` (an OTLP/HTTP profiles endpoint that leads to
 /// `proflow`), waits for the three profiles it sends in proflow's files and
 /// checks them against the bytes it sent.
-fn python_request_arrives_unchanged(proflow: &Proflow, url: &str) {
+fn python_request_arrives_unchanged(proflow: &Proflow, url: &str) -> bool {
     let Some(python) = common::otlp_python_client() else {
-        return;
+        return false;
     };
     let tag = peer_env::unique("proflow-otlp-py-");
     let sent_path = proflow.dir.path().join("python-request.pb");
@@ -393,6 +393,7 @@ fn python_request_arrives_unchanged(proflow: &Proflow, url: &str) {
             assert_eq!(e.label("host_name"), Some(host), "{:?}", e.path);
         }
     }
+    true
 }
 
 /// The proflow half alone: what the official Python classes build reaches
@@ -400,9 +401,35 @@ fn python_request_arrives_unchanged(proflow: &Proflow, url: &str) {
 #[test]
 fn official_python_otlp_request_arrives_unchanged_at_proflow() {
     let (proflow, http_port) = start_proflow();
-    python_request_arrives_unchanged(
+    if !python_request_arrives_unchanged(
         &proflow,
         &format!("http://127.0.0.1:{http_port}/v1development/profiles"),
+    ) {
+        return;
+    }
+    // Each resource's `process.command_args` is an array: it stays an
+    // attribute (checked above) but becomes no series label, and that is
+    // counted once per scope of profiles (two) and nothing else is.
+    let metrics = proflow.metrics();
+    let lost = |reason: &str| {
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_lost_parts_total",
+            &[("part", "label"), ("reason", reason)],
+        )
+    };
+    assert_eq!(lost("not_text"), 2.0, "metrics:\n{metrics}");
+    assert_eq!(
+        common::metric_sum(&metrics, "proflow_receiver_lost_parts_total", &[]),
+        2.0,
+        "metrics:\n{metrics}"
+    );
+    assert!(
+        proflow
+            .log_text()
+            .contains("parts of accepted samples could not be converted"),
+        "logged once:\n{}",
+        proflow.log_text()
     );
 }
 

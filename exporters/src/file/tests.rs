@@ -747,7 +747,11 @@ async fn an_otlp_profile_is_written_with_its_own_attributes_and_never_converted(
         version: "1.0".into(),
         ..Default::default()
     };
-    let labels = otlp::AttributeLabels::default().labels(&resource, &scope);
+    let labels = otlp::AttributeLabels::default().labels(
+        &resource,
+        &scope,
+        &mut proflow_pipeline::lost::LostSamples::default(),
+    );
     let ctx = std::sync::Arc::new(OtlpContext {
         resource: resource.clone(),
         scope: scope.clone(),

@@ -557,6 +557,9 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
             if decoded.from_1_9 {
                 shared.telemetry.upgraded("otlp_1_9", None);
             }
+            shared
+                .telemetry
+                .lost_parts("label", "kafka_record", None, &decoded.lost_labels);
             if decoded.envelopes.is_empty() {
                 if decoded.rejected == 0 {
                     // A record that held no profile: committed, but counted.

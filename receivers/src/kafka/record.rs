@@ -47,6 +47,8 @@ pub struct Decoded {
     pub tenant: Option<String>,
     /// An OTLP profiles 1.9 value, made 1.10 first.
     pub from_1_9: bool,
+    /// Attributes of an OTLP value that became no label, by reason.
+    pub lost_labels: proflow_pipeline::lost::LostSamples,
 }
 
 /// How records are read.
@@ -105,6 +107,7 @@ pub(crate) fn decode(
                 rejected_message: split.error_message,
                 tenant: None,
                 from_1_9: split.from_1_9,
+                lost_labels: split.lost_labels,
             }
         }
     };

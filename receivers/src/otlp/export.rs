@@ -119,10 +119,20 @@ impl Handler {
         if built.rejected > 0 {
             self.telemetry.refused("invalid_profile", built.rejected);
         }
+        let format = match encoding {
+            Encoding::Protobuf => "otlp_proto",
+            Encoding::Json => "otlp_json",
+        };
         if built.from_1_9 {
             self.telemetry
                 .upgraded("otlp_1_9", origin.client.map(|c| c.ip()));
         }
+        self.telemetry.lost_parts(
+            "label",
+            format,
+            origin.client.map(|c| c.ip()),
+            &built.lost_labels,
+        );
         let partial_success =
             (built.rejected > 0).then(|| collector::ExportProfilesPartialSuccess {
                 rejected_profiles: i64::try_from(built.rejected).unwrap_or(i64::MAX),
@@ -130,10 +140,6 @@ impl Handler {
             });
         if built.envelopes.is_empty() && built.rejected == 0 && body_bytes > 0 {
             // Answered as the Collector answers it, but not silently.
-            let format = match encoding {
-                Encoding::Protobuf => "otlp_proto",
-                Encoding::Json => "otlp_json",
-            };
             self.telemetry
                 .empty_request(format, origin.client.map(|c| c.ip()), body_bytes);
         }

@@ -77,6 +77,35 @@ impl ReceiverTelemetry {
         }
     }
 
+    /// Parts of accepted samples (`part`: `frame` or `label`) that the
+    /// conversion of a `format` body could not carry, by reason: counted,
+    /// and logged once per reason and sender.
+    pub fn lost_parts(
+        &self,
+        part: &'static str,
+        format: &str,
+        sender: Option<std::net::IpAddr>,
+        lost: &crate::lost::LostSamples,
+    ) {
+        for (reason, count) in lost.iter() {
+            self.t
+                .receiver_lost_parts
+                .get_or_create(&with(&with(&self.id, "part", part), "reason", reason))
+                .inc_by(count);
+            if self.first_time(reason, sender) {
+                tracing::warn!(
+                    receiver = %self.id[0].1,
+                    format,
+                    part,
+                    reason,
+                    count,
+                    sender = %shown(sender),
+                    "parts of accepted samples could not be converted (logged once per reason and sender; counted in proflow_receiver_lost_parts_total)"
+                );
+            }
+        }
+    }
+
     /// An accepted request of `format` whose non-empty body (`bytes` long)
     /// held no sample to store: counted, and logged once per sender.
     pub fn empty_request(&self, format: &str, sender: Option<std::net::IpAddr>, bytes: usize) {

@@ -96,6 +96,7 @@ pub struct Telemetry {
     receiver_refused_spans: Counters,
     receiver_lost_samples: Counters,
     receiver_empty_requests: Counters,
+    receiver_lost_parts: Counters,
     receiver_upgraded_requests: Counters,
     /// (receiver, reason, sender) already logged for lost samples; bounded.
     lost_samples_logged:
@@ -401,6 +402,11 @@ impl Telemetry {
             receiver_lost_samples: family!(
                 "receiver_lost_samples",
                 "Samples that arrived in an accepted request but could not be carried by its conversion, by reason",
+                Counters::default()
+            ),
+            receiver_lost_parts: family!(
+                "receiver_lost_parts",
+                "Parts of accepted samples (a frame, a label) that a conversion could not carry, by part and reason; the sample itself arrives",
                 Counters::default()
             ),
             receiver_empty_requests: family!(

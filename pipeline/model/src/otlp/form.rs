@@ -8,7 +8,9 @@
 //!   a Prometheus label name cannot hold (`.`, `-`, `/`, ...) replaced by `_`,
 //!   and a leading digit prefixed with `_`;
 //! - string, int, double and bool values become labels; bytes, arrays and
-//!   key-value lists do not (they stay attributes);
+//!   key-value lists do not (they stay attributes), nor do keys starting
+//!   `__`; each such attribute, and each one whose label another attribute
+//!   takes, is counted (`proflow_receiver_lost_parts_total{part="label"}`);
 //! - `include` (when set) keeps only the listed keys, `exclude` drops keys;
 //!   `service.name` is always kept;
 //! - `__name__` comes from the sample type by Pyroscope's rules
@@ -32,6 +34,7 @@ use serde::Deserialize;
 
 use super::common::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use super::{ProfileData, Resource, SharedDictionary, proto};
+use crate::lost::LostSamples;
 use crate::model::{Labels, SERVICE_NAME_LABEL};
 
 /// The resource attribute holding the service name.
@@ -284,15 +287,35 @@ impl AttributeLabels {
     }
 
     /// The labels for a resource and scope whose attributes are inline.
-    pub fn labels(&self, resource: &Resource, scope: &InstrumentationScope) -> Labels {
+    /// A wanted attribute that becomes no label is counted in `lost` by
+    /// reason: `not_text` (bytes, an array, a key-value list or no value),
+    /// `reserved_name` (a key starting `__`), `name_taken` (a later
+    /// attribute maps to the same label name with another value, and wins).
+    /// The attributes themselves stay in the OTLP form.
+    pub fn labels(
+        &self,
+        resource: &Resource,
+        scope: &InstrumentationScope,
+        lost: &mut LostSamples,
+    ) -> Labels {
         let mut labels = Labels::new();
         for kv in resource.attributes.iter().chain(&scope.attributes) {
-            if !self.wants(&kv.key) || kv.key.starts_with("__") {
+            if !self.wants(&kv.key) {
                 continue;
             }
-            if let Some(text) = kv.value.as_ref().and_then(value_text) {
-                labels.set(label_name(&kv.key), text);
+            if kv.key.starts_with("__") {
+                lost.add("reserved_name", 1);
+                continue;
             }
+            let Some(text) = kv.value.as_ref().and_then(value_text) else {
+                lost.add("not_text", 1);
+                continue;
+            };
+            let name = label_name(&kv.key);
+            if labels.get(&name).is_some_and(|v| v != text) {
+                lost.add("name_taken", 1);
+            }
+            labels.set(name, text);
         }
         labels
     }
@@ -446,7 +469,7 @@ mod tests {
             attributes: vec![s("profiler.mode", "cpu")],
             ..Default::default()
         };
-        let labels = mapping.labels(&resource, &scope);
+        let labels = mapping.labels(&resource, &scope, &mut LostSamples::default());
         OtlpContext {
             resource,
             scope,
@@ -478,6 +501,31 @@ mod tests {
         assert_eq!(l.get("process_pid"), None);
         assert_eq!(l.get("service_name"), Some("checkout"), "always kept");
         assert_eq!(label_name("1st-key/x"), "_1st_key_x");
+    }
+
+    #[test]
+    fn attributes_that_become_no_label_are_counted() {
+        let resource = Resource {
+            attributes: vec![
+                s("k8s.pod.name", "pod-1"),
+                kv("host.ids", any_value::Value::ArrayValue(Default::default())),
+                s("__name__", "x"),
+                s("k8s_pod_name", "pod-2"),
+                s("same.value", "v"),
+            ],
+            ..Default::default()
+        };
+        let scope = InstrumentationScope {
+            attributes: vec![s("same_value", "v")],
+            ..Default::default()
+        };
+        let mut lost = LostSamples::default();
+        let labels = AttributeLabels::default().labels(&resource, &scope, &mut lost);
+        assert_eq!(labels.get("k8s_pod_name"), Some("pod-2"), "the later wins");
+        assert_eq!(
+            lost.iter().collect::<Vec<_>>(),
+            vec![("not_text", 1), ("reserved_name", 1), ("name_taken", 1)]
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ use prost::Message;
 use super::{
     AttributeLabels, OtlpContext, OtlpProfiles, ProfileData, SharedDictionary, collector, proto,
 };
+use crate::lost::LostSamples;
 use crate::model::{
     Envelope, Payload, SERVICE_NAME_LABEL, UNKNOWN_SERVICE, ValueType, now_unix_nanos,
 };
@@ -42,6 +43,9 @@ pub struct Split {
     pub rejected: u64,
     /// Why, for `partial_success.error_message`.
     pub error_message: String,
+    /// Attributes of resources and scopes with profiles that became no
+    /// label, by reason (see [`AttributeLabels::labels`]).
+    pub lost_labels: LostSamples,
 }
 
 /// Why a whole request was refused: `profiles` of it (0 when it could not
@@ -159,6 +163,7 @@ fn split_raw_1_10(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, Spli
 
     let mut rejected = 0u64;
     let mut first_error: Option<String> = None;
+    let mut lost_labels = LostSamples::default();
     // A broken resource or scope without profiles refuses nothing.
     let mut refuse = |n: usize, why: String| {
         if n > 0 {
@@ -185,7 +190,11 @@ fn split_raw_1_10(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, Spli
                         .map_err(|e| head("scope", e))?;
                     super::inline_attributes_with(&mut scope.attributes, string)
                         .map_err(|e| e.to_string())?;
-                    let labels = mapping.labels(&resource, &scope);
+                    let mut lost = LostSamples::default();
+                    let labels = mapping.labels(&resource, &scope, &mut lost);
+                    if !s.items.is_empty() {
+                        lost_labels.merge(&lost);
+                    }
                     Ok(Arc::new(OtlpContext {
                         resource,
                         resource_schema_url,
@@ -267,6 +276,7 @@ fn split_raw_1_10(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, Spli
         from_1_9: false,
         rejected,
         error_message,
+        lost_labels,
     })
 }
 
@@ -302,6 +312,7 @@ pub fn split_decoded(
 
     let mut rejected = 0u64;
     let mut first_error: Option<String> = None;
+    let mut lost_labels = LostSamples::default();
     // A broken resource or scope without profiles refuses nothing.
     let mut refuse = |n: usize, why: String| {
         if n > 0 {
@@ -326,7 +337,11 @@ pub fn split_decoded(
                 );
                 continue;
             }
-            let labels = mapping.labels(&resource, &scope);
+            let mut lost = LostSamples::default();
+            let labels = mapping.labels(&resource, &scope, &mut lost);
+            if !sp.profiles.is_empty() {
+                lost_labels.merge(&lost);
+            }
             let context = Arc::new(OtlpContext {
                 resource: resource.clone(),
                 resource_schema_url: rp.schema_url.clone(),
@@ -378,6 +393,7 @@ pub fn split_decoded(
         from_1_9: false,
         rejected,
         error_message,
+        lost_labels,
     })
 }
 
