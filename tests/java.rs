@@ -604,6 +604,9 @@ fn jdk_flight_recordings_read_the_same_through_proflow() {
         lost, unsupported as f64,
         "unsupported sampling events counted as lost; jfr summary:\n{summary}"
     );
+    // The JDK names every frame it records.
+    let parts = common::metric_sum(&proflow.metrics(), "proflow_receiver_lost_parts_total", &[]);
+    assert_eq!(parts, 0.0, "no frame of a JDK recording is left out");
     eprintln!(
         "JDK recording: {share:.1}% hot ({totals:?}); {unsupported} sampling events of kinds Pyroscope makes no profile of, counted as lost"
     );

@@ -77,5 +77,6 @@ fuzz_target!(|data: &[u8]| {
         from_1_9: decoded.from_1_9,
         rejected: decoded.rejected,
         error_message: decoded.rejected_message,
+        lost_labels: decoded.lost_labels,
     });
 });

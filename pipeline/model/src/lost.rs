@@ -1,16 +1,21 @@
 //! What a conversion could not carry: samples counted by reason, so a
 //! receiver can report them (`proflow_receiver_lost_samples_total`) instead
-//! of answering 200 for data that never arrives.
+//! of answering 200 for data that never arrives; and parts of samples that
+//! arrive without them (a frame, a label:
+//! `proflow_receiver_lost_parts_total`).
 //!
 //! A sample whose value is 0 where it arrived is nothing to store (pprof and
 //! every backend drop it) and is not a loss; a sample with a value that a
 //! conversion turns into nothing (rounded to 0, a stack with no frame, a
 //! value the target type cannot hold) is.
 
-/// Samples lost by one conversion, per reason (a short snake_case word).
+/// Samples lost by one conversion, per reason (a short snake_case word);
+/// and parts of samples that arrived without them (a frame, a label), per
+/// part and reason.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LostSamples {
     reasons: Vec<(&'static str, u64)>,
+    parts: Vec<(&'static str, &'static str, u64)>,
 }
 
 impl LostSamples {
@@ -25,16 +30,40 @@ impl LostSamples {
         }
     }
 
+    /// `count` more of `part` (e.g. `frame`) lost for `reason` from samples
+    /// that still arrive.
+    pub fn add_part(&mut self, part: &'static str, reason: &'static str, count: u64) {
+        if count == 0 {
+            return;
+        }
+        match self
+            .parts
+            .iter_mut()
+            .find(|(p, r, _)| *p == part && *r == reason)
+        {
+            Some((_, _, n)) => *n = n.saturating_add(count),
+            None => self.parts.push((part, reason, count)),
+        }
+    }
+
     /// Adds everything `other` lost.
     pub fn merge(&mut self, other: &LostSamples) {
         for &(reason, samples) in &other.reasons {
             self.add(reason, samples);
         }
+        for &(part, reason, count) in &other.parts {
+            self.add_part(part, reason, count);
+        }
     }
 
-    /// Whether nothing was lost.
+    /// Whether nothing was lost (samples or parts).
     pub fn is_empty(&self) -> bool {
-        self.reasons.is_empty()
+        self.reasons.is_empty() && self.parts.is_empty()
+    }
+
+    /// Every part, reason and count, in the order first seen.
+    pub fn parts(&self) -> impl Iterator<Item = (&'static str, &'static str, u64)> + '_ {
+        self.parts.iter().copied()
     }
 
     /// Samples lost for `reason`.
@@ -71,5 +100,13 @@ mod tests {
         );
         assert_eq!(a.samples("empty_stack"), 1);
         assert!(LostSamples::default().is_empty());
+        let mut c = LostSamples::default();
+        c.add_part("frame", "unnamed", 0);
+        assert!(c.is_empty());
+        c.add_part("frame", "unnamed", 2);
+        a.merge(&c);
+        a.merge(&c);
+        assert_eq!(a.parts().collect::<Vec<_>>(), vec![("frame", "unnamed", 4)]);
+        assert_eq!(a.samples("unnamed"), 0, "parts are no lost samples");
     }
 }

@@ -75,6 +75,9 @@ impl ReceiverTelemetry {
                 );
             }
         }
+        for (part, reason, count) in lost.parts() {
+            self.lost_part(part, reason, count, format, sender);
+        }
     }
 
     /// Parts of accepted samples (`part`: `frame` or `label`) that the
@@ -88,21 +91,32 @@ impl ReceiverTelemetry {
         lost: &crate::lost::LostSamples,
     ) {
         for (reason, count) in lost.iter() {
-            self.t
-                .receiver_lost_parts
-                .get_or_create(&with(&with(&self.id, "part", part), "reason", reason))
-                .inc_by(count);
-            if self.first_time(reason, sender) {
-                tracing::warn!(
-                    receiver = %self.id[0].1,
-                    format,
-                    part,
-                    reason,
-                    count,
-                    sender = %shown(sender),
-                    "parts of accepted samples could not be converted (logged once per reason and sender; counted in proflow_receiver_lost_parts_total)"
-                );
-            }
+            self.lost_part(part, reason, count, format, sender);
+        }
+    }
+
+    fn lost_part(
+        &self,
+        part: &'static str,
+        reason: &'static str,
+        count: u64,
+        format: &str,
+        sender: Option<std::net::IpAddr>,
+    ) {
+        self.t
+            .receiver_lost_parts
+            .get_or_create(&with(&with(&self.id, "part", part), "reason", reason))
+            .inc_by(count);
+        if self.first_time(reason, sender) {
+            tracing::warn!(
+                receiver = %self.id[0].1,
+                format,
+                part,
+                reason,
+                count,
+                sender = %shown(sender),
+                "parts of accepted samples could not be converted (logged once per reason and sender; counted in proflow_receiver_lost_parts_total)"
+            );
         }
     }
 

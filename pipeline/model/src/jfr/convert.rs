@@ -77,7 +77,10 @@ pub struct Recording {
     /// name), `zero_sample_rate` (CPU and wall samples sent with
     /// `sampleRate=0`, which gives them no value), `unsupported_event`
     /// (sampling events Pyroscope makes no profile of, such as
-    /// `jdk.NativeMethodSample` and `jdk.CPUTimeSample`).
+    /// `jdk.NativeMethodSample` and `jdk.CPUTimeSample`). Frames left out
+    /// of the stacks that arrive (their method cannot be named) are its
+    /// parts: `frame`, `unnamed_frame`, once per distinct stack of each
+    /// profile.
     pub lost: LostSamples,
 }
 
@@ -440,7 +443,9 @@ pub fn to_pprof(
             let b = &mut profiles[i].1;
             for (key, values) in sums {
                 let labels = sample_labels(&key, labels);
-                stacks.frames_into(key.stack, &mut frames)?;
+                let left_out = stacks.frames_into(key.stack, &mut frames)?;
+                // Per distinct stack of each profile.
+                lost.add_part("frame", "unnamed_frame", left_out as u64);
                 let labels: Vec<(&str, &str)> =
                     labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
                 // The most the sample can add, given back down to what it did.

@@ -3,7 +3,7 @@
 //! (`java/lang/Thread.run`; for async-profiler's native frames the library
 //! stands for the class: `libc.so.6.start_thread`), leaf first, with the
 //! frame's line number. A frame whose method or class cannot be found is
-//! left out. Every stack is resolved once and kept by its key, every
+//! left out (as Pyroscope leaves it out) and counted. Every stack is resolved once and kept by its key, every
 //! method's name once by the method's key, both taken from the [`Meter`].
 
 use super::HashMap;
@@ -106,24 +106,29 @@ impl<'a> Stacks<'a> {
     }
 
     /// The frames of stack trace `key` whose methods have names, leaf first,
-    /// into `out` (read again from the pool: nothing is kept per stack).
-    /// The key must have been asked with [`Stacks::has_frames`].
-    pub fn frames_into(&self, key: u64, out: &mut Vec<Frame>) -> Result<()> {
-        self.raw_frames(key, out)?;
+    /// into `out` (read again from the pool: nothing is kept per stack);
+    /// returns how many frames were left out (no method, or a method that
+    /// cannot be named). The key must have been asked with
+    /// [`Stacks::has_frames`].
+    pub fn frames_into(&self, key: u64, out: &mut Vec<Frame>) -> Result<usize> {
+        let without_method = self.raw_frames(key, out)?;
+        let read = out.len();
         out.retain(|f| self.names.get(&f.method).is_some_and(Option::is_some));
-        Ok(())
+        Ok(without_method + (read - out.len()))
     }
 
-    /// Every frame of stack trace `key`, read flat from its pool entry.
-    fn raw_frames(&self, key: u64, out: &mut Vec<Frame>) -> Result<()> {
+    /// Every frame of stack trace `key` that names a method, read flat from
+    /// its pool entry; returns how many frames named none.
+    fn raw_frames(&self, key: u64, out: &mut Vec<Frame>) -> Result<usize> {
         out.clear();
         let ids = self.ids;
         let (Some(trace), Some(frames_at)) = (ids.stack_trace, ids.frames) else {
-            return Ok(());
+            return Ok(0);
         };
         let Some(mut c) = self.pools.cursor_at(trace.id, key) else {
-            return Ok(());
+            return Ok(0);
         };
+        let mut without_method = 0;
         let mut values = Vec::new();
         for (i, field) in trace.fields.iter().enumerate() {
             if i != frames_at || !field.array || field.constant_pool {
@@ -138,6 +143,7 @@ impl<'a> Stacks<'a> {
                 read_flat(&mut c, self.md, frame_class, &mut values)?;
                 let get = |at: Option<usize>| at.and_then(|i| values.get(i)).copied();
                 let Some(method) = get(ids.frame_method) else {
+                    without_method += 1;
                     continue;
                 };
                 let line = get(ids.frame_line)
@@ -148,7 +154,7 @@ impl<'a> Stacks<'a> {
                 out.push(Frame { method, line });
             }
         }
-        Ok(())
+        Ok(without_method)
     }
 
     /// The name of a frame's method.
@@ -334,7 +340,93 @@ fn stable_library(s: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::stable_symbol;
+    use super::super::chunk::HEADER_LEN;
+    use super::super::cursor::Cursor;
+    use super::super::metadata::tests::{metadata_event, sized, utf8, varint};
+    use super::*;
+
+    /// One pool's entries: key, and the entry's fields already written.
+    type Entries = Vec<(u64, Vec<u8>)>;
+
+    /// A checkpoint event of `pools`: (class id, entries).
+    fn checkpoint(pools: &[(u64, Entries)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for v in [1, 0, 0, 0] {
+            varint(&mut body, v); // type, start, duration, delta
+        }
+        body.push(1);
+        varint(&mut body, pools.len() as u64);
+        for (class, entries) in pools {
+            varint(&mut body, *class);
+            varint(&mut body, entries.len() as u64);
+            for (key, fields) in entries {
+                varint(&mut body, *key);
+                body.extend(fields);
+            }
+        }
+        sized(body)
+    }
+
+    fn refs(keys: &[u64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        keys.iter().for_each(|k| varint(&mut out, *k));
+        out
+    }
+
+    #[test]
+    fn frames_that_cannot_be_named_are_left_out_and_counted() {
+        let md = metadata_event(&[
+            (4, "int", &[]),
+            (20, "java.lang.String", &[]),
+            (30, "jdk.types.Symbol", &[("string", 20, false)]),
+            (40, "java.lang.Class", &[("name", 30, true)]),
+            (
+                50,
+                "jdk.types.Method",
+                &[("type", 40, true), ("name", 30, true)],
+            ),
+            (
+                60,
+                "jdk.types.StackFrame",
+                &[("method", 50, true), ("lineNumber", 4, false)],
+            ),
+            (70, "jdk.types.StackTrace", &[("frames[]", 60, false)]),
+        ]);
+        let md = Metadata::read(&mut Cursor::new(&md), &mut Meter::unbounded()).unwrap();
+        let symbol = |s: &str| {
+            let mut out = Vec::new();
+            utf8(&mut out, s);
+            out
+        };
+        // Method 1 is A.run; method 2 is not in the pool; method 3's class
+        // is not either.
+        let trace = {
+            let mut t = Vec::new();
+            varint(&mut t, 3);
+            for (method, line) in [(1, 7), (2, 8), (3, 9)] {
+                varint(&mut t, method);
+                varint(&mut t, line);
+            }
+            t
+        };
+        let mut chunk = vec![0u8; HEADER_LEN];
+        let at = chunk.len();
+        chunk.extend(checkpoint(&[
+            (30, vec![(1, symbol("A")), (2, symbol("run"))]),
+            (40, vec![(1, refs(&[1]))]),
+            (50, vec![(1, refs(&[1, 2])), (3, refs(&[9, 2]))]),
+            (70, vec![(5, trace)]),
+        ]));
+        let pools = Pools::read(&chunk, at, &md, &mut Meter::unbounded()).unwrap();
+        let mut stacks = Stacks::new(&md, &pools);
+        let mut meter = Meter::unbounded();
+        assert!(stacks.has_frames(5, &mut meter).unwrap());
+        let mut frames = Vec::new();
+        let left_out = stacks.frames_into(5, &mut frames).unwrap();
+        assert_eq!(left_out, 2);
+        assert_eq!(frames, vec![Frame { method: 1, line: 7 }]);
+        assert_eq!(stacks.name(1), "A.run");
+    }
 
     #[test]
     fn generated_names_are_made_stable_as_pyroscope_does() {
