@@ -461,8 +461,9 @@ pub(crate) fn profile_times(meta: &Metadata, now_nanos: i64) -> (i64, i64) {
     (start, start.saturating_add(meta.duration_nanos.max(0)))
 }
 
-/// Turns every profile of a request into an envelope; any invalid profile or
-/// label refuses the whole request, so a retry never duplicates profiles.
+/// Turns every profile of a request into an envelope (a profile of no sample
+/// into none); any invalid profile or label refuses the whole request, so a
+/// retry never duplicates profiles.
 /// Gzipped profiles are inflated within what is left of the request's
 /// decompression `budget`.
 pub(crate) fn to_batch(
@@ -519,6 +520,11 @@ pub(crate) fn to_batch(
                     )))
                 })?;
                 labels.set(NAME_LABEL, name);
+            }
+            if meta.sample_count == 0 {
+                // A valid profile with nothing to store, as at /ingest:
+                // the caller counts a request left with none as empty.
+                continue;
             }
             let (start, end) = profile_times(&meta, now_nanos);
             let period = meta.period;

@@ -514,6 +514,7 @@ impl Shared {
             Codec::from_content_type(header_text(&parts.headers, header::CONTENT_TYPE).as_deref())?;
         let encoding = ContentEncoding::from_headers(&parts.headers)?;
         let (body, grant) = self.read_body(&parts.headers, body).await?;
+        let body_bytes = body.len();
         let inline = decode_inline(encoding, &body);
         // One budget for the body and every profile in it.
         let mut budget = DecompressBudget::with_grant(self.limits.max_decompressed, grant);
@@ -527,6 +528,12 @@ impl Shared {
             Ok((batch, budget))
         })
         .await?;
+        if batch.is_empty() {
+            // Every profile was valid and held no sample: answered as
+            // Pyroscope answers it, but not silently.
+            let sender = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
+            self.telemetry.empty_request("push", sender, body_bytes);
+        }
         self.deliver(&parts, batch).await?;
         drop(budget);
         Ok((

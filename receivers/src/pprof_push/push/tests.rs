@@ -411,3 +411,21 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_profile_of_no_sample_makes_no_envelope() {
+    let mut b = ProfileBuilder::new();
+    b.sample_type("cpu", "nanoseconds").time(T, 10_000_000_000);
+    let empty = pprof::encode(&b.build());
+    let labels = [("__name__", "process_cpu"), ("service_name", "app")];
+    let mut budget = DecompressBudget::new(1 << 20);
+    let batch = to_batch(
+        request(&labels, vec![empty.clone(), cpu_profile(T)]),
+        &mut budget,
+        T,
+    )
+    .unwrap();
+    assert_eq!(batch.len(), 1, "only the profile with a sample");
+    let batch = to_batch(request(&labels, vec![empty]), &mut budget, T).unwrap();
+    assert!(batch.is_empty());
+}
