@@ -78,8 +78,10 @@ impl Handler {
     ) -> Result<collector::ExportProfilesServiceResponse, Refused> {
         self.takes_profiles()?;
         // Protobuf is checked on the wire and kept as it arrived: nothing is
-        // decoded but resources and scopes, so the body is all it holds.
+        // decoded but resources and scopes, so the body is all it holds (a
+        // 1.9 request twice, while its 1.10 copy is made).
         let estimate = match encoding {
+            Encoding::Protobuf if otlp::is_1_9(&body) => body.len(),
             Encoding::Protobuf => 0,
             Encoding::Json => otlp::json::decode_cost(&body),
         };

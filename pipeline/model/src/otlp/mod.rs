@@ -59,7 +59,7 @@ pub use form::{
     profile_heap_size,
 };
 pub use from_pprof::{SPAN_ID_LABEL, TRACE_ID_LABEL, pprof_to_otlp};
-pub use older::upgrade_1_9;
+pub use older::{is_1_9, upgrade_1_9};
 pub use request::{Request, RequestBuilder};
 pub use split::{Split, SplitError, split_decoded, split_raw};
 pub use to_pprof::{otlp_to_pprof, otlp_to_pprof_checked};

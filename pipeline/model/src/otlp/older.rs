@@ -106,6 +106,13 @@ fn renumbered(number: u32) -> u32 {
     }
 }
 
+/// Whether `body` is a 1.9 request, which [`upgrade_1_9`] copies (a body's
+/// size more to hold while it is split): cheap for 1.10, whose first
+/// sample with values says so.
+pub fn is_1_9(body: &[u8]) -> bool {
+    signs(body).is_some_and(|s| s.older && !s.newer)
+}
+
 /// `body` rewritten as 1.10 when it is a 1.9 request (see the module
 /// docs); `None` when it is not (or cannot be walked).
 pub fn upgrade_1_9(body: &Bytes) -> Option<Bytes> {
@@ -209,8 +216,10 @@ mod tests {
             sample_1_9(&[7], &[], 0, &[]),
             sample_1_9(&[1], &[3], 0, &[42]),
         ]);
+        assert!(is_1_9(&body));
         let upgraded = upgrade_1_9(&body).expect("a 1.9 request");
         assert_eq!(upgraded.len(), body.len());
+        assert!(!is_1_9(&upgraded));
         let got = samples_of(&upgraded);
         assert_eq!(got[0].values, vec![10_000_000, 3]);
         assert_eq!(got[0].attribute_indices, vec![1, 2]);
@@ -243,12 +252,14 @@ mod tests {
         };
         let body = request(&[sample.encode_to_vec()]);
         assert_eq!(upgrade_1_9(&body), None);
+        assert!(!is_1_9(&body));
         // Field 2 with timestamps fits both: read as 1.10.
         let body = request(&[sample_1_9(&[5], &[], 0, &[77])]);
         assert_eq!(upgrade_1_9(&body), None);
         // One 1.10 sample makes the request 1.10 however the others look.
         let body = request(&[sample.encode_to_vec(), sample_1_9(&[5], &[2], 0, &[])]);
         assert_eq!(upgrade_1_9(&body), None);
+        assert!(!is_1_9(&body));
         // Not protobuf: nothing to say.
         assert_eq!(upgrade_1_9(&Bytes::from_static(b"\xff\xff")), None);
     }
