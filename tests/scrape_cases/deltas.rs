@@ -1,8 +1,10 @@
 //! The scrape receiver's cumulative profiles (memory, mutex, block) as
-//! deltas, against goscrape: steady totals per interval, a target whose
+//! deltas, against goscrape: each delta the difference of the profiles
+//! served (exactly), steady totals per interval, a target whose
 //! process restarts at the same address, and the godeltaprof and fgprof
 //! endpoints, whose profiles are passed on as served.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proflow_pipeline::pprof::Profile;
@@ -128,6 +130,102 @@ fn cumulative_profiles_arrive_as_deltas_with_steady_totals() {
     assert!(bytes > 0.0, "{metrics}");
     eprintln!(
         "alloc rates of the deltas: {rates:?} B/s, {overall:.0} B/s over all five; {waits:?}; delta state {bytes} bytes"
+    );
+}
+
+/// The producer's own numbers, exactly: a proxy in front of goscrape keeps
+/// every memory profile it serves to proflow (cumulative, every allocation
+/// recorded), and each delta proflow writes holds, per function, the
+/// allocations of the profile it was made from less those of the one
+/// before, and its in-use values as served.
+#[test]
+fn each_delta_is_the_difference_of_the_profiles_served() {
+    let Some(target) = go_target(&["-mem-profile-rate", "1"]) else {
+        return;
+    };
+    let served: Arc<Mutex<Vec<Profile>>> = Arc::default();
+    let proxy = {
+        let served = served.clone();
+        let upstream = format!("http://{}", target.endpoint);
+        let http = reqwest::blocking::Client::new();
+        super::local_server(move |path| {
+            let body = http
+                .get(format!("{upstream}{path}"))
+                .send()
+                .and_then(|r| r.error_for_status())
+                .and_then(|r| r.bytes());
+            match body {
+                Ok(body) => {
+                    let profile = proflow_pipeline::pprof::decode(&body, 256 << 20)
+                        .unwrap_or_else(|e| panic!("goscrape served no pprof at {path}: {e}"));
+                    served.lock().unwrap().push(profile);
+                    ("200 OK", body.to_vec(), Duration::ZERO)
+                }
+                Err(e) => (
+                    "502 Bad Gateway",
+                    e.to_string().into_bytes(),
+                    Duration::ZERO,
+                ),
+            }
+        })
+    };
+    let proflow = start(&format!(
+        "- job_name: exact-job\n  scrape_interval: 2s\n  scrape_timeout: 1s\n  \
+         static_configs: [{{targets: ['{}']}}]\n  {}\n",
+        proxy.address,
+        only(&["memory"])
+    ));
+    let entries = wait_entries(&proflow, 5, Duration::from_secs(60), |e| {
+        e.label("__name__") == Some("memory")
+    });
+    let served: Vec<Profile> = served.lock().unwrap().clone();
+    let function = "main.goAllocLoop";
+    let mut checked = Vec::new();
+    for e in &entries[1..] {
+        let written = common::read_profile(&e.path);
+        // Go stamps each profile with the time it wrote it; a delta keeps
+        // the time of the profile it was made from.
+        let Some(at) = served
+            .iter()
+            .position(|p| p.time_nanos == written.time_nanos)
+        else {
+            panic!(
+                "no served profile has the time {} of a written delta; served: {:?}",
+                written.time_nanos,
+                served.iter().map(|p| p.time_nanos).collect::<Vec<_>>()
+            );
+        };
+        assert!(at > 0, "a delta made from the first profile served");
+        let (now, before) = (&served[at], &served[at - 1]);
+        for ty in ["alloc_objects", "alloc_space"] {
+            let want = total_in(now, ty, function) - total_in(before, ty, function);
+            assert_eq!(
+                total_in(&written, ty, function),
+                want,
+                "{ty} of {function}: the delta is the served profile less the one before"
+            );
+            assert_eq!(
+                type_total(&written, ty),
+                type_total(now, ty) - type_total(before, ty),
+                "{ty} of every stack"
+            );
+        }
+        for ty in ["inuse_objects", "inuse_space"] {
+            assert_eq!(
+                type_total(&written, ty),
+                type_total(now, ty),
+                "{ty} is a snapshot, written as served"
+            );
+        }
+        checked.push(total_in(&written, "alloc_space", function));
+    }
+    assert!(
+        checked.iter().all(|b| *b > 0),
+        "goAllocLoop allocates in every delta: {checked:?}"
+    );
+    eprintln!(
+        "{} deltas equal to the served profiles' differences: goAllocLoop alloc_space {checked:?}",
+        checked.len()
     );
 }
 
