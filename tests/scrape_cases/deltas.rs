@@ -133,6 +133,95 @@ fn cumulative_profiles_arrive_as_deltas_with_steady_totals() {
     );
 }
 
+/// A proxy to the target at `endpoint` that keeps every profile it serves.
+fn recording_proxy(endpoint: &str) -> (super::LocalServer, Arc<Mutex<Vec<Profile>>>) {
+    let served: Arc<Mutex<Vec<Profile>>> = Arc::default();
+    let kept = served.clone();
+    let upstream = format!("http://{endpoint}");
+    let http = reqwest::blocking::Client::new();
+    let proxy = super::local_server(move |path| {
+        let body = http
+            .get(format!("{upstream}{path}"))
+            .send()
+            .and_then(|r| r.error_for_status())
+            .and_then(|r| r.bytes());
+        match body {
+            Ok(body) => {
+                let profile = proflow_pipeline::pprof::decode(&body, 256 << 20)
+                    .unwrap_or_else(|e| panic!("the target served no pprof at {path}: {e}"));
+                kept.lock().unwrap().push(profile);
+                ("200 OK", body.to_vec(), Duration::ZERO)
+            }
+            Err(e) => (
+                "502 Bad Gateway",
+                e.to_string().into_bytes(),
+                Duration::ZERO,
+            ),
+        }
+    });
+    (proxy, served)
+}
+
+/// The served profile with the time of `written` (Go stamps each profile
+/// with the time it wrote it, and proflow keeps it); its index.
+fn served_at(served: &[Profile], written: &Profile) -> usize {
+    served
+        .iter()
+        .position(|p| p.time_nanos == written.time_nanos)
+        .unwrap_or_else(|| {
+            panic!(
+                "no served profile has the time {} of a written one; served: {:?}",
+                written.time_nanos,
+                served.iter().map(|p| p.time_nanos).collect::<Vec<_>>()
+            )
+        })
+}
+
+/// godeltaprof's profiles are already deltas: each is written with the
+/// values it was served with, every sample type, exactly.
+#[test]
+fn godeltaprof_profiles_are_written_with_the_values_served() {
+    let Some(target) = go_target(&["-mem-profile-rate", "1"]) else {
+        return;
+    };
+    let (proxy, served) = recording_proxy(&target.endpoint);
+    let proflow = start(&format!(
+        "- job_name: godelta-exact\n  scrape_interval: 2s\n  scrape_timeout: 1s\n  \
+         static_configs: [{{targets: ['{}']}}]\n  \
+         profiling_config: {{pprof_config: {{process_cpu: {{enabled: false}}, memory: {{enabled: false}}, \
+         goroutine: {{enabled: false}}, mutex: {{enabled: false}}, block: {{enabled: false}}, \
+         godeltaprof_memory: {{enabled: true}}}}}}\n",
+        proxy.address
+    ));
+    let entries = wait_entries(&proflow, 4, Duration::from_secs(60), |e| {
+        e.label("__name__") == Some("memory")
+    });
+    let served: Vec<Profile> = served.lock().unwrap().clone();
+    let mut checked = Vec::new();
+    for e in &entries {
+        let written = common::read_profile(&e.path);
+        let from = &served[served_at(&served, &written)];
+        for ty in [
+            "alloc_objects",
+            "alloc_space",
+            "inuse_objects",
+            "inuse_space",
+        ] {
+            assert_eq!(
+                type_total(&written, ty),
+                type_total(from, ty),
+                "{ty}: written as served"
+            );
+        }
+        assert_eq!(written.sample.len(), from.sample.len());
+        checked.push(total_in(&written, "alloc_space", "main.goAllocLoop"));
+    }
+    eprintln!(
+        "{} godeltaprof profiles written as served: goAllocLoop alloc_space {checked:?}",
+        checked.len()
+    );
+}
+
 /// The producer's own numbers, exactly: a proxy in front of goscrape keeps
 /// every memory profile it serves to proflow (cumulative, every allocation
 /// recorded), and each delta proflow writes holds, per function, the
@@ -143,32 +232,7 @@ fn each_delta_is_the_difference_of_the_profiles_served() {
     let Some(target) = go_target(&["-mem-profile-rate", "1"]) else {
         return;
     };
-    let served: Arc<Mutex<Vec<Profile>>> = Arc::default();
-    let proxy = {
-        let served = served.clone();
-        let upstream = format!("http://{}", target.endpoint);
-        let http = reqwest::blocking::Client::new();
-        super::local_server(move |path| {
-            let body = http
-                .get(format!("{upstream}{path}"))
-                .send()
-                .and_then(|r| r.error_for_status())
-                .and_then(|r| r.bytes());
-            match body {
-                Ok(body) => {
-                    let profile = proflow_pipeline::pprof::decode(&body, 256 << 20)
-                        .unwrap_or_else(|e| panic!("goscrape served no pprof at {path}: {e}"));
-                    served.lock().unwrap().push(profile);
-                    ("200 OK", body.to_vec(), Duration::ZERO)
-                }
-                Err(e) => (
-                    "502 Bad Gateway",
-                    e.to_string().into_bytes(),
-                    Duration::ZERO,
-                ),
-            }
-        })
-    };
+    let (proxy, served) = recording_proxy(&target.endpoint);
     let proflow = start(&format!(
         "- job_name: exact-job\n  scrape_interval: 2s\n  scrape_timeout: 1s\n  \
          static_configs: [{{targets: ['{}']}}]\n  {}\n",
@@ -183,18 +247,8 @@ fn each_delta_is_the_difference_of_the_profiles_served() {
     let mut checked = Vec::new();
     for e in &entries[1..] {
         let written = common::read_profile(&e.path);
-        // Go stamps each profile with the time it wrote it; a delta keeps
-        // the time of the profile it was made from.
-        let Some(at) = served
-            .iter()
-            .position(|p| p.time_nanos == written.time_nanos)
-        else {
-            panic!(
-                "no served profile has the time {} of a written delta; served: {:?}",
-                written.time_nanos,
-                served.iter().map(|p| p.time_nanos).collect::<Vec<_>>()
-            );
-        };
+        // A delta keeps the time of the profile it was made from.
+        let at = served_at(&served, &written);
         assert!(at > 0, "a delta made from the first profile served");
         let (now, before) = (&served[at], &served[at - 1]);
         for ty in ["alloc_objects", "alloc_space"] {
