@@ -19,7 +19,8 @@
 //! And a recording of the JDK's own Flight Recorder
 //! (`-XX:StartFlightRecording`, `tests/peers/apps/java/Plain.java`), sent raw:
 //! its CPU split and allocations in the files, and the same in Pyroscope
-//! whether sent directly or through proflow.
+//! whether sent directly or through proflow. async-profiler's own collapsed
+//! and JFR files are in `java_cases/async_profiler.rs`.
 
 mod common;
 #[allow(clippy::duplicate_mod)]
@@ -34,6 +35,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::{IndexEntry, Proflow, Totals};
+
+#[path = "java_cases/async_profiler.rs"]
+mod async_profiler;
 
 /// How long the app runs; the agent uploads every [`UPLOAD_INTERVAL`].
 const RUN_SECONDS: &str = "7";

@@ -826,6 +826,19 @@ pub fn node_client() -> Result<PathBuf, String> {
     Ok(modules)
 }
 
+/// async-profiler's agent (`libasyncProfiler.so`, from Maven Central):
+/// `PROFLOW_ASYNC_PROFILER`, else what `tests/peers/install-clients` prints.
+pub fn async_profiler() -> Result<PathBuf, String> {
+    let lib = client_path("PROFLOW_ASYNC_PROFILER")?;
+    if !lib.is_file() {
+        return Err(format!(
+            "PROFLOW_ASYNC_PROFILER {} does not exist",
+            lib.display()
+        ));
+    }
+    Ok(lib)
+}
+
 /// Runs the Node program of `tests/peers/apps/node` (with the real
 /// `@pyroscope/nodejs` of `node_modules`) as `app` for `seconds`, pushing to
 /// `proflow`; panics if it fails or reports a failed upload.
