@@ -430,7 +430,7 @@ fn what_a_body_loses_is_counted_and_logged() {
             .post(
                 "/ingest?name=partly.cpu&format=folded",
                 &[],
-                b"main;foo 3\nmain;foo\n;; 2\n".to_vec(),
+                b"main;foo 3\nmain;foo\n 2\n".to_vec(),
             )
             .expect_status(200, "a folded body that keeps one stack of three");
     }
