@@ -299,6 +299,7 @@ fn main() {
     let meta = BatchMeta {
         receiver: "pprof_push".into(),
         tenant: Some("t1".to_owned()),
+        tenant_bound: false,
         client: "127.0.0.1:4040".parse().ok(),
         this_host: false,
     };

@@ -291,7 +291,10 @@ impl Exporter for FileExporter {
         // Envelope clones share their payloads, so this copies no profile bytes.
         let tenants: Vec<Option<String>> = batch
             .sources()
-            .flat_map(|(meta, run)| std::iter::repeat_n(meta.tenant.clone(), run.len()))
+            .flat_map(|(meta, run)| {
+                run.iter()
+                    .map(|e| meta.tenant_of(&e.labels).map(str::to_owned))
+            })
             .collect();
         let batch = batch.envelopes().to_vec();
         match tokio::task::spawn_blocking(move || shared.write_batch(&batch, &tenants)).await {

@@ -548,7 +548,7 @@ impl Exporter for KafkaExporter {
         let mut index = 0;
         for (meta, envelopes) in batch.sources() {
             for e in envelopes {
-                match self.prepare(index, e, meta.tenant.as_deref()) {
+                match self.prepare(index, e, meta.tenant_of(&e.labels)) {
                     Ok(r) => records.push(r),
                     Err(err) => refuse(index, err, &mut refused),
                 }

@@ -423,12 +423,12 @@ pub(crate) fn plan<'a>(
     let mut runs: Vec<(Option<String>, Option<usize>, Range<usize>)> = Vec::new();
     let mut at = 0;
     for (meta, envelopes) in sources {
-        let tenant = if tenant_configured {
-            None
-        } else {
-            meta.tenant.clone().filter(|t| !t.is_empty())
-        };
         for e in envelopes {
+            let tenant = if tenant_configured {
+                None
+            } else {
+                meta.tenant_of(&e.labels).map(str::to_owned)
+            };
             let key = large_dictionary(e);
             match runs.last_mut() {
                 Some((t, k, range)) if *t == tenant && *k == key => range.end = at + 1,

@@ -207,6 +207,7 @@ fn meta(tenant: Option<&str>) -> Arc<BatchMeta> {
     Arc::new(BatchMeta {
         receiver: "pprof_push".into(),
         tenant: tenant.map(str::to_owned),
+        tenant_bound: false,
         client: None,
         this_host: false,
     })

@@ -372,6 +372,7 @@ fn batch(envelopes: Vec<Envelope>) -> ExportBatch {
         Arc::new(BatchMeta {
             receiver: "pprof_push".into(),
             tenant: None,
+            tenant_bound: false,
             client: None,
             this_host: false,
         }),

@@ -70,12 +70,12 @@ pub(crate) fn plan<'a>(
     let mut bytes_in_last = 0usize;
     let mut at = 0;
     for (meta, envelopes) in sources {
-        let tenant = if tenant_configured {
-            None
-        } else {
-            meta.tenant.clone().filter(|t| !t.is_empty())
-        };
         for e in envelopes {
+            let tenant = if tenant_configured {
+                None
+            } else {
+                meta.tenant_of(&e.labels).map(str::to_owned)
+            };
             let size = e.payload.size_bytes();
             match planned.last_mut() {
                 Some(last)

@@ -13,6 +13,11 @@ use crate::pprof::{self};
 
 /// The label holding the profile type (`process_cpu`, `memory`, ...).
 pub const NAME_LABEL: &str = "__name__";
+/// The label that names a profile's tenant, as Loki's and Alloy's users set
+/// it in relabelling: it wins over the tenant a sender named
+/// (`X-Scope-OrgID`), never over one a bearer token is bound to (see
+/// [`BatchMeta::tenant_of`]). Receivers drop it from what senders send.
+pub const TENANT_LABEL: &str = "__tenant_id__";
 /// The label holding the service name.
 pub const SERVICE_NAME_LABEL: &str = "service_name";
 /// `service_name` of profiles whose sender names no service (Pyroscope's
@@ -213,6 +218,11 @@ pub struct BatchMeta {
     pub receiver: Arc<str>,
     /// The tenant the sender named (Pyroscope's `X-Scope-OrgID`), if any.
     pub tenant: Option<String>,
+    /// The tenant is the one the sender's bearer token is bound to: no
+    /// label may change it (the pipeline drops [`TENANT_LABEL`] from such a
+    /// batch's profiles before any exporter sees them). Not kept in
+    /// persistent queues: they hold what the pipeline made of it.
+    pub tenant_bound: bool,
     /// The sender's address, for receivers that have one.
     pub client: Option<std::net::SocketAddr>,
     /// True only for profiles proflow made on this host (the `ebpf`
@@ -222,6 +232,17 @@ pub struct BatchMeta {
     /// everything that came from elsewhere (pushed, from Kafka, scraped),
     /// whose paths and addresses a sender chose.
     pub this_host: bool,
+}
+
+impl BatchMeta {
+    /// The tenant of a profile of this batch with `labels`: its
+    /// [`TENANT_LABEL`] when set, else the batch's (empty is none).
+    pub fn tenant_of<'a>(&'a self, labels: &'a Labels) -> Option<&'a str> {
+        labels
+            .get(TENANT_LABEL)
+            .filter(|t| !t.is_empty())
+            .or(self.tenant.as_deref().filter(|t| !t.is_empty()))
+    }
 }
 
 /// The unit that moves through the pipeline: the profiles of one request (or

@@ -397,6 +397,7 @@ impl Receiver for EbpfReceiver {
         let meta = Arc::new(BatchMeta {
             receiver: id.as_str().into(),
             tenant: None,
+            tenant_bound: false,
             client: None,
             // Made here, from this host's processes: the symbolize processor
             // may read their files and this kernel's symbols.

@@ -575,6 +575,7 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
             let meta = Arc::new(BatchMeta {
                 receiver: receiver_id.clone(),
                 tenant: decoded.tenant,
+                tenant_bound: false,
                 client: None,
                 this_host: false,
             });

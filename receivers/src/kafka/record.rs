@@ -12,7 +12,9 @@
 
 use bytes::Bytes;
 use proflow_kafka::{Encoding, RecordHeaders, sniff_encoding};
-use proflow_pipeline::model::{Envelope, Labels, Payload, SERVICE_NAME_LABEL, now_unix_nanos};
+use proflow_pipeline::model::{
+    Envelope, Labels, Payload, SERVICE_NAME_LABEL, TENANT_LABEL, now_unix_nanos,
+};
 use proflow_pipeline::otlp::{self, AttributeLabels};
 use proflow_pipeline::pprof;
 use proflow_pipeline::profile_type::profile_name_from_sample_types;
@@ -100,6 +102,8 @@ pub(crate) fn decode(
             // A record proflow wrote holds one profile and its exact labels.
             if envelopes.len() == 1 && !headers.labels.is_empty() {
                 envelopes[0].labels = headers.labels.clone();
+                // The record's tenant header is its tenant.
+                envelopes[0].labels.remove(TENANT_LABEL);
             }
             Decoded {
                 envelopes,
@@ -139,6 +143,8 @@ fn pprof_record(
     } else {
         headers.labels.clone()
     };
+    // The record's tenant header is its tenant.
+    labels.remove(TENANT_LABEL);
     if labels.get("__name__").is_none() {
         match profile_name_from_sample_types(
             meta.sample_types.iter().map(|(t, _)| t.as_str()),

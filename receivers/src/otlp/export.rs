@@ -47,6 +47,8 @@ pub(crate) enum Encoding {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Origin {
     pub tenant: Option<String>,
+    /// `tenant` is the one the request's bearer token is bound to.
+    pub tenant_bound: bool,
     pub client: Option<SocketAddr>,
 }
 
@@ -235,6 +237,7 @@ impl Handler {
         let meta = BatchMeta {
             receiver: self.receiver.clone(),
             tenant: origin.tenant.filter(|t| !t.is_empty()),
+            tenant_bound: origin.tenant_bound,
             client: origin.client,
             this_host: false,
         };

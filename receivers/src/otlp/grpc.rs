@@ -40,7 +40,9 @@ use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
 use super::http::TENANT_HEADER;
 use proflow_pipeline::server::body::read_body;
-use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
+use proflow_pipeline::server::{
+    AuthSettings, Listen, Secured, ServerTlsSettings, TenantBound, accept_loop,
+};
 
 /// The profiles method.
 pub(crate) const EXPORT_PATH: &str =
@@ -480,6 +482,7 @@ impl tower::Service<tonic::Request<Raw>> for ExportService {
                 .get(TENANT_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
+            tenant_bound: req.extensions().get::<TenantBound>().is_some(),
             client: Some(self.peer),
         };
         let raw = req.into_inner();

@@ -28,7 +28,9 @@ use tokio_util::sync::CancellationToken;
 use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
 use proflow_pipeline::server::body::{declared_length, read_body};
-use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
+use proflow_pipeline::server::{
+    AuthSettings, Listen, Secured, ServerTlsSettings, TenantBound, accept_loop,
+};
 
 /// The one path profiles are posted to.
 pub(crate) const PROFILES_PATH: &str = "/v1development/profiles";
@@ -270,6 +272,7 @@ impl Http {
                 .get(TENANT_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
+            tenant_bound: parts.extensions.get::<TenantBound>().is_some(),
             client: Some(peer),
         };
         let (body, mut grant) = self.read_body(&parts.headers, body).await?;

@@ -11,7 +11,7 @@ use std::fmt;
 
 use base64::Engine;
 use bytes::Bytes;
-use proflow_pipeline::model::{Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL};
+use proflow_pipeline::model::{Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL, TENANT_LABEL};
 use proflow_pipeline::pprof::Metadata;
 use proflow_pipeline::push_v1::{
     LabelPair, PushRequest, PushResponse, RawProfileSeries, RawSample,
@@ -485,6 +485,11 @@ pub(crate) fn to_batch(
     for (si, series) in request.series.into_iter().enumerate() {
         let mut builder = LabelsBuilder::new();
         for label in &series.labels {
+            // A sender names its tenant with X-Scope-OrgID; the tenant
+            // label is the operator's (set by relabelling).
+            if label.name == TENANT_LABEL {
+                continue;
+            }
             builder
                 .add(&label.name, &label.value)
                 .map_err(|e| refuse(IngestError::bad_request(format!("series {si}: {e}"))))?;

@@ -25,7 +25,9 @@ use proflow_pipeline::lost::LostSamples;
 use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{BatchMeta, Envelope, now_unix_nanos};
 use proflow_pipeline::server::body::{declared_length, read_body};
-use proflow_pipeline::server::{AuthSettings, Listen, Secured, ServerTlsSettings, accept_loop};
+use proflow_pipeline::server::{
+    AuthSettings, Listen, Secured, ServerTlsSettings, TenantBound, accept_loop,
+};
 use tower::Service;
 
 use proflow_pipeline::telemetry::ReceiverTelemetry;
@@ -566,6 +568,7 @@ impl Shared {
         let meta = BatchMeta {
             receiver: self.receiver.clone(),
             tenant: header_text(&parts.headers, TENANT_HEADER.clone()).filter(|t| !t.is_empty()),
+            tenant_bound: parts.extensions.get::<TenantBound>().is_some(),
             client: parts.extensions.get::<ClientAddr>().map(|c| c.0),
             this_host: false,
         };

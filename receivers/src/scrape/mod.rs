@@ -125,6 +125,7 @@ impl Receiver for ScrapeReceiver {
         let meta = Arc::new(BatchMeta {
             receiver: ctx.id.as_str().into(),
             tenant: None,
+            tenant_bound: false,
             client: None,
             this_host: false,
         });

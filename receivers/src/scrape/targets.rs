@@ -10,7 +10,8 @@
 //! - the URL is `__scheme__://__address____profile_path__?__param_*`, plus
 //!   `seconds=` for `delta: true` profiles;
 //! - `instance` defaults to `__address__`;
-//! - the series labels are every label not starting with `__`, plus
+//! - the series labels are every label not starting with `__` and
+//!   `__tenant_id__` (the profile's tenant, when relabelling sets it), plus
 //!   `__name__` (a `godeltaprof_<x>` key becomes `<x>`: the same profile,
 //!   already a delta) and `__delta__="false"` (what proflow sends is a delta
 //!   or a snapshot already; Pyroscope must not difference it again);
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Uri;
-use proflow_pipeline::model::{Labels, SERVICE_NAME_LABEL};
+use proflow_pipeline::model::{Labels, SERVICE_NAME_LABEL, TENANT_LABEL};
 use proflow_pipeline::url::percent_encode;
 use proflow_relabel::Relabeler;
 
@@ -223,7 +224,7 @@ fn finish(job: &JobSpec, labels: Labels, profile: &ProfileTarget) -> Result<(Uri
         .map(|n| n.strip_prefix("godeltaprof_").unwrap_or(n).to_owned())
         .unwrap_or_else(|| profile.profile_name.clone());
     let instance = labels.get("instance").unwrap_or(address).to_owned();
-    let mut series = labels.without_internal(&[]);
+    let mut series = labels.without_internal(&[TENANT_LABEL]);
     series.set("__name__", name);
     series.set("__delta__", "false");
     series.set("instance", instance);
@@ -365,6 +366,7 @@ mod tests {
             "- {source_labels: [__address__], regex: '(.*):\\d+', target_label: __address__, replacement: '$1:7070'}\n",
             "- {regex: '__meta_(team)', action: labelmap}\n",
             "- {source_labels: [__meta_app], target_label: service_name}\n",
+            "- {source_labels: [__meta_team], target_label: __tenant_id__}\n",
         ));
         let groups = [
             group(
@@ -406,6 +408,8 @@ mod tests {
         assert_eq!(t.labels.get("service_name"), Some("api"));
         assert_eq!(t.labels.get("instance"), Some("10.0.0.1:7070"));
         assert!(t.labels.iter().all(|l| !l.name.starts_with("__meta")));
+        // The one `__` label kept: the profile's tenant.
+        assert_eq!(t.labels.get(TENANT_LABEL), Some("pay"));
         // 4 profiles of the kept target dropped by name, 6 of the other.
         assert_eq!(dropped.len(), 4 + 6);
     }

@@ -3,6 +3,8 @@
 # (go.mod pins the release and repeats the replaces it needs). Single binary,
 # filesystem storage in the peer's data dir, self-profiling push off.
 # Prints PYROSCOPE_ENDPOINT=host:port (HTTP/1.1 and h2c: /ingest, Connect, gRPC).
+# PROFLOW_PYROSCOPE_MULTITENANT=1 (a private peer's start variable) turns on
+# multi-tenancy: every request then needs X-Scope-OrgID.
 
 pyroscope_dir="$peers_dir/pyroscope"
 pyroscope_home() { printf '%s/pyroscope-%s' "$cache_root" "$(go_mod_version "$pyroscope_dir" github.com/grafana/pyroscope)"; }
@@ -19,6 +21,8 @@ start_pyroscope() {
   dir="$(run_dir pyroscope)"
   read -r http grpc memberlist < <(peer_ports pyroscope 3)
   mkdir -p "$dir/data/shared" "$dir/data/pyroscopedb"
+  local tenancy=()
+  [[ "${PROFLOW_PYROSCOPE_MULTITENANT:-}" == 1 ]] && tenancy=(-auth.multitenancy-enabled=true)
   # Every ring advertises 127.0.0.1: the default is the first private
   # interface's address, where nothing listens. No usage reporting, no tracing.
   start_bg pyroscope "$(pyroscope_home)/bin/pyroscope" \
@@ -41,7 +45,8 @@ start_pyroscope() {
     -self-profiling.disable-push=true \
     -usage-stats.enabled=false \
     -tracing.enabled=false \
-    -distributor.ingestion-rate-limit-mb=1024 -distributor.ingestion-burst-size-mb=1024
+    -distributor.ingestion-rate-limit-mb=1024 -distributor.ingestion-burst-size-mb=1024 \
+    "${tenancy[@]}"
   printf 'PYROSCOPE_ENDPOINT=%s\n' "$(endpoint "$http")" >"$dir/endpoints"
 }
 

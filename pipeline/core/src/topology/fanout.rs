@@ -3,7 +3,7 @@
 //! at once (all or nothing across `block` queues).
 
 use super::*;
-use crate::model::ConvertCache;
+use crate::model::{ConvertCache, TENANT_LABEL};
 
 pub(super) struct PipelineRuntime {
     pub(super) processors: Vec<(Arc<dyn Processor>, ProcessorTelemetry)>,
@@ -267,6 +267,13 @@ impl Consumer for Fanout {
             filtered += before.saturating_sub(b.len());
             if b.is_empty() {
                 continue;
+            }
+            if meta.tenant_bound {
+                // A token's tenant is final: what the processors put in
+                // the tenant label does not change it.
+                for e in &mut b {
+                    e.labels.remove(TENANT_LABEL);
+                }
             }
             (b, converted) = self.prepare_batch(&p.forms, b, converted).await?;
             // The plain bytes a receiver handed along served the processors

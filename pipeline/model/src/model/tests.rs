@@ -24,3 +24,17 @@ fn label_name_validity() {
     assert!(!is_valid_label_name("a-b"));
     assert!(!is_valid_label_name(""));
 }
+
+#[test]
+fn the_tenant_label_wins_over_the_batch_tenant() {
+    let meta = BatchMeta {
+        tenant: Some("header".to_owned()),
+        ..Default::default()
+    };
+    let labelled = Labels::from_pairs([(TENANT_LABEL, "team-a")]);
+    assert_eq!(meta.tenant_of(&labelled), Some("team-a"));
+    assert_eq!(meta.tenant_of(&Labels::new()), Some("header"));
+    let empty = Labels::from_pairs([(TENANT_LABEL, "")]);
+    assert_eq!(meta.tenant_of(&empty), Some("header"), "empty is no tenant");
+    assert_eq!(BatchMeta::default().tenant_of(&Labels::new()), None);
+}

@@ -385,10 +385,17 @@ impl Secured {
             && let Ok(value) = hyper::header::HeaderValue::from_str(&tenant)
         {
             req.headers_mut().insert(TENANT_HEADER, value);
+            req.extensions_mut().insert(TenantBound);
         }
         Ok(())
     }
 }
+
+/// In a request's extensions: its `X-Scope-OrgID` is the tenant its bearer
+/// token is bound to, which no label may change
+/// (`BatchMeta::tenant_bound`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantBound;
 
 #[cfg(test)]
 mod tests {

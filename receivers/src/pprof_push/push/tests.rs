@@ -429,3 +429,19 @@ fn a_profile_of_no_sample_makes_no_envelope() {
     let batch = to_batch(request(&labels, vec![empty]), &mut budget, T).unwrap();
     assert!(batch.is_empty());
 }
+
+#[test]
+fn a_sender_cannot_name_the_tenant_by_label() {
+    let labels = [
+        ("__name__", "process_cpu"),
+        ("service_name", "app"),
+        (proflow_pipeline::model::TENANT_LABEL, "someone-else"),
+    ];
+    let mut budget = DecompressBudget::new(1 << 20);
+    let batch = to_batch(request(&labels, vec![cpu_profile(T)]), &mut budget, T).unwrap();
+    assert_eq!(
+        batch[0].labels.get(proflow_pipeline::model::TENANT_LABEL),
+        None
+    );
+    assert_eq!(batch[0].labels.get("service_name"), Some("app"));
+}

@@ -143,6 +143,7 @@ pub fn decode(record: &Bytes) -> Result<(Vec<Envelope>, Arc<BatchMeta>), String>
     let meta = Arc::new(BatchMeta {
         receiver,
         tenant,
+        tenant_bound: false,
         client,
         // Not stored: the queue is after the processors, the only readers.
         this_host: false,
@@ -350,6 +351,7 @@ mod tests {
         let meta = BatchMeta {
             receiver: Arc::from("pprof_push"),
             tenant: Some("team".to_owned()),
+            tenant_bound: false,
             client: Some("127.0.0.1:9".parse().unwrap()),
             this_host: false,
         };

@@ -1,0 +1,195 @@
+//! Tenants at the edge, against a real Pyroscope in multi-tenant mode
+//! (`-auth.multitenancy-enabled=true`, a private instance): a profile's
+//! tenant comes from the `__tenant_id__` label that relabelling sets (here
+//! from a `team` tag), else from the sender's `X-Scope-OrgID`; a tenant a
+//! bearer token is bound to is never changed by a label. Each profile is
+//! read back from Pyroscope under its own tenant only, and the `file`
+//! exporter's index names the same tenant.
+
+mod common;
+#[allow(clippy::duplicate_mod)]
+mod peer_env;
+mod readback;
+
+use std::time::Duration;
+
+use common::Proflow;
+
+const READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+const FUNCTIONS: [&str; 2] = ["main", "work"];
+
+/// A private multi-tenant Pyroscope, or `None` when it cannot be had and
+/// skipping is allowed.
+fn multitenant_pyroscope() -> Option<peer_env::PrivatePeer> {
+    peer_env::PrivatePeer::start_with("pyroscope", &[("PROFLOW_PYROSCOPE_MULTITENANT", "1")])
+}
+
+/// proflow: `pprof_push` (with `auth`, when given), a `relabel` processor
+/// that sets `__tenant_id__` from `team`, and the `file` and `pyroscope`
+/// exporters.
+fn start(pyroscope: &str, auth: &str) -> Proflow {
+    Proflow::start(|ports, profiles| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\n{auth}\
+             processors:\n  relabel:\n    relabel_configs:\n\
+             \x20     - {{source_labels: [team], regex: '(.+)', target_label: __tenant_id__}}\n\
+             exporters:\n  file:\n    directory: {}\n  pyroscope:\n    endpoint: {pyroscope}\n\
+             service:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      \
+             receivers: [pprof_push]\n      processors: [relabel]\n      exporters: [file, pyroscope]\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry
+        )
+    })
+}
+
+/// Pushes `main;work <n>` as `app` (with `tags`, e.g. `{team=alpha}`).
+fn push(proflow: &Proflow, app: &str, tags: &str, n: u32, headers: &[(&str, &str)]) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    proflow
+        .post(
+            &format!(
+                "/ingest?name={app}.cpu{tags}&from={}&until={now}&format=folded",
+                now - 10
+            ),
+            headers,
+            format!("main;work {n}\n").into_bytes(),
+        )
+        .expect_status(200, "a folded push");
+}
+
+/// A client that reads Pyroscope as `tenant`.
+fn reader(tenant: &str) -> reqwest::blocking::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        "X-Scope-OrgID",
+        reqwest::header::HeaderValue::from_str(tenant).expect("a header value"),
+    );
+    reqwest::blocking::Client::builder()
+        .default_headers(headers)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// What Pyroscope holds of `app` for `tenant`: waits until it is `want`
+/// (`None`: waits a while and checks it holds nothing).
+fn read_back(base: &str, tenant: &str, app: &str, want: Option<i64>) -> common::Totals {
+    let http = reader(tenant);
+    let selector = format!("{{service_name=\"{app}\"}}");
+    let expected: common::Totals = want
+        .map(|v| FUNCTIONS.iter().map(|f| ((*f).to_owned(), v)).collect())
+        .unwrap_or_default();
+    let (ok, got, answer) = readback::pyroscope_wait(
+        &http,
+        base,
+        (&selector, &FUNCTIONS, CPU),
+        if want.is_some() {
+            READ_BACK_TIMEOUT
+        } else {
+            Duration::from_secs(3)
+        },
+        |t| want.is_some() && *t == expected,
+    );
+    if want.is_some() {
+        assert!(
+            ok,
+            "tenant {tenant} should hold {app} with {expected:?}; Pyroscope read {got:?} ({answer})"
+        );
+    } else {
+        assert!(
+            got.is_empty(),
+            "tenant {tenant} should hold nothing of {app}; it holds {got:?}"
+        );
+    }
+    got
+}
+
+/// The tenant the file exporter's index names for `app`'s profiles.
+fn filed_tenants(proflow: &Proflow, app: &str) -> Vec<Option<String>> {
+    let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
+    entries
+        .iter()
+        .map(|e| e.raw["tenant"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn a_label_set_by_relabelling_names_the_tenant() {
+    let Some(pyroscope) = multitenant_pyroscope() else {
+        return;
+    };
+    let base = pyroscope.http_base();
+    let proflow = start(&base, "");
+    let alpha = common::unique_name("tenant-alpha-app");
+    let beta = common::unique_name("tenant-beta-app");
+    let plain = common::unique_name("tenant-header-app");
+    // The label wins over the header the sender sent; without the label,
+    // the header names the tenant.
+    let claim = [("X-Scope-OrgID", "sender-claim")];
+    push(&proflow, &alpha, "{team=alpha}", 3, &claim);
+    push(&proflow, &beta, "{team=beta}", 5, &claim);
+    push(&proflow, &plain, "", 7, &claim);
+    for (app, tenant) in [(&alpha, "alpha"), (&beta, "beta"), (&plain, "sender-claim")] {
+        assert_eq!(
+            filed_tenants(&proflow, app),
+            vec![Some(tenant.to_owned())],
+            "the index names {app}'s tenant"
+        );
+    }
+    // 100 Hz folded counts: each sample is 10 ms.
+    read_back(&base, "alpha", &alpha, Some(30_000_000));
+    read_back(&base, "beta", &beta, Some(50_000_000));
+    read_back(&base, "sender-claim", &plain, Some(70_000_000));
+    // And nowhere else.
+    read_back(&base, "beta", &alpha, None);
+    read_back(&base, "sender-claim", &alpha, None);
+    read_back(&base, "alpha", &beta, None);
+}
+
+#[test]
+fn a_tenant_bound_to_a_token_is_not_changed_by_a_label() {
+    let Some(pyroscope) = multitenant_pyroscope() else {
+        return;
+    };
+    let base = pyroscope.http_base();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "secret-locked locked\nsecret-free\n").expect("token file");
+    let proflow = start(
+        &base,
+        &format!("    auth: {{bearer_tokens_file: {}}}\n", tokens.display()),
+    );
+    let bound = common::unique_name("tenant-bound-app");
+    let free = common::unique_name("tenant-free-app");
+    push(
+        &proflow,
+        &bound,
+        "{team=alpha}",
+        2,
+        &[("Authorization", "Bearer secret-locked")],
+    );
+    // A token bound to no tenant: the label decides, as without auth.
+    push(
+        &proflow,
+        &free,
+        "{team=alpha}",
+        4,
+        &[("Authorization", "Bearer secret-free")],
+    );
+    assert_eq!(
+        filed_tenants(&proflow, &bound),
+        vec![Some("locked".to_owned())]
+    );
+    assert_eq!(
+        filed_tenants(&proflow, &free),
+        vec![Some("alpha".to_owned())]
+    );
+    read_back(&base, "locked", &bound, Some(20_000_000));
+    read_back(&base, "alpha", &bound, None);
+    read_back(&base, "alpha", &free, Some(40_000_000));
+}
