@@ -249,6 +249,70 @@ fn every_example_config_validates() {
     );
 }
 
+/// `examples/tenants.yaml` as a user runs it (`PROFLOW_PORT` and
+/// `PROFLOW_DIR` set, the telemetry address moved to a free port): tenant
+/// `noisy` gets its 0.2 MiB at once and then 429 with `Retry-After`; tenant
+/// `quiet` beside it has every push written, under its own tenant.
+#[test]
+fn the_tenants_example_refuses_a_noisy_tenant_and_not_a_quiet_one() {
+    let proflow = Proflow::start_with_env(&["run"], |ports, profiles| {
+        let yaml = common::example_config(
+            "tenants.yaml",
+            &[(
+                "address: 127.0.0.1:8888",
+                &format!("address: {}", ports.telemetry),
+            )],
+        );
+        let port = ports.receiver.port().to_string();
+        (
+            yaml,
+            vec![
+                ("PROFLOW_PORT".to_owned(), port),
+                ("PROFLOW_DIR".to_owned(), profiles.display().to_string()),
+            ],
+        )
+    });
+    let app = common::unique_name("tenants-example");
+    // 64 KiB a push (folded lines): the noisy tenant's 0.2 MiB holds three.
+    let mut body = String::from("main;work 1\n");
+    let mut i = 0;
+    while body.len() < 64 << 10 {
+        body.push_str(&format!("pad;frame{i} 0\n"));
+        i += 1;
+    }
+    let (mut noisy, mut refused) = (0, None);
+    for _ in 0..6 {
+        let r = proflow.post(
+            &common::ingest_query(&app, Some("folded")),
+            &[("X-Scope-OrgID", "noisy")],
+            body.clone().into_bytes(),
+        );
+        match r.status {
+            200 => noisy += 1,
+            429 => refused = Some(r),
+            other => panic!("noisy: {other} {}", String::from_utf8_lossy(&r.body)),
+        }
+        proflow
+            .post(
+                &common::ingest_query(&app, Some("folded")),
+                &[("X-Scope-OrgID", "quiet")],
+                body.clone().into_bytes(),
+            )
+            .expect_status(200, "the quiet tenant's push");
+    }
+    assert_eq!(noisy, 3, "0.2 MiB at once holds three 64 KiB pushes");
+    let refused = refused.expect("the noisy tenant was refused");
+    assert!(refused.retry_after.is_some(), "a 429 says when to retry");
+    let entries = proflow.wait_for_files(9, |e| e.label("service_name") == Some(app.as_str()));
+    let count = |t: &str| {
+        entries
+            .iter()
+            .filter(|e| e.raw["tenant"].as_str() == Some(t))
+            .count()
+    };
+    assert_eq!((count("quiet"), count("noisy")), (6, 3));
+}
+
 /// `examples/gateway.yaml` as a user copies it (only its addresses and
 /// directories moved to free ports and a temporary directory, `CLUSTER`
 /// set): a push labelled `pod_template_hash` is written as the gzip pprof it

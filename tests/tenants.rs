@@ -25,6 +25,11 @@ fn multitenant_pyroscope() -> Option<peer_env::PrivatePeer> {
     peer_env::PrivatePeer::start_with("pyroscope", &[("PROFLOW_PYROSCOPE_MULTITENANT", "1")])
 }
 
+/// The `limits` of [`a_noisy_tenant_is_refused_at_the_edge_and_a_quiet_one_is_not`]:
+/// 10 MiB/s for every tenant, 10 KiB/s (20 KiB at once) for `noisy`.
+const LIMITS: &str = "    limits:\n      ingestion_rate_mb: 10\n      overrides:\n        \
+                      noisy: {ingestion_rate_mb: 0.009765625, ingestion_burst_size_mb: 0.01953125}\n";
+
 /// proflow: `pprof_push` (with `auth`, when given), a `relabel` processor
 /// that sets `__tenant_id__` from `team`, and the `file` and `pyroscope`
 /// exporters.
@@ -192,4 +197,104 @@ fn a_tenant_bound_to_a_token_is_not_changed_by_a_label() {
     read_back(&base, "locked", &bound, Some(20_000_000));
     read_back(&base, "alpha", &bound, None);
     read_back(&base, "alpha", &free, Some(40_000_000));
+}
+
+/// A folded body of about `bytes` bytes: `main;work 1` and padding frames
+/// of other stacks with a count of 0 (no samples).
+fn body_of(bytes: usize) -> Vec<u8> {
+    let mut b = String::from("main;work 1\n");
+    let mut i = 0;
+    while b.len() < bytes {
+        b.push_str(&format!("pad;frame{i} 0\n"));
+        i += 1;
+    }
+    b.into_bytes()
+}
+
+#[test]
+fn a_noisy_tenant_is_refused_at_the_edge_and_a_quiet_one_is_not() {
+    let Some(pyroscope) = multitenant_pyroscope() else {
+        return;
+    };
+    let base = pyroscope.http_base();
+    let proflow = start(&base, LIMITS);
+    let noisy = common::unique_name("tenant-noisy-app");
+    let quiet = common::unique_name("tenant-quiet-app");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    // Each push its own second: Pyroscope counts one profile of a series
+    // per millisecond.
+    let send = |app: &str, tenant: &str, i: u64| {
+        let from = now - 60 + i;
+        proflow.post(
+            &format!(
+                "/ingest?name={app}.cpu&from={from}&until={}&format=folded",
+                from + 1
+            ),
+            &[("X-Scope-OrgID", tenant)],
+            body_of(4 << 10),
+        )
+    };
+    // 20 pushes of 4 KiB each, one after the other (well inside a second):
+    // the noisy tenant's 20 KiB bucket takes five; the quiet one's all.
+    let (mut noisy_ok, mut refused) = (0, Vec::new());
+    let mut quiet_ok = 0;
+    for i in 0..20 {
+        let r = send(&noisy, "noisy", i);
+        match r.status {
+            200 => noisy_ok += 1,
+            429 => refused.push(r),
+            other => panic!(
+                "noisy push answered {other}: {}",
+                String::from_utf8_lossy(&r.body)
+            ),
+        }
+        let q = send(&quiet, "quiet", i);
+        assert_eq!(
+            q.status,
+            200,
+            "a quiet tenant's push beside a noisy one: {}",
+            String::from_utf8_lossy(&q.body)
+        );
+        quiet_ok += 1;
+    }
+    assert!(
+        (5..=6).contains(&noisy_ok),
+        "the noisy tenant's burst takes five 4 KiB pushes (six if a refill came in between), took {noisy_ok}"
+    );
+    let first = &refused[0];
+    let message: serde_json::Value = serde_json::from_slice(&first.body).expect("a JSON refusal");
+    let message = message["message"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        first
+            .retry_after
+            .as_deref()
+            .and_then(|s| s.parse::<u64>().ok())
+            .is_some_and(|s| (1..=2).contains(&s))
+            && message.contains("push rate limit")
+            && message.contains("\"noisy\""),
+        "a refusal says when to retry and why: Retry-After {:?}, {message}",
+        first.retry_after
+    );
+    let metrics = proflow.metrics();
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_refused_requests_total",
+            &[("reason", "rate_limited")]
+        ),
+        refused.len() as f64,
+        "{metrics}"
+    );
+    // Pyroscope holds every accepted push of each, under its own tenant:
+    // one `main;work` sample (10 ms) a push.
+    read_back(&base, "quiet", &quiet, Some(quiet_ok * 10_000_000));
+    read_back(&base, "noisy", &noisy, Some(noisy_ok * 10_000_000));
+    eprintln!(
+        "noisy: {noisy_ok} of 20 pushes accepted, {} refused (Retry-After {:?}); quiet: {quiet_ok} of 20",
+        refused.len(),
+        first.retry_after
+    );
 }

@@ -51,6 +51,9 @@ pub enum IngestError {
     /// The collector's in-flight memory budget is spent: retry later.
     #[error("{0}")]
     MemoryLimit(String),
+    /// The tenant's `limits` rate is spent: retry after the time it says.
+    #[error("{}", .0.message())]
+    RateLimited(proflow_pipeline::server::RateLimited),
     /// The body did not arrive within `read_timeout`.
     #[error(
         "the request body did not arrive within read_timeout ({0:?}); send it faster or in smaller requests"
@@ -139,9 +142,9 @@ impl IngestError {
             IngestError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             IngestError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             IngestError::NotFound { .. } => StatusCode::NOT_FOUND,
-            IngestError::Backpressure { .. } | IngestError::MemoryLimit(_) => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            IngestError::Backpressure { .. }
+            | IngestError::MemoryLimit(_)
+            | IngestError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             IngestError::Timeout(_) | IngestError::SlowBody(_) => StatusCode::REQUEST_TIMEOUT,
             IngestError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             IngestError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
@@ -159,7 +162,8 @@ impl IngestError {
             | IngestError::DecompressedTooLarge { .. }
             | IngestError::TooComplex(_)
             | IngestError::Backpressure { .. }
-            | IngestError::MemoryLimit(_) => "resource_exhausted",
+            | IngestError::MemoryLimit(_)
+            | IngestError::RateLimited(_) => "resource_exhausted",
             IngestError::Timeout(_) | IngestError::SlowBody(_) => "deadline_exceeded",
             IngestError::UnsupportedMediaType(_)
             | IngestError::MethodNotAllowed { .. }
@@ -182,6 +186,7 @@ impl IngestError {
             IngestError::NotFound { .. } => "not_found",
             IngestError::Backpressure { .. } => "backpressure",
             IngestError::MemoryLimit(_) => "memory_limit",
+            IngestError::RateLimited(_) => "rate_limited",
             IngestError::Timeout(_) | IngestError::SlowBody(_) => "timeout",
             IngestError::ShuttingDown => "shutting_down",
             IngestError::Unauthenticated(_) => "unauthenticated",
@@ -229,6 +234,7 @@ impl IntoResponse for IngestError {
         let retry_after = match &self {
             IngestError::Backpressure { retry_after, .. } => Some(*retry_after),
             IngestError::MemoryLimit(_) => Some(MEMORY_RETRY_AFTER),
+            IngestError::RateLimited(r) => r.retry_after,
             _ => None,
         };
         if let Some(retry_after) = retry_after {

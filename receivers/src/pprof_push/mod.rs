@@ -40,8 +40,11 @@ use proflow_config::{ByteSize, Duration};
 use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, Resource, Validate,
 };
-use proflow_pipeline::server::{AuthSettings, ServerTlsFiles, ServerTlsSettings};
+use proflow_pipeline::server::{
+    AuthSettings, ServerTlsFiles, ServerTlsSettings, TenantLimiter, TenantLimitsSettings,
+};
 use serde::Deserialize;
+use std::sync::Arc;
 
 pub use error::IngestError;
 pub use server::{LocalAddr, PprofPushReceiver};
@@ -91,6 +94,10 @@ pub struct PprofPushConfig {
     /// Credentials every request must carry: `{bearer_tokens_file,
     /// basic_auth: {htpasswd_file}}`; otherwise 401, the body unread.
     pub auth: Option<AuthSettings>,
+    /// Per-tenant ingestion rates with Pyroscope's names:
+    /// `{ingestion_rate_mb, ingestion_burst_size_mb, overrides: {<tenant>:
+    /// {...}}}`; a tenant past its rate gets 429 with `Retry-After`.
+    pub limits: Option<TenantLimitsSettings>,
 }
 
 impl Default for PprofPushConfig {
@@ -108,6 +115,7 @@ impl Default for PprofPushConfig {
             max_concurrent_streams: 100,
             tls: None,
             auth: None,
+            limits: None,
         }
     }
 }
@@ -180,6 +188,9 @@ impl Validate for PprofPushConfig {
         if let Some(auth) = &self.auth {
             problems.extend(auth.problems("auth"));
         }
+        if let Some(limits) = &self.limits {
+            problems.extend(limits.problems("limits"));
+        }
         problems
     }
 }
@@ -208,6 +219,10 @@ impl PprofPushConfig {
             },
             self.tls.clone(),
             self.auth.clone(),
+            self.limits
+                .clone()
+                .filter(TenantLimitsSettings::limits_anything)
+                .map(|l| Arc::new(TenantLimiter::new(l))),
         ))
     }
 }

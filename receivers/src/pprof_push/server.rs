@@ -26,7 +26,7 @@ use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{BatchMeta, Envelope, now_unix_nanos};
 use proflow_pipeline::server::body::{declared_length, read_body};
 use proflow_pipeline::server::{
-    AuthSettings, Listen, Secured, ServerTlsSettings, TenantBound, accept_loop,
+    AuthSettings, Listen, Secured, ServerTlsSettings, TenantBound, TenantLimiter, accept_loop,
 };
 use tower::Service;
 
@@ -83,6 +83,7 @@ pub struct PprofPushReceiver {
     limits: Limits,
     tls: Option<ServerTlsSettings>,
     auth: Option<AuthSettings>,
+    tenant_limits: Option<Arc<TenantLimiter>>,
     local_addr: LocalAddr,
 }
 
@@ -92,12 +93,14 @@ impl PprofPushReceiver {
         limits: Limits,
         tls: Option<ServerTlsSettings>,
         auth: Option<AuthSettings>,
+        tenant_limits: Option<Arc<TenantLimiter>>,
     ) -> Self {
         PprofPushReceiver {
             endpoint,
             limits,
             tls,
             auth,
+            tenant_limits,
             local_addr: LocalAddr::default(),
         }
     }
@@ -140,6 +143,7 @@ impl Receiver for PprofPushReceiver {
             consumer: ctx.consumer,
             telemetry: ctx.telemetry,
             memory: ctx.memory,
+            tenant_limits: self.tenant_limits.clone(),
         });
         let app = router(shared);
         let listen = Listen {
@@ -203,6 +207,8 @@ struct Shared {
     consumer: Arc<dyn Consumer>,
     telemetry: ReceiverTelemetry,
     memory: MemoryBudget,
+    /// `limits`: per-tenant ingestion rates, when set.
+    tenant_limits: Option<Arc<TenantLimiter>>,
 }
 
 fn router(shared: Arc<Shared>) -> Router {
@@ -405,6 +411,7 @@ impl Shared {
         let kind = ingest::body_kind(&params.format, content_type.as_deref())?;
         let encoding = ContentEncoding::from_headers(&parts.headers)?;
         let (body, grant) = self.read_body(&parts.headers, body).await?;
+        self.admit_tenant(&parts, body.len())?;
         let inline = decode_inline(encoding, &body);
         let body_bytes = body.len();
         // One budget for everything this request inflates.
@@ -516,6 +523,7 @@ impl Shared {
             Codec::from_content_type(header_text(&parts.headers, header::CONTENT_TYPE).as_deref())?;
         let encoding = ContentEncoding::from_headers(&parts.headers)?;
         let (body, grant) = self.read_body(&parts.headers, body).await?;
+        self.admit_tenant(&parts, body.len())?;
         let body_bytes = body.len();
         let inline = decode_inline(encoding, &body);
         // One budget for the body and every profile in it.
@@ -543,6 +551,18 @@ impl Shared {
             codec.empty_response(),
         )
             .into_response())
+    }
+
+    /// The request's tenant takes `bytes` from its `limits` bucket, or the
+    /// request is refused (429, `Retry-After`), nothing decoded.
+    fn admit_tenant(&self, parts: &Parts, bytes: usize) -> Result<(), IngestError> {
+        let Some(limiter) = &self.tenant_limits else {
+            return Ok(());
+        };
+        let tenant = header_text(&parts.headers, TENANT_HEADER.clone());
+        limiter
+            .admit(tenant.as_deref(), bytes)
+            .map_err(IngestError::RateLimited)
     }
 
     /// Hands one request's profiles to the pipeline, once.

@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod body;
 mod connections;
+pub mod tenant_limits;
 pub mod tls;
 mod watch;
 
@@ -29,6 +30,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{AuthSettings, Authenticated, Authenticator, BasicAuthSettings, Unauthenticated};
+pub use tenant_limits::{RateLimited, TenantLimiter, TenantLimitsSettings};
 pub use tls::{ServerTls, ServerTlsFiles, ServerTlsSettings, TlsVersion};
 
 use connections::{Conn, Connections};

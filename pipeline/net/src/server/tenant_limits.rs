@@ -1,0 +1,319 @@
+//! `limits` of a receiver: per-tenant ingestion rates at the edge, with
+//! Pyroscope's names and meanings (`ingestion_rate_mb`,
+//! `ingestion_burst_size_mb`, and `overrides` per tenant), so the overrides
+//! a Pyroscope operator runs can be copied here and a flood is refused
+//! before proflow decodes it or a backend refuses it.
+//!
+//! Each tenant (the request's `X-Scope-OrgID`, or the tenant its bearer
+//! token is bound to; `anonymous` when it names none, as in Pyroscope) has
+//! a token bucket of bytes: it refills at `ingestion_rate_mb` MiB a second
+//! and holds at most `ingestion_burst_size_mb` MiB. A request takes its
+//! body's bytes as received; one that finds too few is refused whole (429
+//! with `Retry-After`, the seconds until the bucket holds enough) and takes
+//! nothing. A rate of 0 is no limit. The buckets of at most
+//! [`MAX_TENANTS`] tenants are kept; past that, the longest unused one
+//! (whose bucket has refilled, so nothing is forgotten that mattered) goes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use proflow_config::FieldError;
+use serde::Deserialize;
+
+/// The tenant of a request that names none (Pyroscope's).
+pub const ANONYMOUS_TENANT: &str = "anonymous";
+
+/// Most tenants whose buckets are kept at once.
+pub const MAX_TENANTS: usize = 10_000;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// The limits of one tenant (Pyroscope's names).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TenantRate {
+    pub ingestion_rate_mb: f64,
+    pub ingestion_burst_size_mb: f64,
+}
+
+fn default_burst_mb() -> f64 {
+    2.0
+}
+
+/// `limits` of a receiver: the defaults of every tenant and `overrides`
+/// per tenant. Equal when every number has the same bits (so `Eq` holds,
+/// for the reload's comparison of configs).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLimitsSettings {
+    /// MiB a second a tenant's requests may bring on average (0, the
+    /// default here: no limit; Pyroscope's default is 4).
+    #[serde(default)]
+    pub ingestion_rate_mb: f64,
+    /// MiB a tenant may bring at once above the rate (the bucket's size; a
+    /// request larger than this is always refused). Pyroscope's default, 2.
+    #[serde(default = "default_burst_mb")]
+    pub ingestion_burst_size_mb: f64,
+    /// Per tenant, limits that replace the defaults (each key given
+    /// replaces that one; a key left out is the default's).
+    #[serde(default)]
+    pub overrides: BTreeMap<String, TenantOverride>,
+}
+
+impl Default for TenantLimitsSettings {
+    fn default() -> Self {
+        TenantLimitsSettings {
+            ingestion_rate_mb: 0.0,
+            ingestion_burst_size_mb: default_burst_mb(),
+            overrides: BTreeMap::new(),
+        }
+    }
+}
+
+/// One tenant's override: the keys it sets.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantOverride {
+    pub ingestion_rate_mb: Option<f64>,
+    pub ingestion_burst_size_mb: Option<f64>,
+}
+
+impl PartialEq for TenantOverride {
+    fn eq(&self, other: &Self) -> bool {
+        let bits = |v: Option<f64>| v.map(f64::to_bits);
+        bits(self.ingestion_rate_mb) == bits(other.ingestion_rate_mb)
+            && bits(self.ingestion_burst_size_mb) == bits(other.ingestion_burst_size_mb)
+    }
+}
+
+impl Eq for TenantOverride {}
+
+impl PartialEq for TenantLimitsSettings {
+    fn eq(&self, other: &Self) -> bool {
+        self.ingestion_rate_mb.to_bits() == other.ingestion_rate_mb.to_bits()
+            && self.ingestion_burst_size_mb.to_bits() == other.ingestion_burst_size_mb.to_bits()
+            && self.overrides == other.overrides
+    }
+}
+
+impl Eq for TenantLimitsSettings {}
+
+impl TenantLimitsSettings {
+    /// Every problem, each under its key after `prefix` (`limits`).
+    pub fn problems(&self, prefix: &str) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        let mut check = |key: String, v: f64| {
+            if !v.is_finite() || v < 0.0 {
+                problems.push(FieldError::new(
+                    format!("{prefix}.{key}"),
+                    format!("must be a number of MiB of 0 or more (0: no limit), not {v}"),
+                ));
+            }
+        };
+        check("ingestion_rate_mb".into(), self.ingestion_rate_mb);
+        check(
+            "ingestion_burst_size_mb".into(),
+            self.ingestion_burst_size_mb,
+        );
+        for (tenant, o) in &self.overrides {
+            if let Some(v) = o.ingestion_rate_mb {
+                check(format!("overrides.{tenant}.ingestion_rate_mb"), v);
+            }
+            if let Some(v) = o.ingestion_burst_size_mb {
+                check(format!("overrides.{tenant}.ingestion_burst_size_mb"), v);
+            }
+        }
+        problems
+    }
+
+    /// The limits of `tenant`.
+    pub fn rate_of(&self, tenant: &str) -> TenantRate {
+        let mut r = TenantRate {
+            ingestion_rate_mb: self.ingestion_rate_mb,
+            ingestion_burst_size_mb: self.ingestion_burst_size_mb,
+        };
+        if let Some(o) = self.overrides.get(tenant) {
+            r.ingestion_rate_mb = o.ingestion_rate_mb.unwrap_or(r.ingestion_rate_mb);
+            r.ingestion_burst_size_mb = o
+                .ingestion_burst_size_mb
+                .unwrap_or(r.ingestion_burst_size_mb);
+        }
+        r
+    }
+
+    /// Whether any tenant is limited.
+    pub fn limits_anything(&self) -> bool {
+        self.ingestion_rate_mb > 0.0
+            || self
+                .overrides
+                .values()
+                .any(|o| o.ingestion_rate_mb.is_some_and(|r| r > 0.0))
+    }
+}
+
+/// A refusal: the tenant's rate and how long until the request would fit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimited {
+    pub tenant: String,
+    /// The tenant's rate, bytes a second.
+    pub limit_bytes: u64,
+    /// The request's bytes.
+    pub adding: u64,
+    /// When the bucket will hold `adding` (never, when it is larger than
+    /// the burst: then `None`).
+    pub retry_after: Option<Duration>,
+}
+
+impl RateLimited {
+    /// What the client is told (Pyroscope's wording) and what to do.
+    pub fn message(&self) -> String {
+        let what = match self.retry_after {
+            Some(_) => "retry after the time in Retry-After, or send less".to_owned(),
+            None => "the request is larger than the tenant's ingestion_burst_size_mb: send smaller requests".to_owned(),
+        };
+        format!(
+            "push rate limit ({} bytes/s) exceeded while adding {} bytes for tenant {:?}: {what}",
+            self.limit_bytes, self.adding, self.tenant
+        )
+    }
+
+    /// `Retry-After` in whole seconds (at least 1).
+    pub fn retry_after_seconds(&self) -> Option<u64> {
+        self.retry_after
+            .map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
+            .map(|s| s.max(1))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    /// Bytes it holds at `at`.
+    tokens: f64,
+    at: Instant,
+}
+
+/// The running limiter of one receiver.
+#[derive(Debug)]
+pub struct TenantLimiter {
+    settings: TenantLimitsSettings,
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+impl TenantLimiter {
+    pub fn new(settings: TenantLimitsSettings) -> Self {
+        TenantLimiter {
+            settings,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes `bytes` from `tenant`'s bucket (`None`: [`ANONYMOUS_TENANT`]),
+    /// or refuses them and takes nothing.
+    pub fn admit(&self, tenant: Option<&str>, bytes: usize) -> Result<(), RateLimited> {
+        self.admit_at(tenant, bytes, Instant::now())
+    }
+
+    fn admit_at(
+        &self,
+        tenant: Option<&str>,
+        bytes: usize,
+        now: Instant,
+    ) -> Result<(), RateLimited> {
+        let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or(ANONYMOUS_TENANT);
+        let rate = self.settings.rate_of(tenant);
+        if rate.ingestion_rate_mb <= 0.0 {
+            return Ok(());
+        }
+        let per_second = rate.ingestion_rate_mb * MIB;
+        let burst = rate.ingestion_burst_size_mb * MIB;
+        let adding = bytes as f64;
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if !buckets.contains_key(tenant) && buckets.len() >= MAX_TENANTS {
+            // The longest unused bucket has refilled the most.
+            if let Some(oldest) = buckets
+                .iter()
+                .min_by_key(|(_, b)| b.at)
+                .map(|(t, _)| t.clone())
+            {
+                buckets.remove(&oldest);
+            }
+        }
+        let bucket = buckets.entry(tenant.to_owned()).or_insert(Bucket {
+            tokens: burst,
+            at: now,
+        });
+        let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
+        bucket.tokens = (bucket.tokens + elapsed * per_second).min(burst);
+        bucket.at = now;
+        if adding <= bucket.tokens {
+            bucket.tokens -= adding;
+            return Ok(());
+        }
+        let retry_after = (adding <= burst)
+            .then(|| Duration::from_secs_f64((adding - bucket.tokens) / per_second));
+        Err(RateLimited {
+            tenant: tenant.to_owned(),
+            limit_bytes: per_second as u64,
+            adding: bytes as u64,
+            retry_after,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(yaml: &str) -> TenantLimitsSettings {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn a_bucket_refills_at_the_rate_up_to_the_burst() {
+        let s = settings(
+            "ingestion_rate_mb: 1\ningestion_burst_size_mb: 2\noverrides:\n  noisy: {ingestion_rate_mb: 0.5}\n",
+        );
+        assert!(s.problems("limits").is_empty());
+        assert_eq!(s.rate_of("noisy").ingestion_burst_size_mb, 2.0);
+        let l = TenantLimiter::new(s);
+        let t0 = Instant::now();
+        let mib = 1 << 20;
+        // The burst at once, then nothing more.
+        assert!(l.admit_at(Some("a"), 2 * mib, t0).is_ok());
+        let refused = l.admit_at(Some("a"), mib, t0).unwrap_err();
+        assert_eq!(refused.retry_after_seconds(), Some(1));
+        assert_eq!(refused.limit_bytes, mib as u64);
+        // A second later one MiB is back; the refusal took nothing.
+        assert!(
+            l.admit_at(Some("a"), mib, t0 + Duration::from_secs(1))
+                .is_ok()
+        );
+        // Another tenant has its own bucket; the override's rate is its own.
+        assert!(l.admit_at(Some("noisy"), 2 * mib, t0).is_ok());
+        let r = l.admit_at(Some("noisy"), mib, t0).unwrap_err();
+        assert_eq!(r.retry_after_seconds(), Some(2));
+        // Larger than the burst: never.
+        assert_eq!(
+            l.admit_at(Some("b"), 3 * mib, t0).unwrap_err().retry_after,
+            None
+        );
+        // No tenant is `anonymous`, limited like any other.
+        assert!(l.admit_at(None, 2 * mib, t0).is_ok());
+        assert!(l.admit_at(Some(""), 1, t0).is_err());
+    }
+
+    #[test]
+    fn no_rate_is_no_limit_and_bad_numbers_are_named() {
+        let l = TenantLimiter::new(TenantLimitsSettings::default());
+        assert!(l.admit(Some("a"), usize::MAX).is_ok());
+        let s =
+            settings("ingestion_rate_mb: -1\noverrides:\n  x: {ingestion_burst_size_mb: .nan}\n");
+        let problems = s.problems("limits");
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(
+            problems[1].path,
+            "limits.overrides.x.ingestion_burst_size_mb"
+        );
+        assert!(serde_saphyr::from_str::<TenantLimitsSettings>("rate: 1\n").is_err());
+    }
+}
