@@ -16,6 +16,7 @@ use proflow_pipeline::memory::MemoryBudget;
 use proflow_pipeline::model::{BatchMeta, Envelope, ValueType};
 use proflow_pipeline::otlp::common::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use proflow_pipeline::otlp::{DictionaryBuilder, Resource, collector, json, proto};
+use proflow_pipeline::server::TenantLimitsSettings;
 use proflow_pipeline::spans::{Span, SpanConsumer};
 use proflow_pipeline::telemetry::Telemetry;
 use proflow_receivers::otlp::{GrpcConfig, HttpConfig, OtlpConfig, Protocols};
@@ -57,6 +58,15 @@ impl Harness {
 
     /// `profiles`: in a profiles pipeline; `traces`: in a traces pipeline.
     async fn start_with(profiles: bool, traces: bool) -> Harness {
+        Harness::start_limited(profiles, traces, None).await
+    }
+
+    /// [`Harness::start_with`] with the receiver's `limits`.
+    async fn start_limited(
+        profiles: bool,
+        traces: bool,
+        limits: Option<TenantLimitsSettings>,
+    ) -> Harness {
         let config = OtlpConfig {
             protocols: Protocols {
                 grpc: Some(GrpcConfig {
@@ -73,6 +83,7 @@ impl Harness {
                 }),
             },
             resource_to_labels: Default::default(),
+            limits,
         };
         let telemetry = Arc::new(Telemetry::new());
         let build = BuildContext {
@@ -663,6 +674,55 @@ async fn backpressure_asks_the_sender_to_retry_later() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
     assert!(h.metric(r#"reason="backpressure"} 2"#));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_tenant_past_its_rate_is_refused_with_the_time_to_retry() {
+    // 1 KiB/s, 8 KiB at once, for tenant `noisy`; no limit for the others.
+    let limits: TenantLimitsSettings = serde_saphyr::from_str(
+        "overrides:\n  noisy: {ingestion_rate_mb: 0.0009765625, ingestion_burst_size_mb: 0.0078125}\n",
+    )
+    .unwrap();
+    let h = Harness::start_limited(true, false, Some(limits)).await;
+    let body = request(&["a"], 1).encode_to_vec();
+    let noisy = [PROTOBUF, ("x-scope-orgid", "noisy")];
+    let mut accepted = 0;
+    let refused = loop {
+        let reply = h.post(PATH, &noisy, body.clone()).await;
+        match reply.status {
+            200 => accepted += 1,
+            429 => break reply,
+            other => panic!("{other}"),
+        }
+        assert!(accepted < 100, "the noisy tenant is never refused");
+    };
+    assert_eq!(accepted, (8 << 10) / body.len(), "the burst's worth");
+    let wait: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&wait), "{wait}");
+    // gRPC: RESOURCE_EXHAUSTED with the delay (the Collector retries then).
+    let mut req = tonic::Request::new(request(&["a"], 1));
+    req.metadata_mut()
+        .insert("x-scope-orgid", "noisy".parse().unwrap());
+    let err = h.client().await.export(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        err.message().contains("push rate limit"),
+        "{}",
+        err.message()
+    );
+    let details = RpcStatus::decode(err.details()).unwrap();
+    assert_eq!(
+        details.details[0].type_url,
+        "type.googleapis.com/google.rpc.RetryInfo"
+    );
+    // Another tenant, and no tenant, are not limited.
+    for headers in [&[PROTOBUF, ("x-scope-orgid", "quiet")][..], &[PROTOBUF][..]] {
+        for _ in 0..20 {
+            assert_eq!(h.post(PATH, headers, body.clone()).await.status, 200);
+        }
+    }
+    assert!(h.metric(r#"reason="rate_limited"} 2"#));
     h.stop().await;
 }
 

@@ -48,6 +48,9 @@ pub enum OtlpError {
     /// `TooLarge` instead.)
     #[error("{0}")]
     MemoryLimit(String),
+    /// The tenant's `limits` rate is spent: retry after the time it says.
+    #[error("{}", .0.message())]
+    RateLimited(proflow_pipeline::server::RateLimited),
     /// The request did not arrive within `read_timeout`.
     #[error(
         "the request did not arrive within read_timeout ({0:?}); send it faster or in smaller requests"
@@ -98,9 +101,9 @@ impl OtlpError {
             OtlpError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             OtlpError::NotFound(_) | OtlpError::NotServed(_) => StatusCode::NOT_FOUND,
             OtlpError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            OtlpError::Backpressure { .. } | OtlpError::MemoryLimit(_) => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            OtlpError::Backpressure { .. }
+            | OtlpError::MemoryLimit(_)
+            | OtlpError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             OtlpError::Timeout(_) | OtlpError::SlowBody(_) => StatusCode::REQUEST_TIMEOUT,
             OtlpError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             OtlpError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -110,9 +113,10 @@ impl OtlpError {
     pub fn grpc_code(&self) -> tonic::Code {
         match self {
             OtlpError::BadRequest(_) => tonic::Code::InvalidArgument,
-            OtlpError::TooLarge(_) | OtlpError::Backpressure { .. } | OtlpError::MemoryLimit(_) => {
-                tonic::Code::ResourceExhausted
-            }
+            OtlpError::TooLarge(_)
+            | OtlpError::Backpressure { .. }
+            | OtlpError::MemoryLimit(_)
+            | OtlpError::RateLimited(_) => tonic::Code::ResourceExhausted,
             OtlpError::UnsupportedMediaType(_)
             | OtlpError::MethodNotAllowed(_)
             | OtlpError::NotFound(_)
@@ -129,6 +133,7 @@ impl OtlpError {
         match self {
             OtlpError::Backpressure { retry_after, .. } => Some(*retry_after),
             OtlpError::MemoryLimit(_) => Some(MEMORY_RETRY_AFTER),
+            OtlpError::RateLimited(r) => r.retry_after,
             _ => None,
         }
     }
@@ -145,6 +150,7 @@ impl OtlpError {
             OtlpError::Unauthenticated(_) => "unauthenticated",
             OtlpError::Backpressure { .. } => "backpressure",
             OtlpError::MemoryLimit(_) => "memory_limit",
+            OtlpError::RateLimited(_) => "rate_limited",
             OtlpError::Timeout(_) | OtlpError::SlowBody(_) => "timeout",
             OtlpError::ShuttingDown => "shutting_down",
             OtlpError::Internal(_) => "internal",

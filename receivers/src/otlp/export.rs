@@ -24,6 +24,7 @@ use proflow_pipeline::component::{self, Consumer};
 use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{BatchMeta, Envelope, batch_bytes};
 use proflow_pipeline::otlp::{self, AttributeLabels, Split, collector};
+use proflow_pipeline::server::TenantLimiter;
 use proflow_pipeline::spans::{self, SpanConsumer};
 use proflow_pipeline::telemetry::ReceiverTelemetry;
 use prost::Message;
@@ -65,6 +66,8 @@ pub(crate) struct Handler {
     pub takes_profiles: bool,
     /// Where spans go, for a receiver in a traces pipeline.
     pub spans: Option<Arc<dyn SpanConsumer>>,
+    /// `limits`: per-tenant ingestion rates, when set.
+    pub tenant_limits: Option<Arc<TenantLimiter>>,
 }
 
 impl Handler {
@@ -79,6 +82,11 @@ impl Handler {
         origin: Origin,
     ) -> Result<collector::ExportProfilesServiceResponse, Refused> {
         self.takes_profiles()?;
+        if let Some(limiter) = &self.tenant_limits {
+            limiter
+                .admit(origin.tenant.as_deref(), body.len())
+                .map_err(OtlpError::RateLimited)?;
+        }
         // Protobuf is checked on the wire and kept as it arrived: nothing is
         // decoded but resources and scopes, so the body is all it holds (a
         // 1.9 request twice, while its 1.10 copy is made).

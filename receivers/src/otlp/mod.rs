@@ -38,8 +38,11 @@ use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, Resource, Validate,
 };
 use proflow_pipeline::otlp::AttributeLabels;
-use proflow_pipeline::server::{AuthSettings, ServerTlsFiles, ServerTlsSettings};
+use proflow_pipeline::server::{
+    AuthSettings, ServerTlsFiles, ServerTlsSettings, TenantLimiter, TenantLimitsSettings,
+};
 use serde::{Deserialize, Deserializer};
+use std::sync::Arc;
 
 use crate::endpoint::parse_endpoint;
 
@@ -66,6 +69,11 @@ pub struct OtlpConfig {
     /// `exclude`. `service.name` always becomes `service_name`.
     #[serde(default, deserialize_with = "proflow_config::null_as_default")]
     pub resource_to_labels: AttributeLabels,
+    /// Per-tenant ingestion rates of both protocols, with Pyroscope's
+    /// names: `{ingestion_rate_mb, ingestion_burst_size_mb, overrides}`
+    /// (as `pprof_push`'s); a tenant past its rate gets 429 (gRPC
+    /// `RESOURCE_EXHAUSTED`) with the time to retry.
+    pub limits: Option<TenantLimitsSettings>,
 }
 
 /// The `protocols` block.
@@ -327,6 +335,9 @@ impl Validate for OtlpConfig {
                 format!("is {a}, the same as protocols.grpc.endpoint; give each protocol its own port (the defaults are 4317 for grpc and 4318 for http)"),
             ));
         }
+        if let Some(limits) = &self.limits {
+            problems.extend(limits.problems("limits"));
+        }
         problems
     }
 }
@@ -372,6 +383,10 @@ impl OtlpConfig {
             grpc,
             http,
             self.resource_to_labels.clone(),
+            self.limits
+                .clone()
+                .filter(TenantLimitsSettings::limits_anything)
+                .map(|l| Arc::new(TenantLimiter::new(l))),
         ))
     }
 }

@@ -8,7 +8,9 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use proflow_pipeline::component::{BuildError, Receiver, ReceiverContext, ServeFuture};
 use proflow_pipeline::otlp::AttributeLabels;
-use proflow_pipeline::server::{AuthSettings, Listeners, Secured, ServerTlsSettings};
+use proflow_pipeline::server::{
+    AuthSettings, Listeners, Secured, ServerTlsSettings, TenantLimiter,
+};
 use tokio::net::TcpListener;
 
 use super::export::Handler;
@@ -40,6 +42,7 @@ pub struct OtlpReceiver {
     grpc: Option<grpc::Settings>,
     http: Option<http::Settings>,
     labels: AttributeLabels,
+    tenant_limits: Option<Arc<TenantLimiter>>,
     local: LocalAddrs,
 }
 
@@ -48,11 +51,13 @@ impl OtlpReceiver {
         grpc: Option<grpc::Settings>,
         http: Option<http::Settings>,
         labels: AttributeLabels,
+        tenant_limits: Option<Arc<TenantLimiter>>,
     ) -> Self {
         OtlpReceiver {
             grpc,
             http,
             labels,
+            tenant_limits,
             local: LocalAddrs::default(),
         }
     }
@@ -129,6 +134,7 @@ impl Receiver for OtlpReceiver {
             memory: ctx.memory,
             takes_profiles: ctx.takes_profiles,
             spans: ctx.spans,
+            tenant_limits: self.tenant_limits,
         });
         let grpc = grpc.map(|(listener, settings, secured)| {
             grpc::serve(
