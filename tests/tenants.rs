@@ -298,3 +298,70 @@ fn a_noisy_tenant_is_refused_at_the_edge_and_a_quiet_one_is_not() {
         first.retry_after
     );
 }
+
+/// A series with more labels than `max_label_names_per_series` (Pyroscope's
+/// default, 30): refused by proflow as the real Pyroscope refuses it (400,
+/// the same words), before it costs the backend anything; a series within
+/// it passes both.
+#[test]
+fn label_limits_refuse_what_pyroscope_refuses() {
+    let Some(pyroscope) = multitenant_pyroscope() else {
+        return;
+    };
+    let base = pyroscope.http_base();
+    let proflow = start(
+        &base,
+        "    limits: {max_label_names_per_series: 30, max_label_value_length: 2048}\n",
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    let http = reader("labels");
+    for (tags, want) in [(40, 400), (5, 200)] {
+        let app = common::unique_name("tenant-labels-app");
+        let tags: Vec<String> = (0..tags).map(|i| format!("t{i}=v")).collect();
+        let query = format!(
+            "/ingest?name={app}.cpu{{{}}}&from={}&until={now}&format=folded",
+            tags.join(","),
+            now - 10
+        );
+        let direct = http
+            .post(format!("{base}{query}"))
+            .body("main;work 1\n")
+            .send()
+            .expect("Pyroscope answers");
+        let direct_status = direct.status().as_u16();
+        let direct_text = direct.text().unwrap_or_default();
+        let through = proflow.post(
+            &query,
+            &[("X-Scope-OrgID", "labels")],
+            b"main;work 1\n".to_vec(),
+        );
+        let through_text = String::from_utf8_lossy(&through.body).into_owned();
+        assert_eq!(
+            (direct_status, through.status),
+            (want, want),
+            "{} tags: Pyroscope said {direct_text}; proflow said {through_text}",
+            tags.len()
+        );
+        if want == 400 {
+            for text in [&direct_text, &through_text] {
+                assert!(
+                    text.contains("label names; limit 30"),
+                    "the refusal names the limit: {text}"
+                );
+            }
+        }
+    }
+    let metrics = proflow.metrics();
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_refused_requests_total",
+            &[("reason", "max_label_names_per_series")]
+        ),
+        1.0,
+        "{metrics}"
+    );
+}

@@ -128,6 +128,19 @@ impl Handler {
             // queues count it from the moment they take it.
             tracing::debug!(receiver = %self.id, held, "decoded more than estimated");
         }
+        if let Some(limiter) = &self.tenant_limits {
+            for e in &built.envelopes {
+                limiter
+                    .check_labels(
+                        origin.tenant.as_deref(),
+                        e.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())),
+                    )
+                    .map_err(|r| Refused {
+                        error: OtlpError::LabelLimit(r),
+                        profiles: built.envelopes.len() as u64,
+                    })?;
+            }
+        }
         if built.rejected > 0 {
             self.telemetry.refused("invalid_profile", built.rejected);
         }

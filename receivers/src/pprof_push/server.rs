@@ -499,6 +499,10 @@ impl Shared {
                 .await?
             }
         };
+        self.check_labels(&parts, &batch).map_err(|error| Refused {
+            error,
+            profiles: batch.len() as u64,
+        })?;
         let sender = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         let format = kind.name();
         if !lost.is_empty() {
@@ -538,6 +542,10 @@ impl Shared {
             Ok((batch, budget))
         })
         .await?;
+        self.check_labels(&parts, &batch).map_err(|error| Refused {
+            error,
+            profiles: batch.len() as u64,
+        })?;
         if batch.is_empty() {
             // Every profile was valid and held no sample: answered as
             // Pyroscope answers it, but not silently.
@@ -563,6 +571,24 @@ impl Shared {
         limiter
             .admit(tenant.as_deref(), bytes)
             .map_err(IngestError::RateLimited)
+    }
+
+    /// Every profile's series labels within its tenant's label `limits`,
+    /// or the request is refused (400, Pyroscope's reason and words).
+    fn check_labels(&self, parts: &Parts, batch: &[Envelope]) -> Result<(), IngestError> {
+        let Some(limiter) = &self.tenant_limits else {
+            return Ok(());
+        };
+        let tenant = header_text(&parts.headers, TENANT_HEADER.clone());
+        for e in batch {
+            limiter
+                .check_labels(
+                    tenant.as_deref(),
+                    e.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())),
+                )
+                .map_err(IngestError::LabelLimit)?;
+        }
+        Ok(())
     }
 
     /// Hands one request's profiles to the pipeline, once.

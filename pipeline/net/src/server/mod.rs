@@ -30,7 +30,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{AuthSettings, Authenticated, Authenticator, BasicAuthSettings, Unauthenticated};
-pub use tenant_limits::{RateLimited, TenantLimiter, TenantLimitsSettings};
+pub use tenant_limits::{LabelsRefused, RateLimited, TenantLimiter, TenantLimitsSettings};
 pub use tls::{ServerTls, ServerTlsFiles, ServerTlsSettings, TlsVersion};
 
 use connections::{Conn, Connections};

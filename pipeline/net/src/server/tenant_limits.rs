@@ -10,7 +10,10 @@
 //! and holds at most `ingestion_burst_size_mb` MiB. A request takes its
 //! body's bytes as received; one that finds too few is refused whole (429
 //! with `Retry-After`, the seconds until the bucket holds enough) and takes
-//! nothing. A rate of 0 is no limit. The buckets of at most
+//! nothing. A rate of 0 is no limit. Label limits (`max_label_names_per_series`,
+//! `max_label_name_length`, `max_label_value_length`; 0 is no limit) refuse a
+//! series as Pyroscope does, with its reasons and words ([`LabelsRefused`]).
+//! The buckets of at most
 //! [`MAX_TENANTS`] tenants are kept; past that, the longest unused one
 //! (whose bucket has refilled, so nothing is forgotten that mattered) goes.
 
@@ -29,11 +32,14 @@ pub const MAX_TENANTS: usize = 10_000;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// The limits of one tenant (Pyroscope's names).
+/// The limits of one tenant (Pyroscope's names; 0 is no limit).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TenantRate {
     pub ingestion_rate_mb: f64,
     pub ingestion_burst_size_mb: f64,
+    pub max_label_names_per_series: usize,
+    pub max_label_name_length: usize,
+    pub max_label_value_length: usize,
 }
 
 fn default_burst_mb() -> f64 {
@@ -54,6 +60,16 @@ pub struct TenantLimitsSettings {
     /// request larger than this is always refused). Pyroscope's default, 2.
     #[serde(default = "default_burst_mb")]
     pub ingestion_burst_size_mb: f64,
+    /// Most labels a profile's series may have (0, the default here: no
+    /// limit; Pyroscope's default is 30).
+    #[serde(default)]
+    pub max_label_names_per_series: usize,
+    /// Longest label name, in bytes (0: no limit; Pyroscope's, 1024).
+    #[serde(default)]
+    pub max_label_name_length: usize,
+    /// Longest label value, in bytes (0: no limit; Pyroscope's, 2048).
+    #[serde(default)]
+    pub max_label_value_length: usize,
     /// Per tenant, limits that replace the defaults (each key given
     /// replaces that one; a key left out is the default's).
     #[serde(default)]
@@ -65,6 +81,9 @@ impl Default for TenantLimitsSettings {
         TenantLimitsSettings {
             ingestion_rate_mb: 0.0,
             ingestion_burst_size_mb: default_burst_mb(),
+            max_label_names_per_series: 0,
+            max_label_name_length: 0,
+            max_label_value_length: 0,
             overrides: BTreeMap::new(),
         }
     }
@@ -76,6 +95,9 @@ impl Default for TenantLimitsSettings {
 pub struct TenantOverride {
     pub ingestion_rate_mb: Option<f64>,
     pub ingestion_burst_size_mb: Option<f64>,
+    pub max_label_names_per_series: Option<usize>,
+    pub max_label_name_length: Option<usize>,
+    pub max_label_value_length: Option<usize>,
 }
 
 impl PartialEq for TenantOverride {
@@ -83,6 +105,9 @@ impl PartialEq for TenantOverride {
         let bits = |v: Option<f64>| v.map(f64::to_bits);
         bits(self.ingestion_rate_mb) == bits(other.ingestion_rate_mb)
             && bits(self.ingestion_burst_size_mb) == bits(other.ingestion_burst_size_mb)
+            && self.max_label_names_per_series == other.max_label_names_per_series
+            && self.max_label_name_length == other.max_label_name_length
+            && self.max_label_value_length == other.max_label_value_length
     }
 }
 
@@ -92,6 +117,9 @@ impl PartialEq for TenantLimitsSettings {
     fn eq(&self, other: &Self) -> bool {
         self.ingestion_rate_mb.to_bits() == other.ingestion_rate_mb.to_bits()
             && self.ingestion_burst_size_mb.to_bits() == other.ingestion_burst_size_mb.to_bits()
+            && self.max_label_names_per_series == other.max_label_names_per_series
+            && self.max_label_name_length == other.max_label_name_length
+            && self.max_label_value_length == other.max_label_value_length
             && self.overrides == other.overrides
     }
 }
@@ -131,23 +159,37 @@ impl TenantLimitsSettings {
         let mut r = TenantRate {
             ingestion_rate_mb: self.ingestion_rate_mb,
             ingestion_burst_size_mb: self.ingestion_burst_size_mb,
+            max_label_names_per_series: self.max_label_names_per_series,
+            max_label_name_length: self.max_label_name_length,
+            max_label_value_length: self.max_label_value_length,
         };
         if let Some(o) = self.overrides.get(tenant) {
             r.ingestion_rate_mb = o.ingestion_rate_mb.unwrap_or(r.ingestion_rate_mb);
             r.ingestion_burst_size_mb = o
                 .ingestion_burst_size_mb
                 .unwrap_or(r.ingestion_burst_size_mb);
+            r.max_label_names_per_series = o
+                .max_label_names_per_series
+                .unwrap_or(r.max_label_names_per_series);
+            r.max_label_name_length = o.max_label_name_length.unwrap_or(r.max_label_name_length);
+            r.max_label_value_length = o.max_label_value_length.unwrap_or(r.max_label_value_length);
         }
         r
     }
 
     /// Whether any tenant is limited.
     pub fn limits_anything(&self) -> bool {
+        let some = |n: Option<usize>| n.is_some_and(|n| n > 0);
         self.ingestion_rate_mb > 0.0
-            || self
-                .overrides
-                .values()
-                .any(|o| o.ingestion_rate_mb.is_some_and(|r| r > 0.0))
+            || self.max_label_names_per_series > 0
+            || self.max_label_name_length > 0
+            || self.max_label_value_length > 0
+            || self.overrides.values().any(|o| {
+                o.ingestion_rate_mb.is_some_and(|r| r > 0.0)
+                    || some(o.max_label_names_per_series)
+                    || some(o.max_label_name_length)
+                    || some(o.max_label_value_length)
+            })
     }
 }
 
@@ -185,6 +227,16 @@ impl RateLimited {
     }
 }
 
+/// A series whose labels pass a tenant's label limits, refused as
+/// Pyroscope refuses it (400): the Pyroscope reason and its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelsRefused {
+    /// `max_label_names_per_series`, `label_name_too_long` or
+    /// `label_value_too_long`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
     /// Bytes it holds at `at`.
@@ -211,6 +263,68 @@ impl TenantLimiter {
     /// or refuses them and takes nothing.
     pub fn admit(&self, tenant: Option<&str>, bytes: usize) -> Result<(), RateLimited> {
         self.admit_at(tenant, bytes, Instant::now())
+    }
+
+    /// Checks a series' labels (name, value pairs, `__name__` included)
+    /// against `tenant`'s label limits.
+    pub fn check_labels<'a>(
+        &self,
+        tenant: Option<&str>,
+        labels: impl Iterator<Item = (&'a str, &'a str)> + Clone,
+    ) -> Result<(), LabelsRefused> {
+        let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or(ANONYMOUS_TENANT);
+        let r = self.settings.rate_of(tenant);
+        let shown = || {
+            let pairs: Vec<String> = labels
+                .clone()
+                .map(|(n, v)| format!("{n}=\"{v}\""))
+                .collect();
+            // Bounded: a refusal does not echo a megabyte of labels.
+            let mut text = format!("{{{}}}", pairs.join(", "));
+            if text.len() > 512 {
+                let mut cut = 512;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text.truncate(cut);
+                text.push_str("...");
+            }
+            text
+        };
+        let count = labels.clone().count();
+        if r.max_label_names_per_series > 0 && count > r.max_label_names_per_series {
+            return Err(LabelsRefused {
+                reason: "max_label_names_per_series",
+                message: format!(
+                    "profile series '{}' has {count} label names; limit {} (tenant {tenant:?})",
+                    shown(),
+                    r.max_label_names_per_series
+                ),
+            });
+        }
+        for (name, value) in labels.clone() {
+            if r.max_label_name_length > 0 && name.len() > r.max_label_name_length {
+                return Err(LabelsRefused {
+                    reason: "label_name_too_long",
+                    message: format!(
+                        "profile with labels '{}' has label name too long: '{name}' (limit {}, tenant {tenant:?})",
+                        shown(),
+                        r.max_label_name_length
+                    ),
+                });
+            }
+            if r.max_label_value_length > 0 && value.len() > r.max_label_value_length {
+                return Err(LabelsRefused {
+                    reason: "label_value_too_long",
+                    message: format!(
+                        "profile with labels '{}' has label value too long: '{value}' (limit {}, tenant {tenant:?})",
+                        shown(),
+                        r.max_label_value_length
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     fn admit_at(
@@ -300,6 +414,40 @@ mod tests {
         // No tenant is `anonymous`, limited like any other.
         assert!(l.admit_at(None, 2 * mib, t0).is_ok());
         assert!(l.admit_at(Some(""), 1, t0).is_err());
+    }
+
+    #[test]
+    fn label_limits_as_pyroscope_words_them() {
+        let s = settings(
+            "max_label_names_per_series: 3\nmax_label_name_length: 8\nmax_label_value_length: 5\n\
+             overrides:\n  roomy: {max_label_names_per_series: 10, max_label_value_length: 0}\n",
+        );
+        assert!(s.limits_anything());
+        let l = TenantLimiter::new(s);
+        let ok = [("__name__", "cpu"), ("a", "1")];
+        assert!(l.check_labels(Some("t"), ok.iter().copied()).is_ok());
+        let many = [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")];
+        let e = l.check_labels(Some("t"), many.iter().copied()).unwrap_err();
+        assert_eq!(e.reason, "max_label_names_per_series");
+        assert!(
+            e.message.contains("has 4 label names; limit 3"),
+            "{}",
+            e.message
+        );
+        assert!(l.check_labels(Some("roomy"), many.iter().copied()).is_ok());
+        let long_name = [("a_long_name", "1")];
+        let e = l.check_labels(None, long_name.iter().copied()).unwrap_err();
+        assert_eq!(e.reason, "label_name_too_long");
+        assert!(e.message.contains("has label name too long: 'a_long_name'"));
+        let long_value = [("a", "123456")];
+        let e = l
+            .check_labels(Some("t"), long_value.iter().copied())
+            .unwrap_err();
+        assert_eq!(e.reason, "label_value_too_long");
+        assert!(
+            l.check_labels(Some("roomy"), long_value.iter().copied())
+                .is_ok()
+        );
     }
 
     #[test]
