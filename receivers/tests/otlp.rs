@@ -688,6 +688,7 @@ async fn a_tenant_past_its_rate_is_refused_with_the_time_to_retry() {
     let body = request(&["a"], 1).encode_to_vec();
     let noisy = [PROTOBUF, ("x-scope-orgid", "noisy")];
     let mut accepted = 0;
+    let started = std::time::Instant::now();
     let refused = loop {
         let reply = h.post(PATH, &noisy, body.clone()).await;
         match reply.status {
@@ -697,7 +698,14 @@ async fn a_tenant_past_its_rate_is_refused_with_the_time_to_retry() {
         }
         assert!(accepted < 100, "the noisy tenant is never refused");
     };
-    assert_eq!(accepted, (8 << 10) / body.len(), "the burst's worth");
+    // The burst's worth, and what 1 KiB/s refills while the requests go
+    // (on a slow machine one more: 27 of 26 seen).
+    let burst = (8 << 10) / body.len();
+    let refilled = (started.elapsed().as_secs_f64() * 1024.0 / body.len() as f64).ceil() as usize;
+    assert!(
+        (burst..=burst + refilled).contains(&accepted),
+        "{accepted} accepted, the burst holds {burst}, {refilled} refilled"
+    );
     let wait: u64 = refused.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=2).contains(&wait), "{wait}");
     // gRPC: RESOURCE_EXHAUSTED with the delay (the Collector retries then).
