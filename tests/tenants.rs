@@ -292,6 +292,23 @@ fn a_noisy_tenant_is_refused_at_the_edge_and_a_quiet_one_is_not() {
         refused.len() as f64,
         "{metrics}"
     );
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_tenant_refused_requests_total",
+            &[("tenant", "noisy"), ("reason", "rate_limited")]
+        ),
+        refused.len() as f64,
+        "counted under the tenant: {metrics}"
+    );
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_tenant_refused_requests_total",
+            &[("tenant", "quiet")]
+        ),
+        0.0
+    );
     // Pyroscope holds every accepted push of each, under its own tenant:
     // one `main;work` sample (10 ms) a push.
     read_back(&base, "quiet", &quiet, Some(quiet_ok * 10_000_000));
@@ -364,6 +381,18 @@ fn label_limits_refuse_what_pyroscope_refuses() {
             &metrics,
             "proflow_receiver_refused_requests_total",
             &[("reason", "max_label_names_per_series")]
+        ),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_tenant_refused_requests_total",
+            &[
+                ("tenant", "labels"),
+                ("reason", "max_label_names_per_series")
+            ]
         ),
         1.0,
         "{metrics}"

@@ -274,6 +274,15 @@ impl Handler {
     pub fn refused(&self, refused: &Refused) {
         let Refused { error, profiles } = refused;
         self.telemetry.refused(error.reason(), *profiles);
+        match error {
+            OtlpError::RateLimited(r) => self
+                .telemetry
+                .tenant_refused(Some(&r.tenant), error.reason()),
+            OtlpError::LabelLimit(r) => self
+                .telemetry
+                .tenant_refused(Some(&r.tenant), error.reason()),
+            _ => {}
+        }
         if matches!(error, OtlpError::Internal(_)) {
             tracing::error!(receiver = %self.id, error = %error, "request failed");
         } else {

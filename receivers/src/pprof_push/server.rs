@@ -632,6 +632,17 @@ impl Shared {
             Ok(response) => response,
             Err(Refused { error, profiles }) => {
                 self.telemetry.refused(error.reason(), profiles);
+                match &error {
+                    IngestError::RateLimited(r) => {
+                        self.telemetry
+                            .tenant_refused(Some(&r.tenant), error.reason());
+                    }
+                    IngestError::LabelLimit(r) => {
+                        self.telemetry
+                            .tenant_refused(Some(&r.tenant), error.reason());
+                    }
+                    _ => {}
+                }
                 if matches!(error, IngestError::Internal(_)) {
                     tracing::error!(receiver = %self.id, error = %error, "request failed");
                 } else {

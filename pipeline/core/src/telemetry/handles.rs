@@ -10,6 +10,9 @@ pub(super) fn with(id: &LabelSet, k: &'static str, v: &str) -> LabelSet {
     l
 }
 
+/// Most tenants named on the per-tenant metrics (the rest are `other`).
+pub const MAX_TENANT_LABELS: usize = 100;
+
 /// A sender's address for a log line (`unknown` when the receiver has none).
 fn shown(sender: Option<std::net::IpAddr>) -> String {
     sender.map_or_else(|| "unknown".to_owned(), |s| s.to_string())
@@ -118,6 +121,33 @@ impl ReceiverTelemetry {
                 "parts of accepted samples could not be converted (logged once per reason and sender; counted in proflow_receiver_lost_parts_total)"
             );
         }
+    }
+
+    /// A request of `tenant` (none: `anonymous`) refused for a per-tenant
+    /// limit, `reason`: counted per tenant, the first
+    /// [`MAX_TENANT_LABELS`] tenants by name and the rest as `other`, so
+    /// the series stay bounded however many tenants there are.
+    pub fn tenant_refused(&self, tenant: Option<&str>, reason: &'static str) {
+        let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or("anonymous");
+        let shown = {
+            let mut named = self
+                .t
+                .tenants_named
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if named.contains(tenant) {
+                tenant
+            } else if named.len() < MAX_TENANT_LABELS {
+                named.insert(tenant.to_owned());
+                tenant
+            } else {
+                "other"
+            }
+        };
+        self.t
+            .receiver_tenant_refused_requests
+            .get_or_create(&with(&with(&self.id, "tenant", shown), "reason", reason))
+            .inc();
     }
 
     /// An accepted request of `format` whose non-empty body (`bytes` long)

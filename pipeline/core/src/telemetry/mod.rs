@@ -98,6 +98,10 @@ pub struct Telemetry {
     receiver_empty_requests: Counters,
     receiver_lost_parts: Counters,
     receiver_upgraded_requests: Counters,
+    receiver_tenant_refused_requests: Counters,
+    /// Tenants named on `receiver_tenant_refused_requests` so far (the
+    /// rest are `other`).
+    tenants_named: std::sync::Mutex<std::collections::HashSet<String>>,
     /// (receiver, reason, sender) already logged for lost samples; bounded.
     lost_samples_logged:
         std::sync::Mutex<std::collections::HashSet<(String, &'static str, String)>>,
@@ -419,6 +423,12 @@ impl Telemetry {
                 "Requests of an older layout a receiver converted to the current one, by layout (otlp_1_9: OTLP profiles 1.9)",
                 Counters::default()
             ),
+            receiver_tenant_refused_requests: family!(
+                "receiver_tenant_refused_requests",
+                "Requests a receiver refused for a per-tenant limit (limits), by tenant (the first 100 tenants refused by name, the rest as other) and reason",
+                Counters::default()
+            ),
+            tenants_named: Default::default(),
             lost_samples_logged: Default::default(),
             trace_link_samples: family!(
                 "trace_link_samples",

@@ -108,3 +108,38 @@ fn renders_component_metrics() {
         );
     }
 }
+
+#[test]
+fn tenants_on_the_metrics_are_bounded() {
+    let t = Arc::new(Telemetry::new());
+    let r = t.receiver("pprof_push");
+    for i in 0..super::handles::MAX_TENANT_LABELS + 5 {
+        r.tenant_refused(Some(&format!("t{i}")), "rate_limited");
+    }
+    r.tenant_refused(Some("t0"), "rate_limited");
+    r.tenant_refused(None, "label_name_too_long");
+    let text = t.render();
+    let line = |tenant: &str, reason: &str| {
+        format!(
+            r#"proflow_receiver_tenant_refused_requests_total{{receiver="pprof_push",tenant="{tenant}",reason="{reason}"}}"#
+        )
+    };
+    assert!(
+        text.contains(&format!("{} 2", line("t0", "rate_limited"))),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{} 1", line("t99", "rate_limited"))),
+        "{text}"
+    );
+    assert!(!text.contains("t100"), "{text}");
+    // The five past the bound, and the tenant of no name once the names ran out.
+    assert!(
+        text.contains(&format!("{} 5", line("other", "rate_limited"))),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{} 1", line("other", "label_name_too_long"))),
+        "{text}"
+    );
+}

@@ -235,6 +235,8 @@ pub struct LabelsRefused {
     /// `label_value_too_long`.
     pub reason: &'static str,
     pub message: String,
+    /// The tenant whose limits refused it.
+    pub tenant: String,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -294,6 +296,7 @@ impl TenantLimiter {
         let count = labels.clone().count();
         if r.max_label_names_per_series > 0 && count > r.max_label_names_per_series {
             return Err(LabelsRefused {
+                tenant: tenant.to_owned(),
                 reason: "max_label_names_per_series",
                 message: format!(
                     "profile series '{}' has {count} label names; limit {} (tenant {tenant:?})",
@@ -305,6 +308,7 @@ impl TenantLimiter {
         for (name, value) in labels.clone() {
             if r.max_label_name_length > 0 && name.len() > r.max_label_name_length {
                 return Err(LabelsRefused {
+                    tenant: tenant.to_owned(),
                     reason: "label_name_too_long",
                     message: format!(
                         "profile with labels '{}' has label name too long: '{name}' (limit {}, tenant {tenant:?})",
@@ -315,6 +319,7 @@ impl TenantLimiter {
             }
             if r.max_label_value_length > 0 && value.len() > r.max_label_value_length {
                 return Err(LabelsRefused {
+                    tenant: tenant.to_owned(),
                     reason: "label_value_too_long",
                     message: format!(
                         "profile with labels '{}' has label value too long: '{value}' (limit {}, tenant {tenant:?})",
