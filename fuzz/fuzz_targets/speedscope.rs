@@ -24,10 +24,11 @@ fn multiplier(unit: &str, sample_rate: u32) -> Option<f64> {
     Some(if sample_rate == 100 { nanos } else { 100.0 })
 }
 
-/// Whether the frames named `names` make no stack (none, or only empty
-/// names once split at `;` as the stack's frames are).
+/// Whether the frames named `names` make no stack: their `;`-joined stack
+/// is empty (no frame, or one with an empty name). Empty names among
+/// others are frames, as in folded text (`a;;b`).
 fn no_stack(names: &[&str]) -> bool {
-    names.join(";").split(';').all(str::is_empty)
+    names.join(";").is_empty()
 }
 
 /// Tallies one value: into `kept` when it rounds to 1 or more and has a
