@@ -168,21 +168,29 @@ fn same_in_pyroscope(
     let Some(b) = both_ways(what, suffix, query, content_type, body) else {
         return;
     };
-    match readback::same_service_totals(
-        &b.http,
-        &b.base,
-        &b.direct,
-        &b.through,
-        &FUNCTIONS,
-        profile_type,
-        READ_BACK_TIMEOUT,
-        |t| t.len() == FUNCTIONS.len(),
-    ) {
-        Ok(totals) => eprintln!("{what}: {totals:?}"),
-        Err((a, other)) => panic!(
-            "{what}: Pyroscope directly {a:?}, through proflow {other:?}\nlog:\n{}",
-            b.proflow.log_text()
-        ),
+    b.same_reads(what, &FUNCTIONS, profile_type);
+}
+
+impl BothWays {
+    /// Waits until Pyroscope reads every one of `functions` in
+    /// `profile_type` with the same totals directly and through proflow.
+    fn same_reads(&self, what: &str, functions: &[&str], profile_type: &str) {
+        match readback::same_service_totals(
+            &self.http,
+            &self.base,
+            &self.direct,
+            &self.through,
+            functions,
+            profile_type,
+            READ_BACK_TIMEOUT,
+            |t| t.len() == functions.len(),
+        ) {
+            Ok(totals) => eprintln!("{what}: {totals:?}"),
+            Err((a, other)) => panic!(
+                "{what}: Pyroscope directly {a:?}, through proflow {other:?}\nlog:\n{}",
+                self.proflow.log_text()
+            ),
+        }
     }
 }
 
@@ -291,23 +299,7 @@ fn folded_with_empty_frames() {
     let Some(b) = both_ways("empty-frames", ".cpu", "&format=folded", OCTET, body) else {
         return;
     };
-    let functions = ["main", "foo", "bar", "idle", ""];
-    match readback::same_service_totals(
-        &b.http,
-        &b.base,
-        &b.direct,
-        &b.through,
-        &functions,
-        CPU,
-        READ_BACK_TIMEOUT,
-        |t| t.len() == functions.len(),
-    ) {
-        Ok(totals) => eprintln!("empty frames: {totals:?}"),
-        Err((a, other)) => panic!(
-            "empty frames: Pyroscope directly {a:?}, through proflow {other:?}\nlog:\n{}",
-            b.proflow.log_text()
-        ),
-    }
+    b.same_reads("empty frames", &["main", "foo", "bar", "idle", ""], CPU);
 }
 
 const SPEEDSCOPE_FRAMES: &str = r#""shared": {"frames": [{"name": "main"}, {"name": "foo"}, {"name": "bar"}, {"name": "idle"}]}"#;
