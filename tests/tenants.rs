@@ -398,3 +398,213 @@ fn label_limits_refuse_what_pyroscope_refuses() {
         "{metrics}"
     );
 }
+
+/// Pyroscope's own profile limits, at its defaults, set at proflow
+/// (`max_profile_size_bytes` 4 MiB, `max_profile_stacktrace_samples`
+/// 16,000, `max_profile_stacktrace_depth` 1,000): a profile past the
+/// samples or size limit is refused by proflow as the real Pyroscope
+/// refuses it (400, the same words), as folded text and through push.v1; a
+/// stack deeper than 1,000 frames is cut at proflow to its root-most 1,000,
+/// and Pyroscope holds the same of it whether the body went to it directly
+/// or through proflow (the 5 leaf-most frames in neither); a pprof stack
+/// pushed through push.v1 is cut alike; the frames cut are counted as
+/// lost parts.
+#[test]
+fn profile_limits_refuse_and_cut_what_pyroscope_does() {
+    let Some(pyroscope) = multitenant_pyroscope() else {
+        return;
+    };
+    let base = pyroscope.http_base();
+    let proflow = start(
+        &base,
+        "    limits: {max_profile_size_bytes: 4194304, max_profile_stacktrace_samples: 16000, \
+         max_profile_stacktrace_depth: 1000}\n",
+    );
+    let tenant = "shapes";
+    let http = reader(tenant);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    // (status, text) from Pyroscope directly and through proflow.
+    let both = |path: &str, content_type: &str, body: Vec<u8>| {
+        let direct = http
+            .post(format!("{base}{path}"))
+            .header("content-type", content_type)
+            .body(body.clone())
+            .send()
+            .expect("Pyroscope answers");
+        let direct = (direct.status().as_u16(), direct.text().unwrap_or_default());
+        let through = proflow.post(
+            path,
+            &[("X-Scope-OrgID", tenant), ("content-type", content_type)],
+            body,
+        );
+        let through = (
+            through.status,
+            String::from_utf8_lossy(&through.body).into_owned(),
+        );
+        (direct, through)
+    };
+    let folded = |app: &str| {
+        format!(
+            "/ingest?name={app}.cpu&from={}&until={now}&format=folded",
+            now - 10
+        )
+    };
+    let push_body = |app: &str, profile: proflow_pipeline::pprof::Profile| {
+        let raw = common::gzip(&proflow_pipeline::pprof::encode(&profile));
+        let labels = [("__name__", "process_cpu"), ("service_name", app)];
+        prost::Message::encode_to_vec(&common::push::request(&labels, raw))
+    };
+    let profile_of = |stacks: &[Vec<String>]| {
+        let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+        b.sample_type("cpu", "nanoseconds")
+            .period("cpu", "nanoseconds", 10_000_000)
+            .time((now as i64 - 10) * 1_000_000_000, 10_000_000_000);
+        for stack in stacks {
+            b.sample_root_first(stack.iter().map(String::as_str), vec![10_000_000]);
+        }
+        b.build()
+    };
+    let many: Vec<Vec<String>> = (0..16_001)
+        .map(|i| vec!["main".to_owned(), format!("f{i}")])
+        .collect();
+    let huge = [vec!["main".to_owned(), "x".repeat(5 << 20)]];
+    let folded_many: String = (0..16_001).map(|i| format!("main;f{i} 1\n")).collect();
+    let cases = [
+        (
+            "folded, 16,001 samples",
+            both(
+                &folded(&common::unique_name("shapes-many")),
+                "text/plain",
+                folded_many.into_bytes(),
+            ),
+            "exceeds the samples count limit (max_profile_stacktrace_samples, actual: 16001, limit: 16000)",
+        ),
+        (
+            "push, 16,001 samples",
+            both(
+                "/push.v1.PusherService/Push",
+                "application/proto",
+                push_body(&common::unique_name("shapes-push-many"), profile_of(&many)),
+            ),
+            "exceeds the samples count limit (max_profile_stacktrace_samples, actual: 16001, limit: 16000)",
+        ),
+        (
+            "push, 5 MiB",
+            both(
+                "/push.v1.PusherService/Push",
+                "application/proto",
+                push_body(&common::unique_name("shapes-push-big"), profile_of(&huge)),
+            ),
+            "uncompressed profile payload size exceeds limit of 4.2 MB",
+        ),
+    ];
+    for (what, (direct, through), words) in &cases {
+        assert_eq!(
+            (direct.0, through.0),
+            (400, 400),
+            "{what}: Pyroscope said {}; proflow said {}",
+            direct.1,
+            through.1
+        );
+        for text in [&direct.1, &through.1] {
+            assert!(
+                text.contains(words),
+                "{what}: the refusal says {words:?}: {text}"
+            );
+        }
+    }
+
+    // One stack of 1,005 frames, f0 (root) to f1004 (leaf).
+    let deep: Vec<String> = (0..1005).map(|i| format!("f{i}")).collect();
+    let body = format!("{} 7\n", deep.join(";")).into_bytes();
+    let (direct_app, through_app) = (
+        common::unique_name("shapes-deep-direct"),
+        common::unique_name("shapes-deep-through"),
+    );
+    let direct = http
+        .post(format!("{base}{}", folded(&direct_app)))
+        .body(body.clone())
+        .send()
+        .expect("Pyroscope answers");
+    assert_eq!(
+        direct.status().as_u16(),
+        200,
+        "Pyroscope takes a deep stack"
+    );
+    let through = proflow.post(&folded(&through_app), &[("X-Scope-OrgID", tenant)], body);
+    through.expect_status(200, "a deep stack, cut at proflow");
+    let functions = ["f0", "f999", "f1000", "f1004"];
+    let read = |app: &str| {
+        let (ok, got, answer) = readback::pyroscope_wait(
+            &http,
+            &base,
+            (&format!("{{service_name=\"{app}\"}}"), &functions, CPU),
+            READ_BACK_TIMEOUT,
+            |t| t.contains_key("f0") && t.contains_key("f999"),
+        );
+        assert!(ok, "{app}: Pyroscope read {got:?} ({answer})");
+        got
+    };
+    let (direct_read, through_read) = (read(&direct_app), read(&through_app));
+    assert_eq!(
+        direct_read, through_read,
+        "the same of a deep stack, directly and through proflow"
+    );
+    assert!(
+        !through_read.contains_key("f1000") && !through_read.contains_key("f1004"),
+        "the 5 leaf-most frames are cut: {through_read:?}"
+    );
+    // The same stack as a gzipped pprof through push.v1 (decoded to be cut).
+    let pushed_app = common::unique_name("shapes-deep-push");
+    proflow
+        .post(
+            "/push.v1.PusherService/Push",
+            &[
+                ("X-Scope-OrgID", tenant),
+                ("content-type", "application/proto"),
+            ],
+            push_body(&pushed_app, profile_of(std::slice::from_ref(&deep))),
+        )
+        .expect_status(200, "a deep pprof stack, cut at proflow");
+    // What proflow sent on: each stack cut to f0..f999, root first.
+    for app in [&through_app, &pushed_app] {
+        let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
+        let profile = common::read_profile(&entries[0].path);
+        let stacks: Vec<Vec<&str>> = proflow_pipeline::pprof::stacks_root_first(&profile)
+            .map(|(s, _)| s)
+            .collect();
+        assert_eq!(stacks.len(), 1, "{app}");
+        assert_eq!(
+            (stacks[0].len(), stacks[0][0], stacks[0][999]),
+            (1000, "f0", "f999"),
+            "{app}"
+        );
+    }
+    let metrics = proflow.metrics();
+    for (reason, want) in [("samples_limit", 2.0), ("profile_size_limit", 1.0)] {
+        assert_eq!(
+            common::metric_sum(
+                &metrics,
+                "proflow_receiver_tenant_refused_requests_total",
+                &[("tenant", tenant), ("reason", reason)]
+            ),
+            want,
+            "{reason}: {metrics}"
+        );
+    }
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_lost_parts_total",
+            &[
+                ("part", "frame"),
+                ("reason", "max_profile_stacktrace_depth")
+            ]
+        ),
+        10.0,
+        "{metrics}"
+    );
+}

@@ -341,6 +341,10 @@ pub struct Metadata {
     /// Size of the plain (decompressed) protobuf.
     pub plain_size: usize,
     pub sample_count: usize,
+    /// Most location ids of one sample (the deepest stack).
+    pub deepest_stack: usize,
+    /// Most labels of one sample.
+    pub most_sample_labels: usize,
     /// The heap [`decode`] would allocate for this profile, estimated from the
     /// wire (see [`MAX_DECODED_BYTES_PER_BYTE`]); an upper bound of what the
     /// decoded [`Profile`] holds.
@@ -457,8 +461,9 @@ struct DecodedSize {
 }
 
 impl DecodedSize {
-    /// Counts a Sample's location ids, values (packed or not) and labels.
-    fn sample(&mut self, sample: &[u8]) -> Result<(), DecodeError> {
+    /// Counts a Sample's location ids, values (packed or not) and labels;
+    /// returns the ids and the labels.
+    fn sample(&mut self, sample: &[u8]) -> Result<(usize, usize), DecodeError> {
         let (mut ids, mut values, mut labels) = (0usize, 0usize, 0usize);
         for field in wire::fields(sample) {
             match field? {
@@ -474,7 +479,7 @@ impl DecodedSize {
         self.add_inner(vec_heap(ids, size_of::<u64>()));
         self.add_inner(vec_heap(values, size_of::<i64>()));
         self.add_inner(vec_heap(labels, size_of::<Label>()));
-        Ok(())
+        Ok((ids, labels))
     }
 
     /// Counts a Location's lines.
@@ -578,7 +583,9 @@ fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
                     match tag {
                         2 => {
                             meta.sample_count += 1;
-                            size.sample(bytes)?;
+                            let (ids, labels) = size.sample(bytes)?;
+                            meta.deepest_stack = meta.deepest_stack.max(ids);
+                            meta.most_sample_labels = meta.most_sample_labels.max(labels);
                         }
                         3 => size.mappings += 1,
                         4 => size.location(bytes)?,
@@ -691,6 +698,22 @@ fn scan_value_type(buf: &[u8]) -> Result<(i64, i64), DecodeError> {
 
 mod builder;
 pub use builder::ProfileBuilder;
+
+/// Cuts every stack deeper than `depth` locations to its `depth` root-most
+/// ones: the leaf-most are dropped (a sample's first location is its leaf),
+/// as Pyroscope truncates them, with nothing put in their place. Returns
+/// the locations cut.
+pub fn truncate_stacks(profile: &mut Profile, depth: usize) -> u64 {
+    let mut cut = 0u64;
+    for s in &mut profile.sample {
+        if s.location_id.len() > depth {
+            let extra = s.location_id.len() - depth;
+            s.location_id.drain(..extra);
+            cut += extra as u64;
+        }
+    }
+    cut
+}
 
 /// Iterates each sample's stack as function names, root first (for folded output).
 pub fn stacks_root_first(profile: &Profile) -> impl Iterator<Item = (Vec<&str>, &Sample)> {

@@ -51,9 +51,10 @@ pub enum OtlpError {
     /// The tenant's `limits` rate is spent: retry after the time it says.
     #[error("{}", .0.message())]
     RateLimited(proflow_pipeline::server::RateLimited),
-    /// A series' labels pass the tenant's label `limits` (Pyroscope's 400).
+    /// A series or profile past one of the tenant's `limits` other than
+    /// the rate (Pyroscope's 400, its reason and words).
     #[error("{}", .0.message)]
-    LabelLimit(proflow_pipeline::server::LabelsRefused),
+    Limit(proflow_pipeline::server::LimitRefused),
     /// The request did not arrive within `read_timeout`.
     #[error(
         "the request did not arrive within read_timeout ({0:?}); send it faster or in smaller requests"
@@ -98,7 +99,7 @@ impl OtlpError {
 
     pub fn http_status(&self) -> StatusCode {
         match self {
-            OtlpError::BadRequest(_) | OtlpError::LabelLimit(_) => StatusCode::BAD_REQUEST,
+            OtlpError::BadRequest(_) | OtlpError::Limit(_) => StatusCode::BAD_REQUEST,
             OtlpError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             OtlpError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             OtlpError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
@@ -115,7 +116,7 @@ impl OtlpError {
 
     pub fn grpc_code(&self) -> tonic::Code {
         match self {
-            OtlpError::BadRequest(_) | OtlpError::LabelLimit(_) => tonic::Code::InvalidArgument,
+            OtlpError::BadRequest(_) | OtlpError::Limit(_) => tonic::Code::InvalidArgument,
             OtlpError::TooLarge(_)
             | OtlpError::Backpressure { .. }
             | OtlpError::MemoryLimit(_)
@@ -154,7 +155,7 @@ impl OtlpError {
             OtlpError::Backpressure { .. } => "backpressure",
             OtlpError::MemoryLimit(_) => "memory_limit",
             OtlpError::RateLimited(_) => "rate_limited",
-            OtlpError::LabelLimit(r) => r.reason,
+            OtlpError::Limit(r) => r.reason,
             OtlpError::Timeout(_) | OtlpError::SlowBody(_) => "timeout",
             OtlpError::ShuttingDown => "shutting_down",
             OtlpError::Internal(_) => "internal",

@@ -136,7 +136,7 @@ impl Handler {
                         e.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())),
                     )
                     .map_err(|r| Refused {
-                        error: OtlpError::LabelLimit(r),
+                        error: OtlpError::Limit(r),
                         profiles: built.envelopes.len() as u64,
                     })?;
             }
@@ -278,7 +278,7 @@ impl Handler {
             OtlpError::RateLimited(r) => self
                 .telemetry
                 .tenant_refused(Some(&r.tenant), error.reason()),
-            OtlpError::LabelLimit(r) => self
+            OtlpError::Limit(r) => self
                 .telemetry
                 .tenant_refused(Some(&r.tenant), error.reason()),
             _ => {}

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use proflow_pipeline::inflate::{self, InflateError};
 use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
 use proflow_pipeline::pprof::{self, DecodeError, Metadata};
+use proflow_pipeline::server::{ProfileLimits, ProfileSource};
 
 use super::error::IngestError;
 
@@ -35,6 +36,12 @@ pub(crate) struct DecompressBudget {
     keep_plain: bool,
     /// The request's share of the in-flight memory budget.
     grant: MemoryGrant,
+    /// The tenant's profile limits (none by default) and how the
+    /// request's profiles came (see `profile_limits.rs`).
+    profile_limits: ProfileLimits,
+    source: ProfileSource,
+    /// Frames cut from stacks deeper than the depth limit.
+    truncated_frames: u64,
 }
 
 impl DecompressBudget {
@@ -47,7 +54,33 @@ impl DecompressBudget {
             kept: 0,
             keep_plain: true,
             grant,
+            profile_limits: ProfileLimits::default(),
+            source: ProfileSource::Converted,
+            truncated_frames: 0,
         }
+    }
+
+    /// Checks the request's profiles against the tenant's `limits` (see
+    /// `profile_limits.rs`), naming a size refusal as Pyroscope does for
+    /// profiles that came as `source`.
+    pub fn limit_profiles(&mut self, limits: ProfileLimits, source: ProfileSource) {
+        self.profile_limits = limits;
+        self.source = source;
+    }
+
+    /// The tenant's profile limits and how the profiles came.
+    pub fn profile_limits(&self) -> (&ProfileLimits, ProfileSource) {
+        (&self.profile_limits, self.source)
+    }
+
+    /// Counts `frames` cut from stacks deeper than the depth limit.
+    pub fn add_truncated_frames(&mut self, frames: u64) {
+        self.truncated_frames = self.truncated_frames.saturating_add(frames);
+    }
+
+    /// Frames cut from stacks deeper than the depth limit so far.
+    pub fn truncated_frames(&self) -> u64 {
+        self.truncated_frames
     }
 
     /// A budget with an in-flight grant of its own, large enough for
@@ -153,8 +186,16 @@ impl DecompressBudget {
         }
         let mut plain = self.inflate(&what, profile)?;
         let scanned = pprof::scan_metadata(&plain, plain.len());
+        // A profile whose stacks the depth limit cuts is decoded next: its
+        // plain bytes are kept for that whatever their size.
+        let to_cut = |m: &Metadata| {
+            self.profile_limits.max_depth > 0 && m.deepest_stack > self.profile_limits.max_depth
+        };
         let kept = match scanned {
-            Ok(_) if self.keep_plain && self.kept + plain.len() <= KEPT_PLAIN_BYTES => {
+            Ok(ref m)
+                if (self.keep_plain && self.kept + plain.len() <= KEPT_PLAIN_BYTES)
+                    || to_cut(m) =>
+            {
                 // Kept at its length: the request holds no spare capacity.
                 let before = plain.capacity();
                 plain.shrink_to_fit();

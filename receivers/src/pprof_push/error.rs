@@ -54,9 +54,10 @@ pub enum IngestError {
     /// The tenant's `limits` rate is spent: retry after the time it says.
     #[error("{}", .0.message())]
     RateLimited(proflow_pipeline::server::RateLimited),
-    /// A series' labels pass the tenant's label `limits` (Pyroscope's 400).
+    /// A series or profile past one of the tenant's `limits` other than
+    /// the rate (Pyroscope's 400, its reason and words).
     #[error("{}", .0.message)]
-    LabelLimit(proflow_pipeline::server::LabelsRefused),
+    Limit(proflow_pipeline::server::LimitRefused),
     /// The body did not arrive within `read_timeout`.
     #[error(
         "the request body did not arrive within read_timeout ({0:?}); send it faster or in smaller requests"
@@ -138,7 +139,7 @@ impl IngestError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            IngestError::BadRequest(_) | IngestError::LabelLimit(_) => StatusCode::BAD_REQUEST,
+            IngestError::BadRequest(_) | IngestError::Limit(_) => StatusCode::BAD_REQUEST,
             IngestError::BodyTooLarge { .. }
             | IngestError::DecompressedTooLarge { .. }
             | IngestError::TooComplex(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -160,7 +161,7 @@ impl IngestError {
     /// and the closest code, which Connect clients read from the body.
     pub fn code(&self) -> &'static str {
         match self {
-            IngestError::BadRequest(_) | IngestError::LabelLimit(_) => "invalid_argument",
+            IngestError::BadRequest(_) | IngestError::Limit(_) => "invalid_argument",
             IngestError::BodyTooLarge { .. }
             | IngestError::DecompressedTooLarge { .. }
             | IngestError::TooComplex(_)
@@ -190,7 +191,7 @@ impl IngestError {
             IngestError::Backpressure { .. } => "backpressure",
             IngestError::MemoryLimit(_) => "memory_limit",
             IngestError::RateLimited(_) => "rate_limited",
-            IngestError::LabelLimit(r) => r.reason,
+            IngestError::Limit(r) => r.reason,
             IngestError::Timeout(_) | IngestError::SlowBody(_) => "timeout",
             IngestError::ShuttingDown => "shutting_down",
             IngestError::Unauthenticated(_) => "unauthenticated",

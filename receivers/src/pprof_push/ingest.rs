@@ -19,6 +19,7 @@ use super::folded::{self, TextFormat, TextLimits};
 use super::labels::{ingest_folded_labels, ingest_pprof_labels};
 use super::multipart::is_multipart;
 use super::name::{AppName, parse_name};
+use super::profile_limits;
 use super::profile_type::{SampleTypeConfigs, profile_name_from_sample_types, split_folded_app};
 use super::speedscope;
 use super::timestamp::parse_unix_timestamp;
@@ -221,8 +222,9 @@ pub(crate) fn pprof_batch(
         return Ok(Vec::new());
     }
     let period = meta.period;
+    let shape = profile_limits::shape_of_scan(&meta);
     let (sample_types, period_type) = meta.take_value_types();
-    Ok(vec![Envelope {
+    let envelope = Envelope {
         labels,
         start_unix_nanos: params.start_nanos,
         end_unix_nanos: params.end_nanos,
@@ -230,7 +232,10 @@ pub(crate) fn pprof_batch(
         period_type,
         period,
         payload: with_plain(Payload::from_bytes(profile, budget.setting()), plain),
-    }])
+    };
+    let envelope = profile_limits::limit_scanned(budget, shape, meta.decoded_size, envelope)
+        .map_err(refuse)?;
+    Ok(vec![envelope])
 }
 
 /// `payload` carrying the plain bytes its scan inflated, if it kept them.

@@ -29,6 +29,7 @@ mod jfr;
 mod labels;
 mod multipart;
 mod name;
+mod profile_limits;
 mod profile_type;
 mod push;
 mod server;

@@ -25,6 +25,7 @@ use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
 use super::ingest::with_plain;
 use super::labels::{LabelsBuilder, MAX_LABELS_PER_SERIES, UNKNOWN_SERVICE};
+use super::profile_limits;
 use super::profile_type::profile_name_from_sample_types;
 
 /// How the message is encoded.
@@ -533,8 +534,9 @@ pub(crate) fn to_batch(
             }
             let (start, end) = profile_times(&meta, now_nanos);
             let period = meta.period;
+            let shape = profile_limits::shape_of_scan(&meta);
             let (sample_types, period_type) = meta.take_value_types();
-            batch.push(Envelope {
+            let envelope = Envelope {
                 labels,
                 start_unix_nanos: start,
                 end_unix_nanos: end,
@@ -542,7 +544,11 @@ pub(crate) fn to_batch(
                 period_type,
                 period,
                 payload: with_plain(Payload::from_bytes(raw, budget.setting()), plain),
-            });
+            };
+            batch.push(
+                profile_limits::limit_scanned(budget, shape, meta.decoded_size, envelope)
+                    .map_err(refuse)?,
+            );
         }
     }
     Ok(batch)

@@ -26,7 +26,8 @@ use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{BatchMeta, Envelope, now_unix_nanos};
 use proflow_pipeline::server::body::{declared_length, read_body};
 use proflow_pipeline::server::{
-    AuthSettings, Listen, Secured, ServerTlsSettings, TenantBound, TenantLimiter, accept_loop,
+    AuthSettings, Listen, ProfileLimits, ProfileSource, Secured, ServerTlsSettings, TenantBound,
+    TenantLimiter, accept_loop,
 };
 use tower::Service;
 
@@ -38,6 +39,7 @@ use super::folded::TextLimits;
 use super::ingest::{self, BodyKind};
 use super::jfr;
 use super::multipart::{IngestForm, PartLimit, read_form};
+use super::profile_limits;
 use super::push::{self, Codec};
 
 /// Size limits of one receiver.
@@ -417,6 +419,11 @@ impl Shared {
         // One budget for everything this request inflates.
         let mut budget = DecompressBudget::with_grant(self.limits.max_decompressed, grant);
         budget.keep_plain(self.consumer.reads_profiles());
+        let source = match kind {
+            BodyKind::Multipart | BodyKind::Pprof => ProfileSource::IngestPprof,
+            _ => ProfileSource::Converted,
+        };
+        budget.limit_profiles(self.profile_limits(&parts), source);
         // `lost`: what the conversion of a text, speedscope or JFR body could
         // not carry (pprof bodies are passed on as they came).
         let (batch, budget, lost) = match kind {
@@ -464,6 +471,7 @@ impl Shared {
                     };
                     let mut lost = LostSamples::default();
                     let batch = jfr::jfr_batch(&params, recording, labels, &mut budget, &mut lost)?;
+                    let batch = converted_within_limits(&mut budget, batch)?;
                     Ok((batch, budget, lost))
                 })
                 .await?
@@ -483,6 +491,7 @@ impl Shared {
                     let mut lost = LostSamples::default();
                     let batch =
                         ingest::speedscope_batch(&params, body, limits, &mut budget, &mut lost)?;
+                    let batch = converted_within_limits(&mut budget, batch)?;
                     Ok((batch, budget, lost))
                 })
                 .await?
@@ -494,6 +503,7 @@ impl Shared {
                     let mut lost = LostSamples::default();
                     let batch =
                         ingest::text_batch(&params, format, body, limits, &mut budget, &mut lost)?;
+                    let batch = converted_within_limits(&mut budget, batch)?;
                     Ok((batch, budget, lost))
                 })
                 .await?
@@ -505,6 +515,12 @@ impl Shared {
         })?;
         let sender = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         let format = kind.name();
+        let mut lost = lost;
+        lost.add_part(
+            "frame",
+            "max_profile_stacktrace_depth",
+            budget.truncated_frames(),
+        );
         if !lost.is_empty() {
             self.telemetry.lost(format, sender, &lost);
         }
@@ -533,6 +549,7 @@ impl Shared {
         // One budget for the body and every profile in it.
         let mut budget = DecompressBudget::with_grant(self.limits.max_decompressed, grant);
         budget.keep_plain(self.consumer.reads_profiles());
+        budget.limit_profiles(self.profile_limits(&parts), ProfileSource::Push);
         let now = now_unix_nanos();
         let (batch, budget) = blocking(inline, move || {
             let plain = encoding.decode(body, &mut budget)?;
@@ -546,10 +563,19 @@ impl Shared {
             error,
             profiles: batch.len() as u64,
         })?;
+        let sender = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
+        let mut lost = LostSamples::default();
+        lost.add_part(
+            "frame",
+            "max_profile_stacktrace_depth",
+            budget.truncated_frames(),
+        );
+        if !lost.is_empty() {
+            self.telemetry.lost("push", sender, &lost);
+        }
         if batch.is_empty() {
             // Every profile was valid and held no sample: answered as
             // Pyroscope answers it, but not silently.
-            let sender = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
             self.telemetry.empty_request("push", sender, body_bytes);
         }
         self.deliver(&parts, batch).await?;
@@ -573,6 +599,14 @@ impl Shared {
             .map_err(IngestError::RateLimited)
     }
 
+    /// The profile `limits` of the request's tenant (none without `limits`).
+    fn profile_limits(&self, parts: &Parts) -> ProfileLimits {
+        let Some(limiter) = &self.tenant_limits else {
+            return ProfileLimits::default();
+        };
+        limiter.profile_limits(header_text(&parts.headers, TENANT_HEADER.clone()).as_deref())
+    }
+
     /// Every profile's series labels within its tenant's label `limits`,
     /// or the request is refused (400, Pyroscope's reason and words).
     fn check_labels(&self, parts: &Parts, batch: &[Envelope]) -> Result<(), IngestError> {
@@ -586,7 +620,7 @@ impl Shared {
                     tenant.as_deref(),
                     e.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())),
                 )
-                .map_err(IngestError::LabelLimit)?;
+                .map_err(IngestError::Limit)?;
         }
         Ok(())
     }
@@ -637,7 +671,7 @@ impl Shared {
                         self.telemetry
                             .tenant_refused(Some(&r.tenant), error.reason());
                     }
-                    IngestError::LabelLimit(r) => {
+                    IngestError::Limit(r) => {
                         self.telemetry
                             .tenant_refused(Some(&r.tenant), error.reason());
                     }
@@ -658,6 +692,16 @@ impl Shared {
             }
         }
     }
+}
+
+/// The profiles of a converted body within the tenant's profile limits
+/// (the request refused whole when one is past them).
+fn converted_within_limits(
+    budget: &mut DecompressBudget,
+    batch: Vec<Envelope>,
+) -> Result<Vec<Envelope>, Refused> {
+    let profiles = batch.len() as u64;
+    profile_limits::limit_converted(budget, batch).map_err(|error| Refused { error, profiles })
 }
 
 #[cfg(test)]

@@ -25,6 +25,8 @@ fn scan_reads_metadata_of_plain_and_gzip() {
         assert_eq!(m.time_nanos, 1_700_000_000_000_000_000);
         assert_eq!(m.duration_nanos, 10_000_000_000);
         assert_eq!(m.sample_count, 2);
+        assert_eq!(m.deepest_stack, 3);
+        assert_eq!(m.most_sample_labels, 0);
         assert_eq!(m.plain_size, plain.len());
     }
 }
@@ -298,4 +300,13 @@ fn gunzip(gz: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     gunzip_into(gz, 1 << 20, &mut out).unwrap();
     out
+}
+
+#[test]
+fn truncated_stacks_keep_their_root_side() {
+    let mut p = sample_profile();
+    assert_eq!(truncate_stacks(&mut p, 2), 1);
+    let stacks: Vec<Vec<&str>> = stacks_root_first(&p).map(|(s, _)| s).collect();
+    assert_eq!(stacks, vec![vec!["main", "work"], vec!["main", "idle"]]);
+    assert_eq!(truncate_stacks(&mut p, 2), 0);
 }

@@ -30,7 +30,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{AuthSettings, Authenticated, Authenticator, BasicAuthSettings, Unauthenticated};
-pub use tenant_limits::{LabelsRefused, RateLimited, TenantLimiter, TenantLimitsSettings};
+pub use tenant_limits::{
+    LimitRefused, ProfileLimits, ProfileShape, ProfileSource, RateLimited, TenantLimiter,
+    TenantLimitsSettings,
+};
 pub use tls::{ServerTls, ServerTlsFiles, ServerTlsSettings, TlsVersion};
 
 use connections::{Conn, Connections};

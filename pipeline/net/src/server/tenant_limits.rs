@@ -12,7 +12,7 @@
 //! with `Retry-After`, the seconds until the bucket holds enough) and takes
 //! nothing. A rate of 0 is no limit. Label limits (`max_label_names_per_series`,
 //! `max_label_name_length`, `max_label_value_length`; 0 is no limit) refuse a
-//! series as Pyroscope does, with its reasons and words ([`LabelsRefused`]).
+//! series as Pyroscope does, with its reasons and words ([`LimitRefused`]).
 //! The buckets of at most
 //! [`MAX_TENANTS`] tenants are kept; past that, the longest unused one
 //! (whose bucket has refilled, so nothing is forgotten that mattered) goes.
@@ -40,6 +40,10 @@ pub struct TenantRate {
     pub max_label_names_per_series: usize,
     pub max_label_name_length: usize,
     pub max_label_value_length: usize,
+    pub max_profile_size_bytes: usize,
+    pub max_profile_stacktrace_samples: usize,
+    pub max_profile_stacktrace_depth: usize,
+    pub max_profile_stacktrace_sample_labels: usize,
 }
 
 fn default_burst_mb() -> f64 {
@@ -70,6 +74,21 @@ pub struct TenantLimitsSettings {
     /// Longest label value, in bytes (0: no limit; Pyroscope's, 2048).
     #[serde(default)]
     pub max_label_value_length: usize,
+    /// Largest profile, its uncompressed protobuf in bytes (0: no limit;
+    /// Pyroscope's default is 4 MiB, 4194304).
+    #[serde(default)]
+    pub max_profile_size_bytes: usize,
+    /// Most samples of one profile (0: no limit; Pyroscope's, 16000).
+    #[serde(default)]
+    pub max_profile_stacktrace_samples: usize,
+    /// Deepest stack kept: a deeper one loses its leaf-most frames and
+    /// keeps the root side, as Pyroscope truncates it; the profile is not
+    /// refused (0: no limit; Pyroscope's, 1000).
+    #[serde(default)]
+    pub max_profile_stacktrace_depth: usize,
+    /// Most labels of one sample (0: no limit; Pyroscope's, 100).
+    #[serde(default)]
+    pub max_profile_stacktrace_sample_labels: usize,
     /// Per tenant, limits that replace the defaults (each key given
     /// replaces that one; a key left out is the default's).
     #[serde(default)]
@@ -84,6 +103,10 @@ impl Default for TenantLimitsSettings {
             max_label_names_per_series: 0,
             max_label_name_length: 0,
             max_label_value_length: 0,
+            max_profile_size_bytes: 0,
+            max_profile_stacktrace_samples: 0,
+            max_profile_stacktrace_depth: 0,
+            max_profile_stacktrace_sample_labels: 0,
             overrides: BTreeMap::new(),
         }
     }
@@ -98,6 +121,10 @@ pub struct TenantOverride {
     pub max_label_names_per_series: Option<usize>,
     pub max_label_name_length: Option<usize>,
     pub max_label_value_length: Option<usize>,
+    pub max_profile_size_bytes: Option<usize>,
+    pub max_profile_stacktrace_samples: Option<usize>,
+    pub max_profile_stacktrace_depth: Option<usize>,
+    pub max_profile_stacktrace_sample_labels: Option<usize>,
 }
 
 impl PartialEq for TenantOverride {
@@ -108,6 +135,11 @@ impl PartialEq for TenantOverride {
             && self.max_label_names_per_series == other.max_label_names_per_series
             && self.max_label_name_length == other.max_label_name_length
             && self.max_label_value_length == other.max_label_value_length
+            && self.max_profile_size_bytes == other.max_profile_size_bytes
+            && self.max_profile_stacktrace_samples == other.max_profile_stacktrace_samples
+            && self.max_profile_stacktrace_depth == other.max_profile_stacktrace_depth
+            && self.max_profile_stacktrace_sample_labels
+                == other.max_profile_stacktrace_sample_labels
     }
 }
 
@@ -120,6 +152,11 @@ impl PartialEq for TenantLimitsSettings {
             && self.max_label_names_per_series == other.max_label_names_per_series
             && self.max_label_name_length == other.max_label_name_length
             && self.max_label_value_length == other.max_label_value_length
+            && self.max_profile_size_bytes == other.max_profile_size_bytes
+            && self.max_profile_stacktrace_samples == other.max_profile_stacktrace_samples
+            && self.max_profile_stacktrace_depth == other.max_profile_stacktrace_depth
+            && self.max_profile_stacktrace_sample_labels
+                == other.max_profile_stacktrace_sample_labels
             && self.overrides == other.overrides
     }
 }
@@ -162,6 +199,10 @@ impl TenantLimitsSettings {
             max_label_names_per_series: self.max_label_names_per_series,
             max_label_name_length: self.max_label_name_length,
             max_label_value_length: self.max_label_value_length,
+            max_profile_size_bytes: self.max_profile_size_bytes,
+            max_profile_stacktrace_samples: self.max_profile_stacktrace_samples,
+            max_profile_stacktrace_depth: self.max_profile_stacktrace_depth,
+            max_profile_stacktrace_sample_labels: self.max_profile_stacktrace_sample_labels,
         };
         if let Some(o) = self.overrides.get(tenant) {
             r.ingestion_rate_mb = o.ingestion_rate_mb.unwrap_or(r.ingestion_rate_mb);
@@ -173,6 +214,16 @@ impl TenantLimitsSettings {
                 .unwrap_or(r.max_label_names_per_series);
             r.max_label_name_length = o.max_label_name_length.unwrap_or(r.max_label_name_length);
             r.max_label_value_length = o.max_label_value_length.unwrap_or(r.max_label_value_length);
+            r.max_profile_size_bytes = o.max_profile_size_bytes.unwrap_or(r.max_profile_size_bytes);
+            r.max_profile_stacktrace_samples = o
+                .max_profile_stacktrace_samples
+                .unwrap_or(r.max_profile_stacktrace_samples);
+            r.max_profile_stacktrace_depth = o
+                .max_profile_stacktrace_depth
+                .unwrap_or(r.max_profile_stacktrace_depth);
+            r.max_profile_stacktrace_sample_labels = o
+                .max_profile_stacktrace_sample_labels
+                .unwrap_or(r.max_profile_stacktrace_sample_labels);
         }
         r
     }
@@ -184,11 +235,28 @@ impl TenantLimitsSettings {
             || self.max_label_names_per_series > 0
             || self.max_label_name_length > 0
             || self.max_label_value_length > 0
+            || self.limits_profiles()
             || self.overrides.values().any(|o| {
                 o.ingestion_rate_mb.is_some_and(|r| r > 0.0)
                     || some(o.max_label_names_per_series)
                     || some(o.max_label_name_length)
                     || some(o.max_label_value_length)
+            })
+    }
+
+    /// Whether any tenant's profiles are limited (size, samples, depth or
+    /// sample labels): the receiver then reads each profile's shape.
+    pub fn limits_profiles(&self) -> bool {
+        let some = |n: Option<usize>| n.is_some_and(|n| n > 0);
+        self.max_profile_size_bytes > 0
+            || self.max_profile_stacktrace_samples > 0
+            || self.max_profile_stacktrace_depth > 0
+            || self.max_profile_stacktrace_sample_labels > 0
+            || self.overrides.values().any(|o| {
+                some(o.max_profile_size_bytes)
+                    || some(o.max_profile_stacktrace_samples)
+                    || some(o.max_profile_stacktrace_depth)
+                    || some(o.max_profile_stacktrace_sample_labels)
             })
     }
 }
@@ -227,16 +295,158 @@ impl RateLimited {
     }
 }
 
-/// A series whose labels pass a tenant's label limits, refused as
+/// A series or profile past one of a tenant's limits, refused as
 /// Pyroscope refuses it (400): the Pyroscope reason and its message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LabelsRefused {
-    /// `max_label_names_per_series`, `label_name_too_long` or
-    /// `label_value_too_long`.
+pub struct LimitRefused {
+    /// `max_label_names_per_series`, `label_name_too_long`,
+    /// `label_value_too_long`, `profile_size_limit`, `samples_limit` or
+    /// `sample_labels_limit`.
     pub reason: &'static str,
     pub message: String,
     /// The tenant whose limits refused it.
     pub tenant: String,
+}
+
+/// What the profile limits look at, read from a profile by its receiver.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProfileShape {
+    /// Its uncompressed protobuf, bytes.
+    pub size: usize,
+    pub samples: usize,
+    /// Most location ids of one sample.
+    pub deepest_stack: usize,
+    pub most_sample_labels: usize,
+}
+
+/// How a profile came, for the words of a size refusal: Pyroscope's differ
+/// by path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProfileSource {
+    /// A pprof body of `/ingest`.
+    IngestPprof,
+    /// A profile of `/push.v1.PusherService/Push`.
+    Push,
+    /// A profile the receiver made from another format (folded text, JFR…).
+    Converted,
+}
+
+/// One tenant's profile limits (0: no limit), taken from the settings when
+/// a request arrives, so a request is checked against one set of limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProfileLimits {
+    pub tenant: String,
+    pub max_size: usize,
+    pub max_samples: usize,
+    pub max_depth: usize,
+    pub max_sample_labels: usize,
+}
+
+impl ProfileLimits {
+    /// Whether any of them limits.
+    pub fn any(&self) -> bool {
+        self.max_size > 0
+            || self.max_samples > 0
+            || self.max_depth > 0
+            || self.max_sample_labels > 0
+    }
+
+    /// Checks a profile (its `shape`, its series `labels`) in Pyroscope's
+    /// order: size, samples, then each sample's depth and labels. `Ok(Some(depth))`:
+    /// its stacks deeper than `depth` are to be truncated (the root side kept).
+    pub fn check<'a>(
+        &self,
+        shape: &ProfileShape,
+        source: ProfileSource,
+        labels: impl Iterator<Item = (&'a str, &'a str)> + Clone,
+    ) -> Result<Option<usize>, LimitRefused> {
+        let tenant = &self.tenant;
+        let refuse = |reason: &'static str, words: String| LimitRefused {
+            reason,
+            message: format!("{words} (tenant {tenant:?})"),
+            tenant: tenant.clone(),
+        };
+        if self.max_size > 0 && shape.size > self.max_size {
+            let words = match source {
+                ProfileSource::IngestPprof => format!(
+                    "decompressed size exceeds maximum allowed size of {} bytes",
+                    self.max_size
+                ),
+                ProfileSource::Push => format!(
+                    "uncompressed profile payload size exceeds limit of {}",
+                    si_bytes(self.max_size)
+                ),
+                ProfileSource::Converted => format!(
+                    "the profile with labels '{}' exceeds the size limit (max_profile_size_byte, actual: {}, limit: {})",
+                    shown_labels(labels),
+                    shape.size,
+                    self.max_size
+                ),
+            };
+            return Err(refuse("profile_size_limit", words));
+        }
+        if self.max_samples > 0 && shape.samples > self.max_samples {
+            return Err(refuse(
+                "samples_limit",
+                format!(
+                    "the profile with labels '{}' exceeds the samples count limit (max_profile_stacktrace_samples, actual: {}, limit: {})",
+                    shown_labels(labels),
+                    shape.samples,
+                    self.max_samples
+                ),
+            ));
+        }
+        if self.max_sample_labels > 0 && shape.most_sample_labels > self.max_sample_labels {
+            return Err(refuse(
+                "sample_labels_limit",
+                format!(
+                    "the profile with labels '{}' exceeds the sample labels limit (max_profile_stacktrace_sample_labels, actual: {}, limit: {})",
+                    shown_labels(labels),
+                    shape.most_sample_labels,
+                    self.max_sample_labels
+                ),
+            ));
+        }
+        Ok((self.max_depth > 0 && shape.deepest_stack > self.max_depth).then_some(self.max_depth))
+    }
+}
+
+/// A series' labels as Pyroscope shows them in a refusal
+/// (`{name="value", ...}`), at most 512 bytes of them.
+fn shown_labels<'a>(labels: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+    let pairs: Vec<String> = labels.map(|(n, v)| format!("{n}=\"{v}\"")).collect();
+    // Bounded: a refusal does not echo a megabyte of labels.
+    let mut text = format!("{{{}}}", pairs.join(", "));
+    if text.len() > 512 {
+        let mut cut = 512;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str("...");
+    }
+    text
+}
+
+/// Bytes in SI units as Pyroscope writes them in refusals (go-humanize's
+/// `Bytes`: `4.2 MB`, `15 kB`, `7 B`).
+fn si_bytes(n: usize) -> String {
+    const UNITS: [&str; 7] = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
+    if n < 10 {
+        return format!("{n} B");
+    }
+    let mut e = 0;
+    let mut scaled = n as f64;
+    while scaled >= 1000.0 && e + 1 < UNITS.len() {
+        scaled /= 1000.0;
+        e += 1;
+    }
+    let value = (scaled * 10.0 + 0.5).floor() / 10.0;
+    if value < 10.0 {
+        format!("{value:.1} {}", UNITS[e])
+    } else {
+        format!("{value:.0} {}", UNITS[e])
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -267,35 +477,32 @@ impl TenantLimiter {
         self.admit_at(tenant, bytes, Instant::now())
     }
 
+    /// The profile limits of `tenant` (`None`: [`ANONYMOUS_TENANT`]).
+    pub fn profile_limits(&self, tenant: Option<&str>) -> ProfileLimits {
+        let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or(ANONYMOUS_TENANT);
+        let r = self.settings.rate_of(tenant);
+        ProfileLimits {
+            tenant: tenant.to_owned(),
+            max_size: r.max_profile_size_bytes,
+            max_samples: r.max_profile_stacktrace_samples,
+            max_depth: r.max_profile_stacktrace_depth,
+            max_sample_labels: r.max_profile_stacktrace_sample_labels,
+        }
+    }
+
     /// Checks a series' labels (name, value pairs, `__name__` included)
     /// against `tenant`'s label limits.
     pub fn check_labels<'a>(
         &self,
         tenant: Option<&str>,
         labels: impl Iterator<Item = (&'a str, &'a str)> + Clone,
-    ) -> Result<(), LabelsRefused> {
+    ) -> Result<(), LimitRefused> {
         let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or(ANONYMOUS_TENANT);
         let r = self.settings.rate_of(tenant);
-        let shown = || {
-            let pairs: Vec<String> = labels
-                .clone()
-                .map(|(n, v)| format!("{n}=\"{v}\""))
-                .collect();
-            // Bounded: a refusal does not echo a megabyte of labels.
-            let mut text = format!("{{{}}}", pairs.join(", "));
-            if text.len() > 512 {
-                let mut cut = 512;
-                while !text.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                text.truncate(cut);
-                text.push_str("...");
-            }
-            text
-        };
+        let shown = || shown_labels(labels.clone());
         let count = labels.clone().count();
         if r.max_label_names_per_series > 0 && count > r.max_label_names_per_series {
-            return Err(LabelsRefused {
+            return Err(LimitRefused {
                 tenant: tenant.to_owned(),
                 reason: "max_label_names_per_series",
                 message: format!(
@@ -307,7 +514,7 @@ impl TenantLimiter {
         }
         for (name, value) in labels.clone() {
             if r.max_label_name_length > 0 && name.len() > r.max_label_name_length {
-                return Err(LabelsRefused {
+                return Err(LimitRefused {
                     tenant: tenant.to_owned(),
                     reason: "label_name_too_long",
                     message: format!(
@@ -318,7 +525,7 @@ impl TenantLimiter {
                 });
             }
             if r.max_label_value_length > 0 && value.len() > r.max_label_value_length {
-                return Err(LabelsRefused {
+                return Err(LimitRefused {
                     tenant: tenant.to_owned(),
                     reason: "label_value_too_long",
                     message: format!(
@@ -453,6 +660,117 @@ mod tests {
             l.check_labels(Some("roomy"), long_value.iter().copied())
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn profile_limits_in_pyroscopes_order_and_words() {
+        let s = settings(
+            "max_profile_size_bytes: 4194304\nmax_profile_stacktrace_samples: 16000\n\
+             max_profile_stacktrace_depth: 1000\nmax_profile_stacktrace_sample_labels: 100\n\
+             overrides:\n  deep: {max_profile_stacktrace_depth: 0, max_profile_size_bytes: 0}\n",
+        );
+        assert!(s.limits_profiles() && s.limits_anything());
+        assert!(!TenantLimitsSettings::default().limits_profiles());
+        let l = TenantLimiter::new(s);
+        let limits = l.profile_limits(Some("t"));
+        assert!(limits.any());
+        let labels = [("__name__", "process_cpu"), ("service_name", "a")];
+        let within = ProfileShape {
+            size: 4194304,
+            samples: 16000,
+            deepest_stack: 1000,
+            most_sample_labels: 100,
+        };
+        let check =
+            |shape: ProfileShape, source| limits.check(&shape, source, labels.iter().copied());
+        assert_eq!(check(within, ProfileSource::Push), Ok(None));
+        // Size first, in the words of each path.
+        let big = ProfileShape {
+            size: 4194305,
+            samples: 16001,
+            ..within
+        };
+        let e = check(big, ProfileSource::Push).unwrap_err();
+        assert_eq!(e.reason, "profile_size_limit");
+        assert!(
+            e.message
+                .starts_with("uncompressed profile payload size exceeds limit of 4.2 MB"),
+            "{}",
+            e.message
+        );
+        let e = check(big, ProfileSource::IngestPprof).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("decompressed size exceeds maximum allowed size of 4194304 bytes"),
+            "{}",
+            e.message
+        );
+        let e = check(big, ProfileSource::Converted).unwrap_err();
+        assert!(
+            e.message.contains(
+                "exceeds the size limit (max_profile_size_byte, actual: 4194305, limit: 4194304)"
+            ),
+            "{}",
+            e.message
+        );
+        // Then samples.
+        let e = check(
+            ProfileShape {
+                samples: 16001,
+                ..within
+            },
+            ProfileSource::Push,
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, "samples_limit");
+        assert_eq!(
+            e.message,
+            "the profile with labels '{__name__=\"process_cpu\", service_name=\"a\"}' exceeds the samples count limit (max_profile_stacktrace_samples, actual: 16001, limit: 16000) (tenant \"t\")"
+        );
+        let e = check(
+            ProfileShape {
+                most_sample_labels: 101,
+                ..within
+            },
+            ProfileSource::Push,
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, "sample_labels_limit");
+        // A deep stack is truncated, never refused.
+        let deep = ProfileShape {
+            deepest_stack: 1001,
+            ..within
+        };
+        assert_eq!(check(deep, ProfileSource::Push), Ok(Some(1000)));
+        let roomy = l.profile_limits(Some("deep"));
+        assert_eq!(
+            roomy.check(
+                &ProfileShape {
+                    size: usize::MAX,
+                    ..deep
+                },
+                ProfileSource::Push,
+                labels.iter().copied()
+            ),
+            Ok(None)
+        );
+        assert_eq!(roomy.tenant, "deep");
+        assert_eq!(l.profile_limits(None).tenant, ANONYMOUS_TENANT);
+    }
+
+    #[test]
+    fn sizes_in_si_units_as_go_humanize_writes_them() {
+        for (n, text) in [
+            (7, "7 B"),
+            (999, "999 B"),
+            (1500, "1.5 kB"),
+            (15_000, "15 kB"),
+            (4_194_304, "4.2 MB"),
+            (9_960_000, "10 MB"),
+            (1 << 30, "1.1 GB"),
+        ] {
+            assert_eq!(si_bytes(n), text, "{n}");
+        }
     }
 
     #[test]
