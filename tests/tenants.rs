@@ -309,6 +309,49 @@ fn a_noisy_tenant_is_refused_at_the_edge_and_a_quiet_one_is_not() {
         ),
         0.0
     );
+    // Each tenant's volume and refusals, on /tenants and the gauges.
+    let page: serde_json::Value =
+        reqwest::blocking::get(format!("http://{}/tenants", proflow.ports.telemetry))
+            .and_then(|r| r.text())
+            .map(|text| serde_json::from_str(&text).expect("/tenants answers JSON"))
+            .expect("/tenants answers");
+    let row = |tenant: &str| {
+        page["tenants"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["tenant"] == tenant))
+            .unwrap_or_else(|| panic!("/tenants lists {tenant}: {page}"))
+            .clone()
+    };
+    let (quiet_row, noisy_row) = (row("quiet"), row("noisy"));
+    assert_eq!(
+        (
+            quiet_row["profiles_total"].as_i64(),
+            noisy_row["profiles_total"].as_i64(),
+            noisy_row["refused"]["rate_limited"].as_u64(),
+            quiet_row["refused"]["rate_limited"].as_u64(),
+        ),
+        (
+            Some(quiet_ok),
+            Some(noisy_ok as i64),
+            Some(refused.len() as u64),
+            None
+        ),
+        "{page}"
+    );
+    let share = quiet_row["share"].as_f64().unwrap_or_default();
+    let want = quiet_ok as f64 / (quiet_ok as f64 + noisy_ok as f64);
+    assert!(
+        (share - want).abs() < 0.05,
+        "the quiet tenant's share of the bytes is its share of the pushes: {share} against {want}: {page}"
+    );
+    assert!(
+        common::metric_sum(
+            &metrics,
+            "proflow_tenant_received_profiles_per_second",
+            &[("tenant", "quiet")]
+        ) > 0.0,
+        "{metrics}"
+    );
     // Pyroscope holds every accepted push of each, under its own tenant:
     // one `main;work` sample (10 ms) a push.
     read_back(&base, "quiet", &quiet, Some(quiet_ok * 10_000_000));

@@ -1,5 +1,6 @@
 //! The admin HTTP server on `service.telemetry.address`: `/metrics`
-//! (Prometheus text), `/healthz`, `/readyz`, `/targets` and `/api/v1/targets`
+//! (Prometheus text), `/healthz`, `/readyz`, `/tenants` (each tenant's volume
+//! and refusals), `/targets` and `/api/v1/targets`
 //! (the pull receivers' targets, as Prometheus's targets API answers) and, when enabled, `POST /-/reload`. What it shows lives in
 //! [`crate::telemetry`]; how it accepts connections (TLS, timeouts) in
 //! [`crate::server`].
@@ -26,7 +27,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
     tokio::net::TcpListener::bind(addr).await
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz` and `/targets` on `listener`
+/// Serves `/metrics`, `/healthz`, `/readyz`, `/tenants` and `/targets` on `listener`
 /// until `shutdown`, over TLS when `tls` is set.
 pub async fn serve(
     telemetry: Arc<Telemetry>,
@@ -37,7 +38,8 @@ pub async fn serve(
 ) {
     let t = telemetry.clone();
     let t2 = telemetry.clone();
-    let t3 = telemetry;
+    let t3 = telemetry.clone();
+    let t4 = telemetry;
     // Prometheus's targets API, at its own path too, for the tools that read it.
     let targets = get(
         move |axum::extract::Query(q): axum::extract::Query<Vec<(String, String)>>| {
@@ -65,6 +67,13 @@ pub async fn serve(
             }),
         )
         .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/tenants",
+            get(move || {
+                let t = t4.clone();
+                async move { axum::Json(t.tenants_json()) }
+            }),
+        )
         .route("/targets", targets.clone())
         .route("/api/v1/targets", targets)
         .route(

@@ -148,6 +148,7 @@ impl ReceiverTelemetry {
             .receiver_tenant_refused_requests
             .get_or_create(&with(&with(&self.id, "tenant", shown), "reason", reason))
             .inc();
+        self.t.tenants.refused(tenant, reason);
     }
 
     /// An accepted request of `format` whose non-empty body (`bytes` long)

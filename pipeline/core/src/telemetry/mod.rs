@@ -18,8 +18,11 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 mod handles;
+mod tenants;
 #[cfg(test)]
 mod tests;
+
+pub use tenants::{MAX_SHOWN_TENANTS, TenantBook, TenantRow};
 
 pub use handles::{
     EbpfTelemetry, ExporterTelemetry, K8sAttributesTelemetry, ProcessorTelemetry,
@@ -29,6 +32,7 @@ pub use handles::{
 type LabelSet = Vec<(&'static str, String)>;
 type Counters = Family<LabelSet, Counter>;
 type Gauges = Family<LabelSet, Gauge>;
+type FloatGauges = Family<LabelSet, Gauge<f64, std::sync::atomic::AtomicU64>>;
 
 fn new_histograms() -> Family<LabelSet, Histogram, fn() -> Histogram> {
     Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 16)))
@@ -102,6 +106,10 @@ pub struct Telemetry {
     /// Tenants named on `receiver_tenant_refused_requests` so far (the
     /// rest are `other`).
     tenants_named: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Each tenant's volume and refusals (`/tenants`).
+    tenants: TenantBook,
+    tenant_profiles_per_second: FloatGauges,
+    tenant_bytes_per_second: FloatGauges,
     /// (receiver, reason, sender) already logged for lost samples; bounded.
     lost_samples_logged:
         std::sync::Mutex<std::collections::HashSet<(String, &'static str, String)>>,
@@ -429,6 +437,17 @@ impl Telemetry {
                 Counters::default()
             ),
             tenants_named: Default::default(),
+            tenants: TenantBook::default(),
+            tenant_profiles_per_second: family!(
+                "tenant_received_profiles_per_second",
+                "Profiles a tenant brought into the pipelines, per second over the last minute (the 100 busiest tenants by name, the rest as other; /tenants lists them all)",
+                FloatGauges::default()
+            ),
+            tenant_bytes_per_second: family!(
+                "tenant_received_bytes_per_second",
+                "Payload bytes a tenant brought into the pipelines, per second over the last minute (the 100 busiest tenants by name, the rest as other; /tenants lists them all)",
+                FloatGauges::default()
+            ),
             lost_samples_logged: Default::default(),
             trace_link_samples: family!(
                 "trace_link_samples",
@@ -656,8 +675,37 @@ impl Telemetry {
         self.ready.load(Ordering::SeqCst)
     }
 
+    /// `profiles` of `bytes` that `tenant` (`None`: `anonymous`) brought
+    /// into a pipeline.
+    pub fn tenant_accepted(&self, tenant: Option<&str>, profiles: u64, bytes: u64) {
+        let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or("anonymous");
+        self.tenants.accepted(tenant, profiles, bytes);
+    }
+
+    /// `/tenants`: every tenant's volume, share of the last minute and
+    /// refusals, the busiest first.
+    pub fn tenants_json(&self) -> serde_json::Value {
+        serde_json::json!({ "tenants": self.tenants.rows() })
+    }
+
     /// The metrics in Prometheus text exposition format.
     pub fn render(&self) -> String {
+        // The busiest tenants of the last minute, as they are now.
+        self.tenant_profiles_per_second.clear();
+        self.tenant_bytes_per_second.clear();
+        for row in self.tenants.shown() {
+            if row.profiles_total == 0 {
+                // Refused only: listed on /tenants.
+                continue;
+            }
+            let label = vec![("tenant", row.tenant)];
+            self.tenant_profiles_per_second
+                .get_or_create(&label)
+                .set(row.profiles_per_second);
+            self.tenant_bytes_per_second
+                .get_or_create(&label)
+                .set(row.bytes_per_second);
+        }
         let mut out = String::new();
         // Encoding into a String cannot fail.
         let _ = encode(&mut out, &self.registry);

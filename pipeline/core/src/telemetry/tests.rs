@@ -132,7 +132,7 @@ fn tenants_on_the_metrics_are_bounded() {
         text.contains(&format!("{} 1", line("t99", "rate_limited"))),
         "{text}"
     );
-    assert!(!text.contains("t100"), "{text}");
+    assert!(!text.contains(&line("t100", "rate_limited")), "{text}");
     // The five past the bound, and the tenant of no name once the names ran out.
     assert!(
         text.contains(&format!("{} 5", line("other", "rate_limited"))),
@@ -142,4 +142,32 @@ fn tenants_on_the_metrics_are_bounded() {
         text.contains(&format!("{} 1", line("other", "label_name_too_long"))),
         "{text}"
     );
+}
+
+#[test]
+fn tenants_volume_is_shown_by_rate() {
+    let t = Arc::new(Telemetry::new());
+    t.tenant_accepted(Some("team-a"), 60, 6_000);
+    t.tenant_accepted(None, 6, 60);
+    t.receiver("pprof_push")
+        .tenant_refused(Some("team-b"), "rate_limited");
+    let text = t.render();
+    assert!(
+        text.contains(r#"proflow_tenant_received_profiles_per_second{tenant="team-a"} 1.0"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"proflow_tenant_received_bytes_per_second{tenant="anonymous"} 1.0"#),
+        "{text}"
+    );
+    // Refused, never accepted: on /tenants, not on the gauges.
+    assert!(!text.contains(r#"tenant="team-b"} 0"#), "{text}");
+    let page = t.tenants_json();
+    let rows = page["tenants"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0]["tenant"], "team-a");
+    assert_eq!(rows[0]["bytes_total"], 6_000);
+    assert!((rows[0]["share"].as_f64().unwrap() - 6_000.0 / 6_060.0).abs() < 1e-9);
+    let b = rows.iter().find(|r| r["tenant"] == "team-b").unwrap();
+    assert_eq!(b["refused"]["rate_limited"], 1);
 }

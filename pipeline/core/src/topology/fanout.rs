@@ -244,6 +244,8 @@ impl Consumer for Fanout {
             ack,
         } = batch;
         let mut targets: Vec<Target> = Vec::new();
+        // (tenant, profiles, bytes) of this batch.
+        let mut tenants: Vec<(Option<String>, u64, u64)> = Vec::new();
         let mut filtered = 0;
         let last = self.pipelines.len().saturating_sub(1);
         let mut envelopes = Some(envelopes);
@@ -273,6 +275,19 @@ impl Consumer for Fanout {
                 // the tenant label does not change it.
                 for e in &mut b {
                     e.labels.remove(TENANT_LABEL);
+                }
+            }
+            // The tenant each profile is written under (a profile two
+            // pipelines take counts in each).
+            for e in &b {
+                let tenant = meta.tenant_of(&e.labels);
+                let bytes = e.size_bytes() as u64;
+                match tenants.iter_mut().find(|(t, _, _)| t.as_deref() == tenant) {
+                    Some((_, n, size)) => {
+                        *n += 1;
+                        *size += bytes;
+                    }
+                    None => tenants.push((tenant.map(str::to_owned), 1, bytes)),
                 }
             }
             (b, converted) = self.prepare_batch(&p.forms, b, converted).await?;
@@ -309,6 +324,11 @@ impl Consumer for Fanout {
         // on a `drop_newest` one.
         targets.sort_by_key(|t| t.queue.when_full() == WhenFull::DropNewest);
         let reserved = Fanout::reserve_all(&targets, admission).await?;
+        // Accepted: each tenant's profiles count toward its volume.
+        for (tenant, profiles, bytes) in tenants {
+            self.telemetry
+                .tenant_accepted(tenant.as_deref(), profiles, bytes);
+        }
         // Counted only now that the batch is accepted: a refused batch dropped nothing.
         let mut filtered_share = ack.share(filtered);
         filtered_share.report(Outcome::Filtered, filtered);
