@@ -651,3 +651,110 @@ fn profile_limits_refuse_and_cut_what_pyroscope_does() {
         "{metrics}"
     );
 }
+
+/// Pyroscope's series limit at its default (`max_global_series_per_tenant:
+/// 5000`) set at proflow: past 5,000 active series a push is refused by
+/// proflow as the real Pyroscope refuses it (429, the same words), whole
+/// and before the backend; 5,000 pass to Pyroscope whole; a known series
+/// still passes.
+#[test]
+fn the_series_limit_refuses_what_pyroscope_refuses() {
+    let Some(pyroscope) = multitenant_pyroscope() else {
+        return;
+    };
+    let base = pyroscope.http_base();
+    let proflow = start(&base, "    limits: {max_global_series_per_tenant: 5000}\n");
+    let profile = common::gzip(&common::cpu_profile());
+    let push_of = |app: &str, series: std::ops::Range<usize>| {
+        let request = proflow_pipeline::push_v1::PushRequest {
+            series: series
+                .map(|i| {
+                    let i = i.to_string();
+                    proflow_pipeline::push_v1::RawProfileSeries::new(
+                        [
+                            ("__name__", "process_cpu"),
+                            ("service_name", app),
+                            ("series", i.as_str()),
+                        ],
+                        [profile.clone().into()],
+                    )
+                })
+                .collect(),
+        };
+        prost::Message::encode_to_vec(&request)
+    };
+    let push = |tenant: &str, body: Vec<u8>| {
+        proflow.post(
+            "/push.v1.PusherService/Push",
+            &[
+                ("X-Scope-OrgID", tenant),
+                ("content-type", "application/proto"),
+            ],
+            body,
+        )
+    };
+    let app = common::unique_name("tenant-series-app");
+    let words = "Maximum active series limit exceeded (";
+    // Pyroscope itself, for its own tenant.
+    let direct = reader("series-direct")
+        .post(format!("{base}/push.v1.PusherService/Push"))
+        .header("content-type", "application/proto")
+        .body(push_of(&app, 0..5001))
+        .send()
+        .expect("Pyroscope answers");
+    let direct = (direct.status().as_u16(), direct.text().unwrap_or_default());
+    assert!(
+        direct.0 == 429 && direct.1.contains(words),
+        "Pyroscope refuses the 5,001st series: {direct:?}"
+    );
+    // Through proflow (at most 1,000 series a request): 4,999 fit.
+    for from in (0..4000).step_by(1000) {
+        push("series", push_of(&app, from..from + 1000)).expect_status(200, "1,000 series");
+    }
+    push("series", push_of(&app, 4000..4999)).expect_status(200, "999 series");
+    // Two new ones do not: refused whole, before the backend, none added.
+    let refused = push("series", push_of(&app, 4999..5001));
+    let text = String::from_utf8_lossy(&refused.body).into_owned();
+    assert!(
+        refused.status == 429 && text.contains(words) && text.contains("(4999/5000)"),
+        "{} {text}",
+        refused.status
+    );
+    push("series", push_of(&app, 4999..5000)).expect_status(200, "the 5,000th series");
+    let one_more = push("series", push_of(&app, 5000..5001));
+    let text = String::from_utf8_lossy(&one_more.body).into_owned();
+    assert!(
+        one_more.status == 429 && text.contains("(5000/5000)"),
+        "{} {text}",
+        one_more.status
+    );
+    push("series", push_of(&app, 0..1)).expect_status(200, "a known series");
+    // Pyroscope holds all 5,000 of proflow's series (and refused none).
+    let http = reader("series");
+    let selector = format!("{{service_name=\"{app}\"}}");
+    // Each series' profile once: the known series' second profile has the
+    // first one's time, and Pyroscope keeps one profile of a series per
+    // millisecond.
+    let want = 5000 * 300_000_000;
+    let (ok, got, answer) = readback::pyroscope_wait(
+        &http,
+        &base,
+        (&selector, &[common::HOT_FUNCTION], CPU),
+        READ_BACK_TIMEOUT,
+        |t| t.get(common::HOT_FUNCTION) == Some(&want),
+    );
+    assert!(
+        ok,
+        "Pyroscope holds every series proflow let through: {got:?} ({answer})"
+    );
+    let metrics = proflow.metrics();
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_tenant_refused_requests_total",
+            &[("tenant", "series"), ("reason", "series_limit")]
+        ),
+        2.0,
+        "{metrics}"
+    );
+}

@@ -743,6 +743,46 @@ async fn a_tenant_past_its_rate_is_refused_with_the_time_to_retry() {
     h.stop().await;
 }
 
+/// A tenant's active series limit (Pyroscope's `max_global_series_per_tenant`):
+/// a request that would add more series is refused whole, 429 over HTTP
+/// and RESOURCE_EXHAUSTED over gRPC, with Pyroscope's words; known series
+/// pass.
+#[tokio::test]
+async fn a_tenant_past_its_active_series_is_refused() {
+    let limits: TenantLimitsSettings =
+        serde_saphyr::from_str("max_global_series_per_tenant: 2\n").unwrap();
+    let h = Harness::start_limited(true, false, Some(limits)).await;
+    let team = [PROTOBUF, ("x-scope-orgid", "team")];
+    let post = |services: &'static [&'static str]| {
+        h.post(PATH, &team, request(services, 1).encode_to_vec())
+    };
+    assert_eq!(post(&["a", "b"]).await.status, 200);
+    let refused = post(&["b", "c"]).await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert!(
+        refused
+            .text()
+            .contains("Maximum active series limit exceeded (2/2)"),
+        "{}",
+        refused.text()
+    );
+    assert_eq!(post(&["a"]).await.status, 200);
+    let mut client = h.client().await;
+    let mut req = tonic::Request::new(request(&["d"], 1));
+    req.metadata_mut()
+        .insert("x-scope-orgid", "team".parse().unwrap());
+    let err = client.export(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    // Another tenant counts its own.
+    let other = [PROTOBUF, ("x-scope-orgid", "other")];
+    let reply = h
+        .post(PATH, &other, request(&["c", "d"], 1).encode_to_vec())
+        .await;
+    assert_eq!(reply.status, 200);
+    assert!(h.metric(r#"reason="series_limit"} 2"#));
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn unknown_grpc_methods_are_unimplemented() {
     let h = Harness::start().await;

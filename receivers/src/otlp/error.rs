@@ -99,6 +99,7 @@ impl OtlpError {
 
     pub fn http_status(&self) -> StatusCode {
         match self {
+            OtlpError::Limit(r) if r.exhausted => StatusCode::TOO_MANY_REQUESTS,
             OtlpError::BadRequest(_) | OtlpError::Limit(_) => StatusCode::BAD_REQUEST,
             OtlpError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             OtlpError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -116,6 +117,7 @@ impl OtlpError {
 
     pub fn grpc_code(&self) -> tonic::Code {
         match self {
+            OtlpError::Limit(r) if r.exhausted => tonic::Code::ResourceExhausted,
             OtlpError::BadRequest(_) | OtlpError::Limit(_) => tonic::Code::InvalidArgument,
             OtlpError::TooLarge(_)
             | OtlpError::Backpressure { .. }

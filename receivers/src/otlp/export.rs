@@ -24,7 +24,7 @@ use proflow_pipeline::component::{self, Consumer};
 use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{BatchMeta, Envelope, batch_bytes};
 use proflow_pipeline::otlp::{self, AttributeLabels, Split, collector};
-use proflow_pipeline::server::TenantLimiter;
+use proflow_pipeline::server::{TenantLimiter, series_hash};
 use proflow_pipeline::spans::{self, SpanConsumer};
 use proflow_pipeline::telemetry::ReceiverTelemetry;
 use prost::Message;
@@ -140,6 +140,17 @@ impl Handler {
                         profiles: built.envelopes.len() as u64,
                     })?;
             }
+            let series: Vec<u64> = built
+                .envelopes
+                .iter()
+                .map(|e| series_hash(e.labels.iter().map(|l| (l.name.as_str(), l.value.as_str()))))
+                .collect();
+            limiter
+                .check_series(origin.tenant.as_deref(), &series)
+                .map_err(|r| Refused {
+                    error: OtlpError::Limit(r),
+                    profiles: built.envelopes.len() as u64,
+                })?;
         }
         if built.rejected > 0 {
             self.telemetry.refused("invalid_profile", built.rejected);

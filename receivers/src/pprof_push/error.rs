@@ -139,6 +139,7 @@ impl IngestError {
 
     pub fn status(&self) -> StatusCode {
         match self {
+            IngestError::Limit(r) if r.exhausted => StatusCode::TOO_MANY_REQUESTS,
             IngestError::BadRequest(_) | IngestError::Limit(_) => StatusCode::BAD_REQUEST,
             IngestError::BodyTooLarge { .. }
             | IngestError::DecompressedTooLarge { .. }
@@ -161,6 +162,7 @@ impl IngestError {
     /// and the closest code, which Connect clients read from the body.
     pub fn code(&self) -> &'static str {
         match self {
+            IngestError::Limit(r) if r.exhausted => "resource_exhausted",
             IngestError::BadRequest(_) | IngestError::Limit(_) => "invalid_argument",
             IngestError::BodyTooLarge { .. }
             | IngestError::DecompressedTooLarge { .. }

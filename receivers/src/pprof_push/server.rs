@@ -27,7 +27,7 @@ use proflow_pipeline::model::{BatchMeta, Envelope, now_unix_nanos};
 use proflow_pipeline::server::body::{declared_length, read_body};
 use proflow_pipeline::server::{
     AuthSettings, Listen, ProfileLimits, ProfileSource, Secured, ServerTlsSettings, TenantBound,
-    TenantLimiter, accept_loop,
+    TenantLimiter, accept_loop, series_hash,
 };
 use tower::Service;
 
@@ -622,7 +622,13 @@ impl Shared {
                 )
                 .map_err(IngestError::Limit)?;
         }
-        Ok(())
+        let series: Vec<u64> = batch
+            .iter()
+            .map(|e| series_hash(e.labels.iter().map(|l| (l.name.as_str(), l.value.as_str()))))
+            .collect();
+        limiter
+            .check_series(tenant.as_deref(), &series)
+            .map_err(IngestError::Limit)
     }
 
     /// Hands one request's profiles to the pipeline, once.

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 pub use auth::{AuthSettings, Authenticated, Authenticator, BasicAuthSettings, Unauthenticated};
 pub use tenant_limits::{
     LimitRefused, ProfileLimits, ProfileShape, ProfileSource, RateLimited, TenantLimiter,
-    TenantLimitsSettings,
+    TenantLimitsSettings, series_hash,
 };
 pub use tls::{ServerTls, ServerTlsFiles, ServerTlsSettings, TlsVersion};
 

@@ -24,6 +24,13 @@ use std::time::{Duration, Instant};
 use proflow_config::FieldError;
 use serde::Deserialize;
 
+mod profile;
+mod series;
+
+use profile::shown_labels;
+pub use profile::{ProfileLimits, ProfileShape, ProfileSource};
+pub use series::{ACTIVE_SERIES_WINDOW, MAX_REMEMBERED_SERIES, series_hash};
+
 /// The tenant of a request that names none (Pyroscope's).
 pub const ANONYMOUS_TENANT: &str = "anonymous";
 
@@ -44,6 +51,8 @@ pub struct TenantRate {
     pub max_profile_stacktrace_samples: usize,
     pub max_profile_stacktrace_depth: usize,
     pub max_profile_stacktrace_sample_labels: usize,
+    pub max_local_series_per_tenant: usize,
+    pub max_global_series_per_tenant: usize,
 }
 
 fn default_burst_mb() -> f64 {
@@ -89,6 +98,17 @@ pub struct TenantLimitsSettings {
     /// Most labels of one sample (0: no limit; Pyroscope's, 100).
     #[serde(default)]
     pub max_profile_stacktrace_sample_labels: usize,
+    /// Most active series of a tenant (seen in the last 10 minutes, as
+    /// Pyroscope's ingesters count them) at this receiver: a request that
+    /// would add more is refused (429). The smaller of this and
+    /// `max_global_series_per_tenant` that is not 0 holds (0: no limit;
+    /// Pyroscope's, 0).
+    #[serde(default)]
+    pub max_local_series_per_tenant: usize,
+    /// As `max_local_series_per_tenant` (0: no limit; Pyroscope's, 5000,
+    /// spread over its ingesters).
+    #[serde(default)]
+    pub max_global_series_per_tenant: usize,
     /// Per tenant, limits that replace the defaults (each key given
     /// replaces that one; a key left out is the default's).
     #[serde(default)]
@@ -107,6 +127,8 @@ impl Default for TenantLimitsSettings {
             max_profile_stacktrace_samples: 0,
             max_profile_stacktrace_depth: 0,
             max_profile_stacktrace_sample_labels: 0,
+            max_local_series_per_tenant: 0,
+            max_global_series_per_tenant: 0,
             overrides: BTreeMap::new(),
         }
     }
@@ -125,6 +147,8 @@ pub struct TenantOverride {
     pub max_profile_stacktrace_samples: Option<usize>,
     pub max_profile_stacktrace_depth: Option<usize>,
     pub max_profile_stacktrace_sample_labels: Option<usize>,
+    pub max_local_series_per_tenant: Option<usize>,
+    pub max_global_series_per_tenant: Option<usize>,
 }
 
 impl PartialEq for TenantOverride {
@@ -140,6 +164,8 @@ impl PartialEq for TenantOverride {
             && self.max_profile_stacktrace_depth == other.max_profile_stacktrace_depth
             && self.max_profile_stacktrace_sample_labels
                 == other.max_profile_stacktrace_sample_labels
+            && self.max_local_series_per_tenant == other.max_local_series_per_tenant
+            && self.max_global_series_per_tenant == other.max_global_series_per_tenant
     }
 }
 
@@ -157,6 +183,8 @@ impl PartialEq for TenantLimitsSettings {
             && self.max_profile_stacktrace_depth == other.max_profile_stacktrace_depth
             && self.max_profile_stacktrace_sample_labels
                 == other.max_profile_stacktrace_sample_labels
+            && self.max_local_series_per_tenant == other.max_local_series_per_tenant
+            && self.max_global_series_per_tenant == other.max_global_series_per_tenant
             && self.overrides == other.overrides
     }
 }
@@ -203,6 +231,8 @@ impl TenantLimitsSettings {
             max_profile_stacktrace_samples: self.max_profile_stacktrace_samples,
             max_profile_stacktrace_depth: self.max_profile_stacktrace_depth,
             max_profile_stacktrace_sample_labels: self.max_profile_stacktrace_sample_labels,
+            max_local_series_per_tenant: self.max_local_series_per_tenant,
+            max_global_series_per_tenant: self.max_global_series_per_tenant,
         };
         if let Some(o) = self.overrides.get(tenant) {
             r.ingestion_rate_mb = o.ingestion_rate_mb.unwrap_or(r.ingestion_rate_mb);
@@ -224,6 +254,12 @@ impl TenantLimitsSettings {
             r.max_profile_stacktrace_sample_labels = o
                 .max_profile_stacktrace_sample_labels
                 .unwrap_or(r.max_profile_stacktrace_sample_labels);
+            r.max_local_series_per_tenant = o
+                .max_local_series_per_tenant
+                .unwrap_or(r.max_local_series_per_tenant);
+            r.max_global_series_per_tenant = o
+                .max_global_series_per_tenant
+                .unwrap_or(r.max_global_series_per_tenant);
         }
         r
     }
@@ -236,6 +272,11 @@ impl TenantLimitsSettings {
             || self.max_label_name_length > 0
             || self.max_label_value_length > 0
             || self.limits_profiles()
+            || self.max_local_series_per_tenant > 0
+            || self.max_global_series_per_tenant > 0
+            || self.overrides.values().any(|o| {
+                some(o.max_local_series_per_tenant) || some(o.max_global_series_per_tenant)
+            })
             || self.overrides.values().any(|o| {
                 o.ingestion_rate_mb.is_some_and(|r| r > 0.0)
                     || some(o.max_label_names_per_series)
@@ -296,157 +337,20 @@ impl RateLimited {
 }
 
 /// A series or profile past one of a tenant's limits, refused as
-/// Pyroscope refuses it (400): the Pyroscope reason and its message.
+/// Pyroscope refuses it (400, or 429 when `exhausted`): the Pyroscope
+/// reason and its message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitRefused {
     /// `max_label_names_per_series`, `label_name_too_long`,
-    /// `label_value_too_long`, `profile_size_limit`, `samples_limit` or
-    /// `sample_labels_limit`.
+    /// `label_value_too_long`, `profile_size_limit`, `samples_limit`,
+    /// `sample_labels_limit` or `series_limit`.
     pub reason: &'static str,
     pub message: String,
     /// The tenant whose limits refused it.
     pub tenant: String,
-}
-
-/// What the profile limits look at, read from a profile by its receiver.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProfileShape {
-    /// Its uncompressed protobuf, bytes.
-    pub size: usize,
-    pub samples: usize,
-    /// Most location ids of one sample.
-    pub deepest_stack: usize,
-    pub most_sample_labels: usize,
-}
-
-/// How a profile came, for the words of a size refusal: Pyroscope's differ
-/// by path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProfileSource {
-    /// A pprof body of `/ingest`.
-    IngestPprof,
-    /// A profile of `/push.v1.PusherService/Push`.
-    Push,
-    /// A profile the receiver made from another format (folded text, JFR…).
-    Converted,
-}
-
-/// One tenant's profile limits (0: no limit), taken from the settings when
-/// a request arrives, so a request is checked against one set of limits.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProfileLimits {
-    pub tenant: String,
-    pub max_size: usize,
-    pub max_samples: usize,
-    pub max_depth: usize,
-    pub max_sample_labels: usize,
-}
-
-impl ProfileLimits {
-    /// Whether any of them limits.
-    pub fn any(&self) -> bool {
-        self.max_size > 0
-            || self.max_samples > 0
-            || self.max_depth > 0
-            || self.max_sample_labels > 0
-    }
-
-    /// Checks a profile (its `shape`, its series `labels`) in Pyroscope's
-    /// order: size, samples, then each sample's depth and labels. `Ok(Some(depth))`:
-    /// its stacks deeper than `depth` are to be truncated (the root side kept).
-    pub fn check<'a>(
-        &self,
-        shape: &ProfileShape,
-        source: ProfileSource,
-        labels: impl Iterator<Item = (&'a str, &'a str)> + Clone,
-    ) -> Result<Option<usize>, LimitRefused> {
-        let tenant = &self.tenant;
-        let refuse = |reason: &'static str, words: String| LimitRefused {
-            reason,
-            message: format!("{words} (tenant {tenant:?})"),
-            tenant: tenant.clone(),
-        };
-        if self.max_size > 0 && shape.size > self.max_size {
-            let words = match source {
-                ProfileSource::IngestPprof => format!(
-                    "decompressed size exceeds maximum allowed size of {} bytes",
-                    self.max_size
-                ),
-                ProfileSource::Push => format!(
-                    "uncompressed profile payload size exceeds limit of {}",
-                    si_bytes(self.max_size)
-                ),
-                ProfileSource::Converted => format!(
-                    "the profile with labels '{}' exceeds the size limit (max_profile_size_byte, actual: {}, limit: {})",
-                    shown_labels(labels),
-                    shape.size,
-                    self.max_size
-                ),
-            };
-            return Err(refuse("profile_size_limit", words));
-        }
-        if self.max_samples > 0 && shape.samples > self.max_samples {
-            return Err(refuse(
-                "samples_limit",
-                format!(
-                    "the profile with labels '{}' exceeds the samples count limit (max_profile_stacktrace_samples, actual: {}, limit: {})",
-                    shown_labels(labels),
-                    shape.samples,
-                    self.max_samples
-                ),
-            ));
-        }
-        if self.max_sample_labels > 0 && shape.most_sample_labels > self.max_sample_labels {
-            return Err(refuse(
-                "sample_labels_limit",
-                format!(
-                    "the profile with labels '{}' exceeds the sample labels limit (max_profile_stacktrace_sample_labels, actual: {}, limit: {})",
-                    shown_labels(labels),
-                    shape.most_sample_labels,
-                    self.max_sample_labels
-                ),
-            ));
-        }
-        Ok((self.max_depth > 0 && shape.deepest_stack > self.max_depth).then_some(self.max_depth))
-    }
-}
-
-/// A series' labels as Pyroscope shows them in a refusal
-/// (`{name="value", ...}`), at most 512 bytes of them.
-fn shown_labels<'a>(labels: impl Iterator<Item = (&'a str, &'a str)>) -> String {
-    let pairs: Vec<String> = labels.map(|(n, v)| format!("{n}=\"{v}\"")).collect();
-    // Bounded: a refusal does not echo a megabyte of labels.
-    let mut text = format!("{{{}}}", pairs.join(", "));
-    if text.len() > 512 {
-        let mut cut = 512;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        text.push_str("...");
-    }
-    text
-}
-
-/// Bytes in SI units as Pyroscope writes them in refusals (go-humanize's
-/// `Bytes`: `4.2 MB`, `15 kB`, `7 B`).
-fn si_bytes(n: usize) -> String {
-    const UNITS: [&str; 7] = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
-    if n < 10 {
-        return format!("{n} B");
-    }
-    let mut e = 0;
-    let mut scaled = n as f64;
-    while scaled >= 1000.0 && e + 1 < UNITS.len() {
-        scaled /= 1000.0;
-        e += 1;
-    }
-    let value = (scaled * 10.0 + 0.5).floor() / 10.0;
-    if value < 10.0 {
-        format!("{value:.1} {}", UNITS[e])
-    } else {
-        format!("{value:.0} {}", UNITS[e])
-    }
+    /// A quota the tenant has spent for now (`series_limit`: 429, gRPC
+    /// `RESOURCE_EXHAUSTED`), not a fault of the request (400).
+    pub exhausted: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -461,6 +365,7 @@ struct Bucket {
 pub struct TenantLimiter {
     settings: TenantLimitsSettings,
     buckets: Mutex<HashMap<String, Bucket>>,
+    series: Mutex<series::ActiveSeries>,
 }
 
 impl TenantLimiter {
@@ -468,6 +373,7 @@ impl TenantLimiter {
         TenantLimiter {
             settings,
             buckets: Mutex::new(HashMap::new()),
+            series: Mutex::default(),
         }
     }
 
@@ -475,6 +381,30 @@ impl TenantLimiter {
     /// or refuses them and takes nothing.
     pub fn admit(&self, tenant: Option<&str>, bytes: usize) -> Result<(), RateLimited> {
         self.admit_at(tenant, bytes, Instant::now())
+    }
+
+    /// Admits a request's series (their [`series_hash`]es) under
+    /// `tenant`'s active series limit, or refuses them all (429).
+    pub fn check_series(&self, tenant: Option<&str>, series: &[u64]) -> Result<(), LimitRefused> {
+        let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or(ANONYMOUS_TENANT);
+        let r = self.settings.rate_of(tenant);
+        let limit = match (
+            r.max_local_series_per_tenant,
+            r.max_global_series_per_tenant,
+        ) {
+            (0, g) => g,
+            (l, 0) => l,
+            (l, g) => l.min(g),
+        };
+        if limit == 0 {
+            return Ok(());
+        }
+        self.series.lock().unwrap_or_else(|p| p.into_inner()).admit(
+            tenant,
+            limit,
+            series,
+            Instant::now(),
+        )
     }
 
     /// The profile limits of `tenant` (`None`: [`ANONYMOUS_TENANT`]).
@@ -504,6 +434,7 @@ impl TenantLimiter {
         if r.max_label_names_per_series > 0 && count > r.max_label_names_per_series {
             return Err(LimitRefused {
                 tenant: tenant.to_owned(),
+                exhausted: false,
                 reason: "max_label_names_per_series",
                 message: format!(
                     "profile series '{}' has {count} label names; limit {} (tenant {tenant:?})",
@@ -516,6 +447,7 @@ impl TenantLimiter {
             if r.max_label_name_length > 0 && name.len() > r.max_label_name_length {
                 return Err(LimitRefused {
                     tenant: tenant.to_owned(),
+                    exhausted: false,
                     reason: "label_name_too_long",
                     message: format!(
                         "profile with labels '{}' has label name too long: '{name}' (limit {}, tenant {tenant:?})",
@@ -527,6 +459,7 @@ impl TenantLimiter {
             if r.max_label_value_length > 0 && value.len() > r.max_label_value_length {
                 return Err(LimitRefused {
                     tenant: tenant.to_owned(),
+                    exhausted: false,
                     reason: "label_value_too_long",
                     message: format!(
                         "profile with labels '{}' has label value too long: '{value}' (limit {}, tenant {tenant:?})",
@@ -587,204 +520,4 @@ impl TenantLimiter {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(yaml: &str) -> TenantLimitsSettings {
-        serde_saphyr::from_str(yaml).unwrap()
-    }
-
-    #[test]
-    fn a_bucket_refills_at_the_rate_up_to_the_burst() {
-        let s = settings(
-            "ingestion_rate_mb: 1\ningestion_burst_size_mb: 2\noverrides:\n  noisy: {ingestion_rate_mb: 0.5}\n",
-        );
-        assert!(s.problems("limits").is_empty());
-        assert_eq!(s.rate_of("noisy").ingestion_burst_size_mb, 2.0);
-        let l = TenantLimiter::new(s);
-        let t0 = Instant::now();
-        let mib = 1 << 20;
-        // The burst at once, then nothing more.
-        assert!(l.admit_at(Some("a"), 2 * mib, t0).is_ok());
-        let refused = l.admit_at(Some("a"), mib, t0).unwrap_err();
-        assert_eq!(refused.retry_after_seconds(), Some(1));
-        assert_eq!(refused.limit_bytes, mib as u64);
-        // A second later one MiB is back; the refusal took nothing.
-        assert!(
-            l.admit_at(Some("a"), mib, t0 + Duration::from_secs(1))
-                .is_ok()
-        );
-        // Another tenant has its own bucket; the override's rate is its own.
-        assert!(l.admit_at(Some("noisy"), 2 * mib, t0).is_ok());
-        let r = l.admit_at(Some("noisy"), mib, t0).unwrap_err();
-        assert_eq!(r.retry_after_seconds(), Some(2));
-        // Larger than the burst: never.
-        assert_eq!(
-            l.admit_at(Some("b"), 3 * mib, t0).unwrap_err().retry_after,
-            None
-        );
-        // No tenant is `anonymous`, limited like any other.
-        assert!(l.admit_at(None, 2 * mib, t0).is_ok());
-        assert!(l.admit_at(Some(""), 1, t0).is_err());
-    }
-
-    #[test]
-    fn label_limits_as_pyroscope_words_them() {
-        let s = settings(
-            "max_label_names_per_series: 3\nmax_label_name_length: 8\nmax_label_value_length: 5\n\
-             overrides:\n  roomy: {max_label_names_per_series: 10, max_label_value_length: 0}\n",
-        );
-        assert!(s.limits_anything());
-        let l = TenantLimiter::new(s);
-        let ok = [("__name__", "cpu"), ("a", "1")];
-        assert!(l.check_labels(Some("t"), ok.iter().copied()).is_ok());
-        let many = [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")];
-        let e = l.check_labels(Some("t"), many.iter().copied()).unwrap_err();
-        assert_eq!(e.reason, "max_label_names_per_series");
-        assert!(
-            e.message.contains("has 4 label names; limit 3"),
-            "{}",
-            e.message
-        );
-        assert!(l.check_labels(Some("roomy"), many.iter().copied()).is_ok());
-        let long_name = [("a_long_name", "1")];
-        let e = l.check_labels(None, long_name.iter().copied()).unwrap_err();
-        assert_eq!(e.reason, "label_name_too_long");
-        assert!(e.message.contains("has label name too long: 'a_long_name'"));
-        let long_value = [("a", "123456")];
-        let e = l
-            .check_labels(Some("t"), long_value.iter().copied())
-            .unwrap_err();
-        assert_eq!(e.reason, "label_value_too_long");
-        assert!(
-            l.check_labels(Some("roomy"), long_value.iter().copied())
-                .is_ok()
-        );
-    }
-
-    #[test]
-    fn profile_limits_in_pyroscopes_order_and_words() {
-        let s = settings(
-            "max_profile_size_bytes: 4194304\nmax_profile_stacktrace_samples: 16000\n\
-             max_profile_stacktrace_depth: 1000\nmax_profile_stacktrace_sample_labels: 100\n\
-             overrides:\n  deep: {max_profile_stacktrace_depth: 0, max_profile_size_bytes: 0}\n",
-        );
-        assert!(s.limits_profiles() && s.limits_anything());
-        assert!(!TenantLimitsSettings::default().limits_profiles());
-        let l = TenantLimiter::new(s);
-        let limits = l.profile_limits(Some("t"));
-        assert!(limits.any());
-        let labels = [("__name__", "process_cpu"), ("service_name", "a")];
-        let within = ProfileShape {
-            size: 4194304,
-            samples: 16000,
-            deepest_stack: 1000,
-            most_sample_labels: 100,
-        };
-        let check =
-            |shape: ProfileShape, source| limits.check(&shape, source, labels.iter().copied());
-        assert_eq!(check(within, ProfileSource::Push), Ok(None));
-        // Size first, in the words of each path.
-        let big = ProfileShape {
-            size: 4194305,
-            samples: 16001,
-            ..within
-        };
-        let e = check(big, ProfileSource::Push).unwrap_err();
-        assert_eq!(e.reason, "profile_size_limit");
-        assert!(
-            e.message
-                .starts_with("uncompressed profile payload size exceeds limit of 4.2 MB"),
-            "{}",
-            e.message
-        );
-        let e = check(big, ProfileSource::IngestPprof).unwrap_err();
-        assert!(
-            e.message
-                .starts_with("decompressed size exceeds maximum allowed size of 4194304 bytes"),
-            "{}",
-            e.message
-        );
-        let e = check(big, ProfileSource::Converted).unwrap_err();
-        assert!(
-            e.message.contains(
-                "exceeds the size limit (max_profile_size_byte, actual: 4194305, limit: 4194304)"
-            ),
-            "{}",
-            e.message
-        );
-        // Then samples.
-        let e = check(
-            ProfileShape {
-                samples: 16001,
-                ..within
-            },
-            ProfileSource::Push,
-        )
-        .unwrap_err();
-        assert_eq!(e.reason, "samples_limit");
-        assert_eq!(
-            e.message,
-            "the profile with labels '{__name__=\"process_cpu\", service_name=\"a\"}' exceeds the samples count limit (max_profile_stacktrace_samples, actual: 16001, limit: 16000) (tenant \"t\")"
-        );
-        let e = check(
-            ProfileShape {
-                most_sample_labels: 101,
-                ..within
-            },
-            ProfileSource::Push,
-        )
-        .unwrap_err();
-        assert_eq!(e.reason, "sample_labels_limit");
-        // A deep stack is truncated, never refused.
-        let deep = ProfileShape {
-            deepest_stack: 1001,
-            ..within
-        };
-        assert_eq!(check(deep, ProfileSource::Push), Ok(Some(1000)));
-        let roomy = l.profile_limits(Some("deep"));
-        assert_eq!(
-            roomy.check(
-                &ProfileShape {
-                    size: usize::MAX,
-                    ..deep
-                },
-                ProfileSource::Push,
-                labels.iter().copied()
-            ),
-            Ok(None)
-        );
-        assert_eq!(roomy.tenant, "deep");
-        assert_eq!(l.profile_limits(None).tenant, ANONYMOUS_TENANT);
-    }
-
-    #[test]
-    fn sizes_in_si_units_as_go_humanize_writes_them() {
-        for (n, text) in [
-            (7, "7 B"),
-            (999, "999 B"),
-            (1500, "1.5 kB"),
-            (15_000, "15 kB"),
-            (4_194_304, "4.2 MB"),
-            (9_960_000, "10 MB"),
-            (1 << 30, "1.1 GB"),
-        ] {
-            assert_eq!(si_bytes(n), text, "{n}");
-        }
-    }
-
-    #[test]
-    fn no_rate_is_no_limit_and_bad_numbers_are_named() {
-        let l = TenantLimiter::new(TenantLimitsSettings::default());
-        assert!(l.admit(Some("a"), usize::MAX).is_ok());
-        let s =
-            settings("ingestion_rate_mb: -1\noverrides:\n  x: {ingestion_burst_size_mb: .nan}\n");
-        let problems = s.problems("limits");
-        assert_eq!(problems.len(), 2, "{problems:?}");
-        assert_eq!(
-            problems[1].path,
-            "limits.overrides.x.ingestion_burst_size_mb"
-        );
-        assert!(serde_saphyr::from_str::<TenantLimitsSettings>("rate: 1\n").is_err());
-    }
-}
+mod tests;
