@@ -121,6 +121,34 @@ fn container_label_from_the_cgroup() {
     drop(child);
 }
 
+/// The pod that runs the container `container_id` (`main`, beside a
+/// `sidecar`, of Deployment `shop`), as the kubelet would report it, in a
+/// new namespace; returns the namespace.
+fn shop_pod(kube: &peer_env::Peer, container_id: &str) -> String {
+    let ns = peer_env::unique("ebpf");
+    let kubectl = |args: &[&str], stdin: &str| peer_env::kubectl(kube, args, stdin);
+    kubectl(&["create", "namespace", &ns], "");
+    kubectl(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: shop-7c9\n  namespace: {ns}\n  ownerReferences: [{{apiVersion: apps/v1, kind: Deployment, name: shop, uid: 00000000-0000-0000-0000-000000000001, controller: true}}]\n\
+             spec:\n  selector: {{matchLabels: {{app: shop}}}}\n  template:\n    metadata: {{labels: {{app: shop}}}}\n    spec: {{containers: [{{name: main, image: shop:1}}]}}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata:\n  name: shop-7c9-x1\n  namespace: {ns}\n  labels: {{app: shop}}\n  ownerReferences: [{{apiVersion: apps/v1, kind: ReplicaSet, name: shop-7c9, uid: 00000000-0000-0000-0000-000000000002, controller: true}}]\n\
+             spec:\n  nodeName: node-ebpf\n  containers: [{{name: sidecar, image: proxy:1}}, {{name: main, image: shop:1}}]\n"
+        ),
+    );
+    peer_env::patch_pod_status(
+        kube,
+        &ns,
+        "shop-7c9-x1",
+        &format!(
+            r#"{{"phase":"Running","podIP":"10.244.0.9","containerStatuses":[{{"name":"main","containerID":"containerd://{}","image":"shop:1","imageID":"","ready":true,"restartCount":0,"state":{{"running":{{}}}}}},{{"name":"sidecar","containerID":"containerd://{:064x}","image":"proxy:1","imageID":"","ready":true,"restartCount":0,"state":{{"running":{{}}}}}}]}}"#,
+            container_id, 7
+        ),
+    );
+    ns
+}
+
 /// The node agent on Kubernetes: the `k8s_attributes` processor finds the
 /// pod of a profiled process by the container id of its cgroup, in a real
 /// API server's pods (`tests/peers/up kube`), and names pod, namespace,
@@ -135,29 +163,7 @@ fn k8s_attributes_names_the_pod_of_a_containers_process() {
     let (child, pid) = ebpf_targets::spawn(&bin, 30);
     let child = KillOnDrop(child);
     let cgroup = common::ContainerCgroup::enter(pid);
-    // The pod that runs this container, as the kubelet would report it.
-    let ns = peer_env::unique("ebpf");
-    let kubectl = |args: &[&str], stdin: &str| peer_env::kubectl(&kube, args, stdin);
-    kubectl(&["create", "namespace", &ns], "");
-    kubectl(
-        &["apply", "-f", "-"],
-        &format!(
-            "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: shop-7c9\n  namespace: {ns}\n  ownerReferences: [{{apiVersion: apps/v1, kind: Deployment, name: shop, uid: 00000000-0000-0000-0000-000000000001, controller: true}}]\n\
-             spec:\n  selector: {{matchLabels: {{app: shop}}}}\n  template:\n    metadata: {{labels: {{app: shop}}}}\n    spec: {{containers: [{{name: main, image: shop:1}}]}}\n---\n\
-             apiVersion: v1\nkind: Pod\nmetadata:\n  name: shop-7c9-x1\n  namespace: {ns}\n  labels: {{app: shop}}\n  ownerReferences: [{{apiVersion: apps/v1, kind: ReplicaSet, name: shop-7c9, uid: 00000000-0000-0000-0000-000000000002, controller: true}}]\n\
-             spec:\n  nodeName: node-ebpf\n  containers: [{{name: sidecar, image: proxy:1}}, {{name: main, image: shop:1}}]\n"
-        ),
-    );
-    peer_env::patch_pod_status(
-        &kube,
-        &ns,
-        "shop-7c9-x1",
-        &format!(
-            r#"{{"phase":"Running","podIP":"10.244.0.9","containerStatuses":[{{"name":"main","containerID":"containerd://{}","image":"shop:1","imageID":"","ready":true,"restartCount":0,"state":{{"running":{{}}}}}},{{"name":"sidecar","containerID":"containerd://{:064x}","image":"proxy:1","imageID":"","ready":true,"restartCount":0,"state":{{"running":{{}}}}}}]}}"#,
-            cgroup.id, 7
-        ),
-    );
-
+    let ns = shop_pod(&kube, &cgroup.id);
     let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
         format!(
             "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 2s\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{pid}', action: keep}}\n\
@@ -186,6 +192,78 @@ fn k8s_attributes_names_the_pod_of_a_containers_process() {
         metrics.contains(r#"proflow_k8s_attributes_profiles_total{processor="k8s_attributes",result="associated"}"#),
         "{metrics}"
     );
+    drop(proflow);
+    drop(child);
+}
+
+/// A tenant per namespace on the node agent: `k8s_attributes` names the
+/// pod's namespace, a `relabel` rule makes it the tenant (`__tenant_id__`),
+/// and the profile reads back from a multi-tenant Pyroscope under that
+/// tenant alone; the file exporter's index names the same tenant.
+#[test]
+fn the_namespace_of_a_profiled_pod_is_its_tenant() {
+    let _one_at_a_time = require_root();
+    let Some(kube) = peer_env::peer("kube") else {
+        return;
+    };
+    let Some(pyroscope) =
+        peer_env::PrivatePeer::start_with("pyroscope", &[("PROFLOW_PYROSCOPE_MULTITENANT", "1")])
+    else {
+        return;
+    };
+    let bin = ebpf_targets::build(Target::CFp).unwrap_or_else(|e| panic!("{e}"));
+    let (child, pid) = ebpf_targets::spawn(&bin, 30);
+    let child = KillOnDrop(child);
+    let cgroup = common::ContainerCgroup::enter(pid);
+    let ns = shop_pod(&kube, &cgroup.id);
+    let base = pyroscope.http_base();
+    let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
+        format!(
+            "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 2s\n    relabel_configs:\n      - {{source_labels: [__meta_process_pid], regex: '{pid}', action: keep}}\n\
+             processors:\n  k8s_attributes:\n    auth_type: kubeConfig\n    kubeconfig_file: {kc}\n    filter: {{namespace: {ns}}}\n    wait_for_metadata: true\n\
+             \x20 relabel:\n    relabel_configs:\n      - {{source_labels: [k8s_namespace_name], regex: '(.+)', target_label: __tenant_id__}}\n\
+             exporters:\n  file:\n    directory: {}\n  pyroscope:\n    endpoint: {base}\n\
+             service:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      processors: [k8s_attributes, relabel]\n      exporters: [file, pyroscope]\n",
+            profiles.display(),
+            ports.telemetry,
+            kc = kube.var("KUBECONFIG"),
+        )
+    });
+    let entries = proflow.wait_for_files(1, |e| e.label("pid") == Some(pid.to_string().as_str()));
+    for e in &entries {
+        assert_eq!(e.raw["tenant"].as_str(), Some(ns.as_str()), "{:?}", e.raw);
+        assert_eq!(e.label("k8s_namespace_name"), Some(ns.as_str()));
+    }
+    let reader = |tenant: &str| {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            "X-Scope-OrgID",
+            reqwest::header::HeaderValue::from_str(tenant).expect("a header value"),
+        );
+        reqwest::blocking::Client::builder()
+            .default_headers(headers)
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("an HTTP client")
+    };
+    let selector = "{k8s_pod_name=\"shop-7c9-x1\"}";
+    let hot = ["proflow_hot_one", "proflow_hot_two"];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let found = loop {
+        let (totals, seen) = readback::pyroscope_totals(&reader(&ns), &base, selector, &hot, None);
+        if !totals.is_empty() {
+            break totals;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Pyroscope holds the pod's profile under tenant {ns}: {seen}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(found.values().all(|v| *v > 0), "{found:?}");
+    // Another tenant sees none of it.
+    let (other, _) = readback::pyroscope_totals(&reader("anonymous"), &base, selector, &hot, None);
+    assert!(other.is_empty(), "another tenant reads {other:?}");
     drop(proflow);
     drop(child);
 }

@@ -84,6 +84,10 @@ struct Args {
     /// rather than each at its own saturation.
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
+    /// A header to send with every request (`Name: value`; HTTP protocols;
+    /// repeatable), e.g. `X-Scope-OrgID: team-a` for a tenant.
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    headers: Vec<String>,
 }
 
 /// When each connection sends its requests: every `interval` from the start
@@ -156,6 +160,10 @@ fn main() -> anyhow::Result<()> {
         }
     };
     if args.protocol == Protocol::OtlpGrpc {
+        anyhow::ensure!(
+            args.headers.is_empty(),
+            "--header is for the HTTP protocols (pprof, otlp-http)"
+        );
         return grpc_main(&args, duration, body, plain, per_request);
     }
     let (path, content_type, encoding) = match args.protocol {
@@ -174,9 +182,19 @@ fn main() -> anyhow::Result<()> {
             if gz { "Content-Encoding: gzip\r\n" } else { "" },
         ),
     };
+    let mut extra = String::new();
+    for h in &args.headers {
+        let Some((name, value)) = h.split_once(':') else {
+            anyhow::bail!("--header {h:?}: write it as `Name: value`");
+        };
+        if name.trim().is_empty() || h.contains(['\r', '\n']) {
+            anyhow::bail!("--header {h:?}: a header name, a colon and a value on one line");
+        }
+        extra.push_str(&format!("{}: {}\r\n", name.trim(), value.trim()));
+    }
     let request = Arc::new({
         let mut r = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: {content_type}\r\n{encoding}Content-Length: {}\r\n\r\n",
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: {content_type}\r\n{encoding}{extra}Content-Length: {}\r\n\r\n",
             args.target,
             body.len()
         )
