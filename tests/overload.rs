@@ -297,3 +297,74 @@ fn a_client_that_stops_sending_gets_408_and_its_memory_back() {
     );
     assert_eq!(reply.status, 200);
 }
+
+/// Tenants share the budget: with more than half of it held, a tenant that
+/// holds more than its share (the budget over the tenants holding memory)
+/// is refused (429, its tenant named) though room is left, and another
+/// tenant under its share is not.
+#[test]
+fn a_tenant_over_its_share_of_a_contended_budget_is_refused_first() {
+    let proflow = Proflow::start(|ports, _| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\n    read_timeout: 20s\n    max_request_body_size: 2MiB\n    max_decompressed_size: 2MiB\nexporters:\n  nop: {{}}\nservice:\n  limits:\n    max_in_flight_bytes: 8MiB\n  telemetry:\n    address: {}\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [nop]}}\n",
+            ports.receiver, ports.telemetry
+        )
+    });
+    // Tenant `hog`: five uploads of 1,000,000 bytes that stop after
+    // 900,000 and hold them.
+    let held: Vec<TcpStream> = (0..5)
+        .map(|_| {
+            let mut stream = TcpStream::connect(proflow.ports.receiver).unwrap();
+            let head = format!(
+                "POST {} HTTP/1.1\r\nHost: x\r\nX-Scope-OrgID: hog\r\nContent-Length: 1000000\r\n\r\n",
+                ingest_query("hog.app", Some("pprof"))
+            );
+            stream.write_all(head.as_bytes()).unwrap();
+            stream.write_all(&vec![0u8; 900_000]).unwrap();
+            stream
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = proflow.metrics();
+        let in_flight = metric_samples(&metrics, "proflow_memory_in_flight_bytes")
+            .first()
+            .map_or(0.0, |(_, v)| *v);
+        if in_flight >= 4_500_000.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the uploads are held: {metrics}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let push = |tenant: &str| {
+        proflow.post(
+            &ingest_query(&format!("{tenant}.app"), Some("pprof")),
+            &[("X-Scope-OrgID", tenant)],
+            gzip(&cpu_profile()),
+        )
+    };
+    // `quiet` holds nothing: under its share of 4 MiB.
+    assert_eq!(push("quiet").status, 200);
+    // `hog` holds some 4.5 MB: over its share, refused with 3 MiB free.
+    let refused = push("hog");
+    let text = serde_json::from_slice::<serde_json::Value>(&refused.body)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    assert!(
+        refused.status == 429 && text.contains("tenant \"hog\" holds its share"),
+        "{} {text}",
+        refused.status
+    );
+    assert!(refused.retry_after.is_some());
+    drop(held);
+    // Given back, `hog` is served again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while push("hog").status != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "hog is served once it gives back"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -16,6 +16,17 @@
 //! large or slow uploads cannot stop the small pushes that make up almost all
 //! of the traffic.
 //!
+//! Tenants share it fairly: a grant made for a tenant
+//! ([`MemoryBudget::grant_for`]) may not grow past the tenant's share once
+//! the budget is more than half held ([`CONTENDED`]). The share is the
+//! budget divided by the tenants sending now: those holding memory, or that
+//! held some in the last [`RECENT`] (this one included). A tenant alone may
+//! use all of it; one that holds more than its share while others send is
+//! refused first, however much room is left. A share is at least the budget
+//! over [`MAX_SHARES`] tenants, and at most [`MAX_COUNTED_TENANTS`] are
+//! counted, so tenants made up by a sender cannot shrink the others' shares
+//! to nothing.
+//!
 //! What may depend on this: receivers (take grants), the topology (makes the
 //! budget), telemetry (reports it).
 
@@ -32,6 +43,23 @@ pub const SMALL_REQUEST: usize = 1 << 20;
 /// How long a request may wait for memory before it is refused.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(1);
 
+/// The part of the budget held past which tenants are held to their
+/// shares (one half).
+pub const CONTENDED: f64 = 0.5;
+
+/// How long a tenant that held memory counts as sending after it gave it
+/// all back: a tenant of quick small pushes holds memory only for moments.
+pub const RECENT: Duration = Duration::from_secs(5);
+
+/// A share is never less than the budget over this many tenants: tenants
+/// named by a header cost nothing to make up, and a crowd of made-up ones
+/// must not shrink everyone's share to nothing.
+pub const MAX_SHARES: usize = 16;
+
+/// Most tenants counted at once; past that a new tenant is not held to a
+/// share (the budget's own limits still hold).
+pub const MAX_COUNTED_TENANTS: usize = 10_000;
+
 /// Most grants and room checks waiting for memory at once; more are
 /// refused at once, so a crowd of waiting requests never makes each release
 /// of memory wake thousands of them.
@@ -46,10 +74,19 @@ pub struct OverBudget {
     /// More than one grant can ever hold (see [`MemoryBudget::max_grant`]):
     /// waiting or sending again cannot help.
     pub never: bool,
+    /// The tenant that holds its share of a contended budget, when that is
+    /// why (see the module docs): (tenant, its bytes, its share).
+    pub tenant: Option<(String, usize, usize)>,
 }
 
 impl OverBudget {
     fn message(&self) -> String {
+        if let Some((tenant, held, share)) = &self.tenant {
+            return format!(
+                "tenant {tenant:?} holds its share of the collector's in-flight memory ({held} bytes with this request, its share {share} of service.limits.max_in_flight_bytes = {} bytes, shared by the tenants sending now); retry later",
+                self.limit
+            );
+        }
         if self.never {
             format!(
                 "the request needs more memory than service.limits.max_in_flight_bytes ({} bytes) lets one request hold ({} more bytes wanted); send smaller requests or raise max_in_flight_bytes",
@@ -77,6 +114,32 @@ struct Inner {
     freed: tokio::sync::Notify,
     /// Grants and room checks waiting for memory now.
     waiting: std::sync::atomic::AtomicUsize,
+    /// Each tenant sending now: the bytes its grants hold and when it last
+    /// held any (see [`RECENT`]).
+    tenants: std::sync::Mutex<Tenants>,
+}
+
+/// The tenants sending now.
+#[derive(Debug, Default)]
+struct Tenants {
+    held: std::collections::HashMap<Arc<str>, (usize, std::time::Instant)>,
+    /// When those idle past [`RECENT`] were last swept out.
+    swept: Option<std::time::Instant>,
+}
+
+impl Tenants {
+    /// Forgets, at most every 100 ms, the tenants idle past [`RECENT`].
+    fn sweep(&mut self, now: std::time::Instant) {
+        if self
+            .swept
+            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_millis(100))
+        {
+            return;
+        }
+        self.swept = Some(now);
+        self.held
+            .retain(|_, (n, at)| *n > 0 || now.saturating_duration_since(*at) < RECENT);
+    }
 }
 
 impl Inner {
@@ -85,6 +148,47 @@ impl Inner {
             limit: self.limit,
             wanted,
             never: false,
+            tenant: None,
+        }
+    }
+
+    /// Whether `tenant` may grow by `bytes` now: always while the budget is
+    /// not contended, else within its share.
+    fn share_allows(&self, tenant: &Arc<str>, bytes: usize) -> Result<(), OverBudget> {
+        let held = self.limit - self.all.available_permits();
+        if (held.saturating_add(bytes) as f64) <= self.limit as f64 * CONTENDED {
+            return Ok(());
+        }
+        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        tenants.sweep(std::time::Instant::now());
+        let mine = tenants.held.get(tenant).map_or(0, |(n, _)| *n);
+        let holders = tenants.held.len() + usize::from(!tenants.held.contains_key(tenant));
+        let share = self.limit / holders.clamp(1, MAX_SHARES);
+        let after = mine.saturating_add(bytes);
+        if after <= share {
+            return Ok(());
+        }
+        Err(OverBudget {
+            tenant: Some((tenant.to_string(), after, share)),
+            ..self.over(bytes)
+        })
+    }
+
+    /// Counts `bytes` more (`grew`) or fewer held by `tenant`.
+    fn count(&self, tenant: &Arc<str>, bytes: usize, grew: bool) {
+        let now = std::time::Instant::now();
+        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        tenants.sweep(now);
+        if grew {
+            if !tenants.held.contains_key(tenant) && tenants.held.len() >= MAX_COUNTED_TENANTS {
+                return;
+            }
+            let e = tenants.held.entry(tenant.clone()).or_insert((0, now));
+            e.0 += bytes;
+            e.1 = now;
+        } else if let Some((n, at)) = tenants.held.get_mut(tenant) {
+            *n = n.saturating_sub(bytes);
+            *at = now;
         }
     }
 
@@ -147,6 +251,7 @@ impl MemoryBudget {
                 in_flight,
                 freed: tokio::sync::Notify::new(),
                 waiting: std::sync::atomic::AtomicUsize::new(0),
+                tenants: Default::default(),
             }),
         }
     }
@@ -173,7 +278,18 @@ impl MemoryBudget {
             budget: self.clone(),
             held: 0,
             large: false,
+            tenant: None,
         }
+    }
+
+    /// An empty grant of `tenant`'s (the request's `X-Scope-OrgID` or its
+    /// token's; `None` or empty: `anonymous`), held to its share of a
+    /// contended budget (see the module docs).
+    pub fn grant_for(&self, tenant: Option<&str>) -> MemoryGrant {
+        let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or("anonymous");
+        let mut grant = self.grant();
+        grant.tenant = Some(Arc::from(tenant));
+        grant
     }
 
     /// A grant of `bytes`, waiting up to `wait` for them.
@@ -206,6 +322,8 @@ pub struct MemoryGrant {
     held: usize,
     /// Holds `held` permits of `large` too.
     large: bool,
+    /// The tenant whose share it draws from, if any.
+    tenant: Option<Arc<str>>,
 }
 
 impl MemoryGrant {
@@ -251,6 +369,9 @@ impl MemoryGrant {
         }
         self.held += bytes;
         self.budget.inner.in_flight.inc_by(bytes as i64);
+        if let Some(t) = &self.tenant {
+            self.budget.inner.count(t, bytes, true);
+        }
     }
 
     /// Grows by `bytes` if the budget has them now.
@@ -260,6 +381,9 @@ impl MemoryGrant {
         }
         let (all, large) = self.need(bytes)?;
         let inner = self.budget.inner.clone();
+        if let Some(t) = &self.tenant {
+            inner.share_allows(t, bytes)?;
+        }
         let large_permit = match large {
             0 => None,
             n => Some(
@@ -324,11 +448,13 @@ impl MemoryGrant {
             let freed = inner.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if self.try_grow(bytes).is_ok() {
-                return Ok(());
-            }
+            // The last refusal is the one told (a tenant's share names it).
+            let refused = match self.try_grow(bytes) {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
             if !inner.wait_freed(freed, deadline).await {
-                return Err(inner.over(bytes));
+                return Err(refused);
             }
         }
     }
@@ -346,6 +472,9 @@ impl MemoryGrant {
             inner.large.add_permits(n);
         }
         inner.in_flight.dec_by(n as i64);
+        if let Some(t) = &self.tenant {
+            inner.count(t, n, false);
+        }
         inner.freed.notify_waiters();
     }
 }
@@ -360,6 +489,63 @@ impl Drop for MemoryGrant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_tenant_over_its_share_is_refused_first_when_memory_is_contended() {
+        let budget = MemoryBudget::new(8 << 20);
+        // Alone, a tenant may take what any request may.
+        let mut a1 = budget.grant_for(Some("a"));
+        a1.try_grow(SMALL_REQUEST).unwrap();
+        let mut a_more: Vec<MemoryGrant> = (0..4)
+            .map(|_| {
+                let mut g = budget.grant_for(Some("a"));
+                g.try_grow(SMALL_REQUEST).unwrap();
+                g
+            })
+            .collect();
+        assert_eq!(budget.in_flight(), 5 << 20);
+        // Another tenant under its share (4 MiB of 8 with two sending) gets
+        // memory; `a`, over it, is refused though 3 MiB are free.
+        let mut b = budget.grant_for(Some("b"));
+        b.try_grow(SMALL_REQUEST).unwrap();
+        let e = budget.grant_for(Some("a")).try_grow(1024).unwrap_err();
+        assert_eq!(e.tenant, Some(("a".to_owned(), (5 << 20) + 1024, 4 << 20)));
+        assert!(
+            e.to_string().contains("tenant \"a\" holds its share"),
+            "{e}"
+        );
+        // A grant of no tenant is not held to a share.
+        budget.grant().try_grow(1024).unwrap();
+        // Once `a` gives back, it is under its share again.
+        a_more.truncate(1);
+        budget.grant_for(Some("a")).try_grow(1024).unwrap();
+        // Nothing held: the tenants count as sending for a while yet.
+        drop((a1, a_more, b));
+        assert_eq!(budget.in_flight(), 0);
+        assert_eq!(budget.inner.tenants.lock().unwrap().held.len(), 2);
+        // `None` and "" are `anonymous`.
+        let mut none = budget.grant_for(None);
+        none.try_grow(1).unwrap();
+        assert_eq!(
+            budget
+                .inner
+                .tenants
+                .lock()
+                .unwrap()
+                .held
+                .get("anonymous")
+                .map(|e| e.0),
+            Some(1)
+        );
+        // Idle past RECENT, a tenant is forgotten.
+        let later = std::time::Instant::now() + RECENT + Duration::from_secs(1);
+        let mut tenants = budget.inner.tenants.lock().unwrap();
+        tenants.sweep(later);
+        assert_eq!(
+            tenants.held.keys().map(|k| &**k).collect::<Vec<_>>(),
+            ["anonymous"]
+        );
+    }
 
     #[tokio::test]
     async fn grants_are_bounded_and_given_back() {

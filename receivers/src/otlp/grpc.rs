@@ -223,7 +223,12 @@ impl Grpc {
             .get("grpc-encoding")
             .is_some_and(|v| v.as_bytes() != b"identity");
         let limit = self.settings.max_message.saturating_add(MESSAGE_HEADER);
-        let mut grant = self.handler.memory.grant();
+        let mut grant = self.handler.memory.grant_for(
+            parts
+                .headers
+                .get(proflow_pipeline::server::TENANT_HEADER)
+                .and_then(|v| v.to_str().ok()),
+        );
         let body = read_body(body, None, limit, &mut grant, self.settings.read_timeout)
             .await
             .map_err(|e| {

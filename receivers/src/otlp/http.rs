@@ -327,7 +327,11 @@ impl Http {
         headers: &HeaderMap,
         body: Incoming,
     ) -> Result<(Bytes, MemoryGrant), OtlpError> {
-        let mut grant = self.handler.memory.grant();
+        let mut grant = self.handler.memory.grant_for(
+            headers
+                .get(proflow_pipeline::server::TENANT_HEADER)
+                .and_then(|v| v.to_str().ok()),
+        );
         let body = read_body(
             body,
             declared_length(headers),

@@ -586,6 +586,7 @@ mod tests {
             limit: 1,
             wanted: 1,
             never: false,
+            tenant: None,
         };
         let mut none = |_: usize| -> Result<(), OverBudget> { Err(no_room.clone()) };
         let err = super::parse_stacks(&body, TextFormat::Folded, TextLimits::default(), &mut none)
@@ -641,6 +642,7 @@ mod tests {
             limit: 10_000,
             wanted: 1,
             never: false,
+            tenant: None,
         };
         let mut tight = |n: usize| -> Result<(), OverBudget> {
             left = left.checked_sub(n).ok_or(no_room.clone())?;

@@ -389,7 +389,12 @@ impl Shared {
         headers: &HeaderMap,
         body: Body,
     ) -> Result<(Bytes, MemoryGrant), IngestError> {
-        let mut grant = self.memory.grant();
+        // Held to its tenant's share of the budget when memory is contended.
+        let mut grant = self.memory.grant_for(
+            headers
+                .get(proflow_pipeline::server::TENANT_HEADER)
+                .and_then(|v| v.to_str().ok()),
+        );
         let body = read_body(
             body,
             declared_length(headers),

@@ -242,6 +242,7 @@ mod tests {
                     limit,
                     wanted: n,
                     never: true,
+                    tenant: None,
                 })
             } else {
                 Ok(())
