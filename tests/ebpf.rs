@@ -234,23 +234,12 @@ fn the_namespace_of_a_profiled_pod_is_its_tenant() {
         assert_eq!(e.raw["tenant"].as_str(), Some(ns.as_str()), "{:?}", e.raw);
         assert_eq!(e.label("k8s_namespace_name"), Some(ns.as_str()));
     }
-    let reader = |tenant: &str| {
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(
-            "X-Scope-OrgID",
-            reqwest::header::HeaderValue::from_str(tenant).expect("a header value"),
-        );
-        reqwest::blocking::Client::builder()
-            .default_headers(headers)
-            .timeout(Duration::from_secs(10))
-            .build()
-            .expect("an HTTP client")
-    };
     let selector = "{k8s_pod_name=\"shop-7c9-x1\"}";
     let hot = ["proflow_hot_one", "proflow_hot_two"];
     let deadline = Instant::now() + Duration::from_secs(60);
     let found = loop {
-        let (totals, seen) = readback::pyroscope_totals(&reader(&ns), &base, selector, &hot, None);
+        let (totals, seen) =
+            readback::pyroscope_totals(&readback::tenant_reader(&ns), &base, selector, &hot, None);
         if !totals.is_empty() {
             break totals;
         }
@@ -262,7 +251,13 @@ fn the_namespace_of_a_profiled_pod_is_its_tenant() {
     };
     assert!(found.values().all(|v| *v > 0), "{found:?}");
     // Another tenant sees none of it.
-    let (other, _) = readback::pyroscope_totals(&reader("anonymous"), &base, selector, &hot, None);
+    let (other, _) = readback::pyroscope_totals(
+        &readback::tenant_reader("anonymous"),
+        &base,
+        selector,
+        &hot,
+        None,
+    );
     assert!(other.is_empty(), "another tenant reads {other:?}");
     drop(proflow);
     drop(child);

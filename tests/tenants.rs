@@ -67,24 +67,10 @@ fn push(proflow: &Proflow, app: &str, tags: &str, n: u32, headers: &[(&str, &str
         .expect_status(200, "a folded push");
 }
 
-/// A client that reads Pyroscope as `tenant`.
-fn reader(tenant: &str) -> reqwest::blocking::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(
-        "X-Scope-OrgID",
-        reqwest::header::HeaderValue::from_str(tenant).expect("a header value"),
-    );
-    reqwest::blocking::Client::builder()
-        .default_headers(headers)
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("an HTTP client")
-}
-
 /// What Pyroscope holds of `app` for `tenant`: waits until it is `want`
 /// (`None`: waits a while and checks it holds nothing).
 fn read_back(base: &str, tenant: &str, app: &str, want: Option<i64>) -> common::Totals {
-    let http = reader(tenant);
+    let http = readback::tenant_reader(tenant);
     let selector = format!("{{service_name=\"{app}\"}}");
     let expected: common::Totals = want
         .map(|v| FUNCTIONS.iter().map(|f| ((*f).to_owned(), v)).collect())
@@ -381,7 +367,7 @@ fn label_limits_refuse_what_pyroscope_refuses() {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
         .as_secs();
-    let http = reader("labels");
+    let http = readback::tenant_reader("labels");
     for (tags, want) in [(40, 400), (5, 200)] {
         let app = common::unique_name("tenant-labels-app");
         let tags: Vec<String> = (0..tags).map(|i| format!("t{i}=v")).collect();
@@ -464,7 +450,7 @@ fn profile_limits_refuse_and_cut_what_pyroscope_does() {
          max_profile_stacktrace_depth: 1000}\n",
     );
     let tenant = "shapes";
-    let http = reader(tenant);
+    let http = readback::tenant_reader(tenant);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
@@ -696,7 +682,7 @@ fn the_series_limit_refuses_what_pyroscope_refuses() {
     let app = common::unique_name("tenant-series-app");
     let words = "Maximum active series limit exceeded (";
     // Pyroscope itself, for its own tenant.
-    let direct = reader("series-direct")
+    let direct = readback::tenant_reader("series-direct")
         .post(format!("{base}/push.v1.PusherService/Push"))
         .header("content-type", "application/proto")
         .body(push_of(&app, 0..5001))
@@ -730,7 +716,7 @@ fn the_series_limit_refuses_what_pyroscope_refuses() {
     );
     push("series", push_of(&app, 0..1)).expect_status(200, "a known series");
     // Pyroscope holds all 5,000 of proflow's series (and refused none).
-    let http = reader("series");
+    let http = readback::tenant_reader("series");
     let selector = format!("{{service_name=\"{app}\"}}");
     // Each series' profile once: the known series' second profile has the
     // first one's time, and Pyroscope keeps one profile of a series per

@@ -37,11 +37,16 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Harness {
+        Harness::start_with(PprofPushConfig::default()).await
+    }
+
+    /// Started with `config`, its endpoint and body limits set for tests.
+    async fn start_with(config: PprofPushConfig) -> Harness {
         let config = PprofPushConfig {
             endpoint: "127.0.0.1:0".into(),
             max_request_body_size: ByteSize::kib(64),
             max_decompressed_size: ByteSize::kib(256),
-            ..PprofPushConfig::default()
+            ..config
         };
         let telemetry = Arc::new(Telemetry::new());
         let build = BuildContext {
@@ -899,4 +904,172 @@ async fn bind_errors_name_the_address() {
     };
     assert!(err.contains(&addr.to_string()), "{err}");
     assert!(err.contains("pprof_push/busy"), "{err}");
+}
+
+// ------------------------------------------------------------- tenant limits
+
+/// The stacks of a recorded profile, root first.
+fn stacks_of(e: &Envelope) -> Vec<Vec<String>> {
+    let p = e.payload.decoded().unwrap();
+    pprof::stacks_root_first(&p)
+        .map(|(s, _)| s.into_iter().map(str::to_owned).collect())
+        .collect()
+}
+
+/// The tenant's profile and series limits at the receiver itself (the
+/// comparison with the real Pyroscope is `tests/tenants.rs`): past the
+/// samples, sample-labels and size limits a request is refused (400,
+/// Pyroscope's words for the path); a deep stack is cut to its root-most
+/// frames, pprof or folded, and the frames cut counted; past the series
+/// limit, 429; a tenant id Pyroscope would not take, 400.
+#[tokio::test]
+async fn profile_and_series_limits_refuse_and_cut_at_the_receiver() {
+    let limits = serde_saphyr::from_str(
+        "max_profile_size_bytes: 3000\nmax_profile_stacktrace_samples: 3\n\
+         max_profile_stacktrace_sample_labels: 1\nmax_profile_stacktrace_depth: 2\n\
+         max_global_series_per_tenant: 3\n",
+    )
+    .unwrap();
+    let h = Harness::start_with(PprofPushConfig {
+        limits: Some(limits),
+        ..PprofPushConfig::default()
+    })
+    .await;
+    let team = [("X-Scope-OrgID", "team")];
+    let ingest = |app: &str| format!("/ingest?name={app}&format=pprof");
+    let profile_with = |samples: usize, labels: &[(&str, &str)], depth: usize| {
+        let mut b = ProfileBuilder::new();
+        b.sample_type("cpu", "nanoseconds").time(1, 1);
+        for i in 0..samples {
+            let frames: Vec<u64> = (0..depth).map(|d| b.frame(&format!("f{i}_{d}"))).collect();
+            // Leaf first: f{i}_{depth-1} is the leaf, f{i}_0 the root.
+            b.sample_with_labels(frames.into_iter().rev().collect(), vec![1], labels);
+        }
+        pprof::gzip(&pprof::encode(&b.build()))
+    };
+    // Four samples, one over.
+    let r = h.post(&ingest("a"), &team, profile_with(4, &[], 1)).await;
+    assert_eq!(r.status, 400);
+    assert!(
+        r.text().contains(
+            "exceeds the samples count limit (max_profile_stacktrace_samples, actual: 4, limit: 3)"
+        ),
+        "{}",
+        r.text()
+    );
+    // Two labels on a sample, one over.
+    let r = h
+        .post(
+            &ingest("a"),
+            &team,
+            profile_with(1, &[("x", "1"), ("y", "2")], 1),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    assert!(
+        r.text()
+            .contains("max_profile_stacktrace_sample_labels, actual: 2, limit: 1"),
+        "{}",
+        r.text()
+    );
+    // A pprof body larger than 3000 bytes plain, in /ingest's words.
+    let mut b = ProfileBuilder::new();
+    b.sample_type("cpu", "nanoseconds");
+    b.sample_root_first(["main", &"x".repeat(4000)], vec![1]);
+    let r = h
+        .post(&ingest("a"), &team, pprof::gzip(&pprof::encode(&b.build())))
+        .await;
+    assert_eq!(r.status, 400);
+    assert!(
+        r.text()
+            .contains("decompressed size exceeds maximum allowed size of 3000 bytes"),
+        "{}",
+        r.text()
+    );
+    assert!(h.batches().is_empty(), "nothing refused was passed on");
+    // A stack of four frames, as gzipped pprof and as folded text: cut to
+    // its two root-most.
+    let r = h
+        .post(&ingest("deep"), &team, profile_with(1, &[], 4))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = h
+        .post(
+            "/ingest?name=deep.cpu&format=folded",
+            &team,
+            "f0_0;f0_1;f0_2;f0_3 5\n",
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let batches = h.batches();
+    assert_eq!(batches.len(), 2);
+    for b in &batches {
+        assert_eq!(
+            stacks_of(&b[0]),
+            vec![vec!["f0_0".to_owned(), "f0_1".to_owned()]]
+        );
+    }
+    assert!(
+        h.metric(r#"proflow_receiver_lost_parts_total{receiver="pprof_push",part="frame",reason="max_profile_stacktrace_depth"} 4"#),
+        "{}",
+        h.telemetry.render()
+    );
+    // Series, for a tenant of its own: three fit, a fourth not.
+    let series = [("X-Scope-OrgID", "series")];
+    for app in ["s1", "s2", "s3"] {
+        assert_eq!(
+            h.post(&ingest(app), &series, profile_with(1, &[], 1))
+                .await
+                .status,
+            200
+        );
+    }
+    let r = h
+        .post(&ingest("s4"), &series, profile_with(1, &[], 1))
+        .await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("Maximum active series limit exceeded (3/3)"),
+        "{}",
+        r.text()
+    );
+    // Another tenant counts its own; a known series passes.
+    assert_eq!(
+        h.post(&ingest("s4"), &team, profile_with(1, &[], 1))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        h.post(&ingest("s1"), &series, profile_with(1, &[], 1))
+            .await
+            .status,
+        200
+    );
+    // A tenant id Pyroscope would not take.
+    for bad in ["a/b", "..", &"t".repeat(151)] {
+        let r = h
+            .post(
+                &ingest("a"),
+                &[("X-Scope-OrgID", bad)],
+                profile_with(1, &[], 1),
+            )
+            .await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert!(r.text().contains("is not a tenant id"), "{}", r.text());
+    }
+    for (tenant, reason) in [
+        ("team", "samples_limit"),
+        ("team", "sample_labels_limit"),
+        ("team", "profile_size_limit"),
+        ("series", "series_limit"),
+    ] {
+        assert!(
+            h.metric(&format!(r#"proflow_receiver_tenant_refused_requests_total{{receiver="pprof_push",tenant="{tenant}",reason="{reason}"}} 1"#)),
+            "{reason}: {}",
+            h.telemetry.render()
+        );
+    }
+    h.stop().await;
 }

@@ -20,6 +20,21 @@ use proflow_pipeline::pprof;
 /// Per function, a total (the same type as `common::Totals`).
 pub type Totals = BTreeMap<String, i64>;
 
+/// A client that reads a multi-tenant Pyroscope as `tenant` (every
+/// request carries its `X-Scope-OrgID`).
+pub fn tenant_reader(tenant: &str) -> reqwest::blocking::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        "X-Scope-OrgID",
+        reqwest::header::HeaderValue::from_str(tenant).expect("a header value"),
+    );
+    reqwest::blocking::Client::builder()
+        .default_headers(headers)
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .expect("an HTTP client")
+}
+
 /// Now in Unix milliseconds.
 fn now_ms() -> i64 {
     std::time::SystemTime::now()

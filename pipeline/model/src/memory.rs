@@ -31,6 +31,7 @@
 //! budget), telemetry (reports it).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
@@ -114,31 +115,42 @@ struct Inner {
     freed: tokio::sync::Notify,
     /// Grants and room checks waiting for memory now.
     waiting: std::sync::atomic::AtomicUsize,
-    /// Each tenant sending now: the bytes its grants hold and when it last
-    /// held any (see [`RECENT`]).
+    /// Each tenant sending now (see [`RECENT`]).
     tenants: std::sync::Mutex<Tenants>,
+    /// When the budget was made (the slots' clock).
+    made: std::time::Instant,
 }
 
-/// The tenants sending now.
+/// One tenant's memory: what its grants hold now and when it last held
+/// or gave back any (milliseconds since the budget was made).
+#[derive(Debug, Default)]
+struct Slot {
+    held: AtomicUsize,
+    last_ms: AtomicU64,
+}
+
+/// The tenants sending now, by name; a grant keeps its tenant's slot, so
+/// growing and shrinking take no lock.
 #[derive(Debug, Default)]
 struct Tenants {
-    held: std::collections::HashMap<Arc<str>, (usize, std::time::Instant)>,
-    /// When those idle past [`RECENT`] were last swept out.
-    swept: Option<std::time::Instant>,
+    slots: std::collections::HashMap<Arc<str>, Arc<Slot>>,
+    /// When those idle past [`RECENT`] were last swept out (ms).
+    swept_ms: u64,
 }
 
 impl Tenants {
-    /// Forgets, at most every 100 ms, the tenants idle past [`RECENT`].
-    fn sweep(&mut self, now: std::time::Instant) {
-        if self
-            .swept
-            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_millis(100))
-        {
+    /// Forgets, at most every 100 ms, the tenants no grant holds that were
+    /// idle past [`RECENT`].
+    fn sweep(&mut self, now_ms: u64) {
+        if now_ms.saturating_sub(self.swept_ms) < 100 && self.swept_ms != 0 {
             return;
         }
-        self.swept = Some(now);
-        self.held
-            .retain(|_, (n, at)| *n > 0 || now.saturating_duration_since(*at) < RECENT);
+        self.swept_ms = now_ms;
+        let recent = RECENT.as_millis() as u64;
+        self.slots.retain(|_, slot| {
+            Arc::strong_count(slot) > 1
+                || now_ms.saturating_sub(slot.last_ms.load(Ordering::Relaxed)) < recent
+        });
     }
 }
 
@@ -149,46 +161,6 @@ impl Inner {
             wanted,
             never: false,
             tenant: None,
-        }
-    }
-
-    /// Whether `tenant` may grow by `bytes` now: always while the budget is
-    /// not contended, else within its share.
-    fn share_allows(&self, tenant: &Arc<str>, bytes: usize) -> Result<(), OverBudget> {
-        let held = self.limit - self.all.available_permits();
-        if (held.saturating_add(bytes) as f64) <= self.limit as f64 * CONTENDED {
-            return Ok(());
-        }
-        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
-        tenants.sweep(std::time::Instant::now());
-        let mine = tenants.held.get(tenant).map_or(0, |(n, _)| *n);
-        let holders = tenants.held.len() + usize::from(!tenants.held.contains_key(tenant));
-        let share = self.limit / holders.clamp(1, MAX_SHARES);
-        let after = mine.saturating_add(bytes);
-        if after <= share {
-            return Ok(());
-        }
-        Err(OverBudget {
-            tenant: Some((tenant.to_string(), after, share)),
-            ..self.over(bytes)
-        })
-    }
-
-    /// Counts `bytes` more (`grew`) or fewer held by `tenant`.
-    fn count(&self, tenant: &Arc<str>, bytes: usize, grew: bool) {
-        let now = std::time::Instant::now();
-        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
-        tenants.sweep(now);
-        if grew {
-            if !tenants.held.contains_key(tenant) && tenants.held.len() >= MAX_COUNTED_TENANTS {
-                return;
-            }
-            let e = tenants.held.entry(tenant.clone()).or_insert((0, now));
-            e.0 += bytes;
-            e.1 = now;
-        } else if let Some((n, at)) = tenants.held.get_mut(tenant) {
-            *n = n.saturating_sub(bytes);
-            *at = now;
         }
     }
 
@@ -215,6 +187,48 @@ impl Inner {
         let woke = tokio::time::timeout_at(deadline, freed).await.is_ok();
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         woke
+    }
+
+    /// Milliseconds since the budget was made.
+    fn now_ms(&self) -> u64 {
+        self.made.elapsed().as_millis() as u64
+    }
+
+    /// Whether `tenant` (its `slot`) may grow by `bytes` now: always while
+    /// the budget is not contended, else within its share.
+    fn share_allows(&self, tenant: &str, slot: &Slot, bytes: usize) -> Result<(), OverBudget> {
+        let held = self.limit - self.all.available_permits();
+        if (held.saturating_add(bytes) as f64) <= self.limit as f64 * CONTENDED {
+            return Ok(());
+        }
+        let now = self.now_ms();
+        let recent = RECENT.as_millis() as u64;
+        let sending = {
+            let tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+            tenants
+                .slots
+                .values()
+                .filter(|s| {
+                    s.held.load(Ordering::Relaxed) > 0
+                        || now.saturating_sub(s.last_ms.load(Ordering::Relaxed)) < recent
+                })
+                .count()
+        };
+        // This tenant counts, whether or not it held memory lately.
+        let sending = sending
+            + usize::from(
+                slot.held.load(Ordering::Relaxed) == 0
+                    && now.saturating_sub(slot.last_ms.load(Ordering::Relaxed)) >= recent,
+            );
+        let share = self.limit / sending.clamp(1, MAX_SHARES);
+        let after = slot.held.load(Ordering::Relaxed).saturating_add(bytes);
+        if after <= share {
+            return Ok(());
+        }
+        Err(OverBudget {
+            tenant: Some((tenant.to_owned(), after, share)),
+            ..self.over(bytes)
+        })
     }
 }
 
@@ -252,6 +266,7 @@ impl MemoryBudget {
                 freed: tokio::sync::Notify::new(),
                 waiting: std::sync::atomic::AtomicUsize::new(0),
                 tenants: Default::default(),
+                made: std::time::Instant::now(),
             }),
         }
     }
@@ -286,9 +301,21 @@ impl MemoryBudget {
     /// token's; `None` or empty: `anonymous`), held to its share of a
     /// contended budget (see the module docs).
     pub fn grant_for(&self, tenant: Option<&str>) -> MemoryGrant {
-        let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or("anonymous");
+        let tenant = tenant
+            .filter(|t| !t.is_empty())
+            .unwrap_or(crate::model::ANONYMOUS_TENANT);
+        let inner = &self.inner;
         let mut grant = self.grant();
-        grant.tenant = Some(Arc::from(tenant));
+        let mut tenants = inner.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        tenants.sweep(inner.now_ms());
+        let slot = match tenants.slots.get(tenant) {
+            Some(slot) => slot.clone(),
+            // Past the count, a new tenant is not held to a share.
+            None if tenants.slots.len() >= MAX_COUNTED_TENANTS => return grant,
+            None => tenants.slots.entry(Arc::from(tenant)).or_default().clone(),
+        };
+        drop(tenants);
+        grant.tenant = Some((Arc::from(tenant), slot));
         grant
     }
 
@@ -322,8 +349,8 @@ pub struct MemoryGrant {
     held: usize,
     /// Holds `held` permits of `large` too.
     large: bool,
-    /// The tenant whose share it draws from, if any.
-    tenant: Option<Arc<str>>,
+    /// The tenant whose share it draws from, if any, and its slot.
+    tenant: Option<(Arc<str>, Arc<Slot>)>,
 }
 
 impl MemoryGrant {
@@ -369,8 +396,10 @@ impl MemoryGrant {
         }
         self.held += bytes;
         self.budget.inner.in_flight.inc_by(bytes as i64);
-        if let Some(t) = &self.tenant {
-            self.budget.inner.count(t, bytes, true);
+        if let Some((_, slot)) = &self.tenant {
+            slot.held.fetch_add(bytes, Ordering::Relaxed);
+            slot.last_ms
+                .store(self.budget.inner.now_ms(), Ordering::Relaxed);
         }
     }
 
@@ -381,8 +410,8 @@ impl MemoryGrant {
         }
         let (all, large) = self.need(bytes)?;
         let inner = self.budget.inner.clone();
-        if let Some(t) = &self.tenant {
-            inner.share_allows(t, bytes)?;
+        if let Some((tenant, slot)) = &self.tenant {
+            inner.share_allows(tenant, slot, bytes)?;
         }
         let large_permit = match large {
             0 => None,
@@ -472,8 +501,9 @@ impl MemoryGrant {
             inner.large.add_permits(n);
         }
         inner.in_flight.dec_by(n as i64);
-        if let Some(t) = &self.tenant {
-            inner.count(t, n, false);
+        if let Some((_, slot)) = &self.tenant {
+            slot.held.fetch_sub(n, Ordering::Relaxed);
+            slot.last_ms.store(inner.now_ms(), Ordering::Relaxed);
         }
         inner.freed.notify_waiters();
     }
@@ -522,27 +552,24 @@ mod tests {
         // Nothing held: the tenants count as sending for a while yet.
         drop((a1, a_more, b));
         assert_eq!(budget.in_flight(), 0);
-        assert_eq!(budget.inner.tenants.lock().unwrap().held.len(), 2);
+        assert_eq!(budget.inner.tenants.lock().unwrap().slots.len(), 2);
         // `None` and "" are `anonymous`.
         let mut none = budget.grant_for(None);
         none.try_grow(1).unwrap();
+        let held = |t: &str| {
+            let tenants = budget.inner.tenants.lock().unwrap();
+            tenants.slots.get(t).map(|s| s.held.load(Ordering::Relaxed))
+        };
         assert_eq!(
-            budget
-                .inner
-                .tenants
-                .lock()
-                .unwrap()
-                .held
-                .get("anonymous")
-                .map(|e| e.0),
-            Some(1)
+            (held("anonymous"), held("a"), held("b")),
+            (Some(1), Some(0), Some(0))
         );
-        // Idle past RECENT, a tenant is forgotten.
-        let later = std::time::Instant::now() + RECENT + Duration::from_secs(1);
+        // Idle past RECENT, a tenant no grant holds is forgotten.
+        let later = budget.inner.now_ms() + RECENT.as_millis() as u64 + 1000;
         let mut tenants = budget.inner.tenants.lock().unwrap();
         tenants.sweep(later);
         assert_eq!(
-            tenants.held.keys().map(|k| &**k).collect::<Vec<_>>(),
+            tenants.slots.keys().map(|k| &**k).collect::<Vec<_>>(),
             ["anonymous"]
         );
     }

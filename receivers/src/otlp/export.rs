@@ -24,7 +24,7 @@ use proflow_pipeline::component::{self, Consumer};
 use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{BatchMeta, Envelope, batch_bytes};
 use proflow_pipeline::otlp::{self, AttributeLabels, Split, collector};
-use proflow_pipeline::server::{TenantLimiter, series_hash};
+use proflow_pipeline::server::TenantLimiter;
 use proflow_pipeline::spans::{self, SpanConsumer};
 use proflow_pipeline::telemetry::ReceiverTelemetry;
 use prost::Message;
@@ -129,24 +129,8 @@ impl Handler {
             tracing::debug!(receiver = %self.id, held, "decoded more than estimated");
         }
         if let Some(limiter) = &self.tenant_limits {
-            for e in &built.envelopes {
-                limiter
-                    .check_labels(
-                        origin.tenant.as_deref(),
-                        e.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())),
-                    )
-                    .map_err(|r| Refused {
-                        error: OtlpError::Limit(r),
-                        profiles: built.envelopes.len() as u64,
-                    })?;
-            }
-            let series: Vec<u64> = built
-                .envelopes
-                .iter()
-                .map(|e| series_hash(e.labels.iter().map(|l| (l.name.as_str(), l.value.as_str()))))
-                .collect();
             limiter
-                .check_series(origin.tenant.as_deref(), &series)
+                .check_series(origin.tenant.as_deref(), &built.envelopes)
                 .map_err(|r| Refused {
                     error: OtlpError::Limit(r),
                     profiles: built.envelopes.len() as u64,

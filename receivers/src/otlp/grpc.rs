@@ -223,12 +223,10 @@ impl Grpc {
             .get("grpc-encoding")
             .is_some_and(|v| v.as_bytes() != b"identity");
         let limit = self.settings.max_message.saturating_add(MESSAGE_HEADER);
-        let mut grant = self.handler.memory.grant_for(
-            parts
-                .headers
-                .get(proflow_pipeline::server::TENANT_HEADER)
-                .and_then(|v| v.to_str().ok()),
-        );
+        // A tenant's grant: held to its share when memory is contended.
+        let tenant = proflow_pipeline::server::request_tenant(&parts.headers)
+            .map_err(OtlpError::BadRequest)?;
+        let mut grant = self.handler.memory.grant_for(tenant);
         let body = read_body(body, None, limit, &mut grant, self.settings.read_timeout)
             .await
             .map_err(|e| {

@@ -327,11 +327,10 @@ impl Http {
         headers: &HeaderMap,
         body: Incoming,
     ) -> Result<(Bytes, MemoryGrant), OtlpError> {
-        let mut grant = self.handler.memory.grant_for(
-            headers
-                .get(proflow_pipeline::server::TENANT_HEADER)
-                .and_then(|v| v.to_str().ok()),
-        );
+        // A tenant's grant: held to its share when memory is contended.
+        let tenant =
+            proflow_pipeline::server::request_tenant(headers).map_err(OtlpError::BadRequest)?;
+        let mut grant = self.handler.memory.grant_for(tenant);
         let body = read_body(
             body,
             declared_length(headers),

@@ -69,10 +69,10 @@ pub struct OtlpConfig {
     /// `exclude`. `service.name` always becomes `service_name`.
     #[serde(default, deserialize_with = "proflow_config::null_as_default")]
     pub resource_to_labels: AttributeLabels,
-    /// Per-tenant ingestion rates of both protocols, with Pyroscope's
-    /// names: `{ingestion_rate_mb, ingestion_burst_size_mb, overrides}`
-    /// (as `pprof_push`'s); a tenant past its rate gets 429 (gRPC
-    /// `RESOURCE_EXHAUSTED`) with the time to retry.
+    /// Per-tenant limits of both protocols, with Pyroscope's names (as
+    /// `pprof_push`'s, but for its profile limits, refused here); a
+    /// tenant past its rate gets 429 (gRPC `RESOURCE_EXHAUSTED`) with the
+    /// time to retry.
     pub limits: Option<TenantLimitsSettings>,
 }
 
@@ -337,6 +337,12 @@ impl Validate for OtlpConfig {
         }
         if let Some(limits) = &self.limits {
             problems.extend(limits.problems("limits"));
+            if limits.limits_profiles() {
+                problems.push(FieldError::new(
+                    "limits",
+                    "max_profile_size_bytes, max_profile_stacktrace_samples, max_profile_stacktrace_depth and max_profile_stacktrace_sample_labels are applied by the pprof_push receiver only; remove them here",
+                ));
+            }
         }
         problems
     }

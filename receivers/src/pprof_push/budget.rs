@@ -78,9 +78,14 @@ impl DecompressBudget {
         self.truncated_frames = self.truncated_frames.saturating_add(frames);
     }
 
-    /// Frames cut from stacks deeper than the depth limit so far.
-    pub fn truncated_frames(&self) -> u64 {
-        self.truncated_frames
+    /// Adds the frames cut from stacks deeper than the depth limit to what
+    /// the request lost.
+    pub fn count_truncated(&self, lost: &mut proflow_pipeline::lost::LostSamples) {
+        lost.add_part(
+            "frame",
+            "max_profile_stacktrace_depth",
+            self.truncated_frames,
+        );
     }
 
     /// A budget with an in-flight grant of its own, large enough for

@@ -95,9 +95,10 @@ pub struct PprofPushConfig {
     /// Credentials every request must carry: `{bearer_tokens_file,
     /// basic_auth: {htpasswd_file}}`; otherwise 401, the body unread.
     pub auth: Option<AuthSettings>,
-    /// Per-tenant ingestion rates with Pyroscope's names:
-    /// `{ingestion_rate_mb, ingestion_burst_size_mb, overrides: {<tenant>:
-    /// {...}}}`; a tenant past its rate gets 429 with `Retry-After`.
+    /// Per-tenant limits with Pyroscope's names and meanings (rate, label,
+    /// profile and series limits, and `overrides: {<tenant>: {...}}`; see
+    /// the receiver's README); a tenant past its rate gets 429 with
+    /// `Retry-After`.
     pub limits: Option<TenantLimitsSettings>,
 }
 

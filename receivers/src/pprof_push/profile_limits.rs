@@ -9,7 +9,8 @@
 //! A pprof profile that came as bytes is judged by the scan the receiver
 //! already made of it ([`limit_scanned`]); it is decoded only when a stack
 //! must be cut. A profile the receiver made from another format is judged
-//! by its decoded form ([`limit_converted`]).
+//! by its decoded form when it holds one, else by a scan of its bytes (a
+//! JFR recording's) ([`limit_converted`]).
 
 use std::sync::Arc;
 
@@ -87,9 +88,22 @@ pub(crate) fn limit_converted(
     }
     let mut out = Vec::with_capacity(batch.len());
     for envelope in batch {
-        let profile = envelope.payload.decoded().map_err(|e| {
-            IngestError::Internal(format!("a profile made here did not decode: {e}"))
-        })?;
+        let Some(profile) = envelope.payload.profile() else {
+            // Bytes made here (from JFR): read as a pushed profile is.
+            let plain = envelope
+                .payload
+                .plain()
+                .map_err(|e| IngestError::Internal(format!("a profile made here: {e}")))?;
+            let meta = pprof::scan_metadata(&plain, envelope.payload.decode_limit())
+                .map_err(|e| IngestError::Internal(format!("a profile made here: {e}")))?;
+            out.push(limit_scanned(
+                budget,
+                shape_of_scan(&meta),
+                meta.decoded_size,
+                envelope,
+            )?);
+            continue;
+        };
         let shape = shape_of_profile(&profile);
         let (limits, _) = budget.profile_limits();
         let labels = envelope
@@ -118,6 +132,9 @@ fn cut(
     profile: Arc<Profile>,
     depth: usize,
 ) -> Result<Envelope, IngestError> {
+    // The payload's hold on the profile goes first: when nothing else
+    // holds it, it is cut in place rather than copied.
+    envelope.payload = Payload::from_bytes(bytes::Bytes::new(), 0);
     let mut profile = Arc::unwrap_or_clone(profile);
     budget.add_truncated_frames(pprof::truncate_stacks(&mut profile, depth));
     envelope.payload = Payload::from_profile(profile);

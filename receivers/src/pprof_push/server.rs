@@ -27,7 +27,7 @@ use proflow_pipeline::model::{BatchMeta, Envelope, now_unix_nanos};
 use proflow_pipeline::server::body::{declared_length, read_body};
 use proflow_pipeline::server::{
     AuthSettings, Listen, ProfileLimits, ProfileSource, Secured, ServerTlsSettings, TenantBound,
-    TenantLimiter, accept_loop, series_hash,
+    TenantLimiter, accept_loop,
 };
 use tower::Service;
 
@@ -389,12 +389,10 @@ impl Shared {
         headers: &HeaderMap,
         body: Body,
     ) -> Result<(Bytes, MemoryGrant), IngestError> {
-        // Held to its tenant's share of the budget when memory is contended.
-        let mut grant = self.memory.grant_for(
-            headers
-                .get(proflow_pipeline::server::TENANT_HEADER)
-                .and_then(|v| v.to_str().ok()),
-        );
+        // A tenant's grant: held to its share when memory is contended.
+        let tenant =
+            proflow_pipeline::server::request_tenant(headers).map_err(IngestError::bad_request)?;
+        let mut grant = self.memory.grant_for(tenant);
         let body = read_body(
             body,
             declared_length(headers),
@@ -521,11 +519,7 @@ impl Shared {
         let sender = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         let format = kind.name();
         let mut lost = lost;
-        lost.add_part(
-            "frame",
-            "max_profile_stacktrace_depth",
-            budget.truncated_frames(),
-        );
+        budget.count_truncated(&mut lost);
         if !lost.is_empty() {
             self.telemetry.lost(format, sender, &lost);
         }
@@ -570,11 +564,7 @@ impl Shared {
         })?;
         let sender = parts.extensions.get::<ClientAddr>().map(|c| c.0.ip());
         let mut lost = LostSamples::default();
-        lost.add_part(
-            "frame",
-            "max_profile_stacktrace_depth",
-            budget.truncated_frames(),
-        );
+        budget.count_truncated(&mut lost);
         if !lost.is_empty() {
             self.telemetry.lost("push", sender, &lost);
         }
@@ -612,27 +602,16 @@ impl Shared {
         limiter.profile_limits(header_text(&parts.headers, TENANT_HEADER.clone()).as_deref())
     }
 
-    /// Every profile's series labels within its tenant's label `limits`,
-    /// or the request is refused (400, Pyroscope's reason and words).
+    /// Every profile's series within its tenant's label and series
+    /// `limits`, or the request is refused (Pyroscope's status, reason and
+    /// words).
     fn check_labels(&self, parts: &Parts, batch: &[Envelope]) -> Result<(), IngestError> {
         let Some(limiter) = &self.tenant_limits else {
             return Ok(());
         };
         let tenant = header_text(&parts.headers, TENANT_HEADER.clone());
-        for e in batch {
-            limiter
-                .check_labels(
-                    tenant.as_deref(),
-                    e.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())),
-                )
-                .map_err(IngestError::Limit)?;
-        }
-        let series: Vec<u64> = batch
-            .iter()
-            .map(|e| series_hash(e.labels.iter().map(|l| (l.name.as_str(), l.value.as_str()))))
-            .collect();
         limiter
-            .check_series(tenant.as_deref(), &series)
+            .check_series(tenant.as_deref(), batch)
             .map_err(IngestError::Limit)
     }
 

@@ -128,7 +128,9 @@ impl ReceiverTelemetry {
     /// [`MAX_TENANT_LABELS`] tenants by name and the rest as `other`, so
     /// the series stay bounded however many tenants there are.
     pub fn tenant_refused(&self, tenant: Option<&str>, reason: &'static str) {
-        let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or("anonymous");
+        let tenant = tenant
+            .filter(|t| !t.is_empty())
+            .unwrap_or(crate::model::ANONYMOUS_TENANT);
         let shown = {
             let mut named = self
                 .t

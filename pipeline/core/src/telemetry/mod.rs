@@ -678,7 +678,9 @@ impl Telemetry {
     /// `profiles` of `bytes` that `tenant` (`None`: `anonymous`) brought
     /// into a pipeline.
     pub fn tenant_accepted(&self, tenant: Option<&str>, profiles: u64, bytes: u64) {
-        let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or("anonymous");
+        let tenant = tenant
+            .filter(|t| !t.is_empty())
+            .unwrap_or(crate::model::ANONYMOUS_TENANT);
         self.tenants.accepted(tenant, profiles, bytes);
     }
 

@@ -426,6 +426,12 @@ impl Payload {
         })
     }
 
+    /// The decoded profile the payload holds, if it holds one (nothing is
+    /// decoded here).
+    pub fn profile(&self) -> Option<Arc<pprof::Profile>> {
+        self.inner.pprof.as_ref().and_then(|f| f.profile.clone())
+    }
+
     /// True when the payload holds a decoded profile or was ever decoded (for
     /// tests and benchmarks that check the pass-through path never decodes).
     pub fn is_decoded(&self) -> bool {

@@ -358,6 +358,43 @@ pub struct Secured {
 /// the tenant from.
 pub const TENANT_HEADER: &str = "x-scope-orgid";
 
+/// Longest tenant id (Pyroscope's rule, as its other checks).
+pub const MAX_TENANT_ID_LENGTH: usize = 150;
+
+/// The request's tenant (its `X-Scope-OrgID`, `None` when it names none),
+/// or why it is no tenant Pyroscope would take: at most
+/// [`MAX_TENANT_ID_LENGTH`] bytes of letters, digits and `!-_.*'()`, not
+/// `.` or `..`. Receivers refuse such a request (400) before they read its
+/// body, so a made-up name can neither reach a backend nor grow the
+/// per-tenant tables.
+pub fn request_tenant(headers: &hyper::HeaderMap) -> Result<Option<&str>, String> {
+    let Some(value) = headers.get(TENANT_HEADER) else {
+        return Ok(None);
+    };
+    let shown = || String::from_utf8_lossy(&value.as_bytes()[..value.len().min(64)]).into_owned();
+    let tenant = value.to_str().map_err(|_| {
+        format!(
+            "X-Scope-OrgID {:?} is not text; send a tenant id of letters, digits and !-_.*'()",
+            shown()
+        )
+    })?;
+    if tenant.is_empty() {
+        return Ok(None);
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "!-_.*'()".contains(c);
+    if tenant.len() > MAX_TENANT_ID_LENGTH
+        || !tenant.chars().all(allowed)
+        || tenant == "."
+        || tenant == ".."
+    {
+        return Err(format!(
+            "X-Scope-OrgID {:?} is not a tenant id: send at most {MAX_TENANT_ID_LENGTH} letters, digits and !-_.*'() (not . or ..), as Pyroscope takes them",
+            shown()
+        ));
+    }
+    Ok(Some(tenant))
+}
+
 impl Secured {
     /// Loads the files of `tls` and `auth` and watches them until `stop`.
     /// Errors name the field.

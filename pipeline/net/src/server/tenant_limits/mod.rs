@@ -31,8 +31,7 @@ use profile::shown_labels;
 pub use profile::{ProfileLimits, ProfileShape, ProfileSource};
 pub use series::{ACTIVE_SERIES_WINDOW, MAX_REMEMBERED_SERIES, series_hash};
 
-/// The tenant of a request that names none (Pyroscope's).
-pub const ANONYMOUS_TENANT: &str = "anonymous";
+pub use proflow_model::model::ANONYMOUS_TENANT;
 
 /// Most tenants whose buckets are kept at once.
 pub const MAX_TENANTS: usize = 10_000;
@@ -55,24 +54,37 @@ pub struct TenantRate {
     pub max_global_series_per_tenant: usize,
 }
 
-fn default_burst_mb() -> f64 {
-    2.0
+fn default_burst_mb() -> Mib {
+    Mib(2.0)
 }
 
+/// A number of MiB (Pyroscope's "MB"), equal to another when its bits are
+/// (so the settings are `Eq`, for the reload's comparison of configs).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(transparent)]
+pub struct Mib(pub f64);
+
+impl PartialEq for Mib {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Mib {}
+
 /// `limits` of a receiver: the defaults of every tenant and `overrides`
-/// per tenant. Equal when every number has the same bits (so `Eq` holds,
-/// for the reload's comparison of configs).
-#[derive(Debug, Clone, Deserialize)]
+/// per tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantLimitsSettings {
     /// MiB a second a tenant's requests may bring on average (0, the
     /// default here: no limit; Pyroscope's default is 4).
     #[serde(default)]
-    pub ingestion_rate_mb: f64,
+    pub ingestion_rate_mb: Mib,
     /// MiB a tenant may bring at once above the rate (the bucket's size; a
     /// request larger than this is always refused). Pyroscope's default, 2.
     #[serde(default = "default_burst_mb")]
-    pub ingestion_burst_size_mb: f64,
+    pub ingestion_burst_size_mb: Mib,
     /// Most labels a profile's series may have (0, the default here: no
     /// limit; Pyroscope's default is 30).
     #[serde(default)]
@@ -118,7 +130,7 @@ pub struct TenantLimitsSettings {
 impl Default for TenantLimitsSettings {
     fn default() -> Self {
         TenantLimitsSettings {
-            ingestion_rate_mb: 0.0,
+            ingestion_rate_mb: Mib(0.0),
             ingestion_burst_size_mb: default_burst_mb(),
             max_label_names_per_series: 0,
             max_label_name_length: 0,
@@ -135,11 +147,11 @@ impl Default for TenantLimitsSettings {
 }
 
 /// One tenant's override: the keys it sets.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantOverride {
-    pub ingestion_rate_mb: Option<f64>,
-    pub ingestion_burst_size_mb: Option<f64>,
+    pub ingestion_rate_mb: Option<Mib>,
+    pub ingestion_burst_size_mb: Option<Mib>,
     pub max_label_names_per_series: Option<usize>,
     pub max_label_name_length: Option<usize>,
     pub max_label_value_length: Option<usize>,
@@ -150,46 +162,6 @@ pub struct TenantOverride {
     pub max_local_series_per_tenant: Option<usize>,
     pub max_global_series_per_tenant: Option<usize>,
 }
-
-impl PartialEq for TenantOverride {
-    fn eq(&self, other: &Self) -> bool {
-        let bits = |v: Option<f64>| v.map(f64::to_bits);
-        bits(self.ingestion_rate_mb) == bits(other.ingestion_rate_mb)
-            && bits(self.ingestion_burst_size_mb) == bits(other.ingestion_burst_size_mb)
-            && self.max_label_names_per_series == other.max_label_names_per_series
-            && self.max_label_name_length == other.max_label_name_length
-            && self.max_label_value_length == other.max_label_value_length
-            && self.max_profile_size_bytes == other.max_profile_size_bytes
-            && self.max_profile_stacktrace_samples == other.max_profile_stacktrace_samples
-            && self.max_profile_stacktrace_depth == other.max_profile_stacktrace_depth
-            && self.max_profile_stacktrace_sample_labels
-                == other.max_profile_stacktrace_sample_labels
-            && self.max_local_series_per_tenant == other.max_local_series_per_tenant
-            && self.max_global_series_per_tenant == other.max_global_series_per_tenant
-    }
-}
-
-impl Eq for TenantOverride {}
-
-impl PartialEq for TenantLimitsSettings {
-    fn eq(&self, other: &Self) -> bool {
-        self.ingestion_rate_mb.to_bits() == other.ingestion_rate_mb.to_bits()
-            && self.ingestion_burst_size_mb.to_bits() == other.ingestion_burst_size_mb.to_bits()
-            && self.max_label_names_per_series == other.max_label_names_per_series
-            && self.max_label_name_length == other.max_label_name_length
-            && self.max_label_value_length == other.max_label_value_length
-            && self.max_profile_size_bytes == other.max_profile_size_bytes
-            && self.max_profile_stacktrace_samples == other.max_profile_stacktrace_samples
-            && self.max_profile_stacktrace_depth == other.max_profile_stacktrace_depth
-            && self.max_profile_stacktrace_sample_labels
-                == other.max_profile_stacktrace_sample_labels
-            && self.max_local_series_per_tenant == other.max_local_series_per_tenant
-            && self.max_global_series_per_tenant == other.max_global_series_per_tenant
-            && self.overrides == other.overrides
-    }
-}
-
-impl Eq for TenantLimitsSettings {}
 
 impl TenantLimitsSettings {
     /// Every problem, each under its key after `prefix` (`limits`).
@@ -203,17 +175,17 @@ impl TenantLimitsSettings {
                 ));
             }
         };
-        check("ingestion_rate_mb".into(), self.ingestion_rate_mb);
+        check("ingestion_rate_mb".into(), self.ingestion_rate_mb.0);
         check(
             "ingestion_burst_size_mb".into(),
-            self.ingestion_burst_size_mb,
+            self.ingestion_burst_size_mb.0,
         );
         for (tenant, o) in &self.overrides {
             if let Some(v) = o.ingestion_rate_mb {
-                check(format!("overrides.{tenant}.ingestion_rate_mb"), v);
+                check(format!("overrides.{tenant}.ingestion_rate_mb"), v.0);
             }
             if let Some(v) = o.ingestion_burst_size_mb {
-                check(format!("overrides.{tenant}.ingestion_burst_size_mb"), v);
+                check(format!("overrides.{tenant}.ingestion_burst_size_mb"), v.0);
             }
         }
         problems
@@ -222,8 +194,8 @@ impl TenantLimitsSettings {
     /// The limits of `tenant`.
     pub fn rate_of(&self, tenant: &str) -> TenantRate {
         let mut r = TenantRate {
-            ingestion_rate_mb: self.ingestion_rate_mb,
-            ingestion_burst_size_mb: self.ingestion_burst_size_mb,
+            ingestion_rate_mb: self.ingestion_rate_mb.0,
+            ingestion_burst_size_mb: self.ingestion_burst_size_mb.0,
             max_label_names_per_series: self.max_label_names_per_series,
             max_label_name_length: self.max_label_name_length,
             max_label_value_length: self.max_label_value_length,
@@ -235,10 +207,10 @@ impl TenantLimitsSettings {
             max_global_series_per_tenant: self.max_global_series_per_tenant,
         };
         if let Some(o) = self.overrides.get(tenant) {
-            r.ingestion_rate_mb = o.ingestion_rate_mb.unwrap_or(r.ingestion_rate_mb);
+            r.ingestion_rate_mb = o.ingestion_rate_mb.map_or(r.ingestion_rate_mb, |m| m.0);
             r.ingestion_burst_size_mb = o
                 .ingestion_burst_size_mb
-                .unwrap_or(r.ingestion_burst_size_mb);
+                .map_or(r.ingestion_burst_size_mb, |m| m.0);
             r.max_label_names_per_series = o
                 .max_label_names_per_series
                 .unwrap_or(r.max_label_names_per_series);
@@ -267,7 +239,7 @@ impl TenantLimitsSettings {
     /// Whether any tenant is limited.
     pub fn limits_anything(&self) -> bool {
         let some = |n: Option<usize>| n.is_some_and(|n| n > 0);
-        self.ingestion_rate_mb > 0.0
+        self.ingestion_rate_mb.0 > 0.0
             || self.max_label_names_per_series > 0
             || self.max_label_name_length > 0
             || self.max_label_value_length > 0
@@ -278,7 +250,7 @@ impl TenantLimitsSettings {
                 some(o.max_local_series_per_tenant) || some(o.max_global_series_per_tenant)
             })
             || self.overrides.values().any(|o| {
-                o.ingestion_rate_mb.is_some_and(|r| r > 0.0)
+                o.ingestion_rate_mb.is_some_and(|r| r.0 > 0.0)
                     || some(o.max_label_names_per_series)
                     || some(o.max_label_name_length)
                     || some(o.max_label_value_length)
@@ -300,6 +272,11 @@ impl TenantLimitsSettings {
                     || some(o.max_profile_stacktrace_sample_labels)
             })
     }
+}
+
+/// A profile's series labels as (name, value) pairs.
+fn pairs(e: &proflow_model::model::Envelope) -> impl Iterator<Item = (&str, &str)> + Clone {
+    e.labels.iter().map(|l| (l.name.as_str(), l.value.as_str()))
 }
 
 /// A refusal: the tenant's rate and how long until the request would fit.
@@ -383,9 +360,17 @@ impl TenantLimiter {
         self.admit_at(tenant, bytes, Instant::now())
     }
 
-    /// Admits a request's series (their [`series_hash`]es) under
-    /// `tenant`'s active series limit, or refuses them all (429).
-    pub fn check_series(&self, tenant: Option<&str>, series: &[u64]) -> Result<(), LimitRefused> {
+    /// Checks the series of a request's profiles against `tenant`'s label
+    /// limits (400) and, when it has one, admits them under its active
+    /// series limit (429), or refuses the request and adds none.
+    pub fn check_series(
+        &self,
+        tenant: Option<&str>,
+        profiles: &[proflow_model::model::Envelope],
+    ) -> Result<(), LimitRefused> {
+        for e in profiles {
+            self.check_labels(tenant, pairs(e))?;
+        }
         let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or(ANONYMOUS_TENANT);
         let r = self.settings.rate_of(tenant);
         let limit = match (
@@ -399,10 +384,11 @@ impl TenantLimiter {
         if limit == 0 {
             return Ok(());
         }
+        let series: Vec<u64> = profiles.iter().map(|e| series_hash(pairs(e))).collect();
         self.series.lock().unwrap_or_else(|p| p.into_inner()).admit(
             tenant,
             limit,
-            series,
+            &series,
             Instant::now(),
         )
     }

@@ -3,8 +3,8 @@
 //! (10 minutes, as Pyroscope's ingesters count them), are remembered by a
 //! hash of their labels; a request that would take a tenant past its limit
 //! is refused whole (429 and Pyroscope's words) and adds none. A series
-//! leaves the count once unseen for the window (swept at most once a minute
-//! per tenant, as Pyroscope sweeps). At most [`MAX_REMEMBERED_SERIES`]
+//! leaves the count once unseen for the window: every tenant is swept once
+//! a minute, as Pyroscope sweeps, and a tenant left with none is forgotten. At most [`MAX_REMEMBERED_SERIES`]
 //! series are remembered for all tenants together (about 50 MiB); past
 //! that (or past [`super::MAX_TENANTS`] tenants), new series are let
 //! through uncounted, so the limit fails open rather than refusing a tenant
@@ -39,17 +39,12 @@ pub fn series_hash<'a>(labels: impl Iterator<Item = (&'a str, &'a str)>) -> u64 
     h.finish()
 }
 
-#[derive(Debug)]
-struct TenantSeries {
-    seen: HashMap<u64, Instant>,
-    swept: Instant,
-}
-
 /// The active series of every tenant with a series limit.
 #[derive(Debug, Default)]
 pub(super) struct ActiveSeries {
-    tenants: HashMap<String, TenantSeries>,
+    tenants: HashMap<String, HashMap<u64, Instant>>,
     remembered: usize,
+    swept: Option<Instant>,
 }
 
 impl ActiveSeries {
@@ -65,35 +60,23 @@ impl ActiveSeries {
         if limit == 0 || series.is_empty() {
             return Ok(());
         }
+        self.sweep(now);
         if !self.tenants.contains_key(tenant) && self.tenants.len() >= super::MAX_TENANTS {
             // As past MAX_REMEMBERED_SERIES: let through, uncounted.
             return Ok(());
         }
-        let t = match self.tenants.get_mut(tenant) {
+        let seen = match self.tenants.get_mut(tenant) {
             Some(t) => t,
-            None => self
-                .tenants
-                .entry(tenant.to_owned())
-                .or_insert_with(|| TenantSeries {
-                    seen: HashMap::new(),
-                    swept: now,
-                }),
+            None => self.tenants.entry(tenant.to_owned()).or_default(),
         };
-        if now.saturating_duration_since(t.swept) >= SWEEP_EVERY {
-            let before = t.seen.len();
-            t.seen
-                .retain(|_, at| now.saturating_duration_since(*at) < ACTIVE_SERIES_WINDOW);
-            self.remembered -= before - t.seen.len();
-            t.swept = now;
-        }
         let mut new: Vec<u64> = series
             .iter()
             .copied()
-            .filter(|h| !t.seen.contains_key(h))
+            .filter(|h| !seen.contains_key(h))
             .collect();
         new.sort_unstable();
         new.dedup();
-        let active = t.seen.len();
+        let active = seen.len();
         if active + new.len() > limit {
             return Err(LimitRefused {
                 reason: "series_limit",
@@ -106,15 +89,34 @@ impl ActiveSeries {
             });
         }
         for h in series {
-            if let Some(at) = t.seen.get_mut(h) {
+            if let Some(at) = seen.get_mut(h) {
                 *at = now;
             }
         }
         if self.remembered + new.len() <= MAX_REMEMBERED_SERIES {
             self.remembered += new.len();
-            t.seen.extend(new.into_iter().map(|h| (h, now)));
+            seen.extend(new.into_iter().map(|h| (h, now)));
         }
         Ok(())
+    }
+
+    /// Once a [`SWEEP_EVERY`]: every tenant's series unseen for the window
+    /// go, and tenants left with none.
+    fn sweep(&mut self, now: Instant) {
+        if self
+            .swept
+            .is_some_and(|t| now.saturating_duration_since(t) < SWEEP_EVERY)
+        {
+            return;
+        }
+        self.swept = Some(now);
+        let mut remembered = 0;
+        self.tenants.retain(|_, seen| {
+            seen.retain(|_, at| now.saturating_duration_since(*at) < ACTIVE_SERIES_WINDOW);
+            remembered += seen.len();
+            !seen.is_empty()
+        });
+        self.remembered = remembered;
     }
 }
 
@@ -146,7 +148,9 @@ mod tests {
         assert!(a.admit("t", 3, &[1], late).is_ok());
         let later = t0 + ACTIVE_SERIES_WINDOW + SWEEP_EVERY;
         assert!(a.admit("t", 3, &[7, 8], later).is_ok());
-        assert_eq!(a.remembered, 6);
+        // `u` sent nothing since: its series are gone, and it with them.
+        assert_eq!(a.remembered, 3);
+        assert_eq!(a.tenants.len(), 1);
         assert!(a.admit("t", 0, &[9, 10, 11, 12], later).is_ok());
     }
 
