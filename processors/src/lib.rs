@@ -11,6 +11,8 @@
 //! and enabled by that feature only. [`factories`] lists only what was
 //! compiled; the `proflow` binary forwards each feature as `processor-<type>`.
 
+#[cfg(feature = "aggregate")]
+pub mod aggregate;
 #[cfg(feature = "k8s_attributes")]
 pub mod k8s_attributes;
 #[cfg(feature = "relabel")]
@@ -22,6 +24,7 @@ pub mod trace_link;
 
 use proflow_pipeline::registry::Factory;
 #[cfg(any(
+    feature = "aggregate",
     feature = "relabel",
     feature = "symbolize",
     feature = "trace_link",
@@ -35,6 +38,12 @@ pub use relabel::{RELABEL_DROP_REASON, RelabelProcessor, RelabelProcessorConfig}
 /// Every processor type compiled into this crate.
 pub fn factories() -> Vec<Factory> {
     vec![
+        #[cfg(feature = "aggregate")]
+        Factory::processor::<aggregate::AggregateProcessorConfig>(
+            "aggregate",
+            Stability::Alpha,
+            "Merges the profiles of one series over a window into one (values of equal stacks summed), cutting backend writes with every total kept.",
+        ),
         #[cfg(feature = "relabel")]
         Factory::processor::<RelabelProcessorConfig>(
             "relabel",

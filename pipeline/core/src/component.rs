@@ -263,6 +263,26 @@ pub trait Processor: Send + Sync {
     fn span_consumer(&self) -> Option<Arc<dyn SpanConsumer>> {
         None
     }
+
+    /// For a processor that holds profiles back to pass them on later (the
+    /// `aggregate` processor): how often the pipeline asks it for what is
+    /// due ([`Processor::release`]). `None`, the default, for a processor
+    /// that passes on everything from [`Processor::process`]. A pipeline
+    /// may list one processor that holds.
+    fn holds(&self) -> Option<Duration> {
+        None
+    }
+
+    /// What a holding processor passes on now: the profiles whose time has
+    /// come, or everything it holds when `all` (the collector stops, or a
+    /// reload replaces the pipeline), in groups with the batch meta each
+    /// goes on with. The pipeline runs them through the processors listed
+    /// after it and into the exporter queues, waiting for room as a
+    /// scrape does ([`Admission::Wait`]).
+    fn release(&self, all: bool) -> Vec<(Vec<Envelope>, Arc<BatchMeta>)> {
+        let _ = all;
+        Vec::new()
+    }
 }
 
 /// A processor's config.

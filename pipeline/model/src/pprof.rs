@@ -697,7 +697,9 @@ fn scan_value_type(buf: &[u8]) -> Result<(i64, i64), DecodeError> {
 }
 
 mod builder;
+mod merge;
 pub use builder::ProfileBuilder;
+pub use merge::Merger;
 
 /// Cuts every stack deeper than `depth` locations to its `depth` root-most
 /// ones: the leaf-most are dropped (a sample's first location is its leaf),

@@ -122,3 +122,28 @@ pub fn otlp_request(
         dictionary: Some(dict.finish()),
     }
 }
+
+/// A profile's stacks as folded text keys (root first, `;`-separated, by
+/// each location's innermost function name) with the sum of their first
+/// value: what tests compare profiles by.
+pub fn folded_totals(p: &Profile) -> std::collections::BTreeMap<String, i64> {
+    let name = |id: u64| -> &str {
+        let Some(l) = p.location.iter().find(|l| l.id == id) else {
+            return "";
+        };
+        let Some(line) = l.line.first() else {
+            return "";
+        };
+        p.function
+            .iter()
+            .find(|f| f.id == line.function_id)
+            .map(|f| p.string(f.name))
+            .unwrap_or("")
+    };
+    let mut out = std::collections::BTreeMap::new();
+    for s in &p.sample {
+        let names: Vec<&str> = s.location_id.iter().rev().map(|id| name(*id)).collect();
+        *out.entry(names.join(";")).or_default() += s.value.first().copied().unwrap_or(0);
+    }
+    out
+}

@@ -3,7 +3,7 @@
 //! at once (all or nothing across `block` queues).
 
 use super::*;
-use crate::model::{ConvertCache, TENANT_LABEL};
+use crate::model::{BatchMeta, ConvertCache, TENANT_LABEL};
 
 pub(super) struct PipelineRuntime {
     pub(super) processors: Vec<(Arc<dyn Processor>, ProcessorTelemetry)>,
@@ -17,6 +17,10 @@ pub(super) struct PipelineRuntime {
 pub(super) struct Fanout {
     pub(super) pipelines: Vec<Arc<PipelineRuntime>>,
     pub(super) telemetry: Arc<Telemetry>,
+    /// Whether what it takes counts toward each tenant's volume: true for
+    /// a receiver's fan-out, false for what a holding processor releases
+    /// (counted as it came in).
+    pub(super) counts_tenants: bool,
 }
 
 /// What a batch's payloads may account for and still be converted on the
@@ -99,6 +103,26 @@ impl Fanout {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Adds the profiles of `b` to the volume of the tenant each is written
+/// under (a profile two pipelines take counts in each).
+fn count_tenants(tenants: &mut Vec<(Option<String>, u64, u64)>, meta: &BatchMeta, b: &[Envelope]) {
+    for e in b {
+        let tenant = if meta.tenant_bound {
+            meta.tenant.as_deref().filter(|t| !t.is_empty())
+        } else {
+            meta.tenant_of(&e.labels)
+        };
+        let bytes = e.size_bytes() as u64;
+        match tenants.iter_mut().find(|(t, _, _)| t.as_deref() == tenant) {
+            Some((_, n, size)) => {
+                *n += 1;
+                *size += bytes;
+            }
+            None => tenants.push((tenant.map(str::to_owned), 1, bytes)),
         }
     }
 }
@@ -259,11 +283,17 @@ impl Consumer for Fanout {
                 envelopes.clone().unwrap_or_default()
             };
             let before = b.len();
+            let mut counted = !self.counts_tenants;
             for (proc, telemetry) in &p.processors {
                 if b.is_empty() {
                     break;
                 }
                 telemetry.received(b.len() as u64);
+                if !counted && proc.holds().is_some() {
+                    // What it holds is counted as it comes in.
+                    count_tenants(&mut tenants, &meta, &b);
+                    counted = true;
+                }
                 b = proc.process(b, &meta).await;
             }
             filtered += before.saturating_sub(b.len());
@@ -277,18 +307,8 @@ impl Consumer for Fanout {
                     e.labels.remove(TENANT_LABEL);
                 }
             }
-            // The tenant each profile is written under (a profile two
-            // pipelines take counts in each).
-            for e in &b {
-                let tenant = meta.tenant_of(&e.labels);
-                let bytes = e.size_bytes() as u64;
-                match tenants.iter_mut().find(|(t, _, _)| t.as_deref() == tenant) {
-                    Some((_, n, size)) => {
-                        *n += 1;
-                        *size += bytes;
-                    }
-                    None => tenants.push((tenant.map(str::to_owned), 1, bytes)),
-                }
+            if !counted {
+                count_tenants(&mut tenants, &meta, &b);
             }
             (b, converted) = self.prepare_batch(&p.forms, b, converted).await?;
             // The plain bytes a receiver handed along served the processors

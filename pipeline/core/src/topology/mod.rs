@@ -31,6 +31,7 @@ use crate::spans::{Span, SpanConsumer};
 use crate::telemetry::{ProcessorTelemetry, Telemetry};
 
 mod fanout;
+mod hold;
 mod plan;
 mod running;
 mod shutdown;
@@ -39,6 +40,7 @@ mod swap;
 mod tests;
 
 use fanout::*;
+use hold::Holder;
 use plan::{building, describe};
 use running::*;
 use shutdown::{retire, stop_built};

@@ -74,6 +74,11 @@ pub struct Running {
     /// Exporters a reload removed, draining their queues; each ends with
     /// its id and the profiles it could not send.
     pub(super) retired: Vec<JoinHandle<(String, usize)>>,
+    /// The tasks that pass on what holding processors release, one per
+    /// pipeline that has such a processor.
+    pub(super) holders: Vec<Holder>,
+    /// Holders of pipelines a reload replaced, releasing what they held.
+    pub(super) retired_holders: Vec<JoinHandle<()>>,
     /// Whether the first start completed.
     pub(super) started: bool,
     /// The receivers' listening sockets, handed from a receiver to its
@@ -119,6 +124,8 @@ impl Plan {
             exporters: BTreeMap::new(),
             span_processors: HashMap::new(),
             retired: Vec::new(),
+            holders: Vec::new(),
+            retired_holders: Vec::new(),
             started: false,
             listeners: crate::server::Listeners::default(),
             abort: CancellationToken::new(),
@@ -306,6 +313,8 @@ impl Running {
             }
         }
         let mut by_receiver: HashMap<String, Vec<Arc<PipelineRuntime>>> = HashMap::new();
+        // Holding processors, started once nothing can fail any more.
+        let mut holders = Vec::new();
         // Per receiver: (processor id, its span consumer).
         type Feeds = Vec<(String, Arc<dyn SpanConsumer>)>;
         let mut spans_by_receiver: HashMap<String, Feeds> = HashMap::new();
@@ -350,9 +359,39 @@ impl Running {
                 };
                 processors.push((proc, c.processor_telemetry()));
             }
+            let exporters: Vec<Arc<ExporterQueue>> =
+                p.exporters.iter().filter_map(queue_of).collect();
+            // A processor that holds profiles back ends what a receiver's
+            // call runs; what it releases runs through the rest.
+            let holding: Vec<usize> = (0..processors.len())
+                .filter(|i| processors[*i].0.holds().is_some())
+                .collect();
+            if holding.len() > 1 {
+                stop_built(next);
+                return Err(BuildError::new(format!(
+                    "pipeline `{}` lists {} processors that hold profiles back (aggregate); list one",
+                    p.id,
+                    holding.len()
+                )));
+            }
+            if let Some(&h) = holding.first() {
+                let rest = processors.split_off(h + 1);
+                let (proc, telemetry) = processors[h].clone();
+                let every = proc.holds().unwrap_or(Duration::from_secs(1));
+                let tail: Arc<dyn Consumer> = Arc::new(Fanout {
+                    pipelines: vec![Arc::new(PipelineRuntime {
+                        processors: rest,
+                        exporters: exporters.clone(),
+                        forms: forms.clone(),
+                    })],
+                    telemetry: self.telemetry.clone(),
+                    counts_tenants: false,
+                });
+                holders.push((p.id.clone(), proc, telemetry, every, tail));
+            }
             let runtime = Arc::new(PipelineRuntime {
                 processors,
-                exporters: p.exporters.iter().filter_map(queue_of).collect(),
+                exporters,
                 forms,
             });
             for r in &p.receivers {
@@ -395,6 +434,7 @@ impl Running {
                 fanout: Arc::new(Fanout {
                     pipelines: pipelines.unwrap_or_default(),
                     telemetry: self.telemetry.clone(),
+                    counts_tenants: true,
                 }),
                 spans,
             };
@@ -419,6 +459,13 @@ impl Running {
                     return Err(e);
                 }
             }
+        }
+        // Nothing fails from here on: the new pipelines' holders start
+        // before any receiver feeds them.
+        let old_holders = std::mem::take(&mut self.holders);
+        for (pipeline, proc, telemetry, every, tail) in holders {
+            self.holders
+                .push(Holder::spawn(&pipeline, proc, telemetry, every, tail));
         }
         for (start, b) in bound {
             report.started.push(format!("receivers.{}", start.id));
@@ -490,7 +537,16 @@ impl Running {
 
         // 4. Calls still running on the replaced pipelines may reserve in
         // the queues of exporters leaving now: each leaving exporter waits
-        // for them before it closes (in the background).
+        // for them before it closes (in the background). The replaced
+        // pipelines' holders release what they hold once those calls end,
+        // and the leaving exporters wait for that too.
+        let receivers_in_flight = Arc::new(replaced.clone());
+        for h in old_holders {
+            replaced.push(h.tail.clone());
+            self.retired_holders.push(tokio::spawn(
+                h.retire(receivers_in_flight.clone(), self.shutdown_timeout),
+            ));
+        }
         let in_flight = Arc::new(replaced);
 
         // 5. Exporters no longer used drain in the background.

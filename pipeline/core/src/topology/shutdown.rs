@@ -55,11 +55,19 @@ impl Running {
                 r.task.abort();
             }
         }
+        let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+        // Profiles held for aggregation go into the queues before they
+        // close, within the drain's deadline.
+        futures_util::future::join_all(self.holders.into_iter().map(|h| h.finish(deadline))).await;
+        let _ = tokio::time::timeout_at(
+            deadline,
+            futures_util::future::join_all(self.retired_holders),
+        )
+        .await;
         let exporters: Vec<RunningExporter> = self.exporters.into_values().collect();
         for e in &exporters {
             e.queue.close();
         }
-        let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
         let mut report = ShutdownReport::default();
         let mut pending: Vec<JoinHandle<()>> = Vec::new();
         let mut exporters = exporters;

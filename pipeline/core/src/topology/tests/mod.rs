@@ -5,6 +5,7 @@
 mod admission;
 mod delivery;
 mod forms;
+mod hold;
 mod plan;
 mod shutdown;
 
@@ -183,6 +184,46 @@ impl ProcessorConfig for FilterConfig {
     }
 }
 
+/// Holds every profile until the pipeline asks, every `every_ms`, and
+/// then releases all of them (a window as long as the tick).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HoldConfig {
+    every_ms: u64,
+    /// Only there to make a reload see a changed config.
+    #[serde(default)]
+    #[allow(dead_code)]
+    tag: u32,
+}
+impl Validate for HoldConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        vec![]
+    }
+}
+type Held = Mutex<Vec<(Vec<Envelope>, Arc<BatchMeta>)>>;
+struct Hold(Duration, Held);
+#[async_trait]
+impl Processor for Hold {
+    async fn process(&self, batch: Vec<Envelope>, meta: &BatchMeta) -> Vec<Envelope> {
+        self.1.lock().unwrap().push((batch, Arc::new(meta.clone())));
+        Vec::new()
+    }
+    fn holds(&self) -> Option<Duration> {
+        Some(self.0)
+    }
+    fn release(&self, _all: bool) -> Vec<(Vec<Envelope>, Arc<BatchMeta>)> {
+        std::mem::take(&mut *self.1.lock().unwrap())
+    }
+}
+impl ProcessorConfig for HoldConfig {
+    fn build(&self, _: &BuildContext) -> Result<Arc<dyn Processor>, BuildError> {
+        Ok(Arc::new(Hold(
+            Duration::from_millis(self.every_ms),
+            Mutex::new(Vec::new()),
+        )))
+    }
+}
+
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq)]
 #[serde(rename_all = "snake_case")]
 enum Behaviour {
@@ -291,6 +332,7 @@ fn registry() -> Registry {
     Registry::new([
         Factory::receiver::<TestReceiverConfig>("test", Stability::Development, "test receiver"),
         Factory::processor::<FilterConfig>("filter", Stability::Development, "test filter"),
+        Factory::processor::<HoldConfig>("hold", Stability::Development, "test holder"),
         Factory::exporter::<TestExporterConfig>("test", Stability::Development, "test exporter"),
     ])
 }

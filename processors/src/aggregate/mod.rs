@@ -1,0 +1,284 @@
+//! The `aggregate` processor: the profiles of one series are merged over a
+//! window and go on as one profile, so a fleet's pushes (2,000 pods every
+//! 10 s) reach the backend as one write per series per window. Values of
+//! equal stacks are summed, as the backend sums them when it reads the
+//! window, so every total read back is the same.
+//!
+//! A series is its labels (tenant included), with its sample and period
+//! types. Its window opens with its first profile and closes `window`
+//! later; the pipeline then passes the merged profile through the
+//! processors listed after this one and into the exporter queues. What the
+//! open windows hold is charged to `service.limits.max_in_flight_bytes`,
+//! under the tenant's share; past half the budget, or past `max_series`,
+//! a profile goes on unmerged at once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration as StdDuration, Instant};
+
+use async_trait::async_trait;
+use proflow_config::Duration;
+use proflow_pipeline::component::{
+    BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
+};
+use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
+use proflow_pipeline::model::{BatchMeta, Envelope, Format, Labels, Payload, ValueType};
+use proflow_pipeline::otlp::Lost;
+use proflow_pipeline::pprof::{Merger, Profile};
+use serde::Deserialize;
+
+/// The shortest window: shorter would merge next to nothing.
+pub const MIN_WINDOW: StdDuration = StdDuration::from_secs(1);
+/// The longest window: what a window holds is lost if the collector is
+/// killed, and a backend's recent data would lag by this much.
+pub const MAX_WINDOW: StdDuration = StdDuration::from_secs(600);
+
+/// Config of the `aggregate` processor.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AggregateProcessorConfig {
+    /// How long the profiles of one series are merged, from the first one
+    /// that opens its window (`1s` to `10m`). Default `15s`.
+    #[serde(default = "default_window")]
+    pub window: Duration,
+    /// The most series with an open window at once. A profile of another
+    /// series goes on unmerged until a window closes. Default 100,000.
+    #[serde(default = "default_max_series")]
+    pub max_series: usize,
+}
+
+fn default_window() -> Duration {
+    Duration::from_secs(15)
+}
+
+fn default_max_series() -> usize {
+    100_000
+}
+
+impl Default for AggregateProcessorConfig {
+    fn default() -> Self {
+        AggregateProcessorConfig {
+            window: default_window(),
+            max_series: default_max_series(),
+        }
+    }
+}
+
+impl Validate for AggregateProcessorConfig {
+    fn validate(&self) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        let w = self.window.get();
+        if !(MIN_WINDOW..=MAX_WINDOW).contains(&w) {
+            problems.push(FieldError::new(
+                "window",
+                format!("must be between 1s and 10m (is {w:?}): set the window over which one series' profiles are merged, such as 15s"),
+            ));
+        }
+        if self.max_series == 0 {
+            problems.push(FieldError::new(
+                "max_series",
+                "must be at least 1: set how many series may have an open window at once, such as 100000",
+            ));
+        }
+        problems
+    }
+}
+
+impl ProcessorConfig for AggregateProcessorConfig {
+    fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Processor>, BuildError> {
+        Ok(Arc::new(AggregateProcessor {
+            window: self.window.get(),
+            max_series: self.max_series,
+            memory: ctx.memory.clone(),
+            open: Mutex::new(HashMap::new()),
+        }))
+    }
+}
+
+/// What tells one series' window from another's: the tenant the profiles
+/// are written under, where they came from as far as later processors
+/// care, the labels, and the value types.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SeriesKey {
+    tenant: Option<String>,
+    tenant_bound: bool,
+    this_host: bool,
+    labels: Labels,
+    sample_types: Vec<ValueType>,
+    period_type: Option<ValueType>,
+}
+
+/// One series' open window.
+struct Window {
+    opened: Instant,
+    merger: Merger,
+    start_unix_nanos: i64,
+    end_unix_nanos: i64,
+    period: i64,
+    meta: Arc<BatchMeta>,
+    /// What the merger holds, charged to the in-flight budget.
+    grant: MemoryGrant,
+}
+
+/// The running `aggregate` processor.
+pub struct AggregateProcessor {
+    window: StdDuration,
+    max_series: usize,
+    memory: MemoryBudget,
+    open: Mutex<HashMap<SeriesKey, Window>>,
+}
+
+impl AggregateProcessor {
+    /// Series with an open window.
+    pub fn open_series(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SeriesKey, Window>> {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Merges `e` into its series' window, or gives it back to go on
+    /// unmerged (a profile that cannot be read as pprof, or no room).
+    fn absorb(&self, e: Envelope, meta: &Arc<BatchMeta>, now: Instant) -> Option<Envelope> {
+        let Some(profile) = decoded(&e.payload) else {
+            return Some(e);
+        };
+        let tenant = if meta.tenant_bound {
+            meta.tenant.clone()
+        } else {
+            meta.tenant_of(&e.labels).map(str::to_owned)
+        };
+        let key = SeriesKey {
+            tenant,
+            tenant_bound: meta.tenant_bound,
+            this_host: meta.this_host,
+            labels: e.labels.clone(),
+            sample_types: e.sample_types.clone(),
+            period_type: e.period_type.clone(),
+        };
+        let bound = Merger::bound(&profile);
+        let mut open = self.lock();
+        if let Some(w) = open.get_mut(&key) {
+            if !w.merger.fits(&profile) || !self.room(&mut w.grant, bound) {
+                return Some(e);
+            }
+            let grew = w.merger.add(&profile);
+            w.grant.shrink(bound.saturating_sub(grew));
+            w.start_unix_nanos = w.start_unix_nanos.min(e.start_unix_nanos);
+            w.end_unix_nanos = w.end_unix_nanos.max(e.end_unix_nanos);
+            return None;
+        }
+        if open.len() >= self.max_series {
+            return Some(e);
+        }
+        let mut grant = self.memory.grant_for(key.tenant.as_deref());
+        if !self.room(&mut grant, bound) {
+            return Some(e);
+        }
+        let merger = Merger::new(&profile);
+        grant.shrink(bound.saturating_sub(merger.held_bytes()));
+        open.insert(
+            key,
+            Window {
+                opened: now,
+                merger,
+                start_unix_nanos: e.start_unix_nanos,
+                end_unix_nanos: e.end_unix_nanos,
+                period: e.period,
+                meta: meta.clone(),
+                grant,
+            },
+        );
+        None
+    }
+
+    /// Grows `grant` by `bytes` if the open windows would then hold at
+    /// most half the in-flight budget (the other half stays for requests
+    /// in flight) and the tenant's share allows it.
+    fn room(&self, grant: &mut MemoryGrant, bytes: usize) -> bool {
+        let half = self.memory.limit() / 2;
+        self.memory.in_flight().saturating_add(bytes) <= half && grant.try_grow(bytes).is_ok()
+    }
+}
+
+/// The pprof form of a payload, decoded (an OTLP payload converted).
+fn decoded(payload: &Payload) -> Option<Arc<Profile>> {
+    if payload.has(Format::Pprof) {
+        return payload.decoded().ok();
+    }
+    let mut lost = Lost::default();
+    payload
+        .with_form(Format::Pprof, &mut lost)
+        .ok()?
+        .decoded()
+        .ok()
+}
+
+#[async_trait]
+impl Processor for AggregateProcessor {
+    async fn process(&self, batch: Vec<Envelope>, meta: &BatchMeta) -> Vec<Envelope> {
+        let meta = Arc::new(meta.clone());
+        let now = Instant::now();
+        batch
+            .into_iter()
+            .filter_map(|e| self.absorb(e, &meta, now))
+            .collect()
+    }
+
+    fn holds(&self) -> Option<StdDuration> {
+        // Windows close at most a tenth of a window (and at most a second)
+        // late.
+        Some((self.window / 10).clamp(StdDuration::from_millis(100), StdDuration::from_secs(1)))
+    }
+
+    fn release(&self, all: bool) -> Vec<(Vec<Envelope>, Arc<BatchMeta>)> {
+        let now = Instant::now();
+        let due: Vec<(SeriesKey, Window)> = {
+            let mut open = self.lock();
+            let keys: Vec<SeriesKey> = open
+                .iter()
+                .filter(|(_, w)| all || now.duration_since(w.opened) >= self.window)
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| open.remove_entry(&k))
+                .collect()
+        };
+        // One batch per sender meta: a window's profiles go on with the
+        // meta of the profile that opened it.
+        let mut out: Vec<(Vec<Envelope>, Arc<BatchMeta>)> = Vec::new();
+        for (key, w) in due {
+            let envelope = Envelope {
+                labels: key.labels,
+                start_unix_nanos: w.start_unix_nanos,
+                end_unix_nanos: w.end_unix_nanos,
+                sample_types: key.sample_types,
+                period_type: key.period_type,
+                period: w.period,
+                payload: Payload::from_profile(w.merger.finish()),
+            };
+            // What the merged profile holds is the queue's to count now.
+            drop(w.grant);
+            match out.iter_mut().find(|(_, m)| **m == *w.meta) {
+                Some((envelopes, _)) => envelopes.push(envelope),
+                None => out.push((vec![envelope], w.meta)),
+            }
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for AggregateProcessor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AggregateProcessor")
+            .field("window", &self.window)
+            .field("max_series", &self.max_series)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests;
