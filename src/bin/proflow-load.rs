@@ -84,6 +84,14 @@ struct Args {
     /// rather than each at its own saturation.
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
+    /// pprof: spread the requests over this many series (a `series` label
+    /// of 0..N, taken in turn), as a fleet of senders does.
+    #[arg(long, default_value_t = 1)]
+    series: usize,
+    /// pprof with --series: draw each profile's stacks anew (the same
+    /// functions, other stacks), so no two profiles share a stack.
+    #[arg(long)]
+    distinct_stacks: bool,
     /// A header to send with every request (`Name: value`; HTTP protocols;
     /// repeatable), e.g. `X-Scope-OrgID: team-a` for a tenant.
     #[arg(long = "header", value_name = "NAME: VALUE")]
@@ -120,6 +128,9 @@ struct Stats {
     statuses: BTreeMap<u16, u64>,
     errors: u64,
     latencies_us: Vec<u64>,
+    /// With --series: the CPU total (cpu/nanoseconds) of the profiles
+    /// answered 200.
+    accepted_cpu: i64,
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -192,15 +203,43 @@ fn main() -> anyhow::Result<()> {
         }
         extra.push_str(&format!("{}: {}\r\n", name.trim(), value.trim()));
     }
-    let request = Arc::new({
-        let mut r = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: {content_type}\r\n{encoding}{extra}Content-Length: {}\r\n\r\n",
-            args.target,
-            body.len()
+    anyhow::ensure!(
+        args.series >= 1
+            && (args.series == 1 || args.protocol == Protocol::Pprof && args.path.is_none())
+            && (!args.distinct_stacks || args.series > 1),
+        "--series is at least 1, and more than 1 only for pprof on the default path; --distinct-stacks needs --series above 1"
+    );
+    let target = args.target.clone();
+    let head = move |path: &str, len: usize| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: {target}\r\nContent-Type: {content_type}\r\n{encoding}{extra}Content-Length: {len}\r\n\r\n"
         )
-        .into_bytes();
+    };
+    let requests = Arc::new(if args.series == 1 {
+        let mut r = head(&path, body.len()).into_bytes();
         r.extend_from_slice(&body);
-        r
+        Requests::Fixed(r)
+    } else {
+        // One path per series, taken in turn; each profile stamped as it is
+        // sent, since a backend keeps one profile per series and instant.
+        let paths = (0..args.series)
+            .map(|k| {
+                format!(
+                    "/ingest?name=load.app%7Benv%3Dbench%2Cseries%3D{k}%7D&format=pprof&spyName=load"
+                )
+            })
+            .collect();
+        Requests::Stamped {
+            distinct: args.distinct_stacks,
+            samples: args.samples,
+            functions: args.functions,
+            paths,
+            profile: Box::new(proflow_pipeline::testdata::cpu_profile(
+                args.samples,
+                args.functions,
+            )),
+            head: Box::new(head),
+        }
     });
     let stop = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(Mutex::new(Stats::default()));
@@ -211,15 +250,16 @@ fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let pace = Pace::new(args.rate, args.connections);
     let mut threads = Vec::new();
-    for _ in 0..args.connections.max(1) {
-        let (target, request, stop, stats) = (
+    let connections = args.connections.max(1);
+    for c in 0..connections {
+        let (target, requests, stop, stats) = (
             args.target.clone(),
-            request.clone(),
+            requests.clone(),
             stop.clone(),
             stats.clone(),
         );
         threads.push(std::thread::spawn(move || {
-            worker(&target, &request, pace, &stop, &stats)
+            worker(&target, &requests, (c, connections), pace, &stop, &stats)
         }));
     }
     while started.elapsed() < duration {
@@ -265,6 +305,7 @@ fn report(
         statuses: s.statuses.clone(),
         errors: s.errors,
         latencies_us: s.latencies_us.clone(),
+        accepted_cpu: s.accepted_cpu,
     };
     let total: u64 = s.statuses.values().sum();
     let ok = s.statuses.get(&ok_status).copied().unwrap_or(0);
@@ -279,7 +320,27 @@ fn report(
             .unwrap_or(0)
     };
     match args.protocol {
-        Protocol::Pprof => println!("profile size: {body} bytes gzip"),
+        Protocol::Pprof => {
+            println!("profile size: {body} bytes gzip");
+            // What each accepted profile adds to a backend's totals.
+            let p = proflow_pipeline::testdata::cpu_profile(args.samples, args.functions);
+            let totals: Vec<String> = p
+                .sample_type
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let sum: i64 = p.sample.iter().map(|s| s.value[i]).sum();
+                    format!("{}/{}={sum}", p.string(t.r#type), p.string(t.unit))
+                })
+                .collect();
+            println!("profile totals: {}", totals.join(", "));
+            if args.series > 1 {
+                println!(
+                    "accepted cpu/nanoseconds: {} (every profile answered 200)",
+                    s.accepted_cpu
+                );
+            }
+        }
         _ => println!(
             "request: {per_request} profiles, {plain} bytes protobuf, {body} bytes on the wire ({:?})",
             args.compression
@@ -483,7 +544,71 @@ fn rss_kib(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn worker(target: &str, request: &[u8], pace: Pace, stop: &AtomicBool, stats: &Mutex<Stats>) {
+/// The request head for a path and a body length.
+type RequestHead = dyn Fn(&str, usize) -> String + Send + Sync;
+
+/// What the connections send.
+enum Requests {
+    /// One request, again and again.
+    Fixed(Vec<u8>),
+    /// A request per series path, taken in turn, its profile stamped with
+    /// the time it is sent.
+    Stamped {
+        /// Each profile's stacks drawn anew (`samples` over `functions`).
+        distinct: bool,
+        samples: usize,
+        functions: usize,
+        paths: Vec<String>,
+        profile: Box<proflow_pipeline::pprof::Profile>,
+        head: Box<RequestHead>,
+    },
+}
+
+impl Requests {
+    /// The `i`th request of the run, with its profile's CPU total
+    /// (`cpu/nanoseconds`; 0 when it is not such a profile).
+    fn get(&self, i: usize) -> (std::borrow::Cow<'_, [u8]>, i64) {
+        match self {
+            Requests::Fixed(r) => (std::borrow::Cow::Borrowed(r), 0),
+            Requests::Stamped {
+                distinct,
+                samples,
+                functions,
+                paths,
+                profile,
+                head,
+            } => {
+                let mut p = if *distinct {
+                    proflow_pipeline::testdata::cpu_profile_of_stacks(
+                        *samples,
+                        *functions,
+                        0x9e37_79b9_7f4a_7c15 ^ i as u64,
+                    )
+                } else {
+                    (**profile).clone()
+                };
+                p.time_nanos = proflow_pipeline::model::now_unix_nanos();
+                let body = proflow_pipeline::pprof::gzip(&proflow_pipeline::pprof::encode(&p));
+                let mut r = head(&paths[i % paths.len()], body.len()).into_bytes();
+                r.extend_from_slice(&body);
+                // The second sample type is cpu/nanoseconds.
+                let cpu = p.sample.iter().filter_map(|s| s.value.get(1)).sum();
+                (std::borrow::Cow::Owned(r), cpu)
+            }
+        }
+    }
+}
+
+/// One connection's sender: request `n` of connection `c` (of `of`) is the
+/// run's request `n * of + c`, so together they take the series in turn.
+fn worker(
+    target: &str,
+    requests: &Requests,
+    (c, of): (usize, usize),
+    pace: Pace,
+    stop: &AtomicBool,
+    stats: &Mutex<Stats>,
+) {
     let mut local = Stats::default();
     let mut sent = 0u32;
     while !stop.load(Ordering::Relaxed) {
@@ -503,12 +628,16 @@ fn worker(target: &str, request: &[u8], pace: Pace, stop: &AtomicBool, stats: &M
             if let Some(due) = pace.due(sent) {
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
             }
+            let (request, cpu) = requests.get(sent as usize * of + c);
             sent = sent.saturating_add(1);
             let t = Instant::now();
-            match round_trip(&mut writer, &mut reader, request) {
+            match round_trip(&mut writer, &mut reader, &request) {
                 Ok((status, keep_alive)) => {
                     local.latencies_us.push(t.elapsed().as_micros() as u64);
                     *local.statuses.entry(status).or_default() += 1;
+                    if status == 200 {
+                        local.accepted_cpu += cpu;
+                    }
                     if !keep_alive {
                         break;
                     }
@@ -525,6 +654,7 @@ fn worker(target: &str, request: &[u8], pace: Pace, stop: &AtomicBool, stats: &M
             *s.statuses.entry(k).or_default() += v;
         }
         s.errors += local.errors;
+        s.accepted_cpu += local.accepted_cpu;
         s.latencies_us.extend(local.latencies_us);
     }
 }

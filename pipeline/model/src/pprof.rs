@@ -699,7 +699,7 @@ fn scan_value_type(buf: &[u8]) -> Result<(i64, i64), DecodeError> {
 mod builder;
 mod merge;
 pub use builder::ProfileBuilder;
-pub use merge::Merger;
+pub use merge::{Merger, ProfileParts};
 
 /// Cuts every stack deeper than `depth` locations to its `depth` root-most
 /// ones: the leaf-most are dropped (a sample's first location is its leaf),

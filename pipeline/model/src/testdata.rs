@@ -11,6 +11,13 @@ pub const TYPICAL_FUNCTIONS: usize = 100;
 
 /// A CPU profile with `samples` stacks over `functions` function names.
 pub fn cpu_profile(samples: usize, functions: usize) -> Profile {
+    cpu_profile_of_stacks(samples, functions, 0x2545_f491_4f6c_dd1d)
+}
+
+/// A CPU profile like [`cpu_profile`] whose stacks are drawn from
+/// `stacks_seed`: profiles of other seeds share the functions, not the
+/// stacks.
+pub fn cpu_profile_of_stacks(samples: usize, functions: usize, stacks_seed: u64) -> Profile {
     let mut b = ProfileBuilder::new();
     b.sample_type("samples", "count")
         .sample_type("cpu", "nanoseconds")
@@ -26,7 +33,7 @@ pub fn cpu_profile(samples: usize, functions: usize) -> Profile {
         })
         .collect();
     // A small LCG keeps the data deterministic without an RNG dependency.
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut x: u64 = stacks_seed;
     let mut next = |m: usize| {
         x = x
             .wrapping_mul(6364136223846793005)

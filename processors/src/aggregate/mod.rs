@@ -24,7 +24,7 @@ use proflow_pipeline::component::{
 use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
 use proflow_pipeline::model::{BatchMeta, Envelope, Format, Labels, Payload, ValueType};
 use proflow_pipeline::otlp::Lost;
-use proflow_pipeline::pprof::{Merger, Profile};
+use proflow_pipeline::pprof::{Merger, Profile, ProfileParts};
 use serde::Deserialize;
 
 /// The shortest window: shorter would merge next to nothing.
@@ -143,7 +143,13 @@ impl AggregateProcessor {
     /// Merges `e` into its series' window, or gives it back to go on
     /// unmerged (a profile that cannot be read as pprof, or no room).
     fn absorb(&self, e: Envelope, meta: &Arc<BatchMeta>, now: Instant) -> Option<Envelope> {
-        let Some(profile) = decoded(&e.payload) else {
+        // Read off its plain bytes where it has them (no decoding); an OTLP
+        // profile is converted first.
+        let read = match Source::of(&e.payload) {
+            Some(source) => source,
+            None => return Some(e),
+        };
+        let Ok(parts) = read.parts() else {
             return Some(e);
         };
         let tenant = if meta.tenant_bound {
@@ -159,14 +165,18 @@ impl AggregateProcessor {
             sample_types: e.sample_types.clone(),
             period_type: e.period_type.clone(),
         };
-        let bound = Merger::bound(&profile);
+        let bound = Merger::bound(&parts);
         let mut open = self.lock();
         if let Some(w) = open.get_mut(&key) {
-            if !w.merger.fits(&profile) || !self.room(&mut w.grant, bound) {
+            if !w.merger.fits(&parts) || !self.room(&mut w.grant, bound) {
                 return Some(e);
             }
-            let grew = w.merger.add(&profile);
-            w.grant.shrink(bound.saturating_sub(grew));
+            match w.merger.add(&parts) {
+                Ok(grew) => w.grant.shrink(bound.saturating_sub(grew)),
+                // The samples before the bad one are merged: what is left
+                // of the profile is not sent twice.
+                Err(_) => return None,
+            }
             w.start_unix_nanos = w.start_unix_nanos.min(e.start_unix_nanos);
             w.end_unix_nanos = w.end_unix_nanos.max(e.end_unix_nanos);
             return None;
@@ -178,7 +188,9 @@ impl AggregateProcessor {
         if !self.room(&mut grant, bound) {
             return Some(e);
         }
-        let merger = Merger::new(&profile);
+        let Ok(merger) = Merger::new(&parts) else {
+            return Some(e);
+        };
         grant.shrink(bound.saturating_sub(merger.held_bytes()));
         open.insert(
             key,
@@ -204,17 +216,29 @@ impl AggregateProcessor {
     }
 }
 
-/// The pprof form of a payload, decoded (an OTLP payload converted).
-fn decoded(payload: &Payload) -> Option<Arc<Profile>> {
-    if payload.has(Format::Pprof) {
-        return payload.decoded().ok();
+/// What a profile is merged from: its plain pprof bytes, or (for an OTLP
+/// profile) its pprof form decoded.
+enum Source {
+    Plain(bytes::Bytes),
+    Decoded(Arc<Profile>),
+}
+
+impl Source {
+    fn of(payload: &Payload) -> Option<Source> {
+        if payload.has(Format::Pprof) {
+            return payload.plain().ok().map(Source::Plain);
+        }
+        let mut lost = Lost::default();
+        let pprof = payload.with_form(Format::Pprof, &mut lost).ok()?;
+        pprof.decoded().ok().map(Source::Decoded)
     }
-    let mut lost = Lost::default();
-    payload
-        .with_form(Format::Pprof, &mut lost)
-        .ok()?
-        .decoded()
-        .ok()
+
+    fn parts(&self) -> Result<ProfileParts<'_>, proflow_pipeline::pprof::DecodeError> {
+        match self {
+            Source::Plain(b) => ProfileParts::read(b),
+            Source::Decoded(p) => Ok(ProfileParts::of(p)),
+        }
+    }
 }
 
 #[async_trait]
