@@ -73,6 +73,17 @@ pub enum ConsumeError {
         exporter: String,
         retry_after: Duration,
     },
+    /// The tenant holds its share of a `block` queue past half full while
+    /// other tenants have profiles in it (a push receiver's batch only).
+    /// Nothing was enqueued anywhere; the sender should retry later.
+    #[error(
+        "tenant `{tenant}` holds its share of exporter `{exporter}`'s queue; retry after {retry_after:?}"
+    )]
+    OverShare {
+        exporter: String,
+        tenant: String,
+        retry_after: Duration,
+    },
     /// The collector is stopping and takes no new data.
     #[error("the collector is shutting down")]
     ShuttingDown,
@@ -111,6 +122,16 @@ impl From<ConsumeError> for PushRefusal {
                 retry_after,
                 detail: format!(
                     "the collector is busy: exporter `{exporter}` is behind and its queue is full"
+                ),
+            },
+            ConsumeError::OverShare {
+                exporter,
+                tenant,
+                retry_after,
+            } => PushRefusal::RetryLater {
+                retry_after,
+                detail: format!(
+                    "the collector is busy: exporter `{exporter}` is behind and tenant `{tenant}` holds its share of its queue while other tenants wait"
                 ),
             },
             ConsumeError::ShuttingDown => PushRefusal::ShuttingDown,

@@ -136,6 +136,9 @@ impl ExporterQueue {
             }
             taken.profiles += item.profiles;
             taken.bytes += item.bytes;
+            taken
+                .tenants
+                .push((item.tenant.clone(), item.profiles, item.bytes));
             if item.record.is_some() {
                 taken.stored += item.profiles;
             }
@@ -181,6 +184,7 @@ impl ExporterQueue {
             profiles: taken_profiles,
             bytes,
             stored,
+            tenants,
         } = taken;
         let profiles = batch.len();
         let mut acks: Vec<(usize, Ack)> = Vec::with_capacity(parts.len());
@@ -243,6 +247,9 @@ impl ExporterQueue {
             s.profiles -= taken_profiles;
             s.bytes -= bytes;
             s.stored -= stored;
+            for (tenant, profiles, bytes) in &tenants {
+                s.tenants.sub(tenant.as_ref(), *profiles, *bytes);
+            }
             self.telemetry.queue_level(s.profiles, s.bytes);
         }
         self.space.notify_waiters();

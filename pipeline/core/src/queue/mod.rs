@@ -23,6 +23,7 @@
 
 mod consumers;
 mod retry;
+mod shares;
 pub mod storage;
 
 pub use proflow_config::{BatchSettings, QueueSettings, RetrySettings, WhenFull, queue_problems};
@@ -63,6 +64,8 @@ struct State {
     /// A wait for room ran out and no reservation succeeded since: senders
     /// do not wait again until the queue has room.
     stalled: bool,
+    /// What each tenant holds of `profiles` and `bytes`.
+    tenants: shares::TenantShares,
 }
 
 #[derive(Debug)]
@@ -74,6 +77,8 @@ struct Item {
     bytes: usize,
     /// Its record, in a persistent queue.
     record: Option<RecordId>,
+    /// The tenant it counts for (none for a record from before a restart).
+    tenant: Option<Arc<str>>,
 }
 
 /// One gathered item's part of a send.
@@ -94,6 +99,8 @@ struct Taken {
     bytes: usize,
     /// Profiles taken that had a record on disk.
     stored: usize,
+    /// What each item taken counted for its tenant: (tenant, profiles, bytes).
+    tenants: Vec<(Option<Arc<str>>, usize, usize)>,
 }
 
 impl Taken {
@@ -104,6 +111,7 @@ impl Taken {
             profiles: 0,
             bytes: 0,
             stored: 0,
+            tenants: Vec::new(),
         }
     }
 }
@@ -115,6 +123,7 @@ impl Taken {
 pub struct Reservation {
     profiles: usize,
     bytes: usize,
+    tenant: Option<Arc<str>>,
 }
 
 /// Why [`ExporterQueue::reserve`] refused.
@@ -122,6 +131,9 @@ pub struct Reservation {
 pub enum Refusal {
     Full,
     Closed,
+    /// The queue is past half full and the tenant holds its share of it
+    /// ([`ExporterQueue::reserve`]).
+    OverShare,
 }
 
 /// How a send ended, for counting and acknowledging.
@@ -240,6 +252,7 @@ impl ExporterQueue {
                 ack: Ack::none(),
                 bytes,
                 record: Some(r.id),
+                tenant: None,
             });
         }
         telemetry.queue_level(state.profiles, state.bytes);
@@ -285,11 +298,19 @@ impl ExporterQueue {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes capacity for a batch of `profiles` profiles and `bytes` bytes. A
-    /// batch larger than the whole queue is admitted when nothing is waiting
-    /// (sends may be in flight), so an outsized profile is delivered alone
-    /// rather than refused forever under steady load.
-    pub fn reserve(&self, profiles: usize, bytes: usize) -> Result<Reservation, Refusal> {
+    /// Takes capacity for a batch of `profiles` profiles and `bytes` bytes,
+    /// counted for `tenant`. A batch larger than the whole queue is admitted
+    /// when nothing is waiting (sends may be in flight), so an outsized
+    /// profile is delivered alone rather than refused forever under steady
+    /// load. With `share`, a tenant over its share of a queue past half full
+    /// is refused ([`Refusal::OverShare`], see `shares.rs`).
+    pub fn reserve(
+        &self,
+        profiles: usize,
+        bytes: usize,
+        tenant: Option<Arc<str>>,
+        share: bool,
+    ) -> Result<Reservation, Refusal> {
         let mut s = self.lock();
         if s.closed {
             return Err(Refusal::Closed);
@@ -297,6 +318,13 @@ impl ExporterQueue {
         if !self.admits(&s, profiles, bytes) {
             return Err(Refusal::Full);
         }
+        if share
+            && let Some(t) = &tenant
+            && !s.tenants.allows(t, profiles, bytes, &self.fill(&s))
+        {
+            return Err(Refusal::OverShare);
+        }
+        s.tenants.add(tenant.as_ref(), profiles, bytes);
         s.profiles += profiles;
         s.bytes += bytes;
         s.reservations += 1;
@@ -304,7 +332,28 @@ impl ExporterQueue {
         if let Some(dropped) = s.dropping.take() {
             tracing::info!(exporter = %self.id, dropped, "exporter queue has room again; the profiles dropped while it was full are lost for this exporter");
         }
-        Ok(Reservation { profiles, bytes })
+        Ok(Reservation {
+            profiles,
+            bytes,
+            tenant,
+        })
+    }
+
+    /// How full the queue is, for the tenants' shares.
+    fn fill(&self, s: &State) -> shares::Fill {
+        match &self.settings.storage {
+            Some(storage) => shares::Fill {
+                profiles: (s.profiles, usize::MAX),
+                bytes: (
+                    s.bytes,
+                    usize::try_from(storage.max_size.bytes()).unwrap_or(usize::MAX),
+                ),
+            },
+            None => shares::Fill {
+                profiles: (s.profiles, self.settings.queue_size),
+                bytes: (s.bytes, self.settings.max_bytes.as_usize()),
+            },
+        }
     }
 
     /// Whether a batch of `profiles` and `bytes` may be admitted now: it fits,
@@ -345,6 +394,7 @@ impl ExporterQueue {
             let mut s = self.lock();
             s.profiles -= r.profiles;
             s.bytes -= r.bytes;
+            s.tenants.sub(r.tenant.as_ref(), r.profiles, r.bytes);
             s.reservations -= 1;
         }
         // A closed queue's consumer may be waiting for this last reservation.
@@ -419,6 +469,7 @@ impl ExporterQueue {
                 ack,
                 bytes: r.bytes,
                 record,
+                tenant: r.tenant,
             });
             self.telemetry.queue_level(s.profiles, s.bytes);
         }
@@ -490,7 +541,11 @@ impl ExporterQueue {
     /// Removes what is still queued after the consumers stopped; each item's
     /// ack reports it abandoned. Returns the profiles removed.
     fn abandon_queued(&self) -> usize {
-        let items: Vec<Item> = self.lock().items.drain(..).collect();
+        let items: Vec<Item> = {
+            let mut s = self.lock();
+            s.tenants.clear();
+            s.items.drain(..).collect()
+        };
         let n = items.iter().map(|i| i.profiles).sum();
         for item in items {
             item.ack.resolve(Outcome::Abandoned);

@@ -3,7 +3,7 @@
 //! at once (all or nothing across `block` queues).
 
 use super::*;
-use crate::model::{BatchMeta, ConvertCache, TENANT_LABEL};
+use crate::model::{ANONYMOUS_TENANT, BatchMeta, ConvertCache, TENANT_LABEL};
 
 pub(super) struct PipelineRuntime {
     pub(super) processors: Vec<(Arc<dyn Processor>, ProcessorTelemetry)>,
@@ -144,6 +144,8 @@ pub(super) struct Target {
     pub(super) queue: Arc<ExporterQueue>,
     pub(super) envelopes: Vec<Envelope>,
     pub(super) bytes: usize,
+    /// The tenant the copy counts for in the queue (its first profile's).
+    pub(super) tenant: Arc<str>,
 }
 
 impl Fanout {
@@ -161,20 +163,29 @@ impl Fanout {
         let (mut given_up, mut waited) = (Vec::new(), Vec::new());
         // When each full queue was first waited for: its wait runs from then.
         let mut first_wait: Vec<Option<tokio::time::Instant>> = Vec::new();
+        // Only senders that retry are held to their tenant's share.
+        let share = admission == Admission::Refuse;
         loop {
             let mut reserved: Vec<Option<Reservation>> = Vec::with_capacity(targets.len());
             let mut full = None;
             let mut closed = false;
+            let mut over_share = false;
             for (i, t) in targets.iter().enumerate() {
                 if given_up.get(i) == Some(&true) {
                     reserved.push(None);
                     continue;
                 }
-                match t.queue.reserve(t.envelopes.len(), t.bytes) {
+                match t
+                    .queue
+                    .reserve(t.envelopes.len(), t.bytes, Some(t.tenant.clone()), share)
+                {
                     Ok(r) => reserved.push(Some(r)),
                     Err(refusal) => {
                         closed |= refusal == Refusal::Closed;
-                        full.get_or_insert(i);
+                        if full.is_none() {
+                            full = Some(i);
+                            over_share = refusal == Refusal::OverShare;
+                        }
                         reserved.push(None);
                     }
                 }
@@ -213,7 +224,12 @@ impl Fanout {
                 t.queue.wait_for_space(t.envelopes.len(), t.bytes).await;
                 continue;
             }
-            let room = if t.queue.is_stalled() {
+            let room = if over_share {
+                // Its share frees only as its own profiles are sent: refused
+                // at once, while other tenants still get in.
+                t.queue.telemetry().held("tenant_share");
+                false
+            } else if t.queue.is_stalled() {
                 t.queue.telemetry().held("stalled");
                 false
             } else {
@@ -230,6 +246,13 @@ impl Fanout {
             };
             if room {
                 continue;
+            }
+            if policy == WhenFull::Block && over_share {
+                return Err(ConsumeError::OverShare {
+                    exporter: t.queue.id().to_owned(),
+                    tenant: t.tenant.to_string(),
+                    retry_after: RETRY_AFTER,
+                });
             }
             if policy == WhenFull::Block {
                 return Err(ConsumeError::Backpressure {
@@ -316,6 +339,17 @@ impl Consumer for Fanout {
             for e in &mut b {
                 e.payload.drop_plain();
             }
+            let tenant: Arc<str> = b
+                .first()
+                .and_then(|e| {
+                    if meta.tenant_bound {
+                        meta.tenant.as_deref().filter(|t| !t.is_empty())
+                    } else {
+                        meta.tenant_of(&e.labels)
+                    }
+                })
+                .unwrap_or(ANONYMOUS_TENANT)
+                .into();
             let n = p.exporters.len();
             for (j, q) in p.exporters.iter().enumerate() {
                 let copy = if j + 1 == n {
@@ -333,6 +367,7 @@ impl Consumer for Fanout {
                         queue: q.clone(),
                         envelopes: copy,
                         bytes: 0,
+                        tenant: tenant.clone(),
                     }),
                 }
             }

@@ -310,3 +310,77 @@ async fn wait_all_waits_for_drop_newest_queues_too() {
     );
     assert!(running.shutdown().await.all_delivered());
 }
+
+/// A batch of one profile from `tenant` (as its `X-Scope-OrgID`).
+fn from(tenant: &str) -> Batch {
+    Batch::new(
+        vec![envelope("yes")],
+        Arc::new(BatchMeta {
+            tenant: Some(tenant.to_owned()),
+            ..BatchMeta::default()
+        }),
+    )
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_share_of_a_busy_queue_is_refused_and_others_get_in() {
+    let yaml = "receivers:\n  test: {key: ts}\nexporters:\n  test: {key: ts-x, behaviour: hang, sending_queue: {queue_size: 10, num_consumers: 1, when_full: block, batch: {max_profiles: 1}}}\nservice:\n  shutdown_timeout: 100ms\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+    let (running, t) = start(yaml).await;
+    let c = consumer("ts");
+    // Alone, a tenant may fill the queue past half.
+    for _ in 0..6 {
+        c.consume(from("noisy"), Admission::Refuse).await.unwrap();
+    }
+    // Another tenant gets in; now each has half.
+    c.consume(from("quiet"), Admission::Refuse).await.unwrap();
+    let err = c
+        .consume(from("noisy"), Admission::Refuse)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ConsumeError::OverShare { exporter, tenant, .. } if exporter == "test" && tenant == "noisy"),
+        "{err:?}"
+    );
+    assert!(
+        crate::component::PushRefusal::from(err.clone())
+            != crate::component::PushRefusal::ShuttingDown,
+        "a refusal the sender retries"
+    );
+    // The quiet tenant takes the rest of its half.
+    for _ in 0..3 {
+        c.consume(from("quiet"), Admission::Refuse).await.unwrap();
+    }
+    assert_eq!(running.queue_levels()[0].1, 10);
+    assert!(
+        t.render().contains(
+            r#"proflow_exporter_queue_waits_total{exporter="test",result="tenant_share"} 1"#
+        ),
+        "{}",
+        t.render()
+    );
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn shares_free_as_the_tenants_profiles_are_sent() {
+    let yaml = "receivers:\n  test: {key: tf}\nexporters:\n  test: {key: tf-x, behaviour: down, sending_queue: {queue_size: 4, num_consumers: 1, when_full: block, batch: {max_profiles: 1}}, retry_on_failure: {initial_interval: 10ms, max_interval: 10ms}}\nservice:\n  shutdown_timeout: 1s\n  pipelines:\n    profiles: {receivers: [test], exporters: [test]}\n";
+    let (running, _) = start(yaml).await;
+    let c = consumer("tf");
+    for _ in 0..3 {
+        c.consume(from("a"), Admission::Refuse).await.unwrap();
+    }
+    c.consume(from("b"), Admission::Refuse).await.unwrap();
+    assert!(matches!(
+        c.consume(from("a"), Admission::Refuse).await,
+        Err(ConsumeError::Backpressure { .. }) | Err(ConsumeError::OverShare { .. })
+    ));
+    // The backend comes back: `a`'s profiles are sent, and its share with them.
+    record("tf-x").up.store(1, Ordering::SeqCst);
+    eventually("the queue drained", || {
+        record("tf-x").delivered.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    c.consume(from("a"), Admission::Refuse).await.unwrap();
+    let report = running.shutdown().await;
+    assert!(report.all_delivered(), "{report:?}");
+}
