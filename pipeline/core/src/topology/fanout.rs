@@ -378,7 +378,17 @@ impl Consumer for Fanout {
         // `block` queues first: one that refuses is found before any wait
         // on a `drop_newest` one.
         targets.sort_by_key(|t| t.queue.when_full() == WhenFull::DropNewest);
-        let reserved = Fanout::reserve_all(&targets, admission).await?;
+        let reserved = match Fanout::reserve_all(&targets, admission).await {
+            Ok(r) => r,
+            Err(e) => {
+                if let ConsumeError::OverShare { tenant, .. } = &e {
+                    self.telemetry
+                        .receiver(&meta.receiver)
+                        .tenant_refused(Some(tenant), "tenant_share");
+                }
+                return Err(e);
+            }
+        };
         // Accepted: each tenant's profiles count toward its volume.
         for (tenant, profiles, bytes) in tenants {
             self.telemetry

@@ -351,13 +351,27 @@ async fn a_tenant_over_its_share_of_a_busy_queue_is_refused_and_others_get_in() 
         c.consume(from("quiet"), Admission::Refuse).await.unwrap();
     }
     assert_eq!(running.queue_levels()[0].1, 10);
+    let metrics = t.render();
     assert!(
-        t.render().contains(
+        metrics.contains(
             r#"proflow_exporter_queue_waits_total{exporter="test",result="tenant_share"} 1"#
         ),
-        "{}",
-        t.render()
+        "{metrics}"
     );
+    // Counted for the tenant, on /metrics and /tenants.
+    assert!(
+        metrics.contains(r#"tenant="noisy",reason="tenant_share"} 1"#),
+        "{metrics}"
+    );
+    let page = t.tenants_json();
+    let noisy = page["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["tenant"] == "noisy")
+        .unwrap()
+        .clone();
+    assert_eq!(noisy["refused"]["tenant_share"], 1, "{page}");
     running.shutdown().await;
 }
 
