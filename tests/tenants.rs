@@ -753,3 +753,84 @@ fn the_series_limit_refuses_what_pyroscope_refuses() {
         "{metrics}"
     );
 }
+
+/// Behind a stopped backend the `pyroscope` exporter's `block` queue fills:
+/// the noisy tenant that fills it is refused at its share (429 naming it)
+/// while a quiet tenant arriving later still gets in, and once the backend
+/// is back each tenant's accepted profiles read back under its own tenant.
+#[test]
+fn behind_a_stopped_backend_a_noisy_tenant_cannot_take_the_whole_queue() {
+    let Some(mut pyroscope) = multitenant_pyroscope() else {
+        return;
+    };
+    let base = pyroscope.http_base();
+    let proflow = Proflow::start(|ports, _| {
+        format!(
+            "receivers:\n  pprof_push:\n    endpoint: {}\n\
+             exporters:\n  pyroscope:\n    endpoint: {base}\n    \
+             sending_queue: {{queue_size: 32, when_full: block, wait_when_full: 0s, num_consumers: 1, batch: {{max_profiles: 1}}}}\n    \
+             retry_on_failure: {{initial_interval: 100ms, max_interval: 200ms, max_elapsed_time: 0s}}\n\
+             service:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      \
+             receivers: [pprof_push]\n      exporters: [pyroscope]\n",
+            ports.receiver, ports.telemetry
+        )
+    });
+    pyroscope.stop();
+    let noisy = common::unique_name("share-noisy-app");
+    let quiet = common::unique_name("share-quiet-app");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    let send = |app: &str, tenant: &str, i: u64| {
+        let from = now - 120 + i;
+        proflow.post(
+            &format!(
+                "/ingest?name={app}.cpu&from={from}&until={}&format=folded",
+                from + 1
+            ),
+            &[("X-Scope-OrgID", tenant)],
+            b"main;work 1\n".to_vec(),
+        )
+    };
+    // Alone, the noisy tenant takes all of the queue but a sixteenth.
+    let mut noisy_ok = 0;
+    let refusal = loop {
+        let r = send(&noisy, "noisy", noisy_ok);
+        match r.status {
+            200 => noisy_ok += 1,
+            429 => break r,
+            other => panic!("answered {other}: {}", r.text()),
+        }
+        assert!(noisy_ok <= 32, "the noisy tenant was never refused");
+    };
+    assert_eq!(noisy_ok, 30, "32 less a sixteenth");
+    assert!(refusal.retry_after.is_some(), "429 with Retry-After");
+    assert!(
+        refusal.text().contains("tenant `noisy` holds its share"),
+        "{}",
+        refusal.text()
+    );
+    // A quiet tenant arriving behind it still gets in, and the noisy one
+    // still does not.
+    for i in 0..2 {
+        let r = send(&quiet, "quiet", i);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let r = send(&noisy, "noisy", 40 + i);
+        assert_eq!(r.status, 429, "{}", r.text());
+    }
+    let metrics = proflow.metrics();
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "proflow_receiver_tenant_refused_requests_total",
+            &[("tenant", "noisy"), ("reason", "tenant_share")]
+        ),
+        2.0,
+        "{metrics}"
+    );
+    // The backend is back: everything accepted is delivered, each under its tenant.
+    pyroscope.start_again();
+    read_back(&base, "noisy", &noisy, Some(30 * 10_000_000));
+    read_back(&base, "quiet", &quiet, Some(2 * 10_000_000));
+}
