@@ -41,6 +41,10 @@ fn main() {
         put(target, "cpu_gzip", &cpu_gz);
         put(target, "heap", &heap);
     }
+    // Two profiles to merge: the same CPU profile twice, and two heap
+    // profiles with some stacks in common.
+    put("pprof_merge", "cpu_twice", &join_parts(&cpu, &cpu));
+    put("pprof_merge", "heaps", &join_parts(&heap, &heap_later));
 
     // gzip: one member, two members, one with every optional header field
     // (FEXTRA, FNAME, FCOMMENT, FHCRC) and one whose trailer understates it.

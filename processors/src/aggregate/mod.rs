@@ -173,8 +173,8 @@ impl AggregateProcessor {
             }
             match w.merger.add(&parts) {
                 Ok(grew) => w.grant.shrink(bound.saturating_sub(grew)),
-                // The samples before the bad one are merged: what is left
-                // of the profile is not sent twice.
+                // Cannot happen: reading the profile checked every sample.
+                // Were it to, what was merged of it is not sent twice.
                 Err(_) => return None,
             }
             w.start_unix_nanos = w.start_unix_nanos.min(e.start_unix_nanos);

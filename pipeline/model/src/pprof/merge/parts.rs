@@ -272,6 +272,12 @@ impl<'a> ProfileParts<'a> {
                 _ => {}
             }
         }
+        // Every sample is read once now, so a profile is taken or refused
+        // whole: merging it cannot fail half-way.
+        let mut sample = SamplePart::default();
+        for bytes in &samples {
+            read_sample(bytes, &mut sample)?;
+        }
         parts.samples = Samples::Wire(samples);
         Ok(parts)
     }
@@ -318,7 +324,8 @@ impl<'a> ProfileParts<'a> {
         }
     }
 
-    /// Sample `i` into `out` (cleared first).
+    /// Sample `i` into `out` (cleared first). A sample read off the wire
+    /// was checked by [`ProfileParts::read`]: reading it again cannot fail.
     pub(super) fn sample(&self, i: usize, out: &mut SamplePart) -> Result<(), DecodeError> {
         out.location_ids.clear();
         out.values.clear();
@@ -331,30 +338,7 @@ impl<'a> ProfileParts<'a> {
                 out.labels
                     .extend(s.label.iter().map(|l| (l.key, l.str, l.num, l.num_unit)));
             }
-            Samples::Wire(s) => {
-                for f in wire::fields(s[i]) {
-                    match f? {
-                        (1, v) => {
-                            repeated(v, "Sample.location_id", |id| out.location_ids.push(id))?
-                        }
-                        (2, v) => repeated(v, "Sample.value", |x| out.values.push(x as i64))?,
-                        (3, v) => {
-                            let mut l = (0, 0, 0, 0);
-                            for f in wire::fields(message(v, "Sample.label")?) {
-                                match f? {
-                                    (1, v) => l.0 = varint(v, "Label.key")? as i64,
-                                    (2, v) => l.1 = varint(v, "Label.str")? as i64,
-                                    (3, v) => l.2 = varint(v, "Label.num")? as i64,
-                                    (4, v) => l.3 = varint(v, "Label.num_unit")? as i64,
-                                    _ => {}
-                                }
-                            }
-                            out.labels.push(l);
-                        }
-                        _ => {}
-                    }
-                }
-            }
+            Samples::Wire(s) => read_sample(s[i], out)?,
         }
         Ok(())
     }
@@ -378,6 +362,34 @@ impl<'a> ProfileParts<'a> {
             .copied()
             .unwrap_or("")
     }
+}
+
+/// A Sample message into `out` (which must be empty).
+fn read_sample(bytes: &[u8], out: &mut SamplePart) -> Result<(), DecodeError> {
+    out.location_ids.clear();
+    out.values.clear();
+    out.labels.clear();
+    for f in wire::fields(bytes) {
+        match f? {
+            (1, v) => repeated(v, "Sample.location_id", |id| out.location_ids.push(id))?,
+            (2, v) => repeated(v, "Sample.value", |x| out.values.push(x as i64))?,
+            (3, v) => {
+                let mut l = (0, 0, 0, 0);
+                for f in wire::fields(message(v, "Sample.label")?) {
+                    match f? {
+                        (1, v) => l.0 = varint(v, "Label.key")? as i64,
+                        (2, v) => l.1 = varint(v, "Label.str")? as i64,
+                        (3, v) => l.2 = varint(v, "Label.num")? as i64,
+                        (4, v) => l.3 = varint(v, "Label.num_unit")? as i64,
+                        _ => {}
+                    }
+                }
+                out.labels.push(l);
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn mapping(bytes: &[u8]) -> Result<MappingPart, DecodeError> {

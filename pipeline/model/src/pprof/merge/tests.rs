@@ -190,11 +190,12 @@ fn bytes_prost_refuses_are_refused() {
     assert!(ProfileParts::read(&[0x10, 0x01]).is_err());
     // A truncated message.
     assert!(ProfileParts::read(&good[..good.len() - 1]).is_err());
-    // A sample whose location ids are cut short is an error when merged.
-    let mut m = Merger::new(&ProfileParts::read(&good).unwrap()).unwrap();
+    // A sample whose location ids are cut short: the profile is refused
+    // whole when read, before anything of it is merged.
     let broken = [0x12, 0x02, 0x0a, 0x80];
-    let parts = ProfileParts::read(&broken).unwrap();
-    assert!(m.add(&parts).is_err());
+    assert!(ProfileParts::read(&broken).is_err());
+    // And a bad label inside a sample.
+    assert!(ProfileParts::read(&[0x12, 0x02, 0x1a, 0x00, 0x12, 0x02, 0x1a, 0x08]).is_err());
     // Each is what prost says too.
     for b in [&bad[..], &[0x10, 0x01], &good[..good.len() - 1], &broken] {
         assert!(<Profile as prost::Message>::decode(b).is_err(), "{b:02x?}");
