@@ -269,23 +269,19 @@ impl Merger {
             s.locations.insert(l.id, id, p.locations.len());
         }
         for i in 0..p.sample_count() {
-            p.sample(i, &mut s.sample)?;
+            let (ids, values, labels) = p.sample(i, &mut s.sample);
             s.stack.clear();
-            s.stack.extend(
-                s.sample
-                    .location_ids
-                    .iter()
-                    .filter_map(|id| s.locations.get(*id)),
-            );
+            s.stack
+                .extend(ids.iter().filter_map(|id| s.locations.get(*id)));
             s.labels.clear();
             s.labels
-                .extend(s.sample.labels.iter().map(|&(key, str, num, unit)| Label {
+                .extend(labels.iter().map(|&(key, str, num, unit)| Label {
                     key: s0(key),
                     str: s0(str),
                     num,
                     num_unit: s0(unit),
                 }));
-            self.sample(&s.stack, &s.labels, &s.sample.values);
+            self.sample(&s.stack, &s.labels, values);
         }
         Ok(())
     }

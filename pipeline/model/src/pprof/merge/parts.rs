@@ -51,12 +51,20 @@ pub(super) struct SamplePart {
     pub(super) labels: Vec<(i64, i64, i64, i64)>,
 }
 
+/// One sample's location ids (leaf first), values and labels (key, str,
+/// num, num_unit as the profile's string indices).
+pub(super) type SampleView<'s> = (&'s [u64], &'s [i64], &'s [(i64, i64, i64, i64)]);
+
 /// Where the samples are.
 #[derive(Debug)]
 enum Samples<'a> {
     Decoded(&'a [super::super::Sample]),
-    /// Each sample's message bytes.
-    Wire(Vec<&'a [u8]>),
+    /// Read off the wire into one table each of location ids, values and
+    /// labels; each sample's `(ids, values, labels)` ends in them.
+    Wire {
+        ends: Vec<(usize, usize, usize)>,
+        all: SamplePart,
+    },
 }
 
 /// One profile as the merger reads it ([`ProfileParts::of`] a decoded
@@ -226,7 +234,7 @@ impl<'a> ProfileParts<'a> {
             functions: Vec::new(),
             locations: Vec::new(),
             lines: Vec::new(),
-            samples: Samples::Wire(Vec::new()),
+            samples: Samples::Decoded(&[]),
             sample_elements: 0,
         };
         let mut samples: Vec<&'a [u8]> = Vec::new();
@@ -272,13 +280,16 @@ impl<'a> ProfileParts<'a> {
                 _ => {}
             }
         }
-        // Every sample is read once now, so a profile is taken or refused
-        // whole: merging it cannot fail half-way.
-        let mut sample = SamplePart::default();
+        // Every sample is read now, so a profile is taken or refused whole:
+        // merging it cannot fail half-way.
+        let mut all = SamplePart::default();
+        let mut ends = Vec::with_capacity(samples.len());
         for bytes in &samples {
-            read_sample(bytes, &mut sample)?;
+            read_sample(bytes, &mut all)?;
+            ends.push((all.location_ids.len(), all.values.len(), all.labels.len()));
         }
-        parts.samples = Samples::Wire(samples);
+        parts.sample_elements = all.location_ids.len() + all.labels.len();
+        parts.samples = Samples::Wire { ends, all };
         Ok(parts)
     }
 
@@ -320,38 +331,46 @@ impl<'a> ProfileParts<'a> {
     pub(super) fn sample_count(&self) -> usize {
         match &self.samples {
             Samples::Decoded(s) => s.len(),
-            Samples::Wire(s) => s.len(),
+            Samples::Wire { ends, .. } => ends.len(),
         }
     }
 
-    /// Sample `i` into `out` (cleared first). A sample read off the wire
-    /// was checked by [`ProfileParts::read`]: reading it again cannot fail.
-    pub(super) fn sample(&self, i: usize, out: &mut SamplePart) -> Result<(), DecodeError> {
-        out.location_ids.clear();
-        out.values.clear();
-        out.labels.clear();
+    /// Sample `i`: its location ids, values and labels, read off the wire
+    /// when the profile was, else copied into `scratch`.
+    pub(super) fn sample<'s>(
+        &'s self,
+        i: usize,
+        scratch: &'s mut SamplePart,
+    ) -> SampleView<'s> {
         match &self.samples {
             Samples::Decoded(s) => {
                 let s = &s[i];
-                out.location_ids.extend_from_slice(&s.location_id);
-                out.values.extend_from_slice(&s.value);
-                out.labels
+                scratch.location_ids.clear();
+                scratch.values.clear();
+                scratch.labels.clear();
+                scratch.location_ids.extend_from_slice(&s.location_id);
+                scratch.values.extend_from_slice(&s.value);
+                scratch
+                    .labels
                     .extend(s.label.iter().map(|l| (l.key, l.str, l.num, l.num_unit)));
+                (&scratch.location_ids, &scratch.values, &scratch.labels)
             }
-            Samples::Wire(s) => read_sample(s[i], out)?,
+            Samples::Wire { ends, all } => {
+                let start = i.checked_sub(1).map(|j| ends[j]).unwrap_or((0, 0, 0));
+                let end = ends[i];
+                (
+                    &all.location_ids[start.0..end.0],
+                    &all.values[start.1..end.1],
+                    &all.labels[start.2..end.2],
+                )
+            }
         }
-        Ok(())
     }
 
-    /// A bound on what the samples' location ids and labels number, for
-    /// [`super::Merger::bound`]: exact for a decoded profile; for one read
-    /// off the wire, the samples' bytes (each id or label takes at least
-    /// one).
+    /// How many location ids and labels the samples hold, for
+    /// [`super::Merger::bound`].
     pub(super) fn sample_elements(&self) -> usize {
-        match &self.samples {
-            Samples::Decoded(_) => self.sample_elements,
-            Samples::Wire(s) => s.iter().map(|b| b.len()).sum(),
-        }
+        self.sample_elements
     }
 
     /// The string at `index`, `""` when out of range.
@@ -364,11 +383,8 @@ impl<'a> ProfileParts<'a> {
     }
 }
 
-/// A Sample message into `out` (which must be empty).
+/// A Sample message, appended to `out`'s tables.
 fn read_sample(bytes: &[u8], out: &mut SamplePart) -> Result<(), DecodeError> {
-    out.location_ids.clear();
-    out.values.clear();
-    out.labels.clear();
     for f in wire::fields(bytes) {
         match f? {
             (1, v) => repeated(v, "Sample.location_id", |id| out.location_ids.push(id))?,
