@@ -337,11 +337,7 @@ impl<'a> ProfileParts<'a> {
 
     /// Sample `i`: its location ids, values and labels, read off the wire
     /// when the profile was, else copied into `scratch`.
-    pub(super) fn sample<'s>(
-        &'s self,
-        i: usize,
-        scratch: &'s mut SamplePart,
-    ) -> SampleView<'s> {
+    pub(super) fn sample<'s>(&'s self, i: usize, scratch: &'s mut SamplePart) -> SampleView<'s> {
         match &self.samples {
             Samples::Decoded(s) => {
                 let s = &s[i];
