@@ -424,6 +424,7 @@ mod tests {
             (cfg!(feature = "receiver-otlp"), "receiver-otlp"),
             (cfg!(feature = "receiver-pprof_push"), "receiver-pprof_push"),
             (cfg!(feature = "receiver-scrape"), "receiver-scrape"),
+            (cfg!(feature = "processor-aggregate"), "processor-aggregate"),
             (
                 cfg!(feature = "processor-k8s_attributes"),
                 "processor-k8s_attributes",

@@ -2,7 +2,8 @@
 //! each series pushed within a window reach Pyroscope as one profile, and
 //! every total Pyroscope reads back is the one it reads for the same pushes
 //! sent without aggregation (and the one pushed). A collector stopped with
-//! windows open sends them before it exits.
+//! windows open sends them before it exits. In multi-tenant mode, each
+//! tenant's profiles are merged apart and read back under that tenant.
 
 mod common;
 #[allow(clippy::duplicate_mod)]
@@ -56,6 +57,18 @@ fn now_secs() -> u64 {
 /// of its own (Pyroscope keeps one profile per series and millisecond).
 /// Returns what it pushed per function.
 fn push(proflow: &Proflow, app: &str, s: i64, i: i64, base_secs: u64) -> Totals {
+    push_as(proflow, app, s, i, base_secs, &[])
+}
+
+/// [`push`] with request headers (`X-Scope-OrgID`).
+fn push_as(
+    proflow: &Proflow,
+    app: &str,
+    s: i64,
+    i: i64,
+    base_secs: u64,
+    headers: &[(&str, &str)],
+) -> Totals {
     let (work, idle) = (100 * (s + 1) + i, 7 + i);
     let from = base_secs + i as u64;
     proflow
@@ -64,7 +77,7 @@ fn push(proflow: &Proflow, app: &str, s: i64, i: i64, base_secs: u64) -> Totals 
                 "/ingest?name={app}.cpu&from={from}&until={}&format=folded",
                 from + 1
             ),
-            &[],
+            headers,
             format!("main;work {work}\nmain;idle {idle}\n").into_bytes(),
         )
         .expect_status(200, "a folded push");
@@ -84,10 +97,19 @@ fn add(into: &mut Totals, more: Totals) {
 
 /// Pyroscope's totals for `app`, once they are `want`.
 fn read_back(base: &str, app: &str, want: &Totals) -> Totals {
-    let http = common::http_client();
+    read_back_with(&common::http_client(), base, app, want)
+}
+
+/// [`read_back`] with a client of one's own (a tenant's).
+fn read_back_with(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    app: &str,
+    want: &Totals,
+) -> Totals {
     let selector = format!("{{service_name=\"{app}\"}}");
     let (ok, got, answer) = readback::pyroscope_wait(
-        &http,
+        http,
         base,
         (&selector, &FUNCTIONS, CPU),
         READ_BACK_TIMEOUT,
@@ -165,4 +187,44 @@ fn a_stopped_collector_sends_its_open_windows_before_it_exits() {
     let log = proflow.log_text();
     assert!(!log.contains("could not be queued"), "{log}");
     read_back(&base, &app, &want);
+}
+
+/// Against the real Pyroscope in multi-tenant mode: profiles of one series
+/// name from two tenants are merged apart, and each tenant reads back only
+/// its own, with the totals it pushed.
+#[test]
+fn tenants_are_merged_apart_and_each_reads_back_its_own() {
+    let Some(pyroscope) =
+        peer_env::PrivatePeer::start_with("pyroscope", &[("PROFLOW_PYROSCOPE_MULTITENANT", "1")])
+    else {
+        return;
+    };
+    let base = pyroscope.http_base();
+    let proflow = start(&base, Some("2s"));
+    let app = common::unique_name("aggregate-tenants");
+    let base_secs = now_secs() - 60;
+    let (mut red, mut blue) = (Totals::new(), Totals::new());
+    for i in 0..PROFILES {
+        add(
+            &mut red,
+            push_as(&proflow, &app, 0, i, base_secs, &[("X-Scope-OrgID", "red")]),
+        );
+        if i < 2 {
+            add(
+                &mut blue,
+                push_as(
+                    &proflow,
+                    &app,
+                    1,
+                    i,
+                    base_secs,
+                    &[("X-Scope-OrgID", "blue")],
+                ),
+            );
+        }
+    }
+    read_back_with(&readback::tenant_reader("red"), &base, &app, &red);
+    read_back_with(&readback::tenant_reader("blue"), &base, &app, &blue);
+    // One write per tenant's series.
+    assert_eq!(sent(&proflow), 2.0, "{}", proflow.metrics());
 }

@@ -22,9 +22,11 @@ use proflow_pipeline::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
 use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
-use proflow_pipeline::model::{BatchMeta, Envelope, Format, Labels, Payload, ValueType};
+use proflow_pipeline::model::{
+    BatchMeta, Envelope, Format, Labels, Payload, ValueType, batch_bytes,
+};
 use proflow_pipeline::otlp::Lost;
-use proflow_pipeline::pprof::{Merger, Profile, ProfileParts};
+use proflow_pipeline::pprof::{MAX_DECODED_BYTES_PER_BYTE, Merger, Profile, ProfileParts};
 use serde::Deserialize;
 
 /// The shortest window: shorter would merge next to nothing.
@@ -86,12 +88,12 @@ impl Validate for AggregateProcessorConfig {
 
 impl ProcessorConfig for AggregateProcessorConfig {
     fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Processor>, BuildError> {
-        Ok(Arc::new(AggregateProcessor {
+        Ok(Arc::new(AggregateProcessor(Arc::new(Windows {
             window: self.window.get(),
             max_series: self.max_series,
             memory: ctx.memory.clone(),
             open: Mutex::new(HashMap::new()),
-        }))
+        }))))
     }
 }
 
@@ -121,7 +123,15 @@ struct Window {
 }
 
 /// The running `aggregate` processor.
-pub struct AggregateProcessor {
+pub struct AggregateProcessor(Arc<Windows>);
+
+/// What a batch's profiles may account for and still be merged on the
+/// async worker (a typical push takes tens of microseconds); a larger batch
+/// is merged on the blocking pool, so no request stalls the others.
+const MERGE_INLINE_MAX: usize = 64 << 10;
+
+/// The open windows and what bounds them.
+struct Windows {
     window: StdDuration,
     max_series: usize,
     memory: MemoryBudget,
@@ -131,7 +141,18 @@ pub struct AggregateProcessor {
 impl AggregateProcessor {
     /// Series with an open window.
     pub fn open_series(&self) -> usize {
-        self.lock().len()
+        self.0.lock().len()
+    }
+}
+
+impl Windows {
+    /// Merges each profile of a batch, returning those that go on unmerged.
+    fn absorb_all(&self, batch: Vec<Envelope>, meta: &Arc<BatchMeta>) -> Vec<Envelope> {
+        let now = Instant::now();
+        batch
+            .into_iter()
+            .filter_map(|e| self.absorb(e, meta, now))
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SeriesKey, Window>> {
@@ -149,13 +170,19 @@ impl AggregateProcessor {
             Some(source) => source,
             None => return Some(e),
         };
-        let Ok(parts) = read.parts() else {
-            return Some(e);
-        };
         let tenant = if meta.tenant_bound {
             meta.tenant.clone()
         } else {
             meta.tenant_of(&e.labels).map(str::to_owned)
+        };
+        // What reading it takes is granted first: its tables hold at most
+        // what prost's decoding would, per byte of the profile.
+        let mut reading = self.memory.grant_for(tenant.as_deref());
+        if reading.try_grow(read.reading_bound()).is_err() {
+            return Some(e);
+        }
+        let Ok(parts) = read.parts() else {
+            return Some(e);
         };
         let key = SeriesKey {
             tenant,
@@ -233,6 +260,19 @@ impl Source {
         pprof.decoded().ok().map(Source::Decoded)
     }
 
+    /// The most reading [`Source::parts`] holds: for plain bytes, what
+    /// decoding them could (`MAX_DECODED_BYTES_PER_BYTE` a byte); a decoded
+    /// profile's parts copy only its lines and strings' places.
+    fn reading_bound(&self) -> usize {
+        match self {
+            Source::Plain(b) => b.len().saturating_mul(MAX_DECODED_BYTES_PER_BYTE),
+            Source::Decoded(p) => {
+                let lines: usize = p.location.iter().map(|l| l.line.len()).sum();
+                (lines + p.string_table.len() + p.location.len()) * 64
+            }
+        }
+    }
+
     fn parts(&self) -> Result<ProfileParts<'_>, proflow_pipeline::pprof::DecodeError> {
         match self {
             Source::Plain(b) => ProfileParts::read(b),
@@ -245,26 +285,31 @@ impl Source {
 impl Processor for AggregateProcessor {
     async fn process(&self, batch: Vec<Envelope>, meta: &BatchMeta) -> Vec<Envelope> {
         let meta = Arc::new(meta.clone());
-        let now = Instant::now();
-        batch
-            .into_iter()
-            .filter_map(|e| self.absorb(e, &meta, now))
-            .collect()
+        if batch_bytes(&batch) <= MERGE_INLINE_MAX {
+            return self.0.absorb_all(batch, &meta);
+        }
+        let windows = self.0.clone();
+        match tokio::task::spawn_blocking(move || windows.absorb_all(batch, &meta)).await {
+            Ok(unmerged) => unmerged,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled only when the runtime stops: nothing goes on.
+            Err(_) => Vec::new(),
+        }
     }
 
     fn holds(&self) -> Option<StdDuration> {
         // Windows close at most a tenth of a window (and at most a second)
         // late.
-        Some((self.window / 10).clamp(StdDuration::from_millis(100), StdDuration::from_secs(1)))
+        Some((self.0.window / 10).clamp(StdDuration::from_millis(100), StdDuration::from_secs(1)))
     }
 
     fn release(&self, all: bool) -> Vec<(Vec<Envelope>, Arc<BatchMeta>)> {
         let now = Instant::now();
         let due: Vec<(SeriesKey, Window)> = {
-            let mut open = self.lock();
+            let mut open = self.0.lock();
             let keys: Vec<SeriesKey> = open
                 .iter()
-                .filter(|(_, w)| all || now.duration_since(w.opened) >= self.window)
+                .filter(|(_, w)| all || now.duration_since(w.opened) >= self.0.window)
                 .map(|(k, _)| k.clone())
                 .collect();
             keys.into_iter()
@@ -298,8 +343,8 @@ impl Processor for AggregateProcessor {
 impl std::fmt::Debug for AggregateProcessor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AggregateProcessor")
-            .field("window", &self.window)
-            .field("max_series", &self.max_series)
+            .field("window", &self.0.window)
+            .field("max_series", &self.0.max_series)
             .finish_non_exhaustive()
     }
 }

@@ -2,8 +2,8 @@
 //! full, a tenant pushing (a push receiver's request, which its sender
 //! retries) may hold no more than its share of it: the queue's room divided
 //! among the tenants that have profiles in it, at least a sixteenth. A
-//! tenant alone may use all of it but a sixteenth, kept for a tenant that
-//! arrives behind it. A tenant over its share is refused
+//! tenant alone may use all of it (a queue with one tenant behaves as it
+//! always did). A tenant over its share is refused
 //! (429 naming it) while the others still get in, so one tenant's flood
 //! behind a slow backend cannot take the whole queue.
 
@@ -59,14 +59,9 @@ impl TenantShares {
         }
         let mine = self.held.get(tenant).copied().unwrap_or_default();
         let active = self.held.len() + usize::from(mine == (0, 0));
-        // A sixteenth stays for a tenant not in the queue yet, so one
-        // arriving behind a flood still gets in.
         let within = |have: usize, more: usize, cap: usize| {
             cap == usize::MAX
-                || have.saturating_add(more)
-                    <= (cap / active.max(1))
-                        .max(cap / MAX_SHARES)
-                        .min(cap - cap / MAX_SHARES)
+                || have.saturating_add(more) <= (cap / active.max(1)).max(cap / MAX_SHARES)
         };
         within(mine.0, profiles, fill.profiles.1) && within(mine.1, bytes, fill.bytes.1)
     }
@@ -90,14 +85,13 @@ mod tests {
     }
 
     #[test]
-    fn a_tenant_alone_may_use_all_but_a_sixteenth() {
+    fn a_tenant_alone_may_use_it_all() {
         let mut s = TenantShares::default();
         let a: Arc<str> = "a".into();
         s.add(Some(&a), 90, 0);
-        assert!(s.allows("a", 4, 0, &fill(90)));
-        assert!(!s.allows("a", 5, 0, &fill(90)));
-        // What is left is for a newcomer.
-        assert!(s.allows("b", 6, 0, &fill(90)));
+        assert!(s.allows("a", 10, 0, &fill(90)));
+        // A newcomer's share is half.
+        assert!(s.allows("b", 10, 0, &fill(90)));
     }
 
     #[test]

@@ -264,6 +264,13 @@ impl Fanout {
             waited[i] = false;
             if admission == Admission::Refuse && given_up.iter().all(|g| *g) {
                 // No exporter could take any copy: a 200 would be a lie.
+                if over_share {
+                    return Err(ConsumeError::OverShare {
+                        exporter: t.queue.id().to_owned(),
+                        tenant: t.tenant.to_string(),
+                        retry_after: RETRY_AFTER,
+                    });
+                }
                 return Err(ConsumeError::Backpressure {
                     exporter: t.queue.id().to_owned(),
                     retry_after: RETRY_AFTER,
