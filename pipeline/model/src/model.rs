@@ -246,6 +246,17 @@ impl BatchMeta {
             .filter(|t| !t.is_empty())
             .or(self.tenant.as_deref().filter(|t| !t.is_empty()))
     }
+
+    /// The tenant a profile of this batch with `labels` is written under:
+    /// [`BatchMeta::tenant_of`], unless the tenant is bound to the sender's
+    /// token ([`BatchMeta::tenant_bound`]), which no label changes.
+    pub fn tenant_written<'a>(&'a self, labels: &'a Labels) -> Option<&'a str> {
+        if self.tenant_bound {
+            self.tenant.as_deref().filter(|t| !t.is_empty())
+        } else {
+            self.tenant_of(labels)
+        }
+    }
 }
 
 /// The unit that moves through the pipeline: the profiles of one request (or

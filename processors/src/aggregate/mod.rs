@@ -170,11 +170,7 @@ impl Windows {
             Some(source) => source,
             None => return Some(e),
         };
-        let tenant = if meta.tenant_bound {
-            meta.tenant.clone()
-        } else {
-            meta.tenant_of(&e.labels).map(str::to_owned)
-        };
+        let tenant = meta.tenant_written(&e.labels).map(str::to_owned);
         // What reading it takes is granted first: its tables hold at most
         // what prost's decoding would, per byte of the profile.
         let mut reading = self.memory.grant_for(tenant.as_deref());

@@ -111,11 +111,7 @@ impl Fanout {
 /// under (a profile two pipelines take counts in each).
 fn count_tenants(tenants: &mut Vec<(Option<String>, u64, u64)>, meta: &BatchMeta, b: &[Envelope]) {
     for e in b {
-        let tenant = if meta.tenant_bound {
-            meta.tenant.as_deref().filter(|t| !t.is_empty())
-        } else {
-            meta.tenant_of(&e.labels)
-        };
+        let tenant = meta.tenant_written(&e.labels);
         let bytes = e.size_bytes() as u64;
         match tenants.iter_mut().find(|(t, _, _)| t.as_deref() == tenant) {
             Some((_, n, size)) => {
@@ -348,13 +344,7 @@ impl Consumer for Fanout {
             }
             let tenant: Arc<str> = b
                 .first()
-                .and_then(|e| {
-                    if meta.tenant_bound {
-                        meta.tenant.as_deref().filter(|t| !t.is_empty())
-                    } else {
-                        meta.tenant_of(&e.labels)
-                    }
-                })
+                .and_then(|e| meta.tenant_written(&e.labels))
                 .unwrap_or(ANONYMOUS_TENANT)
                 .into();
             let n = p.exporters.len();
