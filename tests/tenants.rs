@@ -32,14 +32,19 @@ const LIMITS: &str = "    limits:\n      ingestion_rate_mb: 10\n      overrides:
 
 /// proflow: `pprof_push` (with `auth`, when given), a `relabel` processor
 /// that sets `__tenant_id__` from `team`, and the `file` and `pyroscope`
-/// exporters.
+/// exporters. The `pyroscope` exporter's queue holds 10,000 profiles: the
+/// series test pushes 1,000 series a request, and a Pyroscope slowed by the
+/// tests beside it must not make the default 1,000-profile `drop_newest`
+/// queue drop one of them (the `file` exporter takes it, so it is answered
+/// 200 either way).
 fn start(pyroscope: &str, auth: &str) -> Proflow {
     Proflow::start(|ports, profiles| {
         format!(
             "receivers:\n  pprof_push:\n    endpoint: {}\n{auth}\
              processors:\n  relabel:\n    relabel_configs:\n\
              \x20     - {{source_labels: [team], regex: '(.+)', target_label: __tenant_id__}}\n\
-             exporters:\n  file:\n    directory: {}\n  pyroscope:\n    endpoint: {pyroscope}\n\
+             exporters:\n  file:\n    directory: {}\n  pyroscope:\n    endpoint: {pyroscope}\n    \
+             sending_queue: {{queue_size: 10000}}\n\
              service:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      \
              receivers: [pprof_push]\n      processors: [relabel]\n      exporters: [file, pyroscope]\n",
             ports.receiver,
