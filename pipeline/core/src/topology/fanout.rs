@@ -144,6 +144,26 @@ pub(super) struct Target {
     pub(super) tenant: Arc<str>,
 }
 
+impl Target {
+    /// Why the batch is refused when this target's queue would not take
+    /// its copy: the tenant over its share, or the queue full.
+    fn refusal(&self, over_share: bool) -> ConsumeError {
+        let exporter = self.queue.id().to_owned();
+        if over_share {
+            ConsumeError::OverShare {
+                exporter,
+                tenant: self.tenant.to_string(),
+                retry_after: RETRY_AFTER,
+            }
+        } else {
+            ConsumeError::Backpressure {
+                exporter,
+                retry_after: RETRY_AFTER,
+            }
+        }
+    }
+}
+
 impl Fanout {
     /// Reserves room for every target's copy, holding the batch back while
     /// a queue is full (see [`Admission`]): each full queue is waited for up
@@ -243,34 +263,14 @@ impl Fanout {
             if room {
                 continue;
             }
-            if policy == WhenFull::Block && over_share {
-                return Err(ConsumeError::OverShare {
-                    exporter: t.queue.id().to_owned(),
-                    tenant: t.tenant.to_string(),
-                    retry_after: RETRY_AFTER,
-                });
-            }
             if policy == WhenFull::Block {
-                return Err(ConsumeError::Backpressure {
-                    exporter: t.queue.id().to_owned(),
-                    retry_after: RETRY_AFTER,
-                });
+                return Err(t.refusal(over_share));
             }
             given_up[i] = true;
             waited[i] = false;
             if admission == Admission::Refuse && given_up.iter().all(|g| *g) {
                 // No exporter could take any copy: a 200 would be a lie.
-                if over_share {
-                    return Err(ConsumeError::OverShare {
-                        exporter: t.queue.id().to_owned(),
-                        tenant: t.tenant.to_string(),
-                        retry_after: RETRY_AFTER,
-                    });
-                }
-                return Err(ConsumeError::Backpressure {
-                    exporter: t.queue.id().to_owned(),
-                    retry_after: RETRY_AFTER,
-                });
+                return Err(t.refusal(over_share));
             }
         }
     }
