@@ -2,7 +2,20 @@
 //! conversions the exporters want, then admission to every exporter queue
 //! at once (all or nothing across `block` queues).
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::component::{Admission, ConsumeError, Consumer, Processor};
+use crate::delivery::Outcome;
+use crate::model::{Batch, Envelope, Format, Payload, batch_bytes};
+use crate::otlp::Lost;
+use crate::queue::{ExporterQueue, Refusal, Reservation, WhenFull};
+use crate::spans::{Span, SpanConsumer};
+use crate::telemetry::{ProcessorTelemetry, Telemetry};
+
+use super::RETRY_AFTER;
 use crate::model::{ANONYMOUS_TENANT, BatchMeta, ConvertCache, TENANT_LABEL};
 
 pub(super) struct PipelineRuntime {

@@ -4,7 +4,17 @@
 //! the pipeline goes (shutdown, or a reload that replaces it), everything
 //! it holds is passed on before the queues close.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::component::{Admission, Consumer, Processor};
+use crate::model::Batch;
+use crate::telemetry::ProcessorTelemetry;
+
+use super::RECEIVER_STOP_TIMEOUT;
 
 /// The task that passes on what one pipeline's holding processor releases.
 pub(super) struct Holder {

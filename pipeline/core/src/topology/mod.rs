@@ -9,42 +9,22 @@
 //! nothing across `block` queues, so a refused batch (429) leaves no copies
 //! behind and the sender's retry creates no duplicates.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use proflow_config::{ComponentId, Document, Error, Errors, Located, TelemetryConfig};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use proflow_config::TelemetryConfig;
 
-use crate::component::{
-    Admission, BuildContext, BuildError, ConsumeError, Consumer, Exporter, Processor,
-    ReceiverContext, Resource,
-};
-use crate::delivery::Outcome;
-use crate::model::{Batch, Envelope, Format, Payload, batch_bytes};
-use crate::otlp::Lost;
-use crate::queue::{ExporterQueue, Refusal, Reservation, WhenFull};
-use crate::registry::{AnyConfig, Kind, Registry};
-use crate::spans::{Span, SpanConsumer};
-use crate::telemetry::{ProcessorTelemetry, Telemetry};
-
+mod diff;
 mod fanout;
 mod hold;
 mod plan;
+mod reload;
 mod running;
 mod shutdown;
 mod swap;
 #[cfg(test)]
 mod tests;
-
-use fanout::*;
-use hold::Holder;
-use plan::{building, describe};
-use running::*;
-use shutdown::{retire, stop_built};
-use swap::*;
 
 pub use plan::plan;
 pub use running::{ReloadReport, Running};

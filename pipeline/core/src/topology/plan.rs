@@ -1,7 +1,15 @@
 //! Checking a parsed config: every component read through the registry and
 //! validated, pipelines and claimed resources checked, all problems at once.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use proflow_config::{ComponentId, Document, Error, Errors, Located, PipelineConfig};
+
+use crate::component::{ExporterConfig, ProcessorConfig, ReceiverConfig, Resource};
+use crate::registry::{AnyConfig, Kind, Registry};
+
+use super::{PipelinePlan, Plan, Signal};
 
 pub(super) struct Defined {
     pub(super) kind: Kind,
@@ -10,17 +18,53 @@ pub(super) struct Defined {
     pub(super) path: String,
 }
 
+/// The components of a config, read and validated.
+#[derive(Default)]
+struct Components {
+    receivers: BTreeMap<String, Arc<dyn ReceiverConfig>>,
+    processors: BTreeMap<String, Arc<dyn ProcessorConfig>>,
+    exporters: BTreeMap<String, Arc<dyn ExporterConfig>>,
+    /// Every id defined (valid or not), for the pipelines' references.
+    defined: HashMap<(Kind, String), Defined>,
+    /// Each component's config as text, by `<section>.<id>`.
+    fingerprints: HashMap<String, String>,
+}
+
 /// Reads every component through the registry, validates it, and checks the
 /// pipelines and claimed resources. Returns all problems at once.
 pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
     let mut errors = Errors::default();
-    let mut receivers = BTreeMap::new();
-    let mut processors = BTreeMap::new();
-    let mut exporters = BTreeMap::new();
-    let mut defined: HashMap<(Kind, String), Defined> = HashMap::new();
-    let mut claims: Vec<(Resource, String)> = Vec::new();
-    let mut fingerprints: HashMap<String, String> = HashMap::new();
+    let components = read_components(doc, registry, &mut errors);
+    let mut used: HashSet<(Kind, String)> = HashSet::new();
+    let pipelines: Vec<PipelinePlan> = doc
+        .service
+        .pipelines
+        .iter()
+        .map(|(pid, p)| check_pipeline(pid, p, &components, &mut used, &mut errors))
+        .collect();
+    let warnings = warnings(&components, &pipelines, &used);
+    let max_in_flight = check_memory(doc, &components.receivers, &mut errors);
+    if !errors.is_empty() {
+        return Err(errors.sorted());
+    }
+    Ok(Plan {
+        receivers: components.receivers,
+        processors: components.processors,
+        exporters: components.exporters,
+        pipelines,
+        telemetry: doc.service.telemetry.clone(),
+        shutdown_timeout: doc.service.shutdown_timeout.get(),
+        max_in_flight_bytes: max_in_flight,
+        warnings,
+        fingerprints: components.fingerprints,
+    })
+}
 
+/// Every component read through the registry and validated; two claiming
+/// one resource (an address, a directory) is a problem.
+fn read_components(doc: &Document, registry: &Registry, errors: &mut Errors) -> Components {
+    let mut out = Components::default();
+    let mut claims: Vec<(Resource, String)> = Vec::new();
     if let Ok(Some(addr)) = doc.service.telemetry.socket_addr() {
         claims.push((Resource::TcpListen(addr), "service.telemetry".into()));
     }
@@ -30,7 +74,6 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
             errors.push(Error::new(&p.path, 0, 0, p.message));
         }
     }
-
     for (kind, entries) in [
         (Kind::Receiver, &doc.receivers),
         (Kind::Processor, &doc.processors),
@@ -38,187 +81,209 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
     ] {
         for entry in entries {
             let id = entry.id.to_string();
+            let owner = format!("{}::{id}", kind.section());
             let Some(factory) = registry.get(kind, &entry.id.kind) else {
+                let message = format!(
+                    "unknown {kind} type `{}`; known types: {}",
+                    entry.id.kind,
+                    registry.names(kind).join(", ")
+                );
                 errors.push(
-                    Error::new(
-                        &entry.path,
-                        entry.line,
-                        entry.column,
-                        format!(
-                            "unknown {kind} type `{}`; known types: {}",
-                            entry.id.kind,
-                            registry.names(kind).join(", ")
-                        ),
-                    )
-                    .in_component(format!("{}::{id}", kind.section())),
+                    Error::new(&entry.path, entry.line, entry.column, message).in_component(owner),
                 );
                 continue;
             };
-            fingerprints.insert(format!("{}.{id}", kind.section()), entry.body.fingerprint());
-            defined.insert(
-                (kind, id.clone()),
-                Defined {
-                    kind,
-                    line: entry.line,
-                    column: entry.column,
-                    path: entry.path.clone(),
-                },
-            );
-            match factory.parse(&entry.body, &entry.path) {
+            out.fingerprints
+                .insert(format!("{}.{id}", kind.section()), entry.body.fingerprint());
+            let defined = Defined {
+                kind,
+                line: entry.line,
+                column: entry.column,
+                path: entry.path.clone(),
+            };
+            out.defined.insert((kind, id.clone()), defined);
+            let config = match factory.parse(&entry.body, &entry.path) {
+                Ok(config) => config,
                 Err(errs) => {
                     for e in errs {
-                        errors.push(e.in_component(format!("{}::{id}", kind.section())));
+                        errors.push(e.in_component(owner.clone()));
                     }
+                    continue;
                 }
-                Ok(config) => {
-                    let resources = match &config {
-                        AnyConfig::Receiver(c) => c.resources(),
-                        AnyConfig::Exporter(c) => c.resources(),
-                        AnyConfig::Processor(_) => Vec::new(),
-                    };
-                    for r in resources {
-                        let owner = format!("{}::{id}", kind.section());
-                        if let Some((_, other)) = claims.iter().find(|(c, _)| conflicts(c, &r)) {
-                            errors.push(
-                                Error::new(&entry.path, entry.line, entry.column, format!("{} is already used by {other}; give each component its own", describe(&r)))
-                                    .in_component(owner.clone()),
-                            );
-                        } else {
-                            claims.push((r, owner));
-                        }
-                    }
-                    match config {
-                        AnyConfig::Receiver(c) => {
-                            receivers.insert(id, c);
-                        }
-                        AnyConfig::Processor(c) => {
-                            processors.insert(id, c);
-                        }
-                        AnyConfig::Exporter(c) => {
-                            exporters.insert(id, c);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    let mut used: HashSet<(Kind, String)> = HashSet::new();
-    let mut pipelines = Vec::new();
-    for (pid, p) in &doc.service.pipelines {
-        let mut check =
-            |kind: Kind, refs: &[Located<String>], errors: &mut Errors| -> Vec<String> {
-                let mut seen = HashSet::new();
-                let mut out = Vec::new();
-                for r in refs {
-                    if let Err(msg) = ComponentId::parse(&r.value) {
-                        errors.push(Error::new(&r.path, r.line, r.column, msg));
-                        continue;
-                    }
-                    if !defined.contains_key(&(kind, r.value.clone())) {
-                        errors.push(Error::new(
-                            &r.path,
-                            r.line,
-                            r.column,
-                            format!(
-                                "{kind} `{}` is not defined: add it under `{}:` or fix the name",
-                                r.value,
-                                kind.section()
-                            ),
-                        ));
-                        continue;
-                    }
-                    if !seen.insert(r.value.clone()) {
-                        errors.push(Error::new(
-                            &r.path,
-                            r.line,
-                            r.column,
-                            format!("{kind} `{}` is listed twice in this pipeline", r.value),
-                        ));
-                        continue;
-                    }
-                    used.insert((kind, r.value.clone()));
-                    out.push(r.value.clone());
-                }
-                out
             };
-        let receivers_ = check(Kind::Receiver, &p.receivers, &mut errors);
-        let processors_ = check(Kind::Processor, &p.processors, &mut errors);
-        let exporters_ = check(Kind::Exporter, &p.exporters, &mut errors);
-        let signal = if pid.value == "traces" || pid.value.starts_with("traces/") {
-            Signal::Traces
-        } else {
-            Signal::Profiles
-        };
-        let at = |errors: &mut Errors, message: String| {
-            errors.push(Error::new(&pid.path, pid.line, pid.column, message));
-        };
-        match signal {
-            Signal::Profiles => {
-                for (what, list) in [("receiver", &p.receivers), ("exporter", &p.exporters)] {
-                    if list.is_empty() {
-                        at(
-                            &mut errors,
-                            format!("pipeline `{}` needs at least one {what}", pid.value),
-                        );
-                    }
+            let resources = match &config {
+                AnyConfig::Receiver(c) => c.resources(),
+                AnyConfig::Exporter(c) => c.resources(),
+                AnyConfig::Processor(_) => Vec::new(),
+            };
+            for r in resources {
+                if let Some((_, other)) = claims.iter().find(|(c, _)| conflicts(c, &r)) {
+                    let message = format!(
+                        "{} is already used by {other}; give each component its own",
+                        describe(&r)
+                    );
+                    errors.push(
+                        Error::new(&entry.path, entry.line, entry.column, message)
+                            .in_component(owner.clone()),
+                    );
+                } else {
+                    claims.push((r, owner.clone()));
                 }
             }
-            Signal::Traces => {
-                if p.receivers.is_empty() {
-                    at(
-                        &mut errors,
-                        format!(
-                            "pipeline `{}` needs at least one receiver, such as otlp",
-                            pid.value
-                        ),
-                    );
+            match config {
+                AnyConfig::Receiver(c) => {
+                    out.receivers.insert(id, c);
                 }
-                if p.processors.is_empty() {
-                    at(
-                        &mut errors,
-                        format!(
-                            "pipeline `{}` needs a processor to feed: a trace_link with a span_index",
-                            pid.value
-                        ),
-                    );
+                AnyConfig::Processor(c) => {
+                    out.processors.insert(id, c);
                 }
-                if !p.exporters.is_empty() {
-                    at(
-                        &mut errors,
-                        format!(
-                            "pipeline `{}` lists exporters, but proflow exports no traces: a traces pipeline only feeds the span index of its trace_link processors; remove `exporters`",
-                            pid.value
-                        ),
-                    );
-                }
-                for r in &p.receivers {
-                    if receivers.get(&r.value).is_some_and(
-                        |c: &Arc<dyn crate::component::ReceiverConfig>| !c.accepts_spans(),
-                    ) {
-                        errors.push(Error::new(&r.path, r.line, r.column, format!("receiver `{}` takes no traces; in a traces pipeline use an otlp receiver", r.value)));
-                    }
-                }
-                for r in &p.processors {
-                    if processors.get(&r.value).is_some_and(
-                        |c: &Arc<dyn crate::component::ProcessorConfig>| !c.takes_spans(),
-                    ) {
-                        errors.push(Error::new(&r.path, r.line, r.column, format!("processor `{}` takes no spans; a traces pipeline feeds trace_link processors that have a span_index", r.value)));
-                    }
+                AnyConfig::Exporter(c) => {
+                    out.exporters.insert(id, c);
                 }
             }
         }
-        pipelines.push(PipelinePlan {
-            id: pid.value.clone(),
-            signal,
-            receivers: receivers_,
-            processors: processors_,
-            exporters: exporters_,
-        });
     }
+    out
+}
 
+/// The ids a pipeline lists for `kind`, each defined and listed once;
+/// marked used.
+fn check_refs(
+    kind: Kind,
+    refs: &[Located<String>],
+    components: &Components,
+    used: &mut HashSet<(Kind, String)>,
+    errors: &mut Errors,
+) -> Vec<String> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for r in refs {
+        let at = |message: String| Error::new(&r.path, r.line, r.column, message);
+        if let Err(msg) = ComponentId::parse(&r.value) {
+            errors.push(at(msg));
+            continue;
+        }
+        if !components.defined.contains_key(&(kind, r.value.clone())) {
+            errors.push(at(format!(
+                "{kind} `{}` is not defined: add it under `{}:` or fix the name",
+                r.value,
+                kind.section()
+            )));
+            continue;
+        }
+        if !seen.insert(r.value.clone()) {
+            errors.push(at(format!(
+                "{kind} `{}` is listed twice in this pipeline",
+                r.value
+            )));
+            continue;
+        }
+        used.insert((kind, r.value.clone()));
+        out.push(r.value.clone());
+    }
+    out
+}
+
+/// One pipeline checked: its references, and what its signal needs.
+fn check_pipeline(
+    pid: &Located<String>,
+    p: &PipelineConfig,
+    components: &Components,
+    used: &mut HashSet<(Kind, String)>,
+    errors: &mut Errors,
+) -> PipelinePlan {
+    let receivers = check_refs(Kind::Receiver, &p.receivers, components, used, errors);
+    let processors = check_refs(Kind::Processor, &p.processors, components, used, errors);
+    let exporters = check_refs(Kind::Exporter, &p.exporters, components, used, errors);
+    let signal = if pid.value == "traces" || pid.value.starts_with("traces/") {
+        Signal::Traces
+    } else {
+        Signal::Profiles
+    };
+    let mut at = |message: String| {
+        errors.push(Error::new(&pid.path, pid.line, pid.column, message));
+    };
+    let id = &pid.value;
+    match signal {
+        Signal::Profiles => {
+            for (what, list) in [("receiver", &p.receivers), ("exporter", &p.exporters)] {
+                if list.is_empty() {
+                    at(format!("pipeline `{id}` needs at least one {what}"));
+                }
+            }
+        }
+        Signal::Traces => {
+            if p.receivers.is_empty() {
+                at(format!(
+                    "pipeline `{id}` needs at least one receiver, such as otlp"
+                ));
+            }
+            if p.processors.is_empty() {
+                at(format!(
+                    "pipeline `{id}` needs a processor to feed: a trace_link with a span_index"
+                ));
+            }
+            if !p.exporters.is_empty() {
+                at(format!(
+                    "pipeline `{id}` lists exporters, but proflow exports no traces: a traces pipeline only feeds the span index of its trace_link processors; remove `exporters`"
+                ));
+            }
+            check_span_takers(p, components, errors);
+        }
+    }
+    PipelinePlan {
+        id: id.clone(),
+        signal,
+        receivers,
+        processors,
+        exporters,
+    }
+}
+
+/// In a traces pipeline, every receiver takes traces and every processor
+/// spans.
+fn check_span_takers(p: &PipelineConfig, components: &Components, errors: &mut Errors) {
+    for r in &p.receivers {
+        if components
+            .receivers
+            .get(&r.value)
+            .is_some_and(|c| !c.accepts_spans())
+        {
+            errors.push(Error::new(
+                &r.path,
+                r.line,
+                r.column,
+                format!(
+                    "receiver `{}` takes no traces; in a traces pipeline use an otlp receiver",
+                    r.value
+                ),
+            ));
+        }
+    }
+    for r in &p.processors {
+        if components
+            .processors
+            .get(&r.value)
+            .is_some_and(|c| !c.takes_spans())
+        {
+            errors.push(Error::new(&r.path, r.line, r.column, format!("processor `{}` takes no spans; a traces pipeline feeds trace_link processors that have a span_index", r.value)));
+        }
+    }
+}
+
+/// What is worth saying but does not stop the collector: components no
+/// pipeline uses, span indexes nothing feeds or nothing reads.
+fn warnings(
+    components: &Components,
+    pipelines: &[PipelinePlan],
+    used: &HashSet<(Kind, String)>,
+) -> Vec<String> {
     let mut warnings = Vec::new();
-    let mut unused: Vec<_> = defined.iter().filter(|(k, _)| !used.contains(k)).collect();
+    let mut unused: Vec<_> = components
+        .defined
+        .iter()
+        .filter(|(k, _)| !used.contains(k))
+        .collect();
     unused.sort_by_key(|(_, d)| d.line);
     for ((_, id), d) in unused {
         warnings.push(format!(
@@ -226,12 +291,11 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
             d.line, d.column, d.kind, d.path
         ));
     }
-
-    for (id, config) in &processors {
+    for (id, config) in &components.processors {
         let listed = |signal: Signal| {
             pipelines
                 .iter()
-                .any(|p: &PipelinePlan| p.signal == signal && p.processors.contains(id))
+                .any(|p| p.signal == signal && p.processors.contains(id))
         };
         if config.takes_spans() && listed(Signal::Profiles) && !listed(Signal::Traces) {
             warnings.push(format!(
@@ -244,7 +308,16 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
             ));
         }
     }
+    warnings
+}
 
+/// `service.limits.max_in_flight_bytes`, checked against what one request
+/// of each receiver may need.
+fn check_memory(
+    doc: &Document,
+    receivers: &BTreeMap<String, Arc<dyn ReceiverConfig>>,
+    errors: &mut Errors,
+) -> usize {
     let max_in_flight = doc.service.limits.max_in_flight_bytes.as_usize();
     let largest = receivers
         .iter()
@@ -271,21 +344,7 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
             ),
         ));
     }
-
-    if !errors.is_empty() {
-        return Err(errors.sorted());
-    }
-    Ok(Plan {
-        receivers,
-        processors,
-        exporters,
-        pipelines,
-        telemetry: doc.service.telemetry.clone(),
-        shutdown_timeout: doc.service.shutdown_timeout.get(),
-        max_in_flight_bytes: max_in_flight,
-        warnings,
-        fingerprints,
-    })
+    max_in_flight
 }
 
 /// Two listeners conflict on the same port when their addresses are equal or

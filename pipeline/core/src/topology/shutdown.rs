@@ -1,7 +1,16 @@
 //! Stopping in reverse order: receivers, then queues drain up to
 //! `shutdown_timeout`, then exporters; and what could not be delivered.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use crate::component::Consumer;
+
+use super::running::{Running, RunningExporter};
+use super::{EXPORTER_SHUTDOWN_MIN, RECEIVER_STOP_TIMEOUT};
 
 /// What the collector could not deliver.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,7 +1,13 @@
 //! Hot-swap handles: what a receiver holds while a reload replaces the
 //! pipelines behind it.
 
-use super::*;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::component::{Admission, ConsumeError, Consumer};
+use crate::model::Batch;
+use crate::spans::{Span, SpanConsumer};
 
 /// The consumer a receiver holds: the pipelines behind it are replaced by a
 /// reload while the receiver keeps serving.

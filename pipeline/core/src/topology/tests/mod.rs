@@ -14,16 +14,27 @@ use std::sync::{Mutex, OnceLock};
 
 use serde::Deserialize;
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use proflow_config::Document;
+
 use super::plan::conflicts;
 use super::*;
 use crate::component::{
-    ErrorClass, ExportError, ExporterConfig, FieldError, ProcessorConfig, Receiver, ReceiverConfig,
-    ServeFuture, Validate,
+    Admission, BuildContext, BuildError, ConsumeError, Consumer, ErrorClass, ExportError, Exporter,
+    ExporterConfig, FieldError, Processor, ProcessorConfig, Receiver, ReceiverConfig,
+    ReceiverContext, Resource, ServeFuture, Validate,
 };
 use crate::delivery::DeliveryReport;
-use crate::model::{BatchMeta, Envelope, ExportBatch, Format, Labels, Payload};
+use crate::model::{Batch, BatchMeta, Envelope, ExportBatch, Format, Labels, Payload};
 use crate::queue::{QueueSettings, RetrySettings};
+use crate::registry::Registry;
 use crate::registry::{Factory, Stability};
+use crate::spans::{Span, SpanConsumer};
+use crate::telemetry::Telemetry;
 
 type SpanConsumers = Mutex<HashMap<String, (bool, Option<Arc<dyn SpanConsumer>>)>>;
 fn span_consumers() -> &'static SpanConsumers {
