@@ -18,6 +18,7 @@ use proflow_pipeline::pprof::{self, Label};
 use proflow_pipeline::spans::Span;
 use proflow_pipeline::telemetry::Telemetry;
 use proflow_pipeline::testdata;
+use proflow_processors::trace_link::telemetry::TraceLinkTelemetry;
 use proflow_processors::trace_link::{SpanIndex, TraceLinkProcessor, TraceLinkProcessorConfig};
 
 const SPANS: u64 = 10;
@@ -101,7 +102,12 @@ fn envelope(bytes: bytes::Bytes) -> Envelope {
 fn processor(yaml: &str, make_otlp: bool, feed: bool) -> TraceLinkProcessor {
     let config: TraceLinkProcessorConfig = serde_saphyr::from_str(yaml).expect("bench config");
     let telemetry = Arc::new(Telemetry::new());
-    let p = TraceLinkProcessor::new(&config, make_otlp, None, telemetry.trace_link("bench"));
+    let p = TraceLinkProcessor::new(
+        &config,
+        make_otlp,
+        None,
+        TraceLinkTelemetry::new(&telemetry, "bench"),
+    );
     if feed {
         let spans: Vec<Span> = (0..SPANS).map(span).collect();
         p.span_consumer().expect("an index").consume_spans(&spans);

@@ -12,6 +12,8 @@
 //! under the tenant's share; past half the budget, or past `max_series`,
 //! a profile goes on unmerged at once.
 
+pub mod telemetry;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration as StdDuration, Instant};
@@ -28,6 +30,8 @@ use proflow_pipeline::model::{
 use proflow_pipeline::otlp::Lost;
 use proflow_pipeline::pprof::{MAX_DECODED_BYTES_PER_BYTE, Merger, Profile, ProfileParts};
 use serde::Deserialize;
+
+use telemetry::AggregateTelemetry;
 
 /// The shortest window: shorter would merge next to nothing.
 pub const MIN_WINDOW: StdDuration = StdDuration::from_secs(1);
@@ -93,6 +97,7 @@ impl ProcessorConfig for AggregateProcessorConfig {
             max_series: self.max_series,
             memory: ctx.memory.clone(),
             open: Mutex::new(HashMap::new()),
+            telemetry: AggregateTelemetry::new(&ctx.telemetry, &ctx.id),
         }))))
     }
 }
@@ -130,12 +135,22 @@ pub struct AggregateProcessor(Arc<Windows>);
 /// is merged on the blocking pool, so no request stalls the others.
 const MERGE_INLINE_MAX: usize = 64 << 10;
 
+/// What became of one profile given to the windows.
+enum Absorbed {
+    /// Merged into its series' window.
+    Merged,
+    /// Given back to go on unmerged, with why (the `result` it is counted
+    /// under).
+    Passed(Envelope, &'static str),
+}
+
 /// The open windows and what bounds them.
 struct Windows {
     window: StdDuration,
     max_series: usize,
     memory: MemoryBudget,
     open: Mutex<HashMap<SeriesKey, Window>>,
+    telemetry: AggregateTelemetry,
 }
 
 impl AggregateProcessor {
@@ -149,10 +164,23 @@ impl Windows {
     /// Merges each profile of a batch, returning those that go on unmerged.
     fn absorb_all(&self, batch: Vec<Envelope>, meta: &Arc<BatchMeta>) -> Vec<Envelope> {
         let now = Instant::now();
-        batch
+        let mut merged = 0;
+        let unmerged: Vec<Envelope> = batch
             .into_iter()
-            .filter_map(|e| self.absorb(e, meta, now))
-            .collect()
+            .filter_map(|e| match self.absorb(e, meta, now) {
+                Absorbed::Merged => {
+                    merged += 1;
+                    None
+                }
+                Absorbed::Passed(e, why) => {
+                    self.telemetry.profiles(why, 1);
+                    Some(e)
+                }
+            })
+            .collect();
+        self.telemetry.profiles("merged", merged);
+        self.telemetry.open_series(self.lock().len());
+        unmerged
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SeriesKey, Window>> {
@@ -162,23 +190,23 @@ impl Windows {
     }
 
     /// Merges `e` into its series' window, or gives it back to go on
-    /// unmerged (a profile that cannot be read as pprof, or no room).
-    fn absorb(&self, e: Envelope, meta: &Arc<BatchMeta>, now: Instant) -> Option<Envelope> {
+    /// unmerged.
+    fn absorb(&self, e: Envelope, meta: &Arc<BatchMeta>, now: Instant) -> Absorbed {
         // Read off its plain bytes where it has them (no decoding); an OTLP
         // profile is converted first.
         let read = match Source::of(&e.payload) {
             Some(source) => source,
-            None => return Some(e),
+            None => return Absorbed::Passed(e, "unreadable"),
         };
         let tenant = meta.tenant_written(&e.labels).map(str::to_owned);
         // What reading it takes is granted first: its tables hold at most
         // what prost's decoding would, per byte of the profile.
         let mut reading = self.memory.grant_for(tenant.as_deref());
         if reading.try_grow(read.reading_bound()).is_err() {
-            return Some(e);
+            return Absorbed::Passed(e, "no_room");
         }
         let Ok(parts) = read.parts() else {
-            return Some(e);
+            return Absorbed::Passed(e, "unreadable");
         };
         let key = SeriesKey {
             tenant,
@@ -191,28 +219,31 @@ impl Windows {
         let bound = Merger::bound(&parts);
         let mut open = self.lock();
         if let Some(w) = open.get_mut(&key) {
-            if !w.merger.fits(&parts) || !self.room(&mut w.grant, bound) {
-                return Some(e);
+            if !w.merger.fits(&parts) {
+                return Absorbed::Passed(e, "other_types");
+            }
+            if !self.room(&mut w.grant, bound) {
+                return Absorbed::Passed(e, "no_room");
             }
             match w.merger.add(&parts) {
                 Ok(grew) => w.grant.shrink(bound.saturating_sub(grew)),
                 // Cannot happen: reading the profile checked every sample.
                 // Were it to, what was merged of it is not sent twice.
-                Err(_) => return None,
+                Err(_) => return Absorbed::Merged,
             }
             w.start_unix_nanos = w.start_unix_nanos.min(e.start_unix_nanos);
             w.end_unix_nanos = w.end_unix_nanos.max(e.end_unix_nanos);
-            return None;
+            return Absorbed::Merged;
         }
         if open.len() >= self.max_series {
-            return Some(e);
+            return Absorbed::Passed(e, "max_series");
         }
         let mut grant = self.memory.grant_for(key.tenant.as_deref());
         if !self.room(&mut grant, bound) {
-            return Some(e);
+            return Absorbed::Passed(e, "no_room");
         }
         let Ok(merger) = Merger::new(&parts) else {
-            return Some(e);
+            return Absorbed::Passed(e, "unreadable");
         };
         grant.shrink(bound.saturating_sub(merger.held_bytes()));
         open.insert(
@@ -227,7 +258,7 @@ impl Windows {
                 grant,
             },
         );
-        None
+        Absorbed::Merged
     }
 
     /// Grows `grant` by `bytes` if the open windows would then hold at
@@ -308,10 +339,16 @@ impl Processor for AggregateProcessor {
                 .filter(|(_, w)| all || now.duration_since(w.opened) >= self.0.window)
                 .map(|(k, _)| k.clone())
                 .collect();
-            keys.into_iter()
+            let due: Vec<(SeriesKey, Window)> = keys
+                .into_iter()
                 .filter_map(|k| open.remove_entry(&k))
-                .collect()
+                .collect();
+            self.0.telemetry.open_series(open.len());
+            due
         };
+        self.0
+            .telemetry
+            .closed(if all { "stop" } else { "window" }, due.len() as u64);
         // One batch per sender meta: a window's profiles go on with the
         // meta of the profile that opened it.
         let mut out: Vec<(Vec<Envelope>, Arc<BatchMeta>)> = Vec::new();

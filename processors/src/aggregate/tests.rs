@@ -27,14 +27,30 @@ fn parse(yaml: &str) -> Result<AnyConfig, Vec<proflow_config::Error>> {
 }
 
 fn build(config: &AggregateProcessorConfig, memory: &MemoryBudget) -> Arc<dyn Processor> {
+    build_with(config, memory, &Arc::new(Telemetry::new()))
+}
+
+fn build_with(
+    config: &AggregateProcessorConfig,
+    memory: &MemoryBudget,
+    telemetry: &Arc<Telemetry>,
+) -> Arc<dyn Processor> {
     use proflow_pipeline::component::ProcessorConfig;
     config
         .build(&BuildContext {
             id: "aggregate".to_owned(),
-            telemetry: Arc::new(Telemetry::new()),
+            telemetry: telemetry.clone(),
             memory: memory.clone(),
         })
         .unwrap()
+}
+
+/// The value of the series `line` (name and labels as rendered) in `/metrics`.
+fn metric(telemetry: &Telemetry, line: &str) -> Option<f64> {
+    telemetry
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(line)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// A CPU profile of `service` at second `at`, as a receiver hands it
@@ -157,7 +173,8 @@ async fn a_window_closes_after_its_length() {
         window: proflow_config::Duration::from_secs(1),
         ..AggregateProcessorConfig::default()
     };
-    let p = build(&config, &memory);
+    let telemetry = Arc::new(Telemetry::new());
+    let p = build_with(&config, &memory, &telemetry);
     assert_eq!(p.holds(), Some(Duration::from_millis(100)));
     assert!(
         p.process(vec![profile("cart", 1, &[("a", 1)])], &meta(None))
@@ -166,9 +183,14 @@ async fn a_window_closes_after_its_length() {
     );
     assert!(p.release(false).is_empty());
     tokio::time::sleep(Duration::from_millis(1100)).await;
+    let open = r#"proflow_aggregate_open_series{processor="aggregate"}"#;
+    assert_eq!(metric(&telemetry, open), Some(1.0));
     let released = p.release(false);
     assert_eq!(released.len(), 1);
     assert_eq!(released[0].0.len(), 1);
+    assert_eq!(metric(&telemetry, open), Some(0.0));
+    let closed = r#"proflow_aggregate_windows_closed_total{processor="aggregate",why="window"}"#;
+    assert_eq!(metric(&telemetry, closed), Some(1.0));
 }
 
 #[tokio::test]
@@ -208,7 +230,8 @@ async fn without_room_profiles_go_on_unmerged() {
         max_series: 1,
         ..AggregateProcessorConfig::default()
     };
-    let p = build(&config, &memory);
+    let telemetry = Arc::new(Telemetry::new());
+    let p = build_with(&config, &memory, &telemetry);
     let m = meta(None);
     assert!(
         p.process(vec![profile("cart", 1, &[("a", 1)])], &m)
@@ -220,13 +243,26 @@ async fn without_room_profiles_go_on_unmerged() {
     assert_eq!(passed[0].labels.get("service_name"), Some("shop"));
     // A budget too small for half of it to hold a window.
     let tiny = MemoryBudget::new(1024);
-    let p = build(&AggregateProcessorConfig::default(), &tiny);
+    let p = build_with(&AggregateProcessorConfig::default(), &tiny, &telemetry);
     let passed = p.process(vec![profile("cart", 1, &[("a", 1)])], &m).await;
     assert_eq!(passed.len(), 1);
     assert_eq!(tiny.in_flight(), 0);
     // What cannot be read as a profile goes on as it came.
     let mut junk = profile("cart", 1, &[("a", 1)]);
     junk.payload = Payload::from_bytes(bytes::Bytes::from_static(b"not a profile"), 1 << 20);
-    let p = build(&AggregateProcessorConfig::default(), &memory);
+    let p = build_with(&AggregateProcessorConfig::default(), &memory, &telemetry);
     assert_eq!(p.process(vec![junk], &m).await.len(), 1);
+    // Each counted by why, under the processor's id.
+    let profiles = |result: &str| {
+        metric(
+            &telemetry,
+            &format!(
+                r#"proflow_aggregate_profiles_total{{processor="aggregate",result="{result}"}}"#
+            ),
+        )
+    };
+    assert_eq!(profiles("merged"), Some(1.0));
+    assert_eq!(profiles("max_series"), Some(1.0));
+    assert_eq!(profiles("no_room"), Some(1.0));
+    assert_eq!(profiles("unreadable"), Some(1.0));
 }

@@ -28,6 +28,7 @@
 
 pub mod config;
 pub mod index;
+pub mod telemetry;
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -40,12 +41,12 @@ use proflow_pipeline::component::{
 };
 use proflow_pipeline::model::{BatchMeta, Envelope};
 use proflow_pipeline::otlp::label_name;
-use proflow_pipeline::telemetry::K8sAttributesTelemetry;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use config::K8sAttributesProcessorConfig;
 use config::{AuthType, ExtractFrom, FieldExtract, IpNet, METADATA, SourceFrom};
 use index::{Caches, Extractor, Index, PodInfo};
+use telemetry::K8sAttributesTelemetry;
 
 /// How long a burst of watch events is gathered before the index is built
 /// again.
@@ -60,7 +61,7 @@ impl Validate for K8sAttributesProcessorConfig {
 impl ProcessorConfig for K8sAttributesProcessorConfig {
     fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Processor>, BuildError> {
         no_problems(self.problems())?;
-        let telemetry = ctx.telemetry.k8s_attributes(&ctx.id);
+        let telemetry = K8sAttributesTelemetry::new(&ctx.telemetry, &ctx.id);
         let rules = Rules::new(self);
         let trusted = self
             .trusted_senders

@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::K8sAttributesProcessorConfig;
 use super::index::{self, Caches, Extractor};
+use super::telemetry::K8sAttributesTelemetry;
 use super::{K8sAttributesProcessor, Rules};
 use proflow_pipeline::component::Processor;
 
@@ -53,7 +54,7 @@ fn processor_and_telemetry(yaml: &str) -> (K8sAttributesProcessor, Arc<Telemetry
         index: Arc::new(RwLock::new(Arc::new(built))),
         caches: None,
         wait_until: None,
-        telemetry: telemetry.k8s_attributes("k8s_attributes"),
+        telemetry: K8sAttributesTelemetry::new(&telemetry, "k8s_attributes"),
         passthrough: config.passthrough,
         trusted: config
             .trusted_senders

@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use super::telemetry::SymbolizeTelemetry;
 use proflow_pipeline::http::{FetchError, HttpClient};
 use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
-use proflow_pipeline::telemetry::SymbolizeTelemetry;
 use proflow_symbolize::elf::ElfInfo;
 
 /// Most build ids being fetched or waiting for a fetch; more are answered

@@ -36,6 +36,7 @@ pub mod debuginfod;
 pub mod otlp;
 pub mod profile;
 pub mod sources;
+pub mod telemetry;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -51,12 +52,12 @@ use proflow_pipeline::component::{
 use proflow_pipeline::http::{HttpClient, Options};
 use proflow_pipeline::model::{BatchMeta, Envelope, Format, Payload};
 use proflow_pipeline::otlp::SharedDictionary;
-use proflow_pipeline::telemetry::SymbolizeTelemetry;
 use proflow_symbolize::{Limits, Symbols};
 
 pub use config::{DebuginfodConfig, HostSource, SymbolizeProcessorConfig};
 use debuginfod::Debuginfod;
 use sources::Sources;
+use telemetry::SymbolizeTelemetry;
 
 impl Validate for SymbolizeProcessorConfig {
     fn validate(&self) -> Vec<FieldError> {
@@ -67,7 +68,7 @@ impl Validate for SymbolizeProcessorConfig {
 impl ProcessorConfig for SymbolizeProcessorConfig {
     fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Processor>, BuildError> {
         no_problems(self.problems())?;
-        let telemetry = ctx.telemetry.symbolize(&ctx.id);
+        let telemetry = SymbolizeTelemetry::new(&ctx.telemetry, &ctx.id);
         let urls = self.debuginfod.resolved_urls();
         let debuginfod = if urls.is_empty() {
             None

@@ -90,7 +90,8 @@ async fn profiles_from_elsewhere_get_no_local_files_or_kallsyms_by_default() {
         debug_dirs: vec![],
         ..Default::default()
     };
-    let processor = SymbolizeProcessor::new(&config, telemetry.symbolize("symbolize"));
+    let processor =
+        SymbolizeProcessor::new(&config, SymbolizeTelemetry::new(&telemetry, "symbolize"));
 
     // Pushed: the binary at the named path has the mapping's build id and
     // its DWARF, and the kernel address is one kallsyms names; neither is
@@ -126,7 +127,7 @@ async fn profiles_from_elsewhere_get_no_local_files_or_kallsyms_by_default() {
         ..config.clone()
     };
     let t2 = Arc::new(Telemetry::new());
-    let processor = SymbolizeProcessor::new(&trusting, t2.symbolize("symbolize"));
+    let processor = SymbolizeProcessor::new(&trusting, SymbolizeTelemetry::new(&t2, "symbolize"));
     let out = processor
         .process(vec![envelope(payload.clone())], &pushed())
         .await;
@@ -142,7 +143,7 @@ async fn profiles_from_elsewhere_get_no_local_files_or_kallsyms_by_default() {
         ..config
     };
     let t3 = Arc::new(Telemetry::new());
-    let processor = SymbolizeProcessor::new(&never, t3.symbolize("symbolize"));
+    let processor = SymbolizeProcessor::new(&never, SymbolizeTelemetry::new(&t3, "symbolize"));
     let out = processor
         .process(vec![envelope(payload.clone())], &from_ebpf())
         .await;
@@ -211,7 +212,8 @@ async fn a_file_swapped_for_a_fifo_between_two_profiles_does_not_block_the_worke
         debug_dirs: vec![],
         ..Default::default()
     };
-    let processor = SymbolizeProcessor::new(&config, telemetry.symbolize("symbolize"));
+    let processor =
+        SymbolizeProcessor::new(&config, SymbolizeTelemetry::new(&telemetry, "symbolize"));
     let first = profile_of(&r, app.to_str().unwrap(), Some(&b.build_id));
     let out = processor
         .process(
@@ -373,7 +375,8 @@ async fn stuck_workers_are_given_up_on_and_bounded() {
         debug_dirs: vec![],
         ..Default::default()
     };
-    let mut processor = SymbolizeProcessor::new(&config, telemetry.symbolize("symbolize"));
+    let mut processor =
+        SymbolizeProcessor::new(&config, SymbolizeTelemetry::new(&telemetry, "symbolize"));
     processor.worker_timeout = Duration::from_millis(50);
     let skipped = |reason: &str| {
         metric(

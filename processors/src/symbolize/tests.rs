@@ -322,7 +322,8 @@ fn processor_for(b: &Built) -> (SymbolizeProcessor, Arc<Telemetry>) {
         debug_dirs: vec![b.dir.join("debug")],
         ..Default::default()
     };
-    let processor = SymbolizeProcessor::new(&config, telemetry.symbolize("symbolize"));
+    let processor =
+        SymbolizeProcessor::new(&config, SymbolizeTelemetry::new(&telemetry, "symbolize"));
     (processor, telemetry)
 }
 

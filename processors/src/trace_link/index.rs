@@ -20,8 +20,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::telemetry::TraceLinkTelemetry;
 use proflow_pipeline::spans::{Span, SpanConsumer};
-use proflow_pipeline::telemetry::TraceLinkTelemetry;
 use tokio::sync::Notify;
 
 use super::ids::{SpanId, TraceId};

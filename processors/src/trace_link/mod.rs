@@ -28,6 +28,7 @@ pub mod ids;
 pub mod index;
 pub mod otlp;
 pub mod pprof;
+pub mod telemetry;
 #[cfg(test)]
 mod tests;
 
@@ -65,7 +66,7 @@ pub mod fuzzing {
             &config,
             true,
             Some(&telemetry),
-            telemetry.trace_link("trace_link"),
+            super::TraceLinkTelemetry::new(&telemetry, "trace_link"),
         );
         let meta = proflow_pipeline::model::BatchMeta::default();
         RUNTIME.with(|rt| rt.block_on(processor.process(envelopes, &meta)))
@@ -86,11 +87,12 @@ use proflow_pipeline::component::{
 use proflow_pipeline::model::{BatchMeta, Envelope, Format, Payload};
 use proflow_pipeline::otlp::{self as potlp, Lost, OtlpProfiles, ProfileData};
 use proflow_pipeline::spans::SpanConsumer;
-use proflow_pipeline::telemetry::{Telemetry, TraceLinkTelemetry};
+use proflow_pipeline::telemetry::Telemetry;
 
 pub use config::{Output, SpanIndexConfig, TraceLinkProcessorConfig};
 use ids::{Found, SpanId, TraceId};
 pub use index::SpanIndex;
+use telemetry::TraceLinkTelemetry;
 
 /// Span ids a batch waited for in vain, kept so the next batch naming them
 /// does not wait again (cleared when full).
@@ -141,7 +143,7 @@ impl ProcessorConfig for TraceLinkProcessorConfig {
             self,
             downstream.contains(&Format::Otlp),
             Some(&ctx.telemetry),
-            ctx.telemetry.trace_link(&ctx.id),
+            TraceLinkTelemetry::new(&ctx.telemetry, &ctx.id),
         )))
     }
 

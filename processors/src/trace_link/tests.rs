@@ -124,7 +124,7 @@ fn processor(yaml: &str, make_otlp: bool) -> Setup {
         &config,
         make_otlp,
         Some(&telemetry),
-        telemetry.trace_link("trace_link"),
+        super::TraceLinkTelemetry::new(&telemetry, "trace_link"),
     );
     Setup {
         processor,

@@ -16,6 +16,7 @@ use framehop::{FrameAddress, Unwinder};
 use proflow_pipeline::model::{Envelope, Labels, Payload, ValueType};
 use proflow_pipeline::pprof;
 
+use super::frame::Frame;
 use super::procs::{Binary, ProcKey, Process, Processes};
 use super::python::{Merged, PyFrame, PyProcess, frames, merge};
 use super::sample::{FLAG_KTHREAD, FLAG_OFF_CPU, Sample};
@@ -38,26 +39,6 @@ impl Dropped {
         match self {
             Dropped::Filtered => "filtered",
             Dropped::StacksFull => "stacks_full",
-        }
-    }
-}
-
-/// One frame as unwound: its address and whether it is a return address
-/// (whose call instruction is the byte before).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Frame {
-    pub addr: u64,
-    pub is_return: bool,
-}
-
-impl Frame {
-    /// The address to symbolize: inside the call instruction for return
-    /// addresses, so the line is the call's.
-    pub fn lookup(self) -> u64 {
-        if self.is_return {
-            self.addr.saturating_sub(1)
-        } else {
-            self.addr
         }
     }
 }

@@ -86,6 +86,7 @@
 
 pub mod collector;
 pub mod config;
+pub mod frame;
 pub mod perfmap;
 pub mod procs;
 pub mod pylines;
@@ -94,6 +95,7 @@ pub mod ring;
 pub mod sample;
 pub mod state_budget;
 pub mod symbols;
+pub mod telemetry;
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
@@ -110,7 +112,6 @@ use proflow_pipeline::component::{
     ReceiverContext, ServeFuture, Validate,
 };
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope};
-use proflow_pipeline::telemetry::EbpfTelemetry;
 use proflow_relabel::Relabeler;
 
 use collector::Collector;
@@ -121,6 +122,7 @@ use proflow_symbolize::kallsyms::Kallsyms;
 use python::PyProcValue;
 use sample::Sample;
 use symbols::Symbols;
+use telemetry::EbpfTelemetry;
 
 /// The BPF object built from `bpf/profile.bpf.c` by `scripts/build-bpf`.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!("bpf/profile.bpf.o");
@@ -147,7 +149,7 @@ impl ReceiverConfig for EbpfReceiverConfig {
         Ok(Box::new(EbpfReceiver {
             config: self.clone(),
             relabel,
-            ebpf: ctx.telemetry.ebpf(&ctx.id),
+            ebpf: EbpfTelemetry::new(&ctx.telemetry, &ctx.id),
         }))
     }
 }

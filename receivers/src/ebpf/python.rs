@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::collector::Frame;
+use super::frame::Frame;
 use super::pylines::{linetable_line, lnotab_line, locations_line};
 use super::sample::RawPyFrame;
 

@@ -28,6 +28,7 @@ pub mod manager;
 pub mod scrape_loop;
 pub mod status;
 pub mod targets;
+pub mod telemetry;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +40,8 @@ use proflow_pipeline::component::{
     Validate,
 };
 use proflow_pipeline::model::BatchMeta;
-use proflow_pipeline::telemetry::{ScrapeTelemetry, TargetsView, Telemetry};
+use proflow_pipeline::telemetry::{TargetsView, Telemetry};
+use telemetry::ScrapeTelemetry;
 
 use client::{ClientSettings, HttpClient};
 pub use config::ScrapeReceiverConfig;
@@ -109,7 +111,7 @@ impl ReceiverConfig for ScrapeReceiverConfig {
         }
         Ok(Box::new(ScrapeReceiver {
             jobs,
-            scrape: ctx.telemetry.scrape(&ctx.id),
+            scrape: ScrapeTelemetry::new(&ctx.telemetry, &ctx.id),
             deltas: DeltaStore::new(
                 usize::try_from(self.max_delta_state.bytes()).unwrap_or(usize::MAX),
             ),

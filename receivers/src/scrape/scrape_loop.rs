@@ -27,7 +27,9 @@ use proflow_pipeline::lost::LostSamples;
 use proflow_pipeline::memory::MemoryBudget;
 use proflow_pipeline::model::{Batch, BatchMeta, Envelope, Payload};
 use proflow_pipeline::pprof::{self, DecodeError};
-use proflow_pipeline::telemetry::{ReceiverTelemetry, ScrapeTelemetry};
+use proflow_pipeline::telemetry::ReceiverTelemetry;
+
+use super::telemetry::ScrapeTelemetry;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 

@@ -4,11 +4,7 @@
 
 use super::*;
 
-pub(super) fn with(id: &LabelSet, k: &'static str, v: &str) -> LabelSet {
-    let mut l = id.clone();
-    l.push((k, v.to_string()));
-    l
-}
+use super::families::with_label as with;
 
 /// Most tenants named on the per-tenant metrics (the rest are `other`).
 pub const MAX_TENANT_LABELS: usize = 100;
@@ -28,11 +24,13 @@ pub struct ReceiverTelemetry {
 impl ReceiverTelemetry {
     pub fn accepted(&self, profiles: u64, bytes: u64) {
         self.t
-            .receiver_accepted_profiles
+            .receivers
+            .accepted_profiles
             .get_or_create(&self.id)
             .inc_by(profiles);
         self.t
-            .receiver_accepted_bytes
+            .receivers
+            .accepted_bytes
             .get_or_create(&self.id)
             .inc_by(bytes);
     }
@@ -41,13 +39,15 @@ impl ReceiverTelemetry {
     pub fn spans(&self, accepted: u64, refused: u64) {
         if accepted > 0 {
             self.t
-                .receiver_accepted_spans
+                .receivers
+                .accepted_spans
                 .get_or_create(&self.id)
                 .inc_by(accepted);
         }
         if refused > 0 {
             self.t
-                .receiver_refused_spans
+                .receivers
+                .refused_spans
                 .get_or_create(&self.id)
                 .inc_by(refused);
         }
@@ -64,7 +64,8 @@ impl ReceiverTelemetry {
     ) {
         for (reason, samples) in lost.iter() {
             self.t
-                .receiver_lost_samples
+                .receivers
+                .lost_samples
                 .get_or_create(&with(&self.id, "reason", reason))
                 .inc_by(samples);
             if self.first_time(reason, sender) {
@@ -107,7 +108,8 @@ impl ReceiverTelemetry {
         sender: Option<std::net::IpAddr>,
     ) {
         self.t
-            .receiver_lost_parts
+            .receivers
+            .lost_parts
             .get_or_create(&with(&with(&self.id, "part", part), "reason", reason))
             .inc_by(count);
         if self.first_time(reason, sender) {
@@ -147,7 +149,8 @@ impl ReceiverTelemetry {
             }
         };
         self.t
-            .receiver_tenant_refused_requests
+            .receivers
+            .tenant_refused_requests
             .get_or_create(&with(&with(&self.id, "tenant", shown), "reason", reason))
             .inc();
         self.t.tenants.refused(tenant, reason);
@@ -157,7 +160,8 @@ impl ReceiverTelemetry {
     /// held no sample to store: counted, and logged once per sender.
     pub fn empty_request(&self, format: &str, sender: Option<std::net::IpAddr>, bytes: usize) {
         self.t
-            .receiver_empty_requests
+            .receivers
+            .empty_requests
             .get_or_create(&with(&self.id, "format", format))
             .inc();
         if self.first_time("empty_request", sender) {
@@ -175,7 +179,8 @@ impl ReceiverTelemetry {
     /// converted to the current one: counted, and logged once per sender.
     pub fn upgraded(&self, from: &'static str, sender: Option<std::net::IpAddr>) {
         self.t
-            .receiver_upgraded_requests
+            .receivers
+            .upgraded_requests
             .get_or_create(&with(&self.id, "from", from))
             .inc();
         if self.first_time(from, sender) {
@@ -215,301 +220,17 @@ impl ReceiverTelemetry {
     /// `too_large`, `backpressure`), with the profiles it carried if known.
     pub fn refused(&self, reason: &str, profiles: u64) {
         self.t
-            .receiver_refused_requests
+            .receivers
+            .refused_requests
             .get_or_create(&with(&self.id, "reason", reason))
             .inc();
         if profiles > 0 {
             self.t
-                .receiver_refused_profiles
+                .receivers
+                .refused_profiles
                 .get_or_create(&with(&self.id, "reason", reason))
                 .inc_by(profiles);
         }
-    }
-}
-
-/// Metric handle of a pull (scrape) receiver: scrapes and their failures by
-/// job, target counts, delta state.
-#[derive(Clone, Debug)]
-pub struct ScrapeTelemetry {
-    pub(super) t: Arc<Telemetry>,
-    pub(super) id: LabelSet,
-}
-
-impl ScrapeTelemetry {
-    /// One scrape of `job` that took `seconds`.
-    pub fn scraped(&self, job: &str, seconds: f64) {
-        let labels = with(&self.id, "job", job);
-        self.t.scrapes.get_or_create(&labels).inc();
-        self.t
-            .scrape_duration
-            .get_or_create(&labels)
-            .observe(seconds);
-    }
-
-    /// A scrape of `job` that gave no profile, for `reason`.
-    pub fn failed(&self, job: &str, reason: &str) {
-        let mut labels = with(&self.id, "job", job);
-        labels.push(("reason", reason.to_owned()));
-        self.t.scrape_failures.get_or_create(&labels).inc();
-    }
-
-    /// How many targets `job` has now, active and dropped.
-    pub fn targets(&self, job: &str, active: usize, dropped: usize) {
-        for (state, n) in [("active", active), ("dropped", dropped)] {
-            let mut labels = with(&self.id, "job", job);
-            labels.push(("state", state.to_owned()));
-            self.t.scrape_targets.get_or_create(&labels).set(n as i64);
-        }
-    }
-
-    /// What the delta state holds now.
-    pub fn delta_state(&self, bytes: usize, series: usize) {
-        self.t
-            .scrape_delta_state_bytes
-            .get_or_create(&self.id)
-            .set(bytes as i64);
-        self.t
-            .scrape_delta_series
-            .get_or_create(&self.id)
-            .set(series as i64);
-    }
-}
-
-/// Metric handle of an eBPF receiver.
-#[derive(Clone, Debug)]
-pub struct EbpfTelemetry {
-    pub(super) t: Arc<Telemetry>,
-    pub(super) id: LabelSet,
-}
-
-impl EbpfTelemetry {
-    /// `n` samples of `bytes` in all read from the kernel.
-    pub fn samples(&self, n: u64, bytes: u64) {
-        self.t.ebpf_samples.get_or_create(&self.id).inc_by(n);
-        self.t
-            .ebpf_sample_bytes
-            .get_or_create(&self.id)
-            .inc_by(bytes);
-    }
-
-    /// `n` more user stacks unwound as `how`.
-    pub fn unwound(&self, how: &str, n: u64) {
-        if n > 0 {
-            let labels = with(&self.id, "unwound", how);
-            self.t.ebpf_user_stacks.get_or_create(&labels).inc_by(n);
-        }
-    }
-
-    /// `n` more samples the kernel could not hand over (ring buffer full).
-    pub fn lost(&self, n: u64) {
-        self.t.ebpf_samples_lost.get_or_create(&self.id).inc_by(n);
-    }
-
-    /// A sample read but not kept, for `reason`.
-    pub fn dropped(&self, reason: &str) {
-        self.dropped_n(reason, 1);
-    }
-
-    /// `n` samples not kept, for `reason`.
-    pub fn dropped_n(&self, reason: &str, n: u64) {
-        if n > 0 {
-            let labels = with(&self.id, "reason", reason);
-            self.t.ebpf_samples_dropped.get_or_create(&labels).inc_by(n);
-        }
-    }
-
-    /// Processes held and symbol cache size now.
-    pub fn state(&self, processes: usize, symbols: usize) {
-        self.t
-            .ebpf_processes
-            .get_or_create(&self.id)
-            .set(processes as i64);
-        self.t
-            .ebpf_symbol_cache_entries
-            .get_or_create(&self.id)
-            .set(symbols as i64);
-    }
-
-    /// What the state budget holds now.
-    pub fn state_bytes(&self, bytes: usize) {
-        self.t
-            .ebpf_state_bytes
-            .get_or_create(&self.id)
-            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-    }
-
-    /// `n` more refusals of the state budget for `what` (`perf_map`,
-    /// `unwind_section`).
-    pub fn state_refused(&self, what: &str, n: u64) {
-        if n > 0 {
-            let labels = with(&self.id, "use", what);
-            self.t.ebpf_state_refusals.get_or_create(&labels).inc_by(n);
-        }
-    }
-}
-
-/// Metric handle of a `trace_link` processor.
-#[derive(Clone, Debug)]
-pub struct TraceLinkTelemetry {
-    pub(super) t: Arc<Telemetry>,
-    pub(super) id: LabelSet,
-}
-
-impl TraceLinkTelemetry {
-    /// `n` more samples with `result` (`linked`, `no_trace_id`, `malformed`).
-    pub fn samples(&self, result: &str, n: u64) {
-        if n > 0 {
-            let labels = with(&self.id, "result", result);
-            self.t.trace_link_samples.get_or_create(&labels).inc_by(n);
-        }
-    }
-
-    /// Spans indexed and let go.
-    pub fn indexed(&self, n: u64, evicted_window: u64, evicted_max: u64) {
-        if n > 0 {
-            self.t
-                .trace_link_spans_indexed
-                .get_or_create(&self.id)
-                .inc_by(n);
-        }
-        for (reason, n) in [("window", evicted_window), ("max_spans", evicted_max)] {
-            if n > 0 {
-                let labels = with(&self.id, "reason", reason);
-                self.t
-                    .trace_link_spans_evicted
-                    .get_or_create(&labels)
-                    .inc_by(n);
-            }
-        }
-    }
-
-    /// One batch held for spans, ended with `result` (`found`, `timed_out`).
-    pub fn waited(&self, result: &str) {
-        let labels = with(&self.id, "result", result);
-        self.t.trace_link_waits.get_or_create(&labels).inc();
-    }
-
-    /// The index's size now.
-    pub fn index(&self, spans: usize, bytes: usize) {
-        self.t
-            .trace_link_index_spans
-            .get_or_create(&self.id)
-            .set(spans as i64);
-        self.t
-            .trace_link_index_bytes
-            .get_or_create(&self.id)
-            .set(bytes as i64);
-    }
-}
-
-/// Metric handle of a `symbolize` processor.
-#[derive(Clone, Debug)]
-pub struct SymbolizeTelemetry {
-    pub(super) t: Arc<Telemetry>,
-    pub(super) id: LabelSet,
-}
-
-impl SymbolizeTelemetry {
-    /// `n` more frames with `result` (`symbolized` or the reason they were not).
-    pub fn frames(&self, result: &str, n: u64) {
-        if n > 0 {
-            let labels = with(&self.id, "result", result);
-            self.t.symbolize_frames.get_or_create(&labels).inc_by(n);
-        }
-    }
-
-    /// `n` more addresses named from the cache.
-    pub fn cache_hits(&self, n: u64) {
-        if n > 0 {
-            self.t
-                .symbolize_cache_hits
-                .get_or_create(&self.id)
-                .inc_by(n);
-        }
-    }
-
-    /// One more fetch from debuginfod servers ended with `result`.
-    pub fn debuginfod_fetch(&self, result: &str) {
-        let labels = with(&self.id, "result", result);
-        self.t
-            .symbolize_debuginfod_fetches
-            .get_or_create(&labels)
-            .inc();
-    }
-
-    /// `n` more profiles passed on unnamed, for `reason`.
-    pub fn skipped(&self, reason: &str, n: u64) {
-        if n > 0 {
-            let labels = with(&self.id, "reason", reason);
-            self.t
-                .symbolize_skipped_profiles
-                .get_or_create(&labels)
-                .inc_by(n);
-        }
-    }
-
-    /// Worker threads given up on and not yet returned, now.
-    pub fn stuck_workers(&self, n: usize) {
-        self.t
-            .symbolize_stuck_workers
-            .get_or_create(&self.id)
-            .set(n as i64);
-    }
-
-    /// Cache entries and open files now.
-    pub fn state(&self, entries: usize, open_files: usize) {
-        self.t
-            .symbolize_cache_entries
-            .get_or_create(&self.id)
-            .set(entries as i64);
-        self.t
-            .symbolize_open_files
-            .get_or_create(&self.id)
-            .set(open_files as i64);
-    }
-}
-
-/// Metric handle of a `k8s_attributes` processor.
-#[derive(Clone, Debug)]
-pub struct K8sAttributesTelemetry {
-    pub(super) t: Arc<Telemetry>,
-    pub(super) id: LabelSet,
-}
-
-impl K8sAttributesTelemetry {
-    /// `n` more profiles with `result` (`associated`, `not_found`,
-    /// `no_identifier`).
-    pub fn profiles(&self, result: &str, n: u64) {
-        if n > 0 {
-            let labels = with(&self.id, "result", result);
-            self.t
-                .k8s_attributes_profiles
-                .get_or_create(&labels)
-                .inc_by(n);
-        }
-    }
-
-    /// `n` more identity labels removed from profiles of untrusted senders.
-    pub fn untrusted_labels_removed(&self, n: u64) {
-        if n > 0 {
-            self.t
-                .k8s_attributes_untrusted_labels_removed
-                .get_or_create(&self.id)
-                .inc_by(n);
-        }
-    }
-
-    /// A cache's objects and failed lists or watches so far, now.
-    pub fn cache(&self, kind: &str, objects: usize, failures: u64) {
-        let labels = with(&self.id, "kind", kind);
-        self.t
-            .k8s_attributes_cache_objects
-            .get_or_create(&labels)
-            .set(objects as i64);
-        self.t
-            .k8s_attributes_watch_failures
-            .get_or_create(&labels)
-            .set(i64::try_from(failures).unwrap_or(i64::MAX));
     }
 }
 
@@ -523,14 +244,16 @@ pub struct ProcessorTelemetry {
 impl ProcessorTelemetry {
     pub fn received(&self, profiles: u64) {
         self.t
-            .processor_received_profiles
+            .processors
+            .received_profiles
             .get_or_create(&self.id)
             .inc_by(profiles);
     }
 
     pub fn dropped(&self, reason: &str, profiles: u64) {
         self.t
-            .processor_dropped_profiles
+            .processors
+            .dropped_profiles
             .get_or_create(&with(&self.id, "reason", reason))
             .inc_by(profiles);
     }
@@ -549,25 +272,29 @@ pub struct ExporterTelemetry {
 impl ExporterTelemetry {
     pub fn enqueued(&self, profiles: u64) {
         self.t
-            .exporter_enqueued_profiles
+            .exporters
+            .enqueued_profiles
             .get_or_create(&self.id)
             .inc_by(profiles);
     }
 
     pub fn sent(&self, profiles: u64, bytes: u64) {
         self.t
-            .exporter_sent_profiles
+            .exporters
+            .sent_profiles
             .get_or_create(&self.id)
             .inc_by(profiles);
         self.t
-            .exporter_sent_bytes
+            .exporters
+            .sent_bytes
             .get_or_create(&self.id)
             .inc_by(bytes);
     }
 
     pub fn failed(&self, reason: &str, profiles: u64) {
         self.t
-            .exporter_failed_profiles
+            .exporters
+            .failed_profiles
             .get_or_create(&with(&self.id, "reason", reason))
             .inc_by(profiles);
         if profiles > 0 {
@@ -580,7 +307,8 @@ impl ExporterTelemetry {
     /// `shutdown` are in it as undelivered already).
     pub fn dropped(&self, reason: &str, profiles: u64) {
         self.t
-            .exporter_dropped_profiles
+            .exporters
+            .dropped_profiles
             .get_or_create(&with(&self.id, "reason", reason))
             .inc_by(profiles);
         match reason {
@@ -592,14 +320,15 @@ impl ExporterTelemetry {
     }
 
     pub fn retried(&self) {
-        self.t.exporter_retries.get_or_create(&self.id).inc();
+        self.t.exporters.retries.get_or_create(&self.id).inc();
     }
 
     /// A batch waited for room in this exporter's full queue; `result`:
     /// `room`, `timeout` or `stalled`.
     pub fn held(&self, result: &str) {
         self.t
-            .exporter_queue_waits
+            .exporters
+            .queue_waits
             .get_or_create(&with(&self.id, "result", result))
             .inc();
     }
@@ -614,11 +343,13 @@ impl ExporterTelemetry {
             return;
         }
         self.t
-            .exporter_queue_profiles
+            .exporters
+            .queue_profiles
             .get_or_create(&self.id)
             .set(profiles as i64);
         self.t
-            .exporter_queue_bytes
+            .exporters
+            .queue_bytes
             .get_or_create(&self.id)
             .set(bytes as i64);
     }
@@ -629,46 +360,53 @@ impl ExporterTelemetry {
             return;
         }
         self.t
-            .exporter_queue_stored_bytes
+            .exporters
+            .queue_stored_bytes
             .get_or_create(&self.id)
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
         self.t
-            .exporter_queue_stored_records
+            .exporters
+            .queue_stored_records
             .get_or_create(&self.id)
             .set(i64::try_from(records).unwrap_or(i64::MAX));
     }
 
     pub fn queue_replayed(&self, records: u64) {
         self.t
-            .exporter_queue_replayed_records
+            .exporters
+            .queue_replayed_records
             .get_or_create(&self.id)
             .inc_by(records);
     }
 
     pub fn queue_corrupt(&self, n: u64) {
         self.t
-            .exporter_queue_corrupt
+            .exporters
+            .queue_corrupt
             .get_or_create(&self.id)
             .inc_by(n);
     }
 
     pub fn queue_storage_error(&self) {
         self.t
-            .exporter_queue_storage_errors
+            .exporters
+            .queue_storage_errors
             .get_or_create(&self.id)
             .inc();
     }
 
     pub fn queue_fsync(&self, seconds: f64) {
         self.t
-            .exporter_queue_fsync_duration
+            .exporters
+            .queue_fsync_duration
             .get_or_create(&self.id)
             .observe(seconds);
     }
 
     pub fn send_duration(&self, seconds: f64) {
         self.t
-            .exporter_send_duration
+            .exporters
+            .send_duration
             .get_or_create(&self.id)
             .observe(seconds);
     }

@@ -2,21 +2,21 @@
 //! pull receivers' targets (JSON in the shape of Prometheus's targets API).
 //! The HTTP server that shows them is [`crate::admin`].
 //!
-//! Components never register metrics themselves: they get a handle
-//! ([`ReceiverTelemetry`], [`ProcessorTelemetry`], [`ExporterTelemetry`]) whose
-//! methods update the shared families, so every component reports the same core
-//! metrics under the same names.
+//! Every component reports the metrics all of its kind share through a
+//! handle ([`ReceiverTelemetry`], [`ProcessorTelemetry`],
+//! [`ExporterTelemetry`]) whose methods update the core's families, so each
+//! reports them under the same names. What only one component has it
+//! declares itself, from a handle in its own folder, through
+//! [`Telemetry::counters`], [`Telemetry::gauges`] and
+//! [`Telemetry::histograms`] ([`families`] says how): the core names no
+//! component.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 
+mod families;
 mod handles;
 mod tenants;
 #[cfg(test)]
@@ -24,46 +24,19 @@ mod tests;
 
 pub use tenants::{MAX_SHOWN_TENANTS, TenantBook, TenantRow};
 
-pub use handles::{
-    EbpfTelemetry, ExporterTelemetry, K8sAttributesTelemetry, ProcessorTelemetry,
-    ReceiverTelemetry, ScrapeTelemetry, SymbolizeTelemetry, TraceLinkTelemetry,
+use families::Families;
+pub use families::{
+    Counters, FloatGauges, Gauges, Histograms, LabelSet, new_histograms, with_label,
 };
-
-type LabelSet = Vec<(&'static str, String)>;
-type Counters = Family<LabelSet, Counter>;
-type Gauges = Family<LabelSet, Gauge>;
-type FloatGauges = Family<LabelSet, Gauge<f64, std::sync::atomic::AtomicU64>>;
-
-fn new_histograms() -> Family<LabelSet, Histogram, fn() -> Histogram> {
-    Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 16)))
-}
+pub use handles::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry};
 
 /// All metric families of one running collector.
 pub struct Telemetry {
-    registry: Registry,
+    families: Families,
+    receivers: ReceiverFamilies,
+    processors: ProcessorFamilies,
+    exporters: ExporterFamilies,
     ready: AtomicBool,
-    receiver_accepted_profiles: Counters,
-    receiver_accepted_bytes: Counters,
-    receiver_refused_profiles: Counters,
-    receiver_refused_requests: Counters,
-    processor_received_profiles: Counters,
-    processor_dropped_profiles: Counters,
-    exporter_enqueued_profiles: Counters,
-    exporter_sent_profiles: Counters,
-    exporter_sent_bytes: Counters,
-    exporter_failed_profiles: Counters,
-    exporter_dropped_profiles: Counters,
-    exporter_retries: Counters,
-    exporter_queue_waits: Counters,
-    exporter_queue_profiles: Gauges,
-    exporter_queue_bytes: Gauges,
-    exporter_send_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
-    exporter_queue_stored_bytes: Gauges,
-    exporter_queue_stored_records: Gauges,
-    exporter_queue_replayed_records: Counters,
-    exporter_queue_corrupt: Counters,
-    exporter_queue_storage_errors: Counters,
-    exporter_queue_fsync_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
     memory_in_flight_bytes: Gauge,
     memory_limit_bytes: Gauge,
     conversions: Counters,
@@ -74,35 +47,6 @@ pub struct Telemetry {
     /// Profiles each exporter dropped or gave up on since the start, by
     /// exporter id (over reloads), for the shutdown report.
     losses: std::sync::Mutex<std::collections::BTreeMap<String, Losses>>,
-    scrapes: Counters,
-    scrape_failures: Counters,
-    scrape_targets: Gauges,
-    scrape_delta_state_bytes: Gauges,
-    scrape_delta_series: Gauges,
-    scrape_duration: Family<LabelSet, Histogram, fn() -> Histogram>,
-    ebpf_samples: Counters,
-    ebpf_sample_bytes: Counters,
-    ebpf_user_stacks: Counters,
-    ebpf_samples_lost: Counters,
-    ebpf_samples_dropped: Counters,
-    ebpf_processes: Gauges,
-    ebpf_symbol_cache_entries: Gauges,
-    ebpf_state_bytes: Gauges,
-    ebpf_state_refusals: Counters,
-    symbolize_frames: Counters,
-    symbolize_cache_hits: Counters,
-    symbolize_debuginfod_fetches: Counters,
-    symbolize_cache_entries: Gauges,
-    symbolize_open_files: Gauges,
-    symbolize_stuck_workers: Gauges,
-    symbolize_skipped_profiles: Counters,
-    receiver_accepted_spans: Counters,
-    receiver_refused_spans: Counters,
-    receiver_lost_samples: Counters,
-    receiver_empty_requests: Counters,
-    receiver_lost_parts: Counters,
-    receiver_upgraded_requests: Counters,
-    receiver_tenant_refused_requests: Counters,
     /// Tenants named on `receiver_tenant_refused_requests` so far (the
     /// rest are `other`).
     tenants_named: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -113,18 +57,215 @@ pub struct Telemetry {
     /// (receiver, reason, sender) already logged for lost samples; bounded.
     lost_samples_logged:
         std::sync::Mutex<std::collections::HashSet<(String, &'static str, String)>>,
-    trace_link_samples: Counters,
-    trace_link_spans_indexed: Counters,
-    trace_link_spans_evicted: Counters,
-    trace_link_waits: Counters,
-    trace_link_index_spans: Gauges,
-    trace_link_index_bytes: Gauges,
-    k8s_attributes_profiles: Counters,
-    k8s_attributes_untrusted_labels_removed: Counters,
-    k8s_attributes_cache_objects: Gauges,
-    k8s_attributes_watch_failures: Gauges,
     /// What `/targets` shows: each pull receiver's view, by receiver id.
     targets: std::sync::Mutex<Vec<(String, TargetsView)>>,
+}
+
+/// The families every receiver reports (`proflow_receiver_*`).
+struct ReceiverFamilies {
+    accepted_profiles: Counters,
+    accepted_bytes: Counters,
+    refused_profiles: Counters,
+    refused_requests: Counters,
+    accepted_spans: Counters,
+    refused_spans: Counters,
+    lost_samples: Counters,
+    lost_parts: Counters,
+    empty_requests: Counters,
+    upgraded_requests: Counters,
+    tenant_refused_requests: Counters,
+}
+
+impl ReceiverFamilies {
+    fn declare(families: &Families) -> Self {
+        ReceiverFamilies {
+            accepted_profiles: families.family(
+                "receiver_accepted_profiles",
+                "Profiles a receiver accepted into the pipeline",
+                Counters::default,
+            ),
+            accepted_bytes: families.family(
+                "receiver_accepted_bytes",
+                "Payload bytes a receiver accepted into the pipeline",
+                Counters::default,
+            ),
+            refused_profiles: families.family(
+                "receiver_refused_profiles",
+                "Profiles a receiver refused, by reason",
+                Counters::default,
+            ),
+            refused_requests: families.family(
+                "receiver_refused_requests",
+                "Requests a receiver refused, by reason",
+                Counters::default,
+            ),
+            accepted_spans: families.family(
+                "receiver_accepted_spans",
+                "Spans a receiver took for the span index of its traces pipelines' processors",
+                Counters::default,
+            ),
+            refused_spans: families.family(
+                "receiver_refused_spans",
+                "Spans a receiver refused (ids of the wrong length or all zero)",
+                Counters::default,
+            ),
+            lost_samples: families.family(
+                "receiver_lost_samples",
+                "Samples that arrived in an accepted request but could not be carried by its conversion, by reason",
+                Counters::default,
+            ),
+            lost_parts: families.family(
+                "receiver_lost_parts",
+                "Parts of accepted samples (a frame, a label) that a conversion could not carry, by part and reason; the sample itself arrives",
+                Counters::default,
+            ),
+            empty_requests: families.family(
+                "receiver_empty_requests",
+                "Accepted requests whose non-empty body held no sample to store, by format",
+                Counters::default,
+            ),
+            upgraded_requests: families.family(
+                "receiver_upgraded_requests",
+                "Requests of an older layout a receiver converted to the current one, by layout (otlp_1_9: OTLP profiles 1.9)",
+                Counters::default,
+            ),
+            tenant_refused_requests: families.family(
+                "receiver_tenant_refused_requests",
+                "Requests a receiver refused for a per-tenant limit (limits), by tenant (the first 100 tenants refused by name, the rest as other) and reason",
+                Counters::default,
+            ),
+        }
+    }
+}
+
+/// The families every processor reports (`proflow_processor_*`).
+struct ProcessorFamilies {
+    received_profiles: Counters,
+    dropped_profiles: Counters,
+}
+
+impl ProcessorFamilies {
+    fn declare(families: &Families) -> Self {
+        ProcessorFamilies {
+            received_profiles: families.family(
+                "processor_received_profiles",
+                "Profiles a processor was given",
+                Counters::default,
+            ),
+            dropped_profiles: families.family(
+                "processor_dropped_profiles",
+                "Profiles a processor dropped, by reason",
+                Counters::default,
+            ),
+        }
+    }
+}
+
+/// The families every exporter and its queue report (`proflow_exporter_*`).
+struct ExporterFamilies {
+    enqueued_profiles: Counters,
+    sent_profiles: Counters,
+    sent_bytes: Counters,
+    failed_profiles: Counters,
+    dropped_profiles: Counters,
+    retries: Counters,
+    queue_waits: Counters,
+    queue_profiles: Gauges,
+    queue_bytes: Gauges,
+    send_duration: Histograms,
+    queue_stored_bytes: Gauges,
+    queue_stored_records: Gauges,
+    queue_replayed_records: Counters,
+    queue_corrupt: Counters,
+    queue_storage_errors: Counters,
+    queue_fsync_duration: Histograms,
+}
+
+impl ExporterFamilies {
+    fn declare(families: &Families) -> Self {
+        ExporterFamilies {
+            enqueued_profiles: families.family(
+                "exporter_enqueued_profiles",
+                "Profiles put into an exporter's queue",
+                Counters::default,
+            ),
+            sent_profiles: families.family(
+                "exporter_sent_profiles",
+                "Profiles an exporter delivered",
+                Counters::default,
+            ),
+            sent_bytes: families.family(
+                "exporter_sent_bytes",
+                "Payload bytes an exporter delivered",
+                Counters::default,
+            ),
+            failed_profiles: families.family(
+                "exporter_failed_profiles",
+                "Profiles an exporter failed to deliver and gave up on, by reason",
+                Counters::default,
+            ),
+            dropped_profiles: families.family(
+                "exporter_dropped_profiles",
+                "Profiles dropped before an exporter's queue or left in it at shutdown, by reason",
+                Counters::default,
+            ),
+            retries: families.family(
+                "exporter_retries",
+                "Send attempts an exporter retried after a retryable failure",
+                Counters::default,
+            ),
+            queue_waits: families.family(
+                "exporter_queue_waits",
+                "Batches held back by an exporter's full queue, by how the wait ended (room, timeout: when_full applied after wait_when_full, stalled: applied at once after an earlier timeout)",
+                Counters::default,
+            ),
+            queue_profiles: families.family(
+                "exporter_queue_profiles",
+                "Profiles waiting in an exporter's queue",
+                Gauges::default,
+            ),
+            queue_bytes: families.family(
+                "exporter_queue_bytes",
+                "Payload bytes waiting in an exporter's queue",
+                Gauges::default,
+            ),
+            send_duration: families.family(
+                "exporter_send_duration_seconds",
+                "Time one export attempt took",
+                new_histograms,
+            ),
+            queue_stored_bytes: families.family(
+                "exporter_queue_stored_bytes",
+                "Bytes of an exporter's persistent queue files (sending_queue.storage)",
+                Gauges::default,
+            ),
+            queue_stored_records: families.family(
+                "exporter_queue_stored_records",
+                "Records in an exporter's persistent queue not yet finished",
+                Gauges::default,
+            ),
+            queue_replayed_records: families.family(
+                "exporter_queue_replayed_records",
+                "Records a persistent queue found unfinished when it opened, sent again",
+                Counters::default,
+            ),
+            queue_corrupt: families.family(
+                "exporter_queue_corrupt",
+                "Damaged stretches of a persistent queue's files found when it opened and skipped",
+                Counters::default,
+            ),
+            queue_storage_errors: families.family(
+                "exporter_queue_storage_errors",
+                "Writes or syncs of a persistent queue that failed",
+                Counters::default,
+            ),
+            queue_fsync_duration: families.family(
+                "exporter_queue_fsync_duration_seconds",
+                "Time one sync of a persistent queue took",
+                new_histograms,
+            ),
+        }
+    }
 }
 
 /// A pull receiver's targets for `/targets`: `(active, dropped)` as JSON
@@ -146,126 +287,17 @@ impl Default for Telemetry {
 
 impl Telemetry {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("proflow");
+        let families = Families::new();
         // Help texts end without a period: the encoder adds one.
         macro_rules! family {
-            ($name:literal, $help:literal, $ty:expr) => {{
-                let f = $ty;
-                registry.register($name, $help, f.clone());
-                f
-            }};
+            ($name:literal, $help:literal, $ty:expr) => {
+                families.family($name, $help, || $ty)
+            };
         }
         Telemetry {
-            receiver_accepted_profiles: family!(
-                "receiver_accepted_profiles",
-                "Profiles a receiver accepted into the pipeline",
-                Counters::default()
-            ),
-            receiver_accepted_bytes: family!(
-                "receiver_accepted_bytes",
-                "Payload bytes a receiver accepted into the pipeline",
-                Counters::default()
-            ),
-            receiver_refused_profiles: family!(
-                "receiver_refused_profiles",
-                "Profiles a receiver refused, by reason",
-                Counters::default()
-            ),
-            receiver_refused_requests: family!(
-                "receiver_refused_requests",
-                "Requests a receiver refused, by reason",
-                Counters::default()
-            ),
-            processor_received_profiles: family!(
-                "processor_received_profiles",
-                "Profiles a processor was given",
-                Counters::default()
-            ),
-            processor_dropped_profiles: family!(
-                "processor_dropped_profiles",
-                "Profiles a processor dropped, by reason",
-                Counters::default()
-            ),
-            exporter_enqueued_profiles: family!(
-                "exporter_enqueued_profiles",
-                "Profiles put into an exporter's queue",
-                Counters::default()
-            ),
-            exporter_sent_profiles: family!(
-                "exporter_sent_profiles",
-                "Profiles an exporter delivered",
-                Counters::default()
-            ),
-            exporter_sent_bytes: family!(
-                "exporter_sent_bytes",
-                "Payload bytes an exporter delivered",
-                Counters::default()
-            ),
-            exporter_failed_profiles: family!(
-                "exporter_failed_profiles",
-                "Profiles an exporter failed to deliver and gave up on, by reason",
-                Counters::default()
-            ),
-            exporter_dropped_profiles: family!(
-                "exporter_dropped_profiles",
-                "Profiles dropped before an exporter's queue or left in it at shutdown, by reason",
-                Counters::default()
-            ),
-            exporter_retries: family!(
-                "exporter_retries",
-                "Send attempts an exporter retried after a retryable failure",
-                Counters::default()
-            ),
-            exporter_queue_waits: family!(
-                "exporter_queue_waits",
-                "Batches held back by an exporter's full queue, by how the wait ended (room, timeout: when_full applied after wait_when_full, stalled: applied at once after an earlier timeout)",
-                Counters::default()
-            ),
-            exporter_queue_profiles: family!(
-                "exporter_queue_profiles",
-                "Profiles waiting in an exporter's queue",
-                Gauges::default()
-            ),
-            exporter_queue_bytes: family!(
-                "exporter_queue_bytes",
-                "Payload bytes waiting in an exporter's queue",
-                Gauges::default()
-            ),
-            exporter_send_duration: family!(
-                "exporter_send_duration_seconds",
-                "Time one export attempt took",
-                new_histograms()
-            ),
-            exporter_queue_stored_bytes: family!(
-                "exporter_queue_stored_bytes",
-                "Bytes of an exporter's persistent queue files (sending_queue.storage)",
-                Gauges::default()
-            ),
-            exporter_queue_stored_records: family!(
-                "exporter_queue_stored_records",
-                "Records in an exporter's persistent queue not yet finished",
-                Gauges::default()
-            ),
-            exporter_queue_replayed_records: family!(
-                "exporter_queue_replayed_records",
-                "Records a persistent queue found unfinished when it opened, sent again",
-                Counters::default()
-            ),
-            exporter_queue_corrupt: family!(
-                "exporter_queue_corrupt",
-                "Damaged stretches of a persistent queue's files found when it opened and skipped",
-                Counters::default()
-            ),
-            exporter_queue_storage_errors: family!(
-                "exporter_queue_storage_errors",
-                "Writes or syncs of a persistent queue that failed",
-                Counters::default()
-            ),
-            exporter_queue_fsync_duration: family!(
-                "exporter_queue_fsync_duration_seconds",
-                "Time one sync of a persistent queue took",
-                new_histograms()
-            ),
+            receivers: ReceiverFamilies::declare(&families),
+            processors: ProcessorFamilies::declare(&families),
+            exporters: ExporterFamilies::declare(&families),
             memory_in_flight_bytes: family!(
                 "memory_in_flight_bytes",
                 "Bytes of request bodies and decompressed data receivers hold now (bounded by service.limits.max_in_flight_bytes)",
@@ -291,151 +323,6 @@ impl Telemetry {
                 "Things a conversion between pprof and OTLP could not carry over, by what they were",
                 Counters::default()
             ),
-            scrapes: family!(
-                "scrape_attempts",
-                "Scrapes a pull receiver attempted, by job",
-                Counters::default()
-            ),
-            scrape_failures: family!(
-                "scrape_failures",
-                "Scrapes that gave no profile, by job and reason (per target: /targets)",
-                Counters::default()
-            ),
-            scrape_targets: family!(
-                "scrape_targets",
-                "Targets of a pull receiver, by job and state (active: scraped; dropped: by relabelling)",
-                Gauges::default()
-            ),
-            scrape_delta_state_bytes: family!(
-                "scrape_delta_state_bytes",
-                "Memory held for client-side deltas of cumulative profiles (bounded by max_delta_state)",
-                Gauges::default()
-            ),
-            scrape_delta_series: family!(
-                "scrape_delta_series",
-                "Target profiles whose previous values are held for client-side deltas",
-                Gauges::default()
-            ),
-            scrape_duration: family!(
-                "scrape_duration_seconds",
-                "Time one scrape took, by job (CPU profiles last the interval minus one second)",
-                new_histograms()
-            ),
-            ebpf_samples: family!(
-                "ebpf_samples",
-                "CPU samples an eBPF receiver took in user space (kernel threads and every process, idle excluded)",
-                Counters::default()
-            ),
-            ebpf_sample_bytes: family!(
-                "ebpf_sample_bytes",
-                "Bytes of sample records read from the kernel (stacks and the copied user stack)",
-                Counters::default()
-            ),
-            ebpf_user_stacks: family!(
-                "ebpf_user_stacks",
-                "User stacks by how they were unwound (complete: .eh_frame to the outermost frame; frame_pointers: the kernel's walk went further; truncated; none)",
-                Counters::default()
-            ),
-            ebpf_samples_lost: family!(
-                "ebpf_samples_lost",
-                "CPU samples lost in the kernel because the ring buffer was full (raise ring_buffer_size)",
-                Counters::default()
-            ),
-            ebpf_samples_dropped: family!(
-                "ebpf_samples_dropped",
-                "Samples (CPU ticks and off-CPU waits) an eBPF receiver did not keep, by reason (stacks_full, bad_record, filtered; off_cpu_rate, off_cpu_untracked and off_cpu_outside_syscall: waits the BPF program did not send)",
-                Counters::default()
-            ),
-            ebpf_processes: family!(
-                "ebpf_processes",
-                "Processes an eBPF receiver holds state for (mappings, labels, unwind tables)",
-                Gauges::default()
-            ),
-            ebpf_symbol_cache_entries: family!(
-                "ebpf_symbol_cache_entries",
-                "Symbolized addresses an eBPF receiver keeps (bounded by symbol_cache_entries)",
-                Gauges::default()
-            ),
-            ebpf_state_bytes: family!(
-                "ebpf_state_bytes",
-                "Memory an eBPF receiver keeps because of what the node's processes hold (perf map entries, unwind sections on the heap), bounded by max_state_size",
-                Gauges::default()
-            ),
-            ebpf_state_refusals: family!(
-                "ebpf_state_refusals",
-                "What an eBPF receiver did not keep because max_state_size was used up, by use (perf_map: a map stopped at a line, at most once a second per process; unwind_section: a file's section left out)",
-                Counters::default()
-            ),
-            symbolize_frames: family!(
-                "symbolize_frames",
-                "Frames a symbolize processor was asked to name, by result (symbolized, or why not: no_mapping, no_build_id, not_found, kernel_disabled, kernel_not_this_host, local_not_this_host, debuginfod_timeout)",
-                Counters::default()
-            ),
-            symbolize_cache_hits: family!(
-                "symbolize_cache_hits",
-                "Addresses a symbolize processor named from its cache",
-                Counters::default()
-            ),
-            symbolize_debuginfod_fetches: family!(
-                "symbolize_debuginfod_fetches",
-                "Debug files a symbolize processor fetched from debuginfod servers, by result (found, not_found: every server answered 404, error, over_budget: the in-flight budget had no room for the file, which is asked for again)",
-                Counters::default()
-            ),
-            symbolize_cache_entries: family!(
-                "symbolize_cache_entries",
-                "Symbolized addresses a symbolize processor keeps (bounded by symbol_cache_entries)",
-                Gauges::default()
-            ),
-            symbolize_open_files: family!(
-                "symbolize_open_files",
-                "Files a symbolize processor holds open: up to open_binaries binaries or debug files, each with the debug file its .gnu_debuglink names, and the dwz files they need",
-                Gauges::default()
-            ),
-            symbolize_stuck_workers: family!(
-                "symbolize_stuck_workers",
-                "Worker threads a symbolize processor gave up on (a batch took longer than 30s: a file system that does not answer) that have not returned yet; at most 2",
-                Gauges::default()
-            ),
-            symbolize_skipped_profiles: family!(
-                "symbolize_skipped_profiles",
-                "Profiles a symbolize processor passed on as they came without naming them, by reason (worker_timeout: their batch took longer than 30s; workers_stuck: the most workers that may be stuck are; worker_failed: the worker stopped)",
-                Counters::default()
-            ),
-            receiver_accepted_spans: family!(
-                "receiver_accepted_spans",
-                "Spans a receiver took for the span index of its traces pipelines' processors",
-                Counters::default()
-            ),
-            receiver_refused_spans: family!(
-                "receiver_refused_spans",
-                "Spans a receiver refused (ids of the wrong length or all zero)",
-                Counters::default()
-            ),
-            receiver_lost_samples: family!(
-                "receiver_lost_samples",
-                "Samples that arrived in an accepted request but could not be carried by its conversion, by reason",
-                Counters::default()
-            ),
-            receiver_lost_parts: family!(
-                "receiver_lost_parts",
-                "Parts of accepted samples (a frame, a label) that a conversion could not carry, by part and reason; the sample itself arrives",
-                Counters::default()
-            ),
-            receiver_empty_requests: family!(
-                "receiver_empty_requests",
-                "Accepted requests whose non-empty body held no sample to store, by format",
-                Counters::default()
-            ),
-            receiver_upgraded_requests: family!(
-                "receiver_upgraded_requests",
-                "Requests of an older layout a receiver converted to the current one, by layout (otlp_1_9: OTLP profiles 1.9)",
-                Counters::default()
-            ),
-            receiver_tenant_refused_requests: family!(
-                "receiver_tenant_refused_requests",
-                "Requests a receiver refused for a per-tenant limit (limits), by tenant (the first 100 tenants refused by name, the rest as other) and reason",
-                Counters::default()
-            ),
             tenants_named: Default::default(),
             tenants: TenantBook::default(),
             tenant_profiles_per_second: family!(
@@ -449,60 +336,10 @@ impl Telemetry {
                 FloatGauges::default()
             ),
             lost_samples_logged: Default::default(),
-            trace_link_samples: family!(
-                "trace_link_samples",
-                "Samples a trace_link processor read a span from, by result (linked; no_trace_id: the span's trace is unknown; malformed: an id that is not one)",
-                Counters::default()
-            ),
-            trace_link_spans_indexed: family!(
-                "trace_link_spans_indexed",
-                "Spans a trace_link processor put in its span index",
-                Counters::default()
-            ),
-            trace_link_spans_evicted: family!(
-                "trace_link_spans_evicted",
-                "Spans a trace_link processor's index let go, by reason (window, max_spans)",
-                Counters::default()
-            ),
-            trace_link_waits: family!(
-                "trace_link_waits",
-                "Batches a trace_link processor held for spans not yet indexed, by result (found: every span arrived; timed_out: went on after `wait` with some unlinked)",
-                Counters::default()
-            ),
-            trace_link_index_spans: family!(
-                "trace_link_index_spans",
-                "Spans in a trace_link processor's index (bounded by max_spans)",
-                Gauges::default()
-            ),
-            trace_link_index_bytes: family!(
-                "trace_link_index_bytes",
-                "Memory a trace_link processor's span index holds",
-                Gauges::default()
-            ),
-            k8s_attributes_profiles: family!(
-                "k8s_attributes_profiles",
-                "Profiles a k8s_attributes processor saw, by result (associated: a pod was found and its metadata added; not_found: an identifier named no known pod; no_identifier: the profile carried none of the pod_association sources)",
-                Counters::default()
-            ),
-            k8s_attributes_untrusted_labels_removed: family!(
-                "k8s_attributes_untrusted_labels_removed",
-                "Identity labels (those the processor sets) a k8s_attributes processor removed from profiles pushed by senders outside its trusted_senders; the pod found by the connection sets them again",
-                Counters::default()
-            ),
-            k8s_attributes_cache_objects: family!(
-                "k8s_attributes_cache_objects",
-                "Objects a k8s_attributes processor holds from its watches, by kind (pods, namespaces, nodes, replicasets)",
-                Gauges::default()
-            ),
-            k8s_attributes_watch_failures: family!(
-                "k8s_attributes_watch_failures",
-                "Failed lists and watches of a k8s_attributes processor's caches so far, by kind (each is retried)",
-                Gauges::default()
-            ),
             targets: Default::default(),
             lost_logged: Default::default(),
             losses: Default::default(),
-            registry,
+            families,
             ready: AtomicBool::new(false),
         }
     }
@@ -568,44 +405,21 @@ impl Telemetry {
         }
     }
 
-    /// Metric handle of a pull (scrape) receiver.
-    pub fn scrape(self: &Arc<Self>, id: &str) -> ScrapeTelemetry {
-        ScrapeTelemetry {
-            t: self.clone(),
-            id: vec![("receiver", id.to_string())],
-        }
+    /// A counter family a component declares for itself, `proflow_<name>_total`
+    /// (the one already declared, if any: see [`families`]).
+    pub fn counters(&self, name: &'static str, help: &'static str) -> Counters {
+        self.families.family(name, help, Counters::default)
     }
 
-    /// Metric handle of an eBPF receiver.
-    pub fn ebpf(self: &Arc<Self>, id: &str) -> EbpfTelemetry {
-        EbpfTelemetry {
-            t: self.clone(),
-            id: vec![("receiver", id.to_string())],
-        }
+    /// A gauge family a component declares for itself, `proflow_<name>`.
+    pub fn gauges(&self, name: &'static str, help: &'static str) -> Gauges {
+        self.families.family(name, help, Gauges::default)
     }
 
-    /// The metric handle of a `symbolize` processor.
-    pub fn symbolize(self: &Arc<Self>, id: &str) -> SymbolizeTelemetry {
-        SymbolizeTelemetry {
-            t: self.clone(),
-            id: vec![("processor", id.to_string())],
-        }
-    }
-
-    /// The metric handle of a `trace_link` processor.
-    pub fn trace_link(self: &Arc<Self>, id: &str) -> TraceLinkTelemetry {
-        TraceLinkTelemetry {
-            t: self.clone(),
-            id: vec![("processor", id.to_string())],
-        }
-    }
-
-    /// The metric handle of a `k8s_attributes` processor.
-    pub fn k8s_attributes(self: &Arc<Self>, id: &str) -> K8sAttributesTelemetry {
-        K8sAttributesTelemetry {
-            t: self.clone(),
-            id: vec![("processor", id.to_string())],
-        }
+    /// A histogram family a component declares for itself, `proflow_<name>`
+    /// (name it `..._seconds` for times).
+    pub fn histograms(&self, name: &'static str, help: &'static str) -> Histograms {
+        self.families.family(name, help, new_histograms)
     }
 
     /// Adds a pull receiver's targets to `/targets`.
@@ -709,8 +523,7 @@ impl Telemetry {
                 .set(row.bytes_per_second);
         }
         let mut out = String::new();
-        // Encoding into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        self.families.render(&mut out);
         out
     }
 }
