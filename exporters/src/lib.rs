@@ -6,15 +6,16 @@
 //! Pyroscope's push API, [`kafka`] sends one record per profile to Apache
 //! Kafka.
 //!
-//! This crate depends only on `proflow-pipeline` and `proflow-config`, never on
-//! another component crate: exporters are driven by the pipeline's queue and
-//! implement nothing but [`Exporter::export`](proflow_pipeline::component::Exporter::export).
+//! This crate depends on the core (`proflow-pipeline`), `proflow-config` and
+//! `proflow-kafka` (the Kafka exporter's producer), never on another component
+//! crate: exporters are driven by the pipeline's queue and implement nothing
+//! but [`Exporter::export`](proflow_pipeline::component::Exporter::export).
 //!
 //! Each exporter is behind a Cargo feature named after its config type
-//! (`file`, `nop`, `otlp`, `parca`, `pyroscope`), all on by default. Its own dependencies are optional and
-//! enabled by that feature only, so a build without the exporter does not
-//! compile them: a Kafka exporter brings `rdkafka` behind `kafka`, an OTLP one
-//! `tonic` behind `otlp`. [`factories`] lists only what was compiled; the
+//! (`file`, `kafka`, `nop`, `otlp`, `parca`, `pyroscope`), all on by default.
+//! Its own dependencies are optional and enabled by that feature only, so a
+//! build without the exporter does not compile them: a Kafka exporter brings
+//! `rdkafka` behind `kafka`, an OTLP one `tonic` behind `otlp`. [`factories`] lists only what was compiled; the
 //! `proflow` binary forwards each feature as `exporter-<type>`.
 
 // The errors of exporters that touch files and encode data; `nop` has none.
@@ -32,12 +33,12 @@ pub mod otlp;
 pub mod parca;
 #[cfg(feature = "pyroscope")]
 pub mod pyroscope;
-// The gRPC client, TLS setup and answer classification of `otlp` and `parca`
-// (and the HTTP client and TLS setup of `pyroscope`).
+// The clients the exporters connect out with: gRPC (`otlp`, `parca`) and
+// HTTP (`otlp`, `pyroscope`), their TLS setup and answer classification.
 #[cfg(any(feature = "otlp", feature = "parca", feature = "pyroscope"))]
 // A build with `pyroscope` alone uses only its HTTP client and TLS setup.
 #[cfg_attr(not(any(feature = "otlp", feature = "parca")), allow(dead_code))]
-mod grpc;
+mod client;
 
 // The in-process server of the HTTP and gRPC exporters' unit tests.
 #[cfg(all(test, any(feature = "otlp", feature = "parca", feature = "pyroscope")))]

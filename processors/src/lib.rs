@@ -2,8 +2,9 @@
 //! from receivers to exporters. Each lives in a folder named after its config
 //! `type` (`relabel/`), holding its config struct and the running processor.
 //!
-//! This crate may depend on `proflow-pipeline` (envelope, component traits,
-//! telemetry, the relabel engine) and `proflow-config` only, never on the
+//! This crate depends on the core (`proflow-pipeline`: envelope, component
+//! traits, telemetry), `proflow-config` and the engines its processors use
+//! (`proflow-relabel`, `proflow-symbolize`, `proflow-kube`), never on the
 //! receiver or exporter crates. The binary registers what [`factories`] returns.
 //!
 //! Each processor is behind a Cargo feature named after its config type

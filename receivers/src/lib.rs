@@ -9,8 +9,10 @@
 //! every process with a BPF program, Linux only), and
 //! [`factories`], the table the binary joins into its registry.
 //!
-//! This crate may depend only on `proflow-pipeline` (envelope, component traits,
-//! telemetry, pprof helpers) and `proflow-config`; never on another component
+//! This crate depends on the core (`proflow-pipeline`: component traits,
+//! telemetry, the data model and listeners it re-exports), `proflow-config`,
+//! and the engines its receivers use (`proflow-kafka`, `proflow-kube`,
+//! `proflow-relabel`, `proflow-symbolize`); never on another component
 //! crate, so receivers, processors and exporters stay independent.
 //!
 //! Each receiver is behind a Cargo feature named after its config type

@@ -65,7 +65,7 @@ use proflow_pipeline::telemetry::ExporterTelemetry;
 use serde::Deserialize;
 
 use self::transport::{PartialSuccess, Transport};
-use crate::grpc::{self, parse_url};
+use crate::client::{self, parse_url};
 
 /// The header Pyroscope, Mimir-style gateways and the Collector's
 /// `headers_setter` read the tenant from.
@@ -113,7 +113,7 @@ pub enum Compression {
     None,
 }
 
-pub use crate::grpc::TlsSettings;
+pub use crate::client::TlsSettings;
 
 /// Config of the `otlp` exporter.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -245,7 +245,7 @@ impl OtlpExporterConfig {
     }
 
     fn grpc_origin(&self, problems: &mut Vec<FieldError>) -> Option<Wire> {
-        grpc::grpc_origin(
+        client::grpc_origin(
             &self.endpoint,
             self.tls.insecure,
             "127.0.0.1:4317",
@@ -301,9 +301,9 @@ impl OtlpExporterConfig {
 
     /// The configured headers, or every problem with them.
     fn header_map(&self) -> Result<HeaderMap, Vec<FieldError>> {
-        grpc::header_map(
+        client::header_map(
             &self.headers,
-            grpc::set_by_grpc("from `protocol`, `encoding`, `compression`"),
+            client::set_by_grpc("from `protocol`, `encoding`, `compression`"),
         )
     }
 }

@@ -32,7 +32,7 @@ use tokio::net::TcpListener;
 
 use super::transport::EXPORT_PATH;
 use super::*;
-use crate::grpc::status::RpcStatus;
+use crate::client::status::RpcStatus;
 use proflow_pipeline::otlp::SharedDictionary;
 
 // ------------------------------------------------------------------ config

@@ -33,7 +33,7 @@ use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
 
 use super::{TlsSettings, Wire};
-use crate::grpc::{self, Connector, MAX_RESPONSE_BYTES, status};
+use crate::client::{self, Connector, MAX_RESPONSE_BYTES, status};
 
 /// The gRPC method every OTLP profiles exporter calls.
 pub(crate) const EXPORT_PATH: &str =
@@ -85,14 +85,14 @@ impl Transport {
     ) -> Result<Self, String> {
         let (kind, shown) = match wire {
             Wire::Grpc { origin } => {
-                let client = grpc::grpc_client(tls, wire.uses_tls(), timeout)?;
+                let client = client::grpc_client(tls, wire.uses_tls(), timeout)?;
                 let url = format!("{}{EXPORT_PATH}", origin.to_string().trim_end_matches('/'))
                     .parse()
                     .map_err(|e| format!("`endpoint` {origin} does not make a URL: {e}"))?;
                 (Kind::Grpc { client, url }, origin.to_string())
             }
             Wire::Http { url, json } => {
-                let client = grpc::http_client(tls, wire.uses_tls(), timeout)?;
+                let client = client::http_client(tls, wire.uses_tls(), timeout)?;
                 (
                     Kind::Http {
                         client,
@@ -168,7 +168,7 @@ impl Transport {
         body: Bytes,
         headers: HeaderMap,
     ) -> Result<PartialSuccess, ExportError> {
-        let answer = grpc::unary(client, url, headers, body, self.gzip, self.timeout)
+        let answer = client::unary(client, url, headers, body, self.gzip, self.timeout)
             .await
             .map_err(|s| status::grpc_error(&s, &format!("OTLP gRPC export to {}", self.shown)))?;
         // The request was delivered: an unreadable answer only loses the

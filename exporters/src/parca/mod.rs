@@ -19,7 +19,7 @@
 //! profile does not have the label already (as Prometheus external labels).
 //!
 //! Failures follow the `otlp` exporter's gRPC classification
-//! ([`crate::grpc::status`]): UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, ...
+//! ([`crate::client::status`]): UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, ...
 //! and RESOURCE_EXHAUSTED with a `RetryInfo` are retried by the queue; all
 //! else is permanent. INVALID_ARGUMENT (Parca refusing a profile) is logged
 //! once per distinct message.
@@ -49,7 +49,7 @@ use proflow_pipeline::queue::{QueueSettings, RetrySettings};
 use prost::Message;
 use serde::Deserialize;
 
-use crate::grpc::{self, Connector, TlsSettings, status};
+use crate::client::{self, Connector, TlsSettings, status};
 
 /// The gRPC method.
 pub const WRITE_RAW_PATH: &str = "/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw";
@@ -129,7 +129,7 @@ impl Default for ParcaExporterConfig {
 
 impl ParcaExporterConfig {
     fn origin(&self, problems: &mut Vec<FieldError>) -> Option<Uri> {
-        let origin = grpc::grpc_origin(
+        let origin = client::grpc_origin(
             &self.endpoint,
             self.tls.insecure,
             "127.0.0.1:7070",
@@ -143,9 +143,9 @@ impl ParcaExporterConfig {
     }
 
     fn header_map(&self) -> Result<HeaderMap, Vec<FieldError>> {
-        grpc::header_map(
+        client::header_map(
             &self.headers,
-            grpc::set_by_grpc("gRPC framing and `bearer_token`"),
+            client::set_by_grpc("gRPC framing and `bearer_token`"),
         )
     }
 }
@@ -281,7 +281,7 @@ impl ParcaExporterConfig {
             headers.insert(AUTHORIZATION, value);
         }
         let timeout = self.timeout.get();
-        let client = grpc::grpc_client(&self.tls, origin.scheme_str() == Some("https"), timeout)
+        let client = client::grpc_client(&self.tls, origin.scheme_str() == Some("https"), timeout)
             .map_err(fail)?;
         let shown = origin.to_string();
         let url = format!("{}{WRITE_RAW_PATH}", shown.trim_end_matches('/'))
@@ -327,7 +327,7 @@ pub struct ParcaExporter {
 impl ParcaExporter {
     /// Sends one encoded `WriteRawRequest`.
     pub(crate) async fn send(&self, message: Bytes) -> Result<(), ExportError> {
-        let call = grpc::unary(
+        let call = client::unary(
             &self.client,
             &self.url,
             self.headers.clone(),

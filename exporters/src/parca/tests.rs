@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 
 use super::wire::{WriteRawRequest, build_request, profile_name, series_labels};
 use super::*;
-use crate::grpc::status::RpcStatus;
+use crate::client::status::RpcStatus;
 
 // ------------------------------------------------------------------ config
 

@@ -58,8 +58,8 @@ pub struct TlsSettings {
 impl TlsSettings {
     /// The same settings in the form the shared client takes (`insecure`
     /// is a gRPC notion: here the URL's scheme decides).
-    pub(super) fn shared(&self) -> grpc::TlsSettings {
-        grpc::TlsSettings {
+    pub(super) fn shared(&self) -> client::TlsSettings {
+        client::TlsSettings {
             insecure: false,
             ca_file: self.ca_file.clone(),
             cert_file: self.cert_file.clone(),
@@ -145,7 +145,7 @@ impl PyroscopeExporterConfig {
                 "is required: the server's base URL, such as http://localhost:4040".into(),
             ));
         }
-        let uri = grpc::parse_url(text).map_err(problem)?;
+        let uri = client::parse_url(text).map_err(problem)?;
         if uri.query().is_some() {
             return Err(problem(format!("`{text}` must not have a query")));
         }
@@ -157,7 +157,7 @@ impl PyroscopeExporterConfig {
         let auth = self.basic_auth.is_some()
             || self.bearer_token.is_some()
             || self.bearer_token_file.is_some();
-        let (mut map, mut problems) = match crate::grpc::header_map(&self.headers, |lower| {
+        let (mut map, mut problems) = match crate::client::header_map(&self.headers, |lower| {
             if RESERVED_HEADERS.contains(&lower) {
                 Some("is set by the exporter itself; remove it".into())
             } else if lower == "authorization" && auth {

@@ -57,7 +57,7 @@ use proflow_pipeline::queue::{QueueSettings, RetrySettings};
 use proflow_pipeline::telemetry::ExporterTelemetry;
 use serde::Deserialize;
 
-use crate::grpc::{self, Connector, status};
+use crate::client::{self, Connector, status};
 
 pub use config::*;
 use request::NAME_LABEL;
@@ -107,7 +107,7 @@ impl PyroscopeExporterConfig {
         }
         let tls = self.tls.shared();
         let uses_tls = base.scheme_str() == Some("https");
-        let client = grpc::http_client(&tls, uses_tls, self.timeout.get()).map_err(fail)?;
+        let client = client::http_client(&tls, uses_tls, self.timeout.get()).map_err(fail)?;
         let base = base.to_string().trim_end_matches('/').to_owned();
         Ok(PyroscopeExporter {
             id: ctx.id.clone(),
@@ -332,7 +332,7 @@ impl PyroscopeExporter {
             if parts.status.is_success() {
                 return Ok(());
             }
-            let body = Limited::new(body, grpc::MAX_RESPONSE_BYTES)
+            let body = Limited::new(body, client::MAX_RESPONSE_BYTES)
                 .collect()
                 .await
                 .map(|c| c.to_bytes())

@@ -95,7 +95,7 @@ pub enum ConsumeError {
 }
 
 /// What a push receiver tells its client when the pipeline refused the
-/// profiles of a request ([`push`]).
+/// profiles of a request ([`hand_over`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PushRefusal {
     /// Send again after `retry_after` (HTTP 429, gRPC `RESOURCE_EXHAUSTED`);
@@ -150,7 +150,7 @@ impl From<ConsumeError> for PushRefusal {
 /// Hands the profiles of one pushed request to the pipeline, once: refused
 /// rather than dropped while exporter queues are full ([`Admission::Refuse`]),
 /// and counted as accepted when taken. An empty request is taken as is.
-pub async fn push(
+pub async fn hand_over(
     consumer: &dyn Consumer,
     telemetry: &ReceiverTelemetry,
     envelopes: Vec<Envelope>,

@@ -9,6 +9,14 @@ use std::io::Read;
 
 use crate::memory::{MemoryGrant, OverBudget};
 
+/// The gzip magic bytes.
+pub const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// True when `bytes` start with the gzip magic.
+pub fn is_gzip(bytes: &[u8]) -> bool {
+    bytes.len() >= 2 && bytes[..2] == GZIP_MAGIC
+}
+
 /// How much is inflated at a time.
 const STEP: usize = 32 << 10;
 
@@ -112,7 +120,7 @@ pub fn read_plain<T>(
     grant: &mut MemoryGrant,
     read: impl FnOnce(&[u8]) -> T,
 ) -> Result<T, InflateError> {
-    if !crate::pprof::is_gzip(bytes) {
+    if !is_gzip(bytes) {
         return Ok(read(bytes));
     }
     let plain = inflate(bytes, limit, grant)?;

@@ -37,6 +37,9 @@ use std::time::Duration;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+/// The tenant of a request that names none (Pyroscope's).
+pub const ANONYMOUS_TENANT: &str = "anonymous";
+
 /// Requests whose grant stays at or below this are small: they may use the
 /// whole budget.
 pub const SMALL_REQUEST: usize = 1 << 20;
@@ -301,9 +304,7 @@ impl MemoryBudget {
     /// token's; `None` or empty: `anonymous`), held to its share of a
     /// contended budget (see the module docs).
     pub fn grant_for(&self, tenant: Option<&str>) -> MemoryGrant {
-        let tenant = tenant
-            .filter(|t| !t.is_empty())
-            .unwrap_or(crate::model::ANONYMOUS_TENANT);
+        let tenant = tenant.filter(|t| !t.is_empty()).unwrap_or(ANONYMOUS_TENANT);
         let inner = &self.inner;
         let mut grant = self.grant();
         let mut tenants = inner.tenants.lock().unwrap_or_else(|p| p.into_inner());

@@ -19,8 +19,9 @@ pub const NAME_LABEL: &str = "__name__";
 /// [`BatchMeta::tenant_of`]). Receivers drop it from what senders send.
 pub const TENANT_LABEL: &str = "__tenant_id__";
 
-/// The tenant of a request that names none (Pyroscope's).
-pub const ANONYMOUS_TENANT: &str = "anonymous";
+/// The tenant of a request that names none (Pyroscope's); defined beside
+/// the memory budget, which holds each tenant to its share.
+pub use crate::memory::ANONYMOUS_TENANT;
 /// The label holding the service name.
 pub const SERVICE_NAME_LABEL: &str = "service_name";
 /// `service_name` of profiles whose sender names no service (Pyroscope's

@@ -157,13 +157,8 @@ impl Profile {
     }
 }
 
-/// The gzip magic bytes.
-pub const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-
-/// True when `bytes` start with the gzip magic.
-pub fn is_gzip(bytes: &[u8]) -> bool {
-    bytes.len() >= 2 && bytes[..2] == GZIP_MAGIC
-}
+/// The gzip magic and its test, kept with the inflater.
+pub use crate::inflate::{GZIP_MAGIC, is_gzip};
 
 /// Why a payload could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

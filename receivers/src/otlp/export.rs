@@ -257,7 +257,7 @@ impl Handler {
             client: origin.client,
             this_host: false,
         };
-        component::push(&*self.consumer, &self.telemetry, envelopes, meta)
+        component::hand_over(&*self.consumer, &self.telemetry, envelopes, meta)
             .await
             .map_err(|refusal| Refused {
                 error: refusal.into(),

@@ -32,9 +32,9 @@ pub(crate) enum TextFormat {
     Folded,
     /// `stack` per line; each line counts one sample (`format=lines`).
     Lines,
-    /// A binary tree of frames (`format=tree`), see [`super::tree`].
+    /// A binary tree of frames (`format=tree`), read by `tree.rs`.
     Tree,
-    /// A binary trie of stack pieces (`format=trie`), see [`super::tree`].
+    /// A binary trie of stack pieces (`format=trie`), read by `tree.rs`.
     Trie,
 }
 
@@ -200,19 +200,15 @@ fn split_count(line: Cow<'_, str>) -> Option<(Cow<'_, str>, Cow<'_, str>)> {
     }
 }
 
-/// Reads the stacks of a text body. Invalid UTF-8 is replaced, not refused:
-/// frame names are only displayed.
+/// Reads the stacks of a folded or lines body (the binary formats are
+/// `tree`'s; `ingest::parse_text` takes any). Invalid UTF-8 is replaced,
+/// not refused: frame names are only displayed.
 pub(crate) fn parse_stacks<'a>(
     body: &'a [u8],
     format: TextFormat,
     limits: TextLimits,
     charge: &mut Charge<'_>,
 ) -> Result<Stacks<'a>, FoldedError> {
-    match format {
-        TextFormat::Tree => return super::tree::parse_tree(body, limits, charge),
-        TextFormat::Trie => return super::tree::parse_trie(body, limits, charge),
-        TextFormat::Folded | TextFormat::Lines => {}
-    }
     let mut index: HashMap<Cow<'a, str>, usize> = HashMap::new();
     let mut stacks: Vec<(Cow<'a, str>, i64)> = Vec::new();
     let mut lost = LostSamples::default();

@@ -15,7 +15,7 @@ use proflow_pipeline::model::{Envelope, Payload, ValueType};
 
 use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
-use super::folded::{self, TextFormat, TextLimits};
+use super::folded::{self, Charge, FoldedError, Stacks, TextFormat, TextLimits};
 use super::labels::{ingest_folded_labels, ingest_pprof_labels};
 use super::multipart::is_multipart;
 use super::name::{AppName, parse_name};
@@ -23,6 +23,7 @@ use super::profile_limits;
 use super::profile_type::{SampleTypeConfigs, profile_name_from_sample_types, split_folded_app};
 use super::speedscope;
 use super::timestamp::parse_unix_timestamp;
+use super::tree;
 
 /// Pyroscope's default sample rate (Hz) when `sampleRate` is absent.
 const DEFAULT_SAMPLE_RATE: u32 = 100;
@@ -85,6 +86,22 @@ fn first<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
         .iter()
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.as_str())
+}
+
+/// Reads the stacks of a text body in any of Pyroscope's text formats.
+pub(crate) fn parse_text<'a>(
+    body: &'a [u8],
+    format: TextFormat,
+    limits: TextLimits,
+    charge: &mut Charge<'_>,
+) -> Result<Stacks<'a>, FoldedError> {
+    match format {
+        TextFormat::Tree => tree::parse_tree(body, limits, charge),
+        TextFormat::Trie => tree::parse_trie(body, limits, charge),
+        TextFormat::Folded | TextFormat::Lines => {
+            folded::parse_stacks(body, format, limits, charge)
+        }
+    }
 }
 
 /// Reads the query of an ingest request.
@@ -267,7 +284,7 @@ pub(crate) fn text_batch(
         .decompress(|| "the text body".to_owned(), body)
         .map_err(refuse)?;
     let mut charge = |bytes: usize| budget.charge(bytes);
-    let stacks = folded::parse_stacks(&text, format, limits, &mut charge)
+    let stacks = parse_text(&text, format, limits, &mut charge)
         .map_err(|e| refuse(IngestError::from_text(e)))?;
     lost.merge(&stacks.lost);
     stacks_envelope(

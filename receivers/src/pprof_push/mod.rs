@@ -464,7 +464,7 @@ pub mod fuzzing {
         };
         let limits = folded::TextLimits::default();
         let stacks =
-            folded::parse_stacks(body, format, limits, &mut charge).map_err(|e| e.to_string())?;
+            ingest::parse_text(body, format, limits, &mut charge).map_err(|e| e.to_string())?;
         assert!(
             stacks.stacks.iter().all(|(_, count)| *count > 0),
             "a stack read with no samples"

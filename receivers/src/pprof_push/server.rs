@@ -642,7 +642,7 @@ impl Shared {
             client: parts.extensions.get::<ClientAddr>().map(|c| c.0),
             this_host: false,
         };
-        component::push(&*self.consumer, &self.telemetry, envelopes, meta)
+        component::hand_over(&*self.consumer, &self.telemetry, envelopes, meta)
             .await
             .map_err(|refusal| Refused {
                 error: refusal.into(),

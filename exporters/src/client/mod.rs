@@ -1,7 +1,8 @@
-//! What the gRPC exporters (`otlp`, `parca`) share: the TLS settings and
-//! their rustls client config, the pooled HTTP/2 client, one unary call
-//! written by hand, and ([`status`]) what a peer's answer means for the
-//! queue.
+//! The clients exporters connect out with: the TLS settings and their
+//! rustls client config, the pooled HTTP/2 client of the gRPC exporters
+//! (`otlp`, `parca`) and the HTTP/1.1 client of `pyroscope` and OTLP/HTTP,
+//! one gRPC unary call written by hand, and ([`status`]) what a peer's
+//! answer means for the queue.
 //!
 //! A gRPC unary call is one HTTP/2 POST whose body is the message behind a
 //! 5-byte prefix (compressed flag, length): [`unary`] writes that frame
