@@ -17,6 +17,7 @@
 
 mod common;
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
 
 use std::path::{Path, PathBuf};

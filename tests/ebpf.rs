@@ -21,12 +21,15 @@
 //! measures the CPU share of busy targets.
 
 mod common;
+#[path = "common/ebpf_support.rs"]
 mod ebpf_support;
 #[allow(dead_code)] // Not the runtimes and waits of `ebpf_runtimes.rs`.
 mod ebpf_targets;
 // Both helper modules include `peer_skip` (one copy each, same skip rules).
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
+#[path = "common/readback.rs"]
 mod readback;
 #[path = "ebpf_cases/state_budget.rs"]
 mod state_budget;

@@ -16,12 +16,15 @@
 //! message saying so: they never skip. They run one at a time.
 
 mod common;
+#[path = "common/ebpf_support.rs"]
 mod ebpf_support;
 #[allow(dead_code)] // Only the runtimes' sources and the sleeper.
 mod ebpf_targets;
 // Both helper modules include `peer_skip` (one copy each, same skip rules).
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
+#[path = "common/readback.rs"]
 mod readback;
 
 use std::path::Path;

@@ -26,8 +26,11 @@
 mod common;
 // Both helper modules include `peer_skip` (one copy each, same skip rules).
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
+#[path = "common/readback.rs"]
 mod readback;
+#[path = "common/tls_front.rs"]
 mod tls_front;
 
 use std::time::Duration;

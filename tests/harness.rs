@@ -11,8 +11,10 @@
 //! Peers are had through `peer_env`; when one cannot be had these checks fail,
 //! except locally with `PROFLOW_SKIP_PEERS=1` (see `peer_skip`).
 
+#[path = "common/peer_env.rs"]
 mod peer_env;
 // Shared read-back helpers (the harness uses its timestamp formatting).
+#[path = "common/readback.rs"]
 mod readback;
 
 #[path = "harness/kafka.rs"]

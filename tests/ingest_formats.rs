@@ -14,7 +14,9 @@
 
 mod common;
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
+#[path = "common/readback.rs"]
 mod readback;
 
 #[path = "ingest_formats_cases/producers.rs"]

@@ -24,7 +24,9 @@
 
 mod common;
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
+#[path = "common/readback.rs"]
 mod readback;
 
 use std::io::{BufRead, BufReader, Write};

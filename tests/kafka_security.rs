@@ -29,6 +29,7 @@
 mod common;
 // Both helper modules include `peer_skip` (one copy each, same skip rules).
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -20,7 +20,9 @@
 
 mod common;
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
+#[path = "common/tls_front.rs"]
 mod tls_front;
 
 #[path = "kubernetes_cases/annotations.rs"]

@@ -6,6 +6,7 @@
 //! is read back with proflow's decoder and converted to pprof with the same
 //! totals per stack and sample type as the source.
 
+#[path = "common/peer_env.rs"]
 mod peer_env;
 
 use std::collections::BTreeMap;

@@ -23,6 +23,7 @@ mod common;
 // Both helper modules include `peer_skip` (one copy each, same skip rules):
 // this test needs proflow from `common` and the peers from `peer_env`.
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
 
 use std::collections::BTreeMap;

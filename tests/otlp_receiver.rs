@@ -20,6 +20,7 @@
 #![allow(clippy::duplicate_mod)]
 
 mod common;
+#[path = "common/peer_env.rs"]
 mod peer_env;
 
 #[path = "otlp_receiver_cases/older.rs"]

@@ -1,11 +1,11 @@
-//! The peer-skip helper (`tests/peer_skip/`) that every peer-dependent test
+//! The peer-skip helper (`tests/common/peer_skip.rs`) that every peer-dependent test
 //! goes through: a skip is shown even when libtest captures the test's
 //! output, is recorded for `scripts/test`, and is impossible under `CI`.
 //!
 //! Each case runs this test binary again as a child process, with the
 //! environment of the case, on the ignored test [`skips_a_fake_peer`].
 
-#[path = "peer_skip/mod.rs"]
+#[path = "common/peer_skip.rs"]
 mod peer_skip;
 
 use std::process::{Command, Output};

@@ -20,7 +20,9 @@
 
 mod common;
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
+#[path = "common/readback.rs"]
 mod readback;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

@@ -10,14 +10,17 @@
 //! (a 404 on a profile path, a body that is not pprof, a gzip bomb, a
 //! target slower than the timeout) come from a small local server here.
 //! TLS and credentials against a target that demands them are in
-//! `tests/scrape_tls.rs`; the helpers both use are in `tests/scrape_support`.
+//! `tests/scrape_tls.rs`; the helpers both use are in `tests/common/scrape_support.rs`.
 //! Cumulative profiles as deltas, a restarted target, godeltaprof and
 //! fgprof are in `scrape_cases/deltas.rs`.
 
 mod common;
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
+#[path = "common/readback.rs"]
 mod readback;
+#[path = "common/scrape_support.rs"]
 mod scrape_support;
 
 #[path = "scrape_cases/deltas.rs"]

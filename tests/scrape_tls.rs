@@ -1,13 +1,16 @@
 //! The `scrape` receiver's `tls_config`, `authorization` and `basic_auth`
 //! against a target that demands them: the real Go program serving
 //! `net/http/pprof` (`tests/peers/apps/goscrape`) behind Debian's nginx
-//! (`tests/tls_front`), which asks for TLS, client certificates of the test
+//! (`tests/common/tls_front.rs`), which asks for TLS, client certificates of the test
 //! CA and credentials.
 
 mod common;
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
+#[path = "common/scrape_support.rs"]
 mod scrape_support;
+#[path = "common/tls_front.rs"]
 mod tls_front;
 
 use std::time::Duration;

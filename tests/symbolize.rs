@@ -28,7 +28,9 @@ mod common;
 #[allow(dead_code)] // Only the C target is used here.
 mod ebpf_targets;
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
+#[path = "common/readback.rs"]
 mod readback;
 
 use std::net::TcpListener;

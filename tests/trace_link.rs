@@ -32,7 +32,9 @@ mod common;
 #[path = "trace_link_cases/otlp_input.rs"]
 mod otlp_input;
 #[allow(clippy::duplicate_mod)]
+#[path = "common/peer_env.rs"]
 mod peer_env;
+#[path = "common/readback.rs"]
 mod readback;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

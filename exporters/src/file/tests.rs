@@ -3,7 +3,7 @@
 
 // The one way a test gives up on a real peer, shared with the end-to-end
 // tests: under CI a missing `go` fails the run.
-#[path = "../../../tests/peer_skip/mod.rs"]
+#[path = "../../../tests/common/peer_skip.rs"]
 mod peer_skip;
 
 use std::collections::HashSet;

@@ -26,9 +26,9 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
-#[path = "../names/mod.rs"]
+#[path = "names.rs"]
 pub mod names;
-#[path = "../peer_skip/mod.rs"]
+#[path = "peer_skip.rs"]
 pub mod peer_skip;
 
 #[allow(unused_imports)]
