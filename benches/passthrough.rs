@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use proflow_config::Document;
-use proflow_pipeline::registry::Registry;
-use proflow_pipeline::telemetry::Telemetry;
-use proflow_pipeline::topology;
+use proflow_core::registry::Registry;
+use proflow_core::telemetry::Telemetry;
+use proflow_core::topology;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -73,7 +73,7 @@ fn passthrough(c: &mut Criterion) {
         .block_on(plan.start(Arc::new(Telemetry::new())))
         .expect("collector starts");
 
-    let body = proflow_pipeline::testdata::typical_cpu_profile_gzip();
+    let body = proflow_model::testdata::typical_cpu_profile_gzip();
     let mut request = format!(
         "POST /ingest?name=bench.app%7Benv%3Dprod%7D&format=pprof&spyName=bench HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
         body.len()

@@ -1,5 +1,5 @@
 //! The `proflow` binary: command line, logging, signals, and the table of
-//! every component type compiled in. How data moves lives in `proflow-pipeline`.
+//! every component type compiled in. How data moves lives in `proflow-core`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,9 +8,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use proflow_config::{Document, LogFormat};
-use proflow_pipeline::registry::Registry;
-use proflow_pipeline::telemetry::Telemetry;
-use proflow_pipeline::topology::{self, Plan};
+use proflow_core::registry::Registry;
+use proflow_core::telemetry::Telemetry;
+use proflow_core::topology::{self, Plan};
 use tokio_util::sync::CancellationToken;
 
 mod heap;
@@ -189,20 +189,16 @@ async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
                 .tls
                 .clone()
                 .map(|t| {
-                    proflow_pipeline::server::ServerTls::start(
-                        t,
-                        "telemetry",
-                        stop_telemetry.clone(),
-                    )
+                    proflow_net::server::ServerTls::start(t, "telemetry", stop_telemetry.clone())
                 })
                 .transpose()
                 .map_err(|e| anyhow::anyhow!("service.telemetry.{e}"))?;
-            let listener = proflow_pipeline::admin::bind(addr)
+            let listener = proflow_core::admin::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on service.telemetry.address {addr}: is another process using it?"))?;
             tracing::info!(address = %listener.local_addr().unwrap_or(addr), tls = tls.is_some(), "telemetry serving /metrics, /healthz, /readyz, /targets");
             let reload = plan.telemetry.reload_endpoint.then(|| reload_tx.clone());
-            Some(tokio::spawn(proflow_pipeline::admin::serve(
+            Some(tokio::spawn(proflow_core::admin::serve(
                 telemetry.clone(),
                 listener,
                 tls,

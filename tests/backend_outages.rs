@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use common::{Proflow, Totals};
 use peer_env::PrivatePeer;
-use proflow_pipeline::pprof;
+use proflow_model::pprof;
 
 /// The function naming each part of the stream: pushed before the stop,
 /// while the peer was down (or starting again), after it was back.

@@ -45,7 +45,7 @@ use ebpf_support::{
     stacks_of,
 };
 use ebpf_targets::Target;
-use proflow_pipeline::pprof;
+use proflow_model::pprof;
 
 fn run_split_test(target: Target, two: &str, one: &str, chain: &[&str], leaf: &str) {
     let _one_at_a_time = require_root();

@@ -37,7 +37,7 @@ use ebpf_support::{
     require_root, stacks_of,
 };
 use ebpf_targets::Target;
-use proflow_pipeline::pprof;
+use proflow_model::pprof;
 
 /// Removes the perf map a runtime left in /tmp, when dropped.
 struct PerfMapFile(std::path::PathBuf);

@@ -47,13 +47,13 @@ const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(60);
 /// A distinct CPU profile: its one sample's value is `i` ms, its hot
 /// function names the test.
 fn profile(i: usize) -> Vec<u8> {
-    let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+    let mut b = proflow_model::pprof::ProfileBuilder::new();
     b.sample_type("cpu", "nanoseconds")
         .period("cpu", "nanoseconds", 10_000_000)
         .time(common::now_nanos() - 10_000_000_000, 10_000_000_000)
         .sample_root_first(["main", "kafka_hot"], vec![(i as i64 + 1) * 1_000_000])
         .sample_root_first(["main", "kafka_warm"], vec![7_000_000]);
-    gzip(&proflow_pipeline::pprof::encode(&b.build()))
+    gzip(&proflow_model::pprof::encode(&b.build()))
 }
 
 /// The first proflow: `pprof_push` → `file` and `kafka` (`exporter_body`).
@@ -341,7 +341,7 @@ fn otlp_records_arrive_with_the_same_totals() {
     let mut hot = BTreeMap::new();
     for e in &got {
         let p = common::read_profile(&e.path);
-        let total: i64 = proflow_pipeline::pprof::stacks_root_first(&p)
+        let total: i64 = proflow_model::pprof::stacks_root_first(&p)
             .filter(|(frames, _)| frames.contains(&"kafka_hot"))
             .map(|(_, s)| s.value.iter().copied().max().unwrap_or(0))
             .sum();

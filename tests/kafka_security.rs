@@ -48,12 +48,12 @@ const N: usize = 20;
 
 /// A distinct CPU profile: its one sample's value is `i` ms.
 fn profile(i: usize) -> Vec<u8> {
-    let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+    let mut b = proflow_model::pprof::ProfileBuilder::new();
     b.sample_type("cpu", "nanoseconds")
         .period("cpu", "nanoseconds", 10_000_000)
         .time(common::now_nanos() - 10_000_000_000, 10_000_000_000)
         .sample_root_first(["main", "secure_hot"], vec![(i as i64 + 1) * 1_000_000]);
-    gzip(&proflow_pipeline::pprof::encode(&b.build()))
+    gzip(&proflow_model::pprof::encode(&b.build()))
 }
 
 /// Pushes profile `i` as service `service`.

@@ -12,9 +12,9 @@ mod peer_env;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use proflow_pipeline::otlp::{self, DictionaryBuilder, Lost, collector, common, json, proto};
-use proflow_pipeline::pprof;
-use proflow_pipeline::testdata::{TYPICAL_FUNCTIONS, TYPICAL_SAMPLES, cpu_profile};
+use proflow_model::otlp::{self, DictionaryBuilder, Lost, collector, common, json, proto};
+use proflow_model::pprof;
+use proflow_model::testdata::{TYPICAL_FUNCTIONS, TYPICAL_SAMPLES, cpu_profile};
 use prost::Message;
 
 /// Totals per (sample type, stack of function names, leaf first).
@@ -199,7 +199,7 @@ fn otlp_protobuf_from_proflow_goes_through_the_collector_unchanged() {
 #[test]
 fn a_file_written_as_otlp_json_is_taken_by_the_collector() {
     use proflow_exporters::file::{FileExporter, FileExporterConfig};
-    use proflow_pipeline::model::{Envelope, Labels, Payload, ValueType};
+    use proflow_model::model::{Envelope, Labels, Payload, ValueType};
 
     let Some(otelcol) = peer_env::peer("otelcol") else {
         return;

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{HOT_FUNCTION, Totals, WARM_FUNCTION};
-use proflow_pipeline::otlp::{self, Lost, common as otlp_common, json, proto};
+use proflow_model::otlp::{self, Lost, common as otlp_common, json, proto};
 
 /// How long the client program burns CPU.
 const RUN_SECONDS: &str = "3";

@@ -34,8 +34,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Proflow, free_port, http_client};
-use proflow_pipeline::otlp::common::{AnyValue, InstrumentationScope, KeyValue, any_value};
-use proflow_pipeline::otlp::{DictionaryBuilder, Resource, collector, json, proto};
+use proflow_model::otlp::common::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use proflow_model::otlp::{DictionaryBuilder, Resource, collector, json, proto};
 use prost::Message;
 
 /// The collector binary the `otelcol` peer was built into.

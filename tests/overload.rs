@@ -37,14 +37,14 @@ const MARGIN: u64 = (16 << 20) + (16 << 20);
 
 /// A valid pprof profile of about `size` bytes (long function names).
 fn large_profile(size: usize) -> Vec<u8> {
-    let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+    let mut b = proflow_model::pprof::ProfileBuilder::new();
     b.sample_type("cpu", "nanoseconds");
     let name_len = 200;
     for i in 0..size / (name_len + 40) {
         let name = format!("{i:0>width$}", width = name_len);
         b.sample_root_first(["main", name.as_str()], vec![1]);
     }
-    proflow_pipeline::pprof::encode(&b.build()).to_vec()
+    proflow_model::pprof::encode(&b.build()).to_vec()
 }
 
 /// What one large upload ended with.

@@ -19,7 +19,7 @@ mod readback;
 use std::time::Duration;
 
 use common::Totals;
-use proflow_pipeline::pprof;
+use proflow_model::pprof;
 
 /// How long the client program burns CPU.
 const RUN_SECONDS: &str = "3";

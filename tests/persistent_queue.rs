@@ -52,18 +52,18 @@ const PUSHERS: usize = 8;
 
 /// Profile `i`: its hot function's value is `i + 1` ms.
 fn profile(i: usize) -> Vec<u8> {
-    let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+    let mut b = proflow_model::pprof::ProfileBuilder::new();
     b.sample_type("cpu", "nanoseconds")
         .period("cpu", "nanoseconds", 10_000_000)
         .time(common::now_nanos() - 10_000_000_000, 10_000_000_000)
         .sample_root_first(["main", "pq_hot"], vec![(i as i64 + 1) * 1_000_000])
         .sample_root_first(["main", "pq_warm"], vec![3_000_000]);
-    gzip(&proflow_pipeline::pprof::encode(&b.build()))
+    gzip(&proflow_model::pprof::encode(&b.build()))
 }
 
 /// A hash of what a profile says: its stacks and values, in a stable order.
-fn content_hash(p: &proflow_pipeline::pprof::Profile) -> u64 {
-    let mut stacks: Vec<String> = proflow_pipeline::pprof::stacks_root_first(p)
+fn content_hash(p: &proflow_model::pprof::Profile) -> u64 {
+    let mut stacks: Vec<String> = proflow_model::pprof::stacks_root_first(p)
         .map(|(frames, s)| format!("{}={:?}", frames.join(";"), s.value))
         .collect();
     stacks.sort();
@@ -74,7 +74,7 @@ fn content_hash(p: &proflow_pipeline::pprof::Profile) -> u64 {
 
 fn expected_hash(i: usize) -> u64 {
     let raw = profile(i);
-    let p = proflow_pipeline::pprof::decode(&bytes::Bytes::from(raw), 1 << 24)
+    let p = proflow_model::pprof::decode(&bytes::Bytes::from(raw), 1 << 24)
         .expect("our own profile decodes");
     content_hash(&p)
 }
@@ -114,12 +114,12 @@ fn start_second(addr: SocketAddr) -> Proflow {
 /// so each profile shows in the merged profile by a function of its own.
 fn named_profile(i: usize) -> Vec<u8> {
     let name = format!("pq_fn_{i}");
-    let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+    let mut b = proflow_model::pprof::ProfileBuilder::new();
     b.sample_type("cpu", "nanoseconds")
         .period("cpu", "nanoseconds", 10_000_000)
         .time(common::now_nanos() - 10_000_000_000, 10_000_000_000)
         .sample_root_first(["main", name.as_str()], vec![(i as i64 + 1) * 1_000_000]);
-    gzip(&proflow_pipeline::pprof::encode(&b.build()))
+    gzip(&proflow_model::pprof::encode(&b.build()))
 }
 
 /// Pushes profiles `0..N` to whichever first proflow `target` names, from
@@ -398,7 +398,7 @@ fn sigkill_while_replaying_loses_nothing() {
 
 #[test]
 fn a_damaged_segment_is_counted_and_every_intact_record_delivered() {
-    use proflow_pipeline::queue::storage::{record, segment};
+    use proflow_core::queue::storage::{record, segment};
     const M: usize = 120;
     let queue = tempfile::tempdir().unwrap();
     // The backend comes up late, at an address the first proflow already has.

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{HOT_FUNCTION, IndexEntry, Proflow, WARM_FUNCTION};
-use proflow_pipeline::pprof::{self, Profile};
+use proflow_model::pprof::{self, Profile};
 
 /// The functions of [`common::cpu_profile`] and of the folded push.
 const FUNCTIONS: [&str; 3] = ["main", HOT_FUNCTION, WARM_FUNCTION];

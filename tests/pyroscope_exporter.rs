@@ -300,12 +300,12 @@ fn pyroscope_counts_one_profile_per_series_and_millisecond() {
         ("proflowSameMsD", 8_000_000, ms + 25_000_000),
     ];
     for (function, value, time) in shots {
-        let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+        let mut b = proflow_model::pprof::ProfileBuilder::new();
         b.sample_type("cpu", "nanoseconds")
             .period("cpu", "nanoseconds", 10_000_000)
             .time(time, 10_000_000)
             .sample_root_first(["main", function], vec![value]);
-        let body = proflow_pipeline::pprof::encode(&b.build()).to_vec();
+        let body = proflow_model::pprof::encode(&b.build()).to_vec();
         let answer = common::http_client()
             .post(proflow.receiver_url(&format!(
                 "/ingest?name={app}&format=pprof&spyName=e2e&sampleRate=100"

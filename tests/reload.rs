@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 use common::{Ports, Proflow, gzip, read_index};
 
 fn profile() -> Vec<u8> {
-    let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+    let mut b = proflow_model::pprof::ProfileBuilder::new();
     b.sample_type("cpu", "nanoseconds")
         .period("cpu", "nanoseconds", 10_000_000)
         .time(common::now_nanos() - 10_000_000_000, 10_000_000_000)
         .sample_root_first(["main", "reload_hot"], vec![5_000_000]);
-    gzip(&proflow_pipeline::pprof::encode(&b.build()))
+    gzip(&proflow_model::pprof::encode(&b.build()))
 }
 
 /// The config: `pprof_push` → relabel (`team=core`, and `stage=v2` when

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{IndexEntry, Proflow};
-use proflow_pipeline::pprof::{self, Profile};
+use proflow_model::pprof::{self, Profile};
 
 /// goscrape's default allocation rate (bytes per second of goAllocLoop).
 const ALLOC_RATE: f64 = 4.0 * 1024.0 * 1024.0;

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use common::{KillOnDrop, Ports, Proflow};
 use ebpf_targets::Target;
-use proflow_pipeline::pprof;
+use proflow_model::pprof;
 use proflow_symbolize::elf::ElfInfo;
 
 /// The stripped copy of the C target, its debug file and build id.

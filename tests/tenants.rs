@@ -488,13 +488,13 @@ fn profile_limits_refuse_and_cut_what_pyroscope_does() {
             now - 10
         )
     };
-    let push_body = |app: &str, profile: proflow_pipeline::pprof::Profile| {
-        let raw = common::gzip(&proflow_pipeline::pprof::encode(&profile));
+    let push_body = |app: &str, profile: proflow_model::pprof::Profile| {
+        let raw = common::gzip(&proflow_model::pprof::encode(&profile));
         let labels = [("__name__", "process_cpu"), ("service_name", app)];
         prost::Message::encode_to_vec(&common::push::request(&labels, raw))
     };
     let profile_of = |stacks: &[Vec<String>]| {
-        let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+        let mut b = proflow_model::pprof::ProfileBuilder::new();
         b.sample_type("cpu", "nanoseconds")
             .period("cpu", "nanoseconds", 10_000_000)
             .time((now as i64 - 10) * 1_000_000_000, 10_000_000_000);
@@ -609,7 +609,7 @@ fn profile_limits_refuse_and_cut_what_pyroscope_does() {
     for app in [&through_app, &pushed_app] {
         let entries = proflow.wait_for_files(1, |e| e.label("service_name") == Some(app));
         let profile = common::read_profile(&entries[0].path);
-        let stacks: Vec<Vec<&str>> = proflow_pipeline::pprof::stacks_root_first(&profile)
+        let stacks: Vec<Vec<&str>> = proflow_model::pprof::stacks_root_first(&profile)
             .map(|(s, _)| s)
             .collect();
         assert_eq!(stacks.len(), 1, "{app}");
@@ -659,11 +659,11 @@ fn the_series_limit_refuses_what_pyroscope_refuses() {
     let proflow = start(&base, "    limits: {max_global_series_per_tenant: 5000}\n");
     let profile = common::gzip(&common::cpu_profile());
     let push_of = |app: &str, series: std::ops::Range<usize>| {
-        let request = proflow_pipeline::push_v1::PushRequest {
+        let request = proflow_model::push_v1::PushRequest {
             series: series
                 .map(|i| {
                     let i = i.to_string();
-                    proflow_pipeline::push_v1::RawProfileSeries::new(
+                    proflow_model::push_v1::RawProfileSeries::new(
                         [
                             ("__name__", "process_cpu"),
                             ("service_name", app),

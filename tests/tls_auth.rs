@@ -52,13 +52,13 @@ fn curl(args: &[&str]) -> Curl {
 }
 
 fn profile_file(dir: &Path) -> String {
-    let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+    let mut b = proflow_model::pprof::ProfileBuilder::new();
     b.sample_type("cpu", "nanoseconds")
         .period("cpu", "nanoseconds", 10_000_000)
         .time(common::now_nanos() - 10_000_000_000, 10_000_000_000)
         .sample_root_first(["main", "tls_hot"], vec![42_000_000]);
     let path = dir.join("profile.pb.gz");
-    std::fs::write(&path, gzip(&proflow_pipeline::pprof::encode(&b.build()))).unwrap();
+    std::fs::write(&path, gzip(&proflow_model::pprof::encode(&b.build()))).unwrap();
     path.display().to_string()
 }
 

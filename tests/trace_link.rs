@@ -42,7 +42,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use proflow_pipeline::otlp::{json, proto};
+use proflow_model::otlp::{json, proto};
 
 const READ_BACK_TIMEOUT: Duration = Duration::from_secs(60);
 const CPU_TYPE: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";

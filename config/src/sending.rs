@@ -2,7 +2,7 @@
 //! `exporterhelper` and `configretry` have them: `sending_queue` (with its
 //! `batch` and on-disk `storage`) and `retry_on_failure`, their defaults,
 //! and [`queue_problems`], which checks them. The queue that runs on them is
-//! `proflow_pipeline::queue`.
+//! `proflow_core::queue`.
 
 use std::path::PathBuf;
 

@@ -1,6 +1,6 @@
 //! `tls` of a server (a receiver's listener, the telemetry address): the
 //! OpenTelemetry Collector's field names. The files are loaded and watched
-//! by `proflow_pipeline::server::tls`.
+//! by `proflow_net::server::tls`.
 
 use std::path::PathBuf;
 

@@ -4,8 +4,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use proflow_pipeline::component::{BuildError, ExportError};
-use proflow_pipeline::model::PayloadError;
+use proflow_core::component::{BuildError, ExportError};
+use proflow_model::model::PayloadError;
 
 /// Why an exporter could not start or could not write a profile.
 #[derive(Debug, thiserror::Error)]

@@ -6,10 +6,11 @@
 //! Pyroscope's push API, [`kafka`] sends one record per profile to Apache
 //! Kafka.
 //!
-//! This crate depends on the core (`proflow-pipeline`), `proflow-config` and
+//! This crate depends on the core (`proflow-core`), the data model
+//! (`proflow-model`), `proflow-net` (TLS), `proflow-config` and
 //! `proflow-kafka` (the Kafka exporter's producer), never on another component
 //! crate: exporters are driven by the pipeline's queue and implement nothing
-//! but [`Exporter::export`](proflow_pipeline::component::Exporter::export).
+//! but [`Exporter::export`](proflow_core::component::Exporter::export).
 //!
 //! Each exporter is behind a Cargo feature named after its config type
 //! (`file`, `kafka`, `nop`, `otlp`, `parca`, `pyroscope`), all on by default.
@@ -47,7 +48,7 @@ mod test_peer;
 #[cfg(feature = "file")]
 pub use error::Error;
 
-use proflow_pipeline::registry::Factory;
+use proflow_core::registry::Factory;
 
 #[cfg(any(
     feature = "file",
@@ -57,7 +58,7 @@ use proflow_pipeline::registry::Factory;
     feature = "pyroscope",
     feature = "kafka"
 ))]
-use proflow_pipeline::registry::Stability;
+use proflow_core::registry::Stability;
 
 /// The exporter types compiled into this crate, for the binary's registry.
 pub fn factories() -> Vec<Factory> {

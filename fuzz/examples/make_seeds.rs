@@ -12,13 +12,13 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use proflow_core::queue::storage::{record, segment};
 use proflow_fuzz::join_parts;
-use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload, ValueType};
-use proflow_pipeline::otlp::{self, json};
-use proflow_pipeline::pprof::{self, ProfileBuilder};
-use proflow_pipeline::push_v1::{PushRequest, RawProfileSeries};
-use proflow_pipeline::queue::storage::{record, segment};
-use proflow_pipeline::testdata;
+use proflow_model::model::{BatchMeta, Envelope, Labels, Payload, ValueType};
+use proflow_model::otlp::{self, json};
+use proflow_model::pprof::{self, ProfileBuilder};
+use proflow_model::push_v1::{PushRequest, RawProfileSeries};
+use proflow_model::testdata;
 use prost::Message;
 
 fn main() {

@@ -6,9 +6,9 @@
 use std::io::Read;
 
 use libfuzzer_sys::fuzz_target;
-use proflow_pipeline::inflate::{InflateError, inflate};
-use proflow_pipeline::memory::MemoryBudget;
-use proflow_pipeline::pprof::{self, DecodeError};
+use proflow_model::inflate::{InflateError, inflate};
+use proflow_model::memory::MemoryBudget;
+use proflow_model::pprof::{self, DecodeError};
 
 const LIMIT: usize = 1 << 20;
 

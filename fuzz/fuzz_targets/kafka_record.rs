@@ -8,7 +8,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use proflow_kafka::{Encoding, RecordHeaders};
-use proflow_pipeline::otlp::Split;
+use proflow_model::otlp::Split;
 use proflow_receivers::kafka_record::fuzzing;
 
 fuzz_target!(|data: &[u8]| {

@@ -9,7 +9,7 @@
 use libfuzzer_sys::fuzz_target;
 use proflow_kube::objects::{EndpointSlice, Endpoints, Node, Pod, Resource, Service};
 use proflow_kube::{Event, Store, decode_event, decode_list};
-use proflow_pipeline::model::is_valid_label_name;
+use proflow_model::model::is_valid_label_name;
 use proflow_processors::k8s_attributes::config::Extract;
 use proflow_processors::k8s_attributes::index::{Caches as PodCaches, Extractor};
 use proflow_receivers::scrape::discovery::kubernetes::roles::{self, Caches};

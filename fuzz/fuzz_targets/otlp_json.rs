@@ -3,7 +3,7 @@
 //! are. What decodes is written as JSON again and reads back the same.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use proflow_pipeline::otlp::json;
+use proflow_model::otlp::json;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(request) = json::decode_request(data) {

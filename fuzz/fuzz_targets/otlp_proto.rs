@@ -6,7 +6,7 @@
 //! decodes is either an envelope or counted as refused.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use proflow_pipeline::otlp::collector::ExportProfilesServiceRequest;
+use proflow_model::otlp::collector::ExportProfilesServiceRequest;
 use prost::Message;
 
 fuzz_target!(|data: &[u8]| {

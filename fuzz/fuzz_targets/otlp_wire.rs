@@ -5,7 +5,7 @@
 //! exporter decodes them later; a profile both take converts to pprof.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use proflow_pipeline::otlp::{self, Lost, proto};
+use proflow_model::otlp::{self, Lost, proto};
 use prost::Message;
 
 /// The one known difference: the wire walker refuses protobuf groups

@@ -9,7 +9,7 @@
 //! sample.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use proflow_pipeline::otlp::{self, common, proto};
+use proflow_model::otlp::{self, common, proto};
 use prost::Message;
 
 /// A profile with every index its dictionary resolves written out: the

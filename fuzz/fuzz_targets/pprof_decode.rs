@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use proflow_fuzz::{LIMIT, check_pprof_roundtrip, pprof_heap};
-use proflow_pipeline::pprof;
+use proflow_model::pprof;
 
 fuzz_target!(|data: &[u8]| {
     let scanned = pprof::scan_metadata(data, LIMIT);

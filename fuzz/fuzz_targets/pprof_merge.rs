@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
-use proflow_pipeline::pprof::{self, Merger, Profile, ProfileParts};
+use proflow_model::pprof::{self, Merger, Profile, ProfileParts};
 use prost::Message;
 
 /// Each sample's stack and labels written out, with its values summed

@@ -6,8 +6,8 @@
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use proflow_fuzz::{LIMIT, check_pprof_roundtrip};
-use proflow_pipeline::otlp::{self, DictionaryBuilder, Lost};
-use proflow_pipeline::pprof;
+use proflow_model::otlp::{self, DictionaryBuilder, Lost};
+use proflow_model::pprof;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(p) = pprof::decode(&Bytes::copy_from_slice(data), LIMIT) else {

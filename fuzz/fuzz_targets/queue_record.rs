@@ -5,8 +5,8 @@
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use proflow_pipeline::model::Format;
-use proflow_pipeline::queue::storage::record;
+use proflow_core::queue::storage::record;
+use proflow_model::model::Format;
 
 fuzz_target!(|data: &[u8]| {
     let counted = record::profiles(data);

@@ -5,7 +5,7 @@
 //! clean; every acknowledgement read is an intact entry of that segment.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use proflow_pipeline::queue::storage::segment::{
+use proflow_core::queue::storage::segment::{
     self, ACK_ENTRY, FRAME_HEADER, SEGMENT_HEADER, fuzzing,
 };
 

@@ -10,7 +10,7 @@
 //! over has nothing new (every cumulative value of the second delta zero).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use proflow_pipeline::pprof::{self, Profile};
+use proflow_model::pprof::{self, Profile};
 use proflow_receivers::scrape::delta::{CUMULATIVE_TYPES, DeltaOutcome, DeltaState, DeltaStore};
 use prost::Message;
 

@@ -5,7 +5,7 @@
 //! parses to the same groups with nothing skipped.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use proflow_pipeline::model::is_valid_label_name;
+use proflow_model::model::is_valid_label_name;
 use proflow_receivers::scrape::discovery::{
     Format, MAX_GROUPS, MAX_LABELS, MAX_TARGETS, TargetGroup, parse_groups,
 };

@@ -6,7 +6,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use proflow_pipeline::spans::{self, MAX_NAME_LEN};
+use proflow_model::spans::{self, MAX_NAME_LEN};
 use prost::Message;
 
 fuzz_target!(|data: &[u8]| {

@@ -9,9 +9,9 @@
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use proflow_fuzz::LIMIT;
-use proflow_pipeline::model::{Envelope, Format, Labels, Payload};
-use proflow_pipeline::otlp::{self, Lost};
-use proflow_pipeline::pprof;
+use proflow_model::model::{Envelope, Format, Labels, Payload};
+use proflow_model::otlp::{self, Lost};
+use proflow_model::pprof;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, bytes)) = data.split_first() else {

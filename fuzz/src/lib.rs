@@ -2,9 +2,9 @@
 //! checks every decoded thing must pass whatever the input was.
 
 use bytes::Bytes;
-use proflow_pipeline::model::{Envelope, Labels};
-use proflow_pipeline::otlp;
-use proflow_pipeline::pprof::{self, Profile};
+use proflow_model::model::{Envelope, Labels};
+use proflow_model::otlp;
+use proflow_model::pprof::{self, Profile};
 
 /// Most bytes a gzip input may inflate to in the targets (the limit every
 /// decoder is given here, as a receiver's `max_decompressed_size`).

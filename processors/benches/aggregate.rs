@@ -7,12 +7,12 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use proflow_pipeline::component::{BuildContext, ProcessorConfig};
-use proflow_pipeline::memory::MemoryBudget;
-use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload, ValueType};
-use proflow_pipeline::pprof::{self, Merger, ProfileParts};
-use proflow_pipeline::telemetry::Telemetry;
-use proflow_pipeline::testdata;
+use proflow_core::component::{BuildContext, ProcessorConfig};
+use proflow_core::telemetry::Telemetry;
+use proflow_model::memory::MemoryBudget;
+use proflow_model::model::{BatchMeta, Envelope, Labels, Payload, ValueType};
+use proflow_model::pprof::{self, Merger, ProfileParts};
+use proflow_model::testdata;
 use proflow_processors::aggregate::AggregateProcessorConfig;
 
 fn envelope(series: usize, seed: u64) -> Envelope {

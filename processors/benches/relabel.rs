@@ -7,9 +7,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use proflow_config::{Node, from_node};
-use proflow_pipeline::component::{BuildContext, ProcessorConfig};
-use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload};
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::component::{BuildContext, ProcessorConfig};
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{BatchMeta, Envelope, Labels, Payload};
 use proflow_processors::RelabelProcessorConfig;
 use proflow_relabel::{RelabelConfig, Relabeler};
 
@@ -71,7 +71,7 @@ fn relabel(c: &mut Criterion) {
         .build(&BuildContext {
             id: "relabel/bench".to_owned(),
             telemetry: Arc::new(Telemetry::new()),
-            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+            memory: proflow_model::memory::MemoryBudget::new(1 << 30),
         })
         .expect("build");
     let envelope = Envelope {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use proflow_pipeline::pprof;
+use proflow_model::pprof;
 use proflow_processors::symbolize::config::HostSource;
 use proflow_processors::symbolize::profile;
 use proflow_processors::symbolize::sources::Sources;

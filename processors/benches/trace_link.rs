@@ -2,7 +2,7 @@
 //! memory. Run: `cargo bench -p proflow-processors --bench trace_link`
 //!
 //! The profile is the typical 4 KB gzip CPU push (60 samples over 100
-//! functions, `proflow_pipeline::testdata`) with 50 of its samples labelled
+//! functions, `proflow_model::testdata`) with 50 of its samples labelled
 //! by otel-profiling-go's convention (`span_id`, `span_name`; 10 spans, no
 //! trace id), as a Go service instrumented with Pyroscope sends it.
 //! `index_bytes_per_span` prints the index's memory per span at 100k spans.
@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use proflow_pipeline::component::Processor;
-use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload};
-use proflow_pipeline::pprof::{self, Label};
-use proflow_pipeline::spans::Span;
-use proflow_pipeline::telemetry::Telemetry;
-use proflow_pipeline::testdata;
+use proflow_core::component::Processor;
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{BatchMeta, Envelope, Labels, Payload};
+use proflow_model::pprof::{self, Label};
+use proflow_model::spans::Span;
+use proflow_model::testdata;
 use proflow_processors::trace_link::telemetry::TraceLinkTelemetry;
 use proflow_processors::trace_link::{SpanIndex, TraceLinkProcessor, TraceLinkProcessorConfig};
 
@@ -251,10 +251,7 @@ fn per_profile(c: &mut Criterion) {
         b.iter(|| {
             black_box(
                 e.payload
-                    .with_form(
-                        proflow_pipeline::model::Format::Otlp,
-                        &mut Default::default(),
-                    )
+                    .with_form(proflow_model::model::Format::Otlp, &mut Default::default())
                     .expect("converts"),
             )
         })

@@ -2,8 +2,9 @@
 //! from receivers to exporters. Each lives in a folder named after its config
 //! `type` (`relabel/`), holding its config struct and the running processor.
 //!
-//! This crate depends on the core (`proflow-pipeline`: envelope, component
-//! traits, telemetry), `proflow-config` and the engines its processors use
+//! This crate depends on the core (`proflow-core`: component traits,
+//! telemetry), the data model (`proflow-model`), `proflow-net` (symbolize's
+//! debuginfod client), `proflow-config` and the engines its processors use
 //! (`proflow-relabel`, `proflow-symbolize`, `proflow-kube`), never on the
 //! receiver or exporter crates. The binary registers what [`factories`] returns.
 //!
@@ -23,7 +24,7 @@ pub mod symbolize;
 #[cfg(feature = "trace_link")]
 pub mod trace_link;
 
-use proflow_pipeline::registry::Factory;
+use proflow_core::registry::Factory;
 #[cfg(any(
     feature = "aggregate",
     feature = "relabel",
@@ -31,7 +32,7 @@ use proflow_pipeline::registry::Factory;
     feature = "trace_link",
     feature = "k8s_attributes"
 ))]
-use proflow_pipeline::registry::Stability;
+use proflow_core::registry::Stability;
 
 #[cfg(feature = "relabel")]
 pub use relabel::{RELABEL_DROP_REASON, RelabelProcessor, RelabelProcessorConfig};

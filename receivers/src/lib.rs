@@ -9,11 +9,12 @@
 //! every process with a BPF program, Linux only), and
 //! [`factories`], the table the binary joins into its registry.
 //!
-//! This crate depends on the core (`proflow-pipeline`: component traits,
-//! telemetry, the data model and listeners it re-exports), `proflow-config`,
-//! and the engines its receivers use (`proflow-kafka`, `proflow-kube`,
-//! `proflow-relabel`, `proflow-symbolize`); never on another component
-//! crate, so receivers, processors and exporters stay independent.
+//! This crate depends on the core (`proflow-core`: component traits,
+//! telemetry), the data model (`proflow-model`), the listeners
+//! (`proflow-net`), `proflow-config`, and the engines its receivers use
+//! (`proflow-kafka`, `proflow-kube`, `proflow-relabel`,
+//! `proflow-symbolize`); never on another component crate, so receivers,
+//! processors and exporters stay independent.
 //!
 //! Each receiver is behind a Cargo feature named after its config type
 //! (`pprof_push`), on by default. Its own dependencies are optional and
@@ -59,7 +60,7 @@ pub mod scrape;
 #[path = "ebpf/state_budget.rs"]
 pub mod state_budget;
 
-use proflow_pipeline::registry::Factory;
+use proflow_core::registry::Factory;
 #[cfg(any(
     feature = "pprof_push",
     feature = "otlp",
@@ -67,7 +68,7 @@ use proflow_pipeline::registry::Factory;
     feature = "scrape",
     all(feature = "ebpf", target_os = "linux")
 ))]
-use proflow_pipeline::registry::Stability;
+use proflow_core::registry::Stability;
 
 /// Every receiver type compiled into this crate.
 pub fn factories() -> Vec<Factory> {

@@ -11,14 +11,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
 use proflow_config::ByteSize;
-use proflow_pipeline::component::{BuildContext, Receiver, ReceiverContext};
-use proflow_pipeline::memory::MemoryBudget;
-use proflow_pipeline::model::{BatchMeta, Envelope, ValueType};
-use proflow_pipeline::otlp::common::{AnyValue, InstrumentationScope, KeyValue, any_value};
-use proflow_pipeline::otlp::{DictionaryBuilder, Resource, collector, json, proto};
-use proflow_pipeline::server::TenantLimitsSettings;
-use proflow_pipeline::spans::{Span, SpanConsumer};
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::component::{BuildContext, Receiver, ReceiverContext};
+use proflow_core::telemetry::Telemetry;
+use proflow_model::memory::MemoryBudget;
+use proflow_model::model::{BatchMeta, Envelope, ValueType};
+use proflow_model::otlp::common::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use proflow_model::otlp::{DictionaryBuilder, Resource, collector, json, proto};
+use proflow_model::spans::{Span, SpanConsumer};
+use proflow_net::server::TenantLimitsSettings;
 use proflow_receivers::otlp::{GrpcConfig, HttpConfig, OtlpConfig, Protocols};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
@@ -89,7 +89,7 @@ impl Harness {
         let build = BuildContext {
             id: "otlp".into(),
             telemetry: telemetry.clone(),
-            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+            memory: proflow_model::memory::MemoryBudget::new(1 << 30),
         };
         let receiver = config.build_receiver(&build).unwrap();
         let addrs = receiver.local_addrs();

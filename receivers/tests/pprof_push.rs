@@ -11,12 +11,12 @@ use std::time::Duration;
 use base64::Engine;
 use bytes::Bytes;
 use proflow_config::ByteSize;
-use proflow_pipeline::component::{BuildContext, Receiver, ReceiverConfig, ReceiverContext};
-use proflow_pipeline::memory::MemoryBudget;
-use proflow_pipeline::model::{BatchMeta, Envelope, ValueType};
-use proflow_pipeline::pprof::{self, ProfileBuilder};
-use proflow_pipeline::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::component::{BuildContext, Receiver, ReceiverConfig, ReceiverContext};
+use proflow_core::telemetry::Telemetry;
+use proflow_model::memory::MemoryBudget;
+use proflow_model::model::{BatchMeta, Envelope, ValueType};
+use proflow_model::pprof::{self, ProfileBuilder};
+use proflow_model::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
 use proflow_receivers::pprof_push::PprofPushConfig;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -52,7 +52,7 @@ impl Harness {
         let build = BuildContext {
             id: "pprof_push".into(),
             telemetry: telemetry.clone(),
-            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+            memory: proflow_model::memory::MemoryBudget::new(1 << 30),
         };
         let receiver = config.build_receiver(&build).unwrap();
         let local_addr = receiver.local_addr();
@@ -882,7 +882,7 @@ async fn bind_errors_name_the_address() {
     let build = BuildContext {
         id: "pprof_push/busy".into(),
         telemetry,
-        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+        memory: proflow_model::memory::MemoryBudget::new(1 << 30),
     };
     let receiver = config.build(&build).unwrap();
     let recorder = Recorder::new();

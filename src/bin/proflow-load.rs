@@ -62,7 +62,7 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     services: usize,
     /// Distinct functions in the generated profiles.
-    #[arg(long, default_value_t = proflow_pipeline::testdata::TYPICAL_FUNCTIONS)]
+    #[arg(long, default_value_t = proflow_model::testdata::TYPICAL_FUNCTIONS)]
     functions: usize,
     /// OTLP: compress the request (pprof bodies are always gzip, as clients send them).
     #[arg(long, value_enum, default_value = "gzip")]
@@ -74,7 +74,7 @@ struct Args {
     #[arg(long, default_value = "10s")]
     duration: ConfigDuration,
     /// Samples in the generated profile (the default makes a ~4 KB gzip CPU profile).
-    #[arg(long, default_value_t = proflow_pipeline::testdata::TYPICAL_SAMPLES)]
+    #[arg(long, default_value_t = proflow_model::testdata::TYPICAL_SAMPLES)]
     samples: usize,
     /// Process whose peak RSS to report (read from /proc/PID/status).
     #[arg(long)]
@@ -148,17 +148,14 @@ fn main() -> anyhow::Result<()> {
     let (body, plain, per_request) = match args.protocol {
         Protocol::Pprof => {
             // Stamped now: backends refuse profiles from outside their window.
-            let mut p = proflow_pipeline::testdata::cpu_profile(args.samples, args.functions);
-            p.time_nanos = proflow_pipeline::model::now_unix_nanos();
-            let body = proflow_pipeline::pprof::gzip(&proflow_pipeline::pprof::encode(&p));
+            let mut p = proflow_model::testdata::cpu_profile(args.samples, args.functions);
+            p.time_nanos = proflow_model::model::now_unix_nanos();
+            let body = proflow_model::pprof::gzip(&proflow_model::pprof::encode(&p));
             (body.to_vec(), 0, 1)
         }
         Protocol::OtlpHttp | Protocol::OtlpGrpc => {
-            let r = proflow_pipeline::testdata::otlp_request(
-                args.services,
-                args.samples,
-                args.functions,
-            );
+            let r =
+                proflow_model::testdata::otlp_request(args.services, args.samples, args.functions);
             let profiles: usize = r
                 .resource_profiles
                 .iter()
@@ -234,7 +231,7 @@ fn main() -> anyhow::Result<()> {
             samples: args.samples,
             functions: args.functions,
             paths,
-            profile: Box::new(proflow_pipeline::testdata::cpu_profile(
+            profile: Box::new(proflow_model::testdata::cpu_profile(
                 args.samples,
                 args.functions,
             )),
@@ -323,7 +320,7 @@ fn report(
         Protocol::Pprof => {
             println!("profile size: {body} bytes gzip");
             // What each accepted profile adds to a backend's totals.
-            let p = proflow_pipeline::testdata::cpu_profile(args.samples, args.functions);
+            let p = proflow_model::testdata::cpu_profile(args.samples, args.functions);
             let totals: Vec<String> = p
                 .sample_type
                 .iter()
@@ -559,7 +556,7 @@ enum Requests {
         samples: usize,
         functions: usize,
         paths: Vec<String>,
-        profile: Box<proflow_pipeline::pprof::Profile>,
+        profile: Box<proflow_model::pprof::Profile>,
         head: Box<RequestHead>,
     },
 }
@@ -579,7 +576,7 @@ impl Requests {
                 head,
             } => {
                 let mut p = if *distinct {
-                    proflow_pipeline::testdata::cpu_profile_of_stacks(
+                    proflow_model::testdata::cpu_profile_of_stacks(
                         *samples,
                         *functions,
                         0x9e37_79b9_7f4a_7c15 ^ i as u64,
@@ -587,8 +584,8 @@ impl Requests {
                 } else {
                     (**profile).clone()
                 };
-                p.time_nanos = proflow_pipeline::model::now_unix_nanos();
-                let body = proflow_pipeline::pprof::gzip(&proflow_pipeline::pprof::encode(&p));
+                p.time_nanos = proflow_model::model::now_unix_nanos();
+                let body = proflow_model::pprof::gzip(&proflow_model::pprof::encode(&p));
                 let mut r = head(&paths[i % paths.len()], body.len()).into_bytes();
                 r.extend_from_slice(&body);
                 // The second sample type is cpu/nanoseconds.

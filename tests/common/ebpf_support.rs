@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common::{self, IndexEntry, Ports, Proflow};
-use proflow_pipeline::pprof;
+use proflow_model::pprof;
 
 /// Held by each test for its whole run: the tests measure CPU shares of
 /// busy targets, and on a two-core machine two of them at once starve each

@@ -102,20 +102,20 @@ pub fn list_files(dir: &Path) -> Vec<String> {
 }
 
 /// Decodes a profile file the exporter wrote (gzipped pprof).
-pub fn read_profile(path: &Path) -> proflow_pipeline::pprof::Profile {
+pub fn read_profile(path: &Path) -> proflow_model::pprof::Profile {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     assert!(
-        proflow_pipeline::pprof::is_gzip(&bytes),
+        proflow_model::pprof::is_gzip(&bytes),
         "{} is not gzipped",
         path.display()
     );
-    proflow_pipeline::pprof::decode(&bytes.into(), 256 << 20)
+    proflow_model::pprof::decode(&bytes.into(), 256 << 20)
         .unwrap_or_else(|e| panic!("{} is not a pprof profile: {e}", path.display()))
 }
 
 /// The function names a profile's samples reference.
-pub fn function_names(profile: &proflow_pipeline::pprof::Profile) -> Vec<String> {
-    let mut names: Vec<String> = proflow_pipeline::pprof::stacks_root_first(profile)
+pub fn function_names(profile: &proflow_model::pprof::Profile) -> Vec<String> {
+    let mut names: Vec<String> = proflow_model::pprof::stacks_root_first(profile)
         .flat_map(|(frames, _)| frames.into_iter().map(str::to_owned).collect::<Vec<_>>())
         .collect();
     names.sort();

@@ -17,7 +17,7 @@ pub mod peer_skip;
 pub use names::now_nanos;
 // Certificates made at test time (tests/tls_auth.rs, tests/otlp_receiver.rs).
 #[allow(unused_imports)]
-pub use proflow_pipeline::test_pki as pki;
+pub use proflow_net::test_pki as pki;
 
 mod files;
 mod metrics;

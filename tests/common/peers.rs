@@ -326,7 +326,7 @@ pub struct ClientRun {
     /// Totals of what the `file` exporter wrote.
     pub totals: Totals,
     /// The first profile written (for its sample and period types).
-    pub first: proflow_pipeline::pprof::Profile,
+    pub first: proflow_model::pprof::Profile,
     /// Its index entry.
     pub entry: IndexEntry,
     /// proflow's metrics once the exporter had sent everything.

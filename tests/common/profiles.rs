@@ -8,8 +8,8 @@ use super::process::Proflow;
 /// Pyroscope's push messages as the Connect endpoint
 /// `/push.v1.PusherService/Push` takes them: the pipeline's own definitions.
 pub mod push {
-    pub use proflow_pipeline::push_v1::PushRequest;
-    use proflow_pipeline::push_v1::RawProfileSeries;
+    pub use proflow_model::push_v1::PushRequest;
+    use proflow_model::push_v1::RawProfileSeries;
 
     /// One series with `labels` and one sample of `raw_profile`.
     pub fn request(labels: &[(&str, &str)], raw_profile: Vec<u8>) -> PushRequest {
@@ -29,18 +29,18 @@ pub const WARM_FUNCTION: &str = "e2e_warm_function";
 /// A small CPU profile (plain protobuf bytes) of the last 10 s: `main` calls
 /// [`HOT_FUNCTION`] (30 samples of 10 ms) and [`WARM_FUNCTION`] (10 samples).
 pub fn cpu_profile() -> Vec<u8> {
-    let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+    let mut b = proflow_model::pprof::ProfileBuilder::new();
     b.sample_type("cpu", "nanoseconds")
         .period("cpu", "nanoseconds", 10_000_000)
         .time(now_nanos() - 10_000_000_000, 10_000_000_000)
         .sample_root_first(["main", HOT_FUNCTION], vec![300_000_000])
         .sample_root_first(["main", WARM_FUNCTION], vec![100_000_000]);
-    proflow_pipeline::pprof::encode(&b.build()).to_vec()
+    proflow_model::pprof::encode(&b.build()).to_vec()
 }
 
 /// Gzip-compresses `bytes`.
 pub fn gzip(bytes: &[u8]) -> Vec<u8> {
-    proflow_pipeline::pprof::gzip(bytes).to_vec()
+    proflow_model::pprof::gzip(bytes).to_vec()
 }
 
 /// `/ingest` query for a push of `name` (e.g. `app{k=v}`, percent-encoded here)
@@ -59,7 +59,7 @@ pub fn ingest_query(name: &str, format: Option<&str>) -> String {
     q
 }
 
-pub use proflow_pipeline::url::percent_encode;
+pub use proflow_net::url::percent_encode;
 
 /// Standard base64 with padding (what protobuf JSON uses for bytes).
 pub fn base64(bytes: &[u8]) -> String {
@@ -98,7 +98,7 @@ pub fn push_valid(proflow: &Proflow, app: &str) {
 pub type Totals = std::collections::BTreeMap<String, i64>;
 
 /// Adds one profile's [`Totals`] of [`PY_FUNCTIONS`] in its first sample type.
-pub fn add_totals(totals: &mut Totals, profile: &proflow_pipeline::pprof::Profile) {
+pub fn add_totals(totals: &mut Totals, profile: &proflow_model::pprof::Profile) {
     add_function_totals(totals, profile, &PY_FUNCTIONS, None);
 }
 
@@ -107,7 +107,7 @@ pub fn add_totals(totals: &mut Totals, profile: &proflow_pipeline::pprof::Profil
 /// has no such sample type.
 pub fn add_function_totals(
     totals: &mut Totals,
-    profile: &proflow_pipeline::pprof::Profile,
+    profile: &proflow_model::pprof::Profile,
     functions: &[&str],
     sample_type: Option<&str>,
 ) {
@@ -124,7 +124,7 @@ pub fn add_function_totals(
             })
             .unwrap_or_else(|| panic!("the profile has no sample type {name}")),
     };
-    for (frames, sample) in proflow_pipeline::pprof::stacks_root_first(profile) {
+    for (frames, sample) in proflow_model::pprof::stacks_root_first(profile) {
         let value = sample.value.get(index).copied().unwrap_or(0);
         for f in functions {
             if frames.contains(f) {

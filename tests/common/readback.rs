@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use proflow_pipeline::pprof;
+use proflow_model::pprof;
 
 /// Per function, a total (the same type as `common::Totals`).
 pub type Totals = BTreeMap<String, i64>;
@@ -220,7 +220,7 @@ pub fn pyroscope_span_totals(
     Ok(flamegraph_totals(&answer["flamegraph"], functions))
 }
 
-pub use proflow_pipeline::telemetry::rfc3339;
+pub use proflow_core::telemetry::rfc3339;
 
 /// Parca's merged pprof for `query` (`TYPE{labels}`) over the last hour, if
 /// it answers one; `last` gets the status and start of the last answer.

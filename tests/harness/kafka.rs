@@ -7,7 +7,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use proflow_pipeline::pprof::{self, ProfileBuilder};
+use proflow_model::pprof::{self, ProfileBuilder};
 
 use crate::peer_env;
 

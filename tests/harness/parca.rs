@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use proflow_pipeline::pprof::{self, ProfileBuilder};
+use proflow_model::pprof::{self, ProfileBuilder};
 
 use crate::peer_env;
 use crate::readback::rfc3339;

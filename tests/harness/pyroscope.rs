@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use proflow_pipeline::pprof::{self, ProfileBuilder};
-use proflow_pipeline::push_v1::{PushRequest, RawProfileSeries};
+use proflow_model::pprof::{self, ProfileBuilder};
+use proflow_model::push_v1::{PushRequest, RawProfileSeries};
 use prost::Message;
 
 use crate::peer_env;

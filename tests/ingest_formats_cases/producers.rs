@@ -153,7 +153,7 @@ fn written_totals(proflow: &Proflow, app: &str) -> Totals {
     let mut totals = Totals::new();
     for e in &entries {
         let p = common::read_profile(&e.path);
-        for (frames, sample) in proflow_pipeline::pprof::stacks_root_first(&p) {
+        for (frames, sample) in proflow_model::pprof::stacks_root_first(&p) {
             let value = sample.value.first().copied().unwrap_or(0) as f64;
             add(
                 &mut totals,

@@ -169,7 +169,7 @@ fn the_collectors_kafka_receiver_and_exporter_carry_profiles_both_ways() {
         // without a key for proflow's `service.name`), so proflow reads
         // them as `_` and the service as `unknown_service`.
         let p = common::read_profile(&e.path);
-        for (frames, s) in proflow_pipeline::pprof::stacks_root_first(&p) {
+        for (frames, s) in proflow_model::pprof::stacks_root_first(&p) {
             for f in ["kafka_hot", "kafka_warm"] {
                 if frames.last() == Some(&f) {
                     *totals.entry(f).or_default() += s.value.iter().copied().max().unwrap_or(0);

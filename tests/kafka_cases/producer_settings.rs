@@ -179,7 +179,7 @@ fn large_profile(size: usize) -> Vec<u8> {
     };
     let mut n = 16;
     loop {
-        let mut b = proflow_pipeline::pprof::ProfileBuilder::new();
+        let mut b = proflow_model::pprof::ProfileBuilder::new();
         b.sample_type("cpu", "nanoseconds")
             .period("cpu", "nanoseconds", 10_000_000)
             .time(common::now_nanos() - 10_000_000_000, 10_000_000_000);
@@ -187,7 +187,7 @@ fn large_profile(size: usize) -> Vec<u8> {
             let name = format!("f{:016x}{:016x}", next(), next());
             b.sample_root_first(["main", name.as_str()], vec![10_000_000]);
         }
-        let bytes = gzip(&proflow_pipeline::pprof::encode(&b.build()));
+        let bytes = gzip(&proflow_model::pprof::encode(&b.build()));
         if bytes.len() >= size {
             return bytes;
         }

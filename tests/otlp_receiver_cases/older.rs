@@ -56,7 +56,7 @@ fn a_1_9_request_arrives_converted_with_nothing_lost() {
             .map(|&i| {
                 let kv = &d.attribute_table[i as usize];
                 let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-                    Some(proflow_pipeline::otlp::common::any_value::Value::StringValue(v)) => {
+                    Some(proflow_model::otlp::common::any_value::Value::StringValue(v)) => {
                         v.clone()
                     }
                     other => format!("{other:?}"),

@@ -5,8 +5,8 @@
 use std::process::Command;
 use std::time::Duration;
 
-use proflow_pipeline::otlp::common::{AnyValue, KeyValue, any_value};
-use proflow_pipeline::otlp::{collector, json, proto};
+use proflow_model::otlp::common::{AnyValue, KeyValue, any_value};
+use proflow_model::otlp::{collector, json, proto};
 use prost::Message;
 
 use super::{Otelcol, otelcol_bin, start_proflow};
@@ -252,8 +252,8 @@ impl Resolver<'_> {
 /// Every profile of `r`, resolved through its dictionary.
 fn resolve(r: &collector::ExportProfilesServiceRequest) -> Vec<ResolvedProfile> {
     let d = r.dictionary.as_ref().expect("a request with a dictionary");
-    proflow_pipeline::otlp::check_dictionary(d).expect("a valid dictionary");
-    proflow_pipeline::otlp::check_dictionary_references(d).expect("valid references");
+    proflow_model::otlp::check_dictionary(d).expect("a valid dictionary");
+    proflow_model::otlp::check_dictionary_references(d).expect("valid references");
     let x = Resolver { d };
     let mut out = Vec::new();
     for rp in &r.resource_profiles {
@@ -270,7 +270,7 @@ fn resolve(r: &collector::ExportProfilesServiceRequest) -> Vec<ResolvedProfile> 
         for sp in &rp.scope_profiles {
             let scope = sp.scope.clone().unwrap_or_default();
             for p in &sp.profiles {
-                proflow_pipeline::otlp::check_profile(d, p).expect("a valid profile");
+                proflow_model::otlp::check_profile(d, p).expect("a valid profile");
                 let mut samples: Vec<Sample> = p.samples.iter().map(|s| x.sample(s)).collect();
                 samples.sort();
                 out.push(ResolvedProfile {

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use proflow_pipeline::pprof::Profile;
+use proflow_model::pprof::Profile;
 
 /// The total of sample type `ty` over every sample.
 fn type_total(p: &Profile, ty: &str) -> i64 {
@@ -147,7 +147,7 @@ fn recording_proxy(endpoint: &str) -> (super::LocalServer, Arc<Mutex<Vec<Profile
             .and_then(|r| r.bytes());
         match body {
             Ok(body) => {
-                let profile = proflow_pipeline::pprof::decode(&body, 256 << 20)
+                let profile = proflow_model::pprof::decode(&body, 256 << 20)
                     .unwrap_or_else(|e| panic!("the target served no pprof at {path}: {e}"));
                 kept.lock().unwrap().push(profile);
                 ("200 OK", body.to_vec(), Duration::ZERO)

@@ -16,7 +16,7 @@ use std::hash::BuildHasher;
 use std::process::Command;
 use std::time::Duration;
 
-use proflow_pipeline::otlp::json;
+use proflow_model::otlp::json;
 
 use super::{READ_BACK_TIMEOUT, hex};
 use crate::{common, peer_env};

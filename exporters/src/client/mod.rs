@@ -28,7 +28,7 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use proflow_pipeline::component::FieldError;
+use proflow_core::component::FieldError;
 use rustls::ClientConfig;
 use serde::Deserialize;
 
@@ -118,10 +118,10 @@ impl TlsSettings {
 pub(crate) fn parse_url(text: &str) -> Result<Uri, String> {
     // Refused before anything else, and shown without the password: URLs go
     // into log lines and error messages.
-    if proflow_pipeline::url::has_userinfo(text) {
+    if proflow_net::url::has_userinfo(text) {
         return Err(format!(
             "`{}` holds a user name and password: write the URL without them and set the exporter's `basic_auth` (or an `Authorization` header); a password in a URL would end up in logs",
-            proflow_pipeline::url::redact_userinfo(text)
+            proflow_net::url::redact_userinfo(text)
         ));
     }
     let uri: Uri = text
@@ -371,10 +371,10 @@ pub(crate) async fn unary(
 }
 
 /// The rustls client config of the peer (see
-/// [`proflow_pipeline::tls::client_config`]).
+/// [`proflow_net::tls::client_config`]).
 pub(crate) fn client_tls_config(tls: &TlsSettings, uses_tls: bool) -> Result<ClientConfig, String> {
-    proflow_pipeline::tls::client_config(
-        &proflow_pipeline::tls::ClientTls {
+    proflow_net::tls::client_config(
+        &proflow_net::tls::ClientTls {
             ca_file: tls.ca_file.as_deref(),
             cert_file: tls.cert_file.as_deref(),
             key_file: tls.key_file.as_deref(),

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use proflow_pipeline::component::ExportError;
+use proflow_core::component::ExportError;
 use prost::Message;
 use tonic::Code;
 
@@ -147,7 +147,7 @@ pub(crate) fn grpc_error(status: &tonic::Status, call: &str) -> ExportError {
     }
 }
 
-pub(crate) use proflow_pipeline::component::error_chain;
+pub(crate) use proflow_core::component::error_chain;
 
 /// Whether a status stands for a transport failure rather than an answer.
 fn is_transport_error(status: &tonic::Status) -> bool {
@@ -273,7 +273,7 @@ fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proflow_pipeline::component::ErrorClass;
+    use proflow_core::component::ErrorClass;
 
     fn status_with_retry_info(seconds: i64, nanos: i32) -> Vec<u8> {
         let info = RetryInfo {

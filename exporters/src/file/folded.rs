@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use proflow_pipeline::pprof::{Profile, stacks_root_first};
+use proflow_model::pprof::{Profile, stacks_root_first};
 
 /// The folded text of one sample type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,7 +75,7 @@ fn push_frame(out: &mut String, frame: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proflow_pipeline::pprof::ProfileBuilder;
+    use proflow_model::pprof::ProfileBuilder;
 
     #[test]
     fn sums_identical_stacks_per_type_root_first() {

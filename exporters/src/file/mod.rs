@@ -52,14 +52,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use async_trait::async_trait;
 use bytes::Bytes;
 use proflow_config::{ByteSize, Duration};
-use proflow_pipeline::component::{
+use proflow_core::component::{
     BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Resource, Validate,
 };
-use proflow_pipeline::model::{
+use proflow_core::queue::{QueueSettings, RetrySettings};
+use proflow_model::model::{
     Envelope, ExportBatch, Format, Labels, NAME_LABEL, PayloadError, SERVICE_NAME_LABEL,
 };
-use proflow_pipeline::otlp;
-use proflow_pipeline::queue::{QueueSettings, RetrySettings};
+use proflow_model::otlp;
 use serde::{Deserialize, Serialize};
 
 use self::book::{Book, Retention, Written};

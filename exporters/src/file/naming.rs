@@ -26,7 +26,7 @@ pub(crate) const OTLP_JSON_SUFFIX: &str = ".otlp.json";
 const TEMP_PREFIX: &str = ".proflow-";
 const TEMP_SUFFIX: &str = ".tmp";
 /// The directory of profiles without a `service_name` label.
-pub(crate) use proflow_pipeline::model::UNKNOWN_SERVICE;
+pub(crate) use proflow_model::model::UNKNOWN_SERVICE;
 /// The `<name>` part of profiles without a `__name__` label.
 const UNKNOWN_NAME: &str = "profile";
 /// Longest part taken from a label, in bytes: keeps whole names well under the

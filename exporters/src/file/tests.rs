@@ -13,11 +13,11 @@ use std::time::{Duration as StdDuration, SystemTime};
 
 use bytes::Bytes;
 use proflow_config::Node;
-use proflow_pipeline::component::{BuildContext, ErrorClass, Exporter, ExporterConfig, Resource};
-use proflow_pipeline::model::{Envelope, ExportBatch, Labels, Payload, ValueType};
-use proflow_pipeline::pprof::{self, ProfileBuilder};
-use proflow_pipeline::registry::{AnyConfig, Factory};
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::component::{BuildContext, ErrorClass, Exporter, ExporterConfig, Resource};
+use proflow_core::registry::{AnyConfig, Factory};
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{Envelope, ExportBatch, Labels, Payload, ValueType};
+use proflow_model::pprof::{self, ProfileBuilder};
 use serde_json::Value;
 
 use super::book::COMPACT_MIN_STALE;
@@ -44,7 +44,7 @@ fn ctx() -> BuildContext {
     BuildContext {
         id: "file".into(),
         telemetry: Arc::new(Telemetry::new()),
-        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+        memory: proflow_model::memory::MemoryBudget::new(1 << 30),
     }
 }
 
@@ -647,7 +647,7 @@ fn find_go() -> Option<PathBuf> {
 
 #[tokio::test]
 async fn otlp_json_files_hold_one_request_with_the_profile_and_its_labels() {
-    use proflow_pipeline::otlp;
+    use proflow_model::otlp;
     let tmp = tempfile::tempdir().expect("tempdir");
     let exp = exporter(tmp.path(), "format: otlp_json\n");
     let e = envelope(Some("checkout"), "hot_fn");
@@ -713,7 +713,7 @@ async fn otlp_json_files_hold_one_request_with_the_profile_and_its_labels() {
 
 #[tokio::test]
 async fn an_otlp_profile_is_written_with_its_own_attributes_and_never_converted() {
-    use proflow_pipeline::otlp::{self, OtlpContext, OtlpProfiles, common};
+    use proflow_model::otlp::{self, OtlpContext, OtlpProfiles, common};
     let tmp = tempfile::tempdir().expect("tempdir");
     let exp = exporter(tmp.path(), "format: otlp_json\n");
     // An OTLP profile as a receiver makes it: its resource has an int and an
@@ -750,7 +750,7 @@ async fn an_otlp_profile_is_written_with_its_own_attributes_and_never_converted(
     let labels = otlp::AttributeLabels::default().labels(
         &resource,
         &scope,
-        &mut proflow_pipeline::lost::LostSamples::default(),
+        &mut proflow_model::lost::LostSamples::default(),
     );
     let ctx = std::sync::Arc::new(OtlpContext {
         resource: resource.clone(),

@@ -40,18 +40,18 @@ use std::time::{Duration as StdDuration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use proflow_config::Duration;
+use proflow_core::component::no_problems;
+use proflow_core::component::{
+    BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
+    Validate,
+};
+use proflow_core::queue::{QueueSettings, RetrySettings};
 use proflow_kafka::{
     self as kafka, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
     TopicTemplate,
 };
-use proflow_pipeline::component::no_problems;
-use proflow_pipeline::component::{
-    BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
-    Validate,
-};
-use proflow_pipeline::model::{Envelope, ExportBatch, Format};
-use proflow_pipeline::otlp;
-use proflow_pipeline::queue::{QueueSettings, RetrySettings};
+use proflow_model::model::{Envelope, ExportBatch, Format};
+use proflow_model::otlp;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -225,7 +225,7 @@ impl Validate for KafkaExporterConfig {
                 ));
             }
         }
-        problems.extend(proflow_pipeline::queue::queue_problems(
+        problems.extend(proflow_core::queue::queue_problems(
             &self.sending_queue,
             &self.retry_on_failure,
         ));

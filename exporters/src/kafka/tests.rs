@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use proflow_config::Node;
-use proflow_pipeline::component::{BuildContext, ErrorClass, Exporter};
-use proflow_pipeline::model::{BatchMeta, Envelope, ExportBatch, Labels, Payload, ValueType};
-use proflow_pipeline::pprof::{self, ProfileBuilder};
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::component::{BuildContext, ErrorClass, Exporter};
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{BatchMeta, Envelope, ExportBatch, Labels, Payload, ValueType};
+use proflow_model::pprof::{self, ProfileBuilder};
 
 use super::*;
 
@@ -22,7 +22,7 @@ fn ctx() -> BuildContext {
     BuildContext {
         id: "kafka".into(),
         telemetry: Arc::new(Telemetry::new()),
-        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+        memory: proflow_model::memory::MemoryBudget::new(1 << 30),
     }
 }
 

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use proflow_pipeline::component::{
+use proflow_core::component::{
     BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Validate,
 };
-use proflow_pipeline::model::{Envelope, ExportBatch};
-use proflow_pipeline::queue::{QueueSettings, RetrySettings};
+use proflow_core::queue::{QueueSettings, RetrySettings};
+use proflow_model::model::{Envelope, ExportBatch};
 use serde::Deserialize;
 
 /// Config of the `nop` exporter: only the queue and retry blocks every
@@ -104,12 +104,12 @@ impl Exporter for NopExporter {
 mod tests {
     use super::*;
     use proflow_config::Node;
-    use proflow_pipeline::component::BuildContext;
-    use proflow_pipeline::model::{Labels, Payload, ValueType};
-    use proflow_pipeline::pprof::{self, ProfileBuilder};
-    use proflow_pipeline::queue::WhenFull;
-    use proflow_pipeline::registry::{AnyConfig, Factory};
-    use proflow_pipeline::telemetry::Telemetry;
+    use proflow_core::component::BuildContext;
+    use proflow_core::queue::WhenFull;
+    use proflow_core::registry::{AnyConfig, Factory};
+    use proflow_core::telemetry::Telemetry;
+    use proflow_model::model::{Labels, Payload, ValueType};
+    use proflow_model::pprof::{self, ProfileBuilder};
 
     fn factory() -> Factory {
         crate::factories()
@@ -155,7 +155,7 @@ mod tests {
         let ctx = BuildContext {
             id: "nop".into(),
             telemetry: Arc::new(Telemetry::new()),
-            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+            memory: proflow_model::memory::MemoryBudget::new(1 << 30),
         };
         let exporter = config.build(&ctx).expect("nop builds");
         let batch = ExportBatch::from(vec![envelope(), envelope()]);

@@ -54,14 +54,14 @@ use bytes::Bytes;
 use http::Uri;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use proflow_config::Duration;
-use proflow_pipeline::component::{
+use proflow_core::component::{
     BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
     Validate,
 };
-use proflow_pipeline::model::{BatchMeta, Envelope, ExportBatch, Format, Labels};
-use proflow_pipeline::otlp::{self, OtlpProfiles};
-use proflow_pipeline::queue::{QueueSettings, RetrySettings};
-use proflow_pipeline::telemetry::ExporterTelemetry;
+use proflow_core::queue::{QueueSettings, RetrySettings};
+use proflow_core::telemetry::ExporterTelemetry;
+use proflow_model::model::{BatchMeta, Envelope, ExportBatch, Format, Labels};
+use proflow_model::otlp::{self, OtlpProfiles};
 use serde::Deserialize;
 
 use self::transport::{PartialSuccess, Transport};
@@ -354,7 +354,7 @@ impl OtlpExporterConfig {
             BuildError::new(format!(
                 "exporter `{}`: {}",
                 ctx.id,
-                proflow_pipeline::component::joined_problems(&problems)
+                proflow_core::component::joined_problems(&problems)
             ))
         };
         let wire = self.wire().map_err(fail)?;
@@ -615,7 +615,7 @@ fn encode_request(
     }
     // One call of libdeflate, its compressor kept per thread (a zlib state
     // per request was about 300 KB allocated and zeroed).
-    Ok(proflow_pipeline::pprof::gzip(&bytes))
+    Ok(proflow_model::pprof::gzip(&bytes))
 }
 
 #[async_trait]

@@ -18,22 +18,22 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming};
 use proflow_config::Node;
-use proflow_pipeline::component::{BuildContext, ErrorClass, ExporterConfig};
-use proflow_pipeline::model::{BatchMeta, Envelope, ExportBatch, Labels, Payload, ValueType};
-use proflow_pipeline::otlp::collector::{
+use proflow_core::component::{BuildContext, ErrorClass, ExporterConfig};
+use proflow_core::registry::{AnyConfig, Factory};
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{BatchMeta, Envelope, ExportBatch, Labels, Payload, ValueType};
+use proflow_model::otlp::collector::{
     ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
 };
-use proflow_pipeline::otlp::{DictionaryBuilder, Lost, OtlpProfiles, pprof_to_otlp};
-use proflow_pipeline::pprof::ProfileBuilder;
-use proflow_pipeline::registry::{AnyConfig, Factory};
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_model::otlp::{DictionaryBuilder, Lost, OtlpProfiles, pprof_to_otlp};
+use proflow_model::pprof::ProfileBuilder;
 use prost::Message;
 use tokio::net::TcpListener;
 
 use super::transport::EXPORT_PATH;
 use super::*;
 use crate::client::status::RpcStatus;
-use proflow_pipeline::otlp::SharedDictionary;
+use proflow_model::otlp::SharedDictionary;
 
 // ------------------------------------------------------------------ config
 
@@ -267,7 +267,7 @@ fn plan_splits_by_tenant_and_size_only() {
 
 #[test]
 fn profiles_of_a_large_dictionary_keep_it_in_a_request_of_their_own() {
-    use proflow_pipeline::testdata::otlp_request;
+    use proflow_model::testdata::otlp_request;
     // Two received requests with large dictionaries (4 services x 2
     // profiles each) between small profiles.
     let large = |b: &mut ExportBatch| {
@@ -526,7 +526,7 @@ fn ctx(id: &str) -> BuildContext {
     BuildContext {
         id: id.into(),
         telemetry: Arc::new(Telemetry::new()),
-        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+        memory: proflow_model::memory::MemoryBudget::new(1 << 30),
     }
 }
 
@@ -857,16 +857,16 @@ async fn a_split_batch_reports_refused_indexes_and_never_resends_delivered_ones(
 
 // ------------------------------------------------------------------ TLS
 
-/// The shared test certificates (`proflow_pipeline::test_pki`), plus the
+/// The shared test certificates (`proflow_net::test_pki`), plus the
 /// server's TLS acceptor and file paths as text.
 struct Pki {
-    pki: proflow_pipeline::test_pki::Pki,
+    pki: proflow_net::test_pki::Pki,
     acceptor: tokio_rustls::TlsAcceptor,
 }
 
 impl Pki {
     fn new() -> Pki {
-        let pki = proflow_pipeline::test_pki::Pki::new();
+        let pki = proflow_net::test_pki::Pki::new();
         let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config());
         Pki { pki, acceptor }
     }

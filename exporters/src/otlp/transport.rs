@@ -28,8 +28,8 @@ use http::header::{
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
-use proflow_pipeline::component::ExportError;
-use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
+use proflow_core::component::ExportError;
+use proflow_model::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
 
 use super::{TlsSettings, Wire};

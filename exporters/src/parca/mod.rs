@@ -40,12 +40,12 @@ use http::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use proflow_config::Duration;
-use proflow_pipeline::component::no_problems;
-use proflow_pipeline::component::{
+use proflow_core::component::no_problems;
+use proflow_core::component::{
     BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Validate,
 };
-use proflow_pipeline::model::{ExportBatch, Format, is_valid_label_name};
-use proflow_pipeline::queue::{QueueSettings, RetrySettings};
+use proflow_core::queue::{QueueSettings, RetrySettings};
+use proflow_model::model::{ExportBatch, Format, is_valid_label_name};
 use prost::Message;
 use serde::Deserialize;
 

@@ -14,13 +14,11 @@ use bytes::Bytes;
 use http::{HeaderMap, Response};
 use http_body_util::{BodyExt, Full};
 use proflow_config::Node;
-use proflow_pipeline::component::{BuildContext, ErrorClass, Exporter, ExporterConfig, Validate};
-use proflow_pipeline::model::{
-    BatchMeta, Envelope, ExportBatch, Format, Labels, Payload, ValueType,
-};
-use proflow_pipeline::pprof::{self, ProfileBuilder};
-use proflow_pipeline::registry::{AnyConfig, Factory};
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::component::{BuildContext, ErrorClass, Exporter, ExporterConfig, Validate};
+use proflow_core::registry::{AnyConfig, Factory};
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{BatchMeta, Envelope, ExportBatch, Format, Labels, Payload, ValueType};
+use proflow_model::pprof::{self, ProfileBuilder};
 use prost::Message;
 use tokio::net::TcpListener;
 
@@ -353,7 +351,7 @@ fn ctx() -> BuildContext {
     BuildContext {
         id: "parca".into(),
         telemetry: Arc::new(Telemetry::new()),
-        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+        memory: proflow_model::memory::MemoryBudget::new(1 << 30),
     }
 }
 

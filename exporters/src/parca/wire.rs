@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use proflow_pipeline::model::Envelope;
+use proflow_model::model::Envelope;
 
 /// `WriteRawRequest`.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -124,7 +124,7 @@ pub struct PyroscopeExporterConfig {
 }
 
 pub(super) fn default_service_name() -> String {
-    proflow_pipeline::model::UNKNOWN_SERVICE.to_owned()
+    proflow_model::model::UNKNOWN_SERVICE.to_owned()
 }
 
 pub(super) fn default_max_batch_bytes() -> usize {

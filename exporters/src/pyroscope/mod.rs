@@ -46,15 +46,15 @@ use http::header::{
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use proflow_config::Duration;
-use proflow_pipeline::component::no_problems;
-use proflow_pipeline::component::{
+use proflow_core::component::no_problems;
+use proflow_core::component::{
     BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
     Validate,
 };
-use proflow_pipeline::model::{ExportBatch, Format, is_valid_label_name};
-use proflow_pipeline::profile_type::profile_name_from_sample_types;
-use proflow_pipeline::queue::{QueueSettings, RetrySettings};
-use proflow_pipeline::telemetry::ExporterTelemetry;
+use proflow_core::queue::{QueueSettings, RetrySettings};
+use proflow_core::telemetry::ExporterTelemetry;
+use proflow_model::model::{ExportBatch, Format, is_valid_label_name};
+use proflow_model::profile_type::profile_name_from_sample_types;
 use serde::Deserialize;
 
 use crate::client::{self, Connector, status};
@@ -179,7 +179,7 @@ impl PyroscopeExporter {
     /// indexes it carries.
     fn build_requests(
         &self,
-        envelopes: &[proflow_pipeline::model::Envelope],
+        envelopes: &[proflow_model::model::Envelope],
         indexes: std::ops::Range<usize>,
         outcome: &mut Outcome,
     ) -> Vec<(Outgoing, Vec<usize>)> {

@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use bytes::Bytes;
-use proflow_pipeline::model::{BatchMeta, Envelope, Labels};
-use proflow_pipeline::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
-use proflow_pipeline::url::percent_encode;
+use proflow_model::model::{BatchMeta, Envelope, Labels};
+use proflow_model::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
+use proflow_net::url::percent_encode;
 use prost::Message;
 
 /// The profile type label Pyroscope requires.
@@ -141,7 +141,7 @@ pub(crate) fn encode_push(request: &PushRequest, gzip: bool) -> Bytes {
 /// arrived gzipped and does not shrink again; the level buys nothing).
 /// One call of libdeflate, its compressor kept per thread.
 pub(crate) fn gzip_bytes(bytes: &[u8]) -> Bytes {
-    proflow_pipeline::pprof::gzip(bytes)
+    proflow_model::pprof::gzip(bytes)
 }
 
 /// Why a profile cannot be sent to `/ingest`.

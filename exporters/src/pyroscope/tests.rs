@@ -12,12 +12,12 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use proflow_config::Node;
-use proflow_pipeline::component::{BuildContext, ErrorClass, Exporter};
-use proflow_pipeline::model::{BatchMeta, Envelope, ExportBatch, Labels, Payload, ValueType};
-use proflow_pipeline::pprof::{self, ProfileBuilder};
-use proflow_pipeline::push_v1::{LabelPair, PushRequest};
-use proflow_pipeline::registry::Factory;
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::component::{BuildContext, ErrorClass, Exporter};
+use proflow_core::registry::Factory;
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{BatchMeta, Envelope, ExportBatch, Labels, Payload, ValueType};
+use proflow_model::pprof::{self, ProfileBuilder};
+use proflow_model::push_v1::{LabelPair, PushRequest};
 use prost::Message;
 use tokio::net::TcpListener;
 
@@ -33,7 +33,7 @@ fn ctx() -> BuildContext {
     BuildContext {
         id: "pyroscope".into(),
         telemetry: Arc::new(Telemetry::new()),
-        memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+        memory: proflow_model::memory::MemoryBudget::new(1 << 30),
     }
 }
 

@@ -3,7 +3,7 @@
 //! and refusals), `/targets` and `/api/v1/targets`
 //! (the pull receivers' targets, as Prometheus's targets API answers) and, when enabled, `POST /-/reload`. What it shows lives in
 //! [`crate::telemetry`]; how it accepts connections (TLS, timeouts) in
-//! [`crate::server`].
+//! [`proflow_net::server`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,8 +14,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use crate::server::{Listen, ServerTls, accept_loop};
 use crate::telemetry::Telemetry;
+use proflow_net::server::{Listen, ServerTls, accept_loop};
 
 /// Where `POST /-/reload` asks for a reload; the answer is a summary or
 /// the errors of the new config.

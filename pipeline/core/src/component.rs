@@ -19,11 +19,11 @@ use tokio_util::sync::CancellationToken;
 pub use proflow_config::{BuildError, FieldError, Validate, joined_problems, no_problems};
 pub use proflow_net::error_chain;
 
-use crate::memory::MemoryBudget;
-use crate::model::{Batch, BatchMeta, Envelope, ExportBatch, Format};
-use crate::spans::SpanConsumer;
 use crate::telemetry::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry, Telemetry};
 use proflow_config::{QueueSettings, RetrySettings};
+use proflow_model::memory::MemoryBudget;
+use proflow_model::model::{Batch, BatchMeta, Envelope, ExportBatch, Format};
+use proflow_model::spans::SpanConsumer;
 
 /// Something a component claims exclusively; two components claiming the same
 /// resource fail validation instead of failing at bind time.
@@ -45,7 +45,7 @@ pub struct BuildContext {
     /// for components that hold memory on behalf of what they were sent
     /// outside a receiver's request (a debug file fetched because a pushed
     /// profile named its build id).
-    pub memory: crate::memory::MemoryBudget,
+    pub memory: proflow_model::memory::MemoryBudget,
 }
 
 impl BuildContext {
@@ -160,7 +160,7 @@ pub async fn hand_over(
         return Ok(());
     }
     let profiles = envelopes.len() as u64;
-    let bytes = crate::model::batch_bytes(&envelopes) as u64;
+    let bytes = proflow_model::model::batch_bytes(&envelopes) as u64;
     consumer
         .consume(Batch::new(envelopes, Arc::new(meta)), Admission::Refuse)
         .await?;
@@ -196,7 +196,7 @@ pub enum Admission {
 /// while another queue took it, or filtered out by a processor): the
 /// receiver may acknowledge its sender.
 /// What then became of it is reported through the batch's
-/// [`Ack`](crate::delivery::Ack), if the receiver made a tracked one.
+/// [`Ack`](proflow_model::delivery::Ack), if the receiver made a tracked one.
 #[async_trait]
 pub trait Consumer: Send + Sync {
     async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError>;
@@ -204,7 +204,7 @@ pub trait Consumer: Send + Sync {
     /// True when something behind this consumer reads the profiles' bytes
     /// before they are queued (a processor, or a conversion to another
     /// form): a receiver that inflated a profile to check it then hands the
-    /// plain bytes along ([`Payload::with_plain`](crate::model::Payload::with_plain))
+    /// plain bytes along ([`Payload::with_plain`](proflow_model::model::Payload::with_plain))
     /// instead of letting them go.
     fn reads_profiles(&self) -> bool {
         true
@@ -233,8 +233,8 @@ pub struct ReceiverContext {
     /// Where listening receivers get their sockets ([`Listeners::bind`]), so a
     /// reload hands a socket over instead of closing and binding it again.
     ///
-    /// [`Listeners::bind`]: crate::server::Listeners::bind
-    pub listeners: crate::server::Listeners,
+    /// [`Listeners::bind`]: proflow_net::server::Listeners::bind
+    pub listeners: proflow_net::server::Listeners,
 }
 
 /// The future a started receiver serves with.

@@ -5,27 +5,11 @@
 //! ([`queue`]), self-telemetry ([`telemetry`]) and the admin HTTP server that
 //! shows it ([`admin`]).
 //!
-//! It depends on `proflow-config`, `proflow-model` and `proflow-net`, and
-//! re-exports their modules under the names components have always used
-//! (`proflow_pipeline::model`, `::server`, …). Components depend on it and
-//! on the engines they use (`proflow-relabel`, `proflow-kafka`,
-//! `proflow-symbolize`); nothing here depends on a component or an engine.
-
-// The data model and codecs, where they were before they had a crate of
-// their own (`proflow_pipeline::model` and the like keep working).
-#[doc(hidden)]
-pub use proflow_model::testdata;
-pub use proflow_model::{
-    delivery, inflate, jfr, json_shape, lost, memory, model, otlp, pprof, profile_type, push_v1,
-    spans, wire,
-};
-
-// The network edges, where they were before they had a crate of their own.
-#[cfg(feature = "http-client")]
-pub use proflow_net::http;
-#[cfg(feature = "test-pki")]
-pub use proflow_net::test_pki;
-pub use proflow_net::{server, tls, url};
+//! It depends on `proflow-config`, `proflow-model` and `proflow-net`.
+//! Components depend on it, on those two directly for the data model and
+//! the network edges, and on the engines they use (`proflow-relabel`,
+//! `proflow-kafka`, `proflow-symbolize`, `proflow-kube`); nothing here
+//! depends on a component or an engine.
 
 pub mod admin;
 pub mod component;

@@ -20,15 +20,13 @@ use std::time::{Duration as StdDuration, Instant};
 
 use async_trait::async_trait;
 use proflow_config::Duration;
-use proflow_pipeline::component::{
+use proflow_core::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
-use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
-use proflow_pipeline::model::{
-    BatchMeta, Envelope, Format, Labels, Payload, ValueType, batch_bytes,
-};
-use proflow_pipeline::otlp::Lost;
-use proflow_pipeline::pprof::{MAX_DECODED_BYTES_PER_BYTE, Merger, Profile, ProfileParts};
+use proflow_model::memory::{MemoryBudget, MemoryGrant};
+use proflow_model::model::{BatchMeta, Envelope, Format, Labels, Payload, ValueType, batch_bytes};
+use proflow_model::otlp::Lost;
+use proflow_model::pprof::{MAX_DECODED_BYTES_PER_BYTE, Merger, Profile, ProfileParts};
 use serde::Deserialize;
 
 use telemetry::AggregateTelemetry;
@@ -300,7 +298,7 @@ impl Source {
         }
     }
 
-    fn parts(&self) -> Result<ProfileParts<'_>, proflow_pipeline::pprof::DecodeError> {
+    fn parts(&self) -> Result<ProfileParts<'_>, proflow_model::pprof::DecodeError> {
         match self {
             Source::Plain(b) => ProfileParts::read(b),
             Source::Decoded(p) => Ok(ProfileParts::of(p)),

@@ -2,12 +2,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proflow_config::Node;
-use proflow_pipeline::component::{BuildContext, Processor, Validate};
-use proflow_pipeline::memory::MemoryBudget;
-use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload, ValueType};
-use proflow_pipeline::pprof::{self, ProfileBuilder};
-use proflow_pipeline::registry::{AnyConfig, Kind};
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::component::{BuildContext, Processor, Validate};
+use proflow_core::registry::{AnyConfig, Kind};
+use proflow_core::telemetry::Telemetry;
+use proflow_model::memory::MemoryBudget;
+use proflow_model::model::{BatchMeta, Envelope, Labels, Payload, ValueType};
+use proflow_model::pprof::{self, ProfileBuilder};
 
 use super::AggregateProcessorConfig;
 use crate::factories;
@@ -35,7 +35,7 @@ fn build_with(
     memory: &MemoryBudget,
     telemetry: &Arc<Telemetry>,
 ) -> Arc<dyn Processor> {
-    use proflow_pipeline::component::ProcessorConfig;
+    use proflow_core::component::ProcessorConfig;
     config
         .build(&BuildContext {
             id: "aggregate".to_owned(),
@@ -76,7 +76,7 @@ fn profile(service: &str, at: i64, stacks: &[(&str, i64)]) -> Envelope {
 
 /// Each stack of a decoded payload (root first) with its value.
 fn stacks(e: &Envelope) -> std::collections::BTreeMap<String, i64> {
-    proflow_pipeline::testdata::folded_totals(&e.payload.decoded().expect("decodes"))
+    proflow_model::testdata::folded_totals(&e.payload.decoded().expect("decodes"))
 }
 
 fn meta(tenant: Option<&str>) -> BatchMeta {

@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use proflow_config::Duration;
-use proflow_pipeline::component::FieldError;
-use proflow_pipeline::otlp::SEMCONV_KEYS;
+use proflow_core::component::FieldError;
+use proflow_model::otlp::SEMCONV_KEYS;
 use serde::Deserialize;
 
 /// Config of the `k8s_attributes` processor.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use proflow_kube::Store;
 use proflow_kube::objects::{Namespace, Node, ObjectMeta, Pod, ReplicaSet};
-use proflow_pipeline::otlp::label_name;
+use proflow_model::otlp::label_name;
 
 use super::config::{Extract, ExtractFrom, FieldExtract};
 

@@ -34,13 +34,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use proflow_kube::objects::{Namespace, Node, Pod, ReplicaSet};
-use proflow_kube::{Client, Connect, Scope, Store, WatchLimits};
-use proflow_pipeline::component::{
+use proflow_core::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate, no_problems,
 };
-use proflow_pipeline::model::{BatchMeta, Envelope};
-use proflow_pipeline::otlp::label_name;
+use proflow_kube::objects::{Namespace, Node, Pod, ReplicaSet};
+use proflow_kube::{Client, Connect, Scope, Store, WatchLimits};
+use proflow_model::model::{BatchMeta, Envelope};
+use proflow_model::otlp::label_name;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use config::K8sAttributesProcessorConfig;

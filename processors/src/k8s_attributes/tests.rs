@@ -1,16 +1,16 @@
 use std::sync::{Arc, RwLock};
 
+use proflow_core::telemetry::Telemetry;
 use proflow_kube::Store;
 use proflow_kube::objects::{Pod, ReplicaSet};
-use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload, ValueType};
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_model::model::{BatchMeta, Envelope, Labels, Payload, ValueType};
 use tokio_util::sync::CancellationToken;
 
 use super::config::K8sAttributesProcessorConfig;
 use super::index::{self, Caches, Extractor};
 use super::telemetry::K8sAttributesTelemetry;
 use super::{K8sAttributesProcessor, Rules};
-use proflow_pipeline::component::Processor;
+use proflow_core::component::Processor;
 
 fn store<K: proflow_kube::Resource>(json: &[&str]) -> Store<K> {
     Store::from_json(json).expect("objects parse")

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use proflow_pipeline::component::{
+use proflow_core::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
-use proflow_pipeline::model::{BatchMeta, Envelope};
-use proflow_pipeline::telemetry::ProcessorTelemetry;
+use proflow_core::telemetry::ProcessorTelemetry;
+use proflow_model::model::{BatchMeta, Envelope};
 use proflow_relabel::{RelabelConfig, Relabeler, validate_configs};
 use serde::Deserialize;
 

@@ -1,11 +1,11 @@
 use std::sync::Arc;
 
 use proflow_config::Node;
-use proflow_pipeline::component::{BuildContext, Processor};
-use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload, ValueType};
-use proflow_pipeline::pprof::{self, ProfileBuilder};
-use proflow_pipeline::registry::{AnyConfig, Kind, Stability};
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::component::{BuildContext, Processor};
+use proflow_core::registry::{AnyConfig, Kind, Stability};
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{BatchMeta, Envelope, Labels, Payload, ValueType};
+use proflow_model::pprof::{self, ProfileBuilder};
 
 use crate::factories;
 
@@ -46,7 +46,7 @@ fn build(yaml: &str, telemetry: &Arc<Telemetry>) -> Arc<dyn Processor> {
         .build(&BuildContext {
             id: "relabel/team".to_owned(),
             telemetry: telemetry.clone(),
-            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+            memory: proflow_model::memory::MemoryBudget::new(1 << 30),
         })
         .unwrap()
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use proflow_config::{ByteSize, Duration};
-use proflow_pipeline::component::FieldError;
+use proflow_core::component::FieldError;
 use serde::Deserialize;
 
 /// For which profiles a source that reads this host (its files, its

@@ -23,8 +23,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::telemetry::SymbolizeTelemetry;
-use proflow_pipeline::http::{FetchError, HttpClient};
-use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
+use proflow_model::memory::{MemoryBudget, MemoryGrant};
+use proflow_net::http::{FetchError, HttpClient};
 use proflow_symbolize::elf::ElfInfo;
 
 /// Most build ids being fetched or waiting for a fetch; more are answered

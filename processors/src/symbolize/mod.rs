@@ -45,13 +45,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use proflow_pipeline::component::no_problems;
-use proflow_pipeline::component::{
+use proflow_core::component::no_problems;
+use proflow_core::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
-use proflow_pipeline::http::{HttpClient, Options};
-use proflow_pipeline::model::{BatchMeta, Envelope, Format, Payload};
-use proflow_pipeline::otlp::SharedDictionary;
+use proflow_model::model::{BatchMeta, Envelope, Format, Payload};
+use proflow_model::otlp::SharedDictionary;
+use proflow_net::http::{HttpClient, Options};
 use proflow_symbolize::{Limits, Symbols};
 
 pub use config::{DebuginfodConfig, HostSource, SymbolizeProcessorConfig};
@@ -77,7 +77,7 @@ impl ProcessorConfig for SymbolizeProcessorConfig {
                 BuildError::new("debuginfod: the processor must be built on proflow's runtime")
             })?;
             let client = HttpClient::new(Options {
-                tls: proflow_pipeline::tls::ClientTls::default(),
+                tls: proflow_net::tls::ClientTls::default(),
                 // An http server may redirect to https.
                 load_roots: true,
                 auth: None,

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use proflow_pipeline::otlp::{self, OtlpProfiles, SharedDictionary, common, proto};
+use proflow_model::otlp::{self, OtlpProfiles, SharedDictionary, common, proto};
 use proflow_symbolize::Symbols;
 
 use super::profile::Counts;

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use proflow_pipeline::pprof;
+use proflow_model::pprof;
 use proflow_symbolize::{FastMap, Lines, Symbols};
 
 use super::sources::{self, AddressKind, KERNEL_START, MappingId, Source, Sources, reason};

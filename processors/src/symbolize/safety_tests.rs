@@ -8,9 +8,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proflow_pipeline::model::{BatchMeta, Payload};
-use proflow_pipeline::pprof;
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{BatchMeta, Payload};
+use proflow_model::pprof;
 use proflow_symbolize::elf::ElfInfo;
 
 use super::tests::{

@@ -15,7 +15,7 @@
 //! only they could have named are counted as [`reason::KERNEL_NOT_THIS_HOST`]
 //! and [`reason::LOCAL_NOT_THIS_HOST`].
 //!
-//! [`BatchMeta::this_host`]: proflow_pipeline::model::BatchMeta::this_host
+//! [`BatchMeta::this_host`]: proflow_model::model::BatchMeta::this_host
 //! - **debug file by build id**: `<dir>/.build-id/ab/cdef….debug` in each of
 //!   `debug_dirs`, with the mapping's build id; preferred over the local
 //!   binary when both are found (a stripped binary's debug file has the

@@ -3,7 +3,7 @@
 //! here through the collector's [`Telemetry`]; the metrics every processor
 //! has are the core's.
 
-use proflow_pipeline::telemetry::{Counters, Gauges, LabelSet, Telemetry, with_label};
+use proflow_core::telemetry::{Counters, Gauges, LabelSet, Telemetry, with_label};
 
 /// Metric handle of a `symbolize` processor.
 #[derive(Clone, Debug)]

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
-use proflow_pipeline::model::{Envelope, Labels, Payload};
-use proflow_pipeline::pprof;
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{Envelope, Labels, Payload};
+use proflow_model::pprof;
 use proflow_symbolize::elf::ElfInfo;
 
 use super::*;
@@ -471,7 +471,7 @@ fn kernel_frames_named_from_kallsyms() {
 /// locations as the OpenTelemetry eBPF profiler writes native frames: ELF
 /// virtual addresses, marked `profile.frame.type: native`.
 fn otlp_payload(profile: &pprof::Profile, native: Option<&ElfInfo>) -> Payload {
-    use proflow_pipeline::otlp::{self, OtlpProfiles, common};
+    use proflow_model::otlp::{self, OtlpProfiles, common};
     let mut dict = otlp::DictionaryBuilder::new();
     let mut lost = otlp::Lost::default();
     let profiles = otlp::pprof_to_otlp(profile, &mut dict, &mut lost).unwrap();
@@ -672,16 +672,16 @@ fn hostile_profiles_neither_panic_nor_block() {
     assert_eq!(counts.get("no_build_id"), Some(&2), "{counts:?}");
 
     // OTLP without string or function tables (addresses only).
-    let mut dict = proflow_pipeline::otlp::proto::ProfilesDictionary::default();
+    let mut dict = proflow_model::otlp::proto::ProfilesDictionary::default();
     dict.mapping_table.push(Default::default());
     dict.location_table.push(Default::default());
     dict.location_table
-        .push(proflow_pipeline::otlp::proto::Location {
+        .push(proflow_model::otlp::proto::Location {
             mapping_index: 7,
             address: schedule_address() + 1,
             ..Default::default()
         });
-    let shared = proflow_pipeline::otlp::SharedDictionary::from_decoded(dict);
+    let shared = proflow_model::otlp::SharedDictionary::from_decoded(dict);
     let (named, _) = super::otlp::symbolize(&shared, None, &mut sources, &mut symbols);
     let d = named.expect("the kernel frame is named");
     let d = d.decoded().unwrap();

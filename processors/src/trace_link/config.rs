@@ -1,7 +1,7 @@
 //! The `trace_link` processor's config.
 
 use proflow_config::Duration;
-use proflow_pipeline::component::FieldError;
+use proflow_core::component::FieldError;
 use serde::Deserialize;
 
 /// A form the processor writes a sample's trace and span in.

@@ -114,7 +114,7 @@ pub fn is_zero(text: &str) -> bool {
     !text.is_empty() && text.bytes().all(|b| b == b'0')
 }
 
-pub use proflow_pipeline::otlp::hex;
+pub use proflow_model::otlp::hex;
 
 /// True when `text` is `id` in its normal form (lower-case hex, full length).
 pub fn is_hex_of(text: &str, id: &[u8]) -> bool {

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::telemetry::TraceLinkTelemetry;
-use proflow_pipeline::spans::{Span, SpanConsumer};
+use proflow_model::spans::{Span, SpanConsumer};
 use tokio::sync::Notify;
 
 use super::ids::{SpanId, TraceId};

@@ -38,9 +38,9 @@ mod tests;
 pub mod fuzzing {
     use std::sync::Arc;
 
-    use proflow_pipeline::component::Processor;
-    use proflow_pipeline::model::Envelope;
-    use proflow_pipeline::telemetry::Telemetry;
+    use proflow_core::component::Processor;
+    use proflow_core::telemetry::Telemetry;
+    use proflow_model::model::Envelope;
 
     use super::TraceLinkProcessor;
     use super::config::{Output, TraceLinkProcessorConfig};
@@ -68,7 +68,7 @@ pub mod fuzzing {
             Some(&telemetry),
             super::TraceLinkTelemetry::new(&telemetry, "trace_link"),
         );
-        let meta = proflow_pipeline::model::BatchMeta::default();
+        let meta = proflow_model::model::BatchMeta::default();
         RUNTIME.with(|rt| rt.block_on(processor.process(envelopes, &meta)))
     }
 }
@@ -80,14 +80,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use proflow_pipeline::component::no_problems;
-use proflow_pipeline::component::{
+use proflow_core::component::no_problems;
+use proflow_core::component::{
     BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
 };
-use proflow_pipeline::model::{BatchMeta, Envelope, Format, Payload};
-use proflow_pipeline::otlp::{self as potlp, Lost, OtlpProfiles, ProfileData};
-use proflow_pipeline::spans::SpanConsumer;
-use proflow_pipeline::telemetry::Telemetry;
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{BatchMeta, Envelope, Format, Payload};
+use proflow_model::otlp::{self as potlp, Lost, OtlpProfiles, ProfileData};
+use proflow_model::spans::SpanConsumer;
 
 pub use config::{Output, SpanIndexConfig, TraceLinkProcessorConfig};
 use ids::{Found, SpanId, TraceId};

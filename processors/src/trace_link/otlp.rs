@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use proflow_pipeline::otlp::{common, proto};
+use proflow_model::otlp::{common, proto};
 
 use super::ids::{self, Found, Key};
 use super::{Link, Outputs, Rules};
@@ -284,8 +284,6 @@ pub fn write(
 }
 
 /// A dictionary as a shared one.
-pub fn shared(w: DictionaryWriter) -> Arc<proflow_pipeline::otlp::SharedDictionary> {
-    Arc::new(proflow_pipeline::otlp::SharedDictionary::from_decoded(
-        w.dict,
-    ))
+pub fn shared(w: DictionaryWriter) -> Arc<proflow_model::otlp::SharedDictionary> {
+    Arc::new(proflow_model::otlp::SharedDictionary::from_decoded(w.dict))
 }

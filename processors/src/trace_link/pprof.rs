@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use proflow_pipeline::wire::{self, Value};
+use proflow_model::wire::{self, Value};
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 
 use super::ids::{self, Found, Key, Shape, SmallMap, SpanId, TraceId};

@@ -2,7 +2,7 @@
 //! by result, the span index, waits for spans. Declared here through the
 //! collector's [`Telemetry`]; the metrics every processor has are the core's.
 
-use proflow_pipeline::telemetry::{Counters, Gauges, LabelSet, Telemetry, with_label};
+use proflow_core::telemetry::{Counters, Gauges, LabelSet, Telemetry, with_label};
 
 /// Metric handle of a `trace_link` processor.
 #[derive(Clone, Debug)]

@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proflow_pipeline::model::{BatchMeta, Envelope, Labels, Payload};
-use proflow_pipeline::otlp::common::any_value::Value;
-use proflow_pipeline::pprof::{self, Label, Profile};
-use proflow_pipeline::spans::Span;
-use proflow_pipeline::telemetry::Telemetry;
-use proflow_pipeline::testdata;
+use proflow_core::telemetry::Telemetry;
+use proflow_model::model::{BatchMeta, Envelope, Labels, Payload};
+use proflow_model::otlp::common::any_value::Value;
+use proflow_model::pprof::{self, Label, Profile};
+use proflow_model::spans::Span;
+use proflow_model::testdata;
 
 use super::ids::hex;
 use super::*;

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, Unwinder};
-use proflow_pipeline::model::{Envelope, Labels, Payload, ValueType};
-use proflow_pipeline::pprof;
+use proflow_model::model::{Envelope, Labels, Payload, ValueType};
+use proflow_model::pprof;
 
 use super::frame::Frame;
 use super::procs::{Binary, ProcKey, Process, Processes};

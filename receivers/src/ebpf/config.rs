@@ -4,7 +4,7 @@
 //! as in Alloy's `discovery.process`.
 
 use proflow_config::{ByteSize, Duration};
-use proflow_pipeline::component::FieldError;
+use proflow_core::component::FieldError;
 use proflow_relabel::{self as relabel, RelabelConfig};
 use serde::Deserialize;
 

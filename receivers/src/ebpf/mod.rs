@@ -106,12 +106,12 @@ use async_trait::async_trait;
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{BtfTracePoint, PerfEvent};
-use proflow_pipeline::component::no_problems;
-use proflow_pipeline::component::{
+use proflow_core::component::no_problems;
+use proflow_core::component::{
     Admission, BuildContext, BuildError, ConsumeError, FieldError, Receiver, ReceiverConfig,
     ReceiverContext, ServeFuture, Validate,
 };
-use proflow_pipeline::model::{Batch, BatchMeta, Envelope};
+use proflow_model::model::{Batch, BatchMeta, Envelope};
 use proflow_relabel::Relabeler;
 
 use collector::Collector;

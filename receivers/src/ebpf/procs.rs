@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use framehop::Unwinder;
 use framehop::x86_64::UnwinderX86_64;
-use proflow_pipeline::model::Labels;
+use proflow_model::model::Labels;
 use proflow_relabel::Relabeler;
 
 pub use binary::{Binary, Section};

@@ -3,7 +3,7 @@
 //! through the collector's [`Telemetry`]; the metrics every receiver has are
 //! the core's.
 
-use proflow_pipeline::telemetry::{Counters, Gauges, LabelSet, Telemetry, with_label};
+use proflow_core::telemetry::{Counters, Gauges, LabelSet, Telemetry, with_label};
 
 /// Metric handle of an eBPF receiver.
 #[derive(Clone, Debug)]

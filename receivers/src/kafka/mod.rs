@@ -9,11 +9,11 @@
 //!   and tenant come from proflow's headers when there are any, so a profile
 //!   leaves Kafka with the labels it entered with.
 //! - **At least once**: each record's batch is handed to the pipeline with a
-//!   tracked acknowledgement ([`proflow_pipeline::delivery`]) and
-//!   [`Admission::WaitAll`](proflow_pipeline::component::Admission::WaitAll)
+//!   tracked acknowledgement ([`proflow_model::delivery`]) and
+//!   [`Admission::WaitAll`](proflow_core::component::Admission::WaitAll)
 //!   (a full queue, `drop_newest` too, holds the consumer back until it has
 //!   room; with `commit_dropped: true`,
-//!   [`Admission::Wait`](proflow_pipeline::component::Admission::Wait): a
+//!   [`Admission::Wait`](proflow_core::component::Admission::Wait): a
 //!   `drop_newest` queue that stays full for its `wait_when_full` drops its
 //!   copy). When the acknowledgement resolves — every copy delivered,
 //!   refused for good, dropped or filtered, all counted by the exporters —
@@ -45,18 +45,18 @@ use std::time::Duration as StdDuration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use proflow_config::{ByteSize, Duration};
-use proflow_kafka::{
-    self as kafka, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
-};
-use proflow_pipeline::component::no_problems;
-use proflow_pipeline::component::{
+use proflow_core::component::no_problems;
+use proflow_core::component::{
     Admission, BuildContext, BuildError, ConsumeError, FieldError, Receiver, ReceiverConfig,
     ReceiverContext, ServeFuture, Validate,
 };
-use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant};
-use proflow_pipeline::model::{Batch, BatchMeta, batch_bytes};
-use proflow_pipeline::otlp::AttributeLabels;
-use proflow_pipeline::telemetry::ReceiverTelemetry;
+use proflow_core::telemetry::ReceiverTelemetry;
+use proflow_kafka::{
+    self as kafka, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
+};
+use proflow_model::memory::{self, MemoryBudget, MemoryGrant};
+use proflow_model::model::{Batch, BatchMeta, batch_bytes};
+use proflow_model::otlp::AttributeLabels;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
@@ -762,8 +762,8 @@ mod tests {
         );
         let ctx = BuildContext {
             id: "kafka".into(),
-            telemetry: Arc::new(proflow_pipeline::telemetry::Telemetry::new()),
-            memory: proflow_pipeline::memory::MemoryBudget::new(1 << 30),
+            telemetry: Arc::new(proflow_core::telemetry::Telemetry::new()),
+            memory: proflow_model::memory::MemoryBudget::new(1 << 30),
         };
         let err = c.build(&ctx).err().expect("invalid").to_string();
         assert!(err.starts_with("receiver `kafka`: brokers:"), "{err}");

@@ -12,16 +12,16 @@
 
 use bytes::Bytes;
 use proflow_kafka::{Encoding, RecordHeaders, sniff_encoding};
-use proflow_pipeline::model::{
+use proflow_model::model::{
     Envelope, Labels, Payload, SERVICE_NAME_LABEL, TENANT_LABEL, now_unix_nanos,
 };
-use proflow_pipeline::otlp::{self, AttributeLabels};
-use proflow_pipeline::pprof;
-use proflow_pipeline::profile_type::profile_name_from_sample_types;
+use proflow_model::otlp::{self, AttributeLabels};
+use proflow_model::pprof;
+use proflow_model::profile_type::profile_name_from_sample_types;
 
-use proflow_pipeline::inflate::{self, InflateError};
-use proflow_pipeline::memory::{MemoryGrant, OverBudget};
-use proflow_pipeline::model::UNKNOWN_SERVICE;
+use proflow_model::inflate::{self, InflateError};
+use proflow_model::memory::{MemoryGrant, OverBudget};
+use proflow_model::model::UNKNOWN_SERVICE;
 
 /// Why a record was not decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub struct Decoded {
     /// An OTLP profiles 1.9 value, made 1.10 first.
     pub from_1_9: bool,
     /// Attributes of an OTLP value that became no label, by reason.
-    pub lost_labels: proflow_pipeline::lost::LostSamples,
+    pub lost_labels: proflow_model::lost::LostSamples,
 }
 
 /// How records are read.
@@ -188,8 +188,8 @@ fn pprof_record(
 pub mod fuzzing {
     use bytes::Bytes;
     use proflow_kafka::{Encoding, RecordHeaders};
-    use proflow_pipeline::memory::MemoryBudget;
-    use proflow_pipeline::otlp::AttributeLabels;
+    use proflow_model::memory::MemoryBudget;
+    use proflow_model::otlp::AttributeLabels;
 
     pub use super::Decoded;
 
@@ -231,8 +231,8 @@ pub mod fuzzing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proflow_pipeline::memory::MemoryBudget;
-    use proflow_pipeline::pprof::ProfileBuilder;
+    use proflow_model::memory::MemoryBudget;
+    use proflow_model::pprof::ProfileBuilder;
 
     /// Decodes under a grant of a budget with room to spare; a refusal as
     /// its message.
@@ -279,10 +279,7 @@ mod tests {
         assert_eq!((e.start_unix_nanos, e.end_unix_nanos), (5, 9));
         assert_eq!(
             e.sample_types,
-            [proflow_pipeline::model::ValueType::new(
-                "cpu",
-                "nanoseconds"
-            )]
+            [proflow_model::model::ValueType::new("cpu", "nanoseconds")]
         );
         assert_eq!(e.period, 10_000_000);
         assert_eq!(e.payload.gzipped().unwrap(), value, "bytes as they arrived");
@@ -302,14 +299,14 @@ mod tests {
     #[test]
     fn an_otlp_request_record_becomes_its_profiles() {
         // Three services, two profiles (samples and cpu) each.
-        let request = proflow_pipeline::testdata::otlp_request(3, 20, 10);
+        let request = proflow_model::testdata::otlp_request(3, 20, 10);
         let value = Bytes::from(prost::Message::encode_to_vec(&request));
         let d = decode(value, RecordHeaders::default(), &reading(None)).unwrap();
         assert_eq!(d.envelopes.len(), 6);
         assert!(
             d.envelopes
                 .iter()
-                .all(|e| e.payload.has(proflow_pipeline::model::Format::Otlp))
+                .all(|e| e.payload.has(proflow_model::model::Format::Otlp))
         );
         let json = Bytes::from(otlp::json::encode_request(&request));
         let d = decode(json, RecordHeaders::default(), &reading(None)).unwrap();
@@ -363,10 +360,10 @@ mod tests {
             "the plain bytes were given back after the scan"
         );
         // OTLP JSON is granted what its shape says decoding takes.
-        let json = proflow_pipeline::otlp::json::encode_request(
-            &proflow_pipeline::testdata::otlp_request(1, 20, 10),
+        let json = proflow_model::otlp::json::encode_request(
+            &proflow_model::testdata::otlp_request(1, 20, 10),
         );
-        let cost = proflow_pipeline::otlp::json::decode_cost(&json);
+        let cost = proflow_model::otlp::json::decode_cost(&json);
         let value = Bytes::from(json);
         let d = super::decode(
             value.clone(),

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use proflow_pipeline::component::PushRefusal;
-use proflow_pipeline::server::body::BodyError;
+use proflow_core::component::PushRefusal;
+use proflow_net::server::body::BodyError;
 
 use hyper::StatusCode;
 
@@ -50,11 +50,11 @@ pub enum OtlpError {
     MemoryLimit(String),
     /// The tenant's `limits` rate is spent: retry after the time it says.
     #[error("{}", .0.message())]
-    RateLimited(proflow_pipeline::server::RateLimited),
+    RateLimited(proflow_net::server::RateLimited),
     /// A series or profile past one of the tenant's `limits` other than
     /// the rate (Pyroscope's 400, its reason and words).
     #[error("{}", .0.message)]
-    Limit(proflow_pipeline::server::LimitRefused),
+    Limit(proflow_net::server::LimitRefused),
     /// The request did not arrive within `read_timeout`.
     #[error(
         "the request did not arrive within read_timeout ({0:?}); send it faster or in smaller requests"
@@ -73,7 +73,7 @@ pub enum OtlpError {
 impl OtlpError {
     /// A request the memory budget cannot take: retry later, or too large
     /// when no single request may ever hold that much.
-    pub(crate) fn from_memory(e: proflow_pipeline::memory::OverBudget) -> Self {
+    pub(crate) fn from_memory(e: proflow_model::memory::OverBudget) -> Self {
         if e.never {
             OtlpError::TooLarge(e.to_string())
         } else {

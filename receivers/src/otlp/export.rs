@@ -20,13 +20,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use proflow_pipeline::component::{self, Consumer};
-use proflow_pipeline::memory::{self, MemoryBudget, MemoryGrant};
-use proflow_pipeline::model::{BatchMeta, Envelope, batch_bytes};
-use proflow_pipeline::otlp::{self, AttributeLabels, Split, collector};
-use proflow_pipeline::server::TenantLimiter;
-use proflow_pipeline::spans::{self, SpanConsumer};
-use proflow_pipeline::telemetry::ReceiverTelemetry;
+use proflow_core::component::{self, Consumer};
+use proflow_core::telemetry::ReceiverTelemetry;
+use proflow_model::memory::{self, MemoryBudget, MemoryGrant};
+use proflow_model::model::{BatchMeta, Envelope, batch_bytes};
+use proflow_model::otlp::{self, AttributeLabels, Split, collector};
+use proflow_model::spans::{self, SpanConsumer};
+use proflow_net::server::TenantLimiter;
 use prost::Message;
 
 use super::error::{OtlpError, Refused};

@@ -27,9 +27,9 @@ use bytes::{Buf, Bytes};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use proflow_pipeline::inflate::{self, InflateError};
-use proflow_pipeline::memory::{self, MemoryGrant};
-use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
+use proflow_model::inflate::{self, InflateError};
+use proflow_model::memory::{self, MemoryGrant};
+use proflow_model::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -39,8 +39,8 @@ use tonic::{Code, Status};
 use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
 use super::http::TENANT_HEADER;
-use proflow_pipeline::server::body::read_body;
-use proflow_pipeline::server::{
+use proflow_net::server::body::read_body;
+use proflow_net::server::{
     AuthSettings, Listen, Secured, ServerTlsSettings, TenantBound, accept_loop,
 };
 
@@ -224,8 +224,8 @@ impl Grpc {
             .is_some_and(|v| v.as_bytes() != b"identity");
         let limit = self.settings.max_message.saturating_add(MESSAGE_HEADER);
         // A tenant's grant: held to its share when memory is contended.
-        let tenant = proflow_pipeline::server::request_tenant(&parts.headers)
-            .map_err(OtlpError::BadRequest)?;
+        let tenant =
+            proflow_net::server::request_tenant(&parts.headers).map_err(OtlpError::BadRequest)?;
         let mut grant = self.handler.memory.grant_for(tenant);
         let body = read_body(body, None, limit, &mut grant, self.settings.read_timeout)
             .await
@@ -284,7 +284,7 @@ impl Grpc {
     }
 }
 
-type TraceResponse = proflow_pipeline::spans::ExportTraceServiceResponse;
+type TraceResponse = proflow_model::spans::ExportTraceServiceResponse;
 
 /// The unary traces service: spans for the span index, answered at once.
 #[derive(Clone)]

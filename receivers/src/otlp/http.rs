@@ -18,17 +18,17 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use proflow_pipeline::inflate::{self, InflateError};
-use proflow_pipeline::memory::MemoryGrant;
-use proflow_pipeline::otlp::collector::ExportProfilesServiceResponse;
+use proflow_model::inflate::{self, InflateError};
+use proflow_model::memory::MemoryGrant;
+use proflow_model::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
-use proflow_pipeline::server::body::{declared_length, read_body};
-use proflow_pipeline::server::{
+use proflow_net::server::body::{declared_length, read_body};
+use proflow_net::server::{
     AuthSettings, Listen, Secured, ServerTlsSettings, TenantBound, accept_loop,
 };
 
@@ -40,7 +40,7 @@ pub(crate) const TRACES_PATH: &str = "/v1/traces";
 /// What a request was answered with.
 enum Reply {
     Profiles(ExportProfilesServiceResponse),
-    Traces(proflow_pipeline::spans::ExportTraceServiceResponse),
+    Traces(proflow_model::spans::ExportTraceServiceResponse),
 }
 
 /// The header multi-tenant backends read the tenant from.
@@ -328,8 +328,7 @@ impl Http {
         body: Incoming,
     ) -> Result<(Bytes, MemoryGrant), OtlpError> {
         // A tenant's grant: held to its share when memory is contended.
-        let tenant =
-            proflow_pipeline::server::request_tenant(headers).map_err(OtlpError::BadRequest)?;
+        let tenant = proflow_net::server::request_tenant(headers).map_err(OtlpError::BadRequest)?;
         let mut grant = self.handler.memory.grant_for(tenant);
         let body = read_body(
             body,
@@ -384,7 +383,7 @@ pub(super) fn inflate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proflow_pipeline::memory::MemoryBudget;
+    use proflow_model::memory::MemoryBudget;
 
     #[test]
     fn media_types_are_read_as_the_collector_reads_them() {
@@ -404,12 +403,12 @@ mod tests {
     fn inflation_is_bounded_by_the_setting_and_the_grant() {
         let memory = MemoryBudget::new(1 << 20);
         let mut grant = memory.grant();
-        let gz = proflow_pipeline::pprof::gzip(&[7u8; 1000]);
+        let gz = proflow_model::pprof::gzip(&[7u8; 1000]);
         assert_eq!(inflate(&gz, 1000, &mut grant).unwrap().len(), 1000);
         assert!(grant.held() >= 1000);
         let err = inflate(&gz, 999, &mut grant).unwrap_err();
         assert_eq!(err.http_status(), StatusCode::PAYLOAD_TOO_LARGE);
-        let bomb = proflow_pipeline::pprof::gzip(&vec![0u8; 4 << 20]);
+        let bomb = proflow_model::pprof::gzip(&vec![0u8; 4 << 20]);
         let mut small = memory.grant();
         // More than one request may ever hold: 413, sending again cannot help.
         let err = inflate(&bomb, 8 << 20, &mut small).unwrap_err();
@@ -419,7 +418,7 @@ mod tests {
         // What could fit but is held elsewhere now: 429.
         let mut hog = memory.grant();
         hog.try_grow(900 << 10).unwrap();
-        let some = proflow_pipeline::pprof::gzip(&vec![0u8; 200 << 10]);
+        let some = proflow_model::pprof::gzip(&vec![0u8; 200 << 10]);
         let err = inflate(&some, 8 << 20, &mut small).unwrap_err();
         assert_eq!(err.reason(), "memory_limit", "{err}");
         drop(hog);

@@ -11,7 +11,7 @@
 //!   `Content-Encoding: gzip`, on `protocols.http.endpoint`.
 //!
 //! Each (resource, scope, profile) of a request becomes one
-//! [`Envelope`](proflow_pipeline::model::Envelope) whose payload is the
+//! [`Envelope`](proflow_model::model::Envelope) whose payload is the
 //! profile as it arrived, sharing the request's one dictionary (`Arc`) with
 //! every other profile of the request. A request whose dictionary is broken
 //! is refused whole (the usual cause is a sender on another OTLP profiles
@@ -34,11 +34,11 @@ mod status;
 use std::net::SocketAddr;
 
 use proflow_config::{ByteSize, Duration};
-use proflow_pipeline::component::{
+use proflow_core::component::{
     BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, Resource, Validate,
 };
-use proflow_pipeline::otlp::AttributeLabels;
-use proflow_pipeline::server::{
+use proflow_model::otlp::AttributeLabels;
+use proflow_net::server::{
     AuthSettings, ServerTlsFiles, ServerTlsSettings, TenantLimiter, TenantLimitsSettings,
 };
 use serde::{Deserialize, Deserializer};
@@ -443,8 +443,8 @@ impl ReceiverConfig for OtlpConfig {
 #[doc(hidden)]
 pub mod fuzzing {
     use bytes::Bytes;
-    use proflow_pipeline::memory::MemoryBudget;
-    use proflow_pipeline::otlp::{AttributeLabels, Split};
+    use proflow_model::memory::MemoryBudget;
+    use proflow_model::otlp::{AttributeLabels, Split};
 
     use super::export::{self, Encoding};
 
@@ -487,7 +487,7 @@ pub mod fuzzing {
 mod tests {
     use super::*;
     use proflow_config::Node;
-    use proflow_pipeline::registry::Kind;
+    use proflow_core::registry::Kind;
 
     fn parse(yaml: &str) -> Result<OtlpConfig, Vec<String>> {
         let factory = crate::factories()

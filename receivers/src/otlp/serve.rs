@@ -1,16 +1,14 @@
 //! The running `otlp` receiver: binds one listener per configured protocol
 //! (with its `tls` and `auth`) and serves each with the pipeline's shared
-//! accept loop (`proflow_pipeline::server`).
+//! accept loop (`proflow_net::server`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
-use proflow_pipeline::component::{BuildError, Receiver, ReceiverContext, ServeFuture};
-use proflow_pipeline::otlp::AttributeLabels;
-use proflow_pipeline::server::{
-    AuthSettings, Listeners, Secured, ServerTlsSettings, TenantLimiter,
-};
+use proflow_core::component::{BuildError, Receiver, ReceiverContext, ServeFuture};
+use proflow_model::otlp::AttributeLabels;
+use proflow_net::server::{AuthSettings, Listeners, Secured, ServerTlsSettings, TenantLimiter};
 use tokio::net::TcpListener;
 
 use super::export::Handler;

@@ -10,10 +10,10 @@
 //! concurrent requests stays bounded too, not just each one.
 
 use bytes::Bytes;
-use proflow_pipeline::inflate::{self, InflateError};
-use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
-use proflow_pipeline::pprof::{self, DecodeError, Metadata};
-use proflow_pipeline::server::{ProfileLimits, ProfileSource};
+use proflow_model::inflate::{self, InflateError};
+use proflow_model::memory::{MemoryBudget, MemoryGrant};
+use proflow_model::pprof::{self, DecodeError, Metadata};
+use proflow_net::server::{ProfileLimits, ProfileSource};
 
 use super::error::IngestError;
 
@@ -80,7 +80,7 @@ impl DecompressBudget {
 
     /// Adds the frames cut from stacks deeper than the depth limit to what
     /// the request lost.
-    pub fn count_truncated(&self, lost: &mut proflow_pipeline::lost::LostSamples) {
+    pub fn count_truncated(&self, lost: &mut proflow_model::lost::LostSamples) {
         lost.add_part(
             "frame",
             "max_profile_stacktrace_depth",
@@ -142,7 +142,7 @@ impl DecompressBudget {
     }
 
     /// Grows the request's grant by `bytes` now, or says why not.
-    pub fn charge(&mut self, bytes: usize) -> Result<(), proflow_pipeline::memory::OverBudget> {
+    pub fn charge(&mut self, bytes: usize) -> Result<(), proflow_model::memory::OverBudget> {
         self.grant.try_grow(bytes)
     }
 
@@ -305,7 +305,7 @@ mod tests {
         assert_eq!(memory.in_flight(), 0);
         // What fits but is held elsewhere now: 429, retry later.
         let hog = memory
-            .acquire(900 << 10, proflow_pipeline::memory::DEFAULT_WAIT)
+            .acquire(900 << 10, proflow_model::memory::DEFAULT_WAIT)
             .await
             .unwrap();
         let some = pprof::gzip(&vec![0u8; 200 << 10]);

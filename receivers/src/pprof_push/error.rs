@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use proflow_pipeline::component::PushRefusal;
-use proflow_pipeline::server::body::BodyError;
+use proflow_core::component::PushRefusal;
+use proflow_net::server::body::BodyError;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use proflow_pipeline::pprof::DecodeError;
+use proflow_model::pprof::DecodeError;
 
 /// Why a request was refused. The variant decides status, Connect code and the
 /// telemetry reason; the message is for the person reading the client's log.
@@ -53,11 +53,11 @@ pub enum IngestError {
     MemoryLimit(String),
     /// The tenant's `limits` rate is spent: retry after the time it says.
     #[error("{}", .0.message())]
-    RateLimited(proflow_pipeline::server::RateLimited),
+    RateLimited(proflow_net::server::RateLimited),
     /// A series or profile past one of the tenant's `limits` other than
     /// the rate (Pyroscope's 400, its reason and words).
     #[error("{}", .0.message)]
-    Limit(proflow_pipeline::server::LimitRefused),
+    Limit(proflow_net::server::LimitRefused),
     /// The body did not arrive within `read_timeout`.
     #[error(
         "the request body did not arrive within read_timeout ({0:?}); send it faster or in smaller requests"
@@ -85,7 +85,7 @@ impl IngestError {
 
     /// A request the memory budget cannot take: 429 (retry later), or 413
     /// when no single request may ever hold that much.
-    pub(crate) fn from_memory(e: proflow_pipeline::memory::OverBudget) -> Self {
+    pub(crate) fn from_memory(e: proflow_model::memory::OverBudget) -> Self {
         if e.never {
             IngestError::TooComplex(e.to_string())
         } else {

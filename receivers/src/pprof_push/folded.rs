@@ -19,9 +19,9 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::mem::size_of;
 
-use proflow_pipeline::lost::LostSamples;
-use proflow_pipeline::memory::OverBudget;
-use proflow_pipeline::pprof::{Profile, ProfileBuilder, Sample};
+use proflow_model::lost::LostSamples;
+use proflow_model::memory::OverBudget;
+use proflow_model::pprof::{Profile, ProfileBuilder, Sample};
 
 use super::profile_type::FoldedType;
 
@@ -95,9 +95,9 @@ const STACK_ENTRY: usize = 2 * (size_of::<(Cow<str>, i64)>() + size_of::<(Cow<st
 /// twice: the string table and the builder's index): a function, a
 /// location with its line, and two index entries, spare capacity included.
 const FRAME_ENTRY: usize = 2
-    * (size_of::<proflow_pipeline::pprof::Function>()
-        + size_of::<proflow_pipeline::pprof::Location>()
-        + size_of::<proflow_pipeline::pprof::Line>()
+    * (size_of::<proflow_model::pprof::Function>()
+        + size_of::<proflow_model::pprof::Location>()
+        + size_of::<proflow_model::pprof::Line>()
         + size_of::<(String, i64)>()
         + size_of::<(i64, u64)>()
         + 16);
@@ -360,7 +360,7 @@ fn frames(stack: &str) -> std::str::Split<'_, char> {
 mod tests {
     use super::*;
     use crate::pprof_push::profile_type::folded_type;
-    use proflow_pipeline::pprof::stacks_root_first;
+    use proflow_model::pprof::stacks_root_first;
 
     fn free(_: usize) -> Result<(), OverBudget> {
         Ok(())
@@ -627,7 +627,7 @@ mod tests {
             built >= 2 * names + 4001 * FRAME_ENTRY,
             "{built} for {names} bytes of names"
         );
-        let encoded = proflow_pipeline::pprof::encode(&p).len();
+        let encoded = proflow_model::pprof::encode(&p).len();
         assert!(
             built > encoded,
             "charged {built}, the profile encodes to {encoded}"

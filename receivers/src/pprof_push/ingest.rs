@@ -10,8 +10,8 @@
 
 use axum::http::Uri;
 use bytes::Bytes;
-use proflow_pipeline::lost::LostSamples;
-use proflow_pipeline::model::{Envelope, Payload, ValueType};
+use proflow_model::lost::LostSamples;
+use proflow_model::model::{Envelope, Payload, ValueType};
 
 use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
@@ -399,7 +399,7 @@ fn stacks_envelope(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proflow_pipeline::pprof::{self, ProfileBuilder};
+    use proflow_model::pprof::{self, ProfileBuilder};
 
     const NOW: i64 = 1_800_000_000_000_000_000;
 

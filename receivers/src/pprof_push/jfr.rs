@@ -11,9 +11,9 @@
 //! `max_decompressed_size`.
 
 use bytes::Bytes;
-use proflow_pipeline::jfr::{self, JfrError, Meter, labels::LabelsSnapshot};
-use proflow_pipeline::lost::LostSamples;
-use proflow_pipeline::model::{Envelope, Payload, ValueType};
+use proflow_model::jfr::{self, JfrError, Meter, labels::LabelsSnapshot};
+use proflow_model::lost::LostSamples;
+use proflow_model::model::{Envelope, Payload, ValueType};
 use prost::Message;
 
 use super::budget::DecompressBudget;

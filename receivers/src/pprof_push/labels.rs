@@ -8,10 +8,10 @@
 
 use std::borrow::Cow;
 
-use proflow_pipeline::model::{Labels, NAME_LABEL, SERVICE_NAME_LABEL, is_valid_label_name};
+use proflow_model::model::{Labels, NAME_LABEL, SERVICE_NAME_LABEL, is_valid_label_name};
 
 /// `service_name` of a Push series that has none (Pyroscope's fallback).
-pub(crate) use proflow_pipeline::model::UNKNOWN_SERVICE;
+pub(crate) use proflow_model::model::UNKNOWN_SERVICE;
 /// Marks /ingest profiles as already delta, as Pyroscope does.
 pub(crate) const DELTA_LABEL: &str = "__delta__";
 /// The `spyName` of an /ingest request.

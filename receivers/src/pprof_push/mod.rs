@@ -11,7 +11,7 @@
 //! - `POST /push.v1.PusherService/Push`: Connect unary, binary
 //!   (`application/proto`) or JSON (`application/json`), optionally gzipped.
 //!
-//! Each pprof profile becomes one [`Envelope`](proflow_pipeline::model::Envelope)
+//! Each pprof profile becomes one [`Envelope`](proflow_model::model::Envelope)
 //! whose payload keeps the bytes as they arrived; only the metadata is scanned.
 //! All profiles of one request go to the pipeline as one batch, and the client
 //! hears success only once the pipeline took it.
@@ -38,10 +38,10 @@ mod timestamp;
 mod tree;
 
 use proflow_config::{ByteSize, Duration};
-use proflow_pipeline::component::{
+use proflow_core::component::{
     BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, Resource, Validate,
 };
-use proflow_pipeline::server::{
+use proflow_net::server::{
     AuthSettings, ServerTlsFiles, ServerTlsSettings, TenantLimiter, TenantLimitsSettings,
 };
 use serde::Deserialize;
@@ -255,7 +255,7 @@ impl ReceiverConfig for PprofPushConfig {
 mod tests {
     use super::*;
     use proflow_config::Node;
-    use proflow_pipeline::registry::Kind;
+    use proflow_core::registry::Kind;
 
     /// Reads a config body the way the binary does (through the registered
     /// factory, so validation runs), then returns the typed config.
@@ -338,8 +338,8 @@ pub mod fuzzing {
     use bytes::Bytes;
 
     use futures_util::FutureExt;
-    use proflow_pipeline::model::Envelope;
-    use proflow_pipeline::pprof::Profile;
+    use proflow_model::model::Envelope;
+    use proflow_model::pprof::Profile;
 
     use super::budget::DecompressBudget;
     use super::folded::{self, TextFormat};
@@ -417,15 +417,15 @@ pub mod fuzzing {
     ) -> Result<
         (
             Vec<(u32, Vec<(String, i64)>)>,
-            proflow_pipeline::lost::LostSamples,
+            proflow_model::lost::LostSamples,
         ),
         String,
     > {
-        let mut free = |_: usize| -> Result<(), proflow_pipeline::memory::OverBudget> { Ok(()) };
+        let mut free = |_: usize| -> Result<(), proflow_model::memory::OverBudget> { Ok(()) };
         let profiles =
             super::speedscope::parse(body, sample_rate, folded::TextLimits::default(), &mut free)
                 .map_err(|e| e.to_string())?;
-        let mut lost = proflow_pipeline::lost::LostSamples::default();
+        let mut lost = proflow_model::lost::LostSamples::default();
         let out = profiles
             .into_iter()
             .map(|p| {
@@ -450,7 +450,7 @@ pub mod fuzzing {
         body: &[u8],
         lines: bool,
         sample_rate: u32,
-    ) -> Result<(Profile, proflow_pipeline::lost::LostSamples), String> {
+    ) -> Result<(Profile, proflow_model::lost::LostSamples), String> {
         let format = if lines {
             TextFormat::Lines
         } else {
@@ -458,7 +458,7 @@ pub mod fuzzing {
         };
         // What the conversion charges, checked against what it made.
         let charged = std::cell::Cell::new(0usize);
-        let mut charge = |n: usize| -> Result<(), proflow_pipeline::memory::OverBudget> {
+        let mut charge = |n: usize| -> Result<(), proflow_model::memory::OverBudget> {
             charged.set(charged.get() + n);
             Ok(())
         };

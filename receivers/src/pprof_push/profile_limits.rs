@@ -14,9 +14,9 @@
 
 use std::sync::Arc;
 
-use proflow_pipeline::model::{Envelope, Payload};
-use proflow_pipeline::pprof::{self, Metadata, Profile};
-use proflow_pipeline::server::{ProfileShape, ProfileSource};
+use proflow_model::model::{Envelope, Payload};
+use proflow_model::pprof::{self, Metadata, Profile};
+use proflow_net::server::{ProfileShape, ProfileSource};
 
 use super::budget::DecompressBudget;
 use super::error::IngestError;

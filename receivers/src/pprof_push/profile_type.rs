@@ -1,10 +1,8 @@
 //! Folded (text) profiles' types by their application name suffix, as
 //! Pyroscope maps them. The `__name__` of pprof sample types is
-//! [`proflow_pipeline::profile_type`].
+//! [`proflow_model::profile_type`].
 
-pub(crate) use proflow_pipeline::profile_type::{
-    SampleTypeConfigs, profile_name_from_sample_types,
-};
+pub(crate) use proflow_model::profile_type::{SampleTypeConfigs, profile_name_from_sample_types};
 
 /// What the suffix of a folded profile's application name says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

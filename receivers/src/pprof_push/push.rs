@@ -1,6 +1,6 @@
 //! `POST /push.v1.PusherService/Push`: Pyroscope's Connect unary push API.
 //!
-//! The messages are [`proflow_pipeline::push_v1`]'s. Connect carries them as
+//! The messages are [`proflow_model::push_v1`]'s. Connect carries them as
 //! binary protobuf (`application/proto`) or proto3 JSON
 //! (`application/json`: camelCase names, original names also accepted, bytes
 //! in base64, `null` meaning the default), optionally gzip-compressed
@@ -11,12 +11,10 @@ use std::fmt;
 
 use base64::Engine;
 use bytes::Bytes;
-use proflow_pipeline::model::{Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL, TENANT_LABEL};
-use proflow_pipeline::pprof::Metadata;
-use proflow_pipeline::push_v1::{
-    LabelPair, PushRequest, PushResponse, RawProfileSeries, RawSample,
-};
-use proflow_pipeline::wire;
+use proflow_model::model::{Envelope, NAME_LABEL, Payload, SERVICE_NAME_LABEL, TENANT_LABEL};
+use proflow_model::pprof::Metadata;
+use proflow_model::push_v1::{LabelPair, PushRequest, PushResponse, RawProfileSeries, RawSample};
+use proflow_model::wire;
 use prost::Message;
 use serde::Deserialize;
 use serde::de::{self, SeqAccess, Visitor};
@@ -402,11 +400,11 @@ pub(crate) fn decode_cost(codec: Codec, body: &[u8]) -> usize {
             .into_iter()
             .max()
             .unwrap_or(0);
-            let shape = proflow_pipeline::json_shape::JsonShape::scan(body);
+            let shape = proflow_model::json_shape::JsonShape::scan(body);
             shape
                 .built_bytes(2 * largest, 32)
                 .saturating_add(2 * body.len())
-                .saturating_add(proflow_pipeline::json_shape::BASE)
+                .saturating_add(proflow_model::json_shape::BASE)
         }
     }
 }

@@ -18,20 +18,18 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use bytes::Bytes;
-use proflow_pipeline::component::{
-    self, BuildError, Consumer, Receiver, ReceiverContext, ServeFuture,
-};
-use proflow_pipeline::lost::LostSamples;
-use proflow_pipeline::memory::{MemoryBudget, MemoryGrant};
-use proflow_pipeline::model::{BatchMeta, Envelope, now_unix_nanos};
-use proflow_pipeline::server::body::{declared_length, read_body};
-use proflow_pipeline::server::{
+use proflow_core::component::{self, BuildError, Consumer, Receiver, ReceiverContext, ServeFuture};
+use proflow_model::lost::LostSamples;
+use proflow_model::memory::{MemoryBudget, MemoryGrant};
+use proflow_model::model::{BatchMeta, Envelope, now_unix_nanos};
+use proflow_net::server::body::{declared_length, read_body};
+use proflow_net::server::{
     AuthSettings, Listen, ProfileLimits, ProfileSource, Secured, ServerTlsSettings, TenantBound,
     TenantLimiter, accept_loop,
 };
 use tower::Service;
 
-use proflow_pipeline::telemetry::ReceiverTelemetry;
+use proflow_core::telemetry::ReceiverTelemetry;
 
 use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
@@ -314,7 +312,7 @@ const DECODE_INLINE_MAX: usize = 16 << 10;
 fn decode_inline(encoding: ContentEncoding, body: &[u8]) -> bool {
     encoding == ContentEncoding::Identity
         && body.len() <= DECODE_INLINE_MAX
-        && !proflow_pipeline::pprof::is_gzip(body)
+        && !proflow_model::pprof::is_gzip(body)
 }
 
 /// Whether the parts of a form read from a body that [`decode_inline`]
@@ -325,7 +323,7 @@ fn parts_inline(inline: bool, parts: &[Option<&Bytes>]) -> bool {
         && !parts
             .iter()
             .flatten()
-            .any(|p| proflow_pipeline::pprof::is_gzip(p))
+            .any(|p| proflow_model::pprof::is_gzip(p))
 }
 
 /// Runs CPU-bound decoding: inline when [`decode_inline`] allows it, on the
@@ -391,7 +389,7 @@ impl Shared {
     ) -> Result<(Bytes, MemoryGrant), IngestError> {
         // A tenant's grant: held to its share when memory is contended.
         let tenant =
-            proflow_pipeline::server::request_tenant(headers).map_err(IngestError::bad_request)?;
+            proflow_net::server::request_tenant(headers).map_err(IngestError::bad_request)?;
         let mut grant = self.memory.grant_for(tenant);
         let body = read_body(
             body,
@@ -698,7 +696,7 @@ fn converted_within_limits(
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
-    use proflow_pipeline::pprof;
+    use proflow_model::pprof;
 
     fn encoding(value: HeaderValue) -> Result<ContentEncoding, IngestError> {
         let mut headers = HeaderMap::new();

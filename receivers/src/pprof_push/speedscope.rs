@@ -93,7 +93,7 @@ struct Event {
 
 /// The most memory decoding `body` may take, from its shape.
 pub(crate) fn decode_bound(body: &[u8]) -> usize {
-    let shape = proflow_pipeline::json_shape::JsonShape::scan(body);
+    let shape = proflow_model::json_shape::JsonShape::scan(body);
     let largest = std::mem::size_of::<Profile>()
         .max(std::mem::size_of::<Event>())
         .max(std::mem::size_of::<Frame>());
@@ -320,9 +320,9 @@ fn evented<'p>(p: &Profile, names: &[&'p str], sums: &mut Sums<'_, '_>) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proflow_pipeline::lost::LostSamples;
+    use proflow_model::lost::LostSamples;
 
-    fn ok(_: usize) -> Result<(), proflow_pipeline::memory::OverBudget> {
+    fn ok(_: usize) -> Result<(), proflow_model::memory::OverBudget> {
         Ok(())
     }
 

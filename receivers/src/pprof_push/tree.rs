@@ -226,19 +226,17 @@ mod tests {
             .collect()
     }
 
-    fn unlimited() -> impl FnMut(usize) -> Result<(), proflow_pipeline::memory::OverBudget> {
+    fn unlimited() -> impl FnMut(usize) -> Result<(), proflow_model::memory::OverBudget> {
         |_| Ok(())
     }
 
     /// A budget that refuses once `limit` bytes in all were charged.
-    fn capped(
-        limit: usize,
-    ) -> impl FnMut(usize) -> Result<(), proflow_pipeline::memory::OverBudget> {
+    fn capped(limit: usize) -> impl FnMut(usize) -> Result<(), proflow_model::memory::OverBudget> {
         let mut total = 0usize;
         move |n| {
             total += n;
             if total > limit {
-                Err(proflow_pipeline::memory::OverBudget {
+                Err(proflow_model::memory::OverBudget {
                     limit,
                     wanted: n,
                     never: true,

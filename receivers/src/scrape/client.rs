@@ -1,14 +1,14 @@
 //! The HTTP client of scrapes and HTTP SD: the collector's GET client
-//! ([`proflow_pipeline::http`]: pooled connections, rustls, redirects,
+//! ([`proflow_net::http`]: pooled connections, rustls, redirects,
 //! bounded bodies) with a job's settings: `basic_auth` or `authorization`
 //! headers, `tls_config`, `follow_redirects`.
 
 use std::time::Duration;
 
 use http::header::HeaderValue;
-pub use proflow_pipeline::component::error_chain;
-pub use proflow_pipeline::http::{FetchError, HttpClient};
-use proflow_pipeline::http::{Options, header_value};
+pub use proflow_core::component::error_chain;
+pub use proflow_net::http::{FetchError, HttpClient};
+use proflow_net::http::{Options, header_value};
 
 use super::config::{Authorization, BasicAuth, TlsConfig};
 
@@ -36,7 +36,7 @@ pub fn build(
     let tls = settings.tls_config.cloned().unwrap_or_default();
     let auth = auth_header(settings)?;
     HttpClient::new(Options {
-        tls: proflow_pipeline::tls::ClientTls {
+        tls: proflow_net::tls::ClientTls {
             ca_file: tls.ca_file.as_deref(),
             cert_file: tls.cert_file.as_deref(),
             key_file: tls.key_file.as_deref(),

@@ -15,8 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use proflow_config::{ByteSize, Duration};
-use proflow_pipeline::component::FieldError;
-use proflow_pipeline::model::is_valid_label_name;
+use proflow_core::component::FieldError;
+use proflow_model::model::is_valid_label_name;
 use proflow_relabel::{self as relabel, RelabelConfig};
 use serde::Deserialize;
 
@@ -496,10 +496,10 @@ pub(crate) fn client_problems(
 
 /// Checks a `host:port` target.
 pub(crate) fn target_problem(target: &str) -> Option<String> {
-    if proflow_pipeline::url::has_userinfo(target) {
+    if proflow_net::url::has_userinfo(target) {
         // Shown without its password: this message reaches logs and
         // `/targets`.
-        let shown = proflow_pipeline::url::redact_userinfo(target);
+        let shown = proflow_net::url::redact_userinfo(target);
         return Some(format!(
             "{shown:?} holds a user name: a target is host:port; put the credentials in the job's `basic_auth` (a password in an address would end up in logs and labels)"
         ));

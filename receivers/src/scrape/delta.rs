@@ -63,7 +63,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use proflow_pipeline::wire::{self, Value, WireError};
+use proflow_model::wire::{self, Value, WireError};
 
 mod keys;
 mod parts;

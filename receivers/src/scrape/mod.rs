@@ -34,13 +34,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use proflow_pipeline::component::no_problems;
-use proflow_pipeline::component::{
+use proflow_core::component::no_problems;
+use proflow_core::component::{
     BuildContext, BuildError, FieldError, Receiver, ReceiverConfig, ReceiverContext, ServeFuture,
     Validate,
 };
-use proflow_pipeline::model::BatchMeta;
-use proflow_pipeline::telemetry::{TargetsView, Telemetry};
+use proflow_core::telemetry::{TargetsView, Telemetry};
+use proflow_model::model::BatchMeta;
 use telemetry::ScrapeTelemetry;
 
 use client::{ClientSettings, HttpClient};

@@ -21,13 +21,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use proflow_pipeline::component::{Admission, ConsumeError, Consumer};
-use proflow_pipeline::inflate::{self, InflateError};
-use proflow_pipeline::lost::LostSamples;
-use proflow_pipeline::memory::MemoryBudget;
-use proflow_pipeline::model::{Batch, BatchMeta, Envelope, Payload};
-use proflow_pipeline::pprof::{self, DecodeError};
-use proflow_pipeline::telemetry::ReceiverTelemetry;
+use proflow_core::component::{Admission, ConsumeError, Consumer};
+use proflow_core::telemetry::ReceiverTelemetry;
+use proflow_model::inflate::{self, InflateError};
+use proflow_model::lost::LostSamples;
+use proflow_model::memory::MemoryBudget;
+use proflow_model::model::{Batch, BatchMeta, Envelope, Payload};
+use proflow_model::pprof::{self, DecodeError};
 
 use super::telemetry::ScrapeTelemetry;
 use tokio::time::MissedTickBehavior;
@@ -199,7 +199,7 @@ async fn scrape_once(
     shared: &JobShared,
     status: &TargetStatus,
     delta: Option<&mut DeltaState>,
-) -> Result<Option<(Envelope, proflow_pipeline::memory::MemoryGrant)>, ScrapeError> {
+) -> Result<Option<(Envelope, proflow_model::memory::MemoryGrant)>, ScrapeError> {
     let job = &shared.job;
     let target = &status.target;
     let limit = job.body_limit;

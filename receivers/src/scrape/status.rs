@@ -5,8 +5,8 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use proflow_pipeline::model::Labels;
-use proflow_pipeline::telemetry::rfc3339;
+use proflow_core::telemetry::rfc3339;
+use proflow_model::model::Labels;
 use serde_json::{Map, Value, json};
 
 use super::targets::{Dropped, Target};
@@ -169,9 +169,9 @@ fn labels_json(labels: &Labels) -> Value {
     let mut m = Map::new();
     for l in labels.iter() {
         let value = if l.name == "__address__" {
-            proflow_pipeline::url::redact_userinfo(&l.value)
+            proflow_net::url::redact_userinfo(&l.value)
         } else if l.name.starts_with("__param_") && l.name != "__param_seconds" {
-            proflow_pipeline::url::SECRET.to_owned()
+            proflow_net::url::SECRET.to_owned()
         } else {
             l.value.clone()
         };

@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Uri;
-use proflow_pipeline::model::{Labels, SERVICE_NAME_LABEL, TENANT_LABEL};
-use proflow_pipeline::url::percent_encode;
+use proflow_model::model::{Labels, SERVICE_NAME_LABEL, TENANT_LABEL};
+use proflow_net::url::percent_encode;
 use proflow_relabel::Relabeler;
 
 use super::config::{ProfileTarget, ScrapeJobConfig, target_problem};
@@ -86,7 +86,7 @@ impl Target {
     /// parameters (`params`, which may carry a token) redacted, but for
     /// `seconds`, which proflow sets itself.
     pub fn shown_url(&self) -> String {
-        proflow_pipeline::url::redact_url(&self.url.to_string(), &["seconds"])
+        proflow_net::url::redact_url(&self.url.to_string(), &["seconds"])
     }
 }
 
@@ -214,7 +214,7 @@ fn finish(job: &JobSpec, labels: Labels, profile: &ProfileTarget) -> Result<(Uri
         url.push_str(&percent_encode(v));
     }
     let url: Uri = url.parse().map_err(|e| {
-        let shown = proflow_pipeline::url::redact_url(&url, &["seconds"]);
+        let shown = proflow_net::url::redact_url(&url, &["seconds"]);
         format!("the target URL {shown:?} is not valid: {e}")
     })?;
 

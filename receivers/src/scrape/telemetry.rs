@@ -2,7 +2,7 @@
 //! failures by job, target counts, delta state. Declared here through the
 //! collector's [`Telemetry`]; the metrics every receiver has are the core's.
 
-use proflow_pipeline::telemetry::{Counters, Gauges, Histograms, LabelSet, Telemetry, with_label};
+use proflow_core::telemetry::{Counters, Gauges, Histograms, LabelSet, Telemetry, with_label};
 
 /// Metric handle of a pull (scrape) receiver: scrapes and their failures by
 /// job, target counts, delta state.

@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use proflow_pipeline::component::{Admission, ConsumeError, Consumer};
-use proflow_pipeline::model::{Batch, BatchMeta, Envelope};
+use proflow_core::component::{Admission, ConsumeError, Consumer};
+use proflow_model::model::{Batch, BatchMeta, Envelope};
 
 /// What the [`Recorder`] answers the receiver.
 #[derive(Clone, Debug)]

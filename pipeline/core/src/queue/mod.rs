@@ -36,9 +36,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::component::{ErrorClass, ExportError, Exporter};
-use crate::delivery::{Ack, Outcome};
-use crate::model::{BatchMeta, Envelope, ExportBatch};
 use crate::telemetry::ExporterTelemetry;
+use proflow_model::delivery::{Ack, Outcome};
+use proflow_model::model::{BatchMeta, Envelope, ExportBatch};
 use storage::{Durable, RecordId, Store};
 
 #[derive(Debug, Default)]

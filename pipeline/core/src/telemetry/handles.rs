@@ -60,7 +60,7 @@ impl ReceiverTelemetry {
         &self,
         format: &str,
         sender: Option<std::net::IpAddr>,
-        lost: &crate::lost::LostSamples,
+        lost: &proflow_model::lost::LostSamples,
     ) {
         for (reason, samples) in lost.iter() {
             self.t
@@ -92,7 +92,7 @@ impl ReceiverTelemetry {
         part: &'static str,
         format: &str,
         sender: Option<std::net::IpAddr>,
-        lost: &crate::lost::LostSamples,
+        lost: &proflow_model::lost::LostSamples,
     ) {
         for (reason, count) in lost.iter() {
             self.lost_part(part, reason, count, format, sender);
@@ -132,7 +132,7 @@ impl ReceiverTelemetry {
     pub fn tenant_refused(&self, tenant: Option<&str>, reason: &'static str) {
         let tenant = tenant
             .filter(|t| !t.is_empty())
-            .unwrap_or(crate::model::ANONYMOUS_TENANT);
+            .unwrap_or(proflow_model::model::ANONYMOUS_TENANT);
         let shown = {
             let mut named = self
                 .t

@@ -346,7 +346,7 @@ impl Telemetry {
 
     /// Counts one conversion to `to` and what it lost; each kind of loss is
     /// logged once.
-    pub fn converted(&self, to: crate::model::Format, lost: &crate::otlp::Lost) {
+    pub fn converted(&self, to: proflow_model::model::Format, lost: &proflow_model::otlp::Lost) {
         self.conversions
             .get_or_create(&vec![("to", to.to_string())])
             .inc();
@@ -370,7 +370,7 @@ impl Telemetry {
     }
 
     /// Counts a profile that could not be converted to `to`.
-    pub fn conversion_failed(&self, to: crate::model::Format) {
+    pub fn conversion_failed(&self, to: proflow_model::model::Format) {
         self.conversion_failures
             .get_or_create(&vec![("to", to.to_string())])
             .inc();
@@ -378,9 +378,9 @@ impl Telemetry {
 
     /// The collector's in-flight memory budget, reporting through
     /// `proflow_memory_in_flight_bytes` and `proflow_memory_limit_bytes`.
-    pub fn memory_budget(&self, limit: usize) -> crate::memory::MemoryBudget {
+    pub fn memory_budget(&self, limit: usize) -> proflow_model::memory::MemoryBudget {
         self.memory_limit_bytes.set(limit as i64);
-        crate::memory::MemoryBudget::with_gauge(limit, self.memory_in_flight_bytes.clone())
+        proflow_model::memory::MemoryBudget::with_gauge(limit, self.memory_in_flight_bytes.clone())
     }
 
     pub fn receiver(self: &Arc<Self>, id: &str) -> ReceiverTelemetry {
@@ -494,7 +494,7 @@ impl Telemetry {
     pub fn tenant_accepted(&self, tenant: Option<&str>, profiles: u64, bytes: u64) {
         let tenant = tenant
             .filter(|t| !t.is_empty())
-            .unwrap_or(crate::model::ANONYMOUS_TENANT);
+            .unwrap_or(proflow_model::model::ANONYMOUS_TENANT);
         self.tenants.accepted(tenant, profiles, bytes);
     }
 

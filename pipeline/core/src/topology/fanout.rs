@@ -8,15 +8,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::component::{Admission, ConsumeError, Consumer, Processor};
-use crate::delivery::Outcome;
-use crate::model::{Batch, Envelope, Format, Payload, batch_bytes};
-use crate::otlp::Lost;
 use crate::queue::{ExporterQueue, Refusal, Reservation, WhenFull};
-use crate::spans::{Span, SpanConsumer};
 use crate::telemetry::{ProcessorTelemetry, Telemetry};
+use proflow_model::delivery::Outcome;
+use proflow_model::model::{Batch, Envelope, Format, Payload, batch_bytes};
+use proflow_model::otlp::Lost;
+use proflow_model::spans::{Span, SpanConsumer};
 
 use super::RETRY_AFTER;
-use crate::model::{ANONYMOUS_TENANT, BatchMeta, ConvertCache, TENANT_LABEL};
+use proflow_model::model::{ANONYMOUS_TENANT, BatchMeta, ConvertCache, TENANT_LABEL};
 
 pub(super) struct PipelineRuntime {
     pub(super) processors: Vec<(Arc<dyn Processor>, ProcessorTelemetry)>,

@@ -11,8 +11,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::component::{Admission, Consumer, Processor};
-use crate::model::Batch;
 use crate::telemetry::ProcessorTelemetry;
+use proflow_model::model::Batch;
 
 use super::RECEIVER_STOP_TIMEOUT;
 

@@ -69,7 +69,7 @@ fn read_components(doc: &Document, registry: &Registry, errors: &mut Errors) -> 
         claims.push((Resource::TcpListen(addr), "service.telemetry".into()));
     }
     if let Some(tls) = &doc.service.telemetry.tls {
-        use crate::server::ServerTlsFiles;
+        use proflow_net::server::ServerTlsFiles;
         for p in tls.problems("service.telemetry.tls") {
             errors.push(Error::new(&p.path, 0, 0, p.message));
         }
@@ -331,7 +331,7 @@ fn check_memory(
             "must be more than 0, such as 256MiB",
         ));
     } else if let Some((id, need)) =
-        largest.filter(|(_, need)| *need > crate::memory::max_grant(max_in_flight))
+        largest.filter(|(_, need)| *need > proflow_model::memory::max_grant(max_in_flight))
     {
         errors.push(Error::new(
             "service.limits.max_in_flight_bytes",
@@ -339,7 +339,7 @@ fn check_memory(
             0,
             format!(
                 "is {max_in_flight} bytes: one request may hold three quarters of it ({} bytes), less than one request of receiver `{id}` may need ({need} bytes: what it reads and decompresses); raise it to at least {} bytes or lower those limits",
-                crate::memory::max_grant(max_in_flight),
+                proflow_model::memory::max_grant(max_in_flight),
                 need.saturating_mul(4).div_ceil(3)
             ),
         ));

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::component::{BuildContext, BuildError, Consumer, Processor, Resource};
-use crate::model::Format;
 use crate::queue::ExporterQueue;
-use crate::spans::SpanConsumer;
 use crate::telemetry::ProcessorTelemetry;
+use proflow_model::model::Format;
+use proflow_model::spans::SpanConsumer;
 
 use super::diff::{self, Change, ExporterState, ReceiverState};
 use super::fanout::{Fanout, PipelineRuntime, SpanFanout};

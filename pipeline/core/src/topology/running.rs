@@ -11,10 +11,10 @@ use tokio_util::sync::CancellationToken;
 use crate::component::{
     BuildContext, BuildError, Consumer, Exporter, Processor, ReceiverContext, Resource,
 };
-use crate::model::Format;
 use crate::queue::ExporterQueue;
-use crate::spans::SpanConsumer;
 use crate::telemetry::Telemetry;
+use proflow_model::model::Format;
+use proflow_model::spans::SpanConsumer;
 
 use super::hold::Holder;
 use super::plan::building;
@@ -101,11 +101,11 @@ pub struct Running {
     pub(super) started: bool,
     /// The receivers' listening sockets, handed from a receiver to its
     /// replacement by a reload.
-    pub(super) listeners: crate::server::Listeners,
+    pub(super) listeners: proflow_net::server::Listeners,
     pub(super) abort: CancellationToken,
     pub(super) shutdown_timeout: Duration,
     pub(super) telemetry: Arc<Telemetry>,
-    pub(super) memory: crate::memory::MemoryBudget,
+    pub(super) memory: proflow_model::memory::MemoryBudget,
 }
 
 /// What a span-taking processor was built for: kept by a reload only when
@@ -145,7 +145,7 @@ impl Plan {
             holders: Vec::new(),
             retired_holders: Vec::new(),
             started: false,
-            listeners: crate::server::Listeners::default(),
+            listeners: proflow_net::server::Listeners::default(),
             abort: CancellationToken::new(),
             shutdown_timeout: self.shutdown_timeout,
             memory: telemetry.memory_budget(self.max_in_flight_bytes),

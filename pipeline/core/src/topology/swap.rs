@@ -6,8 +6,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::component::{Admission, ConsumeError, Consumer};
-use crate::model::Batch;
-use crate::spans::{Span, SpanConsumer};
+use proflow_model::model::Batch;
+use proflow_model::spans::{Span, SpanConsumer};
 
 /// The consumer a receiver holds: the pipelines behind it are replaced by a
 /// reload while the receiver keeps serving.

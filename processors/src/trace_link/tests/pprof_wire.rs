@@ -6,9 +6,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use proflow_pipeline::model::BatchMeta;
-use proflow_pipeline::pprof::{self, Label};
-use proflow_pipeline::testdata;
+use proflow_model::model::BatchMeta;
+use proflow_model::pprof::{self, Label};
+use proflow_model::testdata;
 
 use super::*;
 

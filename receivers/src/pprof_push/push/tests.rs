@@ -1,5 +1,5 @@
 use super::*;
-use proflow_pipeline::pprof::{self, ProfileBuilder};
+use proflow_model::pprof::{self, ProfileBuilder};
 
 fn cpu_profile(time_nanos: i64) -> Bytes {
     let mut b = ProfileBuilder::new();
@@ -134,14 +134,11 @@ fn envelopes_keep_labels_times_and_bytes() {
     );
     assert_eq!(
         e.sample_types[1],
-        proflow_pipeline::model::ValueType::new("cpu", "nanoseconds")
+        proflow_model::model::ValueType::new("cpu", "nanoseconds")
     );
     assert_eq!(
         e.period_type,
-        Some(proflow_pipeline::model::ValueType::new(
-            "cpu",
-            "nanoseconds"
-        ))
+        Some(proflow_model::model::ValueType::new("cpu", "nanoseconds"))
     );
     assert_eq!(e.period, 10_000_000);
     assert_eq!(e.payload.encoded().unwrap().bytes, raw);
@@ -435,12 +432,12 @@ fn a_sender_cannot_name_the_tenant_by_label() {
     let labels = [
         ("__name__", "process_cpu"),
         ("service_name", "app"),
-        (proflow_pipeline::model::TENANT_LABEL, "someone-else"),
+        (proflow_model::model::TENANT_LABEL, "someone-else"),
     ];
     let mut budget = DecompressBudget::new(1 << 20);
     let batch = to_batch(request(&labels, vec![cpu_profile(T)]), &mut budget, T).unwrap();
     assert_eq!(
-        batch[0].labels.get(proflow_pipeline::model::TENANT_LABEL),
+        batch[0].labels.get(proflow_model::model::TENANT_LABEL),
         None
     );
     assert_eq!(batch[0].labels.get("service_name"), Some("app"));

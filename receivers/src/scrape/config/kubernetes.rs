@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use proflow_pipeline::component::FieldError;
+use proflow_core::component::FieldError;
 use serde::Deserialize;
 
 use super::{Authorization, BasicAuth, TlsConfig, client_problems, default_true};

@@ -1,6 +1,6 @@
 use std::collections::BTreeMap;
 
-use proflow_pipeline::pprof::{self, Label, Profile, ProfileBuilder, Sample, stacks_root_first};
+use proflow_model::pprof::{self, Label, Profile, ProfileBuilder, Sample, stacks_root_first};
 
 use super::parts::Sink;
 use super::*;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use http::Uri;
-use proflow_pipeline::memory::MemoryBudget;
+use proflow_model::memory::MemoryBudget;
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
@@ -60,7 +60,7 @@ impl HttpDiscoverer {
             .ok_or_else(|| {
                 format!(
                     "url: {:?} is not an absolute http:// or https:// URL",
-                    proflow_pipeline::url::redact_userinfo(&config.url)
+                    proflow_net::url::redact_userinfo(&config.url)
                 )
             })?;
         // The client loads the system's CA roots only when a tls_config is
@@ -82,7 +82,7 @@ impl HttpDiscoverer {
         Ok(HttpDiscoverer {
             url,
             // Shown in logs and as a label: never with its password.
-            configured: proflow_pipeline::url::redact_userinfo(&config.url),
+            configured: proflow_net::url::redact_userinfo(&config.url),
             // Validation refuses 0; tokio's interval panics on it, so never pass it.
             refresh: config.refresh_interval.get().max(Duration::from_millis(1)),
             client,
@@ -124,7 +124,7 @@ impl HttpDiscoverer {
             Ok(Err(e)) => return Err(format!("GET failed: {e}")),
             Ok(Ok(body)) => body,
         };
-        let parse = proflow_pipeline::json_shape::JsonShape::scan(&body).tree_bytes();
+        let parse = proflow_model::json_shape::JsonShape::scan(&body).tree_bytes();
         grant
             .try_grow(parse)
             .map_err(|e| format!("no memory to read the answer now: {e}"))?;

@@ -34,7 +34,7 @@ use std::fmt;
 use std::path::Path;
 
 use async_trait::async_trait;
-use proflow_pipeline::model::is_valid_label_name;
+use proflow_model::model::is_valid_label_name;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -71,7 +71,7 @@ pub trait Discoverer: Send {
     /// The in-flight memory budget the answers of remote sources are
     /// granted from (given before [`Discoverer::run`]); local sources
     /// (static targets, files the operator wrote) ignore it.
-    fn grant_from(&mut self, _memory: &proflow_pipeline::memory::MemoryBudget) {}
+    fn grant_from(&mut self, _memory: &proflow_model::memory::MemoryBudget) {}
 
     /// Sends an [`Update`] with `provider` as soon as the first set is known
     /// and again whenever it changes, until `shutdown` (or until `updates`

@@ -28,8 +28,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::model::{BatchMeta, Envelope, Format, Labels, Payload, ValueType};
-use crate::otlp;
+use proflow_model::model::{BatchMeta, Envelope, Format, Labels, Payload, ValueType};
+use proflow_model::otlp;
 
 const VERSION: u8 = 1;
 const KIND_PPROF: u8 = 0;
@@ -325,7 +325,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pprof::ProfileBuilder;
+    use proflow_model::pprof::ProfileBuilder;
 
     fn envelope(seq: i64) -> Envelope {
         let mut b = ProfileBuilder::new();
@@ -340,7 +340,7 @@ mod tests {
             period_type: Some(ValueType::new("cpu", "nanoseconds")),
             period: 10_000_000,
             payload: Payload::from_bytes(
-                crate::pprof::gzip(&crate::pprof::encode(&b.build())),
+                proflow_model::pprof::gzip(&proflow_model::pprof::encode(&b.build())),
                 1 << 20,
             ),
         }

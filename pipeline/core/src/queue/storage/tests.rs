@@ -17,7 +17,7 @@ fn temp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "proflow-store-{name}-{}-{}",
         std::process::id(),
-        crate::model::now_unix_nanos()
+        proflow_model::model::now_unix_nanos()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     dir

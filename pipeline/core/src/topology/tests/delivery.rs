@@ -87,7 +87,7 @@ async fn a_panicking_exporter_fails_the_batch_and_keeps_its_queue_moving() {
     assert_eq!(running.shutdown().await.total_undelivered(), 0);
 }
 
-fn tracked(envelopes: Vec<Envelope>) -> (Batch, crate::delivery::Delivery) {
+fn tracked(envelopes: Vec<Envelope>) -> (Batch, proflow_model::delivery::Delivery) {
     Batch::tracked(envelopes, Arc::new(BatchMeta::default()))
 }
 

@@ -42,7 +42,7 @@ async fn one_span_taking_processor_serves_its_traces_and_profiles_pipelines() {
 fn otlp_envelope() -> Envelope {
     let mut e = envelope("yes");
     let o = e.payload.otlp().unwrap();
-    e.payload = Payload::from_otlp(crate::otlp::OtlpProfiles::new(
+    e.payload = Payload::from_otlp(proflow_model::otlp::OtlpProfiles::new(
         o.dictionary.clone(),
         None,
         o.profiles.clone(),
@@ -164,7 +164,7 @@ async fn a_receivers_plain_bytes_reach_processors_and_no_queue() {
     assert!(consumer("pl").reads_profiles(), "a processor reads them");
     let mut e = envelope("plain");
     let gzipped = e.payload.encoded().unwrap().bytes;
-    let plain = crate::pprof::decompress(&gzipped, 1 << 20).unwrap();
+    let plain = proflow_model::pprof::decompress(&gzipped, 1 << 20).unwrap();
     e.payload = e.payload.with_plain(plain.clone());
     assert!(e.payload.has_plain());
     assert_eq!(e.payload.plain().unwrap(), plain);

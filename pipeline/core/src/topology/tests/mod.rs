@@ -28,13 +28,13 @@ use crate::component::{
     ExporterConfig, FieldError, Processor, ProcessorConfig, Receiver, ReceiverConfig,
     ReceiverContext, Resource, ServeFuture, Validate,
 };
-use crate::delivery::DeliveryReport;
-use crate::model::{Batch, BatchMeta, Envelope, ExportBatch, Format, Labels, Payload};
 use crate::queue::{QueueSettings, RetrySettings};
 use crate::registry::Registry;
 use crate::registry::{Factory, Stability};
-use crate::spans::{Span, SpanConsumer};
 use crate::telemetry::Telemetry;
+use proflow_model::delivery::DeliveryReport;
+use proflow_model::model::{Batch, BatchMeta, Envelope, ExportBatch, Format, Labels, Payload};
+use proflow_model::spans::{Span, SpanConsumer};
 
 type SpanConsumers = Mutex<HashMap<String, (bool, Option<Arc<dyn SpanConsumer>>)>>;
 fn span_consumers() -> &'static SpanConsumers {
@@ -349,7 +349,7 @@ fn registry() -> Registry {
 }
 
 fn envelope(keep: &str) -> Envelope {
-    let mut b = crate::pprof::ProfileBuilder::new();
+    let mut b = proflow_model::pprof::ProfileBuilder::new();
     b.sample_type("cpu", "nanoseconds");
     b.sample_root_first(["main"], vec![1]);
     Envelope {
@@ -360,7 +360,7 @@ fn envelope(keep: &str) -> Envelope {
         period_type: None,
         period: 0,
         payload: Payload::from_bytes(
-            crate::pprof::gzip(&crate::pprof::encode(&b.build())),
+            proflow_model::pprof::gzip(&proflow_model::pprof::encode(&b.build())),
             1 << 20,
         ),
     }

@@ -26,8 +26,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use proflow_kube::objects::{Namespace, Node, Resource};
 use proflow_kube::{Client, Connect, Scope, Store, WatchLimits};
-use proflow_pipeline::memory::MemoryBudget;
-use proflow_pipeline::tls::ClientTls;
+use proflow_model::memory::MemoryBudget;
+use proflow_net::tls::ClientTls;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -44,7 +44,7 @@ pub struct KubernetesDiscoverer {
     config: KubernetesSdConfig,
     client: Client,
     /// Where list pages are granted from, once given.
-    memory: Option<proflow_pipeline::memory::MemoryBudget>,
+    memory: Option<proflow_model::memory::MemoryBudget>,
 }
 
 impl KubernetesDiscoverer {
