@@ -5,7 +5,7 @@
 //! on their own below; [`Running::apply`](super::Running) carries the
 //! result out in steps (`reload.rs`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use super::plan::describe;
 use crate::component::Resource;
@@ -62,24 +62,13 @@ pub(super) fn exporters(
     running: &BTreeMap<String, ExporterState>,
     wanted: &BTreeMap<String, ExporterState>,
 ) -> Result<BTreeMap<String, Change>, String> {
-    let mut changes = BTreeMap::new();
-    for (id, next) in wanted {
-        let change = match running.get(id) {
-            None => Change::Start,
-            Some(now) if now.fingerprint == next.fingerprint => Change::Keep,
-            Some(now) => {
-                if next.persistent || now.persistent {
-                    return Err(format!(
-                        "exporter `{id}` has a persistent queue (sending_queue.storage); changing it needs a restart, so its files have one owner at a time"
-                    ));
-                }
-                Change::Replace
-            }
-        };
-        changes.insert(id.clone(), change);
-    }
-    for id in running.keys() {
-        changes.entry(id.clone()).or_insert(Change::Stop);
+    let changes = changes(running, wanted);
+    for (id, change) in &changes {
+        if *change == Change::Replace && (running[id].persistent || wanted[id].persistent) {
+            return Err(format!(
+                "exporter `{id}` has a persistent queue (sending_queue.storage); changing it needs a restart, so its files have one owner at a time"
+            ));
+        }
     }
     let leaving: Vec<(&String, &ExporterState)> = running
         .iter()
@@ -109,6 +98,25 @@ pub(super) fn span_processors<K: PartialEq>(
     running: &BTreeMap<String, K>,
     wanted: &BTreeMap<String, K>,
 ) -> BTreeMap<String, Change> {
+    changes(running, wanted)
+}
+
+/// What the reload does with each receiver: those `wanted` (listed in a
+/// pipeline) start, stay (same config and signals; they get the new
+/// pipelines behind them) or are replaced; the others running stop.
+pub(super) fn receivers(
+    running: &BTreeMap<String, ReceiverState>,
+    wanted: &BTreeMap<String, ReceiverState>,
+) -> BTreeMap<String, Change> {
+    changes(running, wanted)
+}
+
+/// Each id wanted starts (not running), stays (running as wanted) or is
+/// replaced (running otherwise); each id running and not wanted stops.
+fn changes<K: PartialEq>(
+    running: &BTreeMap<String, K>,
+    wanted: &BTreeMap<String, K>,
+) -> BTreeMap<String, Change> {
     let mut changes: BTreeMap<String, Change> = wanted
         .iter()
         .map(|(id, next)| {
@@ -122,31 +130,6 @@ pub(super) fn span_processors<K: PartialEq>(
         .collect();
     for id in running.keys() {
         changes.entry(id.clone()).or_insert(Change::Stop);
-    }
-    changes
-}
-
-/// What the reload does with each receiver: those `wanted` (listed in a
-/// pipeline) start, stay (same config and signals; they get the new
-/// pipelines behind them) or are replaced; the others running stop.
-pub(super) fn receivers(
-    running: &BTreeMap<String, ReceiverState>,
-    wanted: &BTreeMap<String, ReceiverState>,
-) -> BTreeMap<String, Change> {
-    let mut changes: BTreeMap<String, Change> = wanted
-        .iter()
-        .map(|(id, next)| {
-            let change = match running.get(id) {
-                None => Change::Start,
-                Some(now) if now == next => Change::Keep,
-                Some(_) => Change::Replace,
-            };
-            (id.clone(), change)
-        })
-        .collect();
-    let wanted: HashSet<&String> = wanted.keys().collect();
-    for id in running.keys().filter(|id| !wanted.contains(id)) {
-        changes.insert(id.clone(), Change::Stop);
     }
     changes
 }
