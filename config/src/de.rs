@@ -3,6 +3,16 @@
 //!
 //! Scalars are read leniently where YAML typing and `${env:...}` expansion meet:
 //! a string `"8080"` fills an integer field and `"true"` a boolean one.
+//!
+//! A struct may embed one settings block shared by many components (the
+//! listener settings of every receiver that listens, the sending settings of
+//! every exporter) with its keys written beside the struct's own: name the
+//! field [`EMBEDDED`] (`#[serde(rename = "__proflow_embedded", default)]`). Every key
+//! the struct does not declare goes to that block, which refuses what it does
+//! not declare either, so unknown keys are still refused, with their line and
+//! with every key of both in the message. serde's `flatten` is not used for
+//! this: it reads through a buffer that loses the lines, the lenient scalars
+//! and `deny_unknown_fields`.
 
 use std::fmt;
 
@@ -30,6 +40,10 @@ pub struct Located<T> {
 }
 
 const LOCATED: &str = "__proflow_located";
+
+/// The field name (`#[serde(rename = "__proflow_embedded", default)]`) of a settings
+/// block whose keys are written beside its struct's own; see the module docs.
+pub const EMBEDDED: &str = "__proflow_embedded";
 const LOCATED_FIELDS: &[&str] = &["value", "line", "column", "path"];
 
 impl<'de, T: de::Deserialize<'de>> de::Deserialize<'de> for Located<T> {
@@ -70,9 +84,39 @@ impl<'de, T: de::Deserialize<'de>> de::Deserialize<'de> for Located<T> {
 pub struct DeError {
     message: String,
     at: Option<(String, usize, usize)>,
+    /// For an unknown key: the key and the keys that were expected, so a
+    /// struct embedding the block that refused it can add its own.
+    unknown: Option<(String, Vec<&'static str>)>,
+}
+
+/// "unknown field `x`, expected one of `a`, `b`", without the marker of an
+/// embedded block.
+fn unknown_message(field: &str, expected: &[&'static str]) -> String {
+    let names: Vec<String> = expected
+        .iter()
+        .filter(|e| **e != EMBEDDED)
+        .map(|e| format!("`{e}`"))
+        .collect();
+    match names.len() {
+        0 => format!("unknown field `{field}`, there are no fields"),
+        1 => format!("unknown field `{field}`, expected {}", names[0]),
+        _ => format!(
+            "unknown field `{field}`, expected one of {}",
+            names.join(", ")
+        ),
+    }
 }
 
 impl DeError {
+    /// Adds the keys of a struct that embeds the block which refused a key.
+    fn also_expected(mut self, fields: &[&'static str]) -> Self {
+        if let Some((field, expected)) = &mut self.unknown {
+            expected.extend(fields.iter().filter(|f| **f != EMBEDDED));
+            self.message = unknown_message(field, expected);
+        }
+        self
+    }
+
     fn into_error(self, root: &Node, root_path: &str) -> Error {
         match self.at {
             Some((path, line, column)) => Error::new(path, line, column, self.message),
@@ -101,6 +145,15 @@ impl de::Error for DeError {
         DeError {
             message: msg.to_string(),
             at: None,
+            unknown: None,
+        }
+    }
+
+    fn unknown_field(field: &str, expected: &'static [&'static str]) -> Self {
+        DeError {
+            message: unknown_message(field, expected),
+            at: None,
+            unknown: Some((field.to_owned(), expected.to_vec())),
         }
     }
 }
@@ -146,6 +199,44 @@ impl<'a> NodeDe<'a> {
             _ => None,
         };
         v.ok_or_else(|| self.invalid(expected))
+    }
+}
+
+impl<'a> NodeDe<'a> {
+    /// A struct with an [`EMBEDDED`] block: its own keys as they are, then
+    /// every other key as one map under [`EMBEDDED`] (empty when there is
+    /// none, so the block's defaults apply).
+    fn deserialize_embedding<'de, V: Visitor<'de>>(
+        self,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
+        let entries: &[(Node, Node)] = match &self.node.value {
+            NodeValue::Map(entries) => entries,
+            NodeValue::Null => &[],
+            _ => return Err(self.invalid("a map")),
+        };
+        type Entries<'n> = Vec<&'n (Node, Node)>;
+        let (own, rest): (Entries<'_>, Entries<'_>) = entries.iter().partition(|(k, _)| {
+            k.as_str()
+                .is_some_and(|k| k != EMBEDDED && fields.contains(&k))
+        });
+        let block = Node::new(
+            NodeValue::Map(rest.into_iter().cloned().collect()),
+            self.node.line,
+            self.node.column,
+        );
+        let access = EmbeddingAccess {
+            own: MapAccess {
+                entries: own.into_iter(),
+                pending: None,
+                path: &self.path,
+            },
+            block: Some(block),
+            block_next: false,
+            fields,
+        };
+        self.wrap(visitor.visit_map(access))
     }
 }
 
@@ -356,7 +447,9 @@ impl<'de, 'a> de::Deserializer<'de> for NodeDe<'a> {
             };
             return visitor.visit_map(access);
         }
-        let _ = fields;
+        if fields.contains(&EMBEDDED) {
+            return self.deserialize_embedding(fields, visitor);
+        }
         self.deserialize_map(visitor)
     }
 
@@ -459,6 +552,48 @@ impl<'de, 'a, I: Iterator<Item = &'a (Node, Node)>> de::MapAccess<'de> for MapAc
             path: path.clone(),
         })
         .map_err(|e| e.located(node, &path))
+    }
+}
+
+/// The keys of a struct with an [`EMBEDDED`] block: its own, then the block.
+struct EmbeddingAccess<'a> {
+    own: MapAccess<'a, std::vec::IntoIter<&'a (Node, Node)>>,
+    block: Option<Node>,
+    block_next: bool,
+    fields: &'static [&'static str],
+}
+
+impl<'de, 'a> de::MapAccess<'de> for EmbeddingAccess<'a> {
+    type Error = DeError;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, DeError> {
+        if self.own.entries.len() > 0 {
+            return de::MapAccess::next_key_seed(&mut self.own, seed);
+        }
+        if self.block.is_none() || self.block_next {
+            return Ok(None);
+        }
+        self.block_next = true;
+        let key: de::value::StrDeserializer<'_, DeError> = EMBEDDED.into_deserializer();
+        seed.deserialize(key).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, DeError> {
+        if !self.block_next {
+            return de::MapAccess::next_value_seed(&mut self.own, seed);
+        }
+        let block = self
+            .block
+            .take()
+            .ok_or_else(|| DeError::custom("embedded settings read twice"))?;
+        seed.deserialize(NodeDe {
+            node: &block,
+            path: self.own.path.to_owned(),
+        })
+        .map_err(|e| e.also_expected(self.fields).located(&block, self.own.path))
     }
 }
 
@@ -651,5 +786,59 @@ mod tests {
         let e = parse::<Outer>("name: x\ninner:\n  on: true\nlist: []\nmode: block\n").unwrap_err();
         assert_eq!(e.path, "root.inner", "{e}");
         assert!(e.message.contains("missing field `port`"), "{e}");
+    }
+
+    #[derive(Debug, Deserialize, PartialEq, Default)]
+    #[serde(deny_unknown_fields, default)]
+    struct Block {
+        port: u16,
+        on: bool,
+    }
+
+    #[derive(Debug, Deserialize, PartialEq, Default)]
+    #[serde(deny_unknown_fields, default)]
+    struct Middle {
+        #[serde(rename = "__proflow_embedded", default)]
+        block: Block,
+        size: u32,
+    }
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Embedding {
+        name: String,
+        #[serde(rename = "__proflow_embedded", default)]
+        middle: Middle,
+    }
+
+    #[test]
+    fn an_embedded_block_reads_the_keys_beside_its_struct() {
+        let e: Embedding = parse("name: x\nport: '8080'\nsize: 3\non: true\n").unwrap();
+        assert_eq!(e.name, "x");
+        assert_eq!(e.middle.size, 3);
+        assert_eq!(
+            e.middle.block,
+            Block {
+                port: 8080,
+                on: true
+            }
+        );
+        // No key of the block: its defaults.
+        let e: Embedding = parse("name: y\n").unwrap();
+        assert_eq!(e.middle, Middle::default());
+    }
+
+    #[test]
+    fn an_embedded_block_refuses_unknown_keys_with_their_line_and_every_key() {
+        let e = parse::<Embedding>("name: x\nport: 1\nprot: 2\n").unwrap_err();
+        assert_eq!((e.path.as_str(), e.line), ("root.prot", 3), "{e}");
+        for key in ["`port`", "`on`", "`size`", "`name`"] {
+            assert!(e.message.contains(key), "{key} missing from {e}");
+        }
+        assert!(!e.message.contains(EMBEDDED), "{e}");
+        let e = parse::<Embedding>("name: x\nport: 70000\n").unwrap_err();
+        assert_eq!((e.path.as_str(), e.line), ("root.port", 2), "{e}");
+        let e = parse::<Embedding>("port: 1\n").unwrap_err();
+        assert!(e.message.contains("missing field `name`"), "{e}");
     }
 }

@@ -18,7 +18,7 @@ mod tls;
 mod validate;
 mod values;
 
-pub use de::{Located, from_node};
+pub use de::{EMBEDDED, Located, from_node};
 pub use document::{
     ComponentId, Document, LimitsConfig, LogFormat, PipelineConfig, PipelineId, ServiceConfig,
     TelemetryConfig,
@@ -27,9 +27,9 @@ pub use env::expand_env;
 pub use error::{Error, Errors};
 pub use node::{Node, NodeValue};
 pub use sending::{
-    BatchSettings, Fsync, MIN_STORAGE_SIZE, QueueSettings, RetrySettings, StorageSettings,
-    WhenFull, queue_problems,
+    BatchSettings, Fsync, MIN_STORAGE_SIZE, QueueSettings, RetrySettings, SendingSettings,
+    StorageSettings, WhenFull, queue_problems,
 };
-pub use tls::{ServerTlsSettings, TlsVersion};
+pub use tls::{ClientTlsSettings, ServerTlsSettings, TlsVersion};
 pub use validate::{BuildError, FieldError, Validate, joined_problems, no_problems};
 pub use values::{ByteSize, Duration, null_as_default};

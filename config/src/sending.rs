@@ -274,3 +274,25 @@ impl StorageSettings {
 
 /// The smallest `sending_queue.storage.max_size`, and the smallest segment.
 pub const MIN_STORAGE_SIZE: u64 = 1 << 20;
+
+/// What every exporter takes in front of its sends, declared once: the
+/// queue (`sending_queue`) and the retry of failed sends
+/// (`retry_on_failure`), the OpenTelemetry Collector's names and defaults.
+/// An exporter embeds it (`#[serde(rename = "__proflow_embedded", default)]`), so
+/// both keys sit beside its own.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SendingSettings {
+    /// The queue in front of the exporter: size, consumers, batching and
+    /// an optional persistent `storage`.
+    pub sending_queue: QueueSettings,
+    /// Retry of failed sends, with exponential backoff.
+    pub retry_on_failure: RetrySettings,
+}
+
+impl SendingSettings {
+    /// Every problem of both blocks, under their keys.
+    pub fn problems(&self) -> Vec<FieldError> {
+        queue_problems(&self.sending_queue, &self.retry_on_failure)
+    }
+}

@@ -26,7 +26,6 @@
 #[cfg(all(feature = "ebpf", target_os = "linux"))]
 pub mod ebpf;
 #[cfg(any(feature = "pprof_push", feature = "otlp"))]
-mod endpoint;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 /// The kafka receiver's record decoder without the receiver (feature

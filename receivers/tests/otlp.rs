@@ -18,7 +18,7 @@ use proflow_model::model::{BatchMeta, Envelope, ValueType};
 use proflow_model::otlp::common::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use proflow_model::otlp::{DictionaryBuilder, Resource, collector, json, proto};
 use proflow_model::spans::{Span, SpanConsumer};
-use proflow_net::server::TenantLimitsSettings;
+use proflow_net::server::{HttpListenerSettings, ListenerSettings, TenantLimitsSettings};
 use proflow_receivers::otlp::{GrpcConfig, HttpConfig, OtlpConfig, Protocols};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
@@ -70,16 +70,14 @@ impl Harness {
         let config = OtlpConfig {
             protocols: Protocols {
                 grpc: Some(GrpcConfig {
-                    endpoint: "127.0.0.1:0".into(),
+                    listener: ListenerSettings::on("127.0.0.1:0"),
                     max_recv_msg_size_mib: 1,
-                    ..GrpcConfig::default()
                 }),
                 http: Some(HttpConfig {
-                    endpoint: "127.0.0.1:0".into(),
+                    listener: HttpListenerSettings::on("127.0.0.1:0"),
                     max_request_body_size: ByteSize::kib(LIMIT >> 10),
                     max_decompressed_size: ByteSize::kib(256),
                     max_decoded_size: ByteSize::mib(8),
-                    ..HttpConfig::default()
                 }),
             },
             resource_to_labels: Default::default(),

@@ -17,6 +17,7 @@ use proflow_model::memory::MemoryBudget;
 use proflow_model::model::{BatchMeta, Envelope, ValueType};
 use proflow_model::pprof::{self, ProfileBuilder};
 use proflow_model::push_v1::{LabelPair, PushRequest, RawProfileSeries, RawSample};
+use proflow_net::server::HttpListenerSettings;
 use proflow_receivers::pprof_push::PprofPushConfig;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,7 +44,7 @@ impl Harness {
     /// Started with `config`, its endpoint and body limits set for tests.
     async fn start_with(config: PprofPushConfig) -> Harness {
         let config = PprofPushConfig {
-            endpoint: "127.0.0.1:0".into(),
+            listener: HttpListenerSettings::on("127.0.0.1:0"),
             max_request_body_size: ByteSize::kib(64),
             max_decompressed_size: ByteSize::kib(256),
             ..config
@@ -875,7 +876,7 @@ async fn bind_errors_name_the_address() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let config = PprofPushConfig {
-        endpoint: addr.to_string(),
+        listener: HttpListenerSettings::on(addr.to_string()),
         ..PprofPushConfig::default()
     };
     let telemetry = Arc::new(Telemetry::new());

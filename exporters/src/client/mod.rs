@@ -17,7 +17,6 @@
 pub(crate) mod status;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -28,6 +27,7 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use proflow_config::ClientTlsSettings;
 use proflow_core::component::FieldError;
 use rustls::ClientConfig;
 use serde::Deserialize;
@@ -36,37 +36,27 @@ use serde::Deserialize;
 /// hundred bytes; anything more is not read).
 pub(crate) const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
-/// `tls` of a gRPC (or HTTP) exporter (rustls; no OpenSSL).
+/// `tls` of a gRPC (or HTTP) exporter (rustls; no OpenSSL): the files
+/// every client takes, and gRPC's `insecure`.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsSettings {
+    /// `ca_file`, `cert_file`, `key_file` and `insecure_skip_verify`,
+    /// written beside `insecure` (see [`ClientTlsSettings`]).
+    #[serde(rename = "__proflow_embedded", default)]
+    pub files: ClientTlsSettings,
     /// gRPC with an `endpoint` of bare `host:port`: plaintext (h2c) instead
     /// of TLS. An `http://` endpoint is always plaintext, an `https://` one
     /// always TLS, whatever this says.
     pub insecure: bool,
-    /// PEM file of the CA certificates that sign the peer's certificate;
-    /// replaces the system's roots. Unset: the system's roots.
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate chain, for peers that want mutual TLS; needs
-    /// `key_file`.
-    pub cert_file: Option<PathBuf>,
-    /// PEM private key of `cert_file`.
-    pub key_file: Option<PathBuf>,
-    /// Accept any server certificate (still encrypted, not authenticated).
-    /// For tests only.
-    pub insecure_skip_verify: bool,
 }
 
 impl TlsSettings {
-    pub(crate) fn has_files(&self) -> bool {
-        self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
-    }
-
     /// Every problem of these settings with an endpoint that does
     /// (`uses_tls`) or does not use TLS; paths are under `tls`.
     pub(crate) fn endpoint_problems(&self, uses_tls: bool) -> Vec<FieldError> {
         let mut problems = Vec::new();
-        if !uses_tls && self.has_files() {
+        if !uses_tls && self.files.has_files() {
             problems.push(FieldError::new(
                 "tls",
                 "`ca_file`, `cert_file` and `key_file` need a TLS endpoint, but this one is \
@@ -74,7 +64,7 @@ impl TlsSettings {
                  `tls.insecure`)",
             ));
         }
-        if !uses_tls && self.insecure_skip_verify {
+        if !uses_tls && self.files.insecure_skip_verify {
             problems.push(FieldError::new(
                 "tls.insecure_skip_verify",
                 "has no effect on a plaintext endpoint; remove it",
@@ -92,25 +82,7 @@ impl TlsSettings {
 
     /// Every problem of these settings whatever the endpoint.
     pub(crate) fn own_problems(&self) -> Vec<FieldError> {
-        let mut problems = Vec::new();
-        match (&self.cert_file, &self.key_file) {
-            (Some(_), None) => problems.push(FieldError::new(
-                "tls.key_file",
-                "must be set with `tls.cert_file`: a client certificate needs its key",
-            )),
-            (None, Some(_)) => problems.push(FieldError::new(
-                "tls.cert_file",
-                "must be set with `tls.key_file`: a key needs its certificate",
-            )),
-            _ => {}
-        }
-        if self.insecure_skip_verify && self.ca_file.is_some() {
-            problems.push(FieldError::new(
-                "tls.insecure_skip_verify",
-                "makes `tls.ca_file` unused: verification is skipped; remove one of them",
-            ));
-        }
-        problems
+        self.files.problems("tls")
     }
 }
 
@@ -373,14 +345,5 @@ pub(crate) async fn unary(
 /// The rustls client config of the peer (see
 /// [`proflow_net::tls::client_config`]).
 pub(crate) fn client_tls_config(tls: &TlsSettings, uses_tls: bool) -> Result<ClientConfig, String> {
-    proflow_net::tls::client_config(
-        &proflow_net::tls::ClientTls {
-            ca_file: tls.ca_file.as_deref(),
-            cert_file: tls.cert_file.as_deref(),
-            key_file: tls.key_file.as_deref(),
-            insecure_skip_verify: tls.insecure_skip_verify,
-            ..Default::default()
-        },
-        uses_tls,
-    )
+    proflow_net::tls::client_config(&(&tls.files).into(), uses_tls)
 }

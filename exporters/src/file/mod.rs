@@ -51,11 +51,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use proflow_config::SendingSettings;
 use proflow_config::{ByteSize, Duration};
 use proflow_core::component::{
     BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Resource, Validate,
 };
-use proflow_core::queue::{QueueSettings, RetrySettings};
 use proflow_model::model::{
     Envelope, ExportBatch, Format, Labels, NAME_LABEL, PayloadError, SERVICE_NAME_LABEL,
 };
@@ -121,12 +121,10 @@ pub struct FileExporterConfig {
     /// Deletes the oldest profile files past a total size or an age.
     #[serde(default)]
     pub retention: RetentionSettings,
-    /// The queue in front of this exporter.
-    #[serde(default)]
-    pub sending_queue: QueueSettings,
-    /// Retry of failed writes (I/O errors are retryable).
-    #[serde(default)]
-    pub retry_on_failure: RetrySettings,
+    /// `sending_queue` and `retry_on_failure`, written beside this
+    /// exporter's own keys (see [`SendingSettings`]).
+    #[serde(rename = "__proflow_embedded", default)]
+    pub sending: SendingSettings,
 }
 
 impl Validate for FileExporterConfig {
@@ -152,12 +150,8 @@ impl Validate for FileExporterConfig {
 }
 
 impl ExporterConfig for FileExporterConfig {
-    fn queue(&self) -> QueueSettings {
-        self.sending_queue.clone()
-    }
-
-    fn retry(&self) -> RetrySettings {
-        self.retry_on_failure.clone()
+    fn sending(&self) -> &SendingSettings {
+        &self.sending
     }
 
     fn resources(&self) -> Vec<Resource> {

@@ -553,8 +553,8 @@ fn config_defaults_and_resources() {
         .join("out")
         .join("profiles");
     assert_eq!(config.resources(), vec![Resource::Directory(expected)]);
-    assert_eq!(config.queue().num_consumers, 4);
-    assert!(config.retry().enabled);
+    assert_eq!(config.sending().sending_queue.num_consumers, 4);
+    assert!(config.sending().retry_on_failure.enabled);
     let other = parse("directory: out/x/../profiles\n").expect("valid config");
     assert_eq!(
         other.resources(),

@@ -39,16 +39,16 @@ use std::time::{Duration as StdDuration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use proflow_config::Duration;
+use proflow_config::SendingSettings;
+use proflow_config::{ClientTlsSettings, Duration};
 use proflow_core::component::no_problems;
 use proflow_core::component::{
     BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
     Validate,
 };
-use proflow_core::queue::{QueueSettings, RetrySettings};
+use proflow_core::queue::RetrySettings;
 use proflow_kafka::{
-    self as kafka, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
-    TopicTemplate,
+    self as kafka, ClientSettings, Encoding, RecordHeaders, SaslSettings, TopicTemplate,
 };
 use proflow_model::model::{Envelope, ExportBatch, Format};
 use proflow_model::otlp;
@@ -133,13 +133,11 @@ pub struct KafkaExporterConfig {
     pub sasl: Option<SaslSettings>,
     /// TLS; present (even `tls: {}`) means TLS is on.
     #[serde(default)]
-    pub tls: Option<TlsSettings>,
-    /// The queue in front of this exporter.
-    #[serde(default)]
-    pub sending_queue: QueueSettings,
-    /// Retry of retryable failures.
-    #[serde(default)]
-    pub retry_on_failure: RetrySettings,
+    pub tls: Option<ClientTlsSettings>,
+    /// `sending_queue` and `retry_on_failure`, written beside this
+    /// exporter's own keys (see [`SendingSettings`]).
+    #[serde(rename = "__proflow_embedded", default)]
+    pub sending: SendingSettings,
 }
 
 fn default_topic() -> String {
@@ -225,21 +223,13 @@ impl Validate for KafkaExporterConfig {
                 ));
             }
         }
-        problems.extend(proflow_core::queue::queue_problems(
-            &self.sending_queue,
-            &self.retry_on_failure,
-        ));
         problems
     }
 }
 
 impl ExporterConfig for KafkaExporterConfig {
-    fn queue(&self) -> QueueSettings {
-        self.sending_queue.clone()
-    }
-
-    fn retry(&self) -> RetrySettings {
-        self.retry_on_failure.clone()
+    fn sending(&self) -> &SendingSettings {
+        &self.sending
     }
 
     fn wants(&self) -> Option<Format> {
@@ -274,7 +264,7 @@ impl KafkaExporterConfig {
             encoding: self.encoding,
             max_message_bytes: self.max_message_bytes,
             timeout: self.timeout.get(),
-            retry: self.retry_on_failure.clone(),
+            retry: self.sending.retry_on_failure.clone(),
             logged: Mutex::new(HashSet::new()),
         })
     }

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use proflow_config::SendingSettings;
 use proflow_core::component::{
     BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Validate,
 };
-use proflow_core::queue::{QueueSettings, RetrySettings};
 use proflow_model::model::{Envelope, ExportBatch};
 use serde::Deserialize;
 
@@ -18,12 +18,10 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NopExporterConfig {
-    /// The queue in front of this exporter.
-    #[serde(default)]
-    pub sending_queue: QueueSettings,
-    /// Retry settings (a `nop` export never fails, so they are never used).
-    #[serde(default)]
-    pub retry_on_failure: RetrySettings,
+    /// `sending_queue` and `retry_on_failure`, written beside this
+    /// exporter's own keys (see [`SendingSettings`]).
+    #[serde(rename = "__proflow_embedded", default)]
+    pub sending: SendingSettings,
 }
 
 impl Validate for NopExporterConfig {
@@ -41,12 +39,8 @@ impl NopExporterConfig {
 }
 
 impl ExporterConfig for NopExporterConfig {
-    fn queue(&self) -> QueueSettings {
-        self.sending_queue.clone()
-    }
-
-    fn retry(&self) -> RetrySettings {
-        self.retry_on_failure.clone()
+    fn sending(&self) -> &SendingSettings {
+        &self.sending
     }
 
     fn build(&self, _ctx: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError> {
@@ -103,7 +97,7 @@ impl Exporter for NopExporter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proflow_config::Node;
+    use proflow_config::{Node, RetrySettings};
     use proflow_core::component::BuildContext;
     use proflow_core::queue::WhenFull;
     use proflow_core::registry::{AnyConfig, Factory};
@@ -148,9 +142,12 @@ mod tests {
             "sending_queue:\n  queue_size: 10\n  when_full: drop_newest\n  num_consumers: 2\n",
         )
         .expect("valid config");
-        assert_eq!(config.queue().queue_size, 10);
-        assert_eq!(config.queue().when_full, WhenFull::DropNewest);
-        assert_eq!(config.retry(), RetrySettings::default());
+        assert_eq!(config.sending().sending_queue.queue_size, 10);
+        assert_eq!(
+            config.sending().sending_queue.when_full,
+            WhenFull::DropNewest
+        );
+        assert_eq!(config.sending().retry_on_failure, RetrySettings::default());
         assert!(config.resources().is_empty());
         let ctx = BuildContext {
             id: "nop".into(),

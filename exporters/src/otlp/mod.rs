@@ -54,11 +54,12 @@ use bytes::Bytes;
 use http::Uri;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use proflow_config::Duration;
+use proflow_config::SendingSettings;
 use proflow_core::component::{
     BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
     Validate,
 };
-use proflow_core::queue::{QueueSettings, RetrySettings};
+use proflow_core::queue::RetrySettings;
 use proflow_core::telemetry::ExporterTelemetry;
 use proflow_model::model::{BatchMeta, Envelope, ExportBatch, Format, Labels};
 use proflow_model::otlp::{self, OtlpProfiles};
@@ -156,12 +157,10 @@ pub struct OtlpExporterConfig {
     /// for a single received batch larger than it. Default 500.
     #[serde(default = "default_max_batch_size")]
     pub max_batch_size: usize,
-    /// The queue in front of this exporter.
-    #[serde(default)]
-    pub sending_queue: QueueSettings,
-    /// Retry of retryable failures (see the module docs for what is retryable).
-    #[serde(default)]
-    pub retry_on_failure: RetrySettings,
+    /// `sending_queue` and `retry_on_failure`, written beside this
+    /// exporter's own keys (see [`SendingSettings`]).
+    #[serde(rename = "__proflow_embedded", default)]
+    pub sending: SendingSettings,
 }
 
 fn default_timeout() -> Duration {
@@ -184,8 +183,7 @@ impl Default for OtlpExporterConfig {
             timeout: default_timeout(),
             tls: TlsSettings::default(),
             max_batch_size: default_max_batch_size(),
-            sending_queue: QueueSettings::default(),
-            retry_on_failure: RetrySettings::default(),
+            sending: SendingSettings::default(),
         }
     }
 }
@@ -330,12 +328,8 @@ impl Validate for OtlpExporterConfig {
 }
 
 impl ExporterConfig for OtlpExporterConfig {
-    fn queue(&self) -> QueueSettings {
-        self.sending_queue.clone()
-    }
-
-    fn retry(&self) -> RetrySettings {
-        self.retry_on_failure.clone()
+    fn sending(&self) -> &SendingSettings {
+        &self.sending
     }
 
     fn wants(&self) -> Option<Format> {
@@ -373,7 +367,7 @@ impl OtlpExporterConfig {
             transport,
             max_batch_size: self.max_batch_size.max(1),
             tenant_configured,
-            retry: self.retry_on_failure.clone(),
+            retry: self.sending.retry_on_failure.clone(),
             telemetry: ctx.exporter_telemetry(),
             logged: Mutex::new(HashSet::new()),
         })

@@ -40,11 +40,11 @@ use http::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use proflow_config::Duration;
+use proflow_config::SendingSettings;
 use proflow_core::component::no_problems;
 use proflow_core::component::{
     BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Validate,
 };
-use proflow_core::queue::{QueueSettings, RetrySettings};
 use proflow_model::model::{ExportBatch, Format, is_valid_label_name};
 use prost::Message;
 use serde::Deserialize;
@@ -94,12 +94,10 @@ pub struct ParcaExporterConfig {
     /// must be Prometheus label names not starting with `__`.
     #[serde(default)]
     pub external_labels: BTreeMap<String, String>,
-    /// The queue in front of this exporter.
-    #[serde(default)]
-    pub sending_queue: QueueSettings,
-    /// Retry of retryable failures.
-    #[serde(default)]
-    pub retry_on_failure: RetrySettings,
+    /// `sending_queue` and `retry_on_failure`, written beside this
+    /// exporter's own keys (see [`SendingSettings`]).
+    #[serde(rename = "__proflow_embedded", default)]
+    pub sending: SendingSettings,
 }
 
 fn default_timeout() -> Duration {
@@ -121,8 +119,7 @@ impl Default for ParcaExporterConfig {
             timeout: default_timeout(),
             normalized: default_normalized(),
             external_labels: BTreeMap::new(),
-            sending_queue: QueueSettings::default(),
-            retry_on_failure: RetrySettings::default(),
+            sending: SendingSettings::default(),
         }
     }
 }
@@ -212,7 +209,7 @@ impl Validate for ParcaExporterConfig {
         // One export is one request, and Parca refuses gRPC messages over
         // 32 MiB for good: keep what one send gathers under it with room
         // for the series labels and framing.
-        if self.sending_queue.batch.max_bytes.bytes() > MAX_BATCH_BYTES {
+        if self.sending.sending_queue.batch.max_bytes.bytes() > MAX_BATCH_BYTES {
             problems.push(FieldError::new(
                 "sending_queue.batch.max_bytes",
                 format!(
@@ -229,12 +226,8 @@ impl Validate for ParcaExporterConfig {
 const MAX_BATCH_BYTES: u64 = 28 << 20;
 
 impl ExporterConfig for ParcaExporterConfig {
-    fn queue(&self) -> QueueSettings {
-        self.sending_queue.clone()
-    }
-
-    fn retry(&self) -> RetrySettings {
-        self.retry_on_failure.clone()
+    fn sending(&self) -> &SendingSettings {
+        &self.sending
     }
 
     fn wants(&self) -> Option<Format> {

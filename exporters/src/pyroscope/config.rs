@@ -39,36 +39,6 @@ pub struct BasicAuth {
     pub password_file: Option<PathBuf>,
 }
 
-/// `tls` of the `pyroscope` exporter (rustls). An `https://` endpoint uses
-/// TLS, an `http://` one does not.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct TlsSettings {
-    /// PEM CA certificates that sign the server's certificate; replaces the
-    /// system's roots.
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate chain for mutual TLS; needs `key_file`.
-    pub cert_file: Option<PathBuf>,
-    /// PEM private key of `cert_file`.
-    pub key_file: Option<PathBuf>,
-    /// Accept any server certificate (encrypted, not authenticated). Tests only.
-    pub insecure_skip_verify: bool,
-}
-
-impl TlsSettings {
-    /// The same settings in the form the shared client takes (`insecure`
-    /// is a gRPC notion: here the URL's scheme decides).
-    pub(super) fn shared(&self) -> client::TlsSettings {
-        client::TlsSettings {
-            insecure: false,
-            ca_file: self.ca_file.clone(),
-            cert_file: self.cert_file.clone(),
-            key_file: self.key_file.clone(),
-            insecure_skip_verify: self.insecure_skip_verify,
-        }
-    }
-}
-
 /// Config of the `pyroscope` exporter. Names follow Alloy's `pyroscope.write`
 /// `endpoint` block, except that `endpoint` is the base URL itself (as in
 /// proflow's `otlp` exporter) rather than a block with `url`.
@@ -112,15 +82,14 @@ pub struct PyroscopeExporterConfig {
     /// Longest wait for one request's answer, connecting included. Default 10s.
     #[serde(default = "default_timeout")]
     pub timeout: Duration,
-    /// TLS of `https://` endpoints.
+    /// TLS of `https://` endpoints: `ca_file`, `cert_file`, `key_file`,
+    /// `insecure_skip_verify` (an `http://` endpoint does not use TLS).
     #[serde(default)]
-    pub tls: TlsSettings,
-    /// The queue in front of this exporter.
-    #[serde(default)]
-    pub sending_queue: QueueSettings,
-    /// Retry of retryable failures.
-    #[serde(default)]
-    pub retry_on_failure: RetrySettings,
+    pub tls: ClientTlsSettings,
+    /// `sending_queue` and `retry_on_failure`, written beside this
+    /// exporter's own keys (see [`SendingSettings`]).
+    #[serde(rename = "__proflow_embedded", default)]
+    pub sending: SendingSettings,
 }
 
 pub(super) fn default_service_name() -> String {
@@ -136,6 +105,15 @@ pub(super) fn default_timeout() -> Duration {
 }
 
 impl PyroscopeExporterConfig {
+    /// `tls` in the form the shared client takes (`insecure` is a gRPC
+    /// notion: here the URL's scheme decides).
+    pub(super) fn client_tls(&self) -> client::TlsSettings {
+        client::TlsSettings {
+            files: self.tls.clone(),
+            insecure: false,
+        }
+    }
+
     /// The base URL, or the problem with it.
     pub(super) fn base_url(&self) -> Result<Uri, FieldError> {
         let text = self.endpoint.trim_end_matches('/');
@@ -299,7 +277,7 @@ impl Validate for PyroscopeExporterConfig {
                 "must be more than 0: every request needs a deadline (default 10s)",
             ));
         }
-        let tls = self.tls.shared();
+        let tls = self.client_tls();
         problems.extend(tls.own_problems());
         if let Ok(base) = self.base_url() {
             problems.extend(tls.endpoint_problems(base.scheme_str() == Some("https")));

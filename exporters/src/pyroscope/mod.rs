@@ -45,13 +45,14 @@ use http::header::{
 };
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
-use proflow_config::Duration;
+use proflow_config::SendingSettings;
+use proflow_config::{ClientTlsSettings, Duration};
 use proflow_core::component::no_problems;
 use proflow_core::component::{
     BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
     Validate,
 };
-use proflow_core::queue::{QueueSettings, RetrySettings};
+use proflow_core::queue::RetrySettings;
 use proflow_core::telemetry::ExporterTelemetry;
 use proflow_model::model::{ExportBatch, Format, is_valid_label_name};
 use proflow_model::profile_type::profile_name_from_sample_types;
@@ -78,12 +79,8 @@ const MAX_REMEMBERED_MESSAGES: usize = 256;
 const RESERVED_HEADERS: &[&str] = &["content-type", "content-encoding", "content-length", "host"];
 
 impl ExporterConfig for PyroscopeExporterConfig {
-    fn queue(&self) -> QueueSettings {
-        self.sending_queue.clone()
-    }
-
-    fn retry(&self) -> RetrySettings {
-        self.retry_on_failure.clone()
+    fn sending(&self) -> &SendingSettings {
+        &self.sending
     }
 
     fn wants(&self) -> Option<Format> {
@@ -105,7 +102,7 @@ impl PyroscopeExporterConfig {
         if let Some(v) = self.authorization().map_err(fail)? {
             headers.insert(AUTHORIZATION, v);
         }
-        let tls = self.tls.shared();
+        let tls = self.client_tls();
         let uses_tls = base.scheme_str() == Some("https");
         let client = client::http_client(&tls, uses_tls, self.timeout.get()).map_err(fail)?;
         let base = base.to_string().trim_end_matches('/').to_owned();
@@ -121,7 +118,7 @@ impl PyroscopeExporterConfig {
             gzip: self.compression == Compression::Gzip,
             max_batch_bytes: self.max_batch_bytes.max(1),
             timeout: self.timeout.get(),
-            retry: self.retry_on_failure.clone(),
+            retry: self.sending.retry_on_failure.clone(),
             telemetry: ctx.exporter_telemetry(),
             logged: Mutex::new(HashSet::new()),
         })

@@ -20,7 +20,7 @@ pub use proflow_config::{BuildError, FieldError, Validate, joined_problems, no_p
 pub use proflow_net::error_chain;
 
 use crate::telemetry::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry, Telemetry};
-use proflow_config::{QueueSettings, RetrySettings};
+use proflow_config::SendingSettings;
 use proflow_model::memory::MemoryBudget;
 use proflow_model::model::{Batch, BatchMeta, Envelope, ExportBatch, Format};
 use proflow_model::spans::SpanConsumer;
@@ -412,10 +412,11 @@ pub trait Exporter: Send + Sync {
 }
 
 /// An exporter's config. Queue and retry settings come from its
-/// `sending_queue` and `retry_on_failure` blocks.
+/// `sending_queue` and `retry_on_failure` blocks, which every exporter
+/// embeds as one [`SendingSettings`].
 pub trait ExporterConfig: Validate + Debug + Send + Sync {
-    fn queue(&self) -> QueueSettings;
-    fn retry(&self) -> RetrySettings;
+    /// The queue and retry in front of this exporter.
+    fn sending(&self) -> &SendingSettings;
     fn resources(&self) -> Vec<Resource> {
         Vec::new()
     }

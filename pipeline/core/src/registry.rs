@@ -9,7 +9,6 @@ use proflow_config::{Error, Node, from_node};
 use serde::de::DeserializeOwned;
 
 use crate::component::{ExporterConfig, ProcessorConfig, ReceiverConfig};
-use proflow_config::queue_problems;
 use proflow_config::{FieldError, Validate};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -132,7 +131,7 @@ fn parse_exporter<C: ExporterConfig + DeserializeOwned + 'static>(
 ) -> Result<AnyConfig, Vec<Error>> {
     // Every exporter's `sending_queue` and `retry_on_failure` are checked here,
     // so no exporter can forget to.
-    parse_validated::<C>(node, path, |c| queue_problems(&c.queue(), &c.retry()))
+    parse_validated::<C>(node, path, |c| c.sending().problems())
         .map(|c| AnyConfig::Exporter(Arc::new(c)))
 }
 

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use proflow_config::FieldError;
+use proflow_config::{ClientTlsSettings, FieldError};
 use proflow_model::model::{Labels, is_valid_label_name};
 
 /// Header naming the record's encoding.
@@ -355,22 +355,6 @@ pub struct SaslSettings {
     pub allow_plaintext: bool,
 }
 
-/// `tls`: its presence turns TLS on (OpenSSL inside librdkafka).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TlsSettings {
-    /// PEM CA certificates that sign the brokers' certificates. Unset: the
-    /// system's CA certificates, found where the usual distributions keep
-    /// them.
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate for mutual TLS; needs `key_file`.
-    pub cert_file: Option<PathBuf>,
-    /// PEM private key of `cert_file`.
-    pub key_file: Option<PathBuf>,
-    /// Accept any broker certificate (encrypted, not authenticated). Tests only.
-    pub insecure_skip_verify: bool,
-}
-
 /// librdkafka properties proflow sets from its own fields; `producer` and
 /// `consumer` pass-through maps may not set them.
 pub const RESERVED_PROPERTIES: &[&str] = &[
@@ -400,9 +384,11 @@ pub struct ClientSettings {
     /// SASL authentication (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).
     #[serde(default)]
     pub sasl: Option<SaslSettings>,
-    /// TLS; present (even `tls: {}`) means TLS is on.
+    /// TLS; present (even `tls: {}`) means TLS is on (OpenSSL inside
+    /// librdkafka). Unset `ca_file`: the system's CA certificates, found
+    /// where the usual distributions keep them.
     #[serde(default)]
-    pub tls: Option<TlsSettings>,
+    pub tls: Option<ClientTlsSettings>,
 }
 
 /// The default `client_id`: `proflow`.
@@ -463,13 +449,8 @@ impl ClientSettings {
                 ));
             }
         }
-        if let Some(t) = &self.tls
-            && t.cert_file.is_some() != t.key_file.is_some()
-        {
-            problems.push(FieldError::new(
-                "tls",
-                "`cert_file` and `key_file` go together (mutual TLS needs both)",
-            ));
+        if let Some(t) = &self.tls {
+            problems.extend(t.problems("tls"));
         }
         problems
     }
@@ -648,7 +629,7 @@ mod tests {
                 password_file: None,
                 allow_plaintext: false,
             }),
-            tls: Some(TlsSettings::default()),
+            tls: Some(ClientTlsSettings::default()),
         };
         assert!(s.problems().is_empty());
         let p = s.properties().unwrap();
@@ -667,7 +648,7 @@ mod tests {
                 password_file: None,
                 allow_plaintext: false,
             }),
-            tls: Some(TlsSettings {
+            tls: Some(ClientTlsSettings {
                 cert_file: Some("c.pem".into()),
                 ..Default::default()
             }),
@@ -681,7 +662,7 @@ mod tests {
                 "client_id",
                 "sasl.username",
                 "sasl",
-                "tls"
+                "tls.key_file"
             ]
         );
         // SASL without TLS: refused unless allowed.

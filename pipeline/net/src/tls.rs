@@ -4,14 +4,15 @@
 //! `insecure_skip_verify` for tests. rustls with ring: no OpenSSL, no C
 //! toolchain.
 //!
-//! Components keep their own config structs (field names follow the system
-//! they mimic: the Collector's `tls`, Prometheus's `tls_config`) and pass the
-//! paths here as a [`ClientTls`].
+//! Components take [`ClientTlsSettings`] in their configs (as `tls`, or
+//! Prometheus's `tls_config`) and pass it here as a [`ClientTls`], which
+//! also carries what a kubeconfig gives inline.
 
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
+use proflow_config::ClientTlsSettings;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject;
@@ -39,6 +40,18 @@ pub struct ClientTls<'a> {
     pub key_pem: Option<&'a [u8]>,
     /// Accept any server certificate (encrypted, not authenticated).
     pub insecure_skip_verify: bool,
+}
+
+impl<'a> From<&'a ClientTlsSettings> for ClientTls<'a> {
+    fn from(tls: &'a ClientTlsSettings) -> Self {
+        ClientTls {
+            ca_file: tls.ca_file.as_deref(),
+            cert_file: tls.cert_file.as_deref(),
+            key_file: tls.key_file.as_deref(),
+            insecure_skip_verify: tls.insecure_skip_verify,
+            ..ClientTls::default()
+        }
+    }
 }
 
 /// The rustls client config of a peer: the CA file's roots (else the

@@ -44,16 +44,14 @@ use std::time::Duration as StdDuration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use proflow_config::{ByteSize, Duration};
+use proflow_config::{ByteSize, ClientTlsSettings, Duration};
 use proflow_core::component::no_problems;
 use proflow_core::component::{
     Admission, BuildContext, BuildError, ConsumeError, FieldError, Receiver, ReceiverConfig,
     ReceiverContext, ServeFuture, Validate,
 };
 use proflow_core::telemetry::ReceiverTelemetry;
-use proflow_kafka::{
-    self as kafka, ClientSettings, Encoding, RecordHeaders, SaslSettings, TlsSettings,
-};
+use proflow_kafka::{self as kafka, ClientSettings, Encoding, RecordHeaders, SaslSettings};
 use proflow_model::memory::{self, MemoryBudget, MemoryGrant};
 use proflow_model::model::{Batch, BatchMeta, batch_bytes};
 use proflow_model::otlp::AttributeLabels;
@@ -171,7 +169,7 @@ pub struct KafkaReceiverConfig {
     pub sasl: Option<SaslSettings>,
     /// TLS; present (even `tls: {}`) means TLS is on.
     #[serde(default)]
-    pub tls: Option<TlsSettings>,
+    pub tls: Option<ClientTlsSettings>,
 }
 
 fn default_topics() -> Vec<String> {

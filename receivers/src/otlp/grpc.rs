@@ -21,7 +21,6 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http_body_util::Full;
@@ -40,9 +39,7 @@ use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
 use super::http::TENANT_HEADER;
 use proflow_net::server::body::read_body;
-use proflow_net::server::{
-    AuthSettings, Listen, Secured, ServerTlsSettings, TenantBound, accept_loop,
-};
+use proflow_net::server::{ListenerSettings, Secured, TenantBound, accept_loop};
 
 /// The profiles method.
 pub(crate) const EXPORT_PATH: &str =
@@ -54,14 +51,11 @@ pub(crate) const TRACES_EXPORT_PATH: &str =
 /// The gRPC protocol's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Settings {
+    /// The listener's endpoint, parsed.
     pub endpoint: SocketAddr,
+    /// `max_recv_msg_size_mib` in bytes.
     pub max_message: usize,
-    pub read_timeout: Duration,
-    pub max_connections: usize,
-    pub idle_timeout: Duration,
-    pub max_concurrent_streams: u32,
-    pub tls: Option<ServerTlsSettings>,
-    pub auth: Option<AuthSettings>,
+    pub listener: ListenerSettings,
 }
 
 struct Grpc {
@@ -79,13 +73,7 @@ pub(crate) async fn serve(
     shutdown: CancellationToken,
 ) {
     let id = handler.id.clone();
-    let listen = Listen {
-        read_header_timeout: None,
-        http2_only: true,
-        idle_timeout: settings.idle_timeout,
-        max_concurrent_streams: settings.max_concurrent_streams,
-        ..Listen::new(settings.max_connections, secured.tls.clone())
-    };
+    let listen = settings.listener.listen_grpc(secured.tls.clone());
     let grpc = Arc::new(Grpc {
         settings,
         handler,
@@ -227,7 +215,7 @@ impl Grpc {
         let tenant =
             proflow_net::server::request_tenant(&parts.headers).map_err(OtlpError::BadRequest)?;
         let mut grant = self.handler.memory.grant_for(tenant);
-        let body = read_body(body, None, limit, &mut grant, self.settings.read_timeout)
+        let body = read_body(body, None, limit, &mut grant, self.settings.listener.read_timeout.get())
             .await
             .map_err(|e| {
                 OtlpError::from_body(e, |_| format!(

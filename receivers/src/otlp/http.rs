@@ -11,7 +11,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -28,9 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::{OtlpError, Refused};
 use super::export::{Encoding, Handler, Origin};
 use proflow_net::server::body::{declared_length, read_body};
-use proflow_net::server::{
-    AuthSettings, Listen, Secured, ServerTlsSettings, TenantBound, accept_loop,
-};
+use proflow_net::server::{HttpListenerSettings, Secured, TenantBound, accept_loop};
 
 /// The one path profiles are posted to.
 pub(crate) const PROFILES_PATH: &str = "/v1development/profiles";
@@ -56,13 +53,7 @@ pub(crate) struct Settings {
     pub max_request_body: usize,
     pub max_decompressed: usize,
     pub max_decoded: usize,
-    pub read_header_timeout: Duration,
-    pub read_timeout: Duration,
-    pub max_connections: usize,
-    pub idle_timeout: Duration,
-    pub max_concurrent_streams: u32,
-    pub tls: Option<ServerTlsSettings>,
-    pub auth: Option<AuthSettings>,
+    pub listener: HttpListenerSettings,
 }
 
 struct Http {
@@ -80,13 +71,7 @@ pub(crate) async fn serve(
     shutdown: CancellationToken,
 ) {
     let id = handler.id.clone();
-    let listen = Listen {
-        read_header_timeout: Some(settings.read_header_timeout),
-        http2_only: false,
-        idle_timeout: settings.idle_timeout,
-        max_concurrent_streams: settings.max_concurrent_streams,
-        ..Listen::new(settings.max_connections, secured.tls.clone())
-    };
+    let listen = settings.listener.listen(secured.tls.clone());
     let http = Arc::new(Http {
         settings,
         handler,
@@ -335,7 +320,7 @@ impl Http {
             declared_length(headers),
             self.settings.max_request_body,
             &mut grant,
-            self.settings.read_timeout,
+            self.settings.listener.listener.read_timeout.get(),
         )
         .await
         .map_err(|e| {

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use proflow_core::component::{BuildError, Receiver, ReceiverContext, ServeFuture};
 use proflow_model::otlp::AttributeLabels;
-use proflow_net::server::{AuthSettings, Listeners, Secured, ServerTlsSettings, TenantLimiter};
+use proflow_net::server::{ListenerSettings, Listeners, Secured, TenantLimiter};
 use tokio::net::TcpListener;
 
 use super::export::Handler;
@@ -71,9 +71,9 @@ impl OtlpReceiver {
 fn secure(
     ctx: &ReceiverContext,
     protocol: &str,
-    tls: Option<&ServerTlsSettings>,
-    auth: Option<&AuthSettings>,
+    listener: &ListenerSettings,
 ) -> Result<Secured, BuildError> {
+    let (tls, auth) = (listener.tls.as_ref(), listener.auth.as_ref());
     Secured::start(tls, auth, &format!("{}/{protocol}", ctx.id), &ctx.shutdown)
         .map_err(|e| BuildError::new(format!("receiver `{}`: protocols.{protocol}.{e}", ctx.id)))
 }
@@ -105,7 +105,7 @@ impl Receiver for OtlpReceiver {
         // fails the start as a whole.
         let grpc = match self.grpc {
             Some(settings) => {
-                let secured = secure(&ctx, "grpc", settings.tls.as_ref(), settings.auth.as_ref())?;
+                let secured = secure(&ctx, "grpc", &settings.listener)?;
                 let (listener, addr) =
                     bind(&ctx.listeners, &ctx.id, "OTLP/gRPC", settings.endpoint).await?;
                 let _ = self.local.grpc.set(addr);
@@ -115,7 +115,7 @@ impl Receiver for OtlpReceiver {
         };
         let http = match self.http {
             Some(settings) => {
-                let secured = secure(&ctx, "http", settings.tls.as_ref(), settings.auth.as_ref())?;
+                let secured = secure(&ctx, "http", &settings.listener.listener)?;
                 let (listener, addr) =
                     bind(&ctx.listeners, &ctx.id, "OTLP/HTTP", settings.endpoint).await?;
                 let _ = self.local.http.set(addr);

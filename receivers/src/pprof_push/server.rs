@@ -24,8 +24,8 @@ use proflow_model::memory::{MemoryBudget, MemoryGrant};
 use proflow_model::model::{BatchMeta, Envelope, now_unix_nanos};
 use proflow_net::server::body::{declared_length, read_body};
 use proflow_net::server::{
-    AuthSettings, Listen, ProfileLimits, ProfileSource, Secured, ServerTlsSettings, TenantBound,
-    TenantLimiter, accept_loop,
+    HttpListenerSettings, ProfileLimits, ProfileSource, Secured, TenantBound, TenantLimiter,
+    accept_loop,
 };
 use tower::Service;
 
@@ -47,16 +47,9 @@ pub(crate) struct Limits {
     pub max_decompressed: usize,
     /// What a folded or lines body may convert to.
     pub text: TextLimits,
-    /// How long a client may take to send a request's headers.
-    pub read_header_timeout: Duration,
-    /// How long a client may take to send a request's body.
+    /// How long a client may take to send a request's body (the
+    /// listener's `read_timeout`).
     pub read_timeout: Duration,
-    /// Most connections served at once; more wait in the listen backlog.
-    pub max_connections: usize,
-    /// How long a connection may stay open without a request in flight.
-    pub idle_timeout: Duration,
-    /// Most requests in flight on one HTTP/2 connection.
-    pub max_concurrent_streams: u32,
 }
 
 /// The address a receiver listens on, known once [`Receiver::start`] has
@@ -80,9 +73,8 @@ impl LocalAddr {
 #[derive(Debug)]
 pub struct PprofPushReceiver {
     endpoint: SocketAddr,
+    listener: HttpListenerSettings,
     limits: Limits,
-    tls: Option<ServerTlsSettings>,
-    auth: Option<AuthSettings>,
     tenant_limits: Option<Arc<TenantLimiter>>,
     local_addr: LocalAddr,
 }
@@ -90,16 +82,14 @@ pub struct PprofPushReceiver {
 impl PprofPushReceiver {
     pub(crate) fn new(
         endpoint: SocketAddr,
+        listener: HttpListenerSettings,
         limits: Limits,
-        tls: Option<ServerTlsSettings>,
-        auth: Option<AuthSettings>,
         tenant_limits: Option<Arc<TenantLimiter>>,
     ) -> Self {
         PprofPushReceiver {
             endpoint,
+            listener,
             limits,
-            tls,
-            auth,
             tenant_limits,
             local_addr: LocalAddr::default(),
         }
@@ -115,8 +105,8 @@ impl PprofPushReceiver {
 impl Receiver for PprofPushReceiver {
     async fn start(self: Box<Self>, ctx: ReceiverContext) -> Result<ServeFuture, BuildError> {
         let secured = Secured::start(
-            self.tls.as_ref(),
-            self.auth.as_ref(),
+            self.listener.listener.tls.as_ref(),
+            self.listener.listener.auth.as_ref(),
             &ctx.id,
             &ctx.shutdown,
         )
@@ -146,12 +136,7 @@ impl Receiver for PprofPushReceiver {
             tenant_limits: self.tenant_limits.clone(),
         });
         let app = router(shared);
-        let listen = Listen {
-            read_header_timeout: Some(self.limits.read_header_timeout),
-            idle_timeout: self.limits.idle_timeout,
-            max_concurrent_streams: self.limits.max_concurrent_streams,
-            ..Listen::new(self.limits.max_connections, secured.tls.clone())
-        };
+        let listen = self.listener.listen(secured.tls.clone());
         let id = ctx.id.clone();
         let shutdown = ctx.shutdown.clone();
         Ok(Box::pin(async move {

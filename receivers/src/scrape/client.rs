@@ -10,14 +10,14 @@ pub use proflow_core::component::error_chain;
 pub use proflow_net::http::{FetchError, HttpClient};
 use proflow_net::http::{Options, header_value};
 
-use super::config::{Authorization, BasicAuth, TlsConfig};
+use super::config::{Authorization, BasicAuth, ClientTlsSettings};
 
 /// The client settings of a job or an HTTP SD config.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientSettings<'a> {
     pub basic_auth: Option<&'a BasicAuth>,
     pub authorization: Option<&'a Authorization>,
-    pub tls_config: Option<&'a TlsConfig>,
+    pub tls_config: Option<&'a ClientTlsSettings>,
     pub follow_redirects: bool,
 }
 
@@ -36,13 +36,7 @@ pub fn build(
     let tls = settings.tls_config.cloned().unwrap_or_default();
     let auth = auth_header(settings)?;
     HttpClient::new(Options {
-        tls: proflow_net::tls::ClientTls {
-            ca_file: tls.ca_file.as_deref(),
-            cert_file: tls.cert_file.as_deref(),
-            key_file: tls.key_file.as_deref(),
-            insecure_skip_verify: tls.insecure_skip_verify,
-            ..Default::default()
-        },
+        tls: (&tls).into(),
         // Roots are loaded only when TLS may be used: a job's targets may
         // turn to https by relabelling, so load them whenever tls_config
         // is set.

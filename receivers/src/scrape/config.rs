@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+pub(crate) use proflow_config::ClientTlsSettings;
 use proflow_config::{ByteSize, Duration};
 use proflow_core::component::FieldError;
 use proflow_model::model::is_valid_label_name;
@@ -104,7 +105,7 @@ pub struct ScrapeJobConfig {
     pub authorization: Option<Authorization>,
     /// TLS for `https` targets.
     #[serde(default)]
-    pub tls_config: Option<TlsConfig>,
+    pub tls_config: Option<ClientTlsSettings>,
     /// Follow HTTP redirects (at most 10). Default true (Prometheus).
     #[serde(default = "default_true")]
     pub follow_redirects: bool,
@@ -193,7 +194,7 @@ pub struct HttpSdConfig {
     pub authorization: Option<Authorization>,
     /// TLS for an `https` SD endpoint.
     #[serde(default)]
-    pub tls_config: Option<TlsConfig>,
+    pub tls_config: Option<ClientTlsSettings>,
     /// Follow HTTP redirects (at most 10). Default true.
     #[serde(default = "default_true")]
     pub follow_redirects: bool,
@@ -227,24 +228,6 @@ pub struct Authorization {
 
 fn default_auth_type() -> String {
     "Bearer".to_owned()
-}
-
-/// `tls_config` (Prometheus's names; rustls underneath).
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    /// PEM CA certificates of the targets; default: the system's roots.
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate (mutual TLS); needs `key_file`.
-    #[serde(default)]
-    pub cert_file: Option<PathBuf>,
-    /// PEM key of `cert_file`.
-    #[serde(default)]
-    pub key_file: Option<PathBuf>,
-    /// Accept any certificate (encrypted, not authenticated): tests only.
-    #[serde(default)]
-    pub insecure_skip_verify: bool,
 }
 
 /// `profiling_config`.
@@ -444,36 +427,12 @@ impl Authorization {
     }
 }
 
-impl TlsConfig {
-    fn problems(&self, at: &str) -> Vec<FieldError> {
-        let mut problems = Vec::new();
-        match (&self.cert_file, &self.key_file) {
-            (Some(_), None) => problems.push(FieldError::new(
-                format!("{at}.key_file"),
-                "must be set with `cert_file`: a client certificate needs its key",
-            )),
-            (None, Some(_)) => problems.push(FieldError::new(
-                format!("{at}.cert_file"),
-                "must be set with `key_file`: a key needs its certificate",
-            )),
-            _ => {}
-        }
-        if self.insecure_skip_verify && self.ca_file.is_some() {
-            problems.push(FieldError::new(
-                format!("{at}.insecure_skip_verify"),
-                "makes `ca_file` unused: verification is skipped; remove one of them",
-            ));
-        }
-        problems
-    }
-}
-
 /// Problems of the HTTP client settings shared by jobs and HTTP SD.
 pub(crate) fn client_problems(
     at: &str,
     basic_auth: Option<&BasicAuth>,
     authorization: Option<&Authorization>,
-    tls: Option<&TlsConfig>,
+    tls: Option<&ClientTlsSettings>,
 ) -> Vec<FieldError> {
     let mut problems = Vec::new();
     if let Some(b) = basic_auth {

@@ -84,7 +84,7 @@ impl ReceiverConfig for ScrapeReceiverConfig {
             let spec = Arc::new(JobSpec::new(job).map_err(at)?);
             // The client loads the system's CA roots only with a tls_config;
             // an https job needs them without one.
-            let default_tls = config::TlsConfig::default();
+            let default_tls = config::ClientTlsSettings::default();
             let tls_config = job
                 .tls_config
                 .as_ref()

@@ -92,7 +92,7 @@ impl Plan {
             .map(|(id, config)| {
                 let state = ExporterState {
                     fingerprint: self.fingerprint("exporters", id),
-                    persistent: config.queue().storage.is_some(),
+                    persistent: config.sending().sending_queue.storage.is_some(),
                     resources: config.resources(),
                 };
                 (id.clone(), state)
@@ -192,8 +192,8 @@ impl Running {
                 .and_then(|exporter| {
                     let queue = ExporterQueue::open(
                         id.clone(),
-                        config.queue(),
-                        config.retry(),
+                        config.sending().sending_queue.clone(),
+                        config.sending().retry_on_failure.clone(),
                         c.exporter_telemetry(),
                     )
                     .map_err(|e| {

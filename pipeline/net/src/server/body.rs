@@ -21,6 +21,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
+use proflow_config::{ByteSize, FieldError};
 use proflow_model::memory::{self, MemoryGrant, OverBudget};
 
 /// The smallest step the buffer grows by.
@@ -176,6 +177,46 @@ fn next_capacity(capacity: usize, len: usize, declared: usize, limit: usize) -> 
         doubled
     };
     ahead.max(len).min(limit)
+}
+
+/// The checks of a receiver's `max_request_body_size` and
+/// `max_decompressed_size` (under `prefix`, empty at a component's top):
+/// both more than 0, and the second at least the first, or an uncompressed
+/// body that fits the request limit would be refused as too large once
+/// "decompressed".
+pub fn body_size_problems(
+    prefix: &str,
+    max_request_body_size: ByteSize,
+    max_decompressed_size: ByteSize,
+) -> Vec<FieldError> {
+    let path = |field: &str| {
+        if prefix.is_empty() {
+            field.to_owned()
+        } else {
+            format!("{prefix}.{field}")
+        }
+    };
+    let mut problems = Vec::new();
+    if max_request_body_size.bytes() == 0 {
+        problems.push(FieldError::new(
+            path("max_request_body_size"),
+            "must be more than 0, such as 16MiB",
+        ));
+    }
+    if max_decompressed_size.bytes() == 0 {
+        problems.push(FieldError::new(
+            path("max_decompressed_size"),
+            "must be more than 0, such as 64MiB",
+        ));
+    } else if max_decompressed_size < max_request_body_size {
+        problems.push(FieldError::new(
+            path("max_decompressed_size"),
+            format!(
+                "must be at least max_request_body_size ({max_request_body_size}); raise it or lower max_request_body_size"
+            ),
+        ));
+    }
+    problems
 }
 
 #[cfg(test)]

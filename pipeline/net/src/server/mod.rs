@@ -1,4 +1,4 @@
-//! What every listener shares: the accept loop ([`accept_loop`]: at most
+//! What every listener shares: its settings ([`listener`]), the accept loop ([`accept_loop`]: at most
 //! `max_connections` at once, connections that hold a slot without a request
 //! closed after `idle_timeout` — or at once for a new client when every slot
 //! is taken ([`connections`]) —, a header timeout for HTTP/1, at most
@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod body;
 mod connections;
+pub mod listener;
 pub mod tenant_limits;
 pub mod tls;
 mod watch;
@@ -30,6 +31,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{AuthSettings, Authenticated, Authenticator, BasicAuthSettings, Unauthenticated};
+pub use listener::{HttpListenerSettings, ListenerSettings, parse_endpoint, positive_timeout};
 pub use tenant_limits::{
     LimitRefused, ProfileLimits, ProfileShape, ProfileSource, RateLimited, TenantLimiter,
     TenantLimitsSettings, series_hash,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use proflow_core::component::FieldError;
 use serde::Deserialize;
 
-use super::{Authorization, BasicAuth, TlsConfig, client_problems, default_true};
+use super::{Authorization, BasicAuth, ClientTlsSettings, client_problems, default_true};
 
 /// One `kubernetes_sd_configs` item.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -40,7 +40,7 @@ pub struct KubernetesSdConfig {
     pub authorization: Option<Authorization>,
     /// TLS to `api_server`.
     #[serde(default)]
-    pub tls_config: Option<TlsConfig>,
+    pub tls_config: Option<ClientTlsSettings>,
     /// Follow HTTP redirects. Default true.
     #[serde(default = "default_true")]
     pub follow_redirects: bool,

@@ -26,7 +26,7 @@ use super::{
     send_if_changed,
 };
 use crate::scrape::client::{self, ClientSettings, FetchError, HttpClient};
-use crate::scrape::config::{HttpSdConfig, TlsConfig};
+use crate::scrape::config::{ClientTlsSettings, HttpSdConfig};
 
 /// The label naming each group's SD URL (Prometheus's name).
 pub const URL_LABEL: &str = "__meta_url";
@@ -65,7 +65,7 @@ impl HttpDiscoverer {
             })?;
         // The client loads the system's CA roots only when a tls_config is
         // set (see client::build); an https SD URL needs them without one.
-        let default_tls = TlsConfig::default();
+        let default_tls = ClientTlsSettings::default();
         let tls_config = config
             .tls_config
             .as_ref()

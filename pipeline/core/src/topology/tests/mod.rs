@@ -28,10 +28,10 @@ use crate::component::{
     ExporterConfig, FieldError, Processor, ProcessorConfig, Receiver, ReceiverConfig,
     ReceiverContext, Resource, ServeFuture, Validate,
 };
-use crate::queue::{QueueSettings, RetrySettings};
 use crate::registry::Registry;
 use crate::registry::{Factory, Stability};
 use crate::telemetry::Telemetry;
+use proflow_config::SendingSettings;
 use proflow_model::delivery::DeliveryReport;
 use proflow_model::model::{Batch, BatchMeta, Envelope, ExportBatch, Format, Labels, Payload};
 use proflow_model::spans::{Span, SpanConsumer};
@@ -254,10 +254,10 @@ enum Behaviour {
 struct TestExporterConfig {
     key: String,
     behaviour: Behaviour,
-    #[serde(default)]
-    sending_queue: QueueSettings,
-    #[serde(default)]
-    retry_on_failure: RetrySettings,
+    /// `sending_queue` and `retry_on_failure`, written beside this
+    /// exporter's own keys (see [`SendingSettings`]).
+    #[serde(rename = "__proflow_embedded", default)]
+    sending: SendingSettings,
     /// `shutdown` never returns.
     #[serde(default)]
     hang_on_shutdown: bool,
@@ -315,11 +315,8 @@ impl Exporter for TestExporter {
     }
 }
 impl ExporterConfig for TestExporterConfig {
-    fn queue(&self) -> QueueSettings {
-        self.sending_queue.clone()
-    }
-    fn retry(&self) -> RetrySettings {
-        self.retry_on_failure.clone()
+    fn sending(&self) -> &SendingSettings {
+        &self.sending
     }
     fn wants(&self) -> Option<Format> {
         match self.wants.as_deref() {

@@ -61,13 +61,7 @@ impl KubernetesDiscoverer {
         let client = Client::new(&Connect {
             api_server: config.api_server.as_deref(),
             kubeconfig_file: config.kubeconfig_file.as_deref(),
-            tls: ClientTls {
-                ca_file: tls.ca_file.as_deref(),
-                cert_file: tls.cert_file.as_deref(),
-                key_file: tls.key_file.as_deref(),
-                insecure_skip_verify: tls.insecure_skip_verify,
-                ..Default::default()
-            },
+            tls: ClientTls::from(&tls),
             auth,
             follow_redirects: config.follow_redirects,
         })?;
