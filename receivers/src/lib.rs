@@ -25,7 +25,6 @@
 
 #[cfg(all(feature = "ebpf", target_os = "linux"))]
 pub mod ebpf;
-#[cfg(any(feature = "pprof_push", feature = "otlp"))]
 #[cfg(feature = "kafka")]
 pub mod kafka;
 /// The kafka receiver's record decoder without the receiver (feature

@@ -12,6 +12,8 @@ use proflow_model::model::{BatchMeta, Envelope, ExportBatch, Labels, Payload, Va
 use proflow_model::pprof::{self, ProfileBuilder};
 
 use super::*;
+use proflow_core::component::{ExporterConfig, Validate};
+use proflow_model::model::Format;
 
 fn typed(yaml: &str) -> KafkaExporterConfig {
     let node = Node::parse(yaml).expect("test YAML parses");

@@ -2,51 +2,15 @@
 //! saw. For benchmarks of the pipeline without a real target and for tests.
 //! It never touches the payload, so it never decodes or compresses anything.
 
-use std::sync::Arc;
+mod config;
+
+pub use config::NopExporterConfig;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use proflow_config::SendingSettings;
-use proflow_core::component::{
-    BuildContext, BuildError, ExportError, Exporter, ExporterConfig, FieldError, Validate,
-};
+use proflow_core::component::{ExportError, Exporter};
 use proflow_model::model::{Envelope, ExportBatch};
-use serde::Deserialize;
-
-/// Config of the `nop` exporter: only the queue and retry blocks every
-/// exporter has (so benchmarks measure the real queue).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct NopExporterConfig {
-    /// `sending_queue` and `retry_on_failure`, written beside this
-    /// exporter's own keys (see [`SendingSettings`]).
-    #[serde(rename = "__proflow_embedded", default)]
-    pub sending: SendingSettings,
-}
-
-impl Validate for NopExporterConfig {
-    fn validate(&self) -> Vec<FieldError> {
-        // Nothing of its own; the queue and retry blocks are checked by the registry.
-        Vec::new()
-    }
-}
-
-impl NopExporterConfig {
-    /// The exporter as its concrete type, for callers that read [`NopExporter::seen`].
-    pub fn build_nop(&self) -> Arc<NopExporter> {
-        Arc::new(NopExporter::new())
-    }
-}
-
-impl ExporterConfig for NopExporterConfig {
-    fn sending(&self) -> &SendingSettings {
-        &self.sending
-    }
-
-    fn build(&self, _ctx: &BuildContext) -> Result<Arc<dyn Exporter>, BuildError> {
-        Ok(self.build_nop())
-    }
-}
 
 /// What a [`NopExporter`] has seen so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -99,11 +63,13 @@ mod tests {
     use super::*;
     use proflow_config::{Node, RetrySettings};
     use proflow_core::component::BuildContext;
+    use proflow_core::component::ExporterConfig;
     use proflow_core::queue::WhenFull;
     use proflow_core::registry::{AnyConfig, Factory};
     use proflow_core::telemetry::Telemetry;
     use proflow_model::model::{Labels, Payload, ValueType};
     use proflow_model::pprof::{self, ProfileBuilder};
+    use std::sync::Arc;
 
     fn factory() -> Factory {
         crate::factories()

@@ -30,9 +30,12 @@ use proflow_model::pprof::ProfileBuilder;
 use prost::Message;
 use tokio::net::TcpListener;
 
+use super::config::Wire;
 use super::transport::EXPORT_PATH;
 use super::*;
 use crate::client::status::RpcStatus;
+use proflow_core::component::Validate;
+use proflow_model::model::Format;
 use proflow_model::otlp::SharedDictionary;
 
 // ------------------------------------------------------------------ config

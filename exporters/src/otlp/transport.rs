@@ -32,7 +32,8 @@ use proflow_core::component::ExportError;
 use proflow_model::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
 
-use super::{TlsSettings, Wire};
+use super::config::Wire;
+use crate::client::TlsSettings;
 use crate::client::{self, Connector, MAX_RESPONSE_BYTES, status};
 
 /// The gRPC method every OTLP profiles exporter calls.

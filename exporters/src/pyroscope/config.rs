@@ -1,7 +1,18 @@
 //! The `pyroscope` exporter's config: where and how to send, auth, TLS,
 //! and its validation.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use http::Uri;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use proflow_config::{ClientTlsSettings, Duration, SendingSettings};
+use proflow_core::component::{FieldError, Validate};
+use proflow_model::model::is_valid_label_name;
+use serde::Deserialize;
+
+use super::RESERVED_HEADERS;
+use crate::client;
 
 /// `api` of the `pyroscope` exporter.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]

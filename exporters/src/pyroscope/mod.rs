@@ -34,7 +34,6 @@ mod request;
 mod tests;
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -46,17 +45,14 @@ use http::header::{
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use proflow_config::SendingSettings;
-use proflow_config::{ClientTlsSettings, Duration};
 use proflow_core::component::no_problems;
 use proflow_core::component::{
-    BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, FieldError,
-    Validate,
+    BuildContext, BuildError, ErrorClass, ExportError, Exporter, ExporterConfig, Validate,
 };
 use proflow_core::queue::RetrySettings;
 use proflow_core::telemetry::ExporterTelemetry;
-use proflow_model::model::{ExportBatch, Format, is_valid_label_name};
+use proflow_model::model::{ExportBatch, Format};
 use proflow_model::profile_type::profile_name_from_sample_types;
-use serde::Deserialize;
 
 use crate::client::{self, Connector, status};
 

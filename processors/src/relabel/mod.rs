@@ -3,48 +3,19 @@
 //! costs the same for any profile size; a rule that drops the series drops the
 //! profile.
 
-use std::sync::Arc;
+mod config;
+
+pub use config::RelabelProcessorConfig;
 
 use async_trait::async_trait;
-use proflow_core::component::{
-    BuildContext, BuildError, FieldError, Processor, ProcessorConfig, Validate,
-};
+use proflow_core::component::Processor;
 use proflow_core::telemetry::ProcessorTelemetry;
 use proflow_model::model::{BatchMeta, Envelope};
-use proflow_relabel::{RelabelConfig, Relabeler, validate_configs};
-use serde::Deserialize;
+use proflow_relabel::Relabeler;
 
 /// The `reason` label of `proflow_processor_dropped_profiles` for profiles a
 /// relabel rule dropped.
 pub const RELABEL_DROP_REASON: &str = "relabel_drop";
-
-/// Config of the `relabel` processor.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RelabelProcessorConfig {
-    /// Prometheus `relabel_config` rules applied in order to every profile's
-    /// series labels (`__name__`, `service_name`, ...). A `keep`, `drop`,
-    /// `keepequal` or `dropequal` rule that drops the series drops the profile.
-    pub relabel_configs: Vec<RelabelConfig>,
-}
-
-impl Validate for RelabelProcessorConfig {
-    fn validate(&self) -> Vec<FieldError> {
-        validate_configs(&self.relabel_configs)
-            .into_iter()
-            .map(|p| FieldError::new(format!("relabel_configs.{}", p.path), p.message))
-            .collect()
-    }
-}
-
-impl ProcessorConfig for RelabelProcessorConfig {
-    fn build(&self, ctx: &BuildContext) -> Result<Arc<dyn Processor>, BuildError> {
-        Ok(Arc::new(RelabelProcessor {
-            relabeler: Relabeler::new(&self.relabel_configs)?,
-            telemetry: ctx.processor_telemetry(),
-        }))
-    }
-}
 
 /// The running `relabel` processor.
 pub struct RelabelProcessor {
