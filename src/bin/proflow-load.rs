@@ -140,12 +140,44 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
     e.finish().unwrap_or_default()
 }
 
+/// Builds the request once, pushes it for `--duration`, then reports.
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let duration = args.duration.get().min(Duration::from_secs(600));
-    let gz = args.compression == Compression::Gzip;
     // (body, plain size, profiles per request)
-    let (body, plain, per_request) = match args.protocol {
+    let (body, plain, per_request) = request_body(&args);
+    if args.protocol == Protocol::OtlpGrpc {
+        anyhow::ensure!(
+            args.headers.is_empty(),
+            "--header is for the HTTP protocols (pprof, otlp-http)"
+        );
+        return grpc_main(&args, duration, body, plain, per_request);
+    }
+    let requests = Arc::new(http_requests(&args, &body)?);
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    let peak_rss = Arc::new(Mutex::new((0u64, 0u64))); // (before, peak) in KiB
+    if let Some(pid) = args.watch_pid {
+        peak_rss.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.0 = rss_kib(pid).unwrap_or(0);
+    }
+    let elapsed = push_http(&args, duration, &requests, &stats, &peak_rss);
+    let s = stats.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    report(
+        &args,
+        elapsed,
+        &s,
+        200,
+        body.len(),
+        plain,
+        per_request,
+        &peak_rss,
+    )
+}
+
+/// The request body to send, its size before compression (0 for pprof)
+/// and how many profiles it holds.
+fn request_body(args: &Args) -> (Vec<u8>, usize, u64) {
+    let gz = args.compression == Compression::Gzip;
+    match args.protocol {
         Protocol::Pprof => {
             // Stamped now: backends refuse profiles from outside their window.
             let mut p = proflow_model::testdata::cpu_profile(args.samples, args.functions);
@@ -166,14 +198,28 @@ fn main() -> anyhow::Result<()> {
             let body = if gz { gzip(&plain) } else { plain.clone() };
             (body, plain.len(), profiles as u64)
         }
-    };
-    if args.protocol == Protocol::OtlpGrpc {
-        anyhow::ensure!(
-            args.headers.is_empty(),
-            "--header is for the HTTP protocols (pprof, otlp-http)"
-        );
-        return grpc_main(&args, duration, body, plain, per_request);
     }
+}
+
+/// The `--header` values as request header lines (each ending in CRLF).
+fn extra_headers(headers: &[String]) -> anyhow::Result<String> {
+    let mut extra = String::new();
+    for h in headers {
+        let Some((name, value)) = h.split_once(':') else {
+            anyhow::bail!("--header {h:?}: write it as `Name: value`");
+        };
+        if name.trim().is_empty() || h.contains(['\r', '\n']) {
+            anyhow::bail!("--header {h:?}: a header name, a colon and a value on one line");
+        }
+        extra.push_str(&format!("{}: {}\r\n", name.trim(), value.trim()));
+    }
+    Ok(extra)
+}
+
+/// What the HTTP connections send: `body` under its request head, or with
+/// `--series` a profile stamped per request on each series' path.
+fn http_requests(args: &Args, body: &[u8]) -> anyhow::Result<Requests> {
+    let gz = args.compression == Compression::Gzip;
     let (path, content_type, encoding) = match args.protocol {
         Protocol::Pprof => (
             args.path.clone().unwrap_or_else(|| {
@@ -190,16 +236,7 @@ fn main() -> anyhow::Result<()> {
             if gz { "Content-Encoding: gzip\r\n" } else { "" },
         ),
     };
-    let mut extra = String::new();
-    for h in &args.headers {
-        let Some((name, value)) = h.split_once(':') else {
-            anyhow::bail!("--header {h:?}: write it as `Name: value`");
-        };
-        if name.trim().is_empty() || h.contains(['\r', '\n']) {
-            anyhow::bail!("--header {h:?}: a header name, a colon and a value on one line");
-        }
-        extra.push_str(&format!("{}: {}\r\n", name.trim(), value.trim()));
-    }
+    let extra = extra_headers(&args.headers)?;
     anyhow::ensure!(
         args.series >= 1
             && (args.series == 1 || args.protocol == Protocol::Pprof && args.path.is_none())
@@ -212,9 +249,9 @@ fn main() -> anyhow::Result<()> {
             "POST {path} HTTP/1.1\r\nHost: {target}\r\nContent-Type: {content_type}\r\n{encoding}{extra}Content-Length: {len}\r\n\r\n"
         )
     };
-    let requests = Arc::new(if args.series == 1 {
+    Ok(if args.series == 1 {
         let mut r = head(&path, body.len()).into_bytes();
-        r.extend_from_slice(&body);
+        r.extend_from_slice(body);
         Requests::Fixed(r)
     } else {
         // One path per series, taken in turn; each profile stamped as it is
@@ -237,13 +274,20 @@ fn main() -> anyhow::Result<()> {
             )),
             head: Box::new(head),
         }
-    });
+    })
+}
+
+/// Sends `requests` on `--connections` keep-alive connections for
+/// `duration`, noting the watched process's peak RSS; returns the seconds
+/// it took.
+fn push_http(
+    args: &Args,
+    duration: Duration,
+    requests: &Arc<Requests>,
+    stats: &Arc<Mutex<Stats>>,
+    peak_rss: &Mutex<(u64, u64)>,
+) -> f64 {
     let stop = Arc::new(AtomicBool::new(false));
-    let stats = Arc::new(Mutex::new(Stats::default()));
-    let peak_rss = Arc::new(Mutex::new((0u64, 0u64))); // (before, peak) in KiB
-    if let Some(pid) = args.watch_pid {
-        peak_rss.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.0 = rss_kib(pid).unwrap_or(0);
-    }
     let started = Instant::now();
     let pace = Pace::new(args.rate, args.connections);
     let mut threads = Vec::new();
@@ -272,18 +316,7 @@ fn main() -> anyhow::Result<()> {
     for t in threads {
         let _ = t.join();
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let s = stats.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-    report(
-        &args,
-        elapsed,
-        &s,
-        200,
-        body.len(),
-        plain,
-        per_request,
-        &peak_rss,
-    )
+    started.elapsed().as_secs_f64()
 }
 
 /// Prints what a run did; `ok_status` is the status that means accepted.

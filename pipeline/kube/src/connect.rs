@@ -289,134 +289,42 @@ struct User {
 /// Most bytes of a kubeconfig file.
 const MAX_KUBECONFIG_BYTES: u64 = 4 * 1024 * 1024;
 
+/// A client for the current context of the kubeconfig `file`.
 fn from_kubeconfig(file: &Path, follow_redirects: bool) -> Result<Client, String> {
-    let at = |m: String| format!("kubeconfig_file `{}`: {m}", file.display());
-    let len = std::fs::metadata(file)
-        .map_err(|e| at(e.to_string()))?
-        .len();
-    if len > MAX_KUBECONFIG_BYTES {
-        return Err(at(format!("is {len} bytes; a kubeconfig is far smaller")));
-    }
-    let text = std::fs::read_to_string(file).map_err(|e| at(e.to_string()))?;
-    let config: Kubeconfig = serde_saphyr::from_str(&text).map_err(|e| at(e.to_string()))?;
-    let dir = file.parent().unwrap_or(Path::new("."));
-    let relative = |p: &Path| {
-        if p.is_absolute() {
-            p.to_owned()
-        } else {
-            dir.join(p)
-        }
+    let k = KubeconfigFile {
+        file,
+        dir: file.parent().unwrap_or(Path::new(".")),
     };
-
-    let context = config
-        .contexts
-        .iter()
-        .find(|c| c.name == config.current_context)
-        .map(|c| &c.item)
-        .ok_or_else(|| {
-            at(format!(
-                "current-context {:?} is not among its contexts; set current-context",
-                config.current_context
-            ))
-        })?;
-    let cluster = config
-        .clusters
-        .iter()
-        .find(|c| c.name == context.cluster)
-        .map(|c| &c.item)
-        .ok_or_else(|| {
-            at(format!(
-                "the cluster {:?} of the current context is not defined",
-                context.cluster
-            ))
-        })?;
+    let config = k.read()?;
+    let (context, cluster) = k.current_cluster(&config)?;
     let user = match config.users.iter().find(|u| u.name == context.user) {
         Some(u) => &u.item,
         None if context.user.is_empty() => &User::default(),
         None => {
-            return Err(at(format!(
+            return Err(k.at(format!(
                 "the user {:?} of the current context is not defined",
                 context.user
             )));
         }
     };
     if user.exec.is_some() || user.auth_provider.is_some() {
-        return Err(at(
+        return Err(k.at(
             "the user gets its credential from an exec or auth-provider plugin, which proflow does not run: give it a `token`, `tokenFile` or client certificate (a ServiceAccount token works)".to_owned(),
         ));
     }
-    let decode = |data: &str, what: &str| {
-        base64::engine::general_purpose::STANDARD
-            .decode(data.trim())
-            .map_err(|e| at(format!("{what} is not base64: {e}")))
-    };
-    let ca_pem = cluster
-        .certificate_authority_data
-        .as_deref()
-        .map(|d| decode(d, "certificate-authority-data"))
-        .transpose()?;
-    let cert_pem = user
-        .client_certificate_data
-        .as_deref()
-        .map(|d| decode(d, "client-certificate-data"))
-        .transpose()?;
-    let key_pem = user
-        .client_key_data
-        .as_deref()
-        .map(|d| decode(d, "client-key-data"))
-        .transpose()?;
-    let ca_file = cluster.certificate_authority.as_deref().map(relative);
-    let cert_file = user.client_certificate.as_deref().map(relative);
-    let key_file = user.client_key.as_deref().map(relative);
-    let tls = ClientTls {
-        ca_file: ca_file.as_deref(),
-        cert_file: cert_file.as_deref(),
-        key_file: key_file.as_deref(),
-        insecure_skip_verify: cluster.insecure_skip_tls_verify,
-        ca_pem: ca_pem.as_deref(),
-        cert_pem: cert_pem.as_deref(),
-        key_pem: key_pem.as_deref(),
-    };
-    let auth = match (&user.token, &user.username) {
-        (Some(token), _) => Some(
-            header_value(&format!("Bearer {}", token.trim()), "the user's token").map_err(at)?,
-        ),
-        (None, Some(name)) => {
-            let pair = format!("{name}:{}", user.password.as_deref().unwrap_or_default());
-            Some(
-                header_value(
-                    &format!(
-                        "Basic {}",
-                        base64::engine::general_purpose::STANDARD.encode(pair)
-                    ),
-                    "the user's username and password",
-                )
-                .map_err(at)?,
-            )
-        }
-        (None, None) => None,
-    };
-    let token = match (&user.token, &user.token_file) {
-        (None, Some(path)) => {
-            let path = relative(path);
-            read_token(&path).map_err(at)?;
-            Some(std::sync::Arc::new(TokenFile {
-                path,
-                cached: Mutex::new(None),
-            }))
-        }
-        _ => None,
-    };
+    let tls = KubeconfigTls::load(&k, cluster, user)?;
+    let auth = k.auth(user)?;
+    let token = k.token_file(user)?;
     let http = HttpClient::new(Options {
-        tls,
+        tls: tls.client_tls(cluster.insecure_skip_tls_verify),
         load_roots: true,
         auth,
         follow_redirects,
         connect_timeout: CONNECT_TIMEOUT,
     })
-    .map_err(at)?;
+    .map_err(|m| k.at(m))?;
     let base = base_url(&cluster.server)
-        .map_err(|e| at(e.replacen("api_server", "the cluster's server", 1)))?;
+        .map_err(|e| k.at(e.replacen("api_server", "the cluster's server", 1)))?;
     Ok(Client {
         base,
         http,
@@ -427,6 +335,176 @@ fn from_kubeconfig(file: &Path, follow_redirects: bool) -> Result<Client, String
             context.namespace.clone()
         },
     })
+}
+
+/// A kubeconfig file being read: names itself in errors and resolves the
+/// paths it holds.
+struct KubeconfigFile<'a> {
+    file: &'a Path,
+    /// The file's folder, which relative paths in it start from.
+    dir: &'a Path,
+}
+
+impl KubeconfigFile<'_> {
+    /// `m` prefixed with the file it is about.
+    fn at(&self, m: String) -> String {
+        format!("kubeconfig_file `{}`: {m}", self.file.display())
+    }
+
+    /// `p` as kubectl reads it: a relative path starts at the file's folder.
+    fn relative(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_owned()
+        } else {
+            self.dir.join(p)
+        }
+    }
+
+    /// The base64 `data` of the field `what`, decoded.
+    fn decode(&self, data: &str, what: &str) -> Result<Vec<u8>, String> {
+        base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|e| self.at(format!("{what} is not base64: {e}")))
+    }
+
+    /// Reads and parses the file, refusing one too large to be a kubeconfig.
+    fn read(&self) -> Result<Kubeconfig, String> {
+        let len = std::fs::metadata(self.file)
+            .map_err(|e| self.at(e.to_string()))?
+            .len();
+        if len > MAX_KUBECONFIG_BYTES {
+            return Err(self.at(format!("is {len} bytes; a kubeconfig is far smaller")));
+        }
+        let text = std::fs::read_to_string(self.file).map_err(|e| self.at(e.to_string()))?;
+        serde_saphyr::from_str(&text).map_err(|e| self.at(e.to_string()))
+    }
+
+    /// The current context and its cluster.
+    fn current_cluster<'c>(
+        &self,
+        config: &'c Kubeconfig,
+    ) -> Result<(&'c Context, &'c Cluster), String> {
+        let context = config
+            .contexts
+            .iter()
+            .find(|c| c.name == config.current_context)
+            .map(|c| &c.item)
+            .ok_or_else(|| {
+                self.at(format!(
+                    "current-context {:?} is not among its contexts; set current-context",
+                    config.current_context
+                ))
+            })?;
+        let cluster = config
+            .clusters
+            .iter()
+            .find(|c| c.name == context.cluster)
+            .map(|c| &c.item)
+            .ok_or_else(|| {
+                self.at(format!(
+                    "the cluster {:?} of the current context is not defined",
+                    context.cluster
+                ))
+            })?;
+        Ok((context, cluster))
+    }
+
+    /// The `Authorization` header of `user`'s `token`, else of its
+    /// `username` and `password`; none without either.
+    fn auth(&self, user: &User) -> Result<Option<HeaderValue>, String> {
+        Ok(match (&user.token, &user.username) {
+            (Some(token), _) => Some(
+                header_value(&format!("Bearer {}", token.trim()), "the user's token")
+                    .map_err(|m| self.at(m))?,
+            ),
+            (None, Some(name)) => {
+                let pair = format!("{name}:{}", user.password.as_deref().unwrap_or_default());
+                Some(
+                    header_value(
+                        &format!(
+                            "Basic {}",
+                            base64::engine::general_purpose::STANDARD.encode(pair)
+                        ),
+                        "the user's username and password",
+                    )
+                    .map_err(|m| self.at(m))?,
+                )
+            }
+            (None, None) => None,
+        })
+    }
+
+    /// `user`'s `tokenFile` (unless it has a `token`), read once now so that
+    /// a missing file fails at start.
+    fn token_file(&self, user: &User) -> Result<Option<std::sync::Arc<TokenFile>>, String> {
+        Ok(match (&user.token, &user.token_file) {
+            (None, Some(path)) => {
+                let path = self.relative(path);
+                read_token(&path).map_err(|m| self.at(m))?;
+                Some(std::sync::Arc::new(TokenFile {
+                    path,
+                    cached: Mutex::new(None),
+                }))
+            }
+            _ => None,
+        })
+    }
+}
+
+/// The TLS material a kubeconfig's cluster and user name: inline PEM
+/// decoded, file paths resolved; owned here so `ClientTls` can borrow it.
+struct KubeconfigTls {
+    ca_pem: Option<Vec<u8>>,
+    cert_pem: Option<Vec<u8>>,
+    key_pem: Option<Vec<u8>>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+}
+
+impl KubeconfigTls {
+    /// Decodes the `*-data` fields and resolves the file paths of `cluster` and `user`.
+    fn load(k: &KubeconfigFile<'_>, cluster: &Cluster, user: &User) -> Result<Self, String> {
+        let ca_pem = cluster
+            .certificate_authority_data
+            .as_deref()
+            .map(|d| k.decode(d, "certificate-authority-data"))
+            .transpose()?;
+        let cert_pem = user
+            .client_certificate_data
+            .as_deref()
+            .map(|d| k.decode(d, "client-certificate-data"))
+            .transpose()?;
+        let key_pem = user
+            .client_key_data
+            .as_deref()
+            .map(|d| k.decode(d, "client-key-data"))
+            .transpose()?;
+        Ok(KubeconfigTls {
+            ca_pem,
+            cert_pem,
+            key_pem,
+            ca_file: cluster
+                .certificate_authority
+                .as_deref()
+                .map(|p| k.relative(p)),
+            cert_file: user.client_certificate.as_deref().map(|p| k.relative(p)),
+            key_file: user.client_key.as_deref().map(|p| k.relative(p)),
+        })
+    }
+
+    /// The client TLS settings borrowing this material.
+    fn client_tls(&self, insecure_skip_verify: bool) -> ClientTls<'_> {
+        ClientTls {
+            ca_file: self.ca_file.as_deref(),
+            cert_file: self.cert_file.as_deref(),
+            key_file: self.key_file.as_deref(),
+            insecure_skip_verify,
+            ca_pem: self.ca_pem.as_deref(),
+            cert_pem: self.cert_pem.as_deref(),
+            key_pem: self.key_pem.as_deref(),
+        }
+    }
 }
 
 #[cfg(test)]

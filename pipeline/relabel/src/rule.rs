@@ -50,19 +50,9 @@ impl Rule {
     /// Validates `c` like Prometheus and compiles it; on error returns every
     /// problem, with paths relative to the rule (`regex`, `source_labels.1`).
     pub(crate) fn compile(c: &RelabelConfig) -> Result<Rule, Vec<FieldError>> {
-        use RelabelAction as A;
         let mut problems = Vec::new();
-        let action = c.action;
 
-        for (i, name) in c.source_labels.iter().enumerate() {
-            if name.is_empty() {
-                problems.push(FieldError::new(
-                    format!("source_labels.{i}"),
-                    "a source label name cannot be empty",
-                ));
-            }
-        }
-
+        check_source_labels(c, &mut problems);
         let pattern = match Pattern::compile(&c.regex) {
             Ok(p) => Some(p),
             Err(message) => {
@@ -70,163 +60,20 @@ impl Rule {
                 None
             }
         };
-
-        if action == A::HashMod && c.modulus == 0 {
-            problems.push(FieldError::new(
-                "modulus",
-                "the hashmod action needs `modulus` greater than 0",
-            ));
-        }
-
-        let needs_target = matches!(
-            action,
-            A::Replace | A::HashMod | A::Lowercase | A::Uppercase | A::KeepEqual | A::DropEqual
-        );
-        if needs_target && c.target_label.is_empty() {
-            problems.push(FieldError::new(
-                "target_label",
-                format!("the {action} action needs `target_label`"),
-            ));
-        } else if action == A::Replace {
-            let valid = if c.target_label.contains('$') {
-                is_valid_label_template(&c.target_label)
-            } else {
-                is_valid_label_name(&c.target_label)
-            };
-            if !valid {
-                problems.push(FieldError::new(
-                    "target_label",
-                    format!(
-                        "{:?} is not a valid target_label for the replace action: use a label \
-                         name ([a-zA-Z_][a-zA-Z0-9_]*), optionally with `$1` or `${{name}}` \
-                         references",
-                        c.target_label
-                    ),
-                ));
-            }
-        } else if needs_target && !is_valid_label_name(&c.target_label) {
-            problems.push(FieldError::new(
-                "target_label",
-                format!(
-                    "{:?} is not a valid target_label for the {action} action: use a label \
-                     name ([a-zA-Z_][a-zA-Z0-9_]*) without `$` references",
-                    c.target_label
-                ),
-            ));
-        }
-
-        match action {
-            A::Lowercase | A::Uppercase | A::KeepEqual | A::DropEqual
-                if c.replacement != DEFAULT_REPLACEMENT =>
-            {
-                problems.push(FieldError::new(
-                    "replacement",
-                    format!("`replacement` cannot be set for the {action} action; remove it"),
-                ));
-            }
-            A::LabelMap if !is_valid_label_template(&c.replacement) => {
-                problems.push(FieldError::new(
-                    "replacement",
-                    format!(
-                        "{:?} is not a valid replacement for the labelmap action: it must make \
-                         a label name ([a-zA-Z_][a-zA-Z0-9_]*), optionally with `$1` or \
-                         `${{name}}` references",
-                        c.replacement
-                    ),
-                ));
-            }
-            _ => {}
-        }
-
-        if matches!(action, A::KeepEqual | A::DropEqual) {
-            let only =
-                format!("the {action} action uses only `source_labels` and `target_label`; remove");
-            if c.regex != DEFAULT_REGEX {
-                problems.push(FieldError::new("regex", format!("{only} `regex`")));
-            }
-            if c.modulus != 0 {
-                problems.push(FieldError::new("modulus", format!("{only} `modulus`")));
-            }
-            if c.separator != DEFAULT_SEPARATOR {
-                problems.push(FieldError::new("separator", format!("{only} `separator`")));
-            }
-        }
-
-        if matches!(action, A::LabelDrop | A::LabelKeep) {
-            let only = format!(
-                "the {action} action uses only `regex` (matched against label names); remove"
-            );
-            if !c.source_labels.is_empty() {
-                problems.push(FieldError::new(
-                    "source_labels",
-                    format!("{only} `source_labels`"),
-                ));
-            }
-            if !c.target_label.is_empty() {
-                problems.push(FieldError::new(
-                    "target_label",
-                    format!("{only} `target_label`"),
-                ));
-            }
-            if c.modulus != 0 {
-                problems.push(FieldError::new("modulus", format!("{only} `modulus`")));
-            }
-            if c.separator != DEFAULT_SEPARATOR {
-                problems.push(FieldError::new("separator", format!("{only} `separator`")));
-            }
-            if c.replacement != DEFAULT_REPLACEMENT {
-                problems.push(FieldError::new(
-                    "replacement",
-                    format!("{only} `replacement`"),
-                ));
-            }
-        }
+        check_modulus(c, &mut problems);
+        check_target_label(c, &mut problems);
+        check_replacement(c, &mut problems);
+        check_equal_unused_fields(c, &mut problems);
+        check_label_filter_unused_fields(c, &mut problems);
 
         let pattern = match pattern {
             Some(p) if problems.is_empty() => p,
             _ => return Err(problems),
         };
-        let target = c.target_label.clone();
-        let op = match action {
-            A::Replace => {
-                let target = if c.target_label.contains('$') {
-                    Target::Template(Template::compile(&c.target_label, &pattern))
-                } else {
-                    Target::Fixed(target)
-                };
-                let replacement = Template::compile(&c.replacement, &pattern);
-                let need_groups = replacement.uses_groups()
-                    || matches!(&target, Target::Template(t) if t.uses_groups());
-                let need_value = need_groups || !matches!(pattern, Pattern::Everything);
-                Op::Replace(Box::new(Replace {
-                    pattern,
-                    target,
-                    replacement,
-                    need_groups,
-                    need_value,
-                }))
-            }
-            A::Keep => Op::Keep(pattern),
-            A::Drop => Op::Drop(pattern),
-            A::KeepEqual => Op::KeepEqual(target),
-            A::DropEqual => Op::DropEqual(target),
-            A::HashMod => Op::HashMod {
-                target,
-                modulus: c.modulus,
-            },
-            A::LabelMap => {
-                let name = Template::compile(&c.replacement, &pattern);
-                Op::LabelMap { pattern, name }
-            }
-            A::LabelDrop => Op::LabelDrop(pattern),
-            A::LabelKeep => Op::LabelKeep(pattern),
-            A::Lowercase => Op::Lowercase(target),
-            A::Uppercase => Op::Uppercase(target),
-        };
         Ok(Rule {
             source_labels: c.source_labels.clone(),
             separator: c.separator.clone(),
-            op,
+            op: build_op(c, pattern),
         })
     }
 
@@ -329,6 +176,198 @@ impl Rule {
             labels.set(target, value);
         }
     }
+}
+
+// ------------------------------------------------------------- compiling
+
+/// Reports each empty name in `source_labels`.
+fn check_source_labels(c: &RelabelConfig, problems: &mut Vec<FieldError>) {
+    for (i, name) in c.source_labels.iter().enumerate() {
+        if name.is_empty() {
+            problems.push(FieldError::new(
+                format!("source_labels.{i}"),
+                "a source label name cannot be empty",
+            ));
+        }
+    }
+}
+
+/// Reports a `hashmod` rule whose `modulus` is 0.
+fn check_modulus(c: &RelabelConfig, problems: &mut Vec<FieldError>) {
+    if c.action == RelabelAction::HashMod && c.modulus == 0 {
+        problems.push(FieldError::new(
+            "modulus",
+            "the hashmod action needs `modulus` greater than 0",
+        ));
+    }
+}
+
+/// Reports a missing or invalid `target_label` for the actions that write one.
+fn check_target_label(c: &RelabelConfig, problems: &mut Vec<FieldError>) {
+    use RelabelAction as A;
+    let action = c.action;
+    let needs_target = matches!(
+        action,
+        A::Replace | A::HashMod | A::Lowercase | A::Uppercase | A::KeepEqual | A::DropEqual
+    );
+    if needs_target && c.target_label.is_empty() {
+        problems.push(FieldError::new(
+            "target_label",
+            format!("the {action} action needs `target_label`"),
+        ));
+    } else if action == A::Replace {
+        let valid = if c.target_label.contains('$') {
+            is_valid_label_template(&c.target_label)
+        } else {
+            is_valid_label_name(&c.target_label)
+        };
+        if !valid {
+            problems.push(FieldError::new(
+                "target_label",
+                format!(
+                    "{:?} is not a valid target_label for the replace action: use a label \
+                     name ([a-zA-Z_][a-zA-Z0-9_]*), optionally with `$1` or `${{name}}` \
+                     references",
+                    c.target_label
+                ),
+            ));
+        }
+    } else if needs_target && !is_valid_label_name(&c.target_label) {
+        problems.push(FieldError::new(
+            "target_label",
+            format!(
+                "{:?} is not a valid target_label for the {action} action: use a label \
+                 name ([a-zA-Z_][a-zA-Z0-9_]*) without `$` references",
+                c.target_label
+            ),
+        ));
+    }
+}
+
+/// Reports a `replacement` the action forbids or cannot use as a label name.
+fn check_replacement(c: &RelabelConfig, problems: &mut Vec<FieldError>) {
+    use RelabelAction as A;
+    let action = c.action;
+    match action {
+        A::Lowercase | A::Uppercase | A::KeepEqual | A::DropEqual
+            if c.replacement != DEFAULT_REPLACEMENT =>
+        {
+            problems.push(FieldError::new(
+                "replacement",
+                format!("`replacement` cannot be set for the {action} action; remove it"),
+            ));
+        }
+        A::LabelMap if !is_valid_label_template(&c.replacement) => {
+            problems.push(FieldError::new(
+                "replacement",
+                format!(
+                    "{:?} is not a valid replacement for the labelmap action: it must make \
+                     a label name ([a-zA-Z_][a-zA-Z0-9_]*), optionally with `$1` or \
+                     `${{name}}` references",
+                    c.replacement
+                ),
+            ));
+        }
+        _ => {}
+    }
+}
+
+/// Reports fields set on a `keepequal`/`dropequal` rule, which ignores them.
+fn check_equal_unused_fields(c: &RelabelConfig, problems: &mut Vec<FieldError>) {
+    let action = c.action;
+    if !matches!(action, RelabelAction::KeepEqual | RelabelAction::DropEqual) {
+        return;
+    }
+    let only = format!("the {action} action uses only `source_labels` and `target_label`; remove");
+    if c.regex != DEFAULT_REGEX {
+        problems.push(FieldError::new("regex", format!("{only} `regex`")));
+    }
+    if c.modulus != 0 {
+        problems.push(FieldError::new("modulus", format!("{only} `modulus`")));
+    }
+    if c.separator != DEFAULT_SEPARATOR {
+        problems.push(FieldError::new("separator", format!("{only} `separator`")));
+    }
+}
+
+/// Reports fields set on a `labeldrop`/`labelkeep` rule, which ignores them.
+fn check_label_filter_unused_fields(c: &RelabelConfig, problems: &mut Vec<FieldError>) {
+    let action = c.action;
+    if !matches!(action, RelabelAction::LabelDrop | RelabelAction::LabelKeep) {
+        return;
+    }
+    let only =
+        format!("the {action} action uses only `regex` (matched against label names); remove");
+    if !c.source_labels.is_empty() {
+        problems.push(FieldError::new(
+            "source_labels",
+            format!("{only} `source_labels`"),
+        ));
+    }
+    if !c.target_label.is_empty() {
+        problems.push(FieldError::new(
+            "target_label",
+            format!("{only} `target_label`"),
+        ));
+    }
+    if c.modulus != 0 {
+        problems.push(FieldError::new("modulus", format!("{only} `modulus`")));
+    }
+    if c.separator != DEFAULT_SEPARATOR {
+        problems.push(FieldError::new("separator", format!("{only} `separator`")));
+    }
+    if c.replacement != DEFAULT_REPLACEMENT {
+        problems.push(FieldError::new(
+            "replacement",
+            format!("{only} `replacement`"),
+        ));
+    }
+}
+
+/// Builds the operation of an already validated rule around its compiled `pattern`.
+fn build_op(c: &RelabelConfig, pattern: Pattern) -> Op {
+    use RelabelAction as A;
+    let target = c.target_label.clone();
+    match c.action {
+        A::Replace => build_replace(c, pattern, target),
+        A::Keep => Op::Keep(pattern),
+        A::Drop => Op::Drop(pattern),
+        A::KeepEqual => Op::KeepEqual(target),
+        A::DropEqual => Op::DropEqual(target),
+        A::HashMod => Op::HashMod {
+            target,
+            modulus: c.modulus,
+        },
+        A::LabelMap => {
+            let name = Template::compile(&c.replacement, &pattern);
+            Op::LabelMap { pattern, name }
+        }
+        A::LabelDrop => Op::LabelDrop(pattern),
+        A::LabelKeep => Op::LabelKeep(pattern),
+        A::Lowercase => Op::Lowercase(target),
+        A::Uppercase => Op::Uppercase(target),
+    }
+}
+
+/// Builds a `replace` operation: compiles the target and replacement
+/// templates and works out whether applying needs the value and the groups.
+fn build_replace(c: &RelabelConfig, pattern: Pattern, target: String) -> Op {
+    let target = if c.target_label.contains('$') {
+        Target::Template(Template::compile(&c.target_label, &pattern))
+    } else {
+        Target::Fixed(target)
+    };
+    let replacement = Template::compile(&c.replacement, &pattern);
+    let need_groups =
+        replacement.uses_groups() || matches!(&target, Target::Template(t) if t.uses_groups());
+    let need_value = need_groups || !matches!(pattern, Pattern::Everything);
+    Op::Replace(Box::new(Replace {
+        pattern,
+        target,
+        replacement,
+        need_groups,
+        need_value,
+    }))
 }
 
 /// `labelmap`: copies each label whose name matches to the expanded name.

@@ -18,6 +18,9 @@ use super::sources::{self, AddressKind, KERNEL_START, MappingId, Source, Sources
 /// Frames by result (`symbolized` or the reason they were not).
 pub type Counts = HashMap<&'static str, u64>;
 
+/// Per mapping index: (asked, named, with files, with lines, inlined).
+type MappingStats = FastMap<usize, [u64; 5]>;
+
 /// Names the profile's unnamed locations in place. True when it changed;
 /// false when it had none to name or none could be (it then goes on as it
 /// came, never re-encoded). The frames are counted by result either way.
@@ -28,67 +31,131 @@ pub fn symbolize(
     symbols: &mut Symbols,
 ) -> (bool, Counts) {
     let mut counts = Counts::new();
-    let todo: Vec<usize> = profile
+    let todo = unnamed_locations(profile);
+    if todo.is_empty() {
+        return (false, counts);
+    }
+    let mappings = MappingSources::find(profile, &todo, pid, sources);
+    let mut per_mapping = MappingStats::default();
+    let named = look_up_lines(
+        profile,
+        todo,
+        &mappings,
+        symbols,
+        &mut per_mapping,
+        &mut counts,
+    );
+    if named.is_empty() || !add_lines(profile, named) {
+        return (false, counts);
+    }
+    mark_named_mappings(&mut profile.mapping, per_mapping);
+    (true, counts)
+}
+
+/// The indexes of the locations with an address and no lines.
+fn unnamed_locations(profile: &pprof::Profile) -> Vec<usize> {
+    profile
         .location
         .iter()
         .enumerate()
         .filter(|(_, l)| l.line.is_empty() && l.address != 0)
         .map(|(i, _)| i)
-        .collect();
-    if todo.is_empty() {
-        return (false, counts);
-    }
-    let string = |i: i64| -> &str {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| profile.string_table.get(i))
-            .map_or("", String::as_str)
-    };
-    let mapping_index: FastMap<u64, usize> = profile
-        .mapping
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (m.id, i))
-        .collect();
-    // Each mapping's source, found once (by mapping index).
-    let mut found: Vec<Option<Source>> = vec![None; profile.mapping.len()];
-    for &i in &todo {
-        if let Some(&mi) = mapping_index.get(&profile.location[i].mapping_id)
-            && found[mi].is_none()
-        {
-            let mapping = &profile.mapping[mi];
-            found[mi] = Some(sources.find(&MappingId {
-                path: string(mapping.filename).to_owned(),
-                build_id: sources::normalize_build_id(string(mapping.build_id)),
-                pid,
-            }));
+        .collect()
+}
+
+/// String `i` of `table` (`""` when there is none).
+fn string(table: &[String], i: i64) -> &str {
+    usize::try_from(i)
+        .ok()
+        .and_then(|i| table.get(i))
+        .map_or("", String::as_str)
+}
+
+/// Where the symbols of the profile's locations are.
+struct MappingSources {
+    /// Each mapping's index by its id.
+    index: FastMap<u64, usize>,
+    /// Each mapping's source, found once (by mapping index).
+    found: Vec<Option<Source>>,
+    kernel: Source,
+    no_mapping: Source,
+}
+
+impl MappingSources {
+    /// Finds the source of each mapping that a location of `todo` is in.
+    fn find(
+        profile: &pprof::Profile,
+        todo: &[usize],
+        pid: Option<u32>,
+        sources: &mut Sources,
+    ) -> Self {
+        let index: FastMap<u64, usize> = profile
+            .mapping
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.id, i))
+            .collect();
+        let mut found: Vec<Option<Source>> = vec![None; profile.mapping.len()];
+        for &i in todo {
+            if let Some(&mi) = index.get(&profile.location[i].mapping_id)
+                && found[mi].is_none()
+            {
+                let mapping = &profile.mapping[mi];
+                let table = &profile.string_table;
+                found[mi] = Some(sources.find(&MappingId {
+                    path: string(table, mapping.filename).to_owned(),
+                    build_id: sources::normalize_build_id(string(table, mapping.build_id)),
+                    pid,
+                }));
+            }
+        }
+        MappingSources {
+            index,
+            found,
+            kernel: sources.kernel(),
+            no_mapping: Source::Missing(reason::NO_MAPPING),
         }
     }
-    let kernel = sources.kernel();
-    let no_mapping = Source::Missing(reason::NO_MAPPING);
-    // Per mapping index: (asked, named, with files, with lines, inlined).
-    let mut per_mapping: FastMap<usize, [u64; 5]> = FastMap::default();
+
+    /// The index of the location's mapping (if it has one) and where its
+    /// symbols are.
+    fn of(&self, loc: &pprof::Location) -> (Option<usize>, &Source) {
+        let m = self.index.get(&loc.mapping_id).copied();
+        let source = match m {
+            None if loc.address >= KERNEL_START => &self.kernel,
+            None => &self.no_mapping,
+            Some(mi) => self.found[mi].as_ref().unwrap_or(&self.no_mapping),
+        };
+        (m, source)
+    }
+}
+
+/// Looks up the lines of each location of `todo`, counting the frames by
+/// result and per mapping; the lines of those named, by location index.
+fn look_up_lines(
+    profile: &pprof::Profile,
+    todo: Vec<usize>,
+    mappings: &MappingSources,
+    symbols: &mut Symbols,
+    per_mapping: &mut MappingStats,
+    counts: &mut Counts,
+) -> Vec<(usize, Lines)> {
     let mut named: Vec<(usize, Lines)> = Vec::with_capacity(todo.len());
     for i in todo {
         let loc = &profile.location[i];
-        let m = mapping_index.get(&loc.mapping_id).copied();
-        let source = match m {
-            None if loc.address >= KERNEL_START => &kernel,
-            None => &no_mapping,
-            Some(mi) => found[mi].as_ref().unwrap_or(&no_mapping),
-        };
-        let lines = match m {
+        let (m, source) = mappings.of(loc);
+        let kind = match m {
             Some(mi) => {
                 let mapping = &profile.mapping[mi];
-                let kind = AddressKind::Runtime {
+                AddressKind::Runtime {
                     memory_start: mapping.memory_start,
                     memory_limit: mapping.memory_limit,
                     file_offset: mapping.file_offset,
-                };
-                sources::lookup(source, loc.address, kind, symbols)
+                }
             }
-            None => sources::lookup(source, loc.address, AddressKind::Virtual, symbols),
+            None => AddressKind::Virtual,
         };
+        let lines = sources::lookup(source, loc.address, kind, symbols);
         let stats = m.map(|mi| per_mapping.entry(mi).or_default());
         let lines = match lines {
             Ok(l) => Some(l),
@@ -111,11 +178,13 @@ pub fn symbolize(
             named.push((i, lines));
         }
     }
-    if named.is_empty() {
-        return (false, counts);
-    }
+    named
+}
 
-    let out = profile;
+/// Gives each named location its lines, adding the functions and strings
+/// they need (each once). False, with nothing changed, when the function
+/// ids leave no room for the new functions.
+fn add_lines(out: &mut pprof::Profile, named: Vec<(usize, Lines)>) -> bool {
     let mut strings = Strings::default();
     let mut functions: FastMap<(i64, i64), u64> = out
         .function
@@ -130,7 +199,7 @@ pub fn symbolize(
         .checked_add(1)
         .filter(|n| n.checked_add(new_lines as u64).is_some())
     else {
-        return (false, counts);
+        return false;
     };
     for (i, lines) in named {
         out.location[i].line = lines
@@ -161,16 +230,21 @@ pub fn symbolize(
             })
             .collect();
     }
+    true
+}
+
+/// Marks each mapping all of whose asked locations were named as having
+/// functions (and files, line numbers and inlined frames, as found).
+fn mark_named_mappings(mappings: &mut [pprof::Mapping], per_mapping: MappingStats) {
     for (mi, [asked, named, files, lines, inlined]) in per_mapping {
         if asked > 0 && named == asked {
-            let m = &mut out.mapping[mi];
+            let m = &mut mappings[mi];
             m.has_functions = true;
             m.has_filenames |= files > 0;
             m.has_line_numbers |= lines > 0;
             m.has_inline_frames |= inlined > 0;
         }
     }
-    (true, counts)
 }
 
 /// The string table's index, made on first use.

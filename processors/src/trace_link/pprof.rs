@@ -320,89 +320,10 @@ pub(super) fn write_samples(
             continue;
         }
         body.clear();
-        let mut sample_changed = false;
-        let (mut had_name, mut span_kept, mut trace_kept) = (false, false, false);
-        let linked = link.is_some_and(|l| l.trace.is_some());
-        let write_ids =
-            link.is_some() && (mode.labels || mode.trace_label || (mode.link_labels && linked));
-        let write_trace = linked && (mode.trace_label || mode.link_labels);
-        let drop_rest = rules.drop_after_link && linked;
-        let mut sf = wire::fields(w.sample(i));
-        loop {
-            let before = sf.rest();
-            let Some(f) = sf.next() else { break };
-            let (field, value) = f.ok()?;
-            let this = raw(before, sf.rest());
-            let keep = match (field, value) {
-                (SAMPLE_LABEL, Value::Bytes(l)) => {
-                    let l = label(l)?;
-                    // String 0 is the empty string (read so, as `read` does,
-                    // whatever a profile put there).
-                    let text = || {
-                        if l.str == 0 {
-                            ""
-                        } else {
-                            w.text(l.str).unwrap_or_default()
-                        }
-                    };
-                    match (w.key(l.key), link) {
-                        (None, _) => true,
-                        // All-zero ids mean none: dropped where labels are written.
-                        (Some(key), None) => !(key != Key::SpanName && ids::is_zero(text())),
-                        (Some(Key::SpanId), Some(link)) if write_ids => {
-                            // One label in normal form stays where it is.
-                            let keep = !span_kept && ids::is_hex_of(text(), &link.span);
-                            span_kept |= keep;
-                            keep
-                        }
-                        (Some(Key::SpanId), _) => !drop_rest,
-                        (Some(Key::TraceId), Some(link)) if write_trace => {
-                            let keep = !trace_kept
-                                && link.trace.is_some_and(|t| ids::is_hex_of(text(), &t));
-                            trace_kept |= keep;
-                            keep
-                        }
-                        (Some(Key::TraceId), _) => !drop_rest,
-                        (Some(Key::SpanName), _) => {
-                            let keep = !drop_rest || mode.labels;
-                            had_name |= keep;
-                            keep
-                        }
-                        (Some(Key::ProfileId | Key::DdSpanId | Key::DdLocalRoot), _) => !drop_rest,
-                    }
-                }
-                _ => true,
-            };
-            if keep {
-                body.extend_from_slice(this);
-            } else {
-                sample_changed = true;
-            }
-        }
-        if let Some(link) = link {
-            if write_ids && !span_kept {
-                let key = strings.key(Key::SpanId, ids::SPAN_ID);
-                let value = strings.span(&link.span);
-                put_label(&mut body, key, value);
-                sample_changed = true;
-            }
-            if let Some(t) = link.trace.as_ref().filter(|_| write_trace && !trace_kept) {
-                let key = strings.key(Key::TraceId, ids::TRACE_ID);
-                let value = strings.trace(t);
-                put_label(&mut body, key, value);
-                sample_changed = true;
-            }
-            if mode.labels
-                && !had_name
-                && let Some(n) = &link.name
-            {
-                let key = strings.key(Key::SpanName, ids::SPAN_NAME);
-                let value = strings.name(n);
-                put_label(&mut body, key, value);
-                sample_changed = true;
-            }
-        }
-        if !sample_changed {
+        let mut labels = SampleLabels::new(link, rules, mode);
+        let dropped = labels.copy_kept(w, w.sample(i), &mut body)?;
+        let added = labels.add_missing(&mut strings, &mut body);
+        if !dropped && !added {
             continue;
         }
         if !changed {
@@ -425,4 +346,136 @@ pub(super) fn write_samples(
         out.extend_from_slice(s.as_bytes());
     }
     Some(Written::New(out))
+}
+
+/// The labels of one sample being written: what its link and the mode ask
+/// for, and which of the labels asked for the sample has already (each
+/// kept where it is).
+struct SampleLabels<'l> {
+    link: Option<&'l Link>,
+    mode: Mode,
+    /// The link's span id is written (`span_id`).
+    write_ids: bool,
+    /// The link's trace id is written (`trace_id`).
+    write_trace: bool,
+    /// The other correlation labels of a linked sample are dropped.
+    drop_rest: bool,
+    had_name: bool,
+    span_kept: bool,
+    trace_kept: bool,
+}
+
+impl<'l> SampleLabels<'l> {
+    /// What writing `mode` asks of a sample with `link`.
+    fn new(link: Option<&'l Link>, rules: &Rules, mode: Mode) -> Self {
+        let linked = link.is_some_and(|l| l.trace.is_some());
+        SampleLabels {
+            link,
+            mode,
+            write_ids: link.is_some()
+                && (mode.labels || mode.trace_label || (mode.link_labels && linked)),
+            write_trace: linked && (mode.trace_label || mode.link_labels),
+            drop_rest: rules.drop_after_link && linked,
+            had_name: false,
+            span_kept: false,
+            trace_kept: false,
+        }
+    }
+
+    /// Copies the fields of `sample` to `body` but the labels that go; true
+    /// when one went, `None` when the bytes are not a sample.
+    fn copy_kept(&mut self, w: &Wire, sample: &[u8], body: &mut Vec<u8>) -> Option<bool> {
+        let mut dropped = false;
+        let mut sf = wire::fields(sample);
+        loop {
+            let before = sf.rest();
+            let Some(f) = sf.next() else { break };
+            let (field, value) = f.ok()?;
+            let this = raw(before, sf.rest());
+            let keep = match (field, value) {
+                (SAMPLE_LABEL, Value::Bytes(l)) => self.keep(w, label(l)?),
+                _ => true,
+            };
+            if keep {
+                body.extend_from_slice(this);
+            } else {
+                dropped = true;
+            }
+        }
+        Some(dropped)
+    }
+
+    /// True when label `l` stays as it is (noting the `span_id`,
+    /// `trace_id` and `span_name` labels that stay).
+    fn keep(&mut self, w: &Wire, l: RawLabel) -> bool {
+        // String 0 is the empty string (read so, as `read` does, whatever a
+        // profile put there).
+        let text = || {
+            if l.str == 0 {
+                ""
+            } else {
+                w.text(l.str).unwrap_or_default()
+            }
+        };
+        match (w.key(l.key), self.link) {
+            (None, _) => true,
+            // All-zero ids mean none: dropped where labels are written.
+            (Some(key), None) => !(key != Key::SpanName && ids::is_zero(text())),
+            (Some(Key::SpanId), Some(link)) if self.write_ids => {
+                // One label in normal form stays where it is.
+                let keep = !self.span_kept && ids::is_hex_of(text(), &link.span);
+                self.span_kept |= keep;
+                keep
+            }
+            (Some(Key::SpanId), _) => !self.drop_rest,
+            (Some(Key::TraceId), Some(link)) if self.write_trace => {
+                let keep =
+                    !self.trace_kept && link.trace.is_some_and(|t| ids::is_hex_of(text(), &t));
+                self.trace_kept |= keep;
+                keep
+            }
+            (Some(Key::TraceId), _) => !self.drop_rest,
+            (Some(Key::SpanName), _) => {
+                let keep = !self.drop_rest || self.mode.labels;
+                self.had_name |= keep;
+                keep
+            }
+            (Some(Key::ProfileId | Key::DdSpanId | Key::DdLocalRoot), _) => !self.drop_rest,
+        }
+    }
+
+    /// Appends to `body` the labels of the link that the sample did not
+    /// keep; true when it appended any.
+    fn add_missing(&self, strings: &mut NewStrings, body: &mut Vec<u8>) -> bool {
+        let Some(link) = self.link else {
+            return false;
+        };
+        let mut added = false;
+        if self.write_ids && !self.span_kept {
+            let key = strings.key(Key::SpanId, ids::SPAN_ID);
+            let value = strings.span(&link.span);
+            put_label(body, key, value);
+            added = true;
+        }
+        if let Some(t) = link
+            .trace
+            .as_ref()
+            .filter(|_| self.write_trace && !self.trace_kept)
+        {
+            let key = strings.key(Key::TraceId, ids::TRACE_ID);
+            let value = strings.trace(t);
+            put_label(body, key, value);
+            added = true;
+        }
+        if self.mode.labels
+            && !self.had_name
+            && let Some(n) = &link.name
+        {
+            let key = strings.key(Key::SpanName, ids::SPAN_NAME);
+            let value = strings.name(n);
+            put_label(body, key, value);
+            added = true;
+        }
+        added
+    }
 }

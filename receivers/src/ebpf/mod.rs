@@ -462,34 +462,11 @@ fn sample_loop(
     tx: tokio::sync::mpsc::Sender<Vec<Envelope>>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut collector = Collector::new(
-        {
-            let mut procs = Processes::new(relabel, config.group_by).with_state_budget(
-                usize::try_from(config.max_state_size.bytes()).unwrap_or(usize::MAX),
-            );
-            if symbols.is_none() {
-                procs = procs.with_max_held(0);
-            }
-            if let Some(map) = loaded.py_procs.take().filter(|_| config.python) {
-                procs = procs.with_python(py_sink(map));
-            }
-            if config.perf_maps {
-                procs.with_perf_maps(config.max_perf_map_size.bytes())
-            } else {
-                procs
-            }
-        },
-        symbols,
-        config.max_stacks,
-        config.sample_rate,
-    );
+    let mut collector = new_collector(&mut loaded, symbols, &config, relabel);
     let interval = config.collect_interval.get();
     let mut started = SystemTime::now();
     let mut next = Instant::now() + interval;
-    let mut lost_before = 0u64;
-    let mut refusals_before = [0u64; state_budget::Use::ALL.len()];
-    let (mut off_cpu_rate_before, mut off_cpu_untracked_before, mut off_cpu_no_syscall_before) =
-        (0u64, 0u64, 0u64);
+    let mut before = CountersBefore::default();
     let fd = loaded.ring.as_fd().as_raw_fd();
     let mut more = false;
     loop {
@@ -503,40 +480,8 @@ fn sample_loop(
         if !stopping && !more {
             poll_readable(fd, wait);
         }
-        // Bounded, so that a flood does not hold back the interval's end;
-        // when stopping, everything already sent is read.
-        let pass = ring::read_pass(
-            &mut loaded.ring,
-            (!stopping).then_some(ring::MAX_PASS),
-            |item| match Sample::parse(item) {
-                Ok(s) => {
-                    if let Err(d) = collector.add(&s) {
-                        telemetry.dropped(d.as_str());
-                    }
-                }
-                Err(e) => {
-                    telemetry.dropped("bad_record");
-                    tracing::debug!("bad sample record: {e}");
-                }
-            },
-        );
-        more = pass.full;
-        if pass.records > 0 {
-            telemetry.samples(pass.records, pass.bytes);
-        }
-        let dropped = collector.procs.take_dropped();
-        if let Some(skip) = loaded.offcpu_skip.as_mut() {
-            for key in dropped {
-                let key = SkipKey {
-                    tgid: key.pid,
-                    pad: 0,
-                    start_time: key.start_time,
-                };
-                if let Err(e) = skip.insert(key, 1, 0) {
-                    tracing::debug!("cannot mark a process unprofiled for off_cpu: {e}");
-                }
-            }
-        }
+        more = drain_ring(&mut loaded, &mut collector, &telemetry, stopping);
+        skip_dropped_off_cpu(&mut loaded, &mut collector);
         if stopping || Instant::now() >= next {
             let now = SystemTime::now();
             let envelopes = collector.flush(unix_nanos(started), unix_nanos(now));
@@ -545,47 +490,8 @@ fn sample_loop(
             if Instant::now() > next {
                 next = Instant::now() + interval;
             }
-            let lost: u64 = loaded
-                .counters
-                .get(&COUNT_LOST, 0)
-                .map(|v| v.iter().sum())
-                .unwrap_or(lost_before);
-            if lost > lost_before {
-                telemetry.lost(lost - lost_before);
-                lost_before = lost;
-            }
-            for (slot, reason, before) in [
-                (COUNT_OFFCPU_RATE, "off_cpu_rate", &mut off_cpu_rate_before),
-                (
-                    COUNT_OFFCPU_UNTRACKED,
-                    "off_cpu_untracked",
-                    &mut off_cpu_untracked_before,
-                ),
-                (
-                    COUNT_OFFCPU_NO_SYSCALL,
-                    "off_cpu_outside_syscall",
-                    &mut off_cpu_no_syscall_before,
-                ),
-            ] {
-                let now: u64 = loaded
-                    .counters
-                    .get(&slot, 0)
-                    .map(|v| v.iter().sum())
-                    .unwrap_or(*before);
-                telemetry.dropped_n(reason, now.saturating_sub(*before));
-                *before = now.max(*before);
-            }
-            telemetry.state(collector.procs.len(), collector.symbol_entries());
-            let state = collector.procs.state_budget();
-            telemetry.state_bytes(state.used_bytes());
-            for (what, before) in state_budget::Use::ALL.iter().zip(&mut refusals_before) {
-                let now = state.refusals(*what);
-                telemetry.state_refused(what.as_str(), now.saturating_sub(*before));
-                *before = now.max(*before);
-            }
-            for (how, n) in collector.take_unwound() {
-                telemetry.unwound(how.as_str(), n);
-            }
+            report_bpf_counters(&loaded, &telemetry, &mut before);
+            report_collector_state(&mut collector, &telemetry, &mut before.refusals);
             match loaded.attach_new_cpus() {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("sampling {n} more CPU(s) that came online"),
@@ -598,6 +504,146 @@ fn sample_loop(
         if stopping {
             return;
         }
+    }
+}
+
+/// The sampling thread's collector: its processes' state budget, Python
+/// and perf map reading as configured.
+fn new_collector(
+    loaded: &mut Loaded,
+    symbols: Option<Symbols>,
+    config: &EbpfReceiverConfig,
+    relabel: Relabeler,
+) -> Collector {
+    let mut procs = Processes::new(relabel, config.group_by)
+        .with_state_budget(usize::try_from(config.max_state_size.bytes()).unwrap_or(usize::MAX));
+    if symbols.is_none() {
+        procs = procs.with_max_held(0);
+    }
+    if let Some(map) = loaded.py_procs.take().filter(|_| config.python) {
+        procs = procs.with_python(py_sink(map));
+    }
+    let procs = if config.perf_maps {
+        procs.with_perf_maps(config.max_perf_map_size.bytes())
+    } else {
+        procs
+    };
+    Collector::new(procs, symbols, config.max_stacks, config.sample_rate)
+}
+
+/// Reads one pass of the ring buffer into `collector` (bounded unless
+/// `stopping`); true when the pass was full and the ring may hold more.
+fn drain_ring(
+    loaded: &mut Loaded,
+    collector: &mut Collector,
+    telemetry: &EbpfTelemetry,
+    stopping: bool,
+) -> bool {
+    // Bounded, so that a flood does not hold back the interval's end;
+    // when stopping, everything already sent is read.
+    let pass = ring::read_pass(
+        &mut loaded.ring,
+        (!stopping).then_some(ring::MAX_PASS),
+        |item| match Sample::parse(item) {
+            Ok(s) => {
+                if let Err(d) = collector.add(&s) {
+                    telemetry.dropped(d.as_str());
+                }
+            }
+            Err(e) => {
+                telemetry.dropped("bad_record");
+                tracing::debug!("bad sample record: {e}");
+            }
+        },
+    );
+    if pass.records > 0 {
+        telemetry.samples(pass.records, pass.bytes);
+    }
+    pass.full
+}
+
+/// Marks the processes the collector dropped as unprofiled for the off-CPU
+/// programs (when on).
+fn skip_dropped_off_cpu(loaded: &mut Loaded, collector: &mut Collector) {
+    let dropped = collector.procs.take_dropped();
+    if let Some(skip) = loaded.offcpu_skip.as_mut() {
+        for key in dropped {
+            let key = SkipKey {
+                tgid: key.pid,
+                pad: 0,
+                start_time: key.start_time,
+            };
+            if let Err(e) = skip.insert(key, 1, 0) {
+                tracing::debug!("cannot mark a process unprofiled for off_cpu: {e}");
+            }
+        }
+    }
+}
+
+/// What the sampling thread last read of cumulative counters, so that each
+/// interval reports the increase since.
+#[derive(Default)]
+struct CountersBefore {
+    lost: u64,
+    off_cpu_rate: u64,
+    off_cpu_untracked: u64,
+    off_cpu_no_syscall: u64,
+    /// State budget refusals, by [`state_budget::Use::ALL`].
+    refusals: [u64; state_budget::Use::ALL.len()],
+}
+
+/// Reports the BPF program's lost samples and off-CPU drops since the
+/// last interval.
+fn report_bpf_counters(loaded: &Loaded, telemetry: &EbpfTelemetry, before: &mut CountersBefore) {
+    let lost: u64 = loaded
+        .counters
+        .get(&COUNT_LOST, 0)
+        .map(|v| v.iter().sum())
+        .unwrap_or(before.lost);
+    if lost > before.lost {
+        telemetry.lost(lost - before.lost);
+        before.lost = lost;
+    }
+    for (slot, reason, before) in [
+        (COUNT_OFFCPU_RATE, "off_cpu_rate", &mut before.off_cpu_rate),
+        (
+            COUNT_OFFCPU_UNTRACKED,
+            "off_cpu_untracked",
+            &mut before.off_cpu_untracked,
+        ),
+        (
+            COUNT_OFFCPU_NO_SYSCALL,
+            "off_cpu_outside_syscall",
+            &mut before.off_cpu_no_syscall,
+        ),
+    ] {
+        let now: u64 = loaded
+            .counters
+            .get(&slot, 0)
+            .map(|v| v.iter().sum())
+            .unwrap_or(*before);
+        telemetry.dropped_n(reason, now.saturating_sub(*before));
+        *before = now.max(*before);
+    }
+}
+
+/// Reports the collector's state: its size, the state budget's use and
+/// refusals since the last interval, and how stacks were unwound.
+fn report_collector_state(
+    collector: &mut Collector,
+    telemetry: &EbpfTelemetry,
+    refusals_before: &mut [u64; state_budget::Use::ALL.len()],
+) {
+    telemetry.state(collector.procs.len(), collector.symbol_entries());
+    let state = collector.procs.state_budget();
+    telemetry.state_bytes(state.used_bytes());
+    for (what, before) in state_budget::Use::ALL.iter().zip(refusals_before) {
+        let now = state.refusals(*what);
+        telemetry.state_refused(what.as_str(), now.saturating_sub(*before));
+        *before = now.max(*before);
+    }
+    for (how, n) in collector.take_unwound() {
+        telemetry.unwound(how.as_str(), n);
     }
 }
 

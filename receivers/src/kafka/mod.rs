@@ -52,19 +52,20 @@ use proflow_core::component::{
 };
 use proflow_core::telemetry::ReceiverTelemetry;
 use proflow_kafka::RecordHeaders;
+use proflow_model::delivery::Delivery;
 use proflow_model::memory::{self, MemoryBudget, MemoryGrant};
 use proflow_model::model::{Batch, BatchMeta, batch_bytes};
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use offsets::{Offsets, Slot};
-use record::{Reading, RecordError};
+use record::{Decoded, Reading, RecordError};
 
 /// How long the receiver waits at shutdown for records in the pipeline to
 /// resolve before the final commit (the collector gives receivers 5 s).
@@ -210,36 +211,121 @@ impl Receiver for KafkaReceiver {
 /// pipeline and commits the acknowledged positions.
 async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContext) {
     let permits = Arc::new(Semaphore::new(receiver.max_unacknowledged));
-    let receiver_id: Arc<str> = Arc::from(ctx.id.as_str());
-    let mut invalid = 0u64;
-    let mut consumer_errors = 0u64;
-    let mut last_error_log = None;
+    let serving = Serving {
+        receiver_id: Arc::from(ctx.id.as_str()),
+        shared,
+        receiver,
+        ctx,
+    };
+    let mut counts = Counts::default();
     loop {
         let permit = tokio::select! {
-            _ = ctx.shutdown.cancelled() => break,
+            _ = serving.ctx.shutdown.cancelled() => break,
             p = permits.clone().acquire_owned() => match p {
                 Ok(p) => p,
                 Err(_) => break,
             },
         };
         let message = tokio::select! {
-            _ = ctx.shutdown.cancelled() => break,
-            m = shared.consumer.recv() => m,
+            _ = serving.ctx.shutdown.cancelled() => break,
+            m = serving.shared.consumer.recv() => m,
         };
         let message = match message {
             Ok(m) => m,
             Err(e) => {
-                // librdkafka reconnects by itself; say so at most every 10 s.
-                consumer_errors += 1;
-                if last_error_log.is_none_or(|t: std::time::Instant| t.elapsed() >= ERROR_LOG_EVERY)
-                {
-                    tracing::warn!(receiver = %shared.id, error = %e, errors_so_far = consumer_errors, "Kafka consumer error; retrying");
-                    last_error_log = Some(std::time::Instant::now());
-                }
+                counts.consumer_error(&serving.shared.id, &e);
                 tokio::time::sleep(StdDuration::from_millis(100)).await;
                 continue;
             }
         };
+        let Some(copied) = serving.copy_record(message).await else {
+            break;
+        };
+        let Some(slot) = serving
+            .shared
+            .offsets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .begin(&copied.topic, copied.partition, copied.offset)
+        else {
+            continue;
+        };
+        match serving.deliver(copied, &slot, &mut counts).await {
+            // Stopping: left uncommitted, read again after the restart.
+            Delivered::Stopping => break,
+            // Resolved already (or left unresolved after an error).
+            Delivered::Done => {}
+            Delivered::Tracked(delivery) => serving.resolve_when_delivered(delivery, slot, permit),
+        }
+    }
+    let Serving {
+        shared, receiver, ..
+    } = serving;
+    finish(shared, permits, receiver.max_unacknowledged).await;
+}
+
+/// What the serving loop reads for every record.
+struct Serving {
+    shared: Arc<Shared>,
+    receiver: KafkaReceiver,
+    ctx: ReceiverContext,
+    receiver_id: Arc<str>,
+}
+
+/// What the serving loop counts between records, for its logs.
+#[derive(Default)]
+struct Counts {
+    /// Undecodable records so far.
+    invalid: u64,
+    /// Consumer errors so far.
+    consumer_errors: u64,
+    /// When a consumer error was last logged.
+    last_error_log: Option<std::time::Instant>,
+}
+
+impl Counts {
+    /// Counts a consumer error and logs it, at most every
+    /// [`ERROR_LOG_EVERY`].
+    fn consumer_error(&mut self, receiver: &str, e: &rdkafka::error::KafkaError) {
+        // librdkafka reconnects by itself; say so at most every 10 s.
+        self.consumer_errors += 1;
+        if self
+            .last_error_log
+            .is_none_or(|t: std::time::Instant| t.elapsed() >= ERROR_LOG_EVERY)
+        {
+            tracing::warn!(receiver = %receiver, error = %e, errors_so_far = self.consumer_errors, "Kafka consumer error; retrying");
+            self.last_error_log = Some(std::time::Instant::now());
+        }
+    }
+}
+
+/// One record, out of librdkafka's buffer.
+struct CopiedRecord {
+    topic: String,
+    partition: i32,
+    offset: i64,
+    /// The headers, or why they are broken.
+    headers: Result<RecordHeaders, String>,
+    /// The value, or why the budget can never hold it.
+    value: Result<Bytes, String>,
+    /// What the value (and then its decoding) holds of the memory budget.
+    grant: MemoryGrant,
+}
+
+/// How handing a record to the pipeline ended.
+enum Delivered {
+    /// The receiver is stopping: the record stays uncommitted.
+    Stopping,
+    /// Resolved already (or left unresolved after an error).
+    Done,
+    /// In the pipeline: resolved once every copy is delivered.
+    Tracked(Delivery),
+}
+
+impl Serving {
+    /// Copies a message's headers and value (granted first, waiting for the
+    /// budget) out of librdkafka's buffer; `None` when the receiver stops.
+    async fn copy_record(&self, message: BorrowedMessage<'_>) -> Option<CopiedRecord> {
         let topic = message.topic().to_owned();
         let (partition, offset) = (message.partition(), message.offset());
         let headers = match message.headers() {
@@ -248,138 +334,176 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
         };
         // The value is copied out of librdkafka's buffer: granted first.
         let payload = message.payload().unwrap_or_default();
-        let mut grant = ctx.memory.grant();
-        let copied = match grow_waiting(&mut grant, payload.len(), &ctx.shutdown).await {
+        let mut grant = self.ctx.memory.grant();
+        let value = match grow_waiting(&mut grant, payload.len(), &self.ctx.shutdown).await {
             Waited::Granted => Ok(Bytes::copy_from_slice(payload)),
-            Waited::Stopped => break,
+            Waited::Stopped => return None,
             Waited::Never(why) => Err(why),
         };
         drop(message);
-        let Some(slot) = shared
-            .offsets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .begin(&topic, partition, offset)
-        else {
-            continue;
-        };
+        Some(CopiedRecord {
+            topic,
+            partition,
+            offset,
+            headers,
+            value,
+            grant,
+        })
+    }
+
+    /// Decodes a record and hands its profiles to the pipeline, resolving
+    /// at once a record that is invalid or holds no profile.
+    async fn deliver(
+        &self,
+        mut copied: CopiedRecord,
+        slot: &Slot,
+        counts: &mut Counts,
+    ) -> Delivered {
         // Decoded under the grant; a grant the budget cannot give now is
         // waited for and the record decoded again.
-        let value_bytes = grant.held();
+        let value_bytes = copied.grant.held();
         // Decoded under the grant and handed to the pipeline; a grant the
         // budget cannot give now is waited for, and a pipeline a reload
         // replaced while the record waited in it takes it again from the
         // start (through the pipelines that replaced it).
-        let delivered = 'record: loop {
-            grant.shrink(grant.held().saturating_sub(value_bytes));
-            let decoded = loop {
-                let attempt = match (&copied, &headers) {
-                    (Err(why), _) | (_, Err(why)) => Err(RecordError::Invalid(why.clone())),
-                    (Ok(value), Ok(h)) => {
-                        record::decode(value.clone(), h.clone(), &receiver.reading, &mut grant)
-                    }
-                };
-                match attempt {
-                    Err(RecordError::Memory(e)) => {
-                        match room_waiting(&grant, e.wanted, &ctx.shutdown).await {
-                            Waited::Granted => continue,
-                            Waited::Stopped => break 'record None,
-                            Waited::Never(why) => break Err(why),
-                        }
-                    }
-                    Err(RecordError::Invalid(why)) => break Err(why),
-                    Ok(d) => break Ok(d),
+        loop {
+            copied
+                .grant
+                .shrink(copied.grant.held().saturating_sub(value_bytes));
+            let decoded = match self.decode_waiting(&mut copied).await {
+                None => return Delivered::Stopping,
+                Some(Ok(d)) => d,
+                Some(Err(why)) => {
+                    self.skip_invalid(&copied, slot, &why, counts);
+                    return Delivered::Done;
                 }
             };
-            let decoded = match decoded {
-                Ok(d) => d,
-                Err(why) => {
-                    invalid += 1;
-                    shared.telemetry.refused("invalid_record", 1);
-                    if invalid <= LOG_EACH_INVALID || invalid.is_power_of_two() {
-                        tracing::warn!(receiver = %shared.id, topic = %topic, partition, offset, invalid_so_far = invalid, error = %why, "undecodable record skipped");
-                    }
-                    shared.resolve(&slot);
-                    break Some(None);
-                }
-            };
-            if decoded.rejected > 0 {
-                shared
-                    .telemetry
-                    .refused("invalid_profile", decoded.rejected);
-                tracing::warn!(receiver = %shared.id, topic = %topic, partition, offset, rejected = decoded.rejected, error = %decoded.rejected_message, "profiles of a record refused");
-            }
-            if decoded.from_1_9 {
-                shared.telemetry.upgraded("otlp_1_9", None);
-            }
-            shared
-                .telemetry
-                .lost_parts("label", "kafka_record", None, &decoded.lost_labels);
+            self.count_decoded(&copied, &decoded);
             if decoded.envelopes.is_empty() {
                 if decoded.rejected == 0 {
                     // A record that held no profile: committed, but counted.
-                    shared
+                    self.shared
                         .telemetry
                         .empty_request("kafka_record", None, value_bytes);
                 }
-                shared.resolve(&slot);
-                break Some(None);
+                self.shared.resolve(slot);
+                return Delivered::Done;
             }
-            let profiles = decoded.envelopes.len() as u64;
-            let bytes = batch_bytes(&decoded.envelopes) as u64;
-            let meta = Arc::new(BatchMeta {
-                receiver: receiver_id.clone(),
-                tenant: decoded.tenant,
-                tenant_bound: false,
-                client: None,
-                this_host: false,
-            });
-            let (batch, delivery) = Batch::tracked(decoded.envelopes, meta);
-            match ctx.consumer.consume(batch, receiver.admission).await {
-                Ok(()) => {
-                    shared.telemetry.accepted(profiles, bytes);
-                    break Some(Some(delivery));
-                }
-                // A queue closed under the record while the receiver runs:
-                // a reload retired its exporter. Again, through the
-                // pipelines that replaced it.
-                Err(ConsumeError::ShuttingDown) if !ctx.shutdown.is_cancelled() => {
-                    tracing::debug!(receiver = %shared.id, topic = %topic, partition, offset, "an exporter of the record's pipelines was replaced; handing it over again");
-                    tokio::time::sleep(StdDuration::from_millis(50)).await;
-                    continue 'record;
-                }
-                Err(ConsumeError::ShuttingDown) => break 'record None,
-                Err(e) => {
-                    // Waiting admissions never refuse; should one, the record
-                    // stays uncommitted and is read again after a restart.
-                    tracing::error!(receiver = %shared.id, error = %e, "the pipeline refused a record");
-                    break Some(None);
-                }
-            }
-        };
-        drop(grant);
-        match delivered {
-            // Stopping: left uncommitted, read again after the restart.
-            None => break,
-            // Resolved already (or left unresolved after an error).
-            Some(None) => {}
-            Some(Some(delivery)) => {
-                let shared = shared.clone();
-                tokio::spawn(async move {
-                    let report = delivery.wait().await;
-                    if report.abandoned > 0 {
-                        // The collector stopped before sending them: left
-                        // uncommitted, read again after the restart.
-                        tracing::debug!(receiver = %shared.id, topic = %slot.topic, partition = slot.partition, offset = slot.offset, "record abandoned at shutdown; not committed");
-                    } else {
-                        shared.resolve(&slot);
-                    }
-                    drop(permit);
-                });
+            if let Some(delivered) = self.hand_over(decoded, &copied).await {
+                return delivered;
             }
         }
     }
-    finish(shared, permits, receiver.max_unacknowledged).await;
+
+    /// Decodes a record, waiting for the budget to have room for it; `None`
+    /// when the receiver stops, `Some(Err)` for a record never decoded.
+    async fn decode_waiting(&self, copied: &mut CopiedRecord) -> Option<Result<Decoded, String>> {
+        loop {
+            let attempt = match (&copied.value, &copied.headers) {
+                (Err(why), _) | (_, Err(why)) => Err(RecordError::Invalid(why.clone())),
+                (Ok(value), Ok(h)) => record::decode(
+                    value.clone(),
+                    h.clone(),
+                    &self.receiver.reading,
+                    &mut copied.grant,
+                ),
+            };
+            match attempt {
+                Err(RecordError::Memory(e)) => {
+                    match room_waiting(&copied.grant, e.wanted, &self.ctx.shutdown).await {
+                        Waited::Granted => continue,
+                        Waited::Stopped => return None,
+                        Waited::Never(why) => return Some(Err(why)),
+                    }
+                }
+                Err(RecordError::Invalid(why)) => return Some(Err(why)),
+                Ok(d) => return Some(Ok(d)),
+            }
+        }
+    }
+
+    /// Counts and logs an undecodable record, and resolves it.
+    fn skip_invalid(&self, copied: &CopiedRecord, slot: &Slot, why: &str, counts: &mut Counts) {
+        counts.invalid += 1;
+        let invalid = counts.invalid;
+        self.shared.telemetry.refused("invalid_record", 1);
+        if invalid <= LOG_EACH_INVALID || invalid.is_power_of_two() {
+            tracing::warn!(receiver = %self.shared.id, topic = %copied.topic, partition = copied.partition, offset = copied.offset, invalid_so_far = invalid, error = %why, "undecodable record skipped");
+        }
+        self.shared.resolve(slot);
+    }
+
+    /// Counts what decoding a record refused, upgraded or lost.
+    fn count_decoded(&self, copied: &CopiedRecord, decoded: &Decoded) {
+        let telemetry = &self.shared.telemetry;
+        if decoded.rejected > 0 {
+            telemetry.refused("invalid_profile", decoded.rejected);
+            tracing::warn!(receiver = %self.shared.id, topic = %copied.topic, partition = copied.partition, offset = copied.offset, rejected = decoded.rejected, error = %decoded.rejected_message, "profiles of a record refused");
+        }
+        if decoded.from_1_9 {
+            telemetry.upgraded("otlp_1_9", None);
+        }
+        telemetry.lost_parts("label", "kafka_record", None, &decoded.lost_labels);
+    }
+
+    /// Hands a record's profiles to the pipeline; `None` when a reload
+    /// replaced one of its pipelines and the record is to be handed over
+    /// again.
+    async fn hand_over(&self, decoded: Decoded, copied: &CopiedRecord) -> Option<Delivered> {
+        let profiles = decoded.envelopes.len() as u64;
+        let bytes = batch_bytes(&decoded.envelopes) as u64;
+        let meta = Arc::new(BatchMeta {
+            receiver: self.receiver_id.clone(),
+            tenant: decoded.tenant,
+            tenant_bound: false,
+            client: None,
+            this_host: false,
+        });
+        let (batch, delivery) = Batch::tracked(decoded.envelopes, meta);
+        match self
+            .ctx
+            .consumer
+            .consume(batch, self.receiver.admission)
+            .await
+        {
+            Ok(()) => {
+                self.shared.telemetry.accepted(profiles, bytes);
+                Some(Delivered::Tracked(delivery))
+            }
+            // A queue closed under the record while the receiver runs:
+            // a reload retired its exporter. Again, through the
+            // pipelines that replaced it.
+            Err(ConsumeError::ShuttingDown) if !self.ctx.shutdown.is_cancelled() => {
+                tracing::debug!(receiver = %self.shared.id, topic = %copied.topic, partition = copied.partition, offset = copied.offset, "an exporter of the record's pipelines was replaced; handing it over again");
+                tokio::time::sleep(StdDuration::from_millis(50)).await;
+                None
+            }
+            Err(ConsumeError::ShuttingDown) => Some(Delivered::Stopping),
+            Err(e) => {
+                // Waiting admissions never refuse; should one, the record
+                // stays uncommitted and is read again after a restart.
+                tracing::error!(receiver = %self.shared.id, error = %e, "the pipeline refused a record");
+                Some(Delivered::Done)
+            }
+        }
+    }
+
+    /// Resolves a record once every copy of it is delivered (not one
+    /// abandoned at shutdown), then gives its permit back.
+    fn resolve_when_delivered(&self, delivery: Delivery, slot: Slot, permit: OwnedSemaphorePermit) {
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let report = delivery.wait().await;
+            if report.abandoned > 0 {
+                // The collector stopped before sending them: left
+                // uncommitted, read again after the restart.
+                tracing::debug!(receiver = %shared.id, topic = %slot.topic, partition = slot.partition, offset = slot.offset, "record abandoned at shutdown; not committed");
+            } else {
+                shared.resolve(&slot);
+            }
+            drop(permit);
+        });
+    }
 }
 
 /// How a wait for memory ended.

@@ -35,10 +35,13 @@ use super::budget::DecompressBudget;
 use super::error::{IngestError, Refused};
 use super::folded::TextLimits;
 use super::ingest::{self, BodyKind};
-use super::jfr;
 use super::multipart::{IngestForm, PartLimit, read_form};
 use super::profile_limits;
 use super::push::{self, Codec};
+
+mod convert;
+
+use convert::IngestBody;
 
 /// Size limits of one receiver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -388,6 +391,7 @@ impl Shared {
         Ok((body, grant))
     }
 
+    /// Handles `/ingest`: reads, converts and queues one request's profiles.
     async fn ingest(&self, req: Request) -> Result<Response, Refused> {
         require_post(&req)?;
         let now = now_unix_nanos();
@@ -410,91 +414,15 @@ impl Shared {
             _ => ProfileSource::Converted,
         };
         budget.limit_profiles(self.profile_limits(&parts), source);
-        // `lost`: what the conversion of a text, speedscope or JFR body could
-        // not carry (pprof bodies are passed on as they came).
-        let (batch, budget, lost) = match kind {
-            BodyKind::Multipart => {
-                let (form, mut budget) =
-                    read_multipart(encoding, body, content_type.as_deref(), budget).await?;
-                let profile = form.profile.ok_or_else(|| {
-                    IngestError::bad_request(
-                        "the multipart body has no `profile` part; send the pprof bytes in a part named profile",
-                    )
-                })?;
-                let inline = parts_inline(inline, &[Some(&profile)]);
-                blocking(inline, move || {
-                    let batch = ingest::pprof_batch(
-                        &params,
-                        profile,
-                        form.sample_type_config.as_deref(),
-                        &mut budget,
-                    )?;
-                    Ok((batch, budget, LostSamples::default()))
-                })
-                .await?
-            }
-            BodyKind::Jfr { multipart } => {
-                let (recording, labels, mut budget) = if multipart {
-                    let (form, budget) =
-                        read_multipart(encoding, body, content_type.as_deref(), budget).await?;
-                    let recording = form.jfr.ok_or_else(|| {
-                        IngestError::bad_request(
-                            "the multipart body has no `jfr` part; send the recording in a part named jfr (and the agent's labels in a part named labels)",
-                        )
-                    })?;
-                    (recording, form.labels, budget)
-                } else {
-                    (body, None, budget)
-                };
-                let inline = parts_inline(inline, &[Some(&recording), labels.as_ref()]);
-                blocking(inline, move || {
-                    // A raw recording may come with a Content-Encoding; the
-                    // parts of a form were decoded with the body.
-                    let recording = if multipart {
-                        recording
-                    } else {
-                        encoding.decode(recording, &mut budget)?
-                    };
-                    let mut lost = LostSamples::default();
-                    let batch = jfr::jfr_batch(&params, recording, labels, &mut budget, &mut lost)?;
-                    let batch = converted_within_limits(&mut budget, batch)?;
-                    Ok((batch, budget, lost))
-                })
-                .await?
-            }
-            BodyKind::Pprof => {
-                blocking(inline, move || {
-                    let body = encoding.decode(body, &mut budget)?;
-                    let batch = ingest::pprof_batch(&params, body, None, &mut budget)?;
-                    Ok((batch, budget, LostSamples::default()))
-                })
-                .await?
-            }
-            BodyKind::Speedscope => {
-                let limits = self.limits.text;
-                blocking(inline, move || {
-                    let body = encoding.decode(body, &mut budget)?;
-                    let mut lost = LostSamples::default();
-                    let batch =
-                        ingest::speedscope_batch(&params, body, limits, &mut budget, &mut lost)?;
-                    let batch = converted_within_limits(&mut budget, batch)?;
-                    Ok((batch, budget, lost))
-                })
-                .await?
-            }
-            BodyKind::Text(format) => {
-                let limits = self.limits.text;
-                blocking(inline, move || {
-                    let body = encoding.decode(body, &mut budget)?;
-                    let mut lost = LostSamples::default();
-                    let batch =
-                        ingest::text_batch(&params, format, body, limits, &mut budget, &mut lost)?;
-                    let batch = converted_within_limits(&mut budget, batch)?;
-                    Ok((batch, budget, lost))
-                })
-                .await?
-            }
+        let request = IngestBody {
+            encoding,
+            body,
+            content_type,
+            params,
+            inline,
         };
+        let (batch, budget, lost) =
+            convert::convert_body(kind, request, &self.limits.text, budget).await?;
         self.check_labels(&parts, &batch).map_err(|error| Refused {
             error,
             profiles: batch.len() as u64,

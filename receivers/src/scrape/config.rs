@@ -524,11 +524,23 @@ impl ScrapeJobConfig {
         }
     }
 
+    /// Every problem of the job's settings, each at its path.
     fn problems(&self) -> Vec<FieldError> {
         let mut problems = Vec::new();
         if self.job_name.is_empty() {
             problems.push(FieldError::new("job_name", "must not be empty"));
         }
+        self.timing_problems(&mut problems);
+        self.discovery_problems(&mut problems);
+        self.static_problems(&mut problems);
+        self.file_sd_problems(&mut problems);
+        self.http_sd_problems(&mut problems);
+        self.scrape_problems(&mut problems);
+        problems
+    }
+
+    /// Problems of `scrape_interval` and `scrape_timeout`.
+    fn timing_problems(&self, problems: &mut Vec<FieldError>) {
         let interval = self.scrape_interval.get();
         if interval < MIN_INTERVAL {
             problems.push(FieldError::new(
@@ -549,6 +561,11 @@ impl ScrapeJobConfig {
                 ));
             }
         }
+    }
+
+    /// A job without a source of targets, and problems of
+    /// `kubernetes_sd_configs`.
+    fn discovery_problems(&self, problems: &mut Vec<FieldError>) {
         if self.static_configs.is_empty()
             && self.file_sd_configs.is_empty()
             && self.http_sd_configs.is_empty()
@@ -565,6 +582,10 @@ impl ScrapeJobConfig {
                 message: p.message,
             }));
         }
+    }
+
+    /// Problems of `static_configs`: their targets and label names.
+    fn static_problems(&self, problems: &mut Vec<FieldError>) {
         for (i, s) in self.static_configs.iter().enumerate() {
             for (j, t) in s.targets.iter().enumerate() {
                 if let Some(m) = target_problem(t) {
@@ -583,6 +604,10 @@ impl ScrapeJobConfig {
                 }
             }
         }
+    }
+
+    /// Problems of `file_sd_configs`: their files and refresh intervals.
+    fn file_sd_problems(&self, problems: &mut Vec<FieldError>) {
         for (i, f) in self.file_sd_configs.iter().enumerate() {
             if f.files.is_empty() {
                 problems.push(FieldError::new(
@@ -610,6 +635,11 @@ impl ScrapeJobConfig {
                 ));
             }
         }
+    }
+
+    /// Problems of `http_sd_configs`: their URLs, refresh intervals and
+    /// client settings.
+    fn http_sd_problems(&self, problems: &mut Vec<FieldError>) {
         for (i, h) in self.http_sd_configs.iter().enumerate() {
             let at = format!("http_sd_configs.{i}.");
             match h.url.parse::<http::Uri>() {
@@ -633,6 +663,11 @@ impl ScrapeJobConfig {
                 h.tls_config.as_ref(),
             ));
         }
+    }
+
+    /// Problems of how targets are scraped: relabelling, profiles, params,
+    /// client settings and the body size limit.
+    fn scrape_problems(&self, problems: &mut Vec<FieldError>) {
         problems.extend(
             relabel::validate_configs(&self.relabel_configs)
                 .into_iter()
@@ -678,7 +713,6 @@ impl ScrapeJobConfig {
         if self.body_size_limit.bytes() == 0 {
             problems.push(FieldError::new("body_size_limit", "must be more than 0"));
         }
-        problems
     }
 }
 

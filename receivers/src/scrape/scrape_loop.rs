@@ -25,7 +25,7 @@ use proflow_core::component::{Admission, ConsumeError, Consumer};
 use proflow_core::telemetry::ReceiverTelemetry;
 use proflow_model::inflate::{self, InflateError};
 use proflow_model::lost::LostSamples;
-use proflow_model::memory::MemoryBudget;
+use proflow_model::memory::{MemoryBudget, MemoryGrant};
 use proflow_model::model::{Batch, BatchMeta, Envelope, Payload};
 use proflow_model::pprof::{self, DecodeError};
 
@@ -34,9 +34,9 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use super::client::{FetchError, HttpClient};
-use super::delta::{DeltaError, DeltaOutcome, DeltaState, DeltaStore, has_cumulative};
+use super::delta::{Delta, DeltaError, DeltaOutcome, DeltaState, DeltaStore, has_cumulative};
 use super::status::{TargetStatus, Transition};
-use super::targets::JobSpec;
+use super::targets::{JobSpec, Target};
 
 /// What every loop of one job shares.
 pub struct JobShared {
@@ -199,7 +199,7 @@ async fn scrape_once(
     shared: &JobShared,
     status: &TargetStatus,
     delta: Option<&mut DeltaState>,
-) -> Result<Option<(Envelope, proflow_model::memory::MemoryGrant)>, ScrapeError> {
+) -> Result<Option<(Envelope, MemoryGrant)>, ScrapeError> {
     let job = &shared.job;
     let target = &status.target;
     let limit = job.body_limit;
@@ -212,11 +212,49 @@ async fn scrape_once(
     // Every byte of the answer is granted as it arrives, and all that is
     // made from it before it is made.
     let mut grant = shared.memory.grant();
+    let body = fetch_body(shared, target, timeout, deadline, &mut grant).await?;
+    let (data, meta) = scan_body(&body, limit, delta.is_some(), &mut grant)?;
+    if meta.sample_types.is_empty() {
+        return Err(ScrapeError::Invalid(
+            "the profile has no sample types".to_owned(),
+        ));
+    }
+    let delta = match delta {
+        Some(delta) if has_cumulative(&meta.sample_types) => delta,
+        other => {
+            // As it arrived: no re-encode. A profile that is not cumulative
+            // leaves no state behind (a target may change what it serves).
+            if let Some(delta) = other {
+                delta.clear();
+            }
+            return Ok(Some(as_arrived(target, body, data, meta, grant, limit)));
+        }
+    };
+    let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let outcome = difference(delta, body, data, meta.decoded_size, &mut grant, wait).await?;
+    match delta_of(outcome, &job.name, target)? {
+        // Nothing happened in the interval (no allocation, no contention):
+        // an empty profile says nothing a backend could show.
+        None => Ok(None),
+        Some(d) if d.samples == 0 => Ok(None),
+        Some(d) => Ok(Some(delta_envelope(shared, target, d, meta, grant, limit))),
+    }
+}
+
+/// Fetches a target's answer under `grant`, within `deadline`; an empty
+/// body is refused.
+async fn fetch_body(
+    shared: &JobShared,
+    target: &Target,
+    timeout: Duration,
+    deadline: tokio::time::Instant,
+    grant: &mut MemoryGrant,
+) -> Result<Bytes, ScrapeError> {
     let body: Bytes = tokio::time::timeout_at(
         deadline,
         shared
             .client
-            .get_granted(target.url.clone(), limit, &mut grant),
+            .get_granted(target.url.clone(), shared.job.body_limit, grant),
     )
     .await
     .map_err(|_| ScrapeError::Timeout(timeout))?
@@ -227,86 +265,125 @@ async fn scrape_once(
     if body.is_empty() {
         return Err(ScrapeError::Invalid("the body is empty".to_owned()));
     }
-    let refused = |e: DecodeError| match e {
+    Ok(body)
+}
+
+/// Why a body that does not decode is refused.
+fn refused(limit: usize, e: DecodeError) -> ScrapeError {
+    match e {
         DecodeError::TooLarge { .. } => ScrapeError::TooLarge(limit),
         other => ScrapeError::Invalid(other.to_string()),
-    };
-    let inflate_refused = |e: InflateError| match e {
+    }
+}
+
+/// Why a body that does not inflate is refused.
+fn inflate_refused(limit: usize, e: InflateError) -> ScrapeError {
+    match e {
         InflateError::TooLarge { .. } => ScrapeError::TooLarge(limit),
         InflateError::OverBudget(e) => ScrapeError::Memory(e.to_string()),
-        InflateError::Corrupt(detail) => refused(DecodeError::Gzip(detail)),
-    };
+        InflateError::Corrupt(detail) => refused(limit, DecodeError::Gzip(detail)),
+    }
+}
+
+/// The bytes to difference (plain, when `cumulative`; else the body as
+/// sent) and the profile's metadata, scanned under `grant`.
+fn scan_body(
+    body: &Bytes,
+    limit: usize,
+    cumulative: bool,
+    grant: &mut MemoryGrant,
+) -> Result<(Bytes, pprof::Metadata), ScrapeError> {
     // A cumulative profile is differenced below from its plain bytes:
     // inflate it once, here (up to `limit`, as the scan would), under the
     // grant, and scan and difference the plain bytes. Others are scanned
     // from a plain copy let go at once.
-    let (data, meta) = if delta.is_some() {
-        let data = if pprof::is_gzip(&body) {
-            Bytes::from(inflate::inflate(&body, limit, &mut grant).map_err(inflate_refused)?)
+    if cumulative {
+        let data = if pprof::is_gzip(body) {
+            Bytes::from(
+                inflate::inflate(body, limit, grant).map_err(|e| inflate_refused(limit, e))?,
+            )
         } else {
             body.clone()
         };
-        let meta = pprof::scan_metadata(&data, limit).map_err(refused)?;
-        (data, meta)
+        let meta = pprof::scan_metadata(&data, limit).map_err(|e| refused(limit, e))?;
+        Ok((data, meta))
     } else {
-        let meta = inflate::read_plain(&body, limit, &mut grant, |plain| {
+        let meta = inflate::read_plain(body, limit, grant, |plain| {
             pprof::scan_metadata(plain, limit)
         })
-        .map_err(inflate_refused)?
-        .map_err(refused)?;
-        (body.clone(), meta)
-    };
-    if meta.sample_types.is_empty() {
-        return Err(ScrapeError::Invalid(
-            "the profile has no sample types".to_owned(),
-        ));
+        .map_err(|e| inflate_refused(limit, e))?
+        .map_err(|e| refused(limit, e))?;
+        Ok((body.clone(), meta))
     }
-    let now_nanos = || {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-            .unwrap_or(0)
+}
+
+/// Now, in nanoseconds since the Unix epoch (0 before it).
+fn now_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The envelope of a profile of `target`.
+fn envelope(
+    target: &Target,
+    mut meta: pprof::Metadata,
+    start: i64,
+    end: i64,
+    payload: Payload,
+) -> Envelope {
+    let (sample_types, period_type) = meta.take_value_types();
+    Envelope {
+        labels: target.labels.clone(),
+        start_unix_nanos: start,
+        end_unix_nanos: end,
+        sample_types,
+        period_type,
+        period: meta.period,
+        payload,
+    }
+}
+
+/// The envelope of a profile sent on as it arrived, with the grant shrunk
+/// to what it holds.
+fn as_arrived(
+    target: &Target,
+    body: Bytes,
+    data: Bytes,
+    meta: pprof::Metadata,
+    mut grant: MemoryGrant,
+    limit: usize,
+) -> (Envelope, MemoryGrant) {
+    if data.as_ptr() != body.as_ptr() {
+        grant.shrink(data.len());
+    }
+    drop(data);
+    let start = if meta.time_nanos > 0 {
+        meta.time_nanos
+    } else {
+        now_nanos()
     };
-    let envelope = |mut meta: pprof::Metadata, start: i64, end: i64, payload: Payload| {
-        let (sample_types, period_type) = meta.take_value_types();
-        Envelope {
-            labels: target.labels.clone(),
-            start_unix_nanos: start,
-            end_unix_nanos: end,
-            sample_types,
-            period_type,
-            period: meta.period,
-            payload,
-        }
-    };
-    let delta = match delta {
-        Some(delta) if has_cumulative(&meta.sample_types) => delta,
-        other => {
-            // As it arrived: no re-encode. A profile that is not cumulative
-            // leaves no state behind (a target may change what it serves).
-            if let Some(delta) = other {
-                delta.clear();
-            }
-            if data.as_ptr() != body.as_ptr() {
-                grant.shrink(data.len());
-            }
-            drop(data);
-            let start = if meta.time_nanos > 0 {
-                meta.time_nanos
-            } else {
-                now_nanos()
-            };
-            let end = start.saturating_add(meta.duration_nanos.max(0));
-            let payload = Payload::from_bytes(body, limit);
-            return Ok(Some((envelope(meta, start, end, payload), grant)));
-        }
-    };
-    let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let end = start.saturating_add(meta.duration_nanos.max(0));
+    let payload = Payload::from_bytes(body, limit);
+    (envelope(target, meta, start, end, payload), grant)
+}
+
+/// Differences a cumulative profile's plain bytes `data` against its
+/// state, once the memory that takes is granted (waiting up to `wait`).
+async fn difference(
+    delta: &mut DeltaState,
+    body: Bytes,
+    data: Bytes,
+    decoded_size: usize,
+    grant: &mut MemoryGrant,
+    wait: Duration,
+) -> Result<DeltaOutcome, ScrapeError> {
     // What differencing takes and makes: its scratch, less than decoding
     // would take (`decoded_size`), and the delta, the size of the plain
     // bytes but for a few (Go's profiles: 11 at most, the duration). The
     // plain bytes themselves are granted already.
-    let work = meta.decoded_size.saturating_add(data.len());
+    let work = decoded_size.saturating_add(data.len());
     grant
         .grow(work, wait)
         .await
@@ -317,51 +394,63 @@ async fn scrape_once(
         DeltaError::OverBudget { .. } => ScrapeError::Memory(e.to_string()),
     })?;
     drop(data);
-    let delta = match outcome {
-        DeltaOutcome::Primed(instant) => instant,
+    Ok(outcome)
+}
+
+/// The delta profile to send of a differencing's outcome, if any (a reset
+/// logged).
+fn delta_of(
+    outcome: DeltaOutcome,
+    job: &str,
+    target: &Target,
+) -> Result<Option<Delta>, ScrapeError> {
+    match outcome {
+        DeltaOutcome::Primed(instant) => Ok(instant),
         DeltaOutcome::Reset(instant) => {
             tracing::info!(
-                job = %job.name,
+                job = %job,
                 url = %target.shown_url(),
                 "a cumulative profile went down (the target restarted): its deltas start again from this scrape"
             );
-            instant
+            Ok(instant)
         }
-        DeltaOutcome::StateFull => return Err(ScrapeError::DeltaStateFull),
+        DeltaOutcome::StateFull => Err(ScrapeError::DeltaStateFull),
         // The scan saw a cumulative type by name; differencing found none
         // (the same names, so never): as if it were not cumulative.
-        DeltaOutcome::Unchanged => {
-            return Err(ScrapeError::Invalid(
-                "the profile's cumulative sample types could not be read".to_owned(),
-            ));
-        }
-        DeltaOutcome::Delta(d) => Some(d),
-    };
-    match delta {
-        // Nothing happened in the interval (no allocation, no contention):
-        // an empty profile says nothing a backend could show.
-        None => Ok(None),
-        Some(d) if d.samples == 0 => Ok(None),
-        Some(d) => {
-            if d.went_down > 0 {
-                // An estimate (Go's alloc_objects) that went down: its delta
-                // is 0, not a negative value, nor a restart.
-                let mut lost = LostSamples::default();
-                lost.add("negative_delta", d.went_down as u64);
-                shared.receiver.lost("pprof", None, &lost);
-            }
-            let end = if d.time_nanos > 0 {
-                d.time_nanos
-            } else {
-                now_nanos()
-            };
-            let start = end.saturating_sub(d.duration_nanos.max(0));
-            // The grant keeps what the envelope holds: the delta's bytes.
-            grant.shrink(grant.held().saturating_sub(d.bytes.len()));
-            let payload = Payload::from_bytes(Bytes::from(d.bytes), limit);
-            Ok(Some((envelope(meta, start, end, payload), grant)))
-        }
+        DeltaOutcome::Unchanged => Err(ScrapeError::Invalid(
+            "the profile's cumulative sample types could not be read".to_owned(),
+        )),
+        DeltaOutcome::Delta(d) => Ok(Some(d)),
     }
+}
+
+/// The envelope of a delta profile (its negative deltas counted), with
+/// the grant shrunk to what it holds.
+fn delta_envelope(
+    shared: &JobShared,
+    target: &Target,
+    d: Delta,
+    meta: pprof::Metadata,
+    mut grant: MemoryGrant,
+    limit: usize,
+) -> (Envelope, MemoryGrant) {
+    if d.went_down > 0 {
+        // An estimate (Go's alloc_objects) that went down: its delta
+        // is 0, not a negative value, nor a restart.
+        let mut lost = LostSamples::default();
+        lost.add("negative_delta", d.went_down as u64);
+        shared.receiver.lost("pprof", None, &lost);
+    }
+    let end = if d.time_nanos > 0 {
+        d.time_nanos
+    } else {
+        now_nanos()
+    };
+    let start = end.saturating_sub(d.duration_nanos.max(0));
+    // The grant keeps what the envelope holds: the delta's bytes.
+    grant.shrink(grant.held().saturating_sub(d.bytes.len()));
+    let payload = Payload::from_bytes(Bytes::from(d.bytes), limit);
+    (envelope(target, meta, start, end, payload), grant)
 }
 
 #[cfg(test)]

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::component::{Admission, ConsumeError, Consumer, Processor};
-use crate::queue::{ExporterQueue, Refusal, Reservation, WhenFull};
+use crate::queue::{ExporterQueue, Refusal, Reservation, StoreWait, WhenFull};
 use crate::telemetry::{ProcessorTelemetry, Telemetry};
-use proflow_model::delivery::Outcome;
+use proflow_model::delivery::{Ack, Outcome};
 use proflow_model::model::{Batch, Envelope, Format, Payload, batch_bytes};
 use proflow_model::otlp::Lost;
 use proflow_model::spans::{Span, SpanConsumer};
@@ -122,7 +122,7 @@ impl Fanout {
 
 /// Adds the profiles of `b` to the volume of the tenant each is written
 /// under (a profile two pipelines take counts in each).
-fn count_tenants(tenants: &mut Vec<(Option<String>, u64, u64)>, meta: &BatchMeta, b: &[Envelope]) {
+fn count_tenants(tenants: &mut TenantVolumes, meta: &BatchMeta, b: &[Envelope]) {
     for e in b {
         let tenant = meta.tenant_written(&e.labels);
         let bytes = e.size_bytes() as u64;
@@ -300,88 +300,26 @@ impl Consumer for Fanout {
             .any(|p| !p.processors.is_empty() || p.forms.contains(&Format::Otlp))
     }
 
+    /// Runs the batch through every pipeline, reserves room for every
+    /// exporter queue's copy at once, then hands each queue its copy and
+    /// waits until the persistent ones hold it.
     async fn consume(&self, batch: Batch, admission: Admission) -> Result<(), ConsumeError> {
         let Batch {
             envelopes,
             meta,
             ack,
         } = batch;
-        let mut targets: Vec<Target> = Vec::new();
-        // (tenant, profiles, bytes) of this batch.
-        let mut tenants: Vec<(Option<String>, u64, u64)> = Vec::new();
-        let mut filtered = 0;
-        let last = self.pipelines.len().saturating_sub(1);
-        let mut envelopes = Some(envelopes);
-        let mut converted = HashMap::new();
-        for (i, p) in self.pipelines.iter().enumerate() {
-            // Clone for all pipelines but the last: envelopes share payloads, so
-            // a clone copies only labels and a few integers.
-            let mut b = if i == last {
-                envelopes.take().unwrap_or_default()
-            } else {
-                envelopes.clone().unwrap_or_default()
-            };
-            let before = b.len();
-            let mut counted = !self.counts_tenants;
-            for (proc, telemetry) in &p.processors {
-                if b.is_empty() {
-                    break;
-                }
-                telemetry.received(b.len() as u64);
-                if !counted && proc.holds().is_some() {
-                    // What it holds is counted as it comes in.
-                    count_tenants(&mut tenants, &meta, &b);
-                    counted = true;
-                }
-                b = proc.process(b, &meta).await;
-            }
-            filtered += before.saturating_sub(b.len());
-            if b.is_empty() {
-                continue;
-            }
-            if meta.tenant_bound {
-                // A token's tenant is final: what the processors put in
-                // the tenant label does not change it.
-                for e in &mut b {
-                    e.labels.remove(TENANT_LABEL);
-                }
-            }
-            if !counted {
-                count_tenants(&mut tenants, &meta, &b);
-            }
-            (b, converted) = self.prepare_batch(&p.forms, b, converted).await?;
-            // The plain bytes a receiver handed along served the processors
-            // and the conversions: no queue keeps them.
-            for e in &mut b {
-                e.payload.drop_plain();
-            }
-            let tenant: Arc<str> = b
-                .first()
-                .and_then(|e| meta.tenant_written(&e.labels))
-                .unwrap_or(ANONYMOUS_TENANT)
-                .into();
-            let n = p.exporters.len();
-            for (j, q) in p.exporters.iter().enumerate() {
-                let copy = if j + 1 == n {
-                    std::mem::take(&mut b)
-                } else {
-                    b.clone()
-                };
-                // One reservation per queue: an exporter fed by two of these
-                // pipelines gets both copies as one batch (two reservations
-                // would count the first against the second and could refuse
-                // an idle queue forever).
-                match targets.iter_mut().find(|t| Arc::ptr_eq(&t.queue, q)) {
-                    Some(t) => t.envelopes.extend(copy),
-                    None => targets.push(Target {
-                        queue: q.clone(),
-                        envelopes: copy,
-                        bytes: 0,
-                        tenant: tenant.clone(),
-                    }),
-                }
-            }
-        }
+        let mut run = PipelineRun {
+            targets: Vec::new(),
+            tenants: Vec::new(),
+            filtered: 0,
+        };
+        self.run_pipelines(envelopes, &meta, &mut run).await?;
+        let PipelineRun {
+            mut targets,
+            tenants,
+            filtered,
+        } = run;
         for t in &mut targets {
             t.bytes = batch_bytes(&t.envelopes);
         }
@@ -407,32 +345,176 @@ impl Consumer for Fanout {
         // Counted only now that the batch is accepted: a refused batch dropped nothing.
         let mut filtered_share = ack.share(filtered);
         filtered_share.report(Outcome::Filtered, filtered);
-        let mut stores = Vec::new();
-        for (t, r) in targets.into_iter().zip(reserved) {
-            let share = ack.share(t.envelopes.len());
-            match r {
-                Some(r) => {
-                    if let Some(wait) = t.queue.push(r, t.envelopes, meta.clone(), share) {
-                        stores.push((t.queue.id().to_owned(), wait));
-                    }
-                }
-                None => {
-                    t.queue.dropped_full(t.envelopes.len());
-                    share.resolve(Outcome::Dropped);
+        let stores = push_all(targets, reserved, &ack, &meta);
+        ack.retire();
+        wait_stored(stores).await
+    }
+}
+
+/// (tenant, profiles, bytes) of a batch, per tenant.
+type TenantVolumes = Vec<(Option<String>, u64, u64)>;
+
+/// What running one batch through the pipelines gathers for admission.
+struct PipelineRun {
+    /// Each exporter queue's copy.
+    targets: Vec<Target>,
+    /// The batch's volume per tenant.
+    tenants: TenantVolumes,
+    /// Profiles the processors filtered out.
+    filtered: usize,
+}
+
+impl Fanout {
+    /// Runs `envelopes` through each pipeline's processors and conversions,
+    /// gathering each exporter queue's copy, the tenants' volume and the
+    /// filtered count into `run`.
+    async fn run_pipelines(
+        &self,
+        envelopes: Vec<Envelope>,
+        meta: &Arc<BatchMeta>,
+        run: &mut PipelineRun,
+    ) -> Result<(), ConsumeError> {
+        let last = self.pipelines.len().saturating_sub(1);
+        let mut envelopes = Some(envelopes);
+        let mut converted = HashMap::new();
+        for (i, p) in self.pipelines.iter().enumerate() {
+            // Clone for all pipelines but the last: envelopes share payloads, so
+            // a clone copies only labels and a few integers.
+            let b = if i == last {
+                envelopes.take().unwrap_or_default()
+            } else {
+                envelopes.clone().unwrap_or_default()
+            };
+            let before = b.len();
+            let (mut b, counted) = self.run_processors(p, b, meta, &mut run.tenants).await;
+            run.filtered += before.saturating_sub(b.len());
+            if b.is_empty() {
+                continue;
+            }
+            if meta.tenant_bound {
+                // A token's tenant is final: what the processors put in
+                // the tenant label does not change it.
+                for e in &mut b {
+                    e.labels.remove(TENANT_LABEL);
                 }
             }
-        }
-        ack.retire();
-        // Accepted only once every persistent queue holds it durably.
-        let results = futures_util::future::join_all(
-            stores
-                .into_iter()
-                .map(|(id, w)| async move { w.wait().await.map_err(|e| (id, e)) }),
-        )
-        .await;
-        if let Some((exporter, error)) = results.into_iter().find_map(Result::err) {
-            return Err(ConsumeError::NotStored { exporter, error });
+            if !counted {
+                count_tenants(&mut run.tenants, meta, &b);
+            }
+            (b, converted) = self.prepare_batch(&p.forms, b, converted).await?;
+            // The plain bytes a receiver handed along served the processors
+            // and the conversions: no queue keeps them.
+            for e in &mut b {
+                e.payload.drop_plain();
+            }
+            add_targets(&mut run.targets, p, b, meta);
         }
         Ok(())
     }
+
+    /// Runs `b` through the processors of `p`, counting it toward the
+    /// tenants' volume before a holding processor takes it; returns what is
+    /// left and whether it has been counted (or need not be).
+    async fn run_processors(
+        &self,
+        p: &PipelineRuntime,
+        mut b: Vec<Envelope>,
+        meta: &Arc<BatchMeta>,
+        tenants: &mut TenantVolumes,
+    ) -> (Vec<Envelope>, bool) {
+        let mut counted = !self.counts_tenants;
+        for (proc, telemetry) in &p.processors {
+            if b.is_empty() {
+                break;
+            }
+            telemetry.received(b.len() as u64);
+            if !counted && proc.holds().is_some() {
+                // What it holds is counted as it comes in.
+                count_tenants(tenants, meta, &b);
+                counted = true;
+            }
+            b = proc.process(b, meta).await;
+        }
+        (b, counted)
+    }
+}
+
+/// Gives each exporter queue of `p` a copy of `b` (the last one takes `b`
+/// itself), merged into the queue's target when an earlier pipeline feeds
+/// it too.
+fn add_targets(
+    targets: &mut Vec<Target>,
+    p: &PipelineRuntime,
+    mut b: Vec<Envelope>,
+    meta: &BatchMeta,
+) {
+    let tenant: Arc<str> = b
+        .first()
+        .and_then(|e| meta.tenant_written(&e.labels))
+        .unwrap_or(ANONYMOUS_TENANT)
+        .into();
+    let n = p.exporters.len();
+    for (j, q) in p.exporters.iter().enumerate() {
+        let copy = if j + 1 == n {
+            std::mem::take(&mut b)
+        } else {
+            b.clone()
+        };
+        // One reservation per queue: an exporter fed by two of these
+        // pipelines gets both copies as one batch (two reservations
+        // would count the first against the second and could refuse
+        // an idle queue forever).
+        match targets.iter_mut().find(|t| Arc::ptr_eq(&t.queue, q)) {
+            Some(t) => t.envelopes.extend(copy),
+            None => targets.push(Target {
+                queue: q.clone(),
+                envelopes: copy,
+                bytes: 0,
+                tenant: tenant.clone(),
+            }),
+        }
+    }
+}
+
+/// Pushes each target's copy into its queue with its share of `ack` (or
+/// drops a copy given up on); returns the waits of persistent queues'
+/// stores, by exporter id.
+fn push_all(
+    targets: Vec<Target>,
+    reserved: Vec<Option<Reservation>>,
+    ack: &Ack,
+    meta: &Arc<BatchMeta>,
+) -> Vec<(String, StoreWait)> {
+    let mut stores = Vec::new();
+    for (t, r) in targets.into_iter().zip(reserved) {
+        let share = ack.share(t.envelopes.len());
+        match r {
+            Some(r) => {
+                if let Some(wait) = t.queue.push(r, t.envelopes, meta.clone(), share) {
+                    stores.push((t.queue.id().to_owned(), wait));
+                }
+            }
+            None => {
+                t.queue.dropped_full(t.envelopes.len());
+                share.resolve(Outcome::Dropped);
+            }
+        }
+    }
+    stores
+}
+
+/// Waits until every persistent queue holds its copy durably; the first
+/// that failed to store it is the error.
+async fn wait_stored(stores: Vec<(String, StoreWait)>) -> Result<(), ConsumeError> {
+    // Accepted only once every persistent queue holds it durably.
+    let results = futures_util::future::join_all(
+        stores
+            .into_iter()
+            .map(|(id, w)| async move { w.wait().await.map_err(|e| (id, e)) }),
+    )
+    .await;
+    if let Some((exporter, error)) = results.into_iter().find_map(Result::err) {
+        return Err(ConsumeError::NotStored { exporter, error });
+    }
+    Ok(())
 }

@@ -295,9 +295,7 @@ pub fn to_pprof(
     // The `event` setting last seen: a chunk without one keeps it, as
     // Pyroscope's reader does.
     let mut mode: Option<String> = None;
-    let mut done: Vec<Converted> = Vec::new();
-    // A profile by kind, made as the chunks are read.
-    let mut profiles: Vec<(&'static Kind, ProfileBuilder)> = Vec::new();
+    let mut profiles = Profiles::new(from, until);
     let mut c = Cursor::new(jfr);
     while c.remaining() > 0 {
         let start = c.position();
@@ -318,131 +316,267 @@ pub fn to_pprof(
         if event.is_none() {
             event = setting;
         }
-        // Samples by kind, then by stack and labels: summed values.
-        let mut kinds: Vec<(&'static Kind, Summed)> = Vec::new();
         let states = thread_states(&md, &pools, meter)?;
-        let state = |f: &EventFields, v: &[u64]| -> Option<&str> {
-            let key = v.get(f.state?)?;
-            states.get(key).map(String::as_str)
-        };
         let mut stacks = Stacks::new(&md, &pools);
-        let mut fields: HashMap<u64, EventFields> = HashMap::default();
-        let unsupported = std::cell::Cell::new(0u64);
-        events::for_each_flat(
-            chunk,
-            &md,
-            |class| {
-                let name = class.name.as_str();
-                if UNSUPPORTED_SAMPLES.contains(&name) {
-                    unsupported.set(unsupported.get() + 1);
-                }
-                KNOWN.contains(&name)
-            },
-            |class, v| {
-                let f = *fields
-                    .entry(class.id)
-                    .or_insert_with(|| EventFields::of(class));
-                let int = |i: Option<usize>| i.and_then(|i| v.get(i)).copied();
-                let ticks = |i| int(i).map_or(0, |t| header.ticks_to_nanos(t as i64));
-                let Some(stack) = int(f.stack_trace) else {
-                    lost.add("empty_stack", 1);
-                    return Ok(());
-                };
-                let key = SampleKey {
-                    stack,
-                    context: int(f.context_id)
-                        .and_then(|c| contexts.get(&c).copied())
-                        .unwrap_or(0),
-                    span: int(f.span_id).unwrap_or(0),
-                    span_name: int(f.span_name).unwrap_or(0),
-                };
-                if !stacks.has_frames(stack, meter)? {
-                    lost.add("empty_stack", 1);
-                    return Ok(());
-                }
-                let mut add = |kind: &'static Kind, values: Vec<i64>| -> Result<()> {
-                    if period == 0 && (kind.name == CPU.name || kind.name == WALL.name) {
-                        lost.add("zero_sample_rate", 1);
-                        return Ok(());
-                    }
-                    let i = match kinds.iter().position(|(k, _)| std::ptr::eq(*k, kind)) {
-                        Some(i) => i,
-                        None => {
-                            kinds.push((kind, HashMap::default()));
-                            kinds.len() - 1
-                        }
-                    };
-                    let sums = &mut kinds[i].1;
-                    if let Some(sum) = sums.get_mut(&key) {
-                        for (s, v) in sum.iter_mut().zip(&values) {
-                            *s = s.saturating_add(*v);
-                        }
-                    } else {
-                        meter.take(
-                            2 * std::mem::size_of::<(SampleKey, Vec<i64>)>()
-                                + values.len() * std::mem::size_of::<i64>(),
-                        )?;
-                        sums.insert(key, values);
-                    }
-                    Ok(())
-                };
-                match class.name.as_str() {
-                    "jdk.ExecutionSample" => {
-                        let (cpu, wall) = execution_sample(state(&f, v), wall_mode);
-                        if cpu {
-                            add(&CPU, vec![period])?;
-                        }
-                        if wall {
-                            add(&WALL, vec![period])?;
-                        }
-                    }
-                    "profiler.WallClockSample" => {
-                        let samples = int(f.samples).unwrap_or(1) as i64;
-                        add(&WALL, vec![samples.saturating_mul(period)])?;
-                        if wall_mode && state(&f, v) == Some("STATE_RUNNABLE") {
-                            add(&CPU, vec![samples.saturating_mul(period)])?;
-                        }
-                    }
-                    "jdk.ObjectAllocationInNewTLAB" => {
-                        add(&IN_TLAB, vec![1, int(f.tlab_size).unwrap_or(0) as i64])?
-                    }
-                    "jdk.ObjectAllocationOutsideTLAB" => add(
-                        &OUTSIDE_TLAB,
-                        vec![1, int(f.allocation_size).unwrap_or(0) as i64],
-                    )?,
-                    "jdk.ObjectAllocationSample" => {
-                        add(&ALLOC_SAMPLE, vec![1, int(f.weight).unwrap_or(0) as i64])?
-                    }
-                    "jdk.JavaMonitorEnter" => add(&MUTEX, vec![1, ticks(f.duration)])?,
-                    "jdk.ThreadPark" => add(&BLOCK, vec![1, ticks(f.duration)])?,
-                    "profiler.LiveObject" => add(&LIVE, vec![1])?,
-                    "profiler.Malloc" => add(&MALLOC, vec![1, int(f.size).unwrap_or(0) as i64])?,
-                    _ => {}
-                }
-                Ok(())
-            },
-        )?;
-        lost.add("unsupported_event", unsupported.get());
-        // The chunk's sums into the profiles, each sample taken from the
-        // meter: its locations, values and labels (names and lines are
-        // interned by the builder, at most once per method and line).
+        let mut sums = ChunkSums {
+            header: &header,
+            contexts: &contexts,
+            states: &states,
+            period,
+            wall_mode,
+            kinds: Vec::new(),
+            lost: &mut lost,
+            meter,
+        };
+        sum_chunk_events(chunk, &md, &mut stacks, &mut sums)?;
+        let kinds = sums.kinds;
         let before_profiles = meter.held();
-        // The frames of one sample at a time (as many as the deepest stack).
-        let mut frames = Vec::new();
         // In the last chunk each profile is done once its samples are in:
         // encoded, and its builder let go, before the next is made.
         let last_chunk = start + header.size >= jfr.len();
-        for (kind, sums) in kinds {
-            let i = match profiles.iter().position(|(k, _)| std::ptr::eq(*k, kind)) {
+        let chunk_samples = ChunkSamples {
+            kinds,
+            stacks: &stacks,
+            labels,
+            last_chunk,
+        };
+        profiles.add_chunk(chunk_samples, &mut lost, meter)?;
+        // What the profiles hold stays taken; the rest of the chunk's
+        // reading is dropped here.
+        let profiles_taken = meter.held().saturating_sub(before_profiles);
+        meter.give_back(
+            meter
+                .held()
+                .saturating_sub(chunk_held.saturating_add(profiles_taken)),
+        );
+        c.seek(start + header.size)?;
+    }
+    Ok(Recording {
+        profiles: profiles.finish_all(meter)?,
+        event,
+        lost,
+    })
+}
+
+/// One chunk's samples, summed by kind, as they go into the profiles.
+struct ChunkSums<'c, 'm> {
+    header: &'c ChunkHeader,
+    /// Each context of the agent's labels by its canonical context.
+    contexts: &'c HashMap<u64, u64>,
+    /// The names of the thread states by key.
+    states: &'c HashMap<u64, String>,
+    /// The period in nanoseconds (0 when the sample rate is 0).
+    period: i64,
+    /// Whether the profiler samples wall time (its `event` setting).
+    wall_mode: bool,
+    /// Samples by kind, then by stack and labels: summed values.
+    kinds: Vec<(&'static Kind, Summed)>,
+    lost: &'c mut LostSamples,
+    meter: &'c mut Meter<'m>,
+}
+
+impl ChunkSums<'_, '_> {
+    /// Adds `values` to the sum of `kind`'s sample `key` (a new sample is
+    /// taken from the meter); CPU and wall samples without a period are lost.
+    fn add(&mut self, kind: &'static Kind, key: SampleKey, values: Vec<i64>) -> Result<()> {
+        if self.period == 0 && (kind.name == CPU.name || kind.name == WALL.name) {
+            self.lost.add("zero_sample_rate", 1);
+            return Ok(());
+        }
+        let i = match self.kinds.iter().position(|(k, _)| std::ptr::eq(*k, kind)) {
+            Some(i) => i,
+            None => {
+                self.kinds.push((kind, HashMap::default()));
+                self.kinds.len() - 1
+            }
+        };
+        let sums = &mut self.kinds[i].1;
+        if let Some(sum) = sums.get_mut(&key) {
+            for (s, v) in sum.iter_mut().zip(&values) {
+                *s = s.saturating_add(*v);
+            }
+        } else {
+            self.meter.take(
+                2 * std::mem::size_of::<(SampleKey, Vec<i64>)>()
+                    + values.len() * std::mem::size_of::<i64>(),
+            )?;
+            sums.insert(key, values);
+        }
+        Ok(())
+    }
+
+    /// The name of the thread state of the event `v`, if it has one.
+    fn state(&self, f: &EventFields, v: &[u64]) -> Option<&str> {
+        let key = v.get(f.state?)?;
+        self.states.get(key).map(String::as_str)
+    }
+
+    /// Adds the event `v` of the class `class` (sample `key`) to the kinds
+    /// it counts as, with its values.
+    fn add_event(&mut self, class: &str, key: SampleKey, f: &EventFields, v: &[u64]) -> Result<()> {
+        let int = |i: Option<usize>| i.and_then(|i| v.get(i)).copied();
+        let header = self.header;
+        let ticks = |i| int(i).map_or(0, |t| header.ticks_to_nanos(t as i64));
+        let period = self.period;
+        match class {
+            "jdk.ExecutionSample" => {
+                let (cpu, wall) = execution_sample(self.state(f, v), self.wall_mode);
+                if cpu {
+                    self.add(&CPU, key, vec![period])?;
+                }
+                if wall {
+                    self.add(&WALL, key, vec![period])?;
+                }
+            }
+            "profiler.WallClockSample" => {
+                let samples = int(f.samples).unwrap_or(1) as i64;
+                self.add(&WALL, key, vec![samples.saturating_mul(period)])?;
+                if self.wall_mode && self.state(f, v) == Some("STATE_RUNNABLE") {
+                    self.add(&CPU, key, vec![samples.saturating_mul(period)])?;
+                }
+            }
+            "jdk.ObjectAllocationInNewTLAB" => {
+                self.add(&IN_TLAB, key, vec![1, int(f.tlab_size).unwrap_or(0) as i64])?
+            }
+            "jdk.ObjectAllocationOutsideTLAB" => self.add(
+                &OUTSIDE_TLAB,
+                key,
+                vec![1, int(f.allocation_size).unwrap_or(0) as i64],
+            )?,
+            "jdk.ObjectAllocationSample" => self.add(
+                &ALLOC_SAMPLE,
+                key,
+                vec![1, int(f.weight).unwrap_or(0) as i64],
+            )?,
+            "jdk.JavaMonitorEnter" => self.add(&MUTEX, key, vec![1, ticks(f.duration)])?,
+            "jdk.ThreadPark" => self.add(&BLOCK, key, vec![1, ticks(f.duration)])?,
+            "profiler.LiveObject" => self.add(&LIVE, key, vec![1])?,
+            "profiler.Malloc" => {
+                self.add(&MALLOC, key, vec![1, int(f.size).unwrap_or(0) as i64])?
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Sums the known events of `chunk` into `sums`, counting those without a
+/// named frame and the unsupported sampling events as lost.
+fn sum_chunk_events(
+    chunk: &[u8],
+    md: &Metadata,
+    stacks: &mut Stacks<'_>,
+    sums: &mut ChunkSums<'_, '_>,
+) -> Result<()> {
+    let mut fields: HashMap<u64, EventFields> = HashMap::default();
+    let unsupported = std::cell::Cell::new(0u64);
+    events::for_each_flat(
+        chunk,
+        md,
+        |class| {
+            let name = class.name.as_str();
+            if UNSUPPORTED_SAMPLES.contains(&name) {
+                unsupported.set(unsupported.get() + 1);
+            }
+            KNOWN.contains(&name)
+        },
+        |class, v| {
+            let f = *fields
+                .entry(class.id)
+                .or_insert_with(|| EventFields::of(class));
+            let int = |i: Option<usize>| i.and_then(|i| v.get(i)).copied();
+            let Some(stack) = int(f.stack_trace) else {
+                sums.lost.add("empty_stack", 1);
+                return Ok(());
+            };
+            let key = SampleKey {
+                stack,
+                context: int(f.context_id)
+                    .and_then(|c| sums.contexts.get(&c).copied())
+                    .unwrap_or(0),
+                span: int(f.span_id).unwrap_or(0),
+                span_name: int(f.span_name).unwrap_or(0),
+            };
+            if !stacks.has_frames(stack, sums.meter)? {
+                sums.lost.add("empty_stack", 1);
+                return Ok(());
+            }
+            sums.add_event(class.name.as_str(), key, &f, v)
+        },
+    )?;
+    sums.lost.add("unsupported_event", unsupported.get());
+    Ok(())
+}
+
+/// One chunk's summed samples, with what names their stacks and labels.
+struct ChunkSamples<'c, 'a, 'l> {
+    kinds: Vec<(&'static Kind, Summed)>,
+    stacks: &'c Stacks<'a>,
+    labels: Option<&'l LabelsSnapshot>,
+    /// Whether it is the recording's last chunk.
+    last_chunk: bool,
+}
+
+/// The profiles of a recording as its chunks are read.
+struct Profiles {
+    /// A profile by kind, being made.
+    building: Vec<(&'static Kind, ProfileBuilder)>,
+    /// The profiles done, encoded.
+    done: Vec<Converted>,
+    from: i64,
+    until: i64,
+}
+
+impl Profiles {
+    /// No profiles yet, for the interval `from`..`until`.
+    fn new(from: i64, until: i64) -> Self {
+        Profiles {
+            building: Vec::new(),
+            done: Vec::new(),
+            from,
+            until,
+        }
+    }
+
+    /// Every profile encoded: those done, then those of kinds the last
+    /// chunk had none of.
+    fn finish_all(self, meter: &mut Meter<'_>) -> Result<Vec<Converted>> {
+        let mut done = self.done;
+        for (kind, b) in self.building {
+            done.push(finish(kind, b, meter)?);
+        }
+        Ok(done)
+    }
+
+    /// Adds a chunk's sums to the profiles, each sample taken from the
+    /// meter: its locations, values and labels (names and lines are
+    /// interned by the builder, at most once per method and line). In the
+    /// last chunk each profile is finished once its samples are in.
+    fn add_chunk(
+        &mut self,
+        chunk: ChunkSamples<'_, '_, '_>,
+        lost: &mut LostSamples,
+        meter: &mut Meter<'_>,
+    ) -> Result<()> {
+        let stacks = chunk.stacks;
+        // The frames of one sample at a time (as many as the deepest stack).
+        let mut frames = Vec::new();
+        for (kind, sums) in chunk.kinds {
+            let i = match self
+                .building
+                .iter()
+                .position(|(k, _)| std::ptr::eq(*k, kind))
+            {
                 Some(i) => i,
                 None => {
-                    profiles.push((kind, new_builder(kind, from, until)));
-                    profiles.len() - 1
+                    self.building
+                        .push((kind, new_builder(kind, self.from, self.until)));
+                    self.building.len() - 1
                 }
             };
-            let b = &mut profiles[i].1;
+            let b = &mut self.building[i].1;
             for (key, values) in sums {
-                let labels = sample_labels(&key, labels);
+                let labels = sample_labels(&key, chunk.labels);
                 let left_out = stacks.frames_into(key.stack, &mut frames)?;
                 // Per distinct stack of each profile.
                 lost.add_part("frame", "unnamed_frame", left_out as u64);
@@ -464,30 +598,13 @@ pub fn to_pprof(
                 b.sample_with_labels(locations, values, &labels);
                 meter.give_back(bound.saturating_sub(b.held_bytes() - before));
             }
-            if last_chunk {
-                let (kind, b) = profiles.remove(i);
-                done.push(finish(kind, b, meter)?);
+            if chunk.last_chunk {
+                let (kind, b) = self.building.remove(i);
+                self.done.push(finish(kind, b, meter)?);
             }
         }
-        // What the profiles hold stays taken; the rest of the chunk's
-        // reading is dropped here.
-        let profiles_taken = meter.held().saturating_sub(before_profiles);
-        meter.give_back(
-            meter
-                .held()
-                .saturating_sub(chunk_held.saturating_add(profiles_taken)),
-        );
-        c.seek(start + header.size)?;
+        Ok(())
     }
-    // Kinds the last chunk had none of.
-    for (kind, b) in profiles {
-        done.push(finish(kind, b, meter)?);
-    }
-    Ok(Recording {
-        profiles: done,
-        event,
-        lost,
-    })
 }
 
 /// A kind's profile encoded, the bytes taken from the meter and what the

@@ -101,49 +101,8 @@ impl Metadata {
     pub fn read(c: &mut Cursor<'_>, meter: &mut Meter<'_>) -> Result<Metadata> {
         let before = meter.held();
         let start = c.position();
-        let available = c.remaining();
-        // The size counts the whole event, its own bytes included.
-        let size = c.varint("the metadata event's size")?;
-        let end = usize::try_from(size)
-            .ok()
-            .filter(|&s| s > 0 && s <= available)
-            .map(|s| start + s)
-            .ok_or(JfrError::Truncated {
-                what: "the metadata event",
-                at: start,
-            })?;
-        let ty = c.varint("the metadata event's type")?;
-        if ty != 0 {
-            return Err(JfrError::Invalid {
-                what: format!("the metadata offset points at an event of type {ty}, not 0"),
-                at: start,
-            });
-        }
-        for what in [
-            "the metadata start time",
-            "the metadata duration",
-            "the metadata id",
-        ] {
-            c.varint(what)?;
-        }
-        let n = c.count(1, "the metadata string count")?;
-        meter.take_items::<String>(n)?;
-        let mut strings = Vec::with_capacity(n);
-        for _ in 0..n {
-            strings.push(match c.string("a metadata string")? {
-                JfrString::Text(s) => {
-                    meter.take(s.len())?;
-                    s
-                }
-                JfrString::Null => String::new(),
-                JfrString::PoolKey(_) => {
-                    return Err(JfrError::Invalid {
-                        what: "a metadata string refers to a constant pool".into(),
-                        at: c.position(),
-                    });
-                }
-            });
-        }
+        let (size, end) = read_event_head(c)?;
+        let strings = read_strings(c, meter)?;
         let root = element(c, &strings, 0, meter)?;
         let held = meter.held() - before;
         if c.position() > end {
@@ -159,63 +118,40 @@ impl Metadata {
             .filter(|e| e.name == "metadata")
             .flat_map(|m| m.children.iter().filter(|e| e.name == "class"))
         {
-            let id = class.number("id")?;
-            let fields = class
-                .children
-                .iter()
-                .filter(|e| e.name == "field")
-                .map(|f| {
-                    Ok(Field {
-                        name: f.attr("name").unwrap_or_default().to_owned(),
-                        class: f.number("class")?,
-                        constant_pool: f.attr("constantPool") == Some("true"),
-                        array: f.attr("dimension").is_some_and(|d| d != "0"),
-                        primitive: None,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let name = class.attr("name").unwrap_or_default().to_owned();
-            let super_type = class.attr("superType").map(str::to_owned);
-            meter.take(
-                std::mem::size_of::<Class>()
-                    + name.len()
-                    + super_type.as_ref().map_or(0, String::len)
-                    + fields
-                        .iter()
-                        .map(|f| std::mem::size_of::<Field>() + f.name.len())
-                        .sum::<usize>(),
-            )?;
-            let primitive = Primitive::of(&name);
-            metadata.classes.insert(
-                id,
-                Class {
-                    id,
-                    name,
-                    super_type,
-                    fields,
-                    min_bytes: 0,
-                    empty_field: false,
-                    primitive,
-                },
-            );
+            let class = class_of(class, meter)?;
+            metadata.classes.insert(class.id, class);
         }
-        let primitives: HashMap<u64, Primitive> = metadata
+        metadata.link_primitives();
+        metadata.set_min_bytes();
+        // The element tree and its strings are dropped here.
+        meter.give_back(held);
+        Ok(metadata)
+    }
+
+    /// Gives every field the primitive its class is, if it is one.
+    fn link_primitives(&mut self) {
+        let primitives: HashMap<u64, Primitive> = self
             .classes
             .values()
             .filter_map(|c| Some((c.id, c.primitive?)))
             .collect();
-        for class in metadata.classes.values_mut() {
+        for class in self.classes.values_mut() {
             for field in &mut class.fields {
                 field.primitive = primitives.get(&field.class).copied();
             }
         }
-        let known = min_bytes(&metadata);
+    }
+
+    /// Sets every class's `min_bytes`, and `empty_field` on those with a
+    /// field whose values take no bytes.
+    fn set_min_bytes(&mut self) {
+        let known = min_bytes(self);
         for (id, least) in &known {
-            if let Some(class) = metadata.classes.get_mut(id) {
+            if let Some(class) = self.classes.get_mut(id) {
                 class.min_bytes = *least;
             }
         }
-        let empty: Vec<u64> = metadata
+        let empty: Vec<u64> = self
             .classes
             .values()
             .filter(|class| {
@@ -226,14 +162,107 @@ impl Metadata {
             .map(|class| class.id)
             .collect();
         for id in empty {
-            if let Some(class) = metadata.classes.get_mut(&id) {
+            if let Some(class) = self.classes.get_mut(&id) {
                 class.empty_field = true;
             }
         }
-        // The element tree and its strings are dropped here.
-        meter.give_back(held);
-        Ok(metadata)
     }
+}
+
+/// Reads the metadata event's head where `c` stands (its size, type 0,
+/// start time, duration and id): its size and where it ends.
+fn read_event_head(c: &mut Cursor<'_>) -> Result<(u64, usize)> {
+    let start = c.position();
+    let available = c.remaining();
+    // The size counts the whole event, its own bytes included.
+    let size = c.varint("the metadata event's size")?;
+    let end = usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0 && s <= available)
+        .map(|s| start + s)
+        .ok_or(JfrError::Truncated {
+            what: "the metadata event",
+            at: start,
+        })?;
+    let ty = c.varint("the metadata event's type")?;
+    if ty != 0 {
+        return Err(JfrError::Invalid {
+            what: format!("the metadata offset points at an event of type {ty}, not 0"),
+            at: start,
+        });
+    }
+    for what in [
+        "the metadata start time",
+        "the metadata duration",
+        "the metadata id",
+    ] {
+        c.varint(what)?;
+    }
+    Ok((size, end))
+}
+
+/// Reads the metadata's string table, each string taken from the meter.
+fn read_strings(c: &mut Cursor<'_>, meter: &mut Meter<'_>) -> Result<Vec<String>> {
+    let n = c.count(1, "the metadata string count")?;
+    meter.take_items::<String>(n)?;
+    let mut strings = Vec::with_capacity(n);
+    for _ in 0..n {
+        strings.push(match c.string("a metadata string")? {
+            JfrString::Text(s) => {
+                meter.take(s.len())?;
+                s
+            }
+            JfrString::Null => String::new(),
+            JfrString::PoolKey(_) => {
+                return Err(JfrError::Invalid {
+                    what: "a metadata string refers to a constant pool".into(),
+                    at: c.position(),
+                });
+            }
+        });
+    }
+    Ok(strings)
+}
+
+/// The class a `class` element declares, taken from the meter (its sizes
+/// and primitive fields are filled in once every class is read).
+fn class_of(class: &Element<'_>, meter: &mut Meter<'_>) -> Result<Class> {
+    let id = class.number("id")?;
+    let fields = class
+        .children
+        .iter()
+        .filter(|e| e.name == "field")
+        .map(|f| {
+            Ok(Field {
+                name: f.attr("name").unwrap_or_default().to_owned(),
+                class: f.number("class")?,
+                constant_pool: f.attr("constantPool") == Some("true"),
+                array: f.attr("dimension").is_some_and(|d| d != "0"),
+                primitive: None,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let name = class.attr("name").unwrap_or_default().to_owned();
+    let super_type = class.attr("superType").map(str::to_owned);
+    meter.take(
+        std::mem::size_of::<Class>()
+            + name.len()
+            + super_type.as_ref().map_or(0, String::len)
+            + fields
+                .iter()
+                .map(|f| std::mem::size_of::<Field>() + f.name.len())
+                .sum::<usize>(),
+    )?;
+    let primitive = Primitive::of(&name);
+    Ok(Class {
+        id,
+        name,
+        super_type,
+        fields,
+        min_bytes: 0,
+        empty_field: false,
+        primitive,
+    })
 }
 
 /// The fewest bytes a value of each class takes: a primitive its own, a

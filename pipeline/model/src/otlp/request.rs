@@ -81,14 +81,7 @@ impl<'a> RequestBuilder<'a> {
     /// The request. Fails only on an index out of range, which a receiver's
     /// checks rule out before a profile is accepted.
     pub fn build(self) -> Result<Request<'a>, ConvertError> {
-        let shared = match self.items.first() {
-            Some((_, first)) if !self.compact => self
-                .items
-                .iter()
-                .all(|(_, o)| Arc::ptr_eq(&o.dictionary, &first.dictionary))
-                .then(|| first.dictionary.as_ref()),
-            _ => None,
-        };
+        let shared = self.shared_dictionary();
         let mut builder = DictionaryBuilder::new();
         // Merging everything as it arrived: on the wire, no decoding.
         let on_wire = shared.is_none()
@@ -98,29 +91,11 @@ impl<'a> RequestBuilder<'a> {
                 .iter()
                 .all(|(_, o)| o.dictionary.is_raw() && o.profiles.iter().all(ProfileData::is_raw));
         let mut wire = on_wire.then(WireMerge::new);
-        let mut wire_remaps: Vec<super::Remap> = Vec::new();
-        // Else: every distinct dictionary decoded once, up front, so the
-        // re-indexing below can borrow them all.
-        let mut decoded: Vec<Cow<'a, proto::ProfilesDictionary>> = Vec::new();
-        let mut which: HashMap<*const SharedDictionary, usize> = HashMap::new();
+        let mut sources = SourceDictionaries::default();
         if shared.is_none() {
-            for (_, o) in &self.items {
-                let key = Arc::as_ptr(&o.dictionary);
-                if let std::collections::hash_map::Entry::Vacant(slot) = which.entry(key) {
-                    match (wire.as_mut(), o.dictionary.raw()) {
-                        (Some(wire), Some(raw)) => {
-                            slot.insert(wire_remaps.len());
-                            wire_remaps.push(wire.add_dictionary(raw)?);
-                        }
-                        _ => {
-                            slot.insert(decoded.len());
-                            decoded.push(o.dictionary.decoded()?);
-                        }
-                    }
-                }
-            }
+            sources.add_all(&self.items, wire.as_mut())?;
         }
-        let mut remaps: Vec<Remap<'_>> = decoded.iter().map(|d| Remap::new(d)).collect();
+        let mut remaps: Vec<Remap<'_>> = sources.decoded.iter().map(|d| Remap::new(d)).collect();
         let mut resources: Vec<ResourceGroup<'a>> = Vec::new();
         let mut profiles = 0;
         // The last item's context and labels: consecutive profiles of one
@@ -133,45 +108,7 @@ impl<'a> RequestBuilder<'a> {
                 Some((p, l, r, s)) if p == ctx_ptr && (std::ptr::eq(l, labels) || l == labels) => {
                     (r, s)
                 }
-                _ => {
-                    let (resource, scope) = o.resource_and_scope(labels);
-                    let (rs, ss) = o
-                        .context
-                        .as_ref()
-                        .map_or((String::new(), String::new()), |c| {
-                            (c.resource_schema_url.clone(), c.scope_schema_url.clone())
-                        });
-                    let r = match resources
-                        .iter()
-                        .position(|g| g.resource == resource && g.schema_url == rs)
-                    {
-                        Some(r) => r,
-                        None => {
-                            resources.push(ResourceGroup {
-                                resource,
-                                schema_url: rs,
-                                scopes: Vec::new(),
-                            });
-                            resources.len() - 1
-                        }
-                    };
-                    let scopes = &mut resources[r].scopes;
-                    let s = match scopes
-                        .iter()
-                        .position(|g| g.scope == scope && g.schema_url == ss)
-                    {
-                        Some(s) => s,
-                        None => {
-                            scopes.push(ScopeGroup {
-                                scope,
-                                schema_url: ss,
-                                profiles: Vec::new(),
-                            });
-                            scopes.len() - 1
-                        }
-                    };
-                    (r, s)
-                }
+                _ => scope_group(&mut resources, o, labels),
             };
             last = Some((ctx_ptr, labels, r, s));
             let group = &mut resources[r].scopes[s].profiles;
@@ -179,15 +116,10 @@ impl<'a> RequestBuilder<'a> {
                 profiles += 1;
                 if shared.is_some() {
                     group.push(Cow::Borrowed(p));
-                } else if let (Some(wire), Some(raw)) = (wire.as_ref(), p.raw()) {
-                    let remap = &wire_remaps[which[&Arc::as_ptr(&o.dictionary)]];
-                    let mut bytes = Vec::with_capacity(raw.len() + raw.len() / 8);
-                    wire.add_profile(raw, remap, &mut bytes)?;
-                    group.push(Cow::Owned(ProfileData::from_raw(bytes.into())));
                 } else {
-                    let i = which[&Arc::as_ptr(&o.dictionary)];
-                    let remapped = remaps[i].profile(&mut builder, &*p.decoded()?)?;
-                    group.push(Cow::Owned(ProfileData::from_decoded(remapped)));
+                    let reindexed =
+                        sources.reindexed(o, p, wire.as_ref(), &mut remaps, &mut builder)?;
+                    group.push(Cow::Owned(reindexed));
                 }
             }
         }
@@ -204,6 +136,129 @@ impl<'a> RequestBuilder<'a> {
             resources,
             profiles,
         })
+    }
+
+    /// The dictionary every item refers to, when they all refer to one and
+    /// `compact` is not asked: the request is written with it as it is.
+    fn shared_dictionary(&self) -> Option<&'a SharedDictionary> {
+        match self.items.first() {
+            Some((_, first)) if !self.compact => self
+                .items
+                .iter()
+                .all(|(_, o)| Arc::ptr_eq(&o.dictionary, &first.dictionary))
+                .then(|| first.dictionary.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// The index of the group of `o`'s resource and scope (as `labels` make
+/// them) in `resources`, and of its scope in that group; each added if
+/// new.
+fn scope_group<'a>(
+    resources: &mut Vec<ResourceGroup<'a>>,
+    o: &OtlpProfiles,
+    labels: &Labels,
+) -> (usize, usize) {
+    let (resource, scope) = o.resource_and_scope(labels);
+    let (rs, ss) = o
+        .context
+        .as_ref()
+        .map_or((String::new(), String::new()), |c| {
+            (c.resource_schema_url.clone(), c.scope_schema_url.clone())
+        });
+    let r = match resources
+        .iter()
+        .position(|g| g.resource == resource && g.schema_url == rs)
+    {
+        Some(r) => r,
+        None => {
+            resources.push(ResourceGroup {
+                resource,
+                schema_url: rs,
+                scopes: Vec::new(),
+            });
+            resources.len() - 1
+        }
+    };
+    let scopes = &mut resources[r].scopes;
+    let s = match scopes
+        .iter()
+        .position(|g| g.scope == scope && g.schema_url == ss)
+    {
+        Some(s) => s,
+        None => {
+            scopes.push(ScopeGroup {
+                scope,
+                schema_url: ss,
+                profiles: Vec::new(),
+            });
+            scopes.len() - 1
+        }
+    };
+    (r, s)
+}
+
+/// The distinct dictionaries of items that do not share one, each merged
+/// on the wire or decoded once, up front, so the re-indexing can borrow
+/// them all.
+#[derive(Default)]
+struct SourceDictionaries<'a> {
+    /// Where the entries of each dictionary merged on the wire went.
+    wire_remaps: Vec<super::Remap>,
+    /// Each dictionary decoded.
+    decoded: Vec<Cow<'a, proto::ProfilesDictionary>>,
+    /// Each dictionary's index in `wire_remaps` or `decoded`.
+    which: HashMap<*const SharedDictionary, usize>,
+}
+
+impl<'a> SourceDictionaries<'a> {
+    /// Adds the dictionary of every item, once each: to `wire` when there
+    /// is one and it arrived as bytes, else decoded.
+    fn add_all(
+        &mut self,
+        items: &[(&'a Labels, &'a OtlpProfiles)],
+        mut wire: Option<&mut WireMerge>,
+    ) -> Result<(), ConvertError> {
+        for (_, o) in items {
+            let key = Arc::as_ptr(&o.dictionary);
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.which.entry(key) {
+                match (wire.as_deref_mut(), o.dictionary.raw()) {
+                    (Some(wire), Some(raw)) => {
+                        slot.insert(self.wire_remaps.len());
+                        self.wire_remaps.push(wire.add_dictionary(raw)?);
+                    }
+                    _ => {
+                        slot.insert(self.decoded.len());
+                        self.decoded.push(o.dictionary.decoded()?);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Profile `p` of `o` re-indexed into the new dictionary: on the wire
+    /// when it arrived as bytes and `wire` merges, else decoded and added
+    /// to `builder`.
+    fn reindexed(
+        &self,
+        o: &OtlpProfiles,
+        p: &ProfileData,
+        wire: Option<&WireMerge>,
+        remaps: &mut [Remap<'_>],
+        builder: &mut DictionaryBuilder,
+    ) -> Result<ProfileData, ConvertError> {
+        if let (Some(wire), Some(raw)) = (wire, p.raw()) {
+            let remap = &self.wire_remaps[self.which[&Arc::as_ptr(&o.dictionary)]];
+            let mut bytes = Vec::with_capacity(raw.len() + raw.len() / 8);
+            wire.add_profile(raw, remap, &mut bytes)?;
+            Ok(ProfileData::from_raw(bytes.into()))
+        } else {
+            let i = self.which[&Arc::as_ptr(&o.dictionary)];
+            let remapped = remaps[i].profile(builder, &*p.decoded()?)?;
+            Ok(ProfileData::from_decoded(remapped))
+        }
     }
 }
 

@@ -24,7 +24,8 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::{
-    AttributeLabels, OtlpContext, OtlpProfiles, ProfileData, SharedDictionary, collector, proto,
+    AttributeLabels, ConvertError, DictionaryIndex, OtlpContext, OtlpProfiles, ProfileData,
+    ProfileFacts, SharedDictionary, collector, proto,
 };
 use crate::lost::LostSamples;
 use crate::model::{
@@ -105,33 +106,10 @@ pub fn split_raw(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, Split
 
 /// [`split_raw`] of a request in the 1.10 layout.
 fn split_raw_1_10(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, SplitError> {
-    use crate::wire::{Value, fields};
-    let not_otlp = |e: String| SplitError {
-        message: format!("the body is not an OTLP ExportProfilesServiceRequest: {e}"),
-        profiles: 0,
-    };
-    let mut dictionary: Option<&[u8]> = None;
-    let mut resources = Vec::new();
-    for f in fields(body) {
-        match f.map_err(|e| not_otlp(e.to_string()))? {
-            (1, Value::Bytes(rp)) => {
-                let r = walk(rp).map_err(not_otlp)?;
-                let scopes = r
-                    .items
-                    .iter()
-                    .map(|sp| walk(sp))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(not_otlp)?;
-                resources.push((r, scopes));
-            }
-            (2, Value::Bytes(_)) if dictionary.is_some() => {
-                return Err(not_otlp("the dictionary is given twice".to_owned()));
-            }
-            (2, Value::Bytes(d)) => dictionary = Some(d),
-            (1 | 2, _) => return Err(not_otlp("a field has the wrong wire type".to_owned())),
-            _ => {}
-        }
-    }
+    let WalkedRequest {
+        dictionary,
+        resources,
+    } = walk_request(body)?;
     let count: usize = resources
         .iter()
         .flat_map(|(_, scopes)| scopes)
@@ -155,28 +133,136 @@ fn split_raw_1_10(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, Spli
         body.slice_ref(dictionary),
         index.strings.len() + index.locations,
     ));
-    let string = |i: i32| {
-        index
-            .string(i)
-            .ok_or_else(|| super::ConvertError(format!("string index {i} is out of range")))
-    };
 
-    let mut rejected = 0u64;
-    let mut first_error: Option<String> = None;
-    let mut lost_labels = LostSamples::default();
-    // A broken resource or scope without profiles refuses nothing.
-    let mut refuse = |n: usize, why: String| {
-        if n > 0 {
-            rejected += n as u64;
-            first_error.get_or_insert(why);
-        }
+    let mut checked = CheckedProfiles {
+        valid: Vec::with_capacity(count),
+        rejected: 0,
+        first_error: None,
+        lost_labels: LostSamples::default(),
+        shared: body.len(),
     };
-    let mut shared = body.len();
-    let mut valid: Vec<(Arc<OtlpContext>, super::ProfileFacts, &[u8])> = Vec::with_capacity(count);
     for (r, scopes) in resources {
-        let head = |what: &str, e: prost::DecodeError| format!("{what}: {e}");
+        checked.check_resource(&r, scopes, &index, mapping);
+    }
+    let CheckedProfiles {
+        valid,
+        rejected,
+        first_error,
+        lost_labels,
+        shared,
+    } = checked;
+    let error_message = match first_error {
+        Some(first) => format!("{rejected} of {count} profiles were refused; the first: {first}"),
+        None => String::new(),
+    };
+    if valid.is_empty() {
+        return Err(refuse_all(error_message));
+    }
+    let envelopes = raw_envelopes(valid, shared, &index, body, &shared_dictionary);
+    Ok(Split {
+        envelopes,
+        from_1_9: false,
+        rejected,
+        error_message,
+        lost_labels,
+    })
+}
+
+/// Why a body that is no `ExportProfilesServiceRequest` is refused.
+fn not_otlp(e: String) -> SplitError {
+    SplitError {
+        message: format!("the body is not an OTLP ExportProfilesServiceRequest: {e}"),
+        profiles: 0,
+    }
+}
+
+/// A protobuf request's parts as the wire holds them.
+struct WalkedRequest<'a> {
+    /// The `dictionary` message, if there is one.
+    dictionary: Option<&'a [u8]>,
+    /// Each `ResourceProfiles`, with its `ScopeProfiles`.
+    resources: Vec<(Walked<'a>, Vec<Walked<'a>>)>,
+}
+
+/// Walks an `ExportProfilesServiceRequest`: field 1 its resources (and
+/// their scopes), field 2 its dictionary, given at most once.
+fn walk_request(body: &[u8]) -> Result<WalkedRequest<'_>, SplitError> {
+    use crate::wire::{Value, fields};
+    let mut dictionary: Option<&[u8]> = None;
+    let mut resources = Vec::new();
+    for f in fields(body) {
+        match f.map_err(|e| not_otlp(e.to_string()))? {
+            (1, Value::Bytes(rp)) => {
+                let r = walk(rp).map_err(not_otlp)?;
+                let scopes = r
+                    .items
+                    .iter()
+                    .map(|sp| walk(sp))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(not_otlp)?;
+                resources.push((r, scopes));
+            }
+            (2, Value::Bytes(_)) if dictionary.is_some() => {
+                return Err(not_otlp("the dictionary is given twice".to_owned()));
+            }
+            (2, Value::Bytes(d)) => dictionary = Some(d),
+            (1 | 2, _) => return Err(not_otlp("a field has the wrong wire type".to_owned())),
+            _ => {}
+        }
+    }
+    Ok(WalkedRequest {
+        dictionary,
+        resources,
+    })
+}
+
+/// The string at index `i` of the request's dictionary.
+fn dictionary_string<'d>(index: &'d DictionaryIndex<'_>, i: i32) -> Result<&'d str, ConvertError> {
+    index
+        .string(i)
+        .ok_or_else(|| ConvertError(format!("string index {i} is out of range")))
+}
+
+/// A profile that passed its checks: its scope's context, its facts and
+/// its bytes (a slice of the body).
+type CheckedProfile<'b> = (Arc<OtlpContext>, ProfileFacts, &'b [u8]);
+
+/// What checking a raw request's resources, scopes and profiles finds.
+struct CheckedProfiles<'b> {
+    /// The profiles that passed.
+    valid: Vec<CheckedProfile<'b>>,
+    /// How many profiles were refused alone.
+    rejected: u64,
+    /// Why the first was.
+    first_error: Option<String>,
+    /// Attributes of resources and scopes with profiles that became no label.
+    lost_labels: LostSamples,
+    /// The bytes the profiles share: the body and the contexts.
+    shared: usize,
+}
+
+impl<'b> CheckedProfiles<'b> {
+    /// Counts `n` profiles refused for `why` (a broken resource or scope
+    /// without profiles refuses nothing).
+    fn refuse(&mut self, n: usize, why: String) {
+        if n > 0 {
+            self.rejected += n as u64;
+            self.first_error.get_or_insert(why);
+        }
+    }
+
+    /// Checks resource `r`, its `scopes` and their profiles, keeping the
+    /// profiles that pass and refusing the rest.
+    fn check_resource(
+        &mut self,
+        r: &Walked<'_>,
+        scopes: Vec<Walked<'b>>,
+        index: &DictionaryIndex<'_>,
+        mapping: &AttributeLabels,
+    ) {
+        let string = |i: i32| dictionary_string(index, i);
         let resource = super::Resource::decode(r.head)
-            .map_err(|e| head("resource", e))
+            .map_err(|e| format!("resource: {e}"))
             .and_then(|mut res| {
                 super::inline_attributes_with(&mut res.attributes, string)
                     .map_err(|e| e.to_string())?;
@@ -186,46 +272,71 @@ fn split_raw_1_10(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, Spli
             let made = resource
                 .clone()
                 .and_then(|(resource, resource_schema_url)| {
-                    let mut scope = super::common::InstrumentationScope::decode(s.head)
-                        .map_err(|e| head("scope", e))?;
-                    super::inline_attributes_with(&mut scope.attributes, string)
-                        .map_err(|e| e.to_string())?;
-                    let mut lost = LostSamples::default();
-                    let labels = mapping.labels(&resource, &scope, &mut lost);
-                    if !s.items.is_empty() {
-                        lost_labels.merge(&lost);
-                    }
-                    Ok(Arc::new(OtlpContext {
+                    scope_context(
                         resource,
                         resource_schema_url,
-                        scope,
-                        scope_schema_url: utf8(s.schema_url)?,
-                        labels,
-                    }))
+                        &s,
+                        index,
+                        mapping,
+                        &mut self.lost_labels,
+                    )
                 });
             let context = match made {
                 Ok(c) => c,
                 Err(e) => {
-                    refuse(s.items.len(), format!("resource or scope: {e}"));
+                    self.refuse(s.items.len(), format!("resource or scope: {e}"));
                     continue;
                 }
             };
-            shared += super::context_heap_size(&context);
+            self.shared += super::context_heap_size(&context);
             for p in s.items {
-                match super::check_profile_wire(&index, p) {
-                    Ok(facts) => valid.push((context.clone(), facts, p)),
-                    Err(e) => refuse(1, e.to_string()),
+                match super::check_profile_wire(index, p) {
+                    Ok(facts) => self.valid.push((context.clone(), facts, p)),
+                    Err(e) => self.refuse(1, e.to_string()),
                 }
             }
         }
     }
-    let error_message = match first_error {
-        Some(first) => format!("{rejected} of {count} profiles were refused; the first: {first}"),
-        None => String::new(),
-    };
-    if valid.is_empty() {
-        return Err(refuse_all(error_message));
+}
+
+/// The context of scope `s` of `resource`: its scope decoded and its
+/// labels made (what became no label is counted in `lost_labels` when the
+/// scope has profiles).
+fn scope_context(
+    resource: super::Resource,
+    resource_schema_url: String,
+    s: &Walked<'_>,
+    index: &DictionaryIndex<'_>,
+    mapping: &AttributeLabels,
+    lost_labels: &mut LostSamples,
+) -> Result<Arc<OtlpContext>, String> {
+    let mut scope =
+        super::common::InstrumentationScope::decode(s.head).map_err(|e| format!("scope: {e}"))?;
+    super::inline_attributes_with(&mut scope.attributes, |i| dictionary_string(index, i))
+        .map_err(|e| e.to_string())?;
+    let mut lost = LostSamples::default();
+    let labels = mapping.labels(&resource, &scope, &mut lost);
+    if !s.items.is_empty() {
+        lost_labels.merge(&lost);
     }
+    Ok(Arc::new(OtlpContext {
+        resource,
+        resource_schema_url,
+        scope,
+        scope_schema_url: utf8(s.schema_url)?,
+        labels,
+    }))
+}
+
+/// The envelopes of the profiles that passed, each holding its slice of
+/// `body` and a share of the `shared` bytes.
+fn raw_envelopes(
+    valid: Vec<CheckedProfile<'_>>,
+    shared: usize,
+    index: &DictionaryIndex<'_>,
+    body: &Bytes,
+    shared_dictionary: &Arc<SharedDictionary>,
+) -> Vec<Envelope> {
     // Each profile counts its own bytes; the rest of the body (dictionary,
     // refused profiles, framing) and the contexts are shared out so the
     // shares add up to the whole once.
@@ -235,7 +346,7 @@ fn split_raw_1_10(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, Spli
     let (each, rest) = (shared / n, shared % n);
     let now = now_unix_nanos();
     let name = |i: i32| index.string(i).unwrap_or("");
-    let envelopes = valid
+    valid
         .into_iter()
         .enumerate()
         .map(|(i, (context, facts, p))| {
@@ -270,14 +381,7 @@ fn split_raw_1_10(body: &Bytes, mapping: &AttributeLabels) -> Result<Split, Spli
                 )),
             }
         })
-        .collect();
-    Ok(Split {
-        envelopes,
-        from_1_9: false,
-        rejected,
-        error_message,
-        lost_labels,
-    })
+        .collect()
 }
 
 /// The envelopes of a decoded request (OTLP JSON, say; see the module docs).

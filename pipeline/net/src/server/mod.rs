@@ -27,7 +27,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{AuthSettings, Authenticated, Authenticator, BasicAuthSettings, Unauthenticated};
@@ -175,25 +175,7 @@ pub async fn accept_loop<S, F, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    if listen.http2_only {
-        builder = builder.http2_only();
-    }
-    {
-        let mut http1 = builder.http1();
-        http1.timer(TokioTimer::new()).max_buf_size(H1_MAX_BUF);
-        if let Some(timeout) = listen.read_header_timeout {
-            http1.header_read_timeout(timeout);
-        }
-    }
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(None)
-        .max_concurrent_streams(listen.max_concurrent_streams.max(1))
-        .initial_stream_window_size(H2_STREAM_WINDOW)
-        .initial_connection_window_size(H2_CONNECTION_WINDOW);
-    let builder = Arc::new(builder);
+    let builder = Arc::new(http_builder(&listen));
     let listen = Arc::new(listen);
     let connections = Connections::new(listen.max_connections);
     // Every connection's task, handshakes included; `drain` ends the
@@ -251,24 +233,9 @@ pub async fn accept_loop<S, F, B>(
             };
             // TLS: the handshake runs here (a slow client never holds up
             // accepting) and ends at once with shutdown.
-            let acceptor = tls.acceptor(listen.http2_only);
-            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
-            let tls = tokio::select! {
-                // A handshake takes its slot like a first request does: it
-                // ends when that is due, or when evicted for a new client.
-                _ = conn.unused(listen.first_request_timeout(), listen.idle_timeout) => return,
-                r = handshake => match r {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(e)) => {
-                        tracing::debug!(listener = %id, client = %peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(listener = %id, client = %peer, "TLS handshake timed out");
-                        return;
-                    }
-                },
-                _ = stop.cancelled() => return,
+            let Some(tls) = tls_handshake(tls, stream, &conn, &listen, &id, &stop, peer).await
+            else {
+                return;
             };
             let connection = builder
                 .serve_connection(TokioIo::new(tls), per_request)
@@ -276,6 +243,73 @@ pub async fn accept_loop<S, F, B>(
             serve_connection(connection, conn, &listen, drain, peer).await;
         });
     }
+    finish_connections(listener, last_accept, drain, tasks).await;
+}
+
+/// The HTTP/1 and HTTP/2 connection settings of `listen`.
+fn http_builder(listen: &Listen) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    if listen.http2_only {
+        builder = builder.http2_only();
+    }
+    {
+        let mut http1 = builder.http1();
+        http1.timer(TokioTimer::new()).max_buf_size(H1_MAX_BUF);
+        if let Some(timeout) = listen.read_header_timeout {
+            http1.header_read_timeout(timeout);
+        }
+    }
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(None)
+        .max_concurrent_streams(listen.max_concurrent_streams.max(1))
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW);
+    builder
+}
+
+/// Runs the TLS handshake of a connection in its own task; `None` when it
+/// failed, timed out, took too long for its slot, or `stop` came first.
+async fn tls_handshake(
+    tls: &ServerTls,
+    stream: TcpStream,
+    conn: &Conn,
+    listen: &Listen,
+    id: &str,
+    stop: &CancellationToken,
+    peer: SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let acceptor = tls.acceptor(listen.http2_only);
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+    tokio::select! {
+        // A handshake takes its slot like a first request does: it
+        // ends when that is due, or when evicted for a new client.
+        _ = conn.unused(listen.first_request_timeout(), listen.idle_timeout) => None,
+        r = handshake => match r {
+            Ok(Ok(tls)) => Some(tls),
+            Ok(Err(e)) => {
+                tracing::debug!(listener = %id, client = %peer, error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(listener = %id, client = %peer, "TLS handshake timed out");
+                None
+            }
+        },
+        _ = stop.cancelled() => None,
+    }
+}
+
+/// Once accepting stopped: closes the listening socket, gives a connection
+/// accepted a moment ago the time to send its first request, then ends every
+/// served connection gracefully and waits for all of their tasks.
+async fn finish_connections(
+    listener: TcpListener,
+    last_accept: std::time::Instant,
+    drain: CancellationToken,
+    tasks: tokio_util::task::TaskTracker,
+) {
     drop(listener);
     // A connection accepted a moment ago has not sent its request yet; the
     // graceful end would close it unanswered. Give it that moment (a

@@ -22,7 +22,7 @@
 pub mod record;
 pub mod segment;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -140,98 +140,28 @@ impl Store {
         telemetry: ExporterTelemetry,
     ) -> Result<(Arc<Store>, Vec<Replay>), String> {
         let dir = settings.folder(id);
-        std::fs::create_dir_all(&dir).map_err(|e| {
-            format!(
-                "cannot create the queue directory {}: {e}; create it or give proflow write access",
-                dir.display()
-            )
-        })?;
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join("lock"))
-            .map_err(|e| format!("cannot open {}: {e}", dir.join("lock").display()))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(format!(
-                    "another process is using the queue directory {}; give each collector its own sending_queue.storage.directory",
-                    dir.display()
-                ));
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(format!("cannot lock {}: {e}", dir.join("lock").display()));
-            }
-        }
+        let lock = lock_folder(&dir)?;
         let max_size = settings.max_size.bytes();
         let segment_bytes = (max_size / 8).clamp(MIN_SIZE, 64 << 20);
-        // A batch larger than max_size is admitted alone into an empty
-        // queue, so records are not bounded by it; the scan reads whole
-        // files anyway and sizes nothing by a frame's claim.
-        let max_record = u32::MAX;
         let numbers =
             segment::list(&dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
-        let mut segments = BTreeMap::new();
-        let mut replay = Vec::new();
-        let mut disk_bytes = 0;
-        let (mut corrupt, mut acked_seen) = (0u64, 0u64);
+        let mut found = Scanned {
+            segments: BTreeMap::new(),
+            replay: Vec::new(),
+            disk_bytes: 0,
+            corrupt: 0,
+            acked_seen: 0,
+        };
         for &n in &numbers {
-            let path = segment::segment_path(&dir, n);
-            let scan = segment::scan(&path, max_record)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            for d in &scan.damage {
-                corrupt += 1;
-                tracing::warn!(segment = %path.display(), offset = d.offset, skipped_bytes = d.skipped, "damaged bytes in the persistent queue (a torn write after a crash, or a bad disk); skipped, every intact record is kept (counted in proflow_exporter_queue_corrupt_total)");
-            }
-            let acks = segment::read_acks(&dir, n);
-            let salt = scan.salt.unwrap_or(0);
-            let mut live = 0;
-            if !scan.records.is_empty() {
-                let mut file = File::open(&path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                for f in &scan.records {
-                    if acks.contains(&f.offset) {
-                        acked_seen += 1;
-                        continue;
-                    }
-                    // The record passed the scan; read its profile count.
-                    let head = segment::read_record(&mut file, f.offset, f.len, salt)
-                        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                    match record::profiles(&head) {
-                        Ok(profiles) => {
-                            live += 1;
-                            replay.push(Replay {
-                                id: RecordId {
-                                    segment: n,
-                                    offset: f.offset,
-                                    len: f.len,
-                                },
-                                profiles,
-                            });
-                        }
-                        Err(e) => {
-                            corrupt += 1;
-                            tracing::warn!(segment = %path.display(), offset = f.offset, error = %e, "a queue record this proflow cannot read; skipped");
-                        }
-                    }
-                }
-            }
-            if live == 0 {
-                remove(&dir, n);
-                continue;
-            }
-            disk_bytes += scan.len;
-            segments.insert(
-                n,
-                Segment {
-                    salt,
-                    live,
-                    bytes: scan.len,
-                    acks: None,
-                },
-            );
+            found.scan_segment(&dir, n)?;
         }
+        let Scanned {
+            mut segments,
+            replay,
+            mut disk_bytes,
+            corrupt,
+            acked_seen,
+        } = found;
         if !replay.is_empty() || corrupt > 0 {
             tracing::info!(directory = %dir.display(), records = replay.len(), profiles = replay.iter().map(|r| r.profiles).sum::<usize>(), acknowledged = acked_seen, damaged = corrupt, "persistent queue opened: sending what was left before new profiles");
         }
@@ -548,6 +478,132 @@ impl Store {
     /// The folder of this queue.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+}
+
+/// Creates the queue folder `dir` if needed and takes its exclusive lock,
+/// which is held as long as the returned file is open.
+fn lock_folder(dir: &Path) -> Result<File, String> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        format!(
+            "cannot create the queue directory {}: {e}; create it or give proflow write access",
+            dir.display()
+        )
+    })?;
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))
+        .map_err(|e| format!("cannot open {}: {e}", dir.join("lock").display()))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(format!(
+                "another process is using the queue directory {}; give each collector its own sending_queue.storage.directory",
+                dir.display()
+            ));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(format!("cannot lock {}: {e}", dir.join("lock").display()));
+        }
+    }
+    Ok(lock)
+}
+
+/// What scanning a queue folder's segments found when it opened.
+struct Scanned {
+    /// The segments holding records not yet acknowledged.
+    segments: BTreeMap<u64, Segment>,
+    /// Those records, in order.
+    replay: Vec<Replay>,
+    /// Bytes of the segment files kept.
+    disk_bytes: u64,
+    /// Damaged stretches and unreadable records stepped over.
+    corrupt: u64,
+    /// Records found already acknowledged.
+    acked_seen: u64,
+}
+
+impl Scanned {
+    /// Scans segment `n` of `dir`: logs and counts its damage, gathers its
+    /// records not yet acknowledged, and deletes it when it has none.
+    fn scan_segment(&mut self, dir: &Path, n: u64) -> Result<(), String> {
+        // A batch larger than max_size is admitted alone into an empty
+        // queue, so records are not bounded by it; the scan reads whole
+        // files anyway and sizes nothing by a frame's claim.
+        let max_record = u32::MAX;
+        let path = segment::segment_path(dir, n);
+        let scan = segment::scan(&path, max_record)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        for d in &scan.damage {
+            self.corrupt += 1;
+            tracing::warn!(segment = %path.display(), offset = d.offset, skipped_bytes = d.skipped, "damaged bytes in the persistent queue (a torn write after a crash, or a bad disk); skipped, every intact record is kept (counted in proflow_exporter_queue_corrupt_total)");
+        }
+        let acks = segment::read_acks(dir, n);
+        let salt = scan.salt.unwrap_or(0);
+        let live = if scan.records.is_empty() {
+            0
+        } else {
+            self.replay_records(&path, n, &scan, &acks, salt)?
+        };
+        if live == 0 {
+            remove(dir, n);
+            return Ok(());
+        }
+        self.disk_bytes += scan.len;
+        self.segments.insert(
+            n,
+            Segment {
+                salt,
+                live,
+                bytes: scan.len,
+                acks: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Adds the records of segment `n` (at `path`) not in `acks` to the
+    /// replay, reading each one's profile count; returns how many it added.
+    fn replay_records(
+        &mut self,
+        path: &Path,
+        n: u64,
+        scan: &segment::Scan,
+        acks: &HashSet<u64>,
+        salt: u64,
+    ) -> Result<u64, String> {
+        let mut live = 0;
+        let mut file =
+            File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        for f in &scan.records {
+            if acks.contains(&f.offset) {
+                self.acked_seen += 1;
+                continue;
+            }
+            // The record passed the scan; read its profile count.
+            let head = segment::read_record(&mut file, f.offset, f.len, salt)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            match record::profiles(&head) {
+                Ok(profiles) => {
+                    live += 1;
+                    self.replay.push(Replay {
+                        id: RecordId {
+                            segment: n,
+                            offset: f.offset,
+                            len: f.len,
+                        },
+                        profiles,
+                    });
+                }
+                Err(e) => {
+                    self.corrupt += 1;
+                    tracing::warn!(segment = %path.display(), offset = f.offset, error = %e, "a queue record this proflow cannot read; skipped");
+                }
+            }
+        }
+        Ok(live)
     }
 }
 
