@@ -14,7 +14,6 @@ use flate2::write::GzEncoder;
 use prost::Message;
 
 use crate::wire::{self, Value, WireError};
-use scan::PlainScan;
 
 /// A pprof profile: the decoded form of a payload.
 #[derive(Clone, PartialEq, Message)]
@@ -526,18 +525,176 @@ const EARLY_STRINGS: usize = 32;
 
 /// Scans a plain (not gzipped) profile without decoding it: its metadata,
 /// with the decoded size estimated and checked against the budget, and the
-/// element counts checked against their limits.
+/// element counts checked against their limits. The loop over the fields
+/// stays in this one function with its state in locals (it runs once a
+/// field of every profile); naming the types afterwards is [`TypeStrings`].
 fn scan_plain(buf: &[u8]) -> Result<Metadata, DecodeError> {
-    let mut scan = PlainScan::new(buf.len());
+    let mut sample_types: Vec<(i64, i64)> = Vec::new();
+    let mut period_type: Option<(i64, i64)> = None;
+    let mut meta = Metadata {
+        plain_size: buf.len(),
+        ..Metadata::default()
+    };
+    let mut elements = 0usize;
+    let mut size = DecodedSize::default();
+    // Where the string table starts, for the rare second walk (writers put
+    // it after the samples and locations).
+    let mut first_string_at = None;
+    // The first strings, as they pass: no second walk for them.
+    let mut early: [&[u8]; EARLY_STRINGS] = [&[]; EARLY_STRINGS];
+    let mut strings = 0usize;
     let mut fields = wire::fields(buf);
     loop {
         let at = buf.len() - fields.rest().len();
         let Some(field) = fields.next() else { break };
         let (tag, field) = field?;
-        scan.field(at, tag, field)?;
+        if tag == 6 && first_string_at.is_none() {
+            first_string_at = Some(at);
+        }
+        match field {
+            Value::Varint(v) => match tag {
+                9 => meta.time_nanos = v as i64,
+                10 => meta.duration_nanos = v as i64,
+                12 => meta.period = v as i64,
+                13 => size.comments += 1,
+                _ => {}
+            },
+            Value::Bytes(bytes) => match tag {
+                1 => {
+                    if sample_types.len() == MAX_SAMPLE_TYPES {
+                        return Err(DecodeError::TooManyElements {
+                            what: "sample types",
+                            limit: MAX_SAMPLE_TYPES,
+                        });
+                    }
+                    sample_types.push(scan_value_type(bytes)?);
+                    size.sample_types += 1;
+                }
+                11 => period_type = Some(scan_value_type(bytes)?),
+                2..=6 => {
+                    elements += 1;
+                    if elements > MAX_PROFILE_ELEMENTS {
+                        return Err(DecodeError::TooManyElements {
+                            what: "samples, locations, functions, mappings and strings",
+                            limit: MAX_PROFILE_ELEMENTS,
+                        });
+                    }
+                    match tag {
+                        2 => {
+                            meta.sample_count += 1;
+                            let (ids, labels) = size.sample(bytes)?;
+                            meta.deepest_stack = meta.deepest_stack.max(ids);
+                            meta.most_sample_labels = meta.most_sample_labels.max(labels);
+                        }
+                        3 => size.mappings += 1,
+                        4 => size.location(bytes)?,
+                        5 => size.functions += 1,
+                        _ => {
+                            if let Some(slot) = early.get_mut(strings) {
+                                *slot = bytes;
+                            }
+                            strings += 1;
+                            size.string(bytes.len());
+                        }
+                    }
+                }
+                // Packed repeated int64.
+                13 => size.comments += wire::count_varints(bytes),
+                // Unknown fields are skipped by prost: nothing is allocated.
+                _ => {}
+            },
+            Value::Fixed64(_) | Value::Fixed32(_) => {}
+        }
     }
-    scan.check_decoded_size(decoded_budget(buf.len()))?;
-    scan.name_types(buf)
+    meta.decoded_size = size.total();
+    let budget = decoded_budget(buf.len());
+    if meta.decoded_size > budget {
+        return Err(DecodeError::DecodedTooLarge {
+            estimate: meta.decoded_size,
+            limit: budget,
+        });
+    }
+
+    let types = TypeStrings {
+        sample_types,
+        period_type,
+        early,
+        strings,
+        first_string_at,
+    };
+    types.name(buf, meta)
+}
+
+/// What [`scan_plain`] keeps to name the sample and period types once its
+/// walk is done: their string indices, the first strings as they passed,
+/// the string table's length and where it starts.
+struct TypeStrings<'a> {
+    sample_types: Vec<(i64, i64)>,
+    period_type: Option<(i64, i64)>,
+    early: [&'a [u8]; EARLY_STRINGS],
+    strings: usize,
+    first_string_at: Option<usize>,
+}
+
+impl TypeStrings<'_> {
+    /// Reads only the strings the sample and period types name (those past
+    /// the first ones in one more walk from the first string) into `meta`.
+    fn name(self, buf: &[u8], mut meta: Metadata) -> Result<Metadata, DecodeError> {
+        let bad = |what: &str| DecodeError::Protobuf(what.to_string());
+        let TypeStrings {
+            sample_types,
+            period_type,
+            early,
+            strings,
+            first_string_at,
+        } = self;
+        let mut wanted: Vec<i64> = sample_types.iter().flat_map(|&(t, u)| [t, u]).collect();
+        if let Some((t, u)) = period_type {
+            wanted.extend([t, u]);
+        }
+        if wanted.iter().any(|&i| i < 0) {
+            return Err(bad("negative string index"));
+        }
+        if wanted.iter().any(|&i| i != 0 && i as u64 >= strings as u64) {
+            return Err(bad("string index out of range"));
+        }
+        // Those past the first ones, in one more walk from the first string.
+        let mut far: Vec<(i64, &[u8])> = Vec::new();
+        if wanted.iter().any(|&i| i as u64 >= EARLY_STRINGS as u64) {
+            let mut index = 0i64;
+            let from = &buf[first_string_at.unwrap_or(buf.len())..];
+            walk_fields(from, |tag, field| {
+                if let (6, Value::Bytes(bytes)) = (tag, field) {
+                    if index >= EARLY_STRINGS as i64 && wanted.contains(&index) {
+                        far.push((index, bytes));
+                    }
+                    index += 1;
+                }
+                Ok(())
+            })?;
+        }
+        let s = |i: i64| -> Result<String, DecodeError> {
+            // Checked above: 0 <= i < strings, or i == 0 with no string table.
+            let bytes = match usize::try_from(i) {
+                Ok(i) if i < EARLY_STRINGS => early[i],
+                _ => far
+                    .iter()
+                    .find(|(j, _)| *j == i)
+                    .map(|(_, b)| *b)
+                    .ok_or_else(|| bad("string index out of range"))?,
+            };
+            std::str::from_utf8(bytes)
+                .map(str::to_owned)
+                .map_err(|_| bad("string table entry is not UTF-8"))
+        };
+        for (t, u) in sample_types {
+            meta.sample_types.push((s(t)?, s(u)?));
+        }
+        if let Some((t, u)) = period_type {
+            meta.period_type = Some((s(t)?, s(u)?));
+        }
+        Ok(meta)
+    }
 }
 
 /// Calls `f` with each top-level field of a protobuf message; the wire walk
@@ -573,7 +730,6 @@ fn scan_value_type(buf: &[u8]) -> Result<(i64, i64), DecodeError> {
 
 mod builder;
 mod merge;
-mod scan;
 pub use builder::ProfileBuilder;
 pub use merge::{Merger, ProfileParts};
 

@@ -53,7 +53,7 @@ pub(super) async fn convert_body(
             })
             .await
         }
-        BodyKind::Speedscope => {
+        BodyKind::Speedscope | BodyKind::Text(_) => {
             let IngestBody {
                 encoding,
                 body,
@@ -65,27 +65,12 @@ pub(super) async fn convert_body(
             blocking(inline, move || {
                 let body = encoding.decode(body, &mut budget)?;
                 let mut lost = LostSamples::default();
-                let batch =
-                    ingest::speedscope_batch(&params, body, limits, &mut budget, &mut lost)?;
-                let batch = converted_within_limits(&mut budget, batch)?;
-                Ok((batch, budget, lost))
-            })
-            .await
-        }
-        BodyKind::Text(format) => {
-            let IngestBody {
-                encoding,
-                body,
-                params,
-                inline,
-                ..
-            } = request;
-            let limits = *text;
-            blocking(inline, move || {
-                let body = encoding.decode(body, &mut budget)?;
-                let mut lost = LostSamples::default();
-                let batch =
-                    ingest::text_batch(&params, format, body, limits, &mut budget, &mut lost)?;
+                let batch = match kind {
+                    BodyKind::Text(format) => {
+                        ingest::text_batch(&params, format, body, limits, &mut budget, &mut lost)?
+                    }
+                    _ => ingest::speedscope_batch(&params, body, limits, &mut budget, &mut lost)?,
+                };
                 let batch = converted_within_limits(&mut budget, batch)?;
                 Ok((batch, budget, lost))
             })
