@@ -68,18 +68,22 @@ impl ClientTlsSettings {
         match (&self.cert_file, &self.key_file) {
             (Some(_), None) => problems.push(FieldError::new(
                 format!("{prefix}.key_file"),
-                "must be set with `cert_file`: a client certificate needs its key",
+                format!(
+                    "must be set with `{prefix}.cert_file`: a client certificate needs its key"
+                ),
             )),
             (None, Some(_)) => problems.push(FieldError::new(
                 format!("{prefix}.cert_file"),
-                "must be set with `key_file`: a key needs its certificate",
+                format!("must be set with `{prefix}.key_file`: a key needs its certificate"),
             )),
             _ => {}
         }
         if self.insecure_skip_verify && self.ca_file.is_some() {
             problems.push(FieldError::new(
                 format!("{prefix}.insecure_skip_verify"),
-                "makes `ca_file` unused: verification is skipped; remove one of them",
+                format!(
+                    "makes `{prefix}.ca_file` unused: verification is skipped; remove one of them"
+                ),
             ));
         }
         problems

@@ -1,7 +1,7 @@
 //! The `otlp` exporter's config: endpoint, protocol, encoding, compression,
 //! tenant and TLS; their checks, where requests go, and the build.
 
-use super::transport::Transport;
+use super::transport::{Transport, Wire};
 use crate::client::{self, parse_url};
 use http::Uri;
 use http::header::HeaderMap;
@@ -121,25 +121,6 @@ impl Default for OtlpExporterConfig {
             max_batch_size: default_max_batch_size(),
             sending: SendingSettings::default(),
         }
-    }
-}
-
-/// Where requests go, resolved from the config.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Wire {
-    /// gRPC to this origin (`http://` for h2c, `https://` for TLS).
-    Grpc { origin: Uri },
-    /// HTTP `POST` to this URL.
-    Http { url: Uri, json: bool },
-}
-
-impl Wire {
-    pub(crate) fn uses_tls(&self) -> bool {
-        let uri = match self {
-            Wire::Grpc { origin } => origin,
-            Wire::Http { url, .. } => url,
-        };
-        uri.scheme_str() == Some("https")
     }
 }
 

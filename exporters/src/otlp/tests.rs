@@ -30,8 +30,8 @@ use proflow_model::pprof::ProfileBuilder;
 use prost::Message;
 use tokio::net::TcpListener;
 
-use super::config::Wire;
 use super::transport::EXPORT_PATH;
+use super::transport::Wire;
 use super::*;
 use crate::client::status::RpcStatus;
 use proflow_core::component::Validate;

@@ -32,9 +32,27 @@ use proflow_core::component::ExportError;
 use proflow_model::otlp::collector::ExportProfilesServiceResponse;
 use prost::Message;
 
-use super::config::Wire;
 use crate::client::TlsSettings;
 use crate::client::{self, Connector, MAX_RESPONSE_BYTES, status};
+
+/// Where requests go, resolved from the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Wire {
+    /// gRPC to this origin (`http://` for h2c, `https://` for TLS).
+    Grpc { origin: Uri },
+    /// HTTP `POST` to this URL.
+    Http { url: Uri, json: bool },
+}
+
+impl Wire {
+    pub(crate) fn uses_tls(&self) -> bool {
+        let uri = match self {
+            Wire::Grpc { origin } => origin,
+            Wire::Http { url, .. } => url,
+        };
+        uri.scheme_str() == Some("https")
+    }
+}
 
 /// The gRPC method every OTLP profiles exporter calls.
 pub(crate) const EXPORT_PATH: &str =

@@ -155,6 +155,7 @@ impl Validate for OtlpConfig {
                 "protocols.http",
                 h.max_request_body_size,
                 h.max_decompressed_size,
+                ("4MiB", "16MiB"),
             ));
             if h.max_decoded_size.bytes() == 0 {
                 problems.push(FieldError::new(

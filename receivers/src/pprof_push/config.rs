@@ -67,6 +67,7 @@ impl Validate for PprofPushConfig {
             "",
             self.max_request_body_size,
             self.max_decompressed_size,
+            ("16MiB", "64MiB"),
         ));
         for (name, value) in [
             ("max_text_stacks", self.max_text_stacks),

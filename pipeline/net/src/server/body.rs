@@ -181,13 +181,15 @@ fn next_capacity(capacity: usize, len: usize, declared: usize, limit: usize) -> 
 
 /// The checks of a receiver's `max_request_body_size` and
 /// `max_decompressed_size` (under `prefix`, empty at a component's top):
-/// both more than 0, and the second at least the first, or an uncompressed
+/// both more than 0 (the messages suggest the receiver's defaults, `examples`), and
+/// the second at least the first, or an uncompressed
 /// body that fits the request limit would be refused as too large once
 /// "decompressed".
 pub fn body_size_problems(
     prefix: &str,
     max_request_body_size: ByteSize,
     max_decompressed_size: ByteSize,
+    examples: (&str, &str),
 ) -> Vec<FieldError> {
     let path = |field: &str| {
         if prefix.is_empty() {
@@ -200,13 +202,13 @@ pub fn body_size_problems(
     if max_request_body_size.bytes() == 0 {
         problems.push(FieldError::new(
             path("max_request_body_size"),
-            "must be more than 0, such as 16MiB",
+            format!("must be more than 0, such as {}", examples.0),
         ));
     }
     if max_decompressed_size.bytes() == 0 {
         problems.push(FieldError::new(
             path("max_decompressed_size"),
-            "must be more than 0, such as 64MiB",
+            format!("must be more than 0, such as {}", examples.1),
         ));
     } else if max_decompressed_size < max_request_body_size {
         problems.push(FieldError::new(
