@@ -8,6 +8,7 @@
 //! - CPython 3.8 to 3.13 with no flag: the receiver walks the interpreter's
 //!   frames (`hot.py`, in the main thread and in a second thread), and
 //!   where Python functions wait (`sleep.py`).
+//! - PHP 8.2 with no flag or extension (`hot.php`): the VM's frames.
 //! - Off-CPU: a C program sleeping 20 ms and 10 ms in two functions
 //!   (`sleep.c`), its `off_cpu` profile against the time it measured around
 //!   its sleeps.
@@ -318,6 +319,117 @@ fn python_frames_without_a_flag_in_every_cpython_from_3_8_to_3_13() {
             lines_one.iter().collect::<std::collections::BTreeSet<_>>()
         );
     }
+}
+
+/// PHP 8.2 (Debian's `php`, the CLI) with no flag or extension: the
+/// receiver walks the VM's frames from `executor_globals`, and the 2:1 split
+/// of `hot.php` is named, each hot sample's stack reading `{main} → main →
+/// Runner::run → hot function` with the VM's loop (`execute_ex`) gone, at
+/// lines of `hot.php` (callers at their call's line).
+#[test]
+fn php_frames_without_a_flag() {
+    let _one_at_a_time = require_root();
+    let source = ebpf_targets::source("hot.php");
+    let text = std::fs::read_to_string(&source).unwrap();
+    let line_of = |needle: &str| -> i64 {
+        text.lines()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("hot.php has {needle:?}")) as i64
+            + 1
+    };
+    let mut cmd = Command::new("php8.2");
+    cmd.arg(&source).arg("30");
+    let (child, pid) = ebpf_targets::spawn_command(cmd);
+    let _child = KillOnDrop(child);
+    let proflow = proflow_for(&[pid], "2s");
+    let stacks = stacks_of(&proflow, pid, 4000);
+    let dump = check_split(&stacks, "proflow_hot_two", "proflow_hot_one");
+    let chain = ["{main}", "main", "Runner::run"];
+    let (mut hot, mut in_order, mut with_loop) = (0, 0, 0);
+    for (frames, n) in &stacks {
+        let at = |name: &str| frames.iter().position(|f| f == name);
+        let Some(leaf) = at("proflow_hot_two").or_else(|| at("proflow_hot_one")) else {
+            continue;
+        };
+        hot += n;
+        let mut from = 0;
+        if chain.iter().all(
+            |want| match frames[from..leaf].iter().position(|f| f == want) {
+                Some(i) => {
+                    from += i + 1;
+                    true
+                }
+                None => false,
+            },
+        ) {
+            in_order += n;
+        }
+        if frames.iter().any(|f| f == "execute_ex") {
+            with_loop += n;
+        }
+    }
+    assert!(
+        in_order as f64 >= 0.95 * hot as f64,
+        "only {in_order} of {hot} hot samples read {chain:?} → hot function: {dump:#?}"
+    );
+    assert!(
+        with_loop as f64 <= 0.05 * hot as f64,
+        "{with_loop} of {hot} hot samples still show execute_ex: {dump:#?}"
+    );
+    // Files and lines as the profile carries them: each hot function within
+    // its body, the method at its two calls, main at its call of run.
+    let body = |name: &str| {
+        let def = line_of(&format!("function {name}("));
+        def..=def + 8
+    };
+    let mut lines: std::collections::BTreeMap<String, std::collections::BTreeSet<i64>> =
+        Default::default();
+    for e in common::read_index(&proflow.profiles) {
+        if e.label("pid") != Some(pid.to_string().as_str()) || !e.path.is_file() {
+            continue;
+        }
+        let p = common::read_profile(&e.path);
+        for loc in &p.location {
+            for line in &loc.line {
+                let Some(f) = p.function.iter().find(|f| f.id == line.function_id) else {
+                    continue;
+                };
+                let name = p.string(f.name);
+                if chain.contains(&name) || name.starts_with("proflow_hot_") {
+                    assert_eq!(
+                        p.string(f.filename),
+                        source.to_string_lossy(),
+                        "the file of {name}"
+                    );
+                    lines.entry(name.to_owned()).or_default().insert(line.line);
+                }
+            }
+        }
+    }
+    eprintln!("PHP: {hot} hot samples; lines {lines:?}");
+    for hot in ["proflow_hot_two", "proflow_hot_one"] {
+        let got = &lines[hot];
+        assert!(
+            !got.is_empty() && got.iter().all(|l| body(hot).contains(l)),
+            "{hot}'s lines {got:?}, its body {:?}",
+            body(hot)
+        );
+    }
+    // The method at its two calls (and at lines of its own where a C
+    // function it calls, `hrtime`, `mt_rand`, was running).
+    let run = line_of("public function run(")..=line_of("return $rounds;");
+    let got = &lines["Runner::run"];
+    assert!(
+        got.contains(&line_of("proflow_hot_two($k);"))
+            && got.contains(&line_of("proflow_hot_one($k);"))
+            && got.iter().all(|l| run.contains(l)),
+        "Runner::run's lines {got:?}: its two calls, all within {run:?}"
+    );
+    assert_eq!(
+        lines["main"],
+        [line_of("(new Runner())->run(")].into(),
+        "main at its call of run"
+    );
 }
 
 /// The JVM: after `jcmd PID Compiler.perfmap`, its compiled methods are

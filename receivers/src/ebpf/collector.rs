@@ -17,8 +17,8 @@ use proflow_model::model::{Envelope, Labels, Payload, ValueType};
 use proflow_model::pprof;
 
 use super::frame::Frame;
+use super::interp::{Interp, InterpFrame, Merged, merge};
 use super::procs::{Binary, ProcKey, Process, Processes};
-use super::python::{Merged, PyFrame, PyProcess, frames, merge};
 use super::sample::{FLAG_KTHREAD, FLAG_OFF_CPU, Sample};
 use super::symbols::{Line, Lines, Symbols};
 
@@ -203,10 +203,11 @@ struct Series {
     mapping_index: HashMap<(usize, u64, u64), u32>,
     locations: Vec<Location>,
     location_index: HashMap<(u32, u64), u32>,
-    /// Python frames' locations by process, code object and line (the
-    /// processes of a `group_by: service` series have code objects of their
-    /// own at the same addresses).
-    py_index: HashMap<(u32, u64, u32), u32>,
+    /// Interpreter frames' locations by process, code object (function) and
+    /// line (the processes of a `group_by: service` series have code objects
+    /// of their own at the same addresses); one that could not be read is
+    /// `(pid, 0, 0)`.
+    interp_index: HashMap<(u32, u64, u32), u32>,
     /// Per stack: samples, and for waits their nanoseconds.
     stacks: HashMap<Box<[u32]>, (u64, u64)>,
 }
@@ -220,7 +221,7 @@ impl Series {
             mapping_index: HashMap::new(),
             locations: Vec::new(),
             location_index: HashMap::new(),
-            py_index: HashMap::new(),
+            interp_index: HashMap::new(),
             stacks: HashMap::new(),
         }
     }
@@ -293,10 +294,12 @@ impl Collector {
             return Err(Dropped::Filtered);
         }
         let (native, how) = user_stack(&mut *process, &mut self.cache, s);
-        // A Python thread's frames in place of the interpreter's calls.
-        let user: Vec<Merged> = match &process.python {
-            Some(py) if !s.py.is_empty() => {
-                merge(&native, &frames(py.layout, &s.py), |a| py.is_eval(a))
+        // An interpreter's frames in place of its evaluation function's
+        // calls.
+        let user: Vec<Merged> = match &mut process.interp {
+            Some(interp) if !s.interp.is_empty() => {
+                let frames = interp.frames(&s.interp);
+                merge(&native, &frames, |a| interp.is_eval(a))
             }
             _ => native.into_iter().map(Merged::Native).collect(),
         };
@@ -345,8 +348,8 @@ impl Collector {
         for frame in user {
             let frame = match frame {
                 Merged::Native(f) => f,
-                Merged::Python(f) => {
-                    stack.push(py_location(series, key.pid, process.python.as_mut(), f));
+                Merged::Interp(f) => {
+                    stack.push(interp_location(series, key.pid, process.interp.as_mut(), f));
                     continue;
                 }
             };
@@ -501,20 +504,21 @@ fn jit_location(series: &mut Series, process: &mut Process, frame: Frame) -> u32
     i
 }
 
-/// The series' location of a Python frame: its code object's qualified
-/// name and file, at the line the thread is at.
-fn py_location(
+/// The series' location of an interpreter frame: its function's (code
+/// object's) qualified name and file, at the line the thread is at.
+fn interp_location(
     series: &mut Series,
     pid: u32,
-    python: Option<&mut PyProcess>,
-    frame: PyFrame,
+    interp: Option<&mut Interp>,
+    frame: InterpFrame,
 ) -> u32 {
-    let found = python.and_then(|py| py.frame(frame));
+    let unknown = interp.as_ref().map_or("[unknown frame]", |i| i.unknown());
+    let found = interp.and_then(|i| i.frame(frame));
     let key = match &found {
         Some((_, line)) => (pid, frame.code, *line),
-        None => (0, 0, 0),
+        None => (pid, 0, 0),
     };
-    if let Some(&i) = series.py_index.get(&key) {
+    if let Some(&i) = series.interp_index.get(&key) {
         return i;
     }
     let line = match found {
@@ -524,7 +528,7 @@ fn py_location(
             line,
         },
         None => Line {
-            function: "[unknown Python frame]".into(),
+            function: unknown.into(),
             file: None,
             line: 0,
         },
@@ -535,7 +539,7 @@ fn py_location(
         addr: 0,
         lines: Arc::from(vec![line]),
     });
-    series.py_index.insert(key, i);
+    series.interp_index.insert(key, i);
     i
 }
 

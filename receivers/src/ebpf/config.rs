@@ -107,6 +107,15 @@ pub struct EbpfReceiverConfig {
     /// line. Default true (as Alloy's `python_enabled`).
     #[serde(default = "default_python")]
     pub python: bool,
+    /// Walk the PHP frames of PHP 8.2 processes without threads (the CLI,
+    /// FPM, CGI: found by the `php8.2`, `php-fpm8.2`, `php-cgi8.2` or
+    /// `libphp8.2.so` they map; no flag or extension of theirs needed), and
+    /// put them in the native stack where `execute_ex` ran them, named
+    /// `Class::method` or `function` (`{main}` for a file's own code) with
+    /// file and line. Default true (as the OpenTelemetry eBPF profiler's
+    /// `php` tracer).
+    #[serde(default = "default_php")]
+    pub php: bool,
     /// Where threads wait, and how long: a profile named `off_cpu` per
     /// process beside `process_cpu`. Absent (default): off; `off_cpu: {}`
     /// turns it on with the defaults below.
@@ -180,6 +189,9 @@ fn default_perf_maps() -> bool {
     true
 }
 fn default_python() -> bool {
+    true
+}
+fn default_php() -> bool {
     true
 }
 fn default_max_perf_map_size() -> ByteSize {
@@ -291,6 +303,8 @@ mod tests {
         assert_eq!(parse("ring_buffer_size: 4MiB").ring_size(2), 4 << 20);
         assert!(c.perf_maps);
         assert!(c.python);
+        assert!(c.php);
+        assert!(!parse("php: false").php);
         assert_eq!(c.off_cpu, None);
         let on = parse("off_cpu: {}").off_cpu.unwrap();
         assert_eq!(on.threshold, Duration::from_millis(1));

@@ -13,9 +13,13 @@
 //! - [`sample`]: one ring-buffer record, read with every length checked.
 //! - [`procs`]: processes (identity, labels, cgroup and container,
 //!   mappings, ELF files with build ids and unwind sections).
+//! - [`interp`]: what the interpreters whose frames the BPF program walks
+//!   share: the walk's offsets, functions read from the process, their
+//!   frames merged into the native stack.
 //! - [`python`]: CPython 3.8–3.13 processes: their interpreter found from
-//!   its symbols, the offsets the BPF program walks frames with, code
-//!   objects read and named, Python frames merged into the native stack.
+//!   its symbols, the offsets of each version, code objects read and named.
+//! - [`php`]: PHP 8.2 processes: `executor_globals` and `execute_ex`, the
+//!   offsets, functions read and named.
 //! - [`collector`]: samples → stacks → one profile per process (or
 //!   service) per interval.
 //! - [`symbols`]: addresses → functions, files and lines (blazesym).
@@ -48,7 +52,7 @@
 //! frames, so deep stacks of frame-pointer code (Go, the kernel's own
 //! habit, most JITs) stay whole. Reasons:
 //! - At the rates continuous profiling uses (19–100 Hz per CPU) the copy
-//!   costs little: a sample is 3.6 KiB (kernel, frame-pointer and Python
+//!   costs little: a sample is 3.6 KiB (kernel, frame-pointer and interpreter
 //!   frames) plus the stack actually in use,
 //!   typically a few KiB, so 19 Hz on 64 CPUs is a few MB/s, and framehop
 //!   unwinds a stack in microseconds with its rule cache. Measured
@@ -87,7 +91,9 @@
 pub mod collector;
 pub mod config;
 pub mod frame;
+pub mod interp;
 pub mod perfmap;
+pub mod php;
 pub mod procs;
 pub mod pylines;
 pub mod python;
@@ -117,9 +123,9 @@ use proflow_relabel::Relabeler;
 use collector::Collector;
 pub use config::EbpfReceiverConfig;
 use config::Symbolize;
-use procs::{Processes, PyChange};
+use interp::{InterpProcValue, Interpreters};
+use procs::{InterpChange, Processes};
 use proflow_symbolize::kallsyms::Kallsyms;
-use python::PyProcValue;
 use sample::Sample;
 use symbols::Symbols;
 use telemetry::EbpfTelemetry;
@@ -193,8 +199,8 @@ struct Loaded {
     ring: RingBuf<MapData>,
     /// Processes whose waits the off-CPU programs do not note (when on).
     offcpu_skip: Option<aya::maps::HashMap<MapData, SkipKey, u8>>,
-    /// Python processes whose frames the BPF program walks.
-    py_procs: Option<aya::maps::HashMap<MapData, u32, PyProcValue>>,
+    /// Interpreter processes whose frames the BPF program walks.
+    interp_procs: Option<aya::maps::HashMap<MapData, u32, InterpProcValue>>,
     counters: PerCpuArray<MapData, u64>,
     /// CPUs the perf event is open on. A CPU that goes offline keeps its
     /// event (it samples again when the CPU returns); one that comes online
@@ -274,11 +280,11 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
             .ok_or("the BPF object has no `counters` map")?,
     )
     .map_err(|e| format!("the `counters` map is not a per-CPU array: {e}"))?;
-    let py_procs = aya::maps::HashMap::try_from(
-        bpf.take_map("py_procs")
-            .ok_or("the BPF object has no `py_procs` map")?,
+    let interp_procs = aya::maps::HashMap::try_from(
+        bpf.take_map("interp_procs")
+            .ok_or("the BPF object has no `interp_procs` map")?,
     )
-    .map_err(|e| format!("the `py_procs` map is not a hash map: {e}"))?;
+    .map_err(|e| format!("the `interp_procs` map is not a hash map: {e}"))?;
     let offcpu_skip = match config.off_cpu {
         Some(_) => {
             attach_off_cpu(&mut bpf)?;
@@ -295,7 +301,7 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
     let mut loaded = Loaded {
         bpf,
         offcpu_skip,
-        py_procs: Some(py_procs),
+        interp_procs: Some(interp_procs),
         ring,
         counters,
         attached: Default::default(),
@@ -349,7 +355,7 @@ impl Receiver for EbpfReceiver {
         // Read before the programs are attached: reading them takes a while
         // (a tenth of a second; ten times that in a debug build), and the
         // samples taken meanwhile would wait in the ring buffer, of
-        // processes that may be gone when they are read (and, for Python,
+        // processes that may be gone when they are read (and, for interpreters,
         // without the frames user space turns on at a process's first
         // sample).
         let kallsyms = (self.config.symbolize == Symbolize::Local).then(|| {
@@ -507,8 +513,8 @@ fn sample_loop(
     }
 }
 
-/// The sampling thread's collector: its processes' state budget, Python
-/// and perf map reading as configured.
+/// The sampling thread's collector: its processes' state budget, interpreter
+/// frames and perf map reading as configured.
 fn new_collector(
     loaded: &mut Loaded,
     symbols: Option<Symbols>,
@@ -520,8 +526,16 @@ fn new_collector(
     if symbols.is_none() {
         procs = procs.with_max_held(0);
     }
-    if let Some(map) = loaded.py_procs.take().filter(|_| config.python) {
-        procs = procs.with_python(py_sink(map));
+    let interpreters = Interpreters {
+        python: config.python,
+        php: config.php,
+    };
+    if let Some(map) = loaded
+        .interp_procs
+        .take()
+        .filter(|_| interpreters.python || interpreters.php)
+    {
+        procs = procs.with_interpreters(interpreters, interp_sink(map));
     }
     let procs = if config.perf_maps {
         procs.with_perf_maps(config.max_perf_map_size.bytes())
@@ -662,13 +676,13 @@ fn local_symbols(config: &EbpfReceiverConfig, kallsyms: Option<Kallsyms>) -> Opt
     Some(symbols.with_kallsyms(kallsyms))
 }
 
-/// Puts each Python process found in the BPF program's `py_procs` map, and
+/// Puts each interpreter process found in the BPF program's `interp_procs` map, and
 /// takes each one gone out of it.
-fn py_sink(mut map: aya::maps::HashMap<MapData, u32, PyProcValue>) -> procs::PySink {
+fn interp_sink(mut map: aya::maps::HashMap<MapData, u32, InterpProcValue>) -> procs::InterpSink {
     Box::new(move |change| match change {
         // Not over a later process's entry (a process whose pid was reused
         // since, read again late).
-        PyChange::Put(pid, value) => {
+        InterpChange::Put(pid, value) => {
             if map
                 .get(&pid, 0)
                 .is_ok_and(|v| v.start_time > value.start_time)
@@ -676,12 +690,12 @@ fn py_sink(mut map: aya::maps::HashMap<MapData, u32, PyProcValue>) -> procs::PyS
                 return;
             }
             if let Err(e) = map.insert(pid, value, 0) {
-                tracing::debug!(pid, "cannot walk a Python process's frames: {e}");
+                tracing::debug!(pid, "cannot walk an interpreter's frames: {e}");
             }
         }
         // Only if it is still that process's (a new process may have the
         // pid by now).
-        PyChange::Remove(key) => {
+        InterpChange::Remove(key) => {
             if map
                 .get(&key.pid, 0)
                 .is_ok_and(|v| v.start_time == key.start_time)

@@ -2,8 +2,9 @@
 //! start time, so a reused pid is a new process), name, executable, cgroup
 //! and container, its executable mappings with the ELF files behind them
 //! (build id, unwind sections), its labels after relabelling, its unwinder,
-//! and its Python interpreter when it has one (see [`super::python`]; the
-//! BPF program's `py_procs` map follows what is found and let go here).
+//! and its interpreter when it has one whose frames are walked (see
+//! [`super::interp`]; the BPF program's `interp_procs` map follows what is
+//! found and let go here).
 //!
 //! A process is read from `/proc` when its first sample arrives (the ring
 //! buffer is drained as samples come, so even a process that lives a few
@@ -41,8 +42,8 @@ use binary::{HeldFiles, module, read_binary};
 pub(crate) use binary::{own_maps_line, tests_binary};
 
 use super::config::GroupBy;
+use super::interp::{Interp, InterpProcValue, Interpreters};
 use super::perfmap::{Owner, PerfMap};
-use super::python::{PyProcValue, PyProcess};
 use super::state_budget::StateBudget;
 
 /// Most executable mappings kept per process.
@@ -106,16 +107,16 @@ pub struct Process {
     /// It exited: only its names and labels are held, for its samples that
     /// were still in the ring buffer, until the next sweep.
     exited: bool,
-    /// Its interpreter and the code objects read, when it is a Python
-    /// process and Python frames are on.
-    pub python: Option<PyProcess>,
+    /// Its interpreter and the functions read, when it runs one whose
+    /// frames are walked.
+    pub interp: Option<Interp>,
 }
 
-/// A change the BPF program's `py_procs` map needs.
+/// A change the BPF program's `interp_procs` map needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PyChange {
-    /// A Python process to walk.
-    Put(u32, PyProcValue),
+pub enum InterpChange {
+    /// An interpreter process to walk.
+    Put(u32, InterpProcValue),
     /// The process with this pid and start time is gone (the entry goes
     /// only if it is still this process's).
     Remove(ProcKey),
@@ -193,14 +194,16 @@ pub struct Processes {
     state: Arc<StateBudget>,
     /// Processes relabelling dropped since [`Processes::take_dropped`].
     dropped: Vec<ProcKey>,
-    /// Where Python processes found and gone are told (the BPF program's
-    /// `py_procs` map), at once: a Python process's next sample already has
-    /// its frames. `None`: Python frames are off.
-    py_sink: Option<PySink>,
+    /// Where interpreter processes found and gone are told (the BPF
+    /// program's `interp_procs` map), at once: such a process's next sample
+    /// already has its frames. `None`: no interpreter's frames are walked.
+    interp_sink: Option<InterpSink>,
+    /// Which interpreters' frames are walked.
+    interpreters: Interpreters,
 }
 
-/// Takes each change of the Python processes.
-pub type PySink = Box<dyn FnMut(PyChange)>;
+/// Takes each change of the interpreter processes.
+pub type InterpSink = Box<dyn FnMut(InterpChange)>;
 
 impl Processes {
     pub fn new(relabel: Relabeler, group_by: GroupBy) -> Self {
@@ -214,18 +217,23 @@ impl Processes {
             perf_map_max: None,
             state: StateBudget::unbounded(),
             dropped: Vec::new(),
-            py_sink: None,
+            interp_sink: None,
+            interpreters: Interpreters {
+                python: false,
+                php: false,
+            },
         }
     }
 
-    /// Walks the frames of CPython processes (see [`super::python`]),
-    /// telling `sink` each one found and gone.
-    pub fn with_python(mut self, sink: PySink) -> Self {
-        self.py_sink = Some(sink);
+    /// Walks the frames of the `interpreters` on (see [`super::interp`]),
+    /// telling `sink` each process found and gone.
+    pub fn with_interpreters(mut self, interpreters: Interpreters, sink: InterpSink) -> Self {
+        self.interpreters = interpreters;
+        self.interp_sink = Some(sink);
         self
     }
 
-    fn py_change(sink: &mut Option<PySink>, change: PyChange) {
+    fn interp_change(sink: &mut Option<InterpSink>, change: InterpChange) {
         if let Some(sink) = sink {
             sink(change);
         }
@@ -323,19 +331,19 @@ impl Processes {
             {
                 p.perf = Some(old);
             }
-            // The code objects read so far stay while the interpreter does;
-            // an exec into something else is no Python process any more.
-            if let Some(old) = self.procs.get_mut(&key).and_then(|o| o.python.take()) {
-                match &p.python {
-                    Some(new) if !exec && new.runtime == old.runtime => p.python = Some(old),
+            // The functions read so far stay while the interpreter does; an
+            // exec into something else is no interpreter process any more.
+            if let Some(old) = self.procs.get_mut(&key).and_then(|o| o.interp.take()) {
+                match &p.interp {
+                    Some(new) if !exec && new.runtime() == old.runtime() => p.interp = Some(old),
                     Some(_) => {}
-                    None => Self::py_change(&mut self.py_sink, PyChange::Remove(key)),
+                    None => Self::interp_change(&mut self.interp_sink, InterpChange::Remove(key)),
                 }
             }
-            if let Some(py) = &p.python {
-                Self::py_change(
-                    &mut self.py_sink,
-                    PyChange::Put(key.pid, py.bpf_value(key.start_time)),
+            if let Some(py) = &p.interp {
+                Self::interp_change(
+                    &mut self.interp_sink,
+                    InterpChange::Put(key.pid, py.bpf_value(key.start_time)),
                 );
             }
             self.procs.insert(key, p);
@@ -353,11 +361,11 @@ impl Processes {
     /// the ring buffer keeps its series.
     pub fn sweep(&mut self, before: u64) {
         let root = &self.proc_root;
-        let py_sink = &mut self.py_sink;
+        let interp_sink = &mut self.interp_sink;
         self.procs.retain(|key, p| {
             if p.exited || p.last_seen < before {
-                if p.python.is_some() {
-                    Self::py_change(py_sink, PyChange::Remove(*key));
+                if p.interp.is_some() {
+                    Self::interp_change(interp_sink, InterpChange::Remove(*key));
                 }
                 return false;
             }
@@ -369,8 +377,8 @@ impl Processes {
                 p.exec_ranges = Vec::new();
                 p.unwinder = UnwinderX86_64::new();
                 p.perf = None;
-                if p.python.take().is_some() {
-                    Self::py_change(py_sink, PyChange::Remove(*key));
+                if p.interp.take().is_some() {
+                    Self::interp_change(interp_sink, InterpChange::Remove(*key));
                 }
             }
             true
@@ -463,10 +471,10 @@ impl Processes {
                 unwinder.add_module(module);
             }
         }
-        let python = if self.py_sink.is_some() {
+        let interp = if self.interp_sink.is_some() {
             mappings.iter().find_map(|m| {
-                let py = m.binary.python.as_ref()?;
-                PyProcess::new(key.pid, py, m.binary.bias(m)?)
+                let binary = m.binary.interp.as_ref()?;
+                Interp::new(key.pid, binary, m.binary.bias(m)?, self.interpreters)
             })
         } else {
             None
@@ -496,7 +504,7 @@ impl Processes {
             last_reload: Instant::now(),
             last_seen: 0,
             exited: false,
-            python,
+            interp,
         }
     }
 

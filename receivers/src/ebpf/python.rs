@@ -5,7 +5,7 @@
 //! ([`Layout`]) its interpreter has. From that file's symbols come
 //! `_PyRuntime` (where the interpreter state begins) and the ranges of
 //! `_PyEval_EvalFrameDefault` (the evaluation function). The BPF program
-//! gets the runtime's address and the layout's offsets (`py_procs`), finds
+//! gets the runtime's address and the layout's offsets (`interp_procs`), finds
 //! the sampled thread's thread state (its `thread_id` is the thread's
 //! `pthread_self`, its fs base) and sends its frames: each frame's code
 //! object address and where in the code the thread is.
@@ -17,20 +17,21 @@
 //! full). A frame's line comes from the line table at its instruction,
 //! decoded once per instruction.
 //!
-//! [`merge`] puts the Python frames in the native stack: each call of the
-//! evaluation function in the native stack is replaced by the Python frames
-//! it was running (3.8 to 3.10: one frame each; 3.11 on: the frames up to
-//! the one that entered it), so a stack reads `main → handler → parse`
-//! where the interpreter ran them. The offsets below were read from each
+//! [`super::interp::merge`] puts the Python frames in the native stack:
+//! each call of the evaluation function is replaced by the Python frames it
+//! was running (3.8 to 3.10: one frame each; 3.11 on: the frames up to the
+//! one that entered it). The offsets below were read from each
 //! version's own headers (`offsetof` on the x86_64 release build).
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::frame::Frame;
+use super::interp::{
+    Code, InterpFrame, InterpProcValue, START_THREAD_STATES, Walk, read_mem, u64_at,
+};
 use super::pylines::{linetable_line, lnotab_line, locations_line};
-use super::sample::RawPyFrame;
+use super::sample::RawInterpFrame;
 
 /// Code objects kept per process.
 pub const MAX_CODES: usize = 4096;
@@ -51,27 +52,15 @@ const IS_ENTRY: u32 = 2;
 const OWNER: u32 = 3;
 const OWNED_BY_CSTACK: u8 = 3;
 
-/// One Python frame of a sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PyFrame {
-    /// The code object's address in the process.
-    pub code: u64,
-    /// Where in the code the thread is: `f_lasti` (3.8 to 3.10), else the
-    /// instruction pointer's distance from the code object.
-    pub instr: u32,
-    /// The last (outermost) frame of one call of the evaluation function.
-    pub last: bool,
-}
-
 /// The Python frames of a sample (innermost first), as `l`'s version lays
 /// them out: the frames each evaluation call ran end at one marked `last`.
-pub fn frames(l: &Layout, raw: &[RawPyFrame]) -> Vec<PyFrame> {
-    let mut out: Vec<PyFrame> = Vec::with_capacity(raw.len());
+pub fn frames(l: &Layout, raw: &[RawInterpFrame]) -> Vec<InterpFrame> {
+    let mut out: Vec<InterpFrame> = Vec::with_capacity(raw.len());
     for f in raw {
         match l.walk.kind {
-            FRAME_OBJECTS => out.push(PyFrame {
+            FRAME_OBJECTS => out.push(InterpFrame {
                 code: f.code,
-                instr: f.instr as u32,
+                instr: u64::from(f.instr as u32),
                 last: true,
             }),
             OWNER if f.end == OWNED_BY_CSTACK => {
@@ -79,41 +68,14 @@ pub fn frames(l: &Layout, raw: &[RawPyFrame]) -> Vec<PyFrame> {
                     prev.last = true;
                 }
             }
-            _ => out.push(PyFrame {
+            _ => out.push(InterpFrame {
                 code: f.code,
-                instr: f.instr.wrapping_sub(f.code) as u32,
+                instr: u64::from(f.instr.wrapping_sub(f.code) as u32),
                 last: l.walk.kind == IS_ENTRY && f.end != 0,
             }),
         }
     }
     out
-}
-
-/// What the BPF program walks frames with (the tail of its `struct
-/// py_proc`): the frame layout and the offsets in the version's structs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
-pub struct Walk {
-    /// [`FRAME_OBJECTS`], [`IS_ENTRY`] or [`OWNER`].
-    kind: u32,
-    /// `_PyRuntimeState`: `interpreters.head`.
-    runtime_interp: u32,
-    /// `PyInterpreterState`: the first thread state.
-    interp_threads: u32,
-    /// `PyThreadState`: `next`, `thread_id`, and `frame` (3.8 to 3.10),
-    /// `cframe` (3.11, 3.12) or `current_frame` (3.13).
-    tstate_next: u32,
-    tstate_thread_id: u32,
-    tstate_frame: u32,
-    /// `_PyCFrame`: `current_frame` (-1: no cframe).
-    cframe_frame: i32,
-    /// The frame's code object, caller, instruction field and end byte
-    /// (`is_entry` or `owner`; 0: none).
-    frame_code: u32,
-    frame_back: u32,
-    frame_instr: u32,
-    frame_end: u32,
-    pad: u32,
 }
 
 /// Where things are in one CPython minor version's structs (x86_64).
@@ -150,7 +112,7 @@ const fn frame_objects(minor: u8, frame_lasti: u32) -> Layout {
             frame_back: 24,
             frame_instr: frame_lasti,
             frame_end: 0,
-            pad: 0,
+            start: START_THREAD_STATES,
         },
         code_filename: 104,
         code_name: 112,
@@ -182,7 +144,7 @@ static LAYOUTS: [Layout; 6] = [
             frame_back: 48,
             frame_instr: 56,
             frame_end: 68,
-            pad: 0,
+            start: START_THREAD_STATES,
         },
         code_filename: 112,
         code_name: 120,
@@ -207,7 +169,7 @@ static LAYOUTS: [Layout; 6] = [
             frame_back: 8,
             frame_instr: 56,
             frame_end: 70,
-            pad: 0,
+            start: START_THREAD_STATES,
         },
         code_filename: 112,
         code_name: 120,
@@ -232,7 +194,7 @@ static LAYOUTS: [Layout; 6] = [
             frame_back: 8,
             frame_instr: 56,
             frame_end: 70,
-            pad: 0,
+            start: START_THREAD_STATES,
         },
         code_filename: 112,
         code_name: 120,
@@ -304,28 +266,6 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(
     })
 }
 
-/// `struct py_proc` of the BPF program: one Python process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
-pub struct PyProcValue {
-    pub start_time: u64,
-    pub runtime: u64,
-    walk: Walk,
-}
-
-// SAFETY: plain integers, `repr(C)`, no implicit padding (8 + 8 + 12 × 4
-// bytes).
-unsafe impl aya::Pod for PyProcValue {}
-
-/// A code object as read from the process.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Code {
-    pub name: Arc<str>,
-    pub file: Arc<str>,
-    pub first_line: u32,
-    lines: Box<[u8]>,
-}
-
 /// A Python process: where its interpreter is, and the code objects read.
 #[derive(Debug)]
 pub struct PyProcess {
@@ -340,7 +280,7 @@ pub struct PyProcess {
     /// Bytes the codes hold.
     code_bytes: usize,
     /// Lines found, by code object address and instruction.
-    lines: HashMap<(u64, u32), u32>,
+    lines: HashMap<(u64, u64), u32>,
 }
 
 impl PyProcess {
@@ -362,21 +302,21 @@ impl PyProcess {
     }
 
     /// What the BPF program needs to walk its threads' frames.
-    pub fn bpf_value(&self, start_time: u64) -> PyProcValue {
-        PyProcValue {
+    pub fn bpf_value(&self, start_time: u64) -> InterpProcValue {
+        InterpProcValue {
             start_time,
             runtime: self.runtime,
             walk: self.layout.walk,
         }
     }
 
-    /// Whether `addr` is in the evaluation function.
-    pub fn is_eval(&self, addr: u64) -> bool {
-        self.eval.iter().any(|r| r.contains(&addr))
+    /// The evaluation function's address ranges in the process.
+    pub fn eval(&self) -> &[std::ops::Range<u64>] {
+        &self.eval
     }
 
     /// The code object of `f` and the line the thread is at in it.
-    pub fn frame(&mut self, f: PyFrame) -> Option<(Arc<Code>, u32)> {
+    pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
         if !self.codes.contains_key(&f.code) {
             if self.codes.len() >= MAX_CODES || self.code_bytes >= MAX_CODE_BYTES {
                 self.codes.clear();
@@ -393,7 +333,7 @@ impl PyProcess {
         let line = match self.lines.get(&(f.code, f.instr)) {
             Some(&line) => line,
             None => {
-                let line = line_at(self.layout, &code, f.instr);
+                let line = line_at(self.layout, &code, f.instr as u32);
                 if self.lines.len() < MAX_CODES * 4 {
                     self.lines.insert((f.code, f.instr), line);
                 }
@@ -402,28 +342,6 @@ impl PyProcess {
         };
         Some((code, line))
     }
-}
-
-/// Reads `buf.len()` bytes at `addr` of process `pid`.
-fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> bool {
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: `local` describes `buf`, which is live and writable for its
-    // length; the remote side is only read by the kernel, which checks it.
-    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-    n >= 0 && n as usize == buf.len()
-}
-
-fn u64_at(b: &[u8], off: u32) -> u64 {
-    let off = off as usize;
-    b.get(off..off + 8)
-        .map_or(0, |s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
 }
 
 fn read_code(pid: u32, l: &Layout, addr: u64) -> Option<Code> {
@@ -530,51 +448,16 @@ pub fn line_at(l: &Layout, code: &Code, instr: u32) -> u32 {
     line.unwrap_or(first)
 }
 
-/// A frame of a merged stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Merged {
-    Native(Frame),
-    Python(PyFrame),
-}
-
-/// The native frames (innermost first) with the Python frames (innermost
-/// first) in place of the evaluation function's calls: each call is
-/// replaced by its group of Python frames (a group ends at a frame marked
-/// `last`). Groups left when the native stack ends (it was cut
-/// short) go at its outer end; calls left when the groups end (more than
-/// the BPF program walked) stay native.
-pub fn merge(native: &[Frame], py: &[PyFrame], is_eval: impl Fn(u64) -> bool) -> Vec<Merged> {
-    let mut out = Vec::with_capacity(native.len() + py.len());
-    let mut rest = py;
-    let take_group = |rest: &mut &[PyFrame], out: &mut Vec<Merged>| {
-        let end = rest
-            .iter()
-            .position(|f| f.last)
-            .map_or(rest.len(), |i| i + 1);
-        out.extend(rest[..end].iter().map(|&f| Merged::Python(f)));
-        *rest = &rest[end..];
-    };
-    for &f in native {
-        if !rest.is_empty() && is_eval(f.lookup()) {
-            take_group(&mut rest, &mut out);
-        } else {
-            out.push(Merged::Native(f));
-        }
-    }
-    while !rest.is_empty() {
-        take_group(&mut rest, &mut out);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::frame::Frame;
+    use super::super::interp::{Merged, merge};
     use super::*;
 
     #[test]
     fn the_bpf_programs_struct_size() {
-        // `struct py_proc` in bpf/profile.bpf.c.
-        assert_eq!(std::mem::size_of::<PyProcValue>(), 64);
+        // `struct interp_proc` in bpf/profile.bpf.c.
+        assert_eq!(std::mem::size_of::<InterpProcValue>(), 64);
     }
 
     #[test]
@@ -595,8 +478,8 @@ mod tests {
         assert_eq!(version_of("/usr/bin/python3-config"), None);
     }
 
-    fn py(code: u64, last: bool) -> PyFrame {
-        PyFrame {
+    fn py(code: u64, last: bool) -> InterpFrame {
+        InterpFrame {
             code,
             instr: 0,
             last,
@@ -612,12 +495,12 @@ mod tests {
 
     #[test]
     fn each_versions_frames_end_their_calls() {
-        let raw = |code: u64, instr: u64, end: u8| RawPyFrame { code, instr, end };
+        let raw = |code: u64, instr: u64, end: u8| RawInterpFrame { code, instr, end };
         // 3.10: a frame per call; f_lasti is the low 4 bytes.
         let f = frames(layout(10).unwrap(), &[raw(0x100, 0xdead_0000_0007, 0)]);
         assert_eq!(
             f,
-            [PyFrame {
+            [InterpFrame {
                 code: 0x100,
                 instr: 7,
                 last: true
@@ -671,16 +554,16 @@ mod tests {
             merged,
             [
                 Merged::Native(native(0x9000)),
-                Merged::Python(frames[0]),
-                Merged::Python(frames[1]),
+                Merged::Interp(frames[0]),
+                Merged::Interp(frames[1]),
                 Merged::Native(native(0x5000)),
-                Merged::Python(frames[2]),
+                Merged::Interp(frames[2]),
             ]
         );
         // A native stack cut short: the groups left go at its outer end.
         let merged = merge(&stack[..2], &frames, eval);
         assert_eq!(merged.len(), 4);
-        assert_eq!(merged[3], Merged::Python(frames[2]));
+        assert_eq!(merged[3], Merged::Interp(frames[2]));
         // More calls than frames walked: the rest stay native.
         let merged = merge(&stack, &frames[..2], eval);
         assert_eq!(merged.last(), Some(&Merged::Native(native(0x1200))));

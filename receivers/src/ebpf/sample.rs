@@ -25,33 +25,34 @@ const OFF_BP: usize = 88;
 const OFF_STACK_LEN: usize = 96;
 const OFF_FLAGS: usize = 100;
 const OFF_OFF_CPU: usize = 104;
-const OFF_PY_FRAMES: usize = 112;
-const OFF_PY: usize = 120;
-const OFF_KERNEL: usize = OFF_PY + PY_FRAMES * PY_FRAME_LEN; // 1656
+const OFF_INTERP_FRAMES: usize = 112;
+const OFF_INTERP: usize = 120;
+const OFF_KERNEL: usize = OFF_INTERP + INTERP_FRAMES * INTERP_FRAME_LEN; // 1656
 const OFF_USER: usize = OFF_KERNEL + MAX_FRAMES * 8; // 2672
 /// Where the user stack copy starts: the fixed part's size.
 pub const HEADER_LEN: usize = OFF_USER + MAX_FRAMES * 8; // 3688
-/// Python frames the BPF program walks at most (`PY_FRAMES`).
-pub const PY_FRAMES: usize = 64;
-/// Bytes of one `struct py_frame`.
-const PY_FRAME_LEN: usize = 24;
+/// Interpreter frames the BPF program walks at most (`INTERP_FRAMES`).
+pub const INTERP_FRAMES: usize = 64;
+/// Bytes of one `struct interp_frame`.
+const INTERP_FRAME_LEN: usize = 24;
 
 /// A kernel thread: no user part.
 pub const FLAG_KTHREAD: u32 = 1;
 /// A wait, not a tick: `off_cpu_ns` says how long.
 pub const FLAG_OFF_CPU: u32 = 4;
-/// One Python frame as the BPF program read it (`struct py_frame`); what
-/// its fields mean depends on the interpreter's version (see
-/// [`super::python::frames`]).
+/// One interpreter frame as the BPF program read it (`struct
+/// interp_frame`); what its fields mean depends on the interpreter and its
+/// version (see [`super::interp::Interp::frames`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawPyFrame {
-    /// The code object's address in the process.
+pub struct RawInterpFrame {
+    /// The code object's (PHP: the function's) address in the process.
     pub code: u64,
-    /// The 8 bytes at the version's instruction field: `f_lasti` (an int)
-    /// in 3.8 to 3.10, the instruction pointer from 3.11 on.
+    /// The 8 bytes at the version's instruction field: CPython's `f_lasti`
+    /// (an int) in 3.8 to 3.10, the instruction pointer from 3.11 on; PHP's
+    /// opline.
     pub instr: u64,
-    /// The byte at the version's end field: `is_entry` (3.11) or `owner`
-    /// (3.12 on).
+    /// The byte at the version's end field: CPython's `is_entry` (3.11) or
+    /// `owner` (3.12 on); PHP's call info, bits 16 to 23.
     pub end: u8,
 }
 
@@ -77,9 +78,9 @@ pub struct Sample<'a> {
     pub flags: u32,
     /// With [`FLAG_OFF_CPU`]: how long the thread waited, in nanoseconds.
     pub off_cpu_ns: u64,
-    /// The thread's Python frames, innermost first (empty for a process
-    /// that is not a known Python one).
-    pub py: Vec<RawPyFrame>,
+    /// The thread's interpreter frames, innermost first (empty for a
+    /// process that runs no interpreter whose frames are walked).
+    pub interp: Vec<RawInterpFrame>,
 }
 
 /// Why a record was refused.
@@ -154,10 +155,10 @@ impl<'a> Sample<'a> {
             stack: &b[HEADER_LEN..HEADER_LEN + n],
             flags: u32_at(b, OFF_FLAGS),
             off_cpu_ns: u64_at(b, OFF_OFF_CPU),
-            py: (0..(u32_at(b, OFF_PY_FRAMES) as usize).min(PY_FRAMES))
+            interp: (0..(u32_at(b, OFF_INTERP_FRAMES) as usize).min(INTERP_FRAMES))
                 .map(|i| {
-                    let at = OFF_PY + i * PY_FRAME_LEN;
-                    RawPyFrame {
+                    let at = OFF_INTERP + i * INTERP_FRAME_LEN;
+                    RawInterpFrame {
                         code: u64_at(b, at),
                         instr: u64_at(b, at + 8),
                         end: b[at + 16],
@@ -210,10 +211,11 @@ pub(crate) mod tests {
     }
 
     /// `b`, a record, with these Python frames (innermost first).
-    pub(crate) fn with_python(mut b: Vec<u8>, frames: &[RawPyFrame]) -> Vec<u8> {
-        b[OFF_PY_FRAMES..OFF_PY_FRAMES + 4].copy_from_slice(&(frames.len() as u32).to_le_bytes());
+    pub(crate) fn with_python(mut b: Vec<u8>, frames: &[RawInterpFrame]) -> Vec<u8> {
+        b[OFF_INTERP_FRAMES..OFF_INTERP_FRAMES + 4]
+            .copy_from_slice(&(frames.len() as u32).to_le_bytes());
         for (i, f) in frames.iter().enumerate() {
-            let at = OFF_PY + i * PY_FRAME_LEN;
+            let at = OFF_INTERP + i * INTERP_FRAME_LEN;
             b[at..at + 8].copy_from_slice(&f.code.to_le_bytes());
             b[at + 8..at + 16].copy_from_slice(&f.instr.to_le_bytes());
             b[at + 16] = f.end;
@@ -250,21 +252,21 @@ pub(crate) mod tests {
         );
         assert_eq!(s.stack_word(0x7ff0_0040), None, "past the copy");
         assert_eq!(s.stack_word(0x7fef_fff8), None, "below sp");
-        assert!(s.py.is_empty());
+        assert!(s.interp.is_empty());
         let frames = [
-            RawPyFrame {
+            RawInterpFrame {
                 code: 0x7f00_0000_1000,
                 instr: 0x7f00_0000_10c4,
                 end: 0,
             },
-            RawPyFrame {
+            RawInterpFrame {
                 code: 0x7f00_0000_2000,
                 instr: 9,
                 end: 3,
             },
         ];
         let b = with_python(b, &frames);
-        assert_eq!(Sample::parse(&b).unwrap().py, frames);
+        assert_eq!(Sample::parse(&b).unwrap().interp, frames);
     }
 
     #[test]

@@ -7,13 +7,15 @@
 // registers with a bounded copy of the user stack, so that user space can
 // unwind code built without frame pointers from its .eh_frame.
 //
-// Python (CPython 3.8 to 3.13, processes user space put in `py_procs`): the
-// thread's interpreter frames, walked from the interpreter state user space
-// found (`_PyRuntime`, with the struct offsets of that version): the thread
-// state whose thread id is the thread's `pthread_self` (its fs base), then
-// its frame chain, at most PY_FRAMES frames, each as its code object's
-// address and where in it the thread is. User space names them and merges
-// them with the native stack at the interpreter's evaluation function.
+// Interpreters whose frames are a chain in memory (processes user space put
+// in `interp_procs`, with the struct offsets of their version): CPython 3.8
+// to 3.13, from `_PyRuntime` to the thread state whose thread id is the
+// thread's `pthread_self` (its fs base), then its frame chain; PHP 8.2, from
+// `executor_globals.current_execute_data` (one thread per process). At most
+// INTERP_FRAMES frames, each as its code object's (or function's) address,
+// where in it the thread is, and one byte that tells where a call of the
+// interpreter's loop ends. User space names them and merges them with the
+// native stack at the interpreter's evaluation function.
 //
 // Off-CPU (when user space asks for it), from tracepoints only (kernels
 // without kprobes or BPF trampolines have them): at `sched_switch`, a user
@@ -84,37 +86,41 @@ struct task_struct {
 	__u64 start_time;
 } __attribute__((preserve_access_index));
 
-#define PY_FRAMES 64            /* Python frames walked at most */
+#define INTERP_FRAMES 64        /* interpreter frames walked at most */
 #define PY_THREADS 32           /* thread states looked at to find the thread's */
 
-/* One Python frame as read: its code object, where in it the thread is (the
- * 8 bytes at the layout's `frame_instr`: f_lasti, an int, in 3.8 to 3.10; the
- * instruction pointer from 3.11 on), and the byte at `frame_end` (3.11:
- * is_entry; 3.12 on: owner). User space makes sense of them by layout. */
-struct py_frame {
+/* One interpreter frame as read: its code object (PHP: its function), where
+ * in it the thread is (the 8 bytes at the walk's `frame_instr`: f_lasti, an
+ * int, in CPython 3.8 to 3.10; the instruction pointer from 3.11 on; PHP: the
+ * opline), and the byte at `frame_end` (3.11: is_entry; 3.12 on: owner; PHP:
+ * bits 16 to 23 of the call info). User space makes sense of them by layout. */
+struct interp_frame {
 	__u64 code;
 	__u64 instr;
 	__u8 end;
 	__u8 pad[7];
 };
 
-/* A Python process (user space fills it from the interpreter's symbols and
- * the version's layout): where `_PyRuntime` is, and the offsets to walk. */
-struct py_proc {
+#define START_THREAD_STATES 0   /* CPython: find the thread's state first */
+#define START_GLOBAL 1          /* the current frame's pointer is at runtime + tstate_frame */
+
+/* An interpreter process (user space fills it from the interpreter's symbols
+ * and the version's layout): where its state is, and the offsets to walk. */
+struct interp_proc {
 	__u64 start_time;           /* the process's: a reused pid is not it */
-	__u64 runtime;              /* address of _PyRuntime */
+	__u64 runtime;              /* address of _PyRuntime (PHP: executor_globals) */
 	__u32 layout;               /* for user space: which version's frames */
 	__u32 runtime_interp;       /* _PyRuntimeState: interpreters.head */
 	__u32 interp_threads;       /* PyInterpreterState: the first thread state */
 	__u32 tstate_next;          /* PyThreadState: next */
 	__u32 tstate_thread_id;     /* PyThreadState: thread_id (pthread_self) */
-	__u32 tstate_frame;         /* PyThreadState: frame, cframe or current_frame */
+	__u32 tstate_frame;         /* PyThreadState: frame, cframe or current_frame; PHP: current_execute_data */
 	__s32 cframe_frame;         /* _PyCFrame: current_frame (-1: no cframe) */
-	__u32 frame_code;           /* the frame's code object */
+	__u32 frame_code;           /* the frame's code object (PHP: func) */
 	__u32 frame_back;           /* the caller's frame */
-	__u32 frame_instr;          /* f_lasti (int) or the instruction pointer */
-	__u32 frame_end;            /* is_entry or owner (a byte); 0: none */
-	__u32 pad;
+	__u32 frame_instr;          /* f_lasti (int), the instruction pointer, or the opline */
+	__u32 frame_end;            /* is_entry, owner or call info (a byte); 0: none */
+	__u32 start;                /* START_* */
 };
 
 /* One sample as user space reads it (receivers/src/ebpf/sample.rs). Only
@@ -133,9 +139,9 @@ struct sample {
 	__u32 stack_len;            /* bytes of `stack` copied from sp upwards */
 	__u32 flags;                /* SAMPLE_* */
 	__u64 off_cpu_ns;           /* SAMPLE_OFF_CPU: how long it waited */
-	__u32 py_frames;            /* entries of `py` filled */
-	__u32 py_pad;
-	struct py_frame py[PY_FRAMES]; /* the thread's Python frames, innermost first */
+	__u32 interp_frames;        /* entries of `interp` filled */
+	__u32 interp_pad;
+	struct interp_frame interp[INTERP_FRAMES]; /* the thread's interpreter frames, innermost first */
 	__u64 kernel[MAX_FRAMES];
 	__u64 user[MAX_FRAMES];
 	__u8 stack[STACK_COPY + PAGE]; /* slack for the verifier; at most STACK_COPY used */
@@ -223,13 +229,13 @@ struct {
 	__type(value, struct budget);
 } offcpu_budget SEC(".maps");
 
-/* Python processes by pid, put and taken away by user space. */
+/* Interpreter processes by pid, put and taken away by user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
-	__type(value, struct py_proc);
-} py_procs SEC(".maps");
+	__type(value, struct interp_proc);
+} interp_procs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -298,40 +304,45 @@ static __always_inline __u64 read_ptr(__u64 addr)
 	return v;
 }
 
-/* The current thread's Python frames, when its process is a Python one:
- * its thread state is the one whose thread id is its fs base (glibc's and
- * musl's pthread_self on x86_64). The frame loop has no branch but its
- * end, so that the verifier's work stays linear in PY_FRAMES. */
-static __always_inline void python_stack(struct sample *s, struct task_struct *task)
+/* The current thread's interpreter frames, when its process runs a known
+ * interpreter. CPython: its thread state is the one whose thread id is its fs
+ * base (glibc's and musl's pthread_self on x86_64); PHP: the current frame's
+ * pointer is global. The frame loop has no branch but its end, so that the
+ * verifier's work stays linear in INTERP_FRAMES. */
+static __always_inline void interp_stack(struct sample *s, struct task_struct *task)
 {
-	struct py_proc *p = bpf_map_lookup_elem(&py_procs, &s->tgid);
+	struct interp_proc *p = bpf_map_lookup_elem(&interp_procs, &s->tgid);
 	__u64 fsbase, tstate, frame, interp;
 	__u32 n = 0;
 	int found = 0;
 
 	if (!p || p->start_time != s->start_time)
 		return;
-	fsbase = BPF_CORE_READ(task, thread.fsbase);
-	interp = read_ptr(p->runtime + p->runtime_interp);
-	if (!fsbase || !interp)
-		return;
-	tstate = read_ptr(interp + p->interp_threads);
-	for (int i = 0; i < PY_THREADS; i++) {
-		if (!tstate)
-			break;
-		if (read_ptr(tstate + p->tstate_thread_id) == fsbase) {
-			found = 1;
-			break;
+	if (p->start == START_GLOBAL) {
+		frame = read_ptr(p->runtime + p->tstate_frame);
+	} else {
+		fsbase = BPF_CORE_READ(task, thread.fsbase);
+		interp = read_ptr(p->runtime + p->runtime_interp);
+		if (!fsbase || !interp)
+			return;
+		tstate = read_ptr(interp + p->interp_threads);
+		for (int i = 0; i < PY_THREADS; i++) {
+			if (!tstate)
+				break;
+			if (read_ptr(tstate + p->tstate_thread_id) == fsbase) {
+				found = 1;
+				break;
+			}
+			tstate = read_ptr(tstate + p->tstate_next);
 		}
-		tstate = read_ptr(tstate + p->tstate_next);
+		if (!found)
+			return;
+		frame = read_ptr(tstate + p->tstate_frame);
+		if (p->cframe_frame >= 0 && frame)
+			frame = read_ptr(frame + (__u32)p->cframe_frame);
 	}
-	if (!found)
-		return;
-	frame = read_ptr(tstate + p->tstate_frame);
-	if (p->cframe_frame >= 0 && frame)
-		frame = read_ptr(frame + (__u32)p->cframe_frame);
-	for (int i = 0; i < PY_FRAMES; i++) {
-		struct py_frame *f = &s->py[i];
+	for (int i = 0; i < INTERP_FRAMES; i++) {
+		struct interp_frame *f = &s->interp[i];
 
 		if (!frame)
 			break;
@@ -343,7 +354,7 @@ static __always_inline void python_stack(struct sample *s, struct task_struct *t
 		n = i + 1;
 		frame = read_ptr(frame + p->frame_back);
 	}
-	s->py_frames = n;
+	s->interp_frames = n;
 }
 
 /* The user registers saved when the current task entered the kernel. */
@@ -376,7 +387,7 @@ static __always_inline void send(void *ctx, struct sample *s, __u64 id, struct p
 	s->ip = s->sp = s->bp = 0;
 	s->stack_len = 0;
 	s->user_bytes = 0;
-	s->py_frames = 0;
+	s->interp_frames = 0;
 
 	if (!kernel_filled)
 		s->kernel_bytes = bpf_get_stack(ctx, s->kernel, sizeof(s->kernel), 0);
@@ -399,7 +410,7 @@ static __always_inline void send(void *ctx, struct sample *s, __u64 id, struct p
 		}
 		if (s->sp)
 			s->stack_len = copy_stack(s, s->sp);
-		python_stack(s, task);
+		interp_stack(s, task);
 	}
 
 	size = __builtin_offsetof(struct sample, stack) + s->stack_len;

@@ -15,7 +15,7 @@ use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 use proflow_symbolize::FileId;
 use proflow_symbolize::open::open_regular;
 
-use super::super::python::PyBinary;
+use super::super::interp::InterpBinary;
 use super::super::state_budget::{Charge, StateBudget, Use};
 use super::Mapping;
 
@@ -35,8 +35,8 @@ pub struct Binary {
     /// Executable PT_LOAD segments: (p_vaddr, p_offset).
     pub(super) exec_segments: Vec<(u64, u64)>,
     pub(super) unwind: Option<UnwindSections>,
-    /// A CPython interpreter's symbols, when the file is one.
-    pub python: Option<PyBinary>,
+    /// An interpreter's symbols (CPython's, PHP's), when the file is one.
+    pub interp: Option<InterpBinary>,
     /// The file kept open for the symbolizer (see [`super`]).
     held: Option<Held>,
     /// The state budget refused one of its unwind sections.
@@ -213,7 +213,7 @@ pub(super) fn read_binary(
         id: None,
         exec_segments: Vec::new(),
         unwind: None,
-        python: None,
+        interp: None,
         held: None,
         state_refused: false,
     };
@@ -287,9 +287,7 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
             b.exec_segments.push((seg.address(), seg.file_range().0));
         }
     }
-    if super::super::python::version_of(path).is_some() {
-        b.python = super::super::python::read_symbols(&elf, path);
-    }
+    b.interp = InterpBinary::read(&elf, path);
     // Whether the state budget refused a section (the binary is then read
     // again by the next process that maps it, when there may be room).
     let refused = std::cell::Cell::new(false);

@@ -1,0 +1,266 @@
+//! Interpreters whose frames the BPF program walks: what every one of them
+//! shares, and [`Interp`], the interpreter of one process.
+//!
+//! The BPF program knows one walk: from a start (CPython: the thread's
+//! state, found among the interpreter's; PHP: a global pointer) along a
+//! chain of frames, reading at each the same three fields at the offsets
+//! user space gave ([`Walk`], the tail of `struct interp_proc`). What the
+//! fields mean is the interpreter's module's business: [`super::python`]
+//! (CPython 3.8 to 3.13) and [`super::php`] (PHP 8.2). Each names a frame
+//! as a [`Code`] (function, file, first line) and a line, read once from
+//! the process's memory and kept per process.
+//!
+//! [`merge`] puts an interpreter's frames in the native stack: each call of
+//! the interpreter's evaluation function (CPython's
+//! `_PyEval_EvalFrameDefault`, PHP's `execute_ex`) is replaced by the
+//! frames it was running, so a stack reads `main → handler → parse` where
+//! the interpreter ran them.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::frame::Frame;
+use super::php::{PhpBinary, PhpProcess};
+use super::python::{PyBinary, PyProcess};
+use super::sample::RawInterpFrame;
+
+/// [`Walk::start`]: find the sampled thread's state among the
+/// interpreter's thread states first (CPython).
+pub const START_THREAD_STATES: u32 = 0;
+/// [`Walk::start`]: the current frame's pointer is at `runtime +
+/// tstate_frame` (PHP without threads).
+pub const START_GLOBAL: u32 = 1;
+
+/// What the BPF program walks frames with (the tail of its `struct
+/// interp_proc`): where the first frame is, and the offsets in the
+/// version's structs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct Walk {
+    /// For user space: how the version's frames read (see each
+    /// interpreter's module).
+    pub(super) kind: u32,
+    /// `_PyRuntimeState`: `interpreters.head`.
+    pub(super) runtime_interp: u32,
+    /// `PyInterpreterState`: the first thread state.
+    pub(super) interp_threads: u32,
+    /// `PyThreadState`: `next`, `thread_id`, and `frame` (3.8 to 3.10),
+    /// `cframe` (3.11, 3.12) or `current_frame` (3.13); PHP:
+    /// `executor_globals.current_execute_data`.
+    pub(super) tstate_next: u32,
+    pub(super) tstate_thread_id: u32,
+    pub(super) tstate_frame: u32,
+    /// `_PyCFrame`: `current_frame` (-1: no cframe).
+    pub(super) cframe_frame: i32,
+    /// The frame's code object (PHP: function), caller, instruction field
+    /// and end byte (`is_entry`, `owner`, PHP's call info; 0: none).
+    pub(super) frame_code: u32,
+    pub(super) frame_back: u32,
+    pub(super) frame_instr: u32,
+    pub(super) frame_end: u32,
+    /// [`START_THREAD_STATES`] or [`START_GLOBAL`].
+    pub(super) start: u32,
+}
+
+/// `struct interp_proc` of the BPF program: one interpreter process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct InterpProcValue {
+    pub start_time: u64,
+    pub runtime: u64,
+    pub(super) walk: Walk,
+}
+
+// SAFETY: plain integers, `repr(C)`, no implicit padding (8 + 8 + 12 × 4
+// bytes).
+unsafe impl aya::Pod for InterpProcValue {}
+
+/// One interpreter frame of a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InterpFrame {
+    /// The code object's (PHP: the function's) address in the process.
+    pub code: u64,
+    /// Where in the code the thread is: CPython's `f_lasti` (3.8 to 3.10),
+    /// else the instruction pointer's distance from the code object; PHP:
+    /// the opline's address.
+    pub instr: u64,
+    /// The last (outermost) frame of one call of the evaluation function.
+    pub last: bool,
+}
+
+/// A function (CPython: a code object) as read from the process.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Code {
+    pub name: Arc<str>,
+    pub file: Arc<str>,
+    pub first_line: u32,
+    /// CPython's line table (empty for PHP, whose lines are in its ops).
+    pub(super) lines: Box<[u8]>,
+}
+
+/// Which interpreters' frames are walked (the receiver's `python` and
+/// `php` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interpreters {
+    pub python: bool,
+    pub php: bool,
+}
+
+/// What an interpreter's file gives (as file addresses), when the file is
+/// one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InterpBinary {
+    Python(PyBinary),
+    Php(PhpBinary),
+}
+
+impl InterpBinary {
+    /// Reads an interpreter's symbols from a file named like one of a
+    /// known version; `None` for any other file.
+    pub fn read<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>, path: &str) -> Option<Self> {
+        if super::python::version_of(path).is_some() {
+            return super::python::read_symbols(elf, path).map(InterpBinary::Python);
+        }
+        if super::php::is_php(path) {
+            return super::php::read_symbols(elf).map(InterpBinary::Php);
+        }
+        None
+    }
+}
+
+/// The interpreter of one process, with what was read of its functions.
+#[derive(Debug)]
+pub enum Interp {
+    Python(PyProcess),
+    Php(PhpProcess),
+}
+
+impl Interp {
+    /// The interpreter of process `pid` whose file `binary` is mapped moved
+    /// by `bias`, when its frames are walked.
+    pub fn new(pid: u32, binary: &InterpBinary, bias: u64, on: Interpreters) -> Option<Self> {
+        match binary {
+            InterpBinary::Python(b) if on.python => {
+                PyProcess::new(pid, b, bias).map(Interp::Python)
+            }
+            InterpBinary::Php(b) if on.php => Some(Interp::Php(PhpProcess::new(pid, b, bias))),
+            _ => None,
+        }
+    }
+
+    /// Where its state is in the process (a new one after an exec or a
+    /// reload is another interpreter).
+    pub fn runtime(&self) -> u64 {
+        match self {
+            Interp::Python(p) => p.runtime,
+            Interp::Php(p) => p.globals,
+        }
+    }
+
+    /// What the BPF program needs to walk its frames.
+    pub fn bpf_value(&self, start_time: u64) -> InterpProcValue {
+        match self {
+            Interp::Python(p) => p.bpf_value(start_time),
+            Interp::Php(p) => p.bpf_value(start_time),
+        }
+    }
+
+    /// Whether `addr` is in the evaluation function.
+    pub fn is_eval(&self, addr: u64) -> bool {
+        let ranges: &[Range<u64>] = match self {
+            Interp::Python(p) => p.eval(),
+            Interp::Php(p) => std::slice::from_ref(&p.execute_ex),
+        };
+        ranges.iter().any(|r| r.contains(&addr))
+    }
+
+    /// The frames of a sample as the interpreter's version lays them out
+    /// (innermost first): those each evaluation call ran end at one marked
+    /// `last`.
+    pub fn frames(&mut self, raw: &[RawInterpFrame]) -> Vec<InterpFrame> {
+        match self {
+            Interp::Python(p) => super::python::frames(p.layout, raw),
+            Interp::Php(p) => p.frames(raw),
+        }
+    }
+
+    /// The function of `f` and the line the thread is at in it.
+    pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
+        match self {
+            Interp::Python(p) => p.frame(f),
+            Interp::Php(p) => p.frame(f),
+        }
+    }
+
+    /// The name of a frame that could not be read.
+    pub fn unknown(&self) -> &'static str {
+        match self {
+            Interp::Python(_) => "[unknown Python frame]",
+            Interp::Php(_) => "[unknown PHP frame]",
+        }
+    }
+}
+
+/// Reads `buf.len()` bytes at `addr` of process `pid`.
+pub(super) fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> bool {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: `local` describes `buf`, which is live and writable for its
+    // length; the remote side is only read by the kernel, which checks it.
+    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    n >= 0 && n as usize == buf.len()
+}
+
+/// The little-endian 8 bytes at `off` of `b` (0 past its end).
+pub(super) fn u64_at(b: &[u8], off: u32) -> u64 {
+    let off = off as usize;
+    b.get(off..off + 8)
+        .map_or(0, |s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
+}
+
+/// A frame of a merged stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Merged {
+    Native(Frame),
+    Interp(InterpFrame),
+}
+
+/// The native frames (innermost first) with the interpreter's frames
+/// (innermost first) in place of the evaluation function's calls: each
+/// call is replaced by its group of interpreter frames (a group ends at a
+/// frame marked `last`). Groups left when the native stack ends (it was
+/// cut short) go at its outer end; calls left when the groups end (more
+/// than the BPF program walked) stay native.
+pub fn merge(
+    native: &[Frame],
+    interp: &[InterpFrame],
+    is_eval: impl Fn(u64) -> bool,
+) -> Vec<Merged> {
+    let mut out = Vec::with_capacity(native.len() + interp.len());
+    let mut rest = interp;
+    let take_group = |rest: &mut &[InterpFrame], out: &mut Vec<Merged>| {
+        let end = rest
+            .iter()
+            .position(|f| f.last)
+            .map_or(rest.len(), |i| i + 1);
+        out.extend(rest[..end].iter().map(|&f| Merged::Interp(f)));
+        *rest = &rest[end..];
+    };
+    for &f in native {
+        if !rest.is_empty() && is_eval(f.lookup()) {
+            take_group(&mut rest, &mut out);
+        } else {
+            out.push(Merged::Native(f));
+        }
+    }
+    while !rest.is_empty() {
+        take_group(&mut rest, &mut out);
+    }
+    out
+}
