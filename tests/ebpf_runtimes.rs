@@ -9,6 +9,8 @@
 //!   frames (`hot.py`, in the main thread and in a second thread), and
 //!   where Python functions wait (`sleep.py`).
 //! - PHP 8.2 with no flag or extension (`hot.php`): the VM's frames.
+//! - Go with pprof labels and no profiling client (`golabels/main.go`):
+//!   each sample carries its goroutine's labels.
 //! - Off-CPU: a C program sleeping 20 ms and 10 ms in two functions
 //!   (`sleep.c`), its `off_cpu` profile against the time it measured around
 //!   its sleeps.
@@ -429,6 +431,71 @@ fn php_frames_without_a_flag() {
         lines["main"],
         [line_of("(new Runner())->run(")].into(),
         "main at its call of run"
+    );
+}
+
+/// Go with pprof labels and no profiling client (`golabels/main.go`, built
+/// by this machine's Go): each sample carries the labels of the goroutine
+/// it ran, so `hotTwo`'s samples have span_id 00000000000000aa and route
+/// /two, `hotOne`'s span_id 00000000000000bb alone, at the 2:1 split.
+#[test]
+fn go_samples_carry_their_goroutines_pprof_labels() {
+    let _one_at_a_time = require_root();
+    let bin = ebpf_targets::build(Target::GoLabels).unwrap_or_else(|e| panic!("{e}"));
+    let (child, pid) = ebpf_targets::spawn(&bin, 30);
+    let _child = KillOnDrop(child);
+    let proflow = proflow_for(&[pid], "2s");
+    let stacks = stacks_of(&proflow, pid, 4000);
+    check_split(&stacks, "main.hotTwo", "main.hotOne");
+    // Per hot function: samples by their labels.
+    type Labels = Vec<(String, String)>;
+    let mut by: std::collections::BTreeMap<(&str, Labels), i64> = Default::default();
+    for e in common::read_index(&proflow.profiles) {
+        if e.label("pid") != Some(pid.to_string().as_str()) || !e.path.is_file() {
+            continue;
+        }
+        let p = common::read_profile(&e.path);
+        for (frames, s) in pprof::stacks_root_first(&p) {
+            let hot = if frames.iter().any(|f| f.contains("main.hotTwo")) {
+                "hotTwo"
+            } else if frames.iter().any(|f| f.contains("main.hotOne")) {
+                "hotOne"
+            } else {
+                continue;
+            };
+            let mut labels: Labels = s
+                .label
+                .iter()
+                .map(|l| (p.string(l.key).to_owned(), p.string(l.str).to_owned()))
+                .collect();
+            labels.sort();
+            *by.entry((hot, labels)).or_default() += s.value[1];
+        }
+    }
+    let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+    let total = |hot: &str| {
+        by.iter()
+            .filter(|((h, _), _)| *h == hot)
+            .map(|(_, n)| n)
+            .sum::<i64>()
+    };
+    let two = by
+        .get(&(
+            "hotTwo",
+            vec![pair("route", "/two"), pair("span_id", "00000000000000aa")],
+        ))
+        .copied()
+        .unwrap_or(0);
+    let one = by
+        .get(&("hotOne", vec![pair("span_id", "00000000000000bb")]))
+        .copied()
+        .unwrap_or(0);
+    eprintln!("Go labels: {by:?}");
+    assert!(
+        two as f64 >= 0.95 * total("hotTwo") as f64 && one as f64 >= 0.95 * total("hotOne") as f64,
+        "hotTwo {two} of {} and hotOne {one} of {} samples carry their own labels: {by:#?}",
+        total("hotTwo"),
+        total("hotOne")
     );
 }
 

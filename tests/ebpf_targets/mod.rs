@@ -24,6 +24,8 @@ pub enum Target {
     Rust,
     /// Go, `go build`.
     Go,
+    /// Go, `go build`, its hot functions under pprof labels (`golabels/`).
+    GoLabels,
     /// C, `-O2 -g -fomit-frame-pointer`: waits (`sleep.c`), not CPU.
     Sleep,
 }
@@ -84,6 +86,7 @@ pub fn build(target: Target) -> Result<PathBuf, String> {
         Target::CNoFp => ("hot-nofp", src.join("hot.c")),
         Target::Rust => ("hot-rust", src.join("hot.rs")),
         Target::Go => ("hot-go", src.join("go/main.go")),
+        Target::GoLabels => ("hot-go-labels", src.join("golabels/main.go")),
         Target::Sleep => ("sleep", src.join("sleep.c")),
     };
     let bin = dir.join(name);
@@ -121,11 +124,15 @@ pub fn build(target: Target) -> Result<PathBuf, String> {
             ])
             .arg(&tmp)
             .arg(&source))?,
-        Target::Go => run(Command::new(go_command())
+        Target::Go | Target::GoLabels => run(Command::new(go_command())
             .args(["build", "-o"])
             .arg(&tmp)
             .arg(".")
-            .current_dir(src.join("go"))
+            .current_dir(src.join(if matches!(target, Target::Go) {
+                "go"
+            } else {
+                "golabels"
+            }))
             .env("GOFLAGS", "-mod=mod")
             .env("GOTOOLCHAIN", "local"))?,
     }

@@ -17,7 +17,7 @@ use proflow_model::model::{Envelope, Labels, Payload, ValueType};
 use proflow_model::pprof;
 
 use super::frame::Frame;
-use super::interp::{Interp, InterpFrame, Merged, merge};
+use super::interp::{InterpFrame, Merged, Runtime, merge};
 use super::procs::{Binary, ProcKey, Process, Processes};
 use super::sample::{FLAG_KTHREAD, FLAG_OFF_CPU, Sample};
 use super::symbols::{Line, Lines, Symbols};
@@ -208,9 +208,15 @@ struct Series {
     /// of their own at the same addresses); one that could not be read is
     /// `(pid, 0, 0)`.
     interp_index: HashMap<(u32, u64, u32), u32>,
-    /// Per stack: samples, and for waits their nanoseconds.
-    stacks: HashMap<Box<[u32]>, (u64, u64)>,
+    /// Per stack and pprof labels (a Go goroutine's; mostly none):
+    /// samples, and for waits their nanoseconds.
+    stacks: HashMap<StackKey, (u64, u64)>,
 }
+
+/// A sample's own pprof labels (key, value), as the goroutine had them.
+type SampleLabels = Box<[(Box<str>, Box<str>)]>;
+/// A stack's locations (leaf first) and its sample's own labels.
+type StackKey = (Box<[u32]>, SampleLabels);
 
 impl Series {
     fn new(kind: Kind, labels: Labels) -> Self {
@@ -296,7 +302,7 @@ impl Collector {
         let (native, how) = user_stack(&mut *process, &mut self.cache, s);
         // An interpreter's frames in place of its evaluation function's
         // calls.
-        let user: Vec<Merged> = match &mut process.interp {
+        let user: Vec<Merged> = match &mut process.runtime {
             Some(interp) if !s.interp.is_empty() => {
                 let frames = interp.frames(&s.interp);
                 merge(&native, &frames, |a| interp.is_eval(a))
@@ -349,7 +355,12 @@ impl Collector {
             let frame = match frame {
                 Merged::Native(f) => f,
                 Merged::Interp(f) => {
-                    stack.push(interp_location(series, key.pid, process.interp.as_mut(), f));
+                    stack.push(interp_location(
+                        series,
+                        key.pid,
+                        process.runtime.as_mut(),
+                        f,
+                    ));
                     continue;
                 }
             };
@@ -379,7 +390,7 @@ impl Collector {
             };
             stack.push(loc);
         }
-        let stack = stack.into_boxed_slice();
+        let stack = (stack.into_boxed_slice(), sample_labels(s));
         let waited = if kind == Kind::OffCpu {
             s.off_cpu_ns
         } else {
@@ -504,12 +515,28 @@ fn jit_location(series: &mut Series, process: &mut Process, frame: Frame) -> u32
     i
 }
 
+/// A Go sample's pprof labels as text (a value cut by the BPF program ends
+/// in `…`); none for any other sample.
+fn sample_labels(s: &Sample<'_>) -> SampleLabels {
+    s.go_labels
+        .iter()
+        .filter(|l| !l.key.is_empty())
+        .map(|l| {
+            let mut value = String::from_utf8_lossy(l.value).into_owned();
+            if l.cut {
+                value.push('…');
+            }
+            (String::from_utf8_lossy(l.key).into(), value.into())
+        })
+        .collect()
+}
+
 /// The series' location of an interpreter frame: its function's (code
 /// object's) qualified name and file, at the line the thread is at.
 fn interp_location(
     series: &mut Series,
     pid: u32,
-    interp: Option<&mut Interp>,
+    interp: Option<&mut Runtime>,
     frame: InterpFrame,
 ) -> u32 {
     let unknown = interp.as_ref().map_or("[unknown frame]", |i| i.unknown());
@@ -635,7 +662,7 @@ fn to_pprof(s: Series, period_ns: i64, start: i64, end: i64, symbolized: bool) -
             is_folded: false,
         });
     }
-    for (stack, (n, waited)) in s.stacks {
+    for ((stack, labels), (n, waited)) in s.stacks {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         let first = match s.kind {
             Kind::Cpu => n.saturating_mul(period_ns),
@@ -644,7 +671,15 @@ fn to_pprof(s: Series, period_ns: i64, start: i64, end: i64, symbolized: bool) -
         p.sample.push(pprof::Sample {
             location_id: stack.iter().map(|&l| u64::from(l) + 1).collect(),
             value: vec![first, n],
-            label: Vec::new(),
+            label: labels
+                .iter()
+                .map(|(k, v)| pprof::Label {
+                    key: strings.get(k),
+                    str: strings.get(v),
+                    num: 0,
+                    num_unit: 0,
+                })
+                .collect(),
         });
     }
     p.string_table = strings.table;

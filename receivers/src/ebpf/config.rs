@@ -116,6 +116,16 @@ pub struct EbpfReceiverConfig {
     /// `php` tracer).
     #[serde(default = "default_php")]
     pub php: bool,
+    /// Read the pprof labels of the goroutine each sample of a Go program
+    /// (Go 1.24 to 1.26) ran, set by `runtime/pprof.Do` or
+    /// `pprof.SetGoroutineLabels` (as the Go OpenTelemetry profiling
+    /// bridges set `span_id`), and put them on the sample, so that
+    /// `trace_link` and the backends can use them without a profiling
+    /// client. At most 10 labels a sample, keys cut to 32 bytes and values
+    /// to 112. Default true (as the OpenTelemetry eBPF profiler's Go
+    /// labels).
+    #[serde(default = "default_go_labels")]
+    pub go_labels: bool,
     /// Where threads wait, and how long: a profile named `off_cpu` per
     /// process beside `process_cpu`. Absent (default): off; `off_cpu: {}`
     /// turns it on with the defaults below.
@@ -192,6 +202,9 @@ fn default_python() -> bool {
     true
 }
 fn default_php() -> bool {
+    true
+}
+fn default_go_labels() -> bool {
     true
 }
 fn default_max_perf_map_size() -> ByteSize {
@@ -304,6 +317,7 @@ mod tests {
         assert!(c.perf_maps);
         assert!(c.python);
         assert!(c.php);
+        assert!(c.go_labels);
         assert!(!parse("php: false").php);
         assert_eq!(c.off_cpu, None);
         let on = parse("off_cpu: {}").off_cpu.unwrap();

@@ -1,5 +1,7 @@
-//! Interpreters whose frames the BPF program walks: what every one of them
-//! shares, and [`Interp`], the interpreter of one process.
+//! Runtimes whose state the BPF program reads at each sample: interpreters
+//! whose frames it walks (what every one of them shares), Go programs whose
+//! goroutines' pprof labels it reads ([`super::golang`]), and [`Runtime`],
+//! the runtime of one process.
 //!
 //! The BPF program knows one walk: from a start (CPython: the thread's
 //! state, found among the interpreter's; PHP: a global pointer) along a
@@ -20,6 +22,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::frame::Frame;
+use super::golang::{GoBinary, GoProcValue};
 use super::php::{PhpBinary, PhpProcess};
 use super::python::{PyBinary, PyProcess};
 use super::sample::RawInterpFrame;
@@ -98,52 +101,65 @@ pub struct Code {
     pub(super) lines: Box<[u8]>,
 }
 
-/// Which interpreters' frames are walked (the receiver's `python` and
-/// `php` keys).
+/// Which runtimes' state is read (the receiver's `python`, `php` and
+/// `go_labels` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Interpreters {
+pub struct Runtimes {
     pub python: bool,
     pub php: bool,
+    pub go_labels: bool,
 }
 
-/// What an interpreter's file gives (as file addresses), when the file is
-/// one.
+/// What a runtime's file gives (as file addresses), when the file is one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InterpBinary {
+pub enum RuntimeBinary {
     Python(PyBinary),
     Php(PhpBinary),
+    Go(GoBinary),
 }
 
-impl InterpBinary {
-    /// Reads an interpreter's symbols from a file named like one of a
-    /// known version; `None` for any other file.
+/// What the BPF program is given for one process, and in which map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BpfValue {
+    /// `interp_procs`.
+    Interp(InterpProcValue),
+    /// `go_procs`.
+    Go(GoProcValue),
+}
+
+impl RuntimeBinary {
+    /// Reads a runtime's symbols from a file named like an interpreter of
+    /// a known version, or from a Go program of a known version; `None`
+    /// for any other file.
     pub fn read<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>, path: &str) -> Option<Self> {
         if super::python::version_of(path).is_some() {
-            return super::python::read_symbols(elf, path).map(InterpBinary::Python);
+            return super::python::read_symbols(elf, path).map(RuntimeBinary::Python);
         }
         if super::php::is_php(path) {
-            return super::php::read_symbols(elf).map(InterpBinary::Php);
+            return super::php::read_symbols(elf).map(RuntimeBinary::Php);
         }
-        None
+        super::golang::read(elf).map(RuntimeBinary::Go)
     }
 }
 
-/// The interpreter of one process, with what was read of its functions.
+/// The runtime of one process, with what was read of its functions.
 #[derive(Debug)]
-pub enum Interp {
+pub enum Runtime {
     Python(PyProcess),
     Php(PhpProcess),
+    Go(GoBinary),
 }
 
-impl Interp {
-    /// The interpreter of process `pid` whose file `binary` is mapped moved
-    /// by `bias`, when its frames are walked.
-    pub fn new(pid: u32, binary: &InterpBinary, bias: u64, on: Interpreters) -> Option<Self> {
+impl Runtime {
+    /// The runtime of process `pid` whose file `binary` is mapped moved by
+    /// `bias`, when it is read.
+    pub fn new(pid: u32, binary: &RuntimeBinary, bias: u64, on: Runtimes) -> Option<Self> {
         match binary {
-            InterpBinary::Python(b) if on.python => {
-                PyProcess::new(pid, b, bias).map(Interp::Python)
+            RuntimeBinary::Python(b) if on.python => {
+                PyProcess::new(pid, b, bias).map(Runtime::Python)
             }
-            InterpBinary::Php(b) if on.php => Some(Interp::Php(PhpProcess::new(pid, b, bias))),
+            RuntimeBinary::Php(b) if on.php => Some(Runtime::Php(PhpProcess::new(pid, b, bias))),
+            RuntimeBinary::Go(b) if on.go_labels => Some(Runtime::Go(b.clone())),
             _ => None,
         }
     }
@@ -152,24 +168,27 @@ impl Interp {
     /// reload is another interpreter).
     pub fn runtime(&self) -> u64 {
         match self {
-            Interp::Python(p) => p.runtime,
-            Interp::Php(p) => p.globals,
+            Runtime::Python(p) => p.runtime,
+            Runtime::Php(p) => p.globals,
+            Runtime::Go(_) => 0,
         }
     }
 
-    /// What the BPF program needs to walk its frames.
-    pub fn bpf_value(&self, start_time: u64) -> InterpProcValue {
+    /// What the BPF program needs to walk its frames or read its labels.
+    pub fn bpf_value(&self, start_time: u64) -> BpfValue {
         match self {
-            Interp::Python(p) => p.bpf_value(start_time),
-            Interp::Php(p) => p.bpf_value(start_time),
+            Runtime::Python(p) => BpfValue::Interp(p.bpf_value(start_time)),
+            Runtime::Php(p) => BpfValue::Interp(p.bpf_value(start_time)),
+            Runtime::Go(b) => BpfValue::Go(b.bpf_value(start_time)),
         }
     }
 
     /// Whether `addr` is in the evaluation function.
     pub fn is_eval(&self, addr: u64) -> bool {
         let ranges: &[Range<u64>] = match self {
-            Interp::Python(p) => p.eval(),
-            Interp::Php(p) => std::slice::from_ref(&p.execute_ex),
+            Runtime::Python(p) => p.eval(),
+            Runtime::Php(p) => std::slice::from_ref(&p.execute_ex),
+            Runtime::Go(_) => &[],
         };
         ranges.iter().any(|r| r.contains(&addr))
     }
@@ -179,24 +198,27 @@ impl Interp {
     /// `last`.
     pub fn frames(&mut self, raw: &[RawInterpFrame]) -> Vec<InterpFrame> {
         match self {
-            Interp::Python(p) => super::python::frames(p.layout, raw),
-            Interp::Php(p) => p.frames(raw),
+            Runtime::Python(p) => super::python::frames(p.layout, raw),
+            Runtime::Php(p) => p.frames(raw),
+            Runtime::Go(_) => Vec::new(),
         }
     }
 
     /// The function of `f` and the line the thread is at in it.
     pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
         match self {
-            Interp::Python(p) => p.frame(f),
-            Interp::Php(p) => p.frame(f),
+            Runtime::Python(p) => p.frame(f),
+            Runtime::Php(p) => p.frame(f),
+            Runtime::Go(_) => None,
         }
     }
 
     /// The name of a frame that could not be read.
     pub fn unknown(&self) -> &'static str {
         match self {
-            Interp::Python(_) => "[unknown Python frame]",
-            Interp::Php(_) => "[unknown PHP frame]",
+            Runtime::Python(_) => "[unknown Python frame]",
+            Runtime::Php(_) => "[unknown PHP frame]",
+            Runtime::Go(_) => "[unknown frame]",
         }
     }
 }

@@ -18,6 +18,8 @@
 //!   frames merged into the native stack.
 //! - [`python`]: CPython 3.8–3.13 processes: their interpreter found from
 //!   its symbols, the offsets of each version, code objects read and named.
+//! - [`golang`]: Go programs: the offsets to the running goroutine's
+//!   pprof labels, by Go version.
 //! - [`php`]: PHP 8.2 processes: `executor_globals` and `execute_ex`, the
 //!   offsets, functions read and named.
 //! - [`collector`]: samples → stacks → one profile per process (or
@@ -91,6 +93,7 @@
 pub mod collector;
 pub mod config;
 pub mod frame;
+pub mod golang;
 pub mod interp;
 pub mod perfmap;
 pub mod php;
@@ -123,8 +126,9 @@ use proflow_relabel::Relabeler;
 use collector::Collector;
 pub use config::EbpfReceiverConfig;
 use config::Symbolize;
-use interp::{InterpProcValue, Interpreters};
-use procs::{InterpChange, Processes};
+use golang::GoProcValue;
+use interp::{BpfValue, InterpProcValue, Runtimes};
+use procs::{Processes, RuntimeChange};
 use proflow_symbolize::kallsyms::Kallsyms;
 use sample::Sample;
 use symbols::Symbols;
@@ -199,8 +203,9 @@ struct Loaded {
     ring: RingBuf<MapData>,
     /// Processes whose waits the off-CPU programs do not note (when on).
     offcpu_skip: Option<aya::maps::HashMap<MapData, SkipKey, u8>>,
-    /// Interpreter processes whose frames the BPF program walks.
-    interp_procs: Option<aya::maps::HashMap<MapData, u32, InterpProcValue>>,
+    /// Runtime processes the BPF program reads: interpreters whose frames
+    /// it walks, Go programs whose labels it reads.
+    runtime_maps: Option<RuntimeMaps>,
     counters: PerCpuArray<MapData, u64>,
     /// CPUs the perf event is open on. A CPU that goes offline keeps its
     /// event (it samples again when the CPU returns); one that comes online
@@ -280,11 +285,16 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
             .ok_or("the BPF object has no `counters` map")?,
     )
     .map_err(|e| format!("the `counters` map is not a per-CPU array: {e}"))?;
-    let interp_procs = aya::maps::HashMap::try_from(
+    let interp = aya::maps::HashMap::try_from(
         bpf.take_map("interp_procs")
             .ok_or("the BPF object has no `interp_procs` map")?,
     )
     .map_err(|e| format!("the `interp_procs` map is not a hash map: {e}"))?;
+    let go = aya::maps::HashMap::try_from(
+        bpf.take_map("go_procs")
+            .ok_or("the BPF object has no `go_procs` map")?,
+    )
+    .map_err(|e| format!("the `go_procs` map is not a hash map: {e}"))?;
     let offcpu_skip = match config.off_cpu {
         Some(_) => {
             attach_off_cpu(&mut bpf)?;
@@ -301,7 +311,7 @@ fn load(config: &EbpfReceiverConfig) -> Result<Loaded, String> {
     let mut loaded = Loaded {
         bpf,
         offcpu_skip,
-        interp_procs: Some(interp_procs),
+        runtime_maps: Some(RuntimeMaps { interp, go }),
         ring,
         counters,
         attached: Default::default(),
@@ -526,16 +536,17 @@ fn new_collector(
     if symbols.is_none() {
         procs = procs.with_max_held(0);
     }
-    let interpreters = Interpreters {
+    let runtimes = Runtimes {
         python: config.python,
         php: config.php,
+        go_labels: config.go_labels,
     };
-    if let Some(map) = loaded
-        .interp_procs
+    if let Some(maps) = loaded
+        .runtime_maps
         .take()
-        .filter(|_| interpreters.python || interpreters.php)
+        .filter(|_| runtimes.python || runtimes.php || runtimes.go_labels)
     {
-        procs = procs.with_interpreters(interpreters, interp_sink(map));
+        procs = procs.with_runtimes(runtimes, runtime_sink(maps));
     }
     let procs = if config.perf_maps {
         procs.with_perf_maps(config.max_perf_map_size.bytes())
@@ -676,32 +687,55 @@ fn local_symbols(config: &EbpfReceiverConfig, kallsyms: Option<Kallsyms>) -> Opt
     Some(symbols.with_kallsyms(kallsyms))
 }
 
-/// Puts each interpreter process found in the BPF program's `interp_procs` map, and
-/// takes each one gone out of it.
-fn interp_sink(mut map: aya::maps::HashMap<MapData, u32, InterpProcValue>) -> procs::InterpSink {
-    Box::new(move |change| match change {
-        // Not over a later process's entry (a process whose pid was reused
-        // since, read again late).
-        InterpChange::Put(pid, value) => {
-            if map
-                .get(&pid, 0)
-                .is_ok_and(|v| v.start_time > value.start_time)
-            {
-                return;
-            }
-            if let Err(e) = map.insert(pid, value, 0) {
-                tracing::debug!(pid, "cannot walk an interpreter's frames: {e}");
-            }
+/// The BPF program's maps of the processes whose runtime it reads.
+struct RuntimeMaps {
+    interp: aya::maps::HashMap<MapData, u32, InterpProcValue>,
+    go: aya::maps::HashMap<MapData, u32, GoProcValue>,
+}
+
+/// Puts each runtime process found in its map of the BPF program
+/// (`interp_procs`, `go_procs`), and takes each one gone out of them.
+fn runtime_sink(mut maps: RuntimeMaps) -> procs::RuntimeSink {
+    /// Puts `value` unless a later process has the pid (one whose pid was
+    /// reused since, read again late).
+    fn put<V: aya::Pod>(
+        map: &mut aya::maps::HashMap<MapData, u32, V>,
+        pid: u32,
+        value: V,
+        start_time: impl Fn(&V) -> u64,
+    ) {
+        if map
+            .get(&pid, 0)
+            .is_ok_and(|v| start_time(&v) > start_time(&value))
+        {
+            return;
         }
-        // Only if it is still that process's (a new process may have the
-        // pid by now).
-        InterpChange::Remove(key) => {
-            if map
-                .get(&key.pid, 0)
-                .is_ok_and(|v| v.start_time == key.start_time)
-            {
-                let _ = map.remove(&key.pid);
-            }
+        if let Err(e) = map.insert(pid, value, 0) {
+            tracing::debug!(pid, "cannot read a runtime's state: {e}");
+        }
+    }
+    /// Removes the entry of `key`'s pid only if it is still that process's
+    /// (a new process may have the pid by now).
+    fn remove<V: aya::Pod>(
+        map: &mut aya::maps::HashMap<MapData, u32, V>,
+        key: procs::ProcKey,
+        start_time: impl Fn(&V) -> u64,
+    ) {
+        if map
+            .get(&key.pid, 0)
+            .is_ok_and(|v| start_time(&v) == key.start_time)
+        {
+            let _ = map.remove(&key.pid);
+        }
+    }
+    Box::new(move |change| match change {
+        RuntimeChange::Put(pid, BpfValue::Interp(v)) => {
+            put(&mut maps.interp, pid, v, |v| v.start_time);
+        }
+        RuntimeChange::Put(pid, BpfValue::Go(v)) => put(&mut maps.go, pid, v, |v| v.start_time),
+        RuntimeChange::Remove(key) => {
+            remove(&mut maps.interp, key, |v| v.start_time);
+            remove(&mut maps.go, key, |v| v.start_time);
         }
     })
 }

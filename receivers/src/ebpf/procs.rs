@@ -2,9 +2,10 @@
 //! start time, so a reused pid is a new process), name, executable, cgroup
 //! and container, its executable mappings with the ELF files behind them
 //! (build id, unwind sections), its labels after relabelling, its unwinder,
-//! and its interpreter when it has one whose frames are walked (see
-//! [`super::interp`]; the BPF program's `interp_procs` map follows what is
-//! found and let go here).
+//! and its runtime when it has one whose state is read at each sample (an
+//! interpreter's frames, a Go program's labels: see [`super::interp`]; the
+//! BPF program's `interp_procs` and `go_procs` maps follow what is found
+//! and let go here).
 //!
 //! A process is read from `/proc` when its first sample arrives (the ring
 //! buffer is drained as samples come, so even a process that lives a few
@@ -42,7 +43,7 @@ use binary::{HeldFiles, module, read_binary};
 pub(crate) use binary::{own_maps_line, tests_binary};
 
 use super::config::GroupBy;
-use super::interp::{Interp, InterpProcValue, Interpreters};
+use super::interp::{BpfValue, Runtime, Runtimes};
 use super::perfmap::{Owner, PerfMap};
 use super::state_budget::StateBudget;
 
@@ -107,16 +108,16 @@ pub struct Process {
     /// It exited: only its names and labels are held, for its samples that
     /// were still in the ring buffer, until the next sweep.
     exited: bool,
-    /// Its interpreter and the functions read, when it runs one whose
-    /// frames are walked.
-    pub interp: Option<Interp>,
+    /// Its runtime and the functions read, when it runs one whose state is
+    /// read.
+    pub runtime: Option<Runtime>,
 }
 
-/// A change the BPF program's `interp_procs` map needs.
+/// A change the BPF program's `interp_procs` or `go_procs` map needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InterpChange {
-    /// An interpreter process to walk.
-    Put(u32, InterpProcValue),
+pub enum RuntimeChange {
+    /// A process whose runtime is read.
+    Put(u32, BpfValue),
     /// The process with this pid and start time is gone (the entry goes
     /// only if it is still this process's).
     Remove(ProcKey),
@@ -194,16 +195,16 @@ pub struct Processes {
     state: Arc<StateBudget>,
     /// Processes relabelling dropped since [`Processes::take_dropped`].
     dropped: Vec<ProcKey>,
-    /// Where interpreter processes found and gone are told (the BPF
-    /// program's `interp_procs` map), at once: such a process's next sample
-    /// already has its frames. `None`: no interpreter's frames are walked.
-    interp_sink: Option<InterpSink>,
-    /// Which interpreters' frames are walked.
-    interpreters: Interpreters,
+    /// Where runtime processes found and gone are told (the BPF program's
+    /// maps), at once: such a process's next sample already has its frames
+    /// or labels. `None`: no runtime is read.
+    runtime_sink: Option<RuntimeSink>,
+    /// Which runtimes are read.
+    runtimes: Runtimes,
 }
 
-/// Takes each change of the interpreter processes.
-pub type InterpSink = Box<dyn FnMut(InterpChange)>;
+/// Takes each change of the runtime processes.
+pub type RuntimeSink = Box<dyn FnMut(RuntimeChange)>;
 
 impl Processes {
     pub fn new(relabel: Relabeler, group_by: GroupBy) -> Self {
@@ -217,23 +218,24 @@ impl Processes {
             perf_map_max: None,
             state: StateBudget::unbounded(),
             dropped: Vec::new(),
-            interp_sink: None,
-            interpreters: Interpreters {
+            runtime_sink: None,
+            runtimes: Runtimes {
                 python: false,
                 php: false,
+                go_labels: false,
             },
         }
     }
 
-    /// Walks the frames of the `interpreters` on (see [`super::interp`]),
-    /// telling `sink` each process found and gone.
-    pub fn with_interpreters(mut self, interpreters: Interpreters, sink: InterpSink) -> Self {
-        self.interpreters = interpreters;
-        self.interp_sink = Some(sink);
+    /// Reads the `runtimes` on (see [`super::interp`]), telling `sink` each
+    /// process found and gone.
+    pub fn with_runtimes(mut self, runtimes: Runtimes, sink: RuntimeSink) -> Self {
+        self.runtimes = runtimes;
+        self.runtime_sink = Some(sink);
         self
     }
 
-    fn interp_change(sink: &mut Option<InterpSink>, change: InterpChange) {
+    fn runtime_change(sink: &mut Option<RuntimeSink>, change: RuntimeChange) {
         if let Some(sink) = sink {
             sink(change);
         }
@@ -331,19 +333,21 @@ impl Processes {
             {
                 p.perf = Some(old);
             }
-            // The functions read so far stay while the interpreter does; an
-            // exec into something else is no interpreter process any more.
-            if let Some(old) = self.procs.get_mut(&key).and_then(|o| o.interp.take()) {
-                match &p.interp {
-                    Some(new) if !exec && new.runtime() == old.runtime() => p.interp = Some(old),
+            // The functions read so far stay while the runtime does; an exec
+            // into something else is no runtime process any more.
+            if let Some(old) = self.procs.get_mut(&key).and_then(|o| o.runtime.take()) {
+                match &p.runtime {
+                    Some(new) if !exec && new.runtime() == old.runtime() => p.runtime = Some(old),
                     Some(_) => {}
-                    None => Self::interp_change(&mut self.interp_sink, InterpChange::Remove(key)),
+                    None => {
+                        Self::runtime_change(&mut self.runtime_sink, RuntimeChange::Remove(key))
+                    }
                 }
             }
-            if let Some(py) = &p.interp {
-                Self::interp_change(
-                    &mut self.interp_sink,
-                    InterpChange::Put(key.pid, py.bpf_value(key.start_time)),
+            if let Some(py) = &p.runtime {
+                Self::runtime_change(
+                    &mut self.runtime_sink,
+                    RuntimeChange::Put(key.pid, py.bpf_value(key.start_time)),
                 );
             }
             self.procs.insert(key, p);
@@ -361,11 +365,11 @@ impl Processes {
     /// the ring buffer keeps its series.
     pub fn sweep(&mut self, before: u64) {
         let root = &self.proc_root;
-        let interp_sink = &mut self.interp_sink;
+        let runtime_sink = &mut self.runtime_sink;
         self.procs.retain(|key, p| {
             if p.exited || p.last_seen < before {
-                if p.interp.is_some() {
-                    Self::interp_change(interp_sink, InterpChange::Remove(*key));
+                if p.runtime.is_some() {
+                    Self::runtime_change(runtime_sink, RuntimeChange::Remove(*key));
                 }
                 return false;
             }
@@ -377,8 +381,8 @@ impl Processes {
                 p.exec_ranges = Vec::new();
                 p.unwinder = UnwinderX86_64::new();
                 p.perf = None;
-                if p.interp.take().is_some() {
-                    Self::interp_change(interp_sink, InterpChange::Remove(*key));
+                if p.runtime.take().is_some() {
+                    Self::runtime_change(runtime_sink, RuntimeChange::Remove(*key));
                 }
             }
             true
@@ -471,10 +475,10 @@ impl Processes {
                 unwinder.add_module(module);
             }
         }
-        let interp = if self.interp_sink.is_some() {
+        let runtime = if self.runtime_sink.is_some() {
             mappings.iter().find_map(|m| {
-                let binary = m.binary.interp.as_ref()?;
-                Interp::new(key.pid, binary, m.binary.bias(m)?, self.interpreters)
+                let binary = m.binary.runtime.as_ref()?;
+                Runtime::new(key.pid, binary, m.binary.bias(m)?, self.runtimes)
             })
         } else {
             None
@@ -504,7 +508,7 @@ impl Processes {
             last_reload: Instant::now(),
             last_seen: 0,
             exited: false,
-            interp,
+            runtime,
         }
     }
 

@@ -40,6 +40,27 @@ const INTERP_FRAME_LEN: usize = 24;
 pub const FLAG_KTHREAD: u32 = 1;
 /// A wait, not a tick: `off_cpu_ns` says how long.
 pub const FLAG_OFF_CPU: u32 = 4;
+/// The interpreter frames' place holds the goroutine's pprof labels.
+pub const FLAG_GO_LABELS: u32 = 8;
+/// pprof labels the BPF program reads at most (`GO_LABELS`), and the bytes
+/// of each key and value it keeps (`GO_KEY_LEN`, `GO_VALUE_LEN`).
+pub const GO_LABELS: usize = 10;
+pub const GO_KEY_LEN: usize = 32;
+pub const GO_VALUE_LEN: usize = 112;
+/// Bytes of one `struct go_label`.
+const GO_LABEL_LEN: usize = 8 + GO_KEY_LEN + GO_VALUE_LEN;
+
+// The labels share the interpreter frames' place in the record.
+const _: () = assert!(GO_LABELS * GO_LABEL_LEN <= INTERP_FRAMES * INTERP_FRAME_LEN);
+
+/// One pprof label of a Go sample, as the BPF program read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GoLabel<'a> {
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+    /// The key or value was longer than the BPF program keeps.
+    pub cut: bool,
+}
 /// One interpreter frame as the BPF program read it (`struct
 /// interp_frame`); what its fields mean depends on the interpreter and its
 /// version (see [`super::interp::Interp::frames`]).
@@ -81,6 +102,9 @@ pub struct Sample<'a> {
     /// The thread's interpreter frames, innermost first (empty for a
     /// process that runs no interpreter whose frames are walked).
     pub interp: Vec<RawInterpFrame>,
+    /// With [`FLAG_GO_LABELS`]: the pprof labels of the goroutine the thread
+    /// ran.
+    pub go_labels: Vec<GoLabel<'a>>,
 }
 
 /// Why a record was refused.
@@ -141,6 +165,8 @@ impl<'a> Sample<'a> {
                 present,
             });
         }
+        let flags = u32_at(b, OFF_FLAGS);
+        let filled = u32_at(b, OFF_INTERP_FRAMES) as usize;
         Ok(Sample {
             tgid: u32_at(b, OFF_TGID),
             tid: u32_at(b, OFF_TID),
@@ -153,18 +179,39 @@ impl<'a> Sample<'a> {
             sp: u64_at(b, OFF_SP),
             bp: u64_at(b, OFF_BP),
             stack: &b[HEADER_LEN..HEADER_LEN + n],
-            flags: u32_at(b, OFF_FLAGS),
+            flags,
             off_cpu_ns: u64_at(b, OFF_OFF_CPU),
-            interp: (0..(u32_at(b, OFF_INTERP_FRAMES) as usize).min(INTERP_FRAMES))
-                .map(|i| {
-                    let at = OFF_INTERP + i * INTERP_FRAME_LEN;
-                    RawInterpFrame {
-                        code: u64_at(b, at),
-                        instr: u64_at(b, at + 8),
-                        end: b[at + 16],
-                    }
-                })
-                .collect(),
+            interp: if flags & FLAG_GO_LABELS != 0 {
+                Vec::new()
+            } else {
+                (0..filled.min(INTERP_FRAMES))
+                    .map(|i| {
+                        let at = OFF_INTERP + i * INTERP_FRAME_LEN;
+                        RawInterpFrame {
+                            code: u64_at(b, at),
+                            instr: u64_at(b, at + 8),
+                            end: b[at + 16],
+                        }
+                    })
+                    .collect()
+            },
+            go_labels: if flags & FLAG_GO_LABELS != 0 {
+                (0..filled.min(GO_LABELS))
+                    .map(|i| {
+                        let at = OFF_INTERP + i * GO_LABEL_LEN;
+                        let (k, v) = (u32_at(b, at) as usize, u32_at(b, at + 4) as usize);
+                        let key = at + 8;
+                        let value = key + GO_KEY_LEN;
+                        GoLabel {
+                            key: &b[key..key + k.min(GO_KEY_LEN)],
+                            value: &b[value..value + v.min(GO_VALUE_LEN)],
+                            cut: k > GO_KEY_LEN || v > GO_VALUE_LEN,
+                        }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
         })
     }
 
@@ -221,6 +268,46 @@ pub(crate) mod tests {
             b[at + 16] = f.end;
         }
         b
+    }
+
+    /// `b`, a record, with these pprof labels (lengths as in the process).
+    pub(crate) fn with_go_labels(mut b: Vec<u8>, labels: &[(&str, &str)]) -> Vec<u8> {
+        let flags = u32_at(&b, OFF_FLAGS) | FLAG_GO_LABELS;
+        b[OFF_FLAGS..OFF_FLAGS + 4].copy_from_slice(&flags.to_le_bytes());
+        b[OFF_INTERP_FRAMES..OFF_INTERP_FRAMES + 4]
+            .copy_from_slice(&(labels.len() as u32).to_le_bytes());
+        for (i, (k, v)) in labels.iter().enumerate() {
+            let at = OFF_INTERP + i * GO_LABEL_LEN;
+            b[at..at + 4].copy_from_slice(&(k.len() as u32).to_le_bytes());
+            b[at + 4..at + 8].copy_from_slice(&(v.len() as u32).to_le_bytes());
+            let (k, v) = (k.as_bytes(), v.as_bytes());
+            let (kn, vn) = (k.len().min(GO_KEY_LEN), v.len().min(GO_VALUE_LEN));
+            b[at + 8..at + 8 + kn].copy_from_slice(&k[..kn]);
+            b[at + 8 + GO_KEY_LEN..at + 8 + GO_KEY_LEN + vn].copy_from_slice(&v[..vn]);
+        }
+        b
+    }
+
+    #[test]
+    fn go_labels_read_back_cut_to_their_fields() {
+        let long = "v".repeat(200);
+        let b = with_go_labels(
+            record(1, "go", &[], &[], (0, 0, 0), &[]),
+            &[("span_id", "00000000000000aa"), ("route", &long)],
+        );
+        let s = Sample::parse(&b).unwrap();
+        assert!(s.interp.is_empty(), "no interpreter frames beside labels");
+        assert_eq!(s.go_labels.len(), 2);
+        assert_eq!(
+            (s.go_labels[0].key, s.go_labels[0].value, s.go_labels[0].cut),
+            (&b"span_id"[..], &b"00000000000000aa"[..], false)
+        );
+        assert_eq!(s.go_labels[1].value.len(), GO_VALUE_LEN);
+        assert!(s.go_labels[1].cut);
+        // A count over the bound reads the bound.
+        let mut b = b;
+        b[OFF_INTERP_FRAMES..OFF_INTERP_FRAMES + 4].copy_from_slice(&1000u32.to_le_bytes());
+        assert_eq!(Sample::parse(&b).unwrap().go_labels.len(), GO_LABELS);
     }
 
     /// `b`, a record, made a wait of `ns` nanoseconds.

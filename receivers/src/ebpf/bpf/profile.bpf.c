@@ -17,6 +17,13 @@
 // interpreter's loop ends. User space names them and merges them with the
 // native stack at the interpreter's evaluation function.
 //
+// Go (processes user space put in `go_procs`): the pprof labels of the
+// goroutine the thread runs (`runtime/pprof.Do`, Go 1.23 on: a sorted slice
+// of key/value strings), from the thread's g (its TLS slot, at the offset the
+// binary's TLS segment gives), its m's `curg`, that g's `labels`. At most
+// GO_LABELS labels, each key and value cut to their fields' length, sent in
+// the place of the interpreter frames (a Go process has none).
+//
 // Off-CPU (when user space asks for it), from tracepoints only (kernels
 // without kprobes or BPF trampolines have them): at `sched_switch`, a user
 // thread that leaves the CPU to wait (not a preempted one) is noted with
@@ -101,6 +108,30 @@ struct interp_frame {
 	__u8 pad[7];
 };
 
+#define GO_LABELS 10            /* pprof labels read at most */
+#define GO_KEY_LEN 32
+#define GO_VALUE_LEN 112
+
+/* One pprof label: its key's and value's lengths in the process (longer
+ * than the fields: cut), and their first bytes. */
+struct go_label {
+	__u32 key_len;
+	__u32 value_len;
+	__u8 key[GO_KEY_LEN];
+	__u8 value[GO_VALUE_LEN];
+};
+
+/* A Go process: where its g is (fs base + tls_g) and the offsets to the
+ * running goroutine's labels, from its version or its DWARF. */
+struct go_proc {
+	__u64 start_time;           /* the process's: a reused pid is not it */
+	__s64 tls_g;                /* the g's TLS slot from the fs base (-8 unless linked externally) */
+	__u32 g_m;                  /* runtime.g: m */
+	__u32 m_curg;               /* runtime.m: curg */
+	__u32 g_labels;             /* runtime.g: labels (a *labelMap) */
+	__u32 pad;
+};
+
 #define START_THREAD_STATES 0   /* CPython: find the thread's state first */
 #define START_GLOBAL 1          /* the current frame's pointer is at runtime + tstate_frame */
 
@@ -139,9 +170,12 @@ struct sample {
 	__u32 stack_len;            /* bytes of `stack` copied from sp upwards */
 	__u32 flags;                /* SAMPLE_* */
 	__u64 off_cpu_ns;           /* SAMPLE_OFF_CPU: how long it waited */
-	__u32 interp_frames;        /* entries of `interp` filled */
+	__u32 interp_frames;        /* entries of `interp` (SAMPLE_GO_LABELS: `go_labels`) filled */
 	__u32 interp_pad;
-	struct interp_frame interp[INTERP_FRAMES]; /* the thread's interpreter frames, innermost first */
+	union {
+		struct interp_frame interp[INTERP_FRAMES]; /* the thread's interpreter frames, innermost first */
+		struct go_label go_labels[GO_LABELS];     /* SAMPLE_GO_LABELS: its goroutine's labels */
+	};
 	__u64 kernel[MAX_FRAMES];
 	__u64 user[MAX_FRAMES];
 	__u8 stack[STACK_COPY + PAGE]; /* slack for the verifier; at most STACK_COPY used */
@@ -150,6 +184,7 @@ struct sample {
 #define SAMPLE_KTHREAD 1        /* a kernel thread: no user part */
 #define SAMPLE_IN_KERNEL 2      /* interrupted in kernel mode */
 #define SAMPLE_OFF_CPU 4        /* a wait, not a tick: `off_cpu_ns` says how long */
+#define SAMPLE_GO_LABELS 8      /* `go_labels` holds the goroutine's pprof labels */
 
 /* Counters, one slot each per CPU, summed by user space. */
 enum {
@@ -236,6 +271,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct interp_proc);
 } interp_procs SEC(".maps");
+
+/* Go processes by pid, put and taken away by user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct go_proc);
+} go_procs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -357,6 +400,59 @@ static __always_inline void interp_stack(struct sample *s, struct task_struct *t
 	s->interp_frames = n;
 }
 
+/* The pprof labels of the goroutine the current thread runs, when its
+ * process is a Go one: g from its TLS slot, then g->m->curg->labels, a
+ * *labelMap whose first field is the slice of labels ({key, value}, two
+ * strings of {pointer, length}). */
+static __always_inline void go_labels(struct sample *s, struct task_struct *task)
+{
+	struct go_proc *p = bpf_map_lookup_elem(&go_procs, &s->tgid);
+	__u64 fsbase, g, m, curg, labels, list, len;
+	__u32 n = 0;
+
+	if (!p || p->start_time != s->start_time)
+		return;
+	fsbase = BPF_CORE_READ(task, thread.fsbase);
+	if (!fsbase)
+		return;
+	g = read_ptr(fsbase + p->tls_g);
+	m = g ? read_ptr(g + p->g_m) : 0;
+	curg = m ? read_ptr(m + p->m_curg) : 0;
+	labels = curg ? read_ptr(curg + p->g_labels) : 0;
+	if (!labels)
+		return;
+	list = read_ptr(labels);
+	len = read_ptr(labels + 8);
+	for (int i = 0; i < GO_LABELS; i++) {
+		struct go_label *l = &s->go_labels[i];
+		__u64 str[4] = {};
+		__u32 k, v;
+
+		if (i >= len)
+			break;
+		if (bpf_probe_read_user(str, sizeof(str), (void *)(list + (__u64)i * 32)) != 0)
+			break;
+		l->key_len = str[1] > 0xffffffff ? 0xffffffff : (__u32)str[1];
+		l->value_len = str[3] > 0xffffffff ? 0xffffffff : (__u32)str[3];
+		k = l->key_len < GO_KEY_LEN ? l->key_len : GO_KEY_LEN;
+		v = l->value_len < GO_VALUE_LEN ? l->value_len : GO_VALUE_LEN;
+		/* The verifier wants the sizes bounded in the registers passed:
+		 * hide the clamps from clang, which would pass the unclamped
+		 * copies, and bound them again (within the record either way). */
+		asm volatile("" : "+r"(k), "+r"(v));
+		k &= GO_KEY_LEN * 2 - 1;
+		v &= GO_VALUE_LEN * 2 - 1;
+		if (bpf_probe_read_user(l->key, k, (void *)str[0]) != 0 ||
+		    bpf_probe_read_user(l->value, v, (void *)str[2]) != 0)
+			break;
+		n = i + 1;
+	}
+	if (n) {
+		s->interp_frames = n;
+		s->flags |= SAMPLE_GO_LABELS;
+	}
+}
+
 /* The user registers saved when the current task entered the kernel. */
 static __always_inline void saved_user_regs(struct sample *s)
 {
@@ -411,6 +507,8 @@ static __always_inline void send(void *ctx, struct sample *s, __u64 id, struct p
 		if (s->sp)
 			s->stack_len = copy_stack(s, s->sp);
 		interp_stack(s, task);
+		if (!s->interp_frames)
+			go_labels(s, task);
 	}
 
 	size = __builtin_offsetof(struct sample, stack) + s->stack_len;

@@ -97,6 +97,54 @@ fn waits_are_a_profile_of_their_own_with_the_time_waited() {
 }
 
 #[test]
+fn a_goroutines_labels_are_its_samples_own() {
+    let procs = Processes::new(Relabeler::default(), super::super::config::GroupBy::Process);
+    let mut c = Collector::new(procs, None, 10, 19);
+    let pid = 0x7fff_fff3;
+    let plain = record(pid, "go", &[], &[0x1000], (0, 0, 0), &[]);
+    let labelled = |span: &str| {
+        super::super::sample::tests::with_go_labels(
+            record(pid, "go", &[], &[0x1000], (0, 0, 0), &[]),
+            &[("span_id", span), ("route", &"r".repeat(200))],
+        )
+    };
+    let (a, b) = (labelled("00000000000000aa"), labelled("00000000000000bb"));
+    for rec in [&plain, &a, &a, &b] {
+        c.add(&Sample::parse(rec).unwrap()).unwrap();
+    }
+    let p = c.flush(0, 1)[0].payload.decoded().unwrap();
+    let mut got: Vec<(i64, Vec<(String, String)>)> = p
+        .sample
+        .iter()
+        .map(|s| {
+            let labels = s
+                .label
+                .iter()
+                .map(|l| (p.string(l.key).to_owned(), p.string(l.str).to_owned()))
+                .collect();
+            (s.value[1], labels)
+        })
+        .collect();
+    got.sort();
+    let route = format!("{}…", "r".repeat(super::super::sample::GO_VALUE_LEN));
+    let with = |span: &str| {
+        vec![
+            ("span_id".to_owned(), span.to_owned()),
+            ("route".to_owned(), route.clone()),
+        ]
+    };
+    assert_eq!(
+        got,
+        [
+            (1, vec![]),
+            (1, with("00000000000000bb")),
+            (2, with("00000000000000aa")),
+        ],
+        "one stack, three label sets: three samples, a cut value marked"
+    );
+}
+
+#[test]
 fn stacks_beyond_the_limit_are_dropped_and_counted_by_the_caller() {
     let procs = Processes::new(Relabeler::default(), super::super::config::GroupBy::Process);
     let mut c = Collector::new(procs, None, 1, 19);

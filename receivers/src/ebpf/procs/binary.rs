@@ -15,7 +15,7 @@ use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 use proflow_symbolize::FileId;
 use proflow_symbolize::open::open_regular;
 
-use super::super::interp::InterpBinary;
+use super::super::interp::RuntimeBinary;
 use super::super::state_budget::{Charge, StateBudget, Use};
 use super::Mapping;
 
@@ -36,7 +36,7 @@ pub struct Binary {
     pub(super) exec_segments: Vec<(u64, u64)>,
     pub(super) unwind: Option<UnwindSections>,
     /// An interpreter's symbols (CPython's, PHP's), when the file is one.
-    pub interp: Option<InterpBinary>,
+    pub runtime: Option<RuntimeBinary>,
     /// The file kept open for the symbolizer (see [`super`]).
     held: Option<Held>,
     /// The state budget refused one of its unwind sections.
@@ -213,7 +213,7 @@ pub(super) fn read_binary(
         id: None,
         exec_segments: Vec::new(),
         unwind: None,
-        interp: None,
+        runtime: None,
         held: None,
         state_refused: false,
     };
@@ -287,7 +287,7 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
             b.exec_segments.push((seg.address(), seg.file_range().0));
         }
     }
-    b.interp = InterpBinary::read(&elf, path);
+    b.runtime = RuntimeBinary::read(&elf, path);
     // Whether the state budget refused a section (the binary is then read
     // again by the next process that maps it, when there may be room).
     let refused = std::cell::Cell::new(false);

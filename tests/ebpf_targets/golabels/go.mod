@@ -1,0 +1,3 @@
+module proflow.invalid/ebpftargetlabels
+
+go 1.24
