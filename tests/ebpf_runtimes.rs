@@ -8,7 +8,8 @@
 //! - CPython 3.8 to 3.13 with no flag: the receiver walks the interpreter's
 //!   frames (`hot.py`, in the main thread and in a second thread), and
 //!   where Python functions wait (`sleep.py`).
-//! - PHP 8.2 with no flag or extension (`hot.php`): the VM's frames.
+//! - PHP 8.2 with no flag or extension (`hot.php`): the VM's frames; Perl
+//!   5.36 with no flag or module (`hot.pl`): its subs.
 //! - Go with pprof labels and no profiling client (`golabels/main.go`):
 //!   each sample carries its goroutine's labels.
 //! - Off-CPU: a C program sleeping 20 ms and 10 ms in two functions
@@ -323,39 +324,44 @@ fn python_frames_without_a_flag_in_every_cpython_from_3_8_to_3_13() {
     }
 }
 
-/// PHP 8.2 (Debian's `php`, the CLI) with no flag or extension: the
-/// receiver walks the VM's frames from `executor_globals`, and the 2:1 split
-/// of `hot.php` is named, each hot sample's stack reading `{main} → main →
-/// Runner::run → hot function` with the VM's loop (`execute_ex`) gone, at
-/// lines of `hot.php` (callers at their call's line).
-#[test]
-fn php_frames_without_a_flag() {
-    let _one_at_a_time = require_root();
-    let source = ebpf_targets::source("hot.php");
-    let text = std::fs::read_to_string(&source).unwrap();
-    let line_of = |needle: &str| -> i64 {
-        text.lines()
-            .position(|l| l.contains(needle))
-            .unwrap_or_else(|| panic!("hot.php has {needle:?}")) as i64
-            + 1
-    };
-    let mut cmd = Command::new("php8.2");
-    cmd.arg(&source).arg("30");
-    let (child, pid) = ebpf_targets::spawn_command(cmd);
+/// What [`interpreter_split`] checks of one interpreter's program.
+struct Interpreted<'a> {
+    /// The interpreter, as the test runs it.
+    name: &'a str,
+    cmd: Command,
+    /// The program (every named frame's file).
+    source: &'a Path,
+    /// The hot functions' names (2:1).
+    hot: [&'a str; 2],
+    /// Root first: the frames every hot sample has above its hot function.
+    chain: &'a [&'a str],
+    /// The interpreter's evaluation function, gone from the stacks.
+    eval: &'a str,
+}
+
+/// Runs `run.cmd` (its program prints `ready PID`), profiles it, checks the
+/// 2:1 split of its hot functions, that at least 95% of their samples read
+/// `chain` → hot function, that at most 5% still show the evaluation
+/// function, and that each named frame of the program is in its file;
+/// returns the lines each of those frames was at.
+fn interpreter_split(
+    run: Interpreted<'_>,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<i64>> {
+    let (child, pid) = ebpf_targets::spawn_command(run.cmd);
     let _child = KillOnDrop(child);
     let proflow = proflow_for(&[pid], "2s");
     let stacks = stacks_of(&proflow, pid, 4000);
-    let dump = check_split(&stacks, "proflow_hot_two", "proflow_hot_one");
-    let chain = ["{main}", "main", "Runner::run"];
-    let (mut hot, mut in_order, mut with_loop) = (0, 0, 0);
+    let [two, one] = run.hot;
+    let dump = check_split(&stacks, two, one);
+    let (mut hot, mut in_order, mut with_eval) = (0, 0, 0);
     for (frames, n) in &stacks {
         let at = |name: &str| frames.iter().position(|f| f == name);
-        let Some(leaf) = at("proflow_hot_two").or_else(|| at("proflow_hot_one")) else {
+        let Some(leaf) = at(two).or_else(|| at(one)) else {
             continue;
         };
         hot += n;
         let mut from = 0;
-        if chain.iter().all(
+        if run.chain.iter().all(
             |want| match frames[from..leaf].iter().position(|f| f == want) {
                 Some(i) => {
                     from += i + 1;
@@ -366,24 +372,19 @@ fn php_frames_without_a_flag() {
         ) {
             in_order += n;
         }
-        if frames.iter().any(|f| f == "execute_ex") {
-            with_loop += n;
+        if frames.iter().any(|f| f == run.eval) {
+            with_eval += n;
         }
     }
+    let (name, chain, eval) = (run.name, run.chain, run.eval);
     assert!(
         in_order as f64 >= 0.95 * hot as f64,
-        "only {in_order} of {hot} hot samples read {chain:?} → hot function: {dump:#?}"
+        "{name}: only {in_order} of {hot} hot samples read {chain:?} → hot function: {dump:#?}"
     );
     assert!(
-        with_loop as f64 <= 0.05 * hot as f64,
-        "{with_loop} of {hot} hot samples still show execute_ex: {dump:#?}"
+        with_eval as f64 <= 0.05 * hot as f64,
+        "{name}: {with_eval} of {hot} hot samples still show {eval}: {dump:#?}"
     );
-    // Files and lines as the profile carries them: each hot function within
-    // its body, the method at its two calls, main at its call of run.
-    let body = |name: &str| {
-        let def = line_of(&format!("function {name}("));
-        def..=def + 8
-    };
     let mut lines: std::collections::BTreeMap<String, std::collections::BTreeSet<i64>> =
         Default::default();
     for e in common::read_index(&proflow.profiles) {
@@ -396,41 +397,138 @@ fn php_frames_without_a_flag() {
                 let Some(f) = p.function.iter().find(|f| f.id == line.function_id) else {
                     continue;
                 };
-                let name = p.string(f.name);
-                if chain.contains(&name) || name.starts_with("proflow_hot_") {
+                let fname = p.string(f.name);
+                if chain.contains(&fname) || run.hot.contains(&fname) {
                     assert_eq!(
                         p.string(f.filename),
-                        source.to_string_lossy(),
-                        "the file of {name}"
+                        run.source.to_string_lossy(),
+                        "{name}: the file of {fname}"
                     );
-                    lines.entry(name.to_owned()).or_default().insert(line.line);
+                    lines.entry(fname.to_owned()).or_default().insert(line.line);
                 }
             }
         }
     }
-    eprintln!("PHP: {hot} hot samples; lines {lines:?}");
-    for hot in ["proflow_hot_two", "proflow_hot_one"] {
-        let got = &lines[hot];
+    eprintln!("{name}: {hot} hot samples; lines {lines:?}");
+    lines
+}
+
+/// The 1-based line of `source`'s text that first contains `needle`.
+fn line_of(text: &str, needle: &str) -> i64 {
+    text.lines()
+        .position(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no line has {needle:?}")) as i64
+        + 1
+}
+
+/// Checks that each hot function's lines are within its body (`def` and
+/// the 8 lines after), and that `caller`'s include both calls, all within
+/// `within`.
+fn check_hot_lines(
+    lines: &std::collections::BTreeMap<String, std::collections::BTreeSet<i64>>,
+    hot: [(&str, i64); 2],
+    caller: &str,
+    calls: [i64; 2],
+    within: std::ops::RangeInclusive<i64>,
+) {
+    for (name, def) in hot {
+        let got = &lines[name];
+        let body = def..=def + 8;
         assert!(
-            !got.is_empty() && got.iter().all(|l| body(hot).contains(l)),
-            "{hot}'s lines {got:?}, its body {:?}",
-            body(hot)
+            !got.is_empty() && got.iter().all(|l| body.contains(l)),
+            "{name}'s lines {got:?}, its body {body:?}"
         );
     }
+    let got = &lines[caller];
+    assert!(
+        calls.iter().all(|c| got.contains(c)) && got.iter().all(|l| within.contains(l)),
+        "{caller}'s lines {got:?}: its calls {calls:?}, all within {within:?}"
+    );
+}
+
+/// PHP 8.2 (Debian's `php8.2`, the CLI) with no flag or extension: the
+/// receiver walks the VM's frames from `executor_globals`, and the 2:1 split
+/// of `hot.php` is named, each hot sample's stack reading `{main} → main →
+/// Runner::run → hot function` with the VM's loop (`execute_ex`) gone, at
+/// lines of `hot.php` (callers at their call's line).
+#[test]
+fn php_frames_without_a_flag() {
+    let _one_at_a_time = require_root();
+    let source = ebpf_targets::source("hot.php");
+    let text = std::fs::read_to_string(&source).unwrap();
+    let at = |needle: &str| line_of(&text, needle);
+    let mut cmd = Command::new("php8.2");
+    cmd.arg(&source).arg("30");
+    let lines = interpreter_split(Interpreted {
+        name: "PHP",
+        cmd,
+        source: &source,
+        hot: ["proflow_hot_two", "proflow_hot_one"],
+        chain: &["{main}", "main", "Runner::run"],
+        eval: "execute_ex",
+    });
     // The method at its two calls (and at lines of its own where a C
     // function it calls, `hrtime`, `mt_rand`, was running).
-    let run = line_of("public function run(")..=line_of("return $rounds;");
-    let got = &lines["Runner::run"];
-    assert!(
-        got.contains(&line_of("proflow_hot_two($k);"))
-            && got.contains(&line_of("proflow_hot_one($k);"))
-            && got.iter().all(|l| run.contains(l)),
-        "Runner::run's lines {got:?}: its two calls, all within {run:?}"
+    check_hot_lines(
+        &lines,
+        [
+            ("proflow_hot_two", at("function proflow_hot_two(")),
+            ("proflow_hot_one", at("function proflow_hot_one(")),
+        ],
+        "Runner::run",
+        [at("proflow_hot_two($k);"), at("proflow_hot_one($k);")],
+        at("public function run(")..=at("return $rounds;"),
     );
     assert_eq!(
         lines["main"],
-        [line_of("(new Runner())->run(")].into(),
+        [at("(new Runner())->run(")].into(),
         "main at its call of run"
+    );
+}
+
+/// Perl 5.36 (Debian's `perl`) with no flag or module: the receiver walks
+/// the main interpreter's context stacks, and the 2:1 split of `hot.pl` is
+/// named, each hot sample reading `main::RUNTIME → main::main → Runner::run
+/// → main::proflow_hot_two` with `Perl_runops_standard` gone, at lines of
+/// `hot.pl` (callers at their call's line).
+#[test]
+fn perl_subs_without_a_flag() {
+    let _one_at_a_time = require_root();
+    let source = ebpf_targets::source("hot.pl");
+    let text = std::fs::read_to_string(&source).unwrap();
+    let at = |needle: &str| line_of(&text, needle);
+    let mut cmd = Command::new("/usr/bin/perl");
+    cmd.arg(&source).arg("30");
+    let lines = interpreter_split(Interpreted {
+        name: "Perl",
+        cmd,
+        source: &source,
+        hot: ["main::proflow_hot_two", "main::proflow_hot_one"],
+        chain: &["main::RUNTIME", "main::main", "Runner::run"],
+        eval: "Perl_runops_standard",
+    });
+    check_hot_lines(
+        &lines,
+        [
+            ("main::proflow_hot_two", at("sub proflow_hot_two")),
+            ("main::proflow_hot_one", at("sub proflow_hot_one")),
+        ],
+        "Runner::run",
+        [
+            at("main::proflow_hot_two($k);"),
+            at("main::proflow_hot_one($k);"),
+        ],
+        at("sub run {")..=at("return $rounds;"),
+    );
+    assert_eq!(
+        lines["main::main"],
+        [at("Runner->new->run(")].into(),
+        "main::main at its call of run"
+    );
+    assert_eq!(
+        lines["main::RUNTIME"],
+        [at("main();")].into(),
+        "the file's code at its call of main"
     );
 }
 

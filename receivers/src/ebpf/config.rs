@@ -116,6 +116,14 @@ pub struct EbpfReceiverConfig {
     /// `php` tracer).
     #[serde(default = "default_php")]
     pub php: bool,
+    /// Walk the Perl subs of Perl 5.36 processes built with threads (Debian's
+    /// `perl`, or a program embedding `libperl.so.5.36`; no flag or module
+    /// of theirs needed), in their main thread, and put them in the native
+    /// stack where `Perl_runops_standard` ran them, named `Package::sub`
+    /// (`main::RUNTIME` for a file's own code) with file and line. Default
+    /// true (as the OpenTelemetry eBPF profiler's `perl` tracer).
+    #[serde(default = "default_perl")]
+    pub perl: bool,
     /// Read the pprof labels of the goroutine each sample of a Go program
     /// (Go 1.24 to 1.26) ran, set by `runtime/pprof.Do` or
     /// `pprof.SetGoroutineLabels` (as the Go OpenTelemetry profiling
@@ -202,6 +210,9 @@ fn default_python() -> bool {
     true
 }
 fn default_php() -> bool {
+    true
+}
+fn default_perl() -> bool {
     true
 }
 fn default_go_labels() -> bool {
@@ -318,6 +329,7 @@ mod tests {
         assert!(c.python);
         assert!(c.php);
         assert!(c.go_labels);
+        assert!(c.perl);
         assert!(!parse("php: false").php);
         assert_eq!(c.off_cpu, None);
         let on = parse("off_cpu: {}").off_cpu.unwrap();

@@ -8,7 +8,8 @@
 //! chain of frames, reading at each the same three fields at the offsets
 //! user space gave ([`Walk`], the tail of `struct interp_proc`). What the
 //! fields mean is the interpreter's module's business: [`super::python`]
-//! (CPython 3.8 to 3.13) and [`super::php`] (PHP 8.2). Each names a frame
+//! (CPython 3.8 to 3.13), [`super::php`] (PHP 8.2) and [`super::perl`]
+//! (Perl 5.36, whose contexts are an array: a walk of its own). Each names a frame
 //! as a [`Code`] (function, file, first line) and a line, read once from
 //! the process's memory and kept per process.
 //!
@@ -23,6 +24,7 @@ use std::sync::Arc;
 
 use super::frame::Frame;
 use super::golang::{GoBinary, GoProcValue};
+use super::perl::{PerlBinary, PerlProcess};
 use super::php::{PhpBinary, PhpProcess};
 use super::python::{PyBinary, PyProcess};
 use super::sample::RawInterpFrame;
@@ -101,12 +103,13 @@ pub struct Code {
     pub(super) lines: Box<[u8]>,
 }
 
-/// Which runtimes' state is read (the receiver's `python`, `php` and
-/// `go_labels` keys).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which runtimes' state is read (the receiver's `python`, `php`, `perl`
+/// and `go_labels` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Runtimes {
     pub python: bool,
     pub php: bool,
+    pub perl: bool,
     pub go_labels: bool,
 }
 
@@ -115,6 +118,7 @@ pub struct Runtimes {
 pub enum RuntimeBinary {
     Python(PyBinary),
     Php(PhpBinary),
+    Perl(PerlBinary),
     Go(GoBinary),
 }
 
@@ -138,6 +142,9 @@ impl RuntimeBinary {
         if super::php::is_php(path) {
             return super::php::read_symbols(elf).map(RuntimeBinary::Php);
         }
+        if super::perl::is_perl(path) {
+            return super::perl::read_symbols(elf).map(RuntimeBinary::Perl);
+        }
         super::golang::read(elf).map(RuntimeBinary::Go)
     }
 }
@@ -147,6 +154,7 @@ impl RuntimeBinary {
 pub enum Runtime {
     Python(PyProcess),
     Php(PhpProcess),
+    Perl(PerlProcess),
     Go(GoBinary),
 }
 
@@ -159,6 +167,9 @@ impl Runtime {
                 PyProcess::new(pid, b, bias).map(Runtime::Python)
             }
             RuntimeBinary::Php(b) if on.php => Some(Runtime::Php(PhpProcess::new(pid, b, bias))),
+            RuntimeBinary::Perl(b) if on.perl => {
+                Some(Runtime::Perl(PerlProcess::new(pid, b, bias)))
+            }
             RuntimeBinary::Go(b) if on.go_labels => Some(Runtime::Go(b.clone())),
             _ => None,
         }
@@ -170,6 +181,7 @@ impl Runtime {
         match self {
             Runtime::Python(p) => p.runtime,
             Runtime::Php(p) => p.globals,
+            Runtime::Perl(p) => p.curinterp,
             Runtime::Go(_) => 0,
         }
     }
@@ -179,6 +191,7 @@ impl Runtime {
         match self {
             Runtime::Python(p) => BpfValue::Interp(p.bpf_value(start_time)),
             Runtime::Php(p) => BpfValue::Interp(p.bpf_value(start_time)),
+            Runtime::Perl(p) => BpfValue::Interp(p.bpf_value(start_time)),
             Runtime::Go(b) => BpfValue::Go(b.bpf_value(start_time)),
         }
     }
@@ -188,6 +201,7 @@ impl Runtime {
         let ranges: &[Range<u64>] = match self {
             Runtime::Python(p) => p.eval(),
             Runtime::Php(p) => std::slice::from_ref(&p.execute_ex),
+            Runtime::Perl(p) => std::slice::from_ref(&p.runops),
             Runtime::Go(_) => &[],
         };
         ranges.iter().any(|r| r.contains(&addr))
@@ -200,6 +214,7 @@ impl Runtime {
         match self {
             Runtime::Python(p) => super::python::frames(p.layout, raw),
             Runtime::Php(p) => p.frames(raw),
+            Runtime::Perl(p) => p.frames(raw),
             Runtime::Go(_) => Vec::new(),
         }
     }
@@ -209,6 +224,7 @@ impl Runtime {
         match self {
             Runtime::Python(p) => p.frame(f),
             Runtime::Php(p) => p.frame(f),
+            Runtime::Perl(p) => p.frame(f),
             Runtime::Go(_) => None,
         }
     }
@@ -218,6 +234,7 @@ impl Runtime {
         match self {
             Runtime::Python(_) => "[unknown Python frame]",
             Runtime::Php(_) => "[unknown PHP frame]",
+            Runtime::Perl(_) => "[unknown Perl frame]",
             Runtime::Go(_) => "[unknown frame]",
         }
     }

@@ -20,6 +20,8 @@
 //!   its symbols, the offsets of each version, code objects read and named.
 //! - [`golang`]: Go programs: the offsets to the running goroutine's
 //!   pprof labels, by Go version.
+//! - [`perl`]: Perl 5.36 processes: `PL_curinterp` and
+//!   `Perl_runops_standard`, the offsets, subs read and named.
 //! - [`php`]: PHP 8.2 processes: `executor_globals` and `execute_ex`, the
 //!   offsets, functions read and named.
 //! - [`collector`]: samples → stacks → one profile per process (or
@@ -96,6 +98,7 @@ pub mod frame;
 pub mod golang;
 pub mod interp;
 pub mod perfmap;
+pub mod perl;
 pub mod php;
 pub mod procs;
 pub mod pylines;
@@ -539,12 +542,13 @@ fn new_collector(
     let runtimes = Runtimes {
         python: config.python,
         php: config.php,
+        perl: config.perl,
         go_labels: config.go_labels,
     };
     if let Some(maps) = loaded
         .runtime_maps
         .take()
-        .filter(|_| runtimes.python || runtimes.php || runtimes.go_labels)
+        .filter(|_| runtimes != Runtimes::default())
     {
         procs = procs.with_runtimes(runtimes, runtime_sink(maps));
     }

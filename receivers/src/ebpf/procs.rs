@@ -219,11 +219,7 @@ impl Processes {
             state: StateBudget::unbounded(),
             dropped: Vec::new(),
             runtime_sink: None,
-            runtimes: Runtimes {
-                python: false,
-                php: false,
-                go_labels: false,
-            },
+            runtimes: Runtimes::default(),
         }
     }
 

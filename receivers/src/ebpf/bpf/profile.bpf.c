@@ -11,7 +11,8 @@
 // in `interp_procs`, with the struct offsets of their version): CPython 3.8
 // to 3.13, from `_PyRuntime` to the thread state whose thread id is the
 // thread's `pthread_self` (its fs base), then its frame chain; PHP 8.2, from
-// `executor_globals.current_execute_data` (one thread per process). At most
+// `executor_globals.current_execute_data` (one thread per process); Perl
+// 5.36, the context stacks of its first interpreter (`PL_curinterp`). At most
 // INTERP_FRAMES frames, each as its code object's (or function's) address,
 // where in it the thread is, and one byte that tells where a call of the
 // interpreter's loop ends. User space names them and merges them with the
@@ -134,6 +135,16 @@ struct go_proc {
 
 #define START_THREAD_STATES 0   /* CPython: find the thread's state first */
 #define START_GLOBAL 1          /* the current frame's pointer is at runtime + tstate_frame */
+#define START_PERL 2            /* Perl's context stacks, from the interpreter at *runtime */
+
+/* Perl (START_PERL): the first entry is the current COP (code 0, instr
+ * PL_curcop, end PERL_CURCOP); then, innermost first, each context of each
+ * stack (end: its type byte; code: the 8 bytes where a sub's CV is; instr:
+ * the COP it was entered from), and before the contexts of each outer stack
+ * a marker (end PERL_STACK, code: that stack's si_type). The struct's
+ * fields hold Perl's offsets, named in the comments of `struct interp_proc`. */
+#define PERL_CURCOP 0xfe
+#define PERL_STACK 0xff
 
 /* An interpreter process (user space fills it from the interpreter's symbols
  * and the version's layout): where its state is, and the offsets to walk. */
@@ -141,16 +152,16 @@ struct interp_proc {
 	__u64 start_time;           /* the process's: a reused pid is not it */
 	__u64 runtime;              /* address of _PyRuntime (PHP: executor_globals) */
 	__u32 layout;               /* for user space: which version's frames */
-	__u32 runtime_interp;       /* _PyRuntimeState: interpreters.head */
-	__u32 interp_threads;       /* PyInterpreterState: the first thread state */
-	__u32 tstate_next;          /* PyThreadState: next */
-	__u32 tstate_thread_id;     /* PyThreadState: thread_id (pthread_self) */
-	__u32 tstate_frame;         /* PyThreadState: frame, cframe or current_frame; PHP: current_execute_data */
-	__s32 cframe_frame;         /* _PyCFrame: current_frame (-1: no cframe) */
-	__u32 frame_code;           /* the frame's code object (PHP: func) */
-	__u32 frame_back;           /* the caller's frame */
-	__u32 frame_instr;          /* f_lasti (int), the instruction pointer, or the opline */
-	__u32 frame_end;            /* is_entry, owner or call info (a byte); 0: none */
+	__u32 runtime_interp;       /* _PyRuntimeState: interpreters.head; Perl: si_type */
+	__u32 interp_threads;       /* PyInterpreterState: the first thread state; Perl: Icurstackinfo */
+	__u32 tstate_next;          /* PyThreadState: next; Perl: si_prev */
+	__u32 tstate_thread_id;     /* PyThreadState: thread_id (pthread_self); Perl: Icurcop */
+	__u32 tstate_frame;         /* PyThreadState: frame, cframe or current_frame; PHP: current_execute_data; Perl: si_cxstack */
+	__s32 cframe_frame;         /* _PyCFrame: current_frame (-1: no cframe); Perl: si_cxix */
+	__u32 frame_code;           /* the frame's code object (PHP: func; Perl: blk_sub.cv) */
+	__u32 frame_back;           /* the caller's frame; Perl: sizeof(PERL_CONTEXT) */
+	__u32 frame_instr;          /* f_lasti (int), the instruction pointer, the opline; Perl: blk_oldcop */
+	__u32 frame_end;            /* is_entry, owner or call info (a byte); 0: none; Perl: the type byte */
 	__u32 start;                /* START_* */
 };
 
@@ -347,6 +358,65 @@ static __always_inline __u64 read_ptr(__u64 addr)
 	return v;
 }
 
+/* The sub calls of the main thread of a Perl process (see START_PERL): its
+ * interpreter is *runtime (PL_curinterp: a program's first interpreter). The
+ * contexts of each stack are an array walked from its top (si_cxix) down;
+ * the stacks a chain (si_prev). One loop of INTERP_FRAMES steps, each an
+ * entry or a step to the next stack. */
+static __always_inline void perl_stack(struct sample *s, struct interp_proc *p)
+{
+	__u64 interp = read_ptr(p->runtime);
+	__u64 si, cxstack;
+	__s32 ix = -1;
+	__u32 n = 0;
+
+	if (!interp)
+		return;
+	si = read_ptr(interp + p->interp_threads);
+	if (!si)
+		return;
+	s->interp[0].code = 0;
+	s->interp[0].instr = read_ptr(interp + p->tstate_thread_id);
+	s->interp[0].end = PERL_CURCOP;
+	n = 1;
+	cxstack = read_ptr(si + p->tstate_frame);
+	bpf_probe_read_user(&ix, sizeof(ix), (void *)(si + (__u32)p->cframe_frame));
+	for (int i = 0; i < INTERP_FRAMES; i++) {
+		struct interp_frame *f;
+		__u64 cx;
+
+		if (n >= INTERP_FRAMES)
+			break;
+		f = &s->interp[n & (INTERP_FRAMES - 1)];
+		if (ix < 0) {
+			__u32 type = 0;
+
+			si = read_ptr(si + p->tstate_next);
+			if (!si)
+				break;
+			cxstack = read_ptr(si + p->tstate_frame);
+			ix = -1;
+			bpf_probe_read_user(&ix, sizeof(ix), (void *)(si + (__u32)p->cframe_frame));
+			bpf_probe_read_user(&type, sizeof(type), (void *)(si + p->runtime_interp));
+			f->code = type;
+			f->instr = 0;
+			f->end = PERL_STACK;
+			n++;
+			continue;
+		}
+		if (ix > 0xffff || !cxstack)
+			break;
+		cx = cxstack + (__u64)ix * p->frame_back;
+		f->code = read_ptr(cx + p->frame_code);
+		f->instr = read_ptr(cx + p->frame_instr);
+		f->end = 0;
+		bpf_probe_read_user(&f->end, 1, (void *)(cx + p->frame_end));
+		n++;
+		ix--;
+	}
+	s->interp_frames = n;
+}
+
 /* The current thread's interpreter frames, when its process runs a known
  * interpreter. CPython: its thread state is the one whose thread id is its fs
  * base (glibc's and musl's pthread_self on x86_64); PHP: the current frame's
@@ -361,6 +431,13 @@ static __always_inline void interp_stack(struct sample *s, struct task_struct *t
 
 	if (!p || p->start_time != s->start_time)
 		return;
+	if (p->start == START_PERL) {
+		/* PL_curinterp is the main thread's (other threads have their
+		 * own interpreters, not walked) */
+		if (s->tid == s->tgid)
+			perl_stack(s, p);
+		return;
+	}
 	if (p->start == START_GLOBAL) {
 		frame = read_ptr(p->runtime + p->tstate_frame);
 	} else {

@@ -1,0 +1,475 @@
+//! Perl 5.36 processes (Debian's `perl`, built with threads, or a program
+//! embedding `libperl.so.5.36`), without any flag or module.
+//!
+//! A process is a Perl one when it maps a file named `perl…` or
+//! `libperl.so…` whose exported `PL_revision`, `PL_version` (5, 36) say its
+//! layout, with `PL_thr_key` (a build with threads: each interpreter's state
+//! is a struct) and `PL_curinterp`, the program's first interpreter, the one
+//! its main thread runs. The BPF program reads, for the main thread only,
+//! the interpreter's current COP (`PL_curcop`: the statement running) and
+//! its context stacks from the top down: each context's type byte, the 8
+//! bytes where a sub's CV is, and the COP it was entered from, with a marker
+//! before each outer stack (sort blocks, tie and overload callbacks run on
+//! stacks of their own).
+//!
+//! Here each sub call (`CXt_SUB`) becomes a frame, named from its CV (its
+//! glob's name in its stash's, `main::handler`; a lexical sub by its own
+//! name) and file, at the line of the COP it was running: the current COP
+//! for the innermost, for the others the COP the next inner sub was called
+//! from. Below them, the file's own code (`main::RUNTIME`, as NYTProf names
+//! it) at the line that called the outermost sub. Each stack ends a group
+//! that replaces one call of `Perl_runops_standard` in the native stack.
+//! Other threads of a threaded program keep their native frames.
+//!
+//! The offsets were read from Perl 5.36's own headers (`offsetof` on
+//! Debian's `/usr/lib/x86_64-linux-gnu/perl/5.36/CORE`, x86_64, threads).
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::interp::{Code, InterpFrame, InterpProcValue, Walk, read_mem, u64_at};
+use super::sample::RawInterpFrame;
+
+/// Subs kept per process.
+pub const MAX_SUBS: usize = 4096;
+/// Bytes of names and files kept per process.
+pub const MAX_SUB_BYTES: usize = 8 << 20;
+/// Longest name or file name read.
+const MAX_STR: usize = 1024;
+
+/// [`Walk::kind`] of Perl 5.36, and the BPF program's walk.
+const PERL_536: u32 = 0x0536;
+const START_PERL: u32 = 2;
+/// What the BPF program marks entries with (`end`).
+const PERL_CURCOP: u8 = 0xfe;
+const PERL_STACK: u8 = 0xff;
+/// `struct interpreter`: `Icurstackinfo`, `Icurcop`.
+const I_CURSTACKINFO: u32 = 224;
+const I_CURCOP: u32 = 208;
+/// `PERL_SI`: `si_cxstack`, `si_prev`, `si_cxix` (I32), `si_type` (I32).
+const SI_CXSTACK: u32 = 8;
+const SI_PREV: u32 = 16;
+const SI_CXIX: i32 = 32;
+const SI_TYPE: u32 = 44;
+/// `PERL_CONTEXT`: its size, its type byte, `blk_oldcop`, `blk_sub.cv`.
+const CX_SIZE: u32 = 104;
+const CX_TYPE: u32 = 0;
+const CX_OLDCOP: u32 = 16;
+const CX_SUB_CV: u32 = 72;
+/// `CXTYPEMASK`, `CXt_SUB`.
+const CX_TYPE_MASK: u8 = 0xf;
+const CXT_SUB: u8 = 9;
+/// `COP`: `cop_line` (u32), `cop_file` (a C string with threads).
+const COP_LINE: u64 = 36;
+const COP_FILE: u64 = 48;
+/// `SV`: `sv_any`, `sv_flags`; `SVf_OOK` (a hash with its aux part).
+const SV_ANY: u32 = 0;
+const SV_FLAGS: u32 = 12;
+const SVF_OOK: u32 = 0x0200_0000;
+/// `XPVCV`: `xcv_stash`, `xcv_gv_u`, `xcv_file`, `xcv_flags`; `CVf_NAMED`.
+const XCV_STASH: u32 = 32;
+const XCV_GV_U: u32 = 56;
+const XCV_FILE: u32 = 64;
+const XCV_FLAGS: u32 = 92;
+const CVF_NAMED: u32 = 0x8000;
+/// `XPVGV`: `xiv_u.xivu_namehek`.
+const XGV_NAMEHEK: u32 = 32;
+/// `struct xpvhv_with_aux`: `xhv_aux`; in it `xhv_name_u`,
+/// `xhv_name_count`.
+const XHV_AUX: u32 = 32;
+const AUX_NAME_COUNT: u32 = 28;
+/// `HEK`: `hek_len` (I32), `hek_key`.
+const HEK_LEN: u32 = 4;
+const HEK_KEY: u64 = 8;
+/// [`InterpFrame::code`] of the file's own code (no CV).
+const FILE_CODE: u64 = 0;
+
+/// What a Perl file gives, as file addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PerlBinary {
+    pub curinterp: u64,
+    pub runops: Range<u64>,
+}
+
+/// Whether a mapped file is named as a Perl interpreter or its library.
+pub fn is_perl(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name == "perl" || name.starts_with("perl5.") || name.starts_with("libperl.so")
+}
+
+/// Reads a Perl file's symbols and version; `None` unless it is Perl 5.36
+/// built with threads.
+pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<PerlBinary> {
+    use object::{Object, ObjectSymbol};
+    let (mut curinterp, mut runops, mut threads) = (None, None, false);
+    let (mut revision, mut version) = (None, None);
+    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+        let Ok(name) = sym.name() else { continue };
+        if sym.address() == 0 {
+            continue;
+        }
+        match name {
+            "PL_curinterp" => curinterp = Some(sym.address()),
+            "PL_thr_key" => threads = true,
+            "Perl_runops_standard" if sym.size() > 0 => {
+                runops = Some(sym.address()..sym.address() + sym.size());
+            }
+            "PL_revision" => revision = byte_at(elf, sym.address()),
+            "PL_version" => version = byte_at(elf, sym.address()),
+            _ => {}
+        }
+    }
+    (threads && revision == Some(5) && version == Some(36)).then_some(())?;
+    Some(PerlBinary {
+        curinterp: curinterp?,
+        runops: runops?,
+    })
+}
+
+/// The byte at file address `addr` (a read-only constant).
+fn byte_at<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>, addr: u64) -> Option<u8> {
+    use object::{Object, ObjectSection};
+    elf.sections().find_map(|s| {
+        let at = addr.checked_sub(s.address())?;
+        (at < s.size()).then_some(())?;
+        s.data().ok()?.get(usize::try_from(at).ok()?).copied()
+    })
+}
+
+/// A Perl process: where its first interpreter and its run loop are, and
+/// the subs read.
+#[derive(Debug)]
+pub struct PerlProcess {
+    /// Address of `PL_curinterp` in the process.
+    pub curinterp: u64,
+    /// `Perl_runops_standard`'s address range in the process.
+    pub runops: Range<u64>,
+    pid: u32,
+    /// By CV address; `None`: it could not be read.
+    subs: HashMap<u64, Option<Arc<Code>>>,
+    /// Bytes the subs hold.
+    sub_bytes: usize,
+    /// Lines (and files) by COP address.
+    cops: HashMap<u64, (u32, Arc<str>)>,
+}
+
+impl PerlProcess {
+    /// `bias` is what the file's addresses are moved by in the process.
+    pub fn new(pid: u32, binary: &PerlBinary, bias: u64) -> Self {
+        let r = &binary.runops;
+        PerlProcess {
+            curinterp: binary.curinterp.wrapping_add(bias),
+            runops: r.start.wrapping_add(bias)..r.end.wrapping_add(bias),
+            pid,
+            subs: HashMap::new(),
+            sub_bytes: 0,
+            cops: HashMap::new(),
+        }
+    }
+
+    /// What the BPF program needs to walk its context stacks.
+    pub fn bpf_value(&self, start_time: u64) -> InterpProcValue {
+        InterpProcValue {
+            start_time,
+            runtime: self.curinterp,
+            walk: Walk {
+                kind: PERL_536,
+                runtime_interp: SI_TYPE,
+                interp_threads: I_CURSTACKINFO,
+                tstate_next: SI_PREV,
+                tstate_thread_id: I_CURCOP,
+                tstate_frame: SI_CXSTACK,
+                cframe_frame: SI_CXIX,
+                frame_code: CX_SUB_CV,
+                frame_back: CX_SIZE,
+                frame_instr: CX_OLDCOP,
+                frame_end: CX_TYPE,
+                start: START_PERL,
+            },
+        }
+    }
+
+    /// The sub frames of a sample (innermost first), each at the COP it
+    /// runs (`instr`), then the file's own code; the last frame of each
+    /// stack marked `last`.
+    pub fn frames(&mut self, raw: &[RawInterpFrame]) -> Vec<InterpFrame> {
+        frames(raw)
+    }
+
+    /// The sub of `f` (or the file's code) and the line of its COP.
+    pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
+        let (line, cop_file) = self.cop(f.instr)?;
+        if f.code == FILE_CODE {
+            let code = Arc::new(Code {
+                name: "main::RUNTIME".into(),
+                file: cop_file,
+                first_line: 0,
+                lines: Box::default(),
+            });
+            return Some((code, line));
+        }
+        if !self.subs.contains_key(&f.code) {
+            if self.subs.len() >= MAX_SUBS || self.sub_bytes >= MAX_SUB_BYTES {
+                self.subs.clear();
+                self.cops.clear();
+                self.sub_bytes = 0;
+            }
+            let sub = read_sub(self.pid, f.code).map(Arc::new);
+            self.sub_bytes += sub.as_ref().map_or(0, |c| c.name.len() + c.file.len());
+            self.subs.insert(f.code, sub);
+        }
+        let code = self.subs.get(&f.code)?.clone()?;
+        Some((code, line))
+    }
+
+    /// The line and file of the COP at `addr`, read once.
+    fn cop(&mut self, addr: u64) -> Option<(u32, Arc<str>)> {
+        if let Some(c) = self.cops.get(&addr) {
+            return Some(c.clone());
+        }
+        let mut head = [0u8; COP_FILE as usize + 8];
+        if addr == 0 || !read_mem(self.pid, addr, &mut head) {
+            return None;
+        }
+        let line = u32::from_le_bytes(
+            head[COP_LINE as usize..COP_LINE as usize + 4]
+                .try_into()
+                .expect("4 bytes"),
+        );
+        let file: Arc<str> = read_c_str(self.pid, u64_at(&head, COP_FILE as u32))
+            .unwrap_or_default()
+            .into();
+        if self.cops.len() < MAX_SUBS * 4 {
+            self.cops.insert(addr, (line, file.clone()));
+        }
+        Some((line, file))
+    }
+}
+
+/// The frames of the BPF program's entries (see the module's docs).
+fn frames(raw: &[RawInterpFrame]) -> Vec<InterpFrame> {
+    let mut out: Vec<InterpFrame> = Vec::with_capacity(raw.len());
+    // The COP the next (outer) sub is at.
+    let mut at = 0;
+    for f in raw {
+        match f.end {
+            PERL_CURCOP => at = f.instr,
+            PERL_STACK => {
+                if let Some(last) = out.last_mut() {
+                    last.last = true;
+                }
+            }
+            t if t & CX_TYPE_MASK == CXT_SUB => {
+                out.push(InterpFrame {
+                    code: f.code,
+                    instr: at,
+                    last: false,
+                });
+                at = f.instr;
+            }
+            _ => {}
+        }
+    }
+    if at != 0 {
+        out.push(InterpFrame {
+            code: FILE_CODE,
+            instr: at,
+            last: true,
+        });
+    }
+    out
+}
+
+/// Reads the name (`Package::sub`) and file of the CV at `cv`.
+fn read_sub(pid: u32, cv: u64) -> Option<Code> {
+    let body = read_u64(pid, cv + u64::from(SV_ANY))?;
+    let mut x = [0u8; XCV_FLAGS as usize + 4];
+    if body == 0 || !read_mem(pid, body, &mut x) {
+        return None;
+    }
+    let flags = u32::from_le_bytes(
+        x[XCV_FLAGS as usize..XCV_FLAGS as usize + 4]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    let gv_u = u64_at(&x, XCV_GV_U);
+    let name = if flags & CVF_NAMED != 0 {
+        read_hek(pid, gv_u)?
+    } else {
+        let gv_body = read_u64(pid, gv_u + u64::from(SV_ANY))?;
+        read_hek(pid, read_u64(pid, gv_body + u64::from(XGV_NAMEHEK))?)?
+    };
+    let name = match stash_name(pid, u64_at(&x, XCV_STASH)) {
+        Some(package) => format!("{package}::{name}"),
+        None => name,
+    };
+    let file = read_c_str(pid, u64_at(&x, XCV_FILE)).unwrap_or_default();
+    Some(Code {
+        name: name.into(),
+        file: file.into(),
+        first_line: 0,
+        lines: Box::default(),
+    })
+}
+
+/// The name of the stash (package) `hv`, from its aux part.
+fn stash_name(pid: u32, hv: u64) -> Option<String> {
+    let mut head = [0u8; SV_FLAGS as usize + 4];
+    if hv == 0 || !read_mem(pid, hv, &mut head) {
+        return None;
+    }
+    let flags = u32::from_le_bytes(
+        head[SV_FLAGS as usize..SV_FLAGS as usize + 4]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    if flags & SVF_OOK == 0 {
+        return None;
+    }
+    let aux = u64_at(&head, SV_ANY).checked_add(u64::from(XHV_AUX))?;
+    let mut a = [0u8; AUX_NAME_COUNT as usize + 4];
+    if !read_mem(pid, aux, &mut a) {
+        return None;
+    }
+    let count = i32::from_le_bytes(
+        a[AUX_NAME_COUNT as usize..AUX_NAME_COUNT as usize + 4]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    let name = u64_at(&a, 0);
+    let hek = if count == 0 {
+        name
+    } else {
+        read_u64(pid, name)?
+    };
+    read_hek(pid, hek)
+}
+
+fn read_u64(pid: u32, addr: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    (addr != 0 && read_mem(pid, addr, &mut b)).then(|| u64::from_le_bytes(b))
+}
+
+/// The text of the HEK at `addr`.
+fn read_hek(pid: u32, addr: u64) -> Option<String> {
+    let mut head = [0u8; 8];
+    if addr == 0 || !read_mem(pid, addr, &mut head) {
+        return None;
+    }
+    let len = i32::from_le_bytes(
+        head[HEK_LEN as usize..HEK_LEN as usize + 4]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    let len = usize::try_from(len).ok().filter(|&l| l <= MAX_STR)?;
+    let mut data = vec![0u8; len];
+    read_mem(pid, addr + HEK_KEY, &mut data).then(|| String::from_utf8_lossy(&data).into_owned())
+}
+
+/// The C string at `addr`, at most [`MAX_STR`] bytes of it.
+fn read_c_str(pid: u32, addr: u64) -> Option<String> {
+    if addr == 0 {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 64];
+    while out.len() < MAX_STR {
+        // A chunk may cross into an unmapped page: read it byte by byte
+        // then.
+        if !read_mem(pid, addr + out.len() as u64, &mut chunk) {
+            let mut b = [0u8; 1];
+            if !read_mem(pid, addr + out.len() as u64, &mut b) || b[0] == 0 {
+                break;
+            }
+            out.push(b[0]);
+            continue;
+        }
+        match chunk.iter().position(|&b| b == 0) {
+            Some(end) => {
+                out.extend_from_slice(&chunk[..end]);
+                break;
+            }
+            None => out.extend_from_slice(&chunk),
+        }
+    }
+    out.truncate(MAX_STR);
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(code: u64, instr: u64, end: u8) -> RawInterpFrame {
+        RawInterpFrame { code, instr, end }
+    }
+
+    #[test]
+    fn interpreter_files_by_name() {
+        assert!(is_perl("/usr/bin/perl"));
+        assert!(is_perl("/usr/bin/perl5.36.0"));
+        assert!(is_perl("/usr/lib/x86_64-linux-gnu/libperl.so.5.36.0"));
+        assert!(!is_perl("/usr/bin/perldoc"));
+        assert!(!is_perl(
+            "/usr/lib/x86_64-linux-gnu/perl/5.36/auto/POSIX/POSIX.so"
+        ));
+    }
+
+    #[test]
+    fn each_sub_is_at_the_cop_of_the_call_inside_it() {
+        // The current COP 0xc0 (in `two`); contexts from the top: sub `two`
+        // (CV 0x200, called at COP 0xc1 in `run`), a loop in `run` (COP
+        // 0xc9: not a line of any frame), sub `run` (CV 0x100, called at
+        // COP 0xc2 in the file's code).
+        let f = frames(&[
+            raw(0, 0xc0, PERL_CURCOP),
+            raw(0x200, 0xc1, CXT_SUB),
+            raw(0xdead, 0xc9, 3),
+            raw(0x100, 0xc2, CXT_SUB | 0x20),
+        ]);
+        assert_eq!(
+            f.iter()
+                .map(|f| (f.code, f.instr, f.last))
+                .collect::<Vec<_>>(),
+            [
+                (0x200, 0xc0, false),
+                (0x100, 0xc1, false),
+                (FILE_CODE, 0xc2, true)
+            ]
+        );
+        // A sort block's stack above the main one: its sub ends a group.
+        let f = frames(&[
+            raw(0, 0xc0, PERL_CURCOP),
+            raw(0x300, 0xc3, CXT_SUB),
+            raw(1, 0, PERL_STACK),
+            raw(0x100, 0xc2, CXT_SUB),
+        ]);
+        assert_eq!(
+            f.iter()
+                .map(|f| (f.code, f.instr, f.last))
+                .collect::<Vec<_>>(),
+            [
+                (0x300, 0xc0, true),
+                (0x100, 0xc3, false),
+                (FILE_CODE, 0xc2, true)
+            ]
+        );
+    }
+
+    #[test]
+    fn this_machines_perl_is_read_when_it_is_5_36() {
+        let data = std::fs::read("/usr/bin/perl").expect("/usr/bin/perl (Debian's perl-base)");
+        let elf = object::File::parse(&*data).unwrap();
+        let is_536 = std::process::Command::new("/usr/bin/perl")
+            .args(["-e", "exit(($] >= 5.036 && $] < 5.037) ? 0 : 1)"])
+            .status()
+            .unwrap()
+            .success();
+        let b = read_symbols(&elf);
+        assert_eq!(b.is_some(), is_536, "{b:?}");
+        if let Some(b) = b {
+            assert!(b.runops.end > b.runops.start && b.curinterp != 0);
+        }
+    }
+}
