@@ -9,7 +9,8 @@
 //!   frames (`hot.py`, in the main thread and in a second thread), and
 //!   where Python functions wait (`sleep.py`).
 //! - PHP 8.2 with no flag or extension (`hot.php`): the VM's frames; Perl
-//!   5.36 with no flag or module (`hot.pl`): its subs.
+//!   5.36 with no flag or module (`hot.pl`): its subs; Ruby 3.1 with no
+//!   flag or gem (`hot.rb`): its control frames.
 //! - Go with pprof labels and no profiling client (`golabels/main.go`):
 //!   each sample carries its goroutine's labels.
 //! - Off-CPU: a C program sleeping 20 ms and 10 ms in two functions
@@ -529,6 +530,49 @@ fn perl_subs_without_a_flag() {
         lines["main::RUNTIME"],
         [at("main();")].into(),
         "the file's code at its call of main"
+    );
+}
+
+/// Ruby 3.1 (Debian's `ruby`) with no flag or gem: the receiver walks the
+/// VM's control frames, and the 2:1 split of `hot.rb` is named, each hot
+/// sample reading `<main> → main → run → proflow_hot_two` with `rb_vm_exec`
+/// gone, at lines of `hot.rb` from the iseqs' line tables (callers at their
+/// call's line).
+#[test]
+fn ruby_frames_without_a_flag() {
+    let _one_at_a_time = require_root();
+    let source = ebpf_targets::source("hot.rb");
+    let text = std::fs::read_to_string(&source).unwrap();
+    let at = |needle: &str| line_of(&text, needle);
+    let mut cmd = Command::new("ruby3.1");
+    cmd.arg(&source).arg("30");
+    let lines = interpreter_split(Interpreted {
+        name: "Ruby",
+        cmd,
+        source: &source,
+        hot: ["proflow_hot_two", "proflow_hot_one"],
+        chain: &["<main>", "main", "run"],
+        eval: "rb_vm_exec",
+    });
+    check_hot_lines(
+        &lines,
+        [
+            ("proflow_hot_two", at("def proflow_hot_two(")),
+            ("proflow_hot_one", at("def proflow_hot_one(")),
+        ],
+        "run",
+        [at("  proflow_hot_two(k)"), at("  proflow_hot_one(k)")],
+        at("def run(")..=at("def main"),
+    );
+    assert_eq!(
+        lines["main"],
+        [at("Runner.new.run(")].into(),
+        "main at its call of run"
+    );
+    assert_eq!(
+        lines["<main>"],
+        [text.lines().count() as i64].into(),
+        "the script at its call of main, its last line"
     );
 }
 

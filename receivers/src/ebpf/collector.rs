@@ -305,7 +305,12 @@ impl Collector {
         let user: Vec<Merged> = match &mut process.runtime {
             Some(interp) if !s.interp.is_empty() => {
                 let frames = interp.frames(&s.interp);
-                merge(&native, &frames, |a| interp.is_eval(a))
+                merge(
+                    &native,
+                    &frames,
+                    |a| interp.is_eval(a),
+                    interp.loop_is_callee(),
+                )
             }
             _ => native.into_iter().map(Merged::Native).collect(),
         };

@@ -124,6 +124,14 @@ pub struct EbpfReceiverConfig {
     /// true (as the OpenTelemetry eBPF profiler's `perl` tracer).
     #[serde(default = "default_perl")]
     pub perl: bool,
+    /// Walk the Ruby frames of Ruby 3.1 processes (Debian's `ruby`, whose VM
+    /// is `libruby-3.1.so`; no flag or gem of theirs needed), in their main
+    /// thread, and put them in the native stack where `rb_vm_exec` ran
+    /// them, named by their label (`handle`, `block in run`, `<main>`) with
+    /// path and line. Default true (as the OpenTelemetry eBPF profiler's
+    /// `ruby` tracer).
+    #[serde(default = "default_ruby")]
+    pub ruby: bool,
     /// Read the pprof labels of the goroutine each sample of a Go program
     /// (Go 1.24 to 1.26) ran, set by `runtime/pprof.Do` or
     /// `pprof.SetGoroutineLabels` (as the Go OpenTelemetry profiling
@@ -213,6 +221,9 @@ fn default_php() -> bool {
     true
 }
 fn default_perl() -> bool {
+    true
+}
+fn default_ruby() -> bool {
     true
 }
 fn default_go_labels() -> bool {
@@ -330,6 +341,7 @@ mod tests {
         assert!(c.php);
         assert!(c.go_labels);
         assert!(c.perl);
+        assert!(c.ruby);
         assert!(!parse("php: false").php);
         assert_eq!(c.off_cpu, None);
         let on = parse("off_cpu: {}").off_cpu.unwrap();

@@ -8,8 +8,10 @@
 //! chain of frames, reading at each the same three fields at the offsets
 //! user space gave ([`Walk`], the tail of `struct interp_proc`). What the
 //! fields mean is the interpreter's module's business: [`super::python`]
-//! (CPython 3.8 to 3.13), [`super::php`] (PHP 8.2) and [`super::perl`]
-//! (Perl 5.36, whose contexts are an array: a walk of its own). Each names a frame
+//! (CPython 3.8 to 3.13), [`super::php`] (PHP 8.2), [`super::perl`] (Perl
+//! 5.36, whose contexts are an array: a walk of its own) and
+//! [`super::ruby`] (Ruby 3.1, control frames up to the VM stack's end: a
+//! walk of its own). Each names a frame
 //! as a [`Code`] (function, file, first line) and a line, read once from
 //! the process's memory and kept per process.
 //!
@@ -27,6 +29,7 @@ use super::golang::{GoBinary, GoProcValue};
 use super::perl::{PerlBinary, PerlProcess};
 use super::php::{PhpBinary, PhpProcess};
 use super::python::{PyBinary, PyProcess};
+use super::ruby::{RubyBinary, RubyProcess};
 use super::sample::RawInterpFrame;
 
 /// [`Walk::start`]: find the sampled thread's state among the
@@ -103,13 +106,14 @@ pub struct Code {
     pub(super) lines: Box<[u8]>,
 }
 
-/// Which runtimes' state is read (the receiver's `python`, `php`, `perl`
-/// and `go_labels` keys).
+/// Which runtimes' state is read (the receiver's `python`, `php`, `perl`,
+/// `ruby` and `go_labels` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Runtimes {
     pub python: bool,
     pub php: bool,
     pub perl: bool,
+    pub ruby: bool,
     pub go_labels: bool,
 }
 
@@ -119,6 +123,7 @@ pub enum RuntimeBinary {
     Python(PyBinary),
     Php(PhpBinary),
     Perl(PerlBinary),
+    Ruby(RubyBinary),
     Go(GoBinary),
 }
 
@@ -145,6 +150,9 @@ impl RuntimeBinary {
         if super::perl::is_perl(path) {
             return super::perl::read_symbols(elf).map(RuntimeBinary::Perl);
         }
+        if super::ruby::is_ruby(path) {
+            return super::ruby::read_symbols(elf).map(RuntimeBinary::Ruby);
+        }
         super::golang::read(elf).map(RuntimeBinary::Go)
     }
 }
@@ -155,6 +163,7 @@ pub enum Runtime {
     Python(PyProcess),
     Php(PhpProcess),
     Perl(PerlProcess),
+    Ruby(RubyProcess),
     Go(GoBinary),
 }
 
@@ -170,6 +179,9 @@ impl Runtime {
             RuntimeBinary::Perl(b) if on.perl => {
                 Some(Runtime::Perl(PerlProcess::new(pid, b, bias)))
             }
+            RuntimeBinary::Ruby(b) if on.ruby => {
+                Some(Runtime::Ruby(RubyProcess::new(pid, b, bias)))
+            }
             RuntimeBinary::Go(b) if on.go_labels => Some(Runtime::Go(b.clone())),
             _ => None,
         }
@@ -182,6 +194,7 @@ impl Runtime {
             Runtime::Python(p) => p.runtime,
             Runtime::Php(p) => p.globals,
             Runtime::Perl(p) => p.curinterp,
+            Runtime::Ruby(p) => p.vm_ptr,
             Runtime::Go(_) => 0,
         }
     }
@@ -192,8 +205,15 @@ impl Runtime {
             Runtime::Python(p) => BpfValue::Interp(p.bpf_value(start_time)),
             Runtime::Php(p) => BpfValue::Interp(p.bpf_value(start_time)),
             Runtime::Perl(p) => BpfValue::Interp(p.bpf_value(start_time)),
+            Runtime::Ruby(p) => BpfValue::Interp(p.bpf_value(start_time)),
             Runtime::Go(b) => BpfValue::Go(b.bpf_value(start_time)),
         }
+    }
+
+    /// Whether the evaluation function's callee is the VM's loop, to leave
+    /// out with it (see [`merge`]).
+    pub fn loop_is_callee(&self) -> bool {
+        matches!(self, Runtime::Ruby(_))
     }
 
     /// Whether `addr` is in the evaluation function.
@@ -202,6 +222,7 @@ impl Runtime {
             Runtime::Python(p) => p.eval(),
             Runtime::Php(p) => std::slice::from_ref(&p.execute_ex),
             Runtime::Perl(p) => std::slice::from_ref(&p.runops),
+            Runtime::Ruby(p) => std::slice::from_ref(&p.vm_exec),
             Runtime::Go(_) => &[],
         };
         ranges.iter().any(|r| r.contains(&addr))
@@ -215,6 +236,7 @@ impl Runtime {
             Runtime::Python(p) => super::python::frames(p.layout, raw),
             Runtime::Php(p) => p.frames(raw),
             Runtime::Perl(p) => p.frames(raw),
+            Runtime::Ruby(p) => p.frames(raw),
             Runtime::Go(_) => Vec::new(),
         }
     }
@@ -225,6 +247,7 @@ impl Runtime {
             Runtime::Python(p) => p.frame(f),
             Runtime::Php(p) => p.frame(f),
             Runtime::Perl(p) => p.frame(f),
+            Runtime::Ruby(p) => p.frame(f),
             Runtime::Go(_) => None,
         }
     }
@@ -235,6 +258,7 @@ impl Runtime {
             Runtime::Python(_) => "[unknown Python frame]",
             Runtime::Php(_) => "[unknown PHP frame]",
             Runtime::Perl(_) => "[unknown Perl frame]",
+            Runtime::Ruby(_) => "[unknown Ruby frame]",
             Runtime::Go(_) => "[unknown frame]",
         }
     }
@@ -275,11 +299,15 @@ pub enum Merged {
 /// call is replaced by its group of interpreter frames (a group ends at a
 /// frame marked `last`). Groups left when the native stack ends (it was
 /// cut short) go at its outer end; calls left when the groups end (more
-/// than the BPF program walked) stay native.
+/// than the BPF program walked) stay native. With `drop_callee`, the native
+/// frame a replaced call called goes too: the VM's loop where it is a
+/// function of its own that no symbol names (Ruby's `vm_exec_core`, called
+/// by `rb_vm_exec`).
 pub fn merge(
     native: &[Frame],
     interp: &[InterpFrame],
     is_eval: impl Fn(u64) -> bool,
+    drop_callee: bool,
 ) -> Vec<Merged> {
     let mut out = Vec::with_capacity(native.len() + interp.len());
     let mut rest = interp;
@@ -291,8 +319,12 @@ pub fn merge(
         out.extend(rest[..end].iter().map(|&f| Merged::Interp(f)));
         *rest = &rest[end..];
     };
-    for &f in native {
+    for (i, &f) in native.iter().enumerate() {
         if !rest.is_empty() && is_eval(f.lookup()) {
+            // The evaluation function's callee that is the VM's loop.
+            if drop_callee && i > 0 && out.last() == Some(&Merged::Native(native[i - 1])) {
+                out.pop();
+            }
             take_group(&mut rest, &mut out);
         } else {
             out.push(Merged::Native(f));

@@ -22,6 +22,8 @@
 //!   pprof labels, by Go version.
 //! - [`perl`]: Perl 5.36 processes: `PL_curinterp` and
 //!   `Perl_runops_standard`, the offsets, subs read and named.
+//! - [`ruby`]: Ruby 3.1 processes: `ruby_current_vm_ptr` and
+//!   `rb_vm_exec`, the offsets, iseqs read and named, their lines.
 //! - [`php`]: PHP 8.2 processes: `executor_globals` and `execute_ex`, the
 //!   offsets, functions read and named.
 //! - [`collector`]: samples → stacks → one profile per process (or
@@ -104,6 +106,7 @@ pub mod procs;
 pub mod pylines;
 pub mod python;
 pub mod ring;
+pub mod ruby;
 pub mod sample;
 pub mod state_budget;
 pub mod symbols;
@@ -543,6 +546,7 @@ fn new_collector(
         python: config.python,
         php: config.php,
         perl: config.perl,
+        ruby: config.ruby,
         go_labels: config.go_labels,
     };
     if let Some(maps) = loaded

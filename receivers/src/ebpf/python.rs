@@ -549,7 +549,7 @@ mod tests {
             native(0x1200),
         ];
         let frames = [py(1, false), py(2, true), py(3, true)];
-        let merged = merge(&stack, &frames, eval);
+        let merged = merge(&stack, &frames, eval, false);
         assert_eq!(
             merged,
             [
@@ -561,11 +561,11 @@ mod tests {
             ]
         );
         // A native stack cut short: the groups left go at its outer end.
-        let merged = merge(&stack[..2], &frames, eval);
+        let merged = merge(&stack[..2], &frames, eval, false);
         assert_eq!(merged.len(), 4);
         assert_eq!(merged[3], Merged::Interp(frames[2]));
         // More calls than frames walked: the rest stay native.
-        let merged = merge(&stack, &frames[..2], eval);
+        let merged = merge(&stack, &frames[..2], eval, false);
         assert_eq!(merged.last(), Some(&Merged::Native(native(0x1200))));
     }
 

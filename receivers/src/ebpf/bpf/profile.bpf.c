@@ -12,7 +12,8 @@
 // to 3.13, from `_PyRuntime` to the thread state whose thread id is the
 // thread's `pthread_self` (its fs base), then its frame chain; PHP 8.2, from
 // `executor_globals.current_execute_data` (one thread per process); Perl
-// 5.36, the context stacks of its first interpreter (`PL_curinterp`). At most
+// 5.36, the context stacks of its first interpreter (`PL_curinterp`); Ruby
+// 3.1, the control frames of the VM's main thread. At most
 // INTERP_FRAMES frames, each as its code object's (or function's) address,
 // where in it the thread is, and one byte that tells where a call of the
 // interpreter's loop ends. User space names them and merges them with the
@@ -143,6 +144,10 @@ struct go_proc {
  * the COP it was entered from), and before the contexts of each outer stack
  * a marker (end PERL_STACK, code: that stack's si_type). The struct's
  * fields hold Perl's offsets, named in the comments of `struct interp_proc`. */
+/* Ruby (START_RUBY): the main thread's control frames, innermost first: code
+ * the frame's iseq, instr its pc, end the low byte of its ep[0] (the frame's
+ * flags: VM_FRAME_FLAG_FINISH, VM_FRAME_FLAG_CFRAME). */
+#define START_RUBY 3
 #define PERL_CURCOP 0xfe
 #define PERL_STACK 0xff
 
@@ -153,15 +158,15 @@ struct interp_proc {
 	__u64 runtime;              /* address of _PyRuntime (PHP: executor_globals) */
 	__u32 layout;               /* for user space: which version's frames */
 	__u32 runtime_interp;       /* _PyRuntimeState: interpreters.head; Perl: si_type */
-	__u32 interp_threads;       /* PyInterpreterState: the first thread state; Perl: Icurstackinfo */
-	__u32 tstate_next;          /* PyThreadState: next; Perl: si_prev */
-	__u32 tstate_thread_id;     /* PyThreadState: thread_id (pthread_self); Perl: Icurcop */
-	__u32 tstate_frame;         /* PyThreadState: frame, cframe or current_frame; PHP: current_execute_data; Perl: si_cxstack */
-	__s32 cframe_frame;         /* _PyCFrame: current_frame (-1: no cframe); Perl: si_cxix */
-	__u32 frame_code;           /* the frame's code object (PHP: func; Perl: blk_sub.cv) */
-	__u32 frame_back;           /* the caller's frame; Perl: sizeof(PERL_CONTEXT) */
-	__u32 frame_instr;          /* f_lasti (int), the instruction pointer, the opline; Perl: blk_oldcop */
-	__u32 frame_end;            /* is_entry, owner or call info (a byte); 0: none; Perl: the type byte */
+	__u32 interp_threads;       /* PyInterpreterState: the first thread state; Perl: Icurstackinfo; Ruby: vm's ractor.main_thread */
+	__u32 tstate_next;          /* PyThreadState: next; Perl: si_prev; Ruby: ec's vm_stack */
+	__u32 tstate_thread_id;     /* PyThreadState: thread_id (pthread_self); Perl: Icurcop; Ruby: thread's ec */
+	__u32 tstate_frame;         /* PyThreadState: frame, cframe or current_frame; PHP: current_execute_data; Perl: si_cxstack; Ruby: ec's cfp */
+	__s32 cframe_frame;         /* _PyCFrame: current_frame (-1: no cframe); Perl: si_cxix; Ruby: ec's vm_stack_size */
+	__u32 frame_code;           /* the frame's code object (PHP: func; Perl: blk_sub.cv; Ruby: iseq) */
+	__u32 frame_back;           /* the caller's frame; Perl, Ruby: the frame's size */
+	__u32 frame_instr;          /* f_lasti (int), the instruction pointer, the opline; Perl: blk_oldcop; Ruby: pc */
+	__u32 frame_end;            /* is_entry, owner or call info (a byte); 0: none; Perl: the type byte; Ruby: ep */
 	__u32 start;                /* START_* */
 };
 
@@ -417,6 +422,40 @@ static __always_inline void perl_stack(struct sample *s, struct interp_proc *p)
 	s->interp_frames = n;
 }
 
+/* The control frames of the main thread of a Ruby process (see START_RUBY):
+ * *runtime is the VM (ruby_current_vm_ptr), its main thread's execution
+ * context holds the current frame (cfp); frames go up in memory from it to
+ * the end of the VM stack (vm_stack + vm_stack_size VALUEs). */
+static __always_inline void ruby_stack(struct sample *s, struct interp_proc *p)
+{
+	__u64 vm = read_ptr(p->runtime);
+	__u64 th = vm ? read_ptr(vm + p->interp_threads) : 0;
+	__u64 ec = th ? read_ptr(th + p->tstate_thread_id) : 0;
+	__u64 cfp, end;
+	__u32 n = 0;
+
+	if (!ec)
+		return;
+	cfp = read_ptr(ec + p->tstate_frame);
+	end = read_ptr(ec + p->tstate_next) + read_ptr(ec + (__u32)p->cframe_frame) * 8;
+	for (int i = 0; i < INTERP_FRAMES; i++) {
+		struct interp_frame *f = &s->interp[i];
+		__u64 ep;
+
+		if (!cfp || cfp >= end)
+			break;
+		f->code = read_ptr(cfp + p->frame_code);
+		f->instr = read_ptr(cfp + p->frame_instr);
+		f->end = 0;
+		ep = read_ptr(cfp + p->frame_end);
+		if (ep)
+			bpf_probe_read_user(&f->end, 1, (void *)ep);
+		n = i + 1;
+		cfp += p->frame_back;
+	}
+	s->interp_frames = n;
+}
+
 /* The current thread's interpreter frames, when its process runs a known
  * interpreter. CPython: its thread state is the one whose thread id is its fs
  * base (glibc's and musl's pthread_self on x86_64); PHP: the current frame's
@@ -431,6 +470,13 @@ static __always_inline void interp_stack(struct sample *s, struct task_struct *t
 
 	if (!p || p->start_time != s->start_time)
 		return;
+	if (p->start == START_RUBY) {
+		/* the main thread's frames (with the GVL, one thread runs Ruby at a
+		 * time; the others' are not walked) */
+		if (s->tid == s->tgid)
+			ruby_stack(s, p);
+		return;
+	}
 	if (p->start == START_PERL) {
 		/* PL_curinterp is the main thread's (other threads have their
 		 * own interpreters, not walked) */
