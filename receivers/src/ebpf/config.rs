@@ -89,12 +89,14 @@ pub struct EbpfReceiverConfig {
     #[serde(default = "default_max_perf_map_size")]
     pub max_perf_map_size: ByteSize,
     /// Most memory the receiver keeps because of what the node's processes
-    /// hold, together: their perf maps' entries and the unwind sections
+    /// hold, together: their perf maps' entries, the unwind sections
     /// copied or inflated onto the heap (those of files users can change,
-    /// and compressed `.debug_frame`). What does not fit is refused,
+    /// and compressed `.debug_frame`), and what was read of interpreters'
+    /// functions (names, files, lines). What does not fit is refused,
     /// counted in `proflow_ebpf_state_refusals_total{use}`: a perf map
     /// stops at that line and reads on once room is freed, a section is
-    /// left out (that file's frames are not unwound). Given back as
+    /// left out (that file's frames are not unwound), a function read is
+    /// used for its sample and not kept. Given back as
     /// processes exit and files are let go. Default 64MiB, so that the
     /// chart's agent stays within its memory limit whatever the node's
     /// users run.

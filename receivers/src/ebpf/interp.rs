@@ -21,6 +21,7 @@
 //! frames it was running, so a stack reads `main → handler → parse` where
 //! the interpreter ran them.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -31,6 +32,7 @@ use super::php::{PhpBinary, PhpProcess};
 use super::python::{PyBinary, PyProcess};
 use super::ruby::{RubyBinary, RubyProcess};
 use super::sample::RawInterpFrame;
+use super::state_budget::{CacheCharge, StateBudget};
 
 /// [`Walk::start`]: find the sampled thread's state among the
 /// interpreter's thread states first (CPython).
@@ -169,18 +171,26 @@ pub enum Runtime {
 
 impl Runtime {
     /// The runtime of process `pid` whose file `binary` is mapped moved by
-    /// `bias`, when it is read.
-    pub fn new(pid: u32, binary: &RuntimeBinary, bias: u64, on: Runtimes) -> Option<Self> {
+    /// `bias`, when it is read; what is read of it is charged to `budget`.
+    pub fn new(
+        pid: u32,
+        binary: &RuntimeBinary,
+        bias: u64,
+        on: Runtimes,
+        budget: &Arc<StateBudget>,
+    ) -> Option<Self> {
         match binary {
             RuntimeBinary::Python(b) if on.python => {
-                PyProcess::new(pid, b, bias).map(Runtime::Python)
+                PyProcess::new(pid, b, bias, budget).map(Runtime::Python)
             }
-            RuntimeBinary::Php(b) if on.php => Some(Runtime::Php(PhpProcess::new(pid, b, bias))),
+            RuntimeBinary::Php(b) if on.php => {
+                Some(Runtime::Php(PhpProcess::new(pid, b, bias, budget)))
+            }
             RuntimeBinary::Perl(b) if on.perl => {
-                Some(Runtime::Perl(PerlProcess::new(pid, b, bias)))
+                Some(Runtime::Perl(PerlProcess::new(pid, b, bias, budget)))
             }
             RuntimeBinary::Ruby(b) if on.ruby => {
-                Some(Runtime::Ruby(RubyProcess::new(pid, b, bias)))
+                Some(Runtime::Ruby(RubyProcess::new(pid, b, bias, budget)))
             }
             RuntimeBinary::Go(b) if on.go_labels => Some(Runtime::Go(b.clone())),
             _ => None,
@@ -261,6 +271,77 @@ impl Runtime {
             Runtime::Ruby(_) => "[unknown Ruby frame]",
             Runtime::Go(_) => "[unknown frame]",
         }
+    }
+}
+
+/// Bytes an entry of a [`ReadCache`] is charged beyond what it holds (its
+/// map slot, the `Arc`), and a line.
+const ENTRY_BYTES: usize = 64;
+const LINE_BYTES: usize = 32;
+
+/// What was read from one runtime process (functions, code objects, iseqs)
+/// by address, and the lines found in them: at most `max_entries` and
+/// `max_bytes`, starting over when full, every byte charged to the
+/// receiver's state budget (`runtime_cache`). An entry the budget has no
+/// room for is used once and not kept.
+#[derive(Debug)]
+pub struct ReadCache<V> {
+    entries: HashMap<u64, Option<V>>,
+    lines: HashMap<(u64, u64), u32>,
+    charge: CacheCharge,
+    max_entries: usize,
+    max_bytes: usize,
+}
+
+impl<V: Clone> ReadCache<V> {
+    pub fn new(budget: &Arc<StateBudget>, max_entries: usize, max_bytes: usize) -> Self {
+        ReadCache {
+            entries: HashMap::new(),
+            lines: HashMap::new(),
+            charge: CacheCharge::new(budget),
+            max_entries,
+            max_bytes,
+        }
+    }
+
+    /// The entry at `addr`: `read` the first time (`None`: unreadable, kept
+    /// so too), `size` its bytes.
+    pub fn get(
+        &mut self,
+        addr: u64,
+        read: impl FnOnce() -> Option<V>,
+        size: impl Fn(&V) -> usize,
+    ) -> Option<V> {
+        if let Some(v) = self.entries.get(&addr) {
+            return v.clone();
+        }
+        if self.entries.len() >= self.max_entries || self.charge.bytes() >= self.max_bytes {
+            self.clear();
+        }
+        let v = read();
+        if self.charge.take(ENTRY_BYTES + v.as_ref().map_or(0, size)) {
+            self.entries.insert(addr, v.clone());
+        }
+        v
+    }
+
+    /// The line at `key` (an entry's address and where in it), `find` the
+    /// first time.
+    pub fn line(&mut self, key: (u64, u64), find: impl FnOnce() -> u32) -> u32 {
+        if let Some(&line) = self.lines.get(&key) {
+            return line;
+        }
+        let line = find();
+        if self.lines.len() < self.max_entries * 4 && self.charge.take(LINE_BYTES) {
+            self.lines.insert(key, line);
+        }
+        line
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.lines.clear();
+        self.charge.clear();
     }
 }
 

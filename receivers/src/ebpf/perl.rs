@@ -24,12 +24,12 @@
 //! The offsets were read from Perl 5.36's own headers (`offsetof` on
 //! Debian's `/usr/lib/x86_64-linux-gnu/perl/5.36/CORE`, x86_64, threads).
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::interp::{Code, InterpFrame, InterpProcValue, Walk, read_mem, u64_at};
+use super::interp::{Code, InterpFrame, InterpProcValue, ReadCache, Walk, read_mem, u64_at};
 use super::sample::RawInterpFrame;
+use super::state_budget::StateBudget;
 
 /// Subs kept per process.
 pub const MAX_SUBS: usize = 4096;
@@ -146,25 +146,22 @@ pub struct PerlProcess {
     /// `Perl_runops_standard`'s address range in the process.
     pub runops: Range<u64>,
     pid: u32,
-    /// By CV address; `None`: it could not be read.
-    subs: HashMap<u64, Option<Arc<Code>>>,
-    /// Bytes the subs hold.
-    sub_bytes: usize,
-    /// Lines (and files) by COP address.
-    cops: HashMap<u64, (u32, Arc<str>)>,
+    /// Subs by CV address.
+    subs: ReadCache<Arc<Code>>,
+    /// By COP address: its line, and the file's own code in its file.
+    cops: ReadCache<(u32, Arc<Code>)>,
 }
 
 impl PerlProcess {
     /// `bias` is what the file's addresses are moved by in the process.
-    pub fn new(pid: u32, binary: &PerlBinary, bias: u64) -> Self {
+    pub fn new(pid: u32, binary: &PerlBinary, bias: u64, budget: &Arc<StateBudget>) -> Self {
         let r = &binary.runops;
         PerlProcess {
             curinterp: binary.curinterp.wrapping_add(bias),
             runops: r.start.wrapping_add(bias)..r.end.wrapping_add(bias),
             pid,
-            subs: HashMap::new(),
-            sub_bytes: 0,
-            cops: HashMap::new(),
+            subs: ReadCache::new(budget, MAX_SUBS, MAX_SUB_BYTES),
+            cops: ReadCache::new(budget, MAX_SUBS * 4, MAX_SUB_BYTES),
         }
     }
 
@@ -199,52 +196,42 @@ impl PerlProcess {
 
     /// The sub of `f` (or the file's code) and the line of its COP.
     pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
-        let (line, cop_file) = self.cop(f.instr)?;
+        let pid = self.pid;
+        let (line, file_code) =
+            self.cops
+                .get(f.instr, || read_cop(pid, f.instr), |(_, c)| c.file.len())?;
         if f.code == FILE_CODE {
-            let code = Arc::new(Code {
-                name: "main::RUNTIME".into(),
-                file: cop_file,
-                first_line: 0,
-                lines: Box::default(),
-            });
-            return Some((code, line));
+            return Some((file_code, line));
         }
-        if !self.subs.contains_key(&f.code) {
-            if self.subs.len() >= MAX_SUBS || self.sub_bytes >= MAX_SUB_BYTES {
-                self.subs.clear();
-                self.cops.clear();
-                self.sub_bytes = 0;
-            }
-            let sub = read_sub(self.pid, f.code).map(Arc::new);
-            self.sub_bytes += sub.as_ref().map_or(0, |c| c.name.len() + c.file.len());
-            self.subs.insert(f.code, sub);
-        }
-        let code = self.subs.get(&f.code)?.clone()?;
+        let code = self.subs.get(
+            f.code,
+            || read_sub(pid, f.code).map(Arc::new),
+            |c| c.name.len() + c.file.len(),
+        )?;
         Some((code, line))
     }
+}
 
-    /// The line and file of the COP at `addr`, read once.
-    fn cop(&mut self, addr: u64) -> Option<(u32, Arc<str>)> {
-        if let Some(c) = self.cops.get(&addr) {
-            return Some(c.clone());
-        }
-        let mut head = [0u8; COP_FILE as usize + 8];
-        if addr == 0 || !read_mem(self.pid, addr, &mut head) {
-            return None;
-        }
-        let line = u32::from_le_bytes(
-            head[COP_LINE as usize..COP_LINE as usize + 4]
-                .try_into()
-                .expect("4 bytes"),
-        );
-        let file: Arc<str> = read_c_str(self.pid, u64_at(&head, COP_FILE as u32))
-            .unwrap_or_default()
-            .into();
-        if self.cops.len() < MAX_SUBS * 4 {
-            self.cops.insert(addr, (line, file.clone()));
-        }
-        Some((line, file))
+/// Reads the COP at `addr`: its line, and the file's own code
+/// (`main::RUNTIME`) in its file.
+fn read_cop(pid: u32, addr: u64) -> Option<(u32, Arc<Code>)> {
+    let mut head = [0u8; COP_FILE as usize + 8];
+    if addr == 0 || !read_mem(pid, addr, &mut head) {
+        return None;
     }
+    let line = u32::from_le_bytes(
+        head[COP_LINE as usize..COP_LINE as usize + 4]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    let file = read_c_str(pid, u64_at(&head, COP_FILE as u32)).unwrap_or_default();
+    let code = Code {
+        name: "main::RUNTIME".into(),
+        file: file.into(),
+        first_line: 0,
+        lines: Box::default(),
+    };
+    Some((line, Arc::new(code)))
 }
 
 /// The frames of the BPF program's entries (see the module's docs).

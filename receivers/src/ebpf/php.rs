@@ -12,7 +12,8 @@
 //!
 //! Here each function is read once from the process's memory: its name
 //! (`Class::method`, `function`, `{closure}`, `{main}` for a file's code),
-//! file and first line; a frame's line is its op's `lineno`. Functions
+//! file and first line (kept per process, charged to the state budget); a
+//! frame's line is its op's `lineno`. Functions
 //! written in C (`strlen`, `usleep`) are left out: their own native frames
 //! are in the stack already. The innermost frame's op is where the VM last
 //! saved it (its loop keeps it in a register), so its line is a line of the
@@ -21,12 +22,14 @@
 //! The offsets were read from PHP 8.2's own headers (`offsetof` on Debian's
 //! php8.2-dev, x86_64, without threads).
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::interp::{Code, InterpFrame, InterpProcValue, START_GLOBAL, Walk, read_mem, u64_at};
+use super::interp::{
+    Code, InterpFrame, InterpProcValue, ReadCache, START_GLOBAL, Walk, read_mem, u64_at,
+};
 use super::sample::RawInterpFrame;
+use super::state_budget::StateBudget;
 
 /// Functions kept per process.
 pub const MAX_FUNCS: usize = 4096;
@@ -109,7 +112,7 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Op
 
 /// A PHP function as read: named, or one written in C (left out of
 /// stacks).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Func {
     User(Arc<Code>),
     Internal,
@@ -124,25 +127,19 @@ pub struct PhpProcess {
     /// `execute_ex`'s address range in the process.
     pub execute_ex: Range<u64>,
     pid: u32,
-    /// By function address; `None`: it could not be read.
-    funcs: HashMap<u64, Option<Func>>,
-    /// Bytes the functions hold.
-    func_bytes: usize,
-    /// Lines by op address.
-    lines: HashMap<u64, u32>,
+    /// Functions by address, and lines by op.
+    funcs: ReadCache<Func>,
 }
 
 impl PhpProcess {
     /// `bias` is what the file's addresses are moved by in the process.
-    pub fn new(pid: u32, binary: &PhpBinary, bias: u64) -> Self {
+    pub fn new(pid: u32, binary: &PhpBinary, bias: u64, budget: &Arc<StateBudget>) -> Self {
         let ex = &binary.execute_ex;
         PhpProcess {
             globals: binary.executor_globals.wrapping_add(bias),
             execute_ex: ex.start.wrapping_add(bias)..ex.end.wrapping_add(bias),
             pid,
-            funcs: HashMap::new(),
-            func_bytes: 0,
-            lines: HashMap::new(),
+            funcs: ReadCache::new(budget, MAX_FUNCS, MAX_FUNC_BYTES),
         }
     }
 
@@ -195,42 +192,29 @@ impl PhpProcess {
         let Some(Func::User(code)) = self.func(f.code) else {
             return None;
         };
-        let code = code.clone();
-        let line = match self.lines.get(&f.instr) {
-            Some(&line) => line,
-            None => {
-                let mut b = [0u8; 4];
-                let line = if f.instr != 0
-                    && read_mem(self.pid, f.instr.wrapping_add(OP_LINENO), &mut b)
-                {
-                    u32::from_le_bytes(b)
-                } else {
-                    code.first_line
-                };
-                if self.lines.len() < MAX_FUNCS * 4 {
-                    self.lines.insert(f.instr, line);
-                }
-                line
+        let pid = self.pid;
+        let line = self.funcs.line((f.code, f.instr), || {
+            let mut b = [0u8; 4];
+            if f.instr != 0 && read_mem(pid, f.instr.wrapping_add(OP_LINENO), &mut b) {
+                u32::from_le_bytes(b)
+            } else {
+                code.first_line
             }
-        };
+        });
         Some((code, line))
     }
 
     /// The function at `addr`, read once.
-    fn func(&mut self, addr: u64) -> Option<&Func> {
-        if !self.funcs.contains_key(&addr) {
-            if self.funcs.len() >= MAX_FUNCS || self.func_bytes >= MAX_FUNC_BYTES {
-                self.funcs.clear();
-                self.lines.clear();
-                self.func_bytes = 0;
-            }
-            let func = read_func(self.pid, addr);
-            if let Some(Func::User(c)) = &func {
-                self.func_bytes += c.name.len() + c.file.len();
-            }
-            self.funcs.insert(addr, func);
-        }
-        self.funcs.get(&addr)?.as_ref()
+    fn func(&mut self, addr: u64) -> Option<Func> {
+        let pid = self.pid;
+        self.funcs.get(
+            addr,
+            || read_func(pid, addr),
+            |f| match f {
+                Func::User(c) => c.name.len() + c.file.len(),
+                Func::Internal => 0,
+            },
+        )
     }
 }
 
@@ -322,6 +306,7 @@ mod tests {
                 execute_ex: 0x2000..0x3000,
             },
             0,
+            &StateBudget::unbounded(),
         );
         // Functions known as read: 0x100 and 0x300 PHP, 0x200 C.
         let user = |name: &str| {
@@ -332,10 +317,14 @@ mod tests {
                 lines: Box::default(),
             })))
         };
-        p.funcs.insert(0x100, user("cb"));
-        p.funcs.insert(0x200, Some(Func::Internal));
-        p.funcs.insert(0x300, user("{main}"));
-        p.funcs.insert(0x400, Some(Func::Internal));
+        for (addr, f) in [
+            (0x100, user("cb")),
+            (0x200, Some(Func::Internal)),
+            (0x300, user("{main}")),
+            (0x400, Some(Func::Internal)),
+        ] {
+            p.funcs.get(addr, || f, |_| 0);
+        }
         // A callback entered from array_map (itself called from the file's
         // code): cb (top), array_map, {main} (top); then a C function
         // entered at the top (its mark goes to the frame before it).
@@ -364,6 +353,7 @@ mod tests {
                 execute_ex: 0x2000..0x3000,
             },
             0x7f00_0000_0000,
+            &StateBudget::unbounded(),
         );
         let v = p.bpf_value(9);
         assert_eq!(v.runtime, 0x7f00_0000_1000);

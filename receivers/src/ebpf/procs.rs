@@ -474,7 +474,13 @@ impl Processes {
         let runtime = if self.runtime_sink.is_some() {
             mappings.iter().find_map(|m| {
                 let binary = m.binary.runtime.as_ref()?;
-                Runtime::new(key.pid, binary, m.binary.bias(m)?, self.runtimes)
+                Runtime::new(
+                    key.pid,
+                    binary,
+                    m.binary.bias(m)?,
+                    self.runtimes,
+                    &self.state,
+                )
             })
         } else {
             None

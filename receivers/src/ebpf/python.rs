@@ -13,8 +13,8 @@
 //! Here each code object is read once from the process's memory
 //! (`process_vm_readv`): its qualified name (3.11 on; its name before),
 //! file, first line and line table, kept per process (at most
-//! [`MAX_CODES`] holding [`MAX_CODE_BYTES`]; the cache starts over when
-//! full). A frame's line comes from the line table at its instruction,
+//! [`MAX_CODES`] holding [`MAX_CODE_BYTES`], charged to the state budget;
+//! the cache starts over when full). A frame's line comes from the line table at its instruction,
 //! decoded once per instruction.
 //!
 //! [`super::interp::merge`] puts the Python frames in the native stack:
@@ -23,15 +23,15 @@
 //! one that entered it). The offsets below were read from each
 //! version's own headers (`offsetof` on the x86_64 release build).
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
 use super::interp::{
-    Code, InterpFrame, InterpProcValue, START_THREAD_STATES, Walk, read_mem, u64_at,
+    Code, InterpFrame, InterpProcValue, ReadCache, START_THREAD_STATES, Walk, read_mem, u64_at,
 };
 use super::pylines::{linetable_line, lnotab_line, locations_line};
 use super::sample::RawInterpFrame;
+use super::state_budget::StateBudget;
 
 /// Code objects kept per process.
 pub const MAX_CODES: usize = 4096;
@@ -275,17 +275,13 @@ pub struct PyProcess {
     /// The evaluation function's address ranges in the process.
     eval: Vec<Range<u64>>,
     pid: u32,
-    /// By code object address; `None`: it could not be read.
-    codes: HashMap<u64, Option<Arc<Code>>>,
-    /// Bytes the codes hold.
-    code_bytes: usize,
-    /// Lines found, by code object address and instruction.
-    lines: HashMap<(u64, u64), u32>,
+    /// Code objects by address, and lines by code object and instruction.
+    codes: ReadCache<Arc<Code>>,
 }
 
 impl PyProcess {
     /// `bias` is what the file's addresses are moved by in the process.
-    pub fn new(pid: u32, binary: &PyBinary, bias: u64) -> Option<Self> {
+    pub fn new(pid: u32, binary: &PyBinary, bias: u64, budget: &Arc<StateBudget>) -> Option<Self> {
         Some(PyProcess {
             layout: layout(binary.minor)?,
             runtime: binary.runtime.wrapping_add(bias),
@@ -295,9 +291,7 @@ impl PyProcess {
                 .map(|r| r.start.wrapping_add(bias)..r.end.wrapping_add(bias))
                 .collect(),
             pid,
-            codes: HashMap::new(),
-            code_bytes: 0,
-            lines: HashMap::new(),
+            codes: ReadCache::new(budget, MAX_CODES, MAX_CODE_BYTES),
         })
     }
 
@@ -317,29 +311,15 @@ impl PyProcess {
 
     /// The code object of `f` and the line the thread is at in it.
     pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
-        if !self.codes.contains_key(&f.code) {
-            if self.codes.len() >= MAX_CODES || self.code_bytes >= MAX_CODE_BYTES {
-                self.codes.clear();
-                self.lines.clear();
-                self.code_bytes = 0;
-            }
-            let code = read_code(self.pid, self.layout, f.code).map(Arc::new);
-            self.code_bytes += code
-                .as_ref()
-                .map_or(0, |c| c.name.len() + c.file.len() + c.lines.len());
-            self.codes.insert(f.code, code);
-        }
-        let code = self.codes.get(&f.code)?.clone()?;
-        let line = match self.lines.get(&(f.code, f.instr)) {
-            Some(&line) => line,
-            None => {
-                let line = line_at(self.layout, &code, f.instr as u32);
-                if self.lines.len() < MAX_CODES * 4 {
-                    self.lines.insert((f.code, f.instr), line);
-                }
-                line
-            }
-        };
+        let (pid, layout) = (self.pid, self.layout);
+        let code = self.codes.get(
+            f.code,
+            || read_code(pid, layout, f.code).map(Arc::new),
+            |c| c.name.len() + c.file.len() + c.lines.len(),
+        )?;
+        let line = self
+            .codes
+            .line((f.code, f.instr), || line_at(layout, &code, f.instr as u32));
         Some((code, line))
     }
 }

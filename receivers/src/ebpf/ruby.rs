@@ -20,12 +20,12 @@
 //! The offsets were read from Ruby 3.1's own headers (`offsetof` on
 //! Debian's ruby3.1 source, 3.1.2, with its `ruby/config.h`, x86_64).
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::interp::{Code, InterpFrame, InterpProcValue, Walk, read_mem, u64_at};
+use super::interp::{Code, InterpFrame, InterpProcValue, ReadCache, Walk, read_mem, u64_at};
 use super::sample::RawInterpFrame;
+use super::state_budget::StateBudget;
 
 /// Iseqs kept per process.
 pub const MAX_ISEQS: usize = 4096;
@@ -149,25 +149,19 @@ pub struct RubyProcess {
     /// `rb_vm_exec`'s address range in the process.
     pub vm_exec: Range<u64>,
     pid: u32,
-    /// By iseq address; `None`: it could not be read.
-    iseqs: HashMap<u64, Option<Iseq>>,
-    /// Bytes the iseqs hold.
-    iseq_bytes: usize,
-    /// Lines by iseq and pc.
-    lines: HashMap<(u64, u64), u32>,
+    /// Iseqs by address, and lines by iseq and pc.
+    iseqs: ReadCache<Iseq>,
 }
 
 impl RubyProcess {
     /// `bias` is what the file's addresses are moved by in the process.
-    pub fn new(pid: u32, binary: &RubyBinary, bias: u64) -> Self {
+    pub fn new(pid: u32, binary: &RubyBinary, bias: u64, budget: &Arc<StateBudget>) -> Self {
         let r = &binary.vm_exec;
         RubyProcess {
             vm_ptr: binary.vm_ptr.wrapping_add(bias),
             vm_exec: r.start.wrapping_add(bias)..r.end.wrapping_add(bias),
             pid,
-            iseqs: HashMap::new(),
-            iseq_bytes: 0,
-            lines: HashMap::new(),
+            iseqs: ReadCache::new(budget, MAX_ISEQS, MAX_ISEQ_BYTES),
         }
     }
 
@@ -215,37 +209,23 @@ impl RubyProcess {
     }
 
     /// The iseq at `addr`, read once.
-    fn iseq(&mut self, addr: u64) -> Option<&Iseq> {
-        if !self.iseqs.contains_key(&addr) {
-            if self.iseqs.len() >= MAX_ISEQS || self.iseq_bytes >= MAX_ISEQ_BYTES {
-                self.iseqs.clear();
-                self.lines.clear();
-                self.iseq_bytes = 0;
-            }
-            let iseq = read_iseq(self.pid, addr);
-            self.iseq_bytes += iseq
-                .as_ref()
-                .map_or(0, |i| i.code.name.len() + i.code.file.len());
-            self.iseqs.insert(addr, iseq);
-        }
-        self.iseqs.get(&addr)?.as_ref()
+    fn iseq(&mut self, addr: u64) -> Option<Iseq> {
+        let pid = self.pid;
+        self.iseqs.get(
+            addr,
+            || read_iseq(pid, addr),
+            |i| i.code.name.len() + i.code.file.len(),
+        )
     }
 
     /// The iseq of `f`, and the line of its pc.
     pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
-        let iseq = self.iseq(f.code)?.clone();
-        let code = iseq.code.clone();
-        let line = match self.lines.get(&(f.code, f.instr)) {
-            Some(&line) => line,
-            None => {
-                let line = line_of(self.pid, &iseq, f.instr).unwrap_or(code.first_line);
-                if self.lines.len() < MAX_ISEQS * 4 {
-                    self.lines.insert((f.code, f.instr), line);
-                }
-                line
-            }
-        };
-        Some((code, line))
+        let iseq = self.iseq(f.code)?;
+        let pid = self.pid;
+        let line = self.iseqs.line((f.code, f.instr), || {
+            line_of(pid, &iseq, f.instr).unwrap_or(iseq.code.first_line)
+        });
+        Some((iseq.code, line))
     }
 }
 

@@ -1,9 +1,10 @@
 //! The `ebpf` receiver's state budget (`max_state_size`): what the node
 //! agent keeps because of what other users of the node run, charged in one
 //! total. Lives here: [`StateBudget`], shared by the process table's perf
-//! maps (`perfmap.rs`) and the unwind sections copied or inflated onto the
-//! heap (`procs/binary.rs`), each charged as it is taken and given back
-//! when it is dropped, with the refusals counted by what was refused.
+//! maps (`perfmap.rs`), the unwind sections copied or inflated onto the
+//! heap (`procs/binary.rs`) and the interpreters' per-process caches
+//! ([`CacheCharge`]), each charged as it is taken and given back when it is
+//! dropped, with the refusals counted by what was refused.
 //!
 //! What may depend on this: the receiver's process table and, through
 //! feature `perf-map`, the perf map reader's fuzz target.
@@ -18,15 +19,19 @@ pub enum Use {
     PerfMap,
     /// An unwind section copied or inflated onto the heap.
     UnwindSection,
+    /// What an interpreter's functions read from its process hold (names,
+    /// files, lines), kept per process.
+    RuntimeCache,
 }
 
 impl Use {
-    pub const ALL: [Use; 2] = [Use::PerfMap, Use::UnwindSection];
+    pub const ALL: [Use; 3] = [Use::PerfMap, Use::UnwindSection, Use::RuntimeCache];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Use::PerfMap => "perf_map",
             Use::UnwindSection => "unwind_section",
+            Use::RuntimeCache => "runtime_cache",
         }
     }
 }
@@ -110,9 +115,69 @@ impl Drop for Charge {
     }
 }
 
+/// The bytes one growing cache holds (an interpreter's functions read from
+/// its process), charged to the budget as entries are added and given back
+/// when it starts over or is dropped.
+#[derive(Debug)]
+pub struct CacheCharge {
+    budget: Arc<StateBudget>,
+    bytes: usize,
+}
+
+impl CacheCharge {
+    pub fn new(budget: &Arc<StateBudget>) -> Self {
+        CacheCharge {
+            budget: budget.clone(),
+            bytes: 0,
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Charges `n` more bytes; false (counted as a `runtime_cache`
+    /// refusal) when the budget has no room: the entry is not kept.
+    pub fn take(&mut self, n: usize) -> bool {
+        let ok = self.budget.take(Use::RuntimeCache, n);
+        if ok {
+            self.bytes += n;
+        }
+        ok
+    }
+
+    /// Gives every byte back (the cache starts over).
+    pub fn clear(&mut self) {
+        self.budget.give(self.bytes);
+        self.bytes = 0;
+    }
+}
+
+impl Drop for CacheCharge {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_caches_charge_grows_and_comes_back() {
+        let budget = StateBudget::new(100);
+        let mut c = CacheCharge::new(&budget);
+        assert!(c.take(70));
+        assert!(!c.take(40), "over the limit: not kept");
+        assert_eq!((c.bytes(), budget.used_bytes()), (70, 70));
+        assert_eq!(budget.refusals(Use::RuntimeCache), 1);
+        c.clear();
+        assert_eq!(budget.used_bytes(), 0);
+        assert!(c.take(90));
+        drop(c);
+        assert_eq!(budget.used_bytes(), 0);
+    }
 
     #[test]
     fn charges_fit_the_limit_and_come_back_when_dropped() {
