@@ -578,8 +578,9 @@ fn ruby_frames_without_a_flag() {
 
 /// Go with pprof labels and no profiling client (`golabels/main.go`, built
 /// by this machine's Go): each sample carries the labels of the goroutine
-/// it ran, so `hotTwo`'s samples have span_id 00000000000000aa and route
-/// /two, `hotOne`'s span_id 00000000000000bb alone, at the 2:1 split.
+/// it ran, so `hotTwo`'s samples have span_id 00000000000000aa, route /two
+/// and a 32-character trace_id, `hotOne`'s span_id 00000000000000bb and a
+/// 150-byte note cut to 112 bytes and `…`, at the 2:1 split.
 #[test]
 fn go_samples_carry_their_goroutines_pprof_labels() {
     let _one_at_a_time = require_root();
@@ -621,15 +622,24 @@ fn go_samples_carry_their_goroutines_pprof_labels() {
             .map(|(_, n)| n)
             .sum::<i64>()
     };
+    // A value longer than the receiver keeps (112 bytes) ends in `…`.
+    let note = format!("{}…", "x".repeat(112));
     let two = by
         .get(&(
             "hotTwo",
-            vec![pair("route", "/two"), pair("span_id", "00000000000000aa")],
+            vec![
+                pair("route", "/two"),
+                pair("span_id", "00000000000000aa"),
+                pair("trace_id", "0123456789abcdef0123456789abcdef"),
+            ],
         ))
         .copied()
         .unwrap_or(0);
     let one = by
-        .get(&("hotOne", vec![pair("span_id", "00000000000000bb")]))
+        .get(&(
+            "hotOne",
+            vec![pair("note", &note), pair("span_id", "00000000000000bb")],
+        ))
         .copied()
         .unwrap_or(0);
     eprintln!("Go labels: {by:?}");

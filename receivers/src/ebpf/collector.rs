@@ -211,7 +211,13 @@ struct Series {
     /// Per stack and pprof labels (a Go goroutine's; mostly none):
     /// samples, and for waits their nanoseconds.
     stacks: HashMap<StackKey, (u64, u64)>,
+    /// Stacks of `stacks` with labels of their own.
+    labelled: usize,
 }
+
+/// Stacks with pprof labels of their own one series keeps per interval;
+/// samples of new label sets past it are kept without their labels.
+const MAX_LABELLED_STACKS: usize = 1024;
 
 /// A sample's own pprof labels (key, value), as the goroutine had them.
 type SampleLabels = Box<[(Box<str>, Box<str>)]>;
@@ -229,6 +235,7 @@ impl Series {
             location_index: HashMap::new(),
             interp_index: HashMap::new(),
             stacks: HashMap::new(),
+            labelled: 0,
         }
     }
 
@@ -395,12 +402,21 @@ impl Collector {
             };
             stack.push(loc);
         }
-        let stack = (stack.into_boxed_slice(), sample_labels(s));
+        let mut stack = (stack.into_boxed_slice(), sample_labels(s));
         let waited = if kind == Kind::OffCpu {
             s.off_cpu_ns
         } else {
             0
         };
+        // A label set per request (a span id) must not take every stack of
+        // the node: past MAX_LABELLED_STACKS a series' new ones go
+        // unlabelled.
+        if !stack.1.is_empty()
+            && series.labelled >= MAX_LABELLED_STACKS
+            && !series.stacks.contains_key(&stack)
+        {
+            stack.1 = Box::default();
+        }
         if let Some((n, ns)) = series.stacks.get_mut(&stack) {
             *n += 1;
             *ns = ns.saturating_add(waited);
@@ -410,6 +426,9 @@ impl Collector {
             return Err(Dropped::StacksFull);
         }
         self.stacks += 1;
+        if !stack.1.is_empty() {
+            series.labelled += 1;
+        }
         series.stacks.insert(stack, (1, waited));
         Ok(())
     }
@@ -520,18 +539,21 @@ fn jit_location(series: &mut Series, process: &mut Process, frame: Frame) -> u32
     i
 }
 
-/// A Go sample's pprof labels as text (a value cut by the BPF program ends
-/// in `…`); none for any other sample.
+/// A Go sample's pprof labels as text (a key or value cut by the BPF
+/// program ends in `…`); none for any other sample.
 fn sample_labels(s: &Sample<'_>) -> SampleLabels {
     s.go_labels
         .iter()
         .filter(|l| !l.key.is_empty())
         .map(|l| {
-            let mut value = String::from_utf8_lossy(l.value).into_owned();
-            if l.cut {
-                value.push('…');
-            }
-            (String::from_utf8_lossy(l.key).into(), value.into())
+            let text = |b: &[u8], cut: bool| {
+                let mut t = String::from_utf8_lossy(b).into_owned();
+                if cut {
+                    t.push('…');
+                }
+                t.into_boxed_str()
+            };
+            (text(l.key, l.key_cut), text(l.value, l.value_cut))
         })
         .collect()
 }

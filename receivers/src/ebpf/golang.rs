@@ -11,7 +11,8 @@
 //! not read). The offsets below were read from each version's own DWARF
 //! (`runtime.g`, `runtime.m`; linux/amd64 builds of go1.24.0, go1.25.0 and
 //! go1.26.8); a newer version's samples carry no labels until its row is
-//! added.
+//! added. A stripped program linked by the system linker (cgo) has a TLS
+//! block but no `runtime.tlsg` to say where g is in it: not read.
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
@@ -126,7 +127,7 @@ pub fn read<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<GoB
     Some(GoBinary {
         version,
         offsets,
-        tls_g: tls_g(elf),
+        tls_g: tls_g(elf)?,
     })
 }
 
@@ -134,26 +135,31 @@ pub fn read<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<GoB
 /// executable's TLS block (an externally linked program's, cgo's), which
 /// ends at the fs base (x86_64's TLS variant II: the block starts its size,
 /// rounded up to its alignment, below it); -8, the internal linker's fixed
-/// slot, without them.
-fn tls_g<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> i64 {
+/// slot, for a program without a TLS block. `None` for one with a TLS
+/// block but no `runtime.tlsg` (a stripped cgo program: its slot is not
+/// known).
+fn tls_g<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<i64> {
     let tls: Vec<_> = elf
         .sections()
         .filter(|s| s.name().is_ok_and(|n| n == ".tdata" || n == ".tbss"))
         .collect();
+    if tls.is_empty() {
+        return Some(-8);
+    }
     let tlsg = elf
         .symbols()
-        .find(|s| s.name().is_ok_and(|n| n == "runtime.tlsg"));
-    let (Some(tlsg), Some(start), Some(end)) = (
-        tlsg,
-        tls.iter().map(|s| s.address()).min(),
-        tls.iter().map(|s| s.address() + s.size()).max(),
-    ) else {
-        return -8;
-    };
-    let align = tls.iter().map(|s| s.align().max(1)).max().unwrap_or(1);
-    let size = (end - start).div_ceil(align) * align;
+        .find(|s| s.name().is_ok_and(|n| n == "runtime.tlsg"))?;
+    let start = tls.iter().map(|s| s.address()).min()?;
+    let end = tls
+        .iter()
+        .map(|s| s.address().checked_add(s.size()))
+        .max()??;
+    let align = tls.iter().map(|s| s.align().max(1)).max()?;
+    let size = end.checked_sub(start)?.div_ceil(align).checked_mul(align)?;
     // A TLS symbol's value is its offset in the block.
-    tlsg.address() as i64 - size as i64
+    i64::try_from(tlsg.address())
+        .ok()?
+        .checked_sub(i64::try_from(size).ok()?)
 }
 
 #[cfg(test)]

@@ -3,10 +3,14 @@
 //! goroutines' pprof labels it reads ([`super::golang`]), and [`Runtime`],
 //! the runtime of one process.
 //!
-//! The BPF program knows one walk: from a start (CPython: the thread's
-//! state, found among the interpreter's; PHP: a global pointer) along a
-//! chain of frames, reading at each the same three fields at the offsets
-//! user space gave ([`Walk`], the tail of `struct interp_proc`). What the
+//! The BPF program knows four walks, each from offsets user space gave
+//! ([`Walk`], the tail of `struct interp_proc`): along a chain of frames,
+//! from the thread's state found among CPython's ([`START_THREAD_STATES`])
+//! or from a global pointer (PHP's, [`START_GLOBAL`]), reading at each frame
+//! the same three fields; down Perl's arrays of contexts ([`START_PERL`]);
+//! up Ruby's control frames ([`START_RUBY`]). The slots of [`Walk`] are
+//! named after CPython's structs; each interpreter's module says what they
+//! hold for it. What the
 //! fields mean is the interpreter's module's business: [`super::python`]
 //! (CPython 3.8 to 3.13), [`super::php`] (PHP 8.2), [`super::perl`] (Perl
 //! 5.36, whose contexts are an array: a walk of its own) and
@@ -17,9 +21,10 @@
 //!
 //! [`merge`] puts an interpreter's frames in the native stack: each call of
 //! the interpreter's evaluation function (CPython's
-//! `_PyEval_EvalFrameDefault`, PHP's `execute_ex`) is replaced by the
-//! frames it was running, so a stack reads `main → handler → parse` where
-//! the interpreter ran them.
+//! `_PyEval_EvalFrameDefault`, PHP's `execute_ex`, Perl's
+//! `Perl_runops_standard`, Ruby's `rb_vm_exec`) is replaced by the frames
+//! it was running, so a stack reads `main → handler → parse` where the
+//! interpreter ran them.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -40,6 +45,10 @@ pub const START_THREAD_STATES: u32 = 0;
 /// [`Walk::start`]: the current frame's pointer is at `runtime +
 /// tstate_frame` (PHP without threads).
 pub const START_GLOBAL: u32 = 1;
+/// [`Walk::start`]: Perl's context stacks (see [`super::perl`]).
+pub const START_PERL: u32 = 2;
+/// [`Walk::start`]: Ruby's control frames (see [`super::ruby`]).
+pub const START_RUBY: u32 = 3;
 
 /// What the BPF program walks frames with (the tail of its `struct
 /// interp_proc`): where the first frame is, and the offsets in the
@@ -68,7 +77,8 @@ pub struct Walk {
     pub(super) frame_back: u32,
     pub(super) frame_instr: u32,
     pub(super) frame_end: u32,
-    /// [`START_THREAD_STATES`] or [`START_GLOBAL`].
+    /// [`START_THREAD_STATES`], [`START_GLOBAL`], [`START_PERL`] or
+    /// [`START_RUBY`].
     pub(super) start: u32,
 }
 
@@ -88,11 +98,12 @@ unsafe impl aya::Pod for InterpProcValue {}
 /// One interpreter frame of a sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InterpFrame {
-    /// The code object's (PHP: the function's) address in the process.
+    /// The code object's (PHP: the function's; Perl: the sub's CV; Ruby:
+    /// the iseq's) address in the process.
     pub code: u64,
     /// Where in the code the thread is: CPython's `f_lasti` (3.8 to 3.10),
     /// else the instruction pointer's distance from the code object; PHP:
-    /// the opline's address.
+    /// the opline's address; Perl: the statement's (COP's); Ruby: the pc.
     pub instr: u64,
     /// The last (outermost) frame of one call of the evaluation function.
     pub last: bool,
@@ -104,7 +115,8 @@ pub struct Code {
     pub name: Arc<str>,
     pub file: Arc<str>,
     pub first_line: u32,
-    /// CPython's line table (empty for PHP, whose lines are in its ops).
+    /// CPython's line table (empty for the others, whose lines are read
+    /// with each frame).
     pub(super) lines: Box<[u8]>,
 }
 
@@ -383,7 +395,8 @@ pub enum Merged {
 /// than the BPF program walked) stay native. With `drop_callee`, the native
 /// frame a replaced call called goes too: the VM's loop where it is a
 /// function of its own that no symbol names (Ruby's `vm_exec_core`, called
-/// by `rb_vm_exec`).
+/// by `rb_vm_exec`; whatever else `rb_vm_exec` was calling at the time, its
+/// exception handler, goes the same way).
 pub fn merge(
     native: &[Frame],
     interp: &[InterpFrame],
@@ -415,4 +428,51 @@ pub fn merge(
         take_group(&mut rest, &mut out);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn native(addr: u64) -> Frame {
+        Frame {
+            addr,
+            is_return: true,
+        }
+    }
+
+    #[test]
+    fn the_loop_the_evaluation_function_called_goes_with_it() {
+        // Leaf first: the VM's loop (0x5000, unnamed), rb_vm_exec (in
+        // 0x1000..0x2000), main.
+        let eval = |a: u64| (0x1000..0x2000).contains(&a);
+        let stack = [native(0x5000), native(0x1100), native(0x9000)];
+        let frames = [
+            InterpFrame {
+                code: 1,
+                instr: 0,
+                last: false,
+            },
+            InterpFrame {
+                code: 2,
+                instr: 0,
+                last: true,
+            },
+        ];
+        assert_eq!(
+            merge(&stack, &frames, eval, true),
+            [
+                Merged::Interp(frames[0]),
+                Merged::Interp(frames[1]),
+                Merged::Native(stack[2]),
+            ]
+        );
+        assert_eq!(
+            merge(&stack, &frames, eval, false)[0],
+            Merged::Native(stack[0]),
+            "kept where the loop is the evaluation function itself"
+        );
+        // A sample in the evaluation function itself: nothing above it.
+        assert_eq!(merge(&stack[1..], &frames, eval, true).len(), 3);
+    }
 }

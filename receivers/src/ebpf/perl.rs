@@ -15,8 +15,8 @@
 //! Here each sub call (`CXt_SUB`) becomes a frame, named from its CV (its
 //! glob's name in its stash's, `main::handler`; a lexical sub by its own
 //! name) and file, at the line of the COP it was running: the current COP
-//! for the innermost, for the others the COP the next inner sub was called
-//! from. Below them, the file's own code (`main::RUNTIME`, as NYTProf names
+//! for the innermost (its first statement's line when it has run none
+//! yet), for the others the COP the next inner sub was called from. Below them, the file's own code (`main::RUNTIME`, as NYTProf names
 //! it) at the line that called the outermost sub. Each stack ends a group
 //! that replaces one call of `Perl_runops_standard` in the native stack.
 //! Other threads of a threaded program keep their native frames.
@@ -27,7 +27,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::interp::{Code, InterpFrame, InterpProcValue, ReadCache, Walk, read_mem, u64_at};
+use super::interp::{
+    Code, InterpFrame, InterpProcValue, ReadCache, START_PERL, Walk, read_mem, u64_at,
+};
 use super::sample::RawInterpFrame;
 use super::state_budget::StateBudget;
 
@@ -38,9 +40,8 @@ pub const MAX_SUB_BYTES: usize = 8 << 20;
 /// Longest name or file name read.
 const MAX_STR: usize = 1024;
 
-/// [`Walk::kind`] of Perl 5.36, and the BPF program's walk.
+/// [`Walk::kind`] of Perl 5.36.
 const PERL_536: u32 = 0x0536;
-const START_PERL: u32 = 2;
 /// What the BPF program marks entries with (`end`).
 const PERL_CURCOP: u8 = 0xfe;
 const PERL_STACK: u8 = 0xff;
@@ -72,6 +73,14 @@ const XCV_STASH: u32 = 32;
 const XCV_GV_U: u32 = 56;
 const XCV_FILE: u32 = 64;
 const XCV_FLAGS: u32 = 92;
+/// `XPVCV.xcv_start_u`: the sub's first op (`CvSTART`).
+const XCV_START: u32 = 40;
+/// `OP`: the 2 bytes holding `op_type` (its low 9 bits), the size of an
+/// OP; `OP_NEXTSTATE` and `OP_DBSTATE` (COPs: a statement with its line).
+const OP_TYPE: usize = 32;
+const OP_SIZE: usize = 40;
+const OP_NEXTSTATE: u16 = 195;
+const OP_DBSTATE: u16 = 196;
 const CVF_NAMED: u32 = 0x8000;
 /// `XPVGV`: `xiv_u.xivu_namehek`.
 const XGV_NAMEHEK: u32 = 32;
@@ -84,6 +93,9 @@ const HEK_LEN: u32 = 4;
 const HEK_KEY: u64 = 8;
 /// [`InterpFrame::code`] of the file's own code (no CV).
 const FILE_CODE: u64 = 0;
+/// [`InterpFrame::instr`] of a sub that has not run a statement yet (the
+/// current COP is still its caller's): it is at its first line.
+const JUST_ENTERED: u64 = 0;
 
 /// What a Perl file gives, as file addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,7 +125,10 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Op
             "PL_curinterp" => curinterp = Some(sym.address()),
             "PL_thr_key" => threads = true,
             "Perl_runops_standard" if sym.size() > 0 => {
-                runops = Some(sym.address()..sym.address() + sym.size());
+                runops = sym
+                    .address()
+                    .checked_add(sym.size())
+                    .map(|end| sym.address()..end);
             }
             "PL_revision" => revision = byte_at(elf, sym.address()),
             "PL_version" => version = byte_at(elf, sym.address()),
@@ -197,18 +212,28 @@ impl PerlProcess {
     /// The sub of `f` (or the file's code) and the line of its COP.
     pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
         let pid = self.pid;
+        if f.code != FILE_CODE && f.instr == JUST_ENTERED {
+            let code = self.sub(f.code)?;
+            let line = code.first_line;
+            return Some((code, line));
+        }
         let (line, file_code) =
             self.cops
                 .get(f.instr, || read_cop(pid, f.instr), |(_, c)| c.file.len())?;
         if f.code == FILE_CODE {
             return Some((file_code, line));
         }
-        let code = self.subs.get(
-            f.code,
-            || read_sub(pid, f.code).map(Arc::new),
+        Some((self.sub(f.code)?, line))
+    }
+
+    /// The sub whose CV is at `cv`, read once.
+    fn sub(&mut self, cv: u64) -> Option<Arc<Code>> {
+        let pid = self.pid;
+        self.subs.get(
+            cv,
+            || read_sub(pid, cv).map(Arc::new),
             |c| c.name.len() + c.file.len(),
-        )?;
-        Some((code, line))
+        )
     }
 }
 
@@ -250,7 +275,9 @@ fn frames(raw: &[RawInterpFrame]) -> Vec<InterpFrame> {
             t if t & CX_TYPE_MASK == CXT_SUB => {
                 out.push(InterpFrame {
                     code: f.code,
-                    instr: at,
+                    // The current COP is still the call's: no statement of
+                    // the sub has run.
+                    instr: if at == f.instr { JUST_ENTERED } else { at },
                     last: false,
                 });
                 at = f.instr;
@@ -270,7 +297,7 @@ fn frames(raw: &[RawInterpFrame]) -> Vec<InterpFrame> {
 
 /// Reads the name (`Package::sub`) and file of the CV at `cv`.
 fn read_sub(pid: u32, cv: u64) -> Option<Code> {
-    let body = read_u64(pid, cv + u64::from(SV_ANY))?;
+    let body = read_u64(pid, cv.wrapping_add(u64::from(SV_ANY)))?;
     let mut x = [0u8; XCV_FLAGS as usize + 4];
     if body == 0 || !read_mem(pid, body, &mut x) {
         return None;
@@ -284,8 +311,11 @@ fn read_sub(pid: u32, cv: u64) -> Option<Code> {
     let name = if flags & CVF_NAMED != 0 {
         read_hek(pid, gv_u)?
     } else {
-        let gv_body = read_u64(pid, gv_u + u64::from(SV_ANY))?;
-        read_hek(pid, read_u64(pid, gv_body + u64::from(XGV_NAMEHEK))?)?
+        let gv_body = read_u64(pid, gv_u.wrapping_add(u64::from(SV_ANY)))?;
+        read_hek(
+            pid,
+            read_u64(pid, gv_body.wrapping_add(u64::from(XGV_NAMEHEK)))?,
+        )?
     };
     let name = match stash_name(pid, u64_at(&x, XCV_STASH)) {
         Some(package) => format!("{package}::{name}"),
@@ -295,9 +325,23 @@ fn read_sub(pid: u32, cv: u64) -> Option<Code> {
     Some(Code {
         name: name.into(),
         file: file.into(),
-        first_line: 0,
+        first_line: first_line(pid, u64_at(&x, XCV_START)).unwrap_or(0),
         lines: Box::default(),
     })
+}
+
+/// The line of a sub's first statement: its first op's, when that is a COP.
+fn first_line(pid: u32, start: u64) -> Option<u32> {
+    let mut op = [0u8; OP_SIZE];
+    if start == 0 || !read_mem(pid, start, &mut op) {
+        return None;
+    }
+    let kind = u16::from_le_bytes([op[OP_TYPE], op[OP_TYPE + 1]]) & 0x1ff;
+    if kind != OP_NEXTSTATE && kind != OP_DBSTATE {
+        return None;
+    }
+    let mut line = [0u8; 4];
+    read_mem(pid, start.wrapping_add(COP_LINE), &mut line).then(|| u32::from_le_bytes(line))
 }
 
 /// The name of the stash (package) `hv`, from its aux part.
@@ -351,7 +395,8 @@ fn read_hek(pid: u32, addr: u64) -> Option<String> {
     );
     let len = usize::try_from(len).ok().filter(|&l| l <= MAX_STR)?;
     let mut data = vec![0u8; len];
-    read_mem(pid, addr + HEK_KEY, &mut data).then(|| String::from_utf8_lossy(&data).into_owned())
+    read_mem(pid, addr.wrapping_add(HEK_KEY), &mut data)
+        .then(|| String::from_utf8_lossy(&data).into_owned())
 }
 
 /// The C string at `addr`, at most [`MAX_STR`] bytes of it.
@@ -364,9 +409,9 @@ fn read_c_str(pid: u32, addr: u64) -> Option<String> {
     while out.len() < MAX_STR {
         // A chunk may cross into an unmapped page: read it byte by byte
         // then.
-        if !read_mem(pid, addr + out.len() as u64, &mut chunk) {
+        if !read_mem(pid, addr.wrapping_add(out.len() as u64), &mut chunk) {
             let mut b = [0u8; 1];
-            if !read_mem(pid, addr + out.len() as u64, &mut b) || b[0] == 0 {
+            if !read_mem(pid, addr.wrapping_add(out.len() as u64), &mut b) || b[0] == 0 {
                 break;
             }
             out.push(b[0]);
@@ -424,6 +469,16 @@ mod tests {
                 (0x100, 0xc1, false),
                 (FILE_CODE, 0xc2, true)
             ]
+        );
+        // A sub just entered: the current COP is still its call's.
+        let f = frames(&[
+            raw(0, 0xc1, PERL_CURCOP),
+            raw(0x200, 0xc1, CXT_SUB),
+            raw(0x100, 0xc2, CXT_SUB),
+        ]);
+        assert_eq!(
+            f.iter().map(|f| (f.code, f.instr)).collect::<Vec<_>>(),
+            [(0x200, JUST_ENTERED), (0x100, 0xc1), (FILE_CODE, 0xc2)]
         );
         // A sort block's stack above the main one: its sub ends a group.
         let f = frames(&[

@@ -17,7 +17,8 @@
 //! written in C (`strlen`, `usleep`) are left out: their own native frames
 //! are in the stack already. The innermost frame's op is where the VM last
 //! saved it (its loop keeps it in a register), so its line is a line of the
-//! function, not always the one running.
+//! function, not always the one running (its first line when the op saved
+//! is not one of the function's: an earlier call's in the same memory).
 //!
 //! The offsets were read from PHP 8.2's own headers (`offsetof` on Debian's
 //! php8.2-dev, x86_64, without threads).
@@ -57,6 +58,11 @@ const FN_NAME: u32 = 8;
 const FN_SCOPE: u32 = 16;
 const FN_FILENAME: u32 = 152;
 const FN_LINE_START: u32 = 160;
+/// `zend_op_array`: `last` (u32, how many ops), `opcodes`.
+const FN_LAST: usize = 80;
+const FN_OPCODES: u32 = 88;
+/// `sizeof(zend_op)`.
+const OP_SIZE: u64 = 32;
 /// `zend_class_entry.name`.
 const CE_NAME: u32 = 8;
 /// `zend_string`: `len`, `val`.
@@ -99,7 +105,10 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Op
         match name {
             "executor_globals" => globals = Some(sym.address()),
             "execute_ex" if sym.size() > 0 => {
-                execute_ex = Some(sym.address()..sym.address() + sym.size());
+                execute_ex = sym
+                    .address()
+                    .checked_add(sym.size())
+                    .map(|end| sym.address()..end);
             }
             _ => {}
         }
@@ -114,7 +123,8 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Op
 /// stacks).
 #[derive(Debug, Clone)]
 enum Func {
-    User(Arc<Code>),
+    /// With the address range of its ops.
+    User(Arc<Code>, Range<u64>),
     Internal,
 }
 
@@ -187,15 +197,18 @@ impl PhpProcess {
         out
     }
 
-    /// The function of `f` and the line its op is at.
+    /// The function of `f` and the line its op is at. An op outside the
+    /// function's own (the VM keeps the innermost frame's op in a register,
+    /// and the frame's memory may still hold an earlier call's) gives the
+    /// function's first line.
     pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
-        let Some(Func::User(code)) = self.func(f.code) else {
+        let Some(Func::User(code, ops)) = self.func(f.code) else {
             return None;
         };
         let pid = self.pid;
         let line = self.funcs.line((f.code, f.instr), || {
             let mut b = [0u8; 4];
-            if f.instr != 0 && read_mem(pid, f.instr.wrapping_add(OP_LINENO), &mut b) {
+            if ops.contains(&f.instr) && read_mem(pid, f.instr.wrapping_add(OP_LINENO), &mut b) {
                 u32::from_le_bytes(b)
             } else {
                 code.first_line
@@ -211,7 +224,7 @@ impl PhpProcess {
             addr,
             || read_func(pid, addr),
             |f| match f {
-                Func::User(c) => c.name.len() + c.file.len(),
+                Func::User(c, _) => c.name.len() + c.file.len(),
                 Func::Internal => 0,
             },
         )
@@ -221,6 +234,7 @@ impl PhpProcess {
 /// Reads the `zend_function` at `addr`.
 fn read_func(pid: u32, addr: u64) -> Option<Func> {
     let mut head = [0u8; FN_LINE_START as usize + 4];
+    const _: () = assert!(FN_OPCODES < FN_LINE_START && FN_LAST < FN_LINE_START as usize);
     if addr == 0 || !read_mem(pid, addr, &mut head) {
         return None;
     }
@@ -252,12 +266,20 @@ fn read_func(pid: u32, addr: u64) -> Option<Func> {
             .try_into()
             .expect("4 bytes"),
     );
-    Some(Func::User(Arc::new(Code {
-        name: name.into(),
-        file: file.into(),
-        first_line: first,
-        lines: Box::default(),
-    })))
+    let opcodes = u64_at(&head, FN_OPCODES);
+    let last = u64::from(u32::from_le_bytes(
+        head[FN_LAST..FN_LAST + 4].try_into().expect("4 bytes"),
+    ));
+    let ops = opcodes..opcodes.saturating_add(last * OP_SIZE);
+    Some(Func::User(
+        Arc::new(Code {
+            name: name.into(),
+            file: file.into(),
+            first_line: first,
+            lines: Box::default(),
+        }),
+        ops,
+    ))
 }
 
 /// Reads the `zend_string` at `addr` (at most [`MAX_STR`] bytes of it).
@@ -271,7 +293,7 @@ fn read_str(pid: u32, addr: u64) -> Option<String> {
         return None;
     }
     let mut data = vec![0u8; len];
-    read_mem(pid, addr + u64::from(STR_VAL), &mut data)
+    read_mem(pid, addr.wrapping_add(u64::from(STR_VAL)), &mut data)
         .then(|| String::from_utf8_lossy(&data).into_owned())
 }
 
@@ -310,12 +332,15 @@ mod tests {
         );
         // Functions known as read: 0x100 and 0x300 PHP, 0x200 C.
         let user = |name: &str| {
-            Some(Func::User(Arc::new(Code {
-                name: name.into(),
-                file: "a.php".into(),
-                first_line: 1,
-                lines: Box::default(),
-            })))
+            Some(Func::User(
+                Arc::new(Code {
+                    name: name.into(),
+                    file: "a.php".into(),
+                    first_line: 1,
+                    lines: Box::default(),
+                }),
+                0..0,
+            ))
         };
         for (addr, f) in [
             (0x100, user("cb")),

@@ -334,10 +334,9 @@ impl Processes {
             if let Some(old) = self.procs.get_mut(&key).and_then(|o| o.runtime.take()) {
                 match &p.runtime {
                     Some(new) if !exec && new.runtime() == old.runtime() => p.runtime = Some(old),
-                    Some(_) => {}
-                    None => {
-                        Self::runtime_change(&mut self.runtime_sink, RuntimeChange::Remove(key))
-                    }
+                    // Another runtime (maybe in the other map of the BPF
+                    // program), or none: the old entry goes first.
+                    _ => Self::runtime_change(&mut self.runtime_sink, RuntimeChange::Remove(key)),
                 }
             }
             if let Some(py) = &p.runtime {

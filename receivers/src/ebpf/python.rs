@@ -251,8 +251,9 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(
             || name.starts_with("_PyEval_EvalFrameDefault."))
             && sym.address() != 0
             && sym.size() > 0
+            && let Some(end) = sym.address().checked_add(sym.size())
         {
-            let r = sym.address()..sym.address() + sym.size();
+            let r = sym.address()..end;
             if !eval.contains(&r) {
                 eval.push(r);
             }
@@ -375,7 +376,7 @@ fn read_str(pid: u32, l: &Layout, addr: u64) -> Option<String> {
     }
     let at = if ascii { l.ascii_size } else { l.compact_size };
     let mut data = vec![0u8; len * kind as usize];
-    if !read_mem(pid, addr + u64::from(at), &mut data) {
+    if !read_mem(pid, addr.wrapping_add(u64::from(at)), &mut data) {
         return None;
     }
     Some(match kind {

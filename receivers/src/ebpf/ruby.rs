@@ -23,7 +23,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::interp::{Code, InterpFrame, InterpProcValue, ReadCache, Walk, read_mem, u64_at};
+use super::interp::{
+    Code, InterpFrame, InterpProcValue, ReadCache, START_RUBY, Walk, read_mem, u64_at,
+};
 use super::sample::RawInterpFrame;
 use super::state_budget::StateBudget;
 
@@ -34,9 +36,8 @@ pub const MAX_ISEQ_BYTES: usize = 8 << 20;
 /// Longest label or path read.
 const MAX_STR: usize = 1024;
 
-/// [`Walk::kind`] of Ruby 3.1, and the BPF program's walk.
+/// [`Walk::kind`] of Ruby 3.1.
 const RUBY_31: u32 = 0x0301;
-const START_RUBY: u32 = 3;
 /// `rb_vm_t.ractor.main_thread`, `rb_thread_t.ec`.
 const VM_MAIN_THREAD: u32 = 40;
 const TH_EC: u32 = 40;
@@ -119,7 +120,10 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Op
         match name {
             "ruby_current_vm_ptr" => vm_ptr = Some(sym.address()),
             "rb_vm_exec" if sym.size() > 0 => {
-                vm_exec = Some(sym.address()..sym.address() + sym.size());
+                vm_exec = sym
+                    .address()
+                    .checked_add(sym.size())
+                    .map(|end| sym.address()..end);
             }
             _ => {}
         }
@@ -298,7 +302,7 @@ fn line_of(pid: u32, iseq: &Iseq, pc: u64) -> Option<u32> {
         return None;
     }
     let mut b = [0u8; 4];
-    read_mem(pid, iseq.info + index * INSN_INFO_SIZE, &mut b)
+    read_mem(pid, iseq.info.wrapping_add(index * INSN_INFO_SIZE), &mut b)
         .then(|| u32::try_from(i32::from_le_bytes(b)).ok())
         .flatten()
 }
@@ -310,10 +314,10 @@ fn succ_index_lookup(pid: u32, table: u64, x: u64, size: u64) -> Option<u64> {
         return None;
     }
     if x < IMMEDIATE {
-        let word = read_u64(pid, table + (x / 9) * 8)?;
+        let word = read_u64(pid, table.wrapping_add((x / 9) * 8))?;
         return Some((word >> ((x % 9) * 7)) & 0x7f);
     }
-    let block = table + SUCC_PART + ((x - IMMEDIATE) / 512) * SUCC_BLOCK;
+    let block = table.wrapping_add(SUCC_PART + ((x - IMMEDIATE) / 512) * SUCC_BLOCK);
     let bit = (x - IMMEDIATE) % 512;
     let small = bit / 64;
     let mut b = [0u8; SUCC_BLOCK as usize];
@@ -352,7 +356,7 @@ fn read_string(pid: u32, addr: u64) -> Option<String> {
     } else {
         (
             (flags & STR_EMBED_LEN_MASK) >> STR_EMBED_LEN_SHIFT,
-            addr + STR_EMBED,
+            addr.wrapping_add(STR_EMBED),
         )
     };
     let len = usize::try_from(len).ok().filter(|&l| l <= MAX_STR)?;
@@ -368,9 +372,12 @@ fn read_path(pid: u32, addr: u64) -> Option<String> {
         T_STRING => read_string(pid, addr),
         T_ARRAY => {
             let first = if flags & ARY_EMBED != 0 {
-                read_u64(pid, addr + ARY_EMBED_AT)?
+                read_u64(pid, addr.wrapping_add(ARY_EMBED_AT))?
             } else {
-                read_u64(pid, read_u64(pid, addr + u64::from(ARY_HEAP_PTR))?)?
+                read_u64(
+                    pid,
+                    read_u64(pid, addr.wrapping_add(u64::from(ARY_HEAP_PTR)))?,
+                )?
             };
             read_string(pid, first)
         }
@@ -413,5 +420,56 @@ mod tests {
             f.iter().map(|f| (f.code, f.last)).collect::<Vec<_>>(),
             [(0x100, true), (0x200, false), (0x300, true)]
         );
+    }
+
+    /// A succinct index as Ruby 3.1's `succ_index_table_create` lays it out
+    /// for `positions` (sorted) up to `max_pos`, as 8-byte words.
+    fn succ_table(positions: &[u64], max_pos: u64) -> Vec<u64> {
+        let count = |x: u64| positions.iter().filter(|&&p| p <= x).count() as u64;
+        let mut words = vec![0u64; 6];
+        for j in 0..6u64 {
+            for i in 0..9u64 {
+                words[j as usize] |= count(j * 9 + i) << (7 * i);
+            }
+        }
+        let blocks = if max_pos < IMMEDIATE {
+            0
+        } else {
+            (max_pos - IMMEDIATE).div_ceil(512)
+        };
+        for k in 0..blocks {
+            let base = IMMEDIATE + k * 512;
+            let before = |x: u64| positions.iter().filter(|&&p| p < x).count() as u64;
+            let mut small_ranks = 0u64;
+            let mut bits = [0u64; 8];
+            for (j, b) in bits.iter_mut().enumerate() {
+                let from = base + j as u64 * 64;
+                if j > 0 {
+                    small_ranks |= (before(from) - before(base)) << (9 * (j - 1));
+                }
+                for &p in positions.iter().filter(|&&p| p >= from && p < from + 64) {
+                    *b |= 1 << (p - from);
+                }
+            }
+            words.push(before(base));
+            words.push(small_ranks);
+            words.extend(bits);
+        }
+        words
+    }
+
+    #[test]
+    fn the_succinct_index_counts_the_positions_up_to_each() {
+        let positions = [0, 3, 7, 53, 54, 60, 100, 565, 566, 700, 1100];
+        let max_pos = 1200;
+        let table = succ_table(&positions, max_pos);
+        // Read from this process's own memory, as from a profiled one.
+        let (pid, at) = (std::process::id(), table.as_ptr() as u64);
+        for x in 0..=max_pos {
+            let want = positions.iter().filter(|&&p| p <= x).count() as u64;
+            assert_eq!(succ_index_lookup(pid, at, x, max_pos), Some(want), "at {x}");
+        }
+        assert_eq!(succ_index_lookup(pid, at, max_pos + 1, max_pos), None);
+        assert_eq!(succ_index_lookup(pid, 0, 5, max_pos), None);
     }
 }

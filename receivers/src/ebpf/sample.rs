@@ -58,8 +58,9 @@ const _: () = assert!(GO_LABELS * GO_LABEL_LEN <= INTERP_FRAMES * INTERP_FRAME_L
 pub struct GoLabel<'a> {
     pub key: &'a [u8],
     pub value: &'a [u8],
-    /// The key or value was longer than the BPF program keeps.
-    pub cut: bool,
+    /// The key, the value was longer than the BPF program keeps.
+    pub key_cut: bool,
+    pub value_cut: bool,
 }
 /// One interpreter frame as the BPF program read it (`struct
 /// interp_frame`); what its fields mean depends on the interpreter and its
@@ -205,7 +206,8 @@ impl<'a> Sample<'a> {
                         GoLabel {
                             key: &b[key..key + k.min(GO_KEY_LEN)],
                             value: &b[value..value + v.min(GO_VALUE_LEN)],
-                            cut: k > GO_KEY_LEN || v > GO_VALUE_LEN,
+                            key_cut: k > GO_KEY_LEN,
+                            value_cut: v > GO_VALUE_LEN,
                         }
                     })
                     .collect()
@@ -298,12 +300,13 @@ pub(crate) mod tests {
         let s = Sample::parse(&b).unwrap();
         assert!(s.interp.is_empty(), "no interpreter frames beside labels");
         assert_eq!(s.go_labels.len(), 2);
+        let l = s.go_labels[0];
         assert_eq!(
-            (s.go_labels[0].key, s.go_labels[0].value, s.go_labels[0].cut),
-            (&b"span_id"[..], &b"00000000000000aa"[..], false)
+            (l.key, l.value, l.key_cut, l.value_cut),
+            (&b"span_id"[..], &b"00000000000000aa"[..], false, false)
         );
         assert_eq!(s.go_labels[1].value.len(), GO_VALUE_LEN);
-        assert!(s.go_labels[1].cut);
+        assert!(s.go_labels[1].value_cut && !s.go_labels[1].key_cut);
         // A count over the bound reads the bound.
         let mut b = b;
         b[OFF_INTERP_FRAMES..OFF_INTERP_FRAMES + 4].copy_from_slice(&1000u32.to_le_bytes());

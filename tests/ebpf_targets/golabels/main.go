@@ -1,8 +1,9 @@
 // A target for tests/ebpf_runtimes.rs: the 2:1 split of hot.c in Go, each hot
 // function run under pprof labels of its own (runtime/pprof.Do, as the Go
 // OpenTelemetry profiling bridges set span_id), with no profiling client:
-// hotTwo under span_id 00000000000000aa and route /two, hotOne under span_id
-// 00000000000000bb.
+// hotTwo under span_id 00000000000000aa, route /two and a 32-character
+// trace_id, hotOne under span_id 00000000000000bb and a note of 150 bytes
+// (longer than the receiver keeps).
 // Usage: hot SECONDS (0: until killed); prints "ready PID", then "rounds N".
 package main
 
@@ -12,6 +13,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -42,8 +44,9 @@ func main() {
 	fmt.Printf("ready %d\n", os.Getpid())
 	end := time.Now().Add(time.Duration(seconds) * time.Second)
 	ctx := context.Background()
-	two := pprof.Labels("span_id", "00000000000000aa", "route", "/two")
-	one := pprof.Labels("span_id", "00000000000000bb")
+	two := pprof.Labels("span_id", "00000000000000aa", "route", "/two",
+		"trace_id", "0123456789abcdef0123456789abcdef")
+	one := pprof.Labels("span_id", "00000000000000bb", "note", strings.Repeat("x", 150))
 	rounds := 0
 	// Random round lengths (as hot.c): no locking onto the sampling rate.
 	x := uint64(88172645463325252)

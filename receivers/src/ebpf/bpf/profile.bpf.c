@@ -20,7 +20,7 @@
 // native stack at the interpreter's evaluation function.
 //
 // Go (processes user space put in `go_procs`): the pprof labels of the
-// goroutine the thread runs (`runtime/pprof.Do`, Go 1.23 on: a sorted slice
+// goroutine the thread runs (`runtime/pprof.Do`, Go 1.24 on: a sorted slice
 // of key/value strings), from the thread's g (its TLS slot, at the offset the
 // binary's TLS segment gives), its m's `curg`, that g's `labels`. At most
 // GO_LABELS labels, each key and value cut to their fields' length, sent in
@@ -485,6 +485,10 @@ static __always_inline void interp_stack(struct sample *s, struct task_struct *t
 		return;
 	}
 	if (p->start == START_GLOBAL) {
+		/* PHP without threads runs PHP in its main thread only (helper
+		 * threads of extensions have no PHP frames) */
+		if (s->tid != s->tgid)
+			return;
 		frame = read_ptr(p->runtime + p->tstate_frame);
 	} else {
 		fsbase = BPF_CORE_READ(task, thread.fsbase);
@@ -563,8 +567,8 @@ static __always_inline void go_labels(struct sample *s, struct task_struct *task
 		 * hide the clamps from clang, which would pass the unclamped
 		 * copies, and bound them again (within the record either way). */
 		asm volatile("" : "+r"(k), "+r"(v));
-		k &= GO_KEY_LEN * 2 - 1;
-		v &= GO_VALUE_LEN * 2 - 1;
+		k &= 63;  /* a power of two less one, above GO_KEY_LEN: no length changes */
+		v &= 127; /* the same above GO_VALUE_LEN */
 		if (bpf_probe_read_user(l->key, k, (void *)str[0]) != 0 ||
 		    bpf_probe_read_user(l->value, v, (void *)str[2]) != 0)
 			break;
