@@ -239,6 +239,33 @@ impl Series {
         }
     }
 
+    /// Counts a sample of `stack` (waited `waited` ns): `Some(true)` when it
+    /// is a new stack, taken only if there is `room` for one (`None` when
+    /// there is not). A label set per
+    /// request (a span id) must not take every stack of the node: past
+    /// [`MAX_LABELLED_STACKS`] new stacks go unlabelled.
+    fn count(&mut self, mut stack: StackKey, waited: u64, room: bool) -> Option<bool> {
+        if !stack.1.is_empty()
+            && self.labelled >= MAX_LABELLED_STACKS
+            && !self.stacks.contains_key(&stack)
+        {
+            stack.1 = Box::default();
+        }
+        if let Some((n, ns)) = self.stacks.get_mut(&stack) {
+            *n += 1;
+            *ns = ns.saturating_add(waited);
+            return Some(false);
+        }
+        if !room {
+            return None;
+        }
+        if !stack.1.is_empty() {
+            self.labelled += 1;
+        }
+        self.stacks.insert(stack, (1, waited));
+        Some(true)
+    }
+
     fn mapping(&mut self, key: (usize, u64, u64), make: impl FnOnce() -> MapRef) -> u32 {
         if let Some(&i) = self.mapping_index.get(&key) {
             return i;
@@ -307,20 +334,7 @@ impl Collector {
             return Err(Dropped::Filtered);
         }
         let (native, how) = user_stack(&mut *process, &mut self.cache, s);
-        // An interpreter's frames in place of its evaluation function's
-        // calls.
-        let user: Vec<Merged> = match &mut process.runtime {
-            Some(interp) if !s.interp.is_empty() => {
-                let frames = interp.frames(&s.interp);
-                merge(
-                    &native,
-                    &frames,
-                    |a| interp.is_eval(a),
-                    interp.loop_is_callee(),
-                )
-            }
-            _ => native.into_iter().map(Merged::Native).collect(),
-        };
+        let user = with_interpreter_frames(process.runtime.as_mut(), native, s);
         self.unwound[Unwound::ALL.iter().position(|&u| u == how).unwrap_or(3)] += 1;
         let Some((labels, series_key)) = &process.labels else {
             return Err(Dropped::Filtered);
@@ -402,35 +416,19 @@ impl Collector {
             };
             stack.push(loc);
         }
-        let mut stack = (stack.into_boxed_slice(), sample_labels(s));
+        let stack = (stack.into_boxed_slice(), sample_labels(s));
         let waited = if kind == Kind::OffCpu {
             s.off_cpu_ns
         } else {
             0
         };
-        // A label set per request (a span id) must not take every stack of
-        // the node: past MAX_LABELLED_STACKS a series' new ones go
-        // unlabelled.
-        if !stack.1.is_empty()
-            && series.labelled >= MAX_LABELLED_STACKS
-            && !series.stacks.contains_key(&stack)
-        {
-            stack.1 = Box::default();
+        match series.count(stack, waited, self.stacks < self.max_stacks) {
+            Some(new) => {
+                self.stacks += usize::from(new);
+                Ok(())
+            }
+            None => Err(Dropped::StacksFull),
         }
-        if let Some((n, ns)) = series.stacks.get_mut(&stack) {
-            *n += 1;
-            *ns = ns.saturating_add(waited);
-            return Ok(());
-        }
-        if self.stacks >= self.max_stacks {
-            return Err(Dropped::StacksFull);
-        }
-        self.stacks += 1;
-        if !stack.1.is_empty() {
-            series.labelled += 1;
-        }
-        series.stacks.insert(stack, (1, waited));
-        Ok(())
     }
 
     /// This interval's profiles, one per series, and a fresh interval.
@@ -537,6 +535,28 @@ fn jit_location(series: &mut Series, process: &mut Process, frame: Frame) -> u32
     });
     series.location_index.insert((u32::MAX, addr), i);
     i
+}
+
+/// The native frames with an interpreter's in place of its evaluation
+/// function's calls, when the process runs one and the sample has its
+/// frames.
+fn with_interpreter_frames(
+    runtime: Option<&mut Runtime>,
+    native: Vec<Frame>,
+    s: &Sample<'_>,
+) -> Vec<Merged> {
+    match runtime {
+        Some(interp) if !s.interp.is_empty() => {
+            let frames = interp.frames(&s.interp);
+            merge(
+                &native,
+                &frames,
+                |a| interp.is_eval(a),
+                interp.loop_is_callee(),
+            )
+        }
+        _ => native.into_iter().map(Merged::Native).collect(),
+    }
 }
 
 /// A Go sample's pprof labels as text (a key or value cut by the BPF
