@@ -17,8 +17,9 @@ use proflow_model::model::{Envelope, Labels, Payload, ValueType};
 use proflow_model::pprof;
 
 use super::frame::Frame;
-use super::interp::{InterpFrame, Merged, Runtime, merge};
+use super::interp::{InterpFrame, Merged, merge};
 use super::procs::{Binary, ProcKey, Process, Processes};
+use super::runtime::Runtime;
 use super::sample::{FLAG_KTHREAD, FLAG_OFF_CPU, Sample};
 use super::symbols::{Line, Lines, Symbols};
 

@@ -1,7 +1,7 @@
-//! Runtimes whose state the BPF program reads at each sample: interpreters
-//! whose frames it walks (what every one of them shares), Go programs whose
-//! goroutines' pprof labels it reads ([`super::golang`]), and [`Runtime`],
-//! the runtime of one process.
+//! Interpreters whose frames the BPF program walks: what every one of them
+//! shares. The interpreters' modules ([`super::python`], [`super::php`],
+//! [`super::perl`], [`super::ruby`]) build on it, and [`super::runtime`]
+//! picks one per process.
 //!
 //! The BPF program knows four walks, each from offsets user space gave
 //! ([`Walk`], the tail of `struct interp_proc`): along a chain of frames,
@@ -10,14 +10,11 @@
 //! the same three fields; down Perl's arrays of contexts ([`START_PERL`]);
 //! up Ruby's control frames ([`START_RUBY`]). The slots of [`Walk`] are
 //! named after CPython's structs; each interpreter's module says what they
-//! hold for it. What the
-//! fields mean is the interpreter's module's business: [`super::python`]
-//! (CPython 3.8 to 3.13), [`super::php`] (PHP 8.2), [`super::perl`] (Perl
-//! 5.36, whose contexts are an array: a walk of its own) and
-//! [`super::ruby`] (Ruby 3.1, control frames up to the VM stack's end: a
-//! walk of its own). Each names a frame
-//! as a [`Code`] (function, file, first line) and a line, read once from
-//! the process's memory and kept per process.
+//! hold for it.
+//!
+//! Each interpreter names a frame as a [`Code`] (function, file, first line)
+//! and a line, read once from the process's memory ([`read_mem`]) and kept
+//! per process ([`ReadCache`], charged to the state budget).
 //!
 //! [`merge`] puts an interpreter's frames in the native stack: each call of
 //! the interpreter's evaluation function (CPython's
@@ -27,16 +24,9 @@
 //! interpreter ran them.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::Arc;
 
 use super::frame::Frame;
-use super::golang::{GoBinary, GoProcValue};
-use super::perl::{PerlBinary, PerlProcess};
-use super::php::{PhpBinary, PhpProcess};
-use super::python::{PyBinary, PyProcess};
-use super::ruby::{RubyBinary, RubyProcess};
-use super::sample::RawInterpFrame;
 use super::state_budget::{CacheCharge, StateBudget};
 
 /// [`Walk::start`]: find the sampled thread's state among the
@@ -118,172 +108,6 @@ pub struct Code {
     /// CPython's line table (empty for the others, whose lines are read
     /// with each frame).
     pub(super) lines: Box<[u8]>,
-}
-
-/// Which runtimes' state is read (the receiver's `python`, `php`, `perl`,
-/// `ruby` and `go_labels` keys).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Runtimes {
-    pub python: bool,
-    pub php: bool,
-    pub perl: bool,
-    pub ruby: bool,
-    pub go_labels: bool,
-}
-
-/// What a runtime's file gives (as file addresses), when the file is one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RuntimeBinary {
-    Python(PyBinary),
-    Php(PhpBinary),
-    Perl(PerlBinary),
-    Ruby(RubyBinary),
-    Go(GoBinary),
-}
-
-/// What the BPF program is given for one process, and in which map.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BpfValue {
-    /// `interp_procs`.
-    Interp(InterpProcValue),
-    /// `go_procs`.
-    Go(GoProcValue),
-}
-
-impl RuntimeBinary {
-    /// Reads a runtime's symbols from a file named like an interpreter of
-    /// a known version, or from a Go program of a known version; `None`
-    /// for any other file.
-    pub fn read<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>, path: &str) -> Option<Self> {
-        if super::python::version_of(path).is_some() {
-            return super::python::read_symbols(elf, path).map(RuntimeBinary::Python);
-        }
-        if super::php::is_php(path) {
-            return super::php::read_symbols(elf).map(RuntimeBinary::Php);
-        }
-        if super::perl::is_perl(path) {
-            return super::perl::read_symbols(elf).map(RuntimeBinary::Perl);
-        }
-        if super::ruby::is_ruby(path) {
-            return super::ruby::read_symbols(elf).map(RuntimeBinary::Ruby);
-        }
-        super::golang::read(elf).map(RuntimeBinary::Go)
-    }
-}
-
-/// The runtime of one process, with what was read of its functions.
-#[derive(Debug)]
-pub enum Runtime {
-    Python(PyProcess),
-    Php(PhpProcess),
-    Perl(PerlProcess),
-    Ruby(RubyProcess),
-    Go(GoBinary),
-}
-
-impl Runtime {
-    /// The runtime of process `pid` whose file `binary` is mapped moved by
-    /// `bias`, when it is read; what is read of it is charged to `budget`.
-    pub fn new(
-        pid: u32,
-        binary: &RuntimeBinary,
-        bias: u64,
-        on: Runtimes,
-        budget: &Arc<StateBudget>,
-    ) -> Option<Self> {
-        match binary {
-            RuntimeBinary::Python(b) if on.python => {
-                PyProcess::new(pid, b, bias, budget).map(Runtime::Python)
-            }
-            RuntimeBinary::Php(b) if on.php => {
-                Some(Runtime::Php(PhpProcess::new(pid, b, bias, budget)))
-            }
-            RuntimeBinary::Perl(b) if on.perl => {
-                Some(Runtime::Perl(PerlProcess::new(pid, b, bias, budget)))
-            }
-            RuntimeBinary::Ruby(b) if on.ruby => {
-                Some(Runtime::Ruby(RubyProcess::new(pid, b, bias, budget)))
-            }
-            RuntimeBinary::Go(b) if on.go_labels => Some(Runtime::Go(b.clone())),
-            _ => None,
-        }
-    }
-
-    /// Where its state is in the process (a new one after an exec or a
-    /// reload is another interpreter).
-    pub fn runtime(&self) -> u64 {
-        match self {
-            Runtime::Python(p) => p.runtime,
-            Runtime::Php(p) => p.globals,
-            Runtime::Perl(p) => p.curinterp,
-            Runtime::Ruby(p) => p.vm_ptr,
-            Runtime::Go(_) => 0,
-        }
-    }
-
-    /// What the BPF program needs to walk its frames or read its labels.
-    pub fn bpf_value(&self, start_time: u64) -> BpfValue {
-        match self {
-            Runtime::Python(p) => BpfValue::Interp(p.bpf_value(start_time)),
-            Runtime::Php(p) => BpfValue::Interp(p.bpf_value(start_time)),
-            Runtime::Perl(p) => BpfValue::Interp(p.bpf_value(start_time)),
-            Runtime::Ruby(p) => BpfValue::Interp(p.bpf_value(start_time)),
-            Runtime::Go(b) => BpfValue::Go(b.bpf_value(start_time)),
-        }
-    }
-
-    /// Whether the evaluation function's callee is the VM's loop, to leave
-    /// out with it (see [`merge`]).
-    pub fn loop_is_callee(&self) -> bool {
-        matches!(self, Runtime::Ruby(_))
-    }
-
-    /// Whether `addr` is in the evaluation function.
-    pub fn is_eval(&self, addr: u64) -> bool {
-        let ranges: &[Range<u64>] = match self {
-            Runtime::Python(p) => p.eval(),
-            Runtime::Php(p) => std::slice::from_ref(&p.execute_ex),
-            Runtime::Perl(p) => std::slice::from_ref(&p.runops),
-            Runtime::Ruby(p) => std::slice::from_ref(&p.vm_exec),
-            Runtime::Go(_) => &[],
-        };
-        ranges.iter().any(|r| r.contains(&addr))
-    }
-
-    /// The frames of a sample as the interpreter's version lays them out
-    /// (innermost first): those each evaluation call ran end at one marked
-    /// `last`.
-    pub fn frames(&mut self, raw: &[RawInterpFrame]) -> Vec<InterpFrame> {
-        match self {
-            Runtime::Python(p) => super::python::frames(p.layout, raw),
-            Runtime::Php(p) => p.frames(raw),
-            Runtime::Perl(p) => p.frames(raw),
-            Runtime::Ruby(p) => p.frames(raw),
-            Runtime::Go(_) => Vec::new(),
-        }
-    }
-
-    /// The function of `f` and the line the thread is at in it.
-    pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
-        match self {
-            Runtime::Python(p) => p.frame(f),
-            Runtime::Php(p) => p.frame(f),
-            Runtime::Perl(p) => p.frame(f),
-            Runtime::Ruby(p) => p.frame(f),
-            Runtime::Go(_) => None,
-        }
-    }
-
-    /// The name of a frame that could not be read.
-    pub fn unknown(&self) -> &'static str {
-        match self {
-            Runtime::Python(_) => "[unknown Python frame]",
-            Runtime::Php(_) => "[unknown PHP frame]",
-            Runtime::Perl(_) => "[unknown Perl frame]",
-            Runtime::Ruby(_) => "[unknown Ruby frame]",
-            Runtime::Go(_) => "[unknown frame]",
-        }
-    }
 }
 
 /// Bytes an entry of a [`ReadCache`] is charged beyond what it holds (its

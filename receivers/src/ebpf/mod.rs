@@ -16,6 +16,8 @@
 //! - [`interp`]: what the interpreters whose frames the BPF program walks
 //!   share: the walk's offsets, functions read from the process, their
 //!   frames merged into the native stack.
+//! - [`runtime`]: which runtime a process runs (an interpreter, a Go
+//!   program), and its entry in the BPF program's maps.
 //! - [`python`]: CPython 3.8–3.13 processes: their interpreter found from
 //!   its symbols, the offsets of each version, code objects read and named.
 //! - [`golang`]: Go programs: the offsets to the running goroutine's
@@ -107,6 +109,7 @@ pub mod pylines;
 pub mod python;
 pub mod ring;
 pub mod ruby;
+pub mod runtime;
 pub mod sample;
 pub mod state_budget;
 pub mod symbols;
@@ -133,9 +136,10 @@ use collector::Collector;
 pub use config::EbpfReceiverConfig;
 use config::Symbolize;
 use golang::GoProcValue;
-use interp::{BpfValue, InterpProcValue, Runtimes};
+use interp::InterpProcValue;
 use procs::{Processes, RuntimeChange};
 use proflow_symbolize::kallsyms::Kallsyms;
+use runtime::{BpfValue, Runtimes};
 use sample::Sample;
 use symbols::Symbols;
 use telemetry::EbpfTelemetry;

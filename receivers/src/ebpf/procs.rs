@@ -43,8 +43,8 @@ use binary::{HeldFiles, module, read_binary};
 pub(crate) use binary::{own_maps_line, tests_binary};
 
 use super::config::GroupBy;
-use super::interp::{BpfValue, Runtime, Runtimes};
 use super::perfmap::{Owner, PerfMap};
+use super::runtime::{BpfValue, Runtime, Runtimes};
 use super::state_budget::StateBudget;
 
 /// Most executable mappings kept per process.

@@ -64,7 +64,7 @@ pub struct GoLabel<'a> {
 }
 /// One interpreter frame as the BPF program read it (`struct
 /// interp_frame`); what its fields mean depends on the interpreter and its
-/// version (see [`super::interp::Interp::frames`]).
+/// version (see [`super::runtime::Runtime::frames`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawInterpFrame {
     /// The code object's (PHP: the function's) address in the process.

@@ -15,7 +15,7 @@ use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 use proflow_symbolize::FileId;
 use proflow_symbolize::open::open_regular;
 
-use super::super::interp::RuntimeBinary;
+use super::super::runtime::RuntimeBinary;
 use super::super::state_budget::{Charge, StateBudget, Use};
 use super::Mapping;
 
