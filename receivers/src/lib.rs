@@ -49,6 +49,12 @@ pub mod pprof_push;
 #[doc(hidden)]
 #[path = "ebpf/pylines.rs"]
 pub mod pylines;
+/// Ruby's line-table decoders of the ebpf receiver, without the receiver
+/// (feature `perf-map`: no aya), for the fuzz targets in `fuzz/`.
+#[cfg(all(feature = "perf-map", not(feature = "ebpf"), target_os = "linux"))]
+#[doc(hidden)]
+#[path = "ebpf/rubylines.rs"]
+pub mod rubylines;
 #[cfg(feature = "scrape")]
 pub mod scrape;
 /// The ebpf receiver's state budget, which the perf map reader charges

@@ -25,7 +25,8 @@
 //! - [`perl`]: Perl 5.36 processes: `PL_curinterp` and
 //!   `Perl_runops_standard`, the offsets, subs read and named.
 //! - [`ruby`]: Ruby 3.1 processes: `ruby_current_vm_ptr` and
-//!   `rb_vm_exec`, the offsets, iseqs read and named, their lines.
+//!   `rb_vm_exec`, the offsets, iseqs read and named; [`rubylines`]: their
+//!   line tables decoded.
 //! - [`php`]: PHP 8.2 processes: `executor_globals` and `execute_ex`, the
 //!   offsets, functions read and named.
 //! - [`collector`]: samples → stacks → one profile per process (or
@@ -109,6 +110,7 @@ pub mod pylines;
 pub mod python;
 pub mod ring;
 pub mod ruby;
+pub mod rubylines;
 pub mod runtime;
 pub mod sample;
 pub mod state_budget;

@@ -12,7 +12,7 @@
 //! Here each frame of Ruby code becomes a frame named by its iseq's label
 //! (`proflow_hot_two`, `block in run`, `<main>`) and path, at the line of its
 //! pc (decoded from the iseq's line table, its succinct index as Ruby reads
-//! it); a frame of a C function (`VM_FRAME_FLAG_CFRAME`) is left out (its
+//! it: [`super::rubylines`]); a frame of a C function (`VM_FRAME_FLAG_CFRAME`) is left out (its
 //! native frame is in the stack). A frame with `VM_FRAME_FLAG_FINISH` began
 //! a run of the VM's loop: it ends a group that replaces one call of
 //! `rb_vm_exec` in the native stack.
@@ -26,6 +26,7 @@ use std::sync::Arc;
 use super::interp::{
     Code, InterpFrame, InterpProcValue, ReadCache, START_RUBY, Walk, read_mem, u64_at,
 };
+use super::rubylines::{LineTable, line_of};
 use super::sample::RawInterpFrame;
 use super::state_budget::StateBudget;
 
@@ -67,8 +68,6 @@ const BODY_INSNS_INFO: u32 = 120;
 const BODY_INSNS_INFO_SIZE: usize = 136;
 const BODY_SUCC_INDEX: u32 = 144;
 const BODY_LEN: usize = 152;
-/// `struct iseq_insn_info_entry`: its size; `line_no` (int) first.
-const INSN_INFO_SIZE: u64 = 12;
 /// `RBasic.flags`: the type (`T_MASK`), `T_STRING`, `T_ARRAY`.
 const T_MASK: u64 = 0x1f;
 const T_STRING: u64 = 0x05;
@@ -87,13 +86,6 @@ const STR_EMBED: u64 = 16;
 const ARY_EMBED: u64 = 0x2000;
 const ARY_EMBED_AT: u64 = 16;
 const ARY_HEAP_PTR: u32 = 32;
-/// The succinct index of positions (`struct succ_index_table`): ranks of the
-/// first 54 positions, 7 bits each, 9 to a word; then blocks of 512
-/// positions (`struct succ_dict_block`: `rank`, `small_block_ranks`,
-/// `bits[8]`; 80 bytes).
-const IMMEDIATE: u64 = 54;
-const SUCC_PART: u64 = 48;
-const SUCC_BLOCK: u64 = 80;
 
 /// What a Ruby file gives, as file addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,11 +130,7 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Op
 #[derive(Debug, Clone)]
 struct Iseq {
     code: Arc<Code>,
-    encoded: u64,
-    size: u64,
-    info: u64,
-    info_size: u64,
-    succ: u64,
+    lines: LineTable,
 }
 
 /// A Ruby process: where its VM and `rb_vm_exec` are, and the iseqs read.
@@ -199,7 +187,10 @@ impl RubyProcess {
     pub fn frames(&mut self, raw: &[RawInterpFrame]) -> Vec<InterpFrame> {
         let mut out: Vec<InterpFrame> = Vec::with_capacity(raw.len());
         for f in frames(raw) {
-            if self.iseq(f.code).is_some_and(|i| f.instr == i.encoded) {
+            if self
+                .iseq(f.code)
+                .is_some_and(|i| f.instr == i.lines.encoded)
+            {
                 if f.last
                     && let Some(prev) = out.last_mut()
                 {
@@ -226,8 +217,9 @@ impl RubyProcess {
     pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
         let iseq = self.iseq(f.code)?;
         let pid = self.pid;
+        let mem = |addr: u64, buf: &mut [u8]| read_mem(pid, addr, buf);
         let line = self.iseqs.line((f.code, f.instr), || {
-            line_of(pid, &iseq, f.instr).unwrap_or(iseq.code.first_line)
+            line_of(&mem, &iseq.lines, f.instr).unwrap_or(iseq.code.first_line)
         });
         Some((iseq.code, line))
     }
@@ -273,67 +265,14 @@ fn read_iseq(pid: u32, addr: u64) -> Option<Iseq> {
             first_line: u32::try_from(first >> 1).unwrap_or(0),
             lines: Box::default(),
         }),
-        encoded: u64_at(&b, BODY_ISEQ_ENCODED),
-        size: u32_at(BODY_ISEQ_SIZE),
-        info: u64_at(&b, BODY_INSNS_INFO),
-        info_size: u32_at(BODY_INSNS_INFO_SIZE),
-        succ: u64_at(&b, BODY_SUCC_INDEX),
+        lines: LineTable {
+            encoded: u64_at(&b, BODY_ISEQ_ENCODED),
+            size: u32_at(BODY_ISEQ_SIZE),
+            info: u64_at(&b, BODY_INSNS_INFO),
+            info_size: u32_at(BODY_INSNS_INFO_SIZE),
+            succ: u64_at(&b, BODY_SUCC_INDEX),
+        },
     })
-}
-
-/// The line of `pc` in `iseq`, as Ruby finds it: the instruction before the
-/// pc (it points at the next one), its entry in the line table by the
-/// succinct index of the positions where entries begin.
-fn line_of(pid: u32, iseq: &Iseq, pc: u64) -> Option<u32> {
-    if pc == 0 || pc < iseq.encoded || iseq.info_size == 0 {
-        return None;
-    }
-    let mut pos = (pc - iseq.encoded) / 8;
-    if pos > iseq.size {
-        return None;
-    }
-    pos = pos.saturating_sub(1);
-    let index = if iseq.info_size == 1 {
-        0
-    } else {
-        succ_index_lookup(pid, iseq.succ, pos, iseq.size)?.checked_sub(1)?
-    };
-    if index >= iseq.info_size {
-        return None;
-    }
-    let mut b = [0u8; 4];
-    read_mem(pid, iseq.info.wrapping_add(index * INSN_INFO_SIZE), &mut b)
-        .then(|| u32::try_from(i32::from_le_bytes(b)).ok())
-        .flatten()
-}
-
-/// How many positions of the index at `table` are at most `x` (Ruby's
-/// `succ_index_lookup`); `size` bounds `x`.
-fn succ_index_lookup(pid: u32, table: u64, x: u64, size: u64) -> Option<u64> {
-    if table == 0 || x > size {
-        return None;
-    }
-    if x < IMMEDIATE {
-        let word = read_u64(pid, table.wrapping_add((x / 9) * 8))?;
-        return Some((word >> ((x % 9) * 7)) & 0x7f);
-    }
-    let block = table.wrapping_add(SUCC_PART + ((x - IMMEDIATE) / 512) * SUCC_BLOCK);
-    let bit = (x - IMMEDIATE) % 512;
-    let small = bit / 64;
-    let mut b = [0u8; SUCC_BLOCK as usize];
-    if !read_mem(pid, block, &mut b) {
-        return None;
-    }
-    let rank = u64::from(u32::from_le_bytes(b[0..4].try_into().expect("4")));
-    let small_ranks = u64_at(&b, 8);
-    let small_rank = if small == 0 {
-        0
-    } else {
-        (small_ranks >> ((small - 1) * 9)) & 0x1ff
-    };
-    let bits = u64_at(&b, 16 + small as u32 * 8);
-    let count = u64::from((bits << (63 - bit % 64)).count_ones());
-    Some(rank + small_rank + count)
 }
 
 fn read_u64(pid: u32, addr: u64) -> Option<u64> {
@@ -420,56 +359,5 @@ mod tests {
             f.iter().map(|f| (f.code, f.last)).collect::<Vec<_>>(),
             [(0x100, true), (0x200, false), (0x300, true)]
         );
-    }
-
-    /// A succinct index as Ruby 3.1's `succ_index_table_create` lays it out
-    /// for `positions` (sorted) up to `max_pos`, as 8-byte words.
-    fn succ_table(positions: &[u64], max_pos: u64) -> Vec<u64> {
-        let count = |x: u64| positions.iter().filter(|&&p| p <= x).count() as u64;
-        let mut words = vec![0u64; 6];
-        for j in 0..6u64 {
-            for i in 0..9u64 {
-                words[j as usize] |= count(j * 9 + i) << (7 * i);
-            }
-        }
-        let blocks = if max_pos < IMMEDIATE {
-            0
-        } else {
-            (max_pos - IMMEDIATE).div_ceil(512)
-        };
-        for k in 0..blocks {
-            let base = IMMEDIATE + k * 512;
-            let before = |x: u64| positions.iter().filter(|&&p| p < x).count() as u64;
-            let mut small_ranks = 0u64;
-            let mut bits = [0u64; 8];
-            for (j, b) in bits.iter_mut().enumerate() {
-                let from = base + j as u64 * 64;
-                if j > 0 {
-                    small_ranks |= (before(from) - before(base)) << (9 * (j - 1));
-                }
-                for &p in positions.iter().filter(|&&p| p >= from && p < from + 64) {
-                    *b |= 1 << (p - from);
-                }
-            }
-            words.push(before(base));
-            words.push(small_ranks);
-            words.extend(bits);
-        }
-        words
-    }
-
-    #[test]
-    fn the_succinct_index_counts_the_positions_up_to_each() {
-        let positions = [0, 3, 7, 53, 54, 60, 100, 565, 566, 700, 1100];
-        let max_pos = 1200;
-        let table = succ_table(&positions, max_pos);
-        // Read from this process's own memory, as from a profiled one.
-        let (pid, at) = (std::process::id(), table.as_ptr() as u64);
-        for x in 0..=max_pos {
-            let want = positions.iter().filter(|&&p| p <= x).count() as u64;
-            assert_eq!(succ_index_lookup(pid, at, x, max_pos), Some(want), "at {x}");
-        }
-        assert_eq!(succ_index_lookup(pid, at, max_pos + 1, max_pos), None);
-        assert_eq!(succ_index_lookup(pid, 0, 5, max_pos), None);
     }
 }
