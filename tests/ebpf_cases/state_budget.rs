@@ -142,13 +142,8 @@ fn a_users_perf_maps_and_debug_frames_stay_within_the_state_budget() {
     std::thread::sleep(Duration::from_secs(12));
     let idle = proflow.rss_bytes();
 
-    // The user's processes run at the lowest priority (`nice 19`, which
-    // execs, so the pid is the program's): sixteen busy loops on this
-    // machine's two cores would otherwise leave the agent a ninth of a core
-    // to read what they hold, and the test would measure the scheduler.
     let user = |bin: &Path| {
-        let mut cmd = Command::new("nice");
-        cmd.args(["-n", "19"]).arg(bin);
+        let mut cmd = Command::new(bin);
         std::os::unix::process::CommandExt::uid(&mut cmd, NOBODY);
         std::os::unix::process::CommandExt::gid(&mut cmd, NOBODY);
         cmd.stdin(Stdio::null())
