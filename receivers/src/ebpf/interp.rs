@@ -197,6 +197,19 @@ pub(super) fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> bool {
     n >= 0 && n as usize == buf.len()
 }
 
+/// The little-endian 4 bytes at `off` of `b` (0 past its end).
+pub(super) fn u32_at(b: &[u8], off: u32) -> u32 {
+    let off = off as usize;
+    b.get(off..off + 4)
+        .map_or(0, |s| u32::from_le_bytes(s.try_into().expect("4 bytes")))
+}
+
+/// The 8 bytes at `addr` of process `pid`; `None` at 0 or unreadable.
+pub(super) fn read_u64(pid: u32, addr: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    (addr != 0 && read_mem(pid, addr, &mut b)).then(|| u64::from_le_bytes(b))
+}
+
 /// The little-endian 8 bytes at `off` of `b` (0 past its end).
 pub(super) fn u64_at(b: &[u8], off: u32) -> u64 {
     let off = off as usize;

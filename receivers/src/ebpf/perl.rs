@@ -28,7 +28,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::interp::{
-    Code, InterpFrame, InterpProcValue, ReadCache, START_PERL, Walk, read_mem, u64_at,
+    Code, InterpFrame, InterpProcValue, ReadCache, START_PERL, Walk, read_mem, read_u64, u32_at,
+    u64_at,
 };
 use super::sample::RawInterpFrame;
 use super::state_budget::StateBudget;
@@ -244,11 +245,7 @@ fn read_cop(pid: u32, addr: u64) -> Option<(u32, Arc<Code>)> {
     if addr == 0 || !read_mem(pid, addr, &mut head) {
         return None;
     }
-    let line = u32::from_le_bytes(
-        head[COP_LINE as usize..COP_LINE as usize + 4]
-            .try_into()
-            .expect("4 bytes"),
-    );
+    let line = u32_at(&head, COP_LINE as u32);
     let file = read_c_str(pid, u64_at(&head, COP_FILE as u32)).unwrap_or_default();
     let code = Code {
         name: "main::RUNTIME".into(),
@@ -302,11 +299,7 @@ fn read_sub(pid: u32, cv: u64) -> Option<Code> {
     if body == 0 || !read_mem(pid, body, &mut x) {
         return None;
     }
-    let flags = u32::from_le_bytes(
-        x[XCV_FLAGS as usize..XCV_FLAGS as usize + 4]
-            .try_into()
-            .expect("4 bytes"),
-    );
+    let flags = u32_at(&x, XCV_FLAGS);
     let gv_u = u64_at(&x, XCV_GV_U);
     let name = if flags & CVF_NAMED != 0 {
         read_hek(pid, gv_u)?
@@ -350,11 +343,7 @@ fn stash_name(pid: u32, hv: u64) -> Option<String> {
     if hv == 0 || !read_mem(pid, hv, &mut head) {
         return None;
     }
-    let flags = u32::from_le_bytes(
-        head[SV_FLAGS as usize..SV_FLAGS as usize + 4]
-            .try_into()
-            .expect("4 bytes"),
-    );
+    let flags = u32_at(&head, SV_FLAGS);
     if flags & SVF_OOK == 0 {
         return None;
     }
@@ -363,11 +352,7 @@ fn stash_name(pid: u32, hv: u64) -> Option<String> {
     if !read_mem(pid, aux, &mut a) {
         return None;
     }
-    let count = i32::from_le_bytes(
-        a[AUX_NAME_COUNT as usize..AUX_NAME_COUNT as usize + 4]
-            .try_into()
-            .expect("4 bytes"),
-    );
+    let count = u32_at(&a, AUX_NAME_COUNT) as i32;
     let name = u64_at(&a, 0);
     let hek = if count == 0 {
         name
@@ -377,22 +362,13 @@ fn stash_name(pid: u32, hv: u64) -> Option<String> {
     read_hek(pid, hek)
 }
 
-fn read_u64(pid: u32, addr: u64) -> Option<u64> {
-    let mut b = [0u8; 8];
-    (addr != 0 && read_mem(pid, addr, &mut b)).then(|| u64::from_le_bytes(b))
-}
-
 /// The text of the HEK at `addr`.
 fn read_hek(pid: u32, addr: u64) -> Option<String> {
     let mut head = [0u8; 8];
     if addr == 0 || !read_mem(pid, addr, &mut head) {
         return None;
     }
-    let len = i32::from_le_bytes(
-        head[HEK_LEN as usize..HEK_LEN as usize + 4]
-            .try_into()
-            .expect("4 bytes"),
-    );
+    let len = u32_at(&head, HEK_LEN) as i32;
     let len = usize::try_from(len).ok().filter(|&l| l <= MAX_STR)?;
     let mut data = vec![0u8; len];
     read_mem(pid, addr.wrapping_add(HEK_KEY), &mut data)

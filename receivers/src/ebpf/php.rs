@@ -27,7 +27,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::interp::{
-    Code, InterpFrame, InterpProcValue, ReadCache, START_GLOBAL, Walk, read_mem, u64_at,
+    Code, InterpFrame, InterpProcValue, ReadCache, START_GLOBAL, Walk, read_mem, u32_at, u64_at,
 };
 use super::sample::RawInterpFrame;
 use super::state_budget::StateBudget;
@@ -59,7 +59,7 @@ const FN_SCOPE: u32 = 16;
 const FN_FILENAME: u32 = 152;
 const FN_LINE_START: u32 = 160;
 /// `zend_op_array`: `last` (u32, how many ops), `opcodes`.
-const FN_LAST: usize = 80;
+const FN_LAST: u32 = 80;
 const FN_OPCODES: u32 = 88;
 /// `sizeof(zend_op)`.
 const OP_SIZE: u64 = 32;
@@ -234,7 +234,7 @@ impl PhpProcess {
 /// Reads the `zend_function` at `addr`.
 fn read_func(pid: u32, addr: u64) -> Option<Func> {
     let mut head = [0u8; FN_LINE_START as usize + 4];
-    const _: () = assert!(FN_OPCODES < FN_LINE_START && FN_LAST < FN_LINE_START as usize);
+    const _: () = assert!(FN_OPCODES < FN_LINE_START && FN_LAST < FN_LINE_START);
     if addr == 0 || !read_mem(pid, addr, &mut head) {
         return None;
     }
@@ -261,15 +261,9 @@ fn read_func(pid: u32, addr: u64) -> Option<Func> {
         }
     };
     let file = read_str(pid, u64_at(&head, FN_FILENAME)).unwrap_or_default();
-    let first = u32::from_le_bytes(
-        head[FN_LINE_START as usize..FN_LINE_START as usize + 4]
-            .try_into()
-            .expect("4 bytes"),
-    );
+    let first = u32_at(&head, FN_LINE_START);
     let opcodes = u64_at(&head, FN_OPCODES);
-    let last = u64::from(u32::from_le_bytes(
-        head[FN_LAST..FN_LAST + 4].try_into().expect("4 bytes"),
-    ));
+    let last = u64::from(u32_at(&head, FN_LAST));
     let ops = opcodes..opcodes.saturating_add(last * OP_SIZE);
     Some(Func::User(
         Arc::new(Code {

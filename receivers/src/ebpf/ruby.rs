@@ -24,7 +24,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::interp::{
-    Code, InterpFrame, InterpProcValue, ReadCache, START_RUBY, Walk, read_mem, u64_at,
+    Code, InterpFrame, InterpProcValue, ReadCache, START_RUBY, Walk, read_mem, read_u64, u32_at,
+    u64_at,
 };
 use super::rubylines::{LineTable, line_of};
 use super::sample::RawInterpFrame;
@@ -59,13 +60,13 @@ const ISEQ_BODY: u64 = 16;
 /// `struct rb_iseq_constant_body`: `iseq_size` (u32), `iseq_encoded`,
 /// `location.pathobj`, `location.label`, `location.first_lineno` (a
 /// Fixnum), `insns_info.body`, `.size` (u32), `.succ_index_table`.
-const BODY_ISEQ_SIZE: usize = 4;
+const BODY_ISEQ_SIZE: u32 = 4;
 const BODY_ISEQ_ENCODED: u32 = 8;
 const BODY_PATHOBJ: u32 = 64;
 const BODY_LABEL: u32 = 80;
 const BODY_FIRST_LINENO: u32 = 88;
 const BODY_INSNS_INFO: u32 = 120;
-const BODY_INSNS_INFO_SIZE: usize = 136;
+const BODY_INSNS_INFO_SIZE: u32 = 136;
 const BODY_SUCC_INDEX: u32 = 144;
 const BODY_LEN: usize = 152;
 /// `RBasic.flags`: the type (`T_MASK`), `T_STRING`, `T_ARRAY`.
@@ -256,7 +257,6 @@ fn read_iseq(pid: u32, addr: u64) -> Option<Iseq> {
     let name = read_string(pid, u64_at(&b, BODY_LABEL))?;
     let file = read_path(pid, u64_at(&b, BODY_PATHOBJ)).unwrap_or_default();
     let first = u64_at(&b, BODY_FIRST_LINENO);
-    let u32_at = |at: usize| u64::from(u32::from_le_bytes(b[at..at + 4].try_into().expect("4")));
     Some(Iseq {
         code: Arc::new(Code {
             name: name.into(),
@@ -267,17 +267,12 @@ fn read_iseq(pid: u32, addr: u64) -> Option<Iseq> {
         }),
         lines: LineTable {
             encoded: u64_at(&b, BODY_ISEQ_ENCODED),
-            size: u32_at(BODY_ISEQ_SIZE),
+            size: u64::from(u32_at(&b, BODY_ISEQ_SIZE)),
             info: u64_at(&b, BODY_INSNS_INFO),
-            info_size: u32_at(BODY_INSNS_INFO_SIZE),
+            info_size: u64::from(u32_at(&b, BODY_INSNS_INFO_SIZE)),
             succ: u64_at(&b, BODY_SUCC_INDEX),
         },
     })
-}
-
-fn read_u64(pid: u32, addr: u64) -> Option<u64> {
-    let mut b = [0u8; 8];
-    (addr != 0 && read_mem(pid, addr, &mut b)).then(|| u64::from_le_bytes(b))
 }
 
 /// The text of the String at `addr` (at most [`MAX_STR`] bytes).
