@@ -36,9 +36,10 @@ fn run_ok(cmd: &mut Command) {
 /// file hard-linked as `/tmp/perf-PID.map` for every one), and copies of a
 /// tiny binary whose compressed `.debug_frame` inflates to 60 MiB. With the
 /// receiver's defaults (`max_state_size` 64MiB) the agent stays under
-/// 150 MB throughout, refuses what does not fit (counted by use), and is
-/// back within 10% of its idle size (at work on one ordinary process) 30 s
-/// after they exit.
+/// 150 MB throughout (30 s of both attacks at least, and until it has met
+/// both), refuses what does not fit (counted by use), and is back within
+/// 10% of its idle size (at work on one ordinary process) 30 s after they
+/// exit.
 #[test]
 fn a_users_perf_maps_and_debug_frames_stay_within_the_state_budget() {
     let _root = require_root();
@@ -113,11 +114,14 @@ fn a_users_perf_maps_and_debug_frames_stay_within_the_state_budget() {
     chown(&map);
 
     // The agent first, keeping the processes of programs in `dir`: its
-    // idle size is measured before anything of theirs is read.
+    // idle size is measured before anything of theirs is read. At the
+    // default sampling rate (19 Hz) and so the default ring buffer (512 KiB
+    // here): at 997 Hz it would be 16 MiB, mapped twice (32 MiB of RSS
+    // whatever the attack).
     let exe = format!("{}/.*", dir.path().display());
     let proflow = Proflow::start(|ports: &Ports, profiles: &Path| {
         format!(
-            "receivers:\n  ebpf:\n    sample_rate: 997\n    collect_interval: 5s\n    relabel_configs:\n      - {{source_labels: [__meta_process_exe], regex: '{exe}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
+            "receivers:\n  ebpf:\n    collect_interval: 5s\n    relabel_configs:\n      - {{source_labels: [__meta_process_exe], regex: '{exe}', action: keep}}\nexporters:\n  file:\n    directory: {}\nservice:\n  telemetry:\n    address: {}\n  pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [file]\n",
             profiles.display(),
             ports.telemetry
         )
@@ -174,15 +178,38 @@ fn a_users_perf_maps_and_debug_frames_stay_within_the_state_budget() {
         children.push(user(&copy));
     }
 
+    // At least 30 s of both attacks, and until the agent has met both (its
+    // state charged, something refused): on a machine as busy as this one
+    // (17 busy loops on the test machine's two cores) the agent gets only
+    // its share of the CPU, and reading the attackers' files takes it
+    // longer; what is bounded here is its memory, not its speed.
     let mut peak = 0;
     let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(30) {
+    let met = |metrics: &str| {
+        let refused = |what: &str| {
+            common::metric_sum(
+                metrics,
+                "proflow_ebpf_state_refusals_total",
+                &[("use", what)],
+            )
+        };
+        common::metric_sum(metrics, "proflow_ebpf_state_bytes", &[]) > 0.0
+            && refused("perf_map") + refused("unwind_section") >= 1.0
+    };
+    let mut metrics = String::new();
+    while started.elapsed() < Duration::from_secs(150) {
         peak = peak.max(proflow.rss_bytes());
+        if started.elapsed() >= Duration::from_secs(30) {
+            metrics = proflow.metrics();
+            if met(&metrics) {
+                break;
+            }
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
+    let attacked = started.elapsed();
     // The kernel's high-water mark misses no peak between two reads.
     peak = peak.max(common::peak_rss_bytes(proflow.pid()));
-    let metrics = proflow.metrics();
     let state = common::metric_sum(&metrics, "proflow_ebpf_state_bytes", &[]);
     let refused = |what: &str| {
         common::metric_sum(
@@ -192,9 +219,10 @@ fn a_users_perf_maps_and_debug_frames_stay_within_the_state_budget() {
         )
     };
     eprintln!(
-        "agent RSS: idle {} MiB, peak {} MiB under attack; state {} MiB; refusals: perf_map {}, unwind_section {}",
+        "agent RSS: idle {} MiB, peak {} MiB under attack ({} s); state {} MiB; refusals: perf_map {}, unwind_section {}",
         idle >> 20,
         peak >> 20,
+        attacked.as_secs(),
         state as u64 >> 20,
         refused("perf_map"),
         refused("unwind_section")

@@ -90,8 +90,8 @@ pub struct EbpfReceiverConfig {
     pub max_perf_map_size: ByteSize,
     /// Most memory the receiver keeps because of what the node's processes
     /// hold, together: their perf maps' entries, the unwind sections
-    /// copied or inflated onto the heap (those of files users can change,
-    /// and compressed `.debug_frame`), and what was read of interpreters'
+    /// copied or inflated (those of files users can change, and compressed
+    /// `.debug_frame`; kept in private files in `$TMPDIR`, mapped), and what was read of interpreters'
     /// functions (names, files, lines). What does not fit is refused,
     /// counted in `proflow_ebpf_state_refusals_total{use}`: a perf map
     /// stops at that line and reads on once room is freed, a section is

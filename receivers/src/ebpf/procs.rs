@@ -23,9 +23,11 @@
 //! machine) still name its functions, where the process's
 //! `/proc/PID/root/...` path is gone. At most a quarter of this process's
 //! open-file limit is held so (sockets keep the rest); a file beyond it is
-//! read through its process's root while that process lives. The unwind sections are used in
-//! place from the file mapped (only the pages the unwinder reads are in
-//! memory), never copied; a compressed `.debug_frame` (Go's) is inflated.
+//! read through its process's root while that process lives. The unwind
+//! sections of a file only root can change are used in place from the file
+//! mapped (only the pages the unwinder reads are in memory); another user's
+//! are copied, and a compressed `.debug_frame` (Go's) is inflated, into a
+//! private unlinked file, mapped (`procs/spill.rs`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -191,7 +193,7 @@ pub struct Processes {
     held: HeldFiles,
     /// Most bytes read of one process's perf map; `None`: perf maps off.
     perf_map_max: Option<u64>,
-    /// What perf maps and unwind sections on the heap may take together.
+    /// What perf maps and copied unwind sections may take together.
     state: Arc<StateBudget>,
     /// Processes relabelling dropped since [`Processes::take_dropped`].
     dropped: Vec<ProcKey>,
@@ -270,7 +272,7 @@ impl Processes {
         self
     }
 
-    /// Holds perf map entries and unwind sections on the heap within
+    /// Holds perf map entries and copied unwind sections within
     /// `max_bytes` together (the receiver's `max_state_size`).
     pub fn with_state_budget(mut self, max_bytes: usize) -> Self {
         self.state = StateBudget::new(max_bytes);
@@ -382,13 +384,13 @@ impl Processes {
             }
             true
         });
-        // An idle file whose sections are on the heap goes at once (that
+        // An idle file whose sections were copied goes at once (that
         // memory is the state budget's, given back with it), and so does one
         // whose section the budget refused (read again by the next process
         // that maps it, when there may be room); the others are kept for a
         // process that maps them again, up to the bound.
         self.binaries
-            .retain(|_, b| Arc::strong_count(b) > 1 || (b.heap_bytes() == 0 && !b.state_refused));
+            .retain(|_, b| Arc::strong_count(b) > 1 || (b.copied_bytes() == 0 && !b.state_refused));
         if self.binaries.len() > MAX_IDLE_BINARIES {
             self.binaries.retain(|_, b| Arc::strong_count(b) > 1);
         }
@@ -668,5 +670,6 @@ fn is_id(s: &str) -> bool {
 }
 
 mod binary;
+mod spill;
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,8 @@
 //! The `ebpf` receiver's state budget (`max_state_size`): what the node
 //! agent keeps because of what other users of the node run, charged in one
 //! total. Lives here: [`StateBudget`], shared by the process table's perf
-//! maps (`perfmap.rs`), the unwind sections copied or inflated onto the
-//! heap (`procs/binary.rs`) and the interpreters' per-process caches
+//! maps (`perfmap.rs`), the unwind sections copied or inflated
+//! (`procs/binary.rs`, `procs/spill.rs`) and the interpreters' per-process caches
 //! ([`CacheCharge`]), each charged as it is taken and given back when it is
 //! dropped, with the refusals counted by what was refused.
 //!
@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 pub enum Use {
     /// Entries of a process's perf map.
     PerfMap,
-    /// An unwind section copied or inflated onto the heap.
+    /// An unwind section copied or inflated.
     UnwindSection,
     /// What an interpreter's functions read from its process hold (names,
     /// files, lines), kept per process.

@@ -56,7 +56,7 @@ impl EbpfTelemetry {
             ),
             state_bytes: telemetry.gauges(
                 "ebpf_state_bytes",
-                "Memory an eBPF receiver keeps because of what the node's processes hold (perf map entries, unwind sections on the heap), bounded by max_state_size",
+                "Memory an eBPF receiver keeps because of what the node's processes hold (perf map entries, unwind sections copied or inflated, interpreters' functions read), bounded by max_state_size",
             ),
             state_refusals: telemetry.counters(
                 "ebpf_state_refusals",

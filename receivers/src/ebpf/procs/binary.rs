@@ -18,6 +18,7 @@ use proflow_symbolize::open::open_regular;
 use super::super::runtime::RuntimeBinary;
 use super::super::state_budget::{Charge, StateBudget, Use};
 use super::Mapping;
+use super::spill::Copied;
 
 /// Largest unwind section kept from one file.
 const MAX_SECTION: u64 = 64 << 20;
@@ -44,9 +45,10 @@ pub struct Binary {
 }
 
 impl Binary {
-    /// Bytes of its unwind sections on the heap (copied or inflated).
-    pub(super) fn heap_bytes(&self) -> usize {
-        self.unwind.as_ref().map_or(0, UnwindSections::heap_bytes)
+    /// Bytes of its unwind sections copied or inflated (charged to the
+    /// state budget).
+    pub(super) fn copied_bytes(&self) -> usize {
+        self.unwind.as_ref().map_or(0, UnwindSections::copied_bytes)
     }
 
     /// Where the file read is open in this process (`/proc/self/fd/N`),
@@ -130,35 +132,24 @@ pub(super) struct UnwindSections {
     text_svma: Option<Range<u64>>,
     got_svma: Option<Range<u64>>,
     pub(super) eh_frame: Option<(Range<u64>, Section)>,
-    eh_frame_hdr: Option<(Range<u64>, Section)>,
+    pub(super) eh_frame_hdr: Option<(Range<u64>, Section)>,
     pub(super) debug_frame: Option<Section>,
 }
 
 /// The bytes of an unwind section: in place in the file, mapped (only the
 /// pages the unwinder reads are in memory, and the kernel may drop them
-/// again), or inflated from a compressed section.
+/// again), or copied or inflated ([`Copied`]: into a private file, mapped).
 #[derive(Debug, Clone)]
 pub enum Section {
     Mapped(Arc<memmap2::Mmap>, Range<usize>),
     /// Copied from a file only root cannot change, or inflated, and
     /// charged to the receiver's state budget while it is kept.
-    Inflated(Arc<Heap>),
-}
-
-/// A section's bytes on the heap (kept as made: an `Arc<[u8]>` would copy
-/// them once more), with their charge.
-#[derive(Debug)]
-pub struct Heap {
-    bytes: Vec<u8>,
-    _charge: Option<Charge>,
+    Copied(Arc<Copied>),
 }
 
 impl Default for Section {
     fn default() -> Self {
-        Section::Inflated(Arc::new(Heap {
-            bytes: Vec::new(),
-            _charge: None,
-        }))
+        Section::Copied(Arc::new(Copied::empty()))
     }
 }
 
@@ -167,7 +158,7 @@ impl std::ops::Deref for Section {
     fn deref(&self) -> &[u8] {
         match self {
             Section::Mapped(map, range) => &map[range.clone()],
-            Section::Inflated(heap) => &heap.bytes,
+            Section::Copied(c) => c.bytes(),
         }
     }
 }
@@ -198,7 +189,7 @@ pub(super) fn module(m: &Mapping) -> Option<Module<Section>> {
 /// gives a binary with no build id and no unwind sections (its frames keep
 /// their addresses).
 ///
-/// Sections copied or inflated onto the heap are charged to `state` first;
+/// Sections copied or inflated ([`Copied`]) are charged to `state` first;
 /// one that does not fit is left out (its frames are not unwound through
 /// that file), counted as the budget's `unwind_section` refusal.
 pub(super) fn read_binary(
@@ -241,7 +232,7 @@ pub(super) fn read_binary(
         .map(Arc::new);
     match &map {
         Some(map) => {
-            read_elf(&mut b, &map[..], Some(map), path, state);
+            read_elf(&mut b, &map[..], &regular.file, Some(map), path, state);
             // The pages the parse read (headers, symbol tables) leave this
             // process's memory; the unwinder brings back only those it reads.
             // SAFETY: a private read-only file mapping: its pages are dropped
@@ -251,6 +242,7 @@ pub(super) fn read_binary(
         None => read_elf(
             &mut b,
             &object::ReadCache::new(&regular.file),
+            &regular.file,
             None,
             path,
             state,
@@ -265,11 +257,12 @@ pub(super) fn read_binary(
     b
 }
 
-/// Fills `b` from the ELF file `data`; its unwind sections refer to `map`
-/// when the file is mapped, else are copied.
+/// Fills `b` from the ELF file `data` (read from `file`); its unwind
+/// sections refer to `map` when the file is mapped, else are copied.
 fn read_elf<'d, R: object::ReadRef<'d>>(
     b: &mut Binary,
     data: R,
+    file: &std::fs::File,
     map: Option<&Arc<memmap2::Mmap>>,
     path: &str,
     state: &Arc<StateBudget>,
@@ -291,7 +284,14 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
     // Whether the state budget refused a section (the binary is then read
     // again by the next process that maps it, when there may be room).
     let refused = std::cell::Cell::new(false);
-    // Uncompressed sections are used in place, from the file mapped.
+    // Charged before anything is copied or inflated.
+    let charge = |size: u64| {
+        let charge = Charge::take(state, Use::UnwindSection, usize::try_from(size).ok()?);
+        refused.set(refused.get() || charge.is_none());
+        charge
+    };
+    // Uncompressed sections are used in place, from the file mapped, or
+    // copied.
     let section = |name: &str| -> Option<(Range<u64>, Section)> {
         let s = elf.section_by_name(name)?;
         let (offset, size) = s.file_range()?;
@@ -305,19 +305,11 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
                 map.get(range.clone())?;
                 Section::Mapped(map.clone(), range)
             }
-            None => {
-                // Charged before it is copied.
-                let Some(charge) =
-                    Charge::take(state, Use::UnwindSection, usize::try_from(size).ok()?)
-                else {
-                    refused.set(true);
-                    return None;
-                };
-                Section::Inflated(Arc::new(Heap {
-                    bytes: s.data().ok()?.to_vec(),
-                    _charge: Some(charge),
-                }))
-            }
+            None => Section::Copied(Arc::new(
+                Copied::copy(file, offset, size, charge(size)?)
+                    .inspect_err(|e| tracing::debug!(path, name, error = %e, "section not copied"))
+                    .ok()?,
+            )),
         };
         Some((s.address()..s.address() + s.size(), bytes))
     };
@@ -327,36 +319,24 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
     };
     let eh_frame = section(".eh_frame");
     // Compressed in Go binaries (SHF_COMPRESSED): inflated here, if the
-    // size its header states is within bound (checked before inflating);
-    // else used in place.
+    // size its header states is within bound (checked, and charged, before
+    // inflating, and nothing past it is written); else used in place.
     let debug_frame = if eh_frame.is_none() {
         section(".debug_frame").map(|(_, d)| d).or_else(|| {
-            let s = elf.section_by_name(".debug_frame")?;
-            let compressed = s.compressed_file_range().ok()?;
+            let c = elf
+                .section_by_name(".debug_frame")?
+                .compressed_data()
+                .ok()?;
             // Only a compressed one: an uncompressed one `section` left out
             // (too large, or refused by the budget) stays out.
-            if compressed.format == object::CompressionFormat::None {
+            if c.format == object::CompressionFormat::None || c.uncompressed_size > MAX_SECTION {
                 return None;
             }
-            let stated = compressed.uncompressed_size;
-            if stated > MAX_SECTION {
-                return None;
-            }
-            // Charged at the size its header states before it is inflated
-            // (object inflates exactly that much, or fails).
-            let Some(charge) =
-                Charge::take(state, Use::UnwindSection, usize::try_from(stated).ok()?)
-            else {
-                refused.set(true);
-                return None;
-            };
-            let d = s.uncompressed_data().ok()?;
-            (d.len() as u64 <= stated).then(|| {
-                Section::Inflated(Arc::new(Heap {
-                    bytes: d.into_owned(),
-                    _charge: Some(charge),
-                }))
-            })
+            let charge = charge(c.uncompressed_size)?;
+            Copied::inflate(c.format, c.data, c.uncompressed_size, charge)
+                .inspect_err(|e| tracing::debug!(path, error = %e, ".debug_frame not inflated"))
+                .ok()
+                .map(|c| Section::Copied(Arc::new(c)))
         })
     } else {
         None
@@ -398,8 +378,8 @@ impl UnwindSections {
             + self.debug_frame.as_ref().map_or(0, |d| d.len())
     }
 
-    /// [`UnwindSections::bytes`] of the sections on the heap only.
-    fn heap_bytes(&self) -> usize {
+    /// [`UnwindSections::bytes`] of the sections copied or inflated only.
+    fn copied_bytes(&self) -> usize {
         [
             self.eh_frame.as_ref().map(|(_, d)| d),
             self.eh_frame_hdr.as_ref().map(|(_, d)| d),
@@ -407,7 +387,7 @@ impl UnwindSections {
         ]
         .into_iter()
         .flatten()
-        .filter(|d| matches!(d, Section::Inflated(_)))
+        .filter(|d| matches!(d, Section::Copied(_)))
         .map(|d| d.len())
         .sum()
     }

@@ -261,6 +261,10 @@ fn an_inflated_debug_frame_is_charged_before_it_is_inflated() {
     let unwind = b.unwind.as_ref().expect("unwind sections");
     assert!(unwind.eh_frame.is_none());
     assert_eq!(unwind.debug_frame.as_ref().map(|d| d.len()), Some(4 << 20));
+    assert!(
+        matches!(&unwind.debug_frame, Some(Section::Copied(c)) if c.in_file()),
+        "inflated into a private file, not onto the heap"
+    );
     assert_eq!(roomy.used_bytes(), 4 << 20);
     let again = read_binary(&bin, &path, &held, &roomy);
     assert!(again.unwind.is_some());
@@ -275,4 +279,56 @@ fn an_inflated_debug_frame_is_charged_before_it_is_inflated() {
     assert_eq!(roomy.used_bytes(), 8 << 20);
     drop((b, again, third));
     assert_eq!(roomy.used_bytes(), 0, "given back with the binaries");
+}
+
+/// A file another user could change is not mapped: its unwind sections are
+/// copied into private files, charged, and read as they were in the file.
+#[test]
+fn a_users_file_has_its_sections_copied_into_private_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("tiny.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
+    let bin = dir.path().join("tiny");
+    let out = std::process::Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Group-writable: not a file only root can change.
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o775)).unwrap();
+    let budget = StateBudget::new(1 << 20);
+    let b = read_binary(
+        &bin,
+        &bin.to_string_lossy(),
+        &HeldFiles::with_max(0),
+        &budget,
+    );
+    let unwind = b.unwind.as_ref().expect("unwind sections");
+    let data = std::fs::read(&bin).unwrap();
+    let elf = object::File::parse(&data[..]).unwrap();
+    let mut charged = 0;
+    for (name, kept) in [
+        (".eh_frame", &unwind.eh_frame),
+        (".eh_frame_hdr", &unwind.eh_frame_hdr),
+    ] {
+        let Some((_, Section::Copied(c))) = kept else {
+            panic!("{name} copied: {kept:?}");
+        };
+        assert!(c.in_file(), "{name} in a private file");
+        let want =
+            object::ObjectSection::data(&object::Object::section_by_name(&elf, name).unwrap())
+                .unwrap();
+        assert_eq!(c.bytes(), want, "{name}");
+        charged += want.len();
+    }
+    assert_eq!(budget.used_bytes(), charged);
+    assert_eq!(b.copied_bytes(), charged);
+    drop(b);
+    assert_eq!(budget.used_bytes(), 0);
 }
