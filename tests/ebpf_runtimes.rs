@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use common::{KillOnDrop, Ports, Proflow};
 use ebpf_support::{
-    check_split, check_split_and_stacks, proflow_for, proflow_for_with, pyroscope_has,
+    check_split, check_split_and_stacks, holds_chain, proflow_for, proflow_for_with, pyroscope_has,
     require_root, stacks_of,
 };
 use ebpf_targets::Target;
@@ -652,7 +652,8 @@ fn go_samples_carry_their_goroutines_pprof_labels() {
 }
 
 /// The JVM: after `jcmd PID Compiler.perfmap`, its compiled methods are
-/// named from the perf map, at the program's 2:1 split.
+/// named from the perf map, at the program's 2:1 split (with the receiver's
+/// own walk of Java frames off: where it is on, its names win).
 #[test]
 fn jvm_compiled_methods_named_after_compiler_perfmap() {
     let _one_at_a_time = require_root();
@@ -699,13 +700,220 @@ fn jvm_compiled_methods_named_after_compiler_perfmap() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let proflow = proflow_for(&[pid], "2s");
+    let proflow = proflow_for_with(&[pid], "2s", "    jvm: false\n");
     let stacks = stacks_of(&proflow, pid, 4000);
     check_split(
         &stacks,
         "Hot.proflow_hot_two(long)",
         "Hot.proflow_hot_one(long)",
     );
+}
+
+/// Java 17 (Debian's) with no flag, agent or perf map: the receiver walks
+/// the Java frames from HotSpot's own description of its structs.
+#[test]
+fn jvm_17_frames_without_a_flag() {
+    let java = std::env::var_os("JAVA").unwrap_or_else(|| "java".into());
+    java_frames_without_a_flag(Path::new(&java), "Java 17");
+}
+
+/// Java 25 (the Temurin build on the test machine) with no flag: HotSpot's
+/// structs moved (code blobs, method flags, the line tables' integers), its
+/// tables say where.
+#[test]
+fn jvm_25_frames_without_a_flag() {
+    let java = Path::new("/usr/lib/jvm/temurin-25-jdk-amd64/bin/java");
+    assert!(
+        java.is_file(),
+        "{} is not installed (the test machine's Temurin 25)",
+        java.display()
+    );
+    java_frames_without_a_flag(java, "Java 25");
+}
+
+/// Methods the JIT inlined into the loop that calls them, in Java 17 and
+/// 25: their samples land in the caller's compiled code, and are named from
+/// the compiled method's scopes (`Inline.main → Inline.run →
+/// Inline.proflow_inlined_two`), each at a line of its body and `run` at
+/// its calls. The JIT records a scope at calls and safepoints only, unless
+/// the JVM runs with `-XX:+DebugNonSafepoints` (as JFR and async-profiler
+/// use it): without it, a sample in an inlined loop is the enclosing
+/// method's at its next safepoint. This test gives the flag, to check the
+/// scopes are read right; the JIT's log shows both methods were inlined.
+#[test]
+fn jvm_inlined_methods_named_from_the_compiled_scopes() {
+    let _one_at_a_time = require_root();
+    let java17 = std::env::var_os("JAVA").unwrap_or_else(|| "java".into());
+    let java25 = std::ffi::OsString::from("/usr/lib/jvm/temurin-25-jdk-amd64/bin/java");
+    let source = ebpf_targets::source("Inline.java");
+    let text = std::fs::read_to_string(&source).unwrap();
+    let at = |needle: &str| line_of(&text, needle);
+    for (java, name) in [(java17, "Java 17"), (java25, "Java 25")] {
+        let jit = tempfile::tempdir().unwrap();
+        let jit_log = jit.path().join("jit.log");
+        let mut cmd = Command::new(&java);
+        cmd.args(["-XX:+UnlockDiagnosticVMOptions", "-XX:+DebugNonSafepoints"])
+            .arg(format!(
+                "-Xlog:jit+inlining=debug:file={}",
+                jit_log.display()
+            ))
+            .arg(&source)
+            .arg("40");
+        let (child, pid) = ebpf_targets::spawn_command(cmd);
+        let _child = KillOnDrop(child);
+        let (two, one) = ("Inline.proflow_inlined_two", "Inline.proflow_inlined_one");
+        let inlined = peer_env::poll(Duration::from_secs(60), || {
+            let log = std::fs::read_to_string(&jit_log).unwrap_or_default();
+            ["Inline::proflow_inlined_two", "Inline::proflow_inlined_one"]
+                .iter()
+                .all(|m| {
+                    log.lines()
+                        .any(|l| l.contains(m) && l.contains("inline (hot)"))
+                })
+                .then_some(())
+        });
+        assert!(
+            inlined.is_some(),
+            "{name}: the JIT did not inline both in 60 s"
+        );
+        let proflow = proflow_for(&[pid], "2s");
+        let stacks = stacks_of(&proflow, pid, 4000);
+        let dump = check_split(&stacks, two, one);
+        let (mut hot, mut whole) = (0, 0);
+        for (frames, n) in &stacks {
+            let Some(leaf) = frames.iter().position(|f| f == two || f == one) else {
+                continue;
+            };
+            hot += n;
+            if holds_chain(&frames[..leaf], &["Inline.main", "Inline.run"]) {
+                whole += n;
+            }
+        }
+        assert!(
+            whole as f64 >= 0.95 * hot as f64,
+            "{name}: only {whole} of {hot} hot samples read Inline.main → Inline.run → inlined method: {dump:#?}"
+        );
+        let lines = java_lines(&proflow, pid, "Inline.", "Inline.java", name);
+        for (hot, def) in [
+            (two, at("static long proflow_inlined_two(")),
+            (one, at("static long proflow_inlined_one(")),
+        ] {
+            let body = def..=def + 2;
+            assert!(
+                !lines[hot].is_empty() && lines[hot].iter().all(|l| body.contains(l)),
+                "{name}: {hot}'s lines {:?}, its body {body:?}",
+                lines[hot]
+            );
+        }
+        let calls = [
+            at("s = proflow_inlined_two(s);"),
+            at("s = proflow_inlined_one(s);"),
+        ];
+        assert!(
+            calls.iter().all(|c| lines["Inline.run"].contains(c)),
+            "{name}: Inline.run's lines {:?} hold its calls {calls:?}",
+            lines["Inline.run"]
+        );
+    }
+}
+
+/// The lines each function named `prefix…` of `pid`'s profiles was at,
+/// checking each is in `file`.
+fn java_lines(
+    proflow: &Proflow,
+    pid: u32,
+    prefix: &str,
+    file: &str,
+    name: &str,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<i64>> {
+    let mut lines: std::collections::BTreeMap<String, std::collections::BTreeSet<i64>> =
+        Default::default();
+    for e in common::read_index(&proflow.profiles) {
+        if e.label("pid") != Some(pid.to_string().as_str()) || !e.path.is_file() {
+            continue;
+        }
+        let p = common::read_profile(&e.path);
+        for line in p.location.iter().flat_map(|l| &l.line) {
+            let Some(f) = p.function.iter().find(|f| f.id == line.function_id) else {
+                continue;
+            };
+            let fname = p.string(f.name);
+            if fname.starts_with(prefix) {
+                assert_eq!(p.string(f.filename), file, "{name}: the file of {fname}");
+                lines.entry(fname.to_owned()).or_default().insert(line.line);
+            }
+        }
+    }
+    eprintln!("{name}: lines {lines:?}");
+    lines
+}
+
+/// Runs `Hot.java` with `java` (the source launcher; no other argument),
+/// and checks: the 2:1 split of its two hot methods named
+/// `Hot.proflow_hot_two` and `Hot.proflow_hot_one`; that at least 95% of
+/// their samples' stacks read, root first, the launcher's `JavaMain`, the
+/// JVM's call into Java (`JavaCalls::call_helper`), `Hot.main`, `Hot.run`
+/// and the hot method (interpreted and compiled frames alike, through the
+/// launcher's reflection); that each is in `Hot.java`; that `Hot.run` is at
+/// its two calls' lines (and only lines of its own) and `Hot.main` at its
+/// call of `run`.
+fn java_frames_without_a_flag(java: &Path, name: &str) {
+    let _one_at_a_time = require_root();
+    let source = ebpf_targets::source("Hot.java");
+    let text = std::fs::read_to_string(&source).unwrap();
+    let at = |needle: &str| line_of(&text, needle);
+    let mut cmd = Command::new(java);
+    cmd.arg(&source).arg("40");
+    let (child, pid) = ebpf_targets::spawn_command(cmd);
+    let _child = KillOnDrop(child);
+    let proflow = proflow_for(&[pid], "2s");
+    let stacks = stacks_of(&proflow, pid, 4000);
+    let (two, one) = ("Hot.proflow_hot_two", "Hot.proflow_hot_one");
+    let dump = check_split(&stacks, two, one);
+    let chain = ["JavaMain", "JavaCalls::call_helper", "Hot.main", "Hot.run"];
+    let (mut hot, mut whole) = (0, 0);
+    for (frames, n) in &stacks {
+        let Some(leaf) = frames.iter().position(|f| f == two || f == one) else {
+            continue;
+        };
+        hot += n;
+        if holds_chain(&frames[..leaf], &chain) && frames[leaf - 1] == "Hot.run" {
+            whole += n;
+        }
+    }
+    assert!(
+        whole as f64 >= 0.95 * hot as f64,
+        "{name}: only {whole} of {hot} hot samples read {chain:?} → hot method: {dump:#?}"
+    );
+    eprintln!("{name}: {hot} hot samples");
+    let lines = java_lines(&proflow, pid, "Hot.", "Hot.java", name);
+    // `Hot.run` at its two calls, and at lines of its own where what it
+    // calls between them (`nanoTime`, `nextLong`) ran.
+    let calls = [at("proflow_hot_two(k);"), at("proflow_hot_one(k);")];
+    let body = at("static long run(")..=at("return rounds;");
+    let run = &lines["Hot.run"];
+    assert!(
+        calls.iter().all(|c| run.contains(c)) && run.iter().all(|l| body.contains(l)),
+        "{name}: Hot.run's lines {run:?}: its calls {calls:?}, all within {body:?}"
+    );
+    assert_eq!(
+        lines["Hot.main"],
+        [at("run(args.length")].into(),
+        "{name}: Hot.main at its call of run"
+    );
+    // A hot method, interpreted or compiled (its scope at the pc), at lines
+    // of its body.
+    for (hot, def) in [
+        (two, at("static void proflow_hot_two(")),
+        (one, at("static void proflow_hot_one(")),
+    ] {
+        let body = def..=def + 4;
+        assert!(
+            !lines[hot].is_empty() && lines[hot].iter().all(|l| body.contains(l)),
+            "{name}: {hot}'s lines {:?}, its body {body:?}",
+            lines[hot]
+        );
+    }
 }
 
 /// Whether `line` of the JVM's `jit+compilation` log is `method`'s

@@ -153,7 +153,7 @@ pub fn check_split_and_stacks(
 
 /// Whether `frames` (root first) hold each of `chain` in order, other frames
 /// allowed between.
-fn holds_chain(frames: &[String], chain: &[&str]) -> bool {
+pub fn holds_chain(frames: &[String], chain: &[&str]) -> bool {
     let mut at = 0;
     chain.iter().all(
         |want| match frames[at..].iter().position(|f| f.contains(want)) {

@@ -11,8 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
-use framehop::{FrameAddress, Unwinder};
+use framehop::x86_64::CacheX86_64;
 use proflow_model::model::{Envelope, Labels, Payload, ValueType};
 use proflow_model::pprof;
 
@@ -20,11 +19,10 @@ use super::frame::Frame;
 use super::interp::{InterpFrame, Merged, merge};
 use super::procs::{Binary, ProcKey, Process, Processes};
 use super::runtime::Runtime;
-use super::sample::{FLAG_KTHREAD, FLAG_OFF_CPU, Sample};
+use super::sample::{FLAG_OFF_CPU, Sample};
 use super::symbols::{Line, Lines, Symbols};
-
-/// Frames kept per user stack at most.
-const MAX_USER_FRAMES: usize = 256;
+pub use super::unwind::Unwound;
+use super::unwind::user_stack;
 
 /// Why a sample was not kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,128 +39,6 @@ impl Dropped {
             Dropped::Filtered => "filtered",
             Dropped::StacksFull => "stacks_full",
         }
-    }
-}
-
-/// How a sample's user stack was found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unwound {
-    /// framehop reached the outermost frame.
-    Complete,
-    /// framehop stopped early and the kernel's frame-pointer walk, longer,
-    /// was taken.
-    FramePointers,
-    /// framehop stopped early and was still the longer of the two.
-    Truncated,
-    /// No user part (a kernel thread), or no registers to start from.
-    None,
-}
-
-impl Unwound {
-    pub const ALL: [Unwound; 4] = [
-        Unwound::Complete,
-        Unwound::FramePointers,
-        Unwound::Truncated,
-        Unwound::None,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Unwound::Complete => "complete",
-            Unwound::FramePointers => "frame_pointers",
-            Unwound::Truncated => "truncated",
-            Unwound::None => "none",
-        }
-    }
-}
-
-/// How the user stack of a sample is found: framehop over the copied stack
-/// with each module's `.eh_frame` (and frame pointers where a module has
-/// none, and in code no file maps), frame by frame; a return into one of
-/// CPython's perf trampolines (`-X perf`, which keep no frame pointer) is
-/// stepped over by its known layout. If it ends cleanly (at the outermost
-/// frame), that is the stack.
-/// If it stops early (the stack copy ran out, or no rule applied), the
-/// kernel's frame-pointer walk is taken instead when it has more frames:
-/// code with frame pointers and a stack deeper than the copy.
-pub fn user_stack(
-    process: &mut Process,
-    cache: &mut CacheX86_64,
-    s: &Sample<'_>,
-) -> (Vec<Frame>, Unwound) {
-    if s.flags & FLAG_KTHREAD != 0 {
-        return (Vec::new(), Unwound::None);
-    }
-    let fp: Vec<Frame> = s
-        .user_fp
-        .iter()
-        .enumerate()
-        .map(|(i, &addr)| Frame {
-            addr,
-            is_return: i > 0,
-        })
-        .collect();
-    if s.ip == 0 || s.sp == 0 {
-        return (fp, Unwound::None);
-    }
-    let mut out_of_copy = false;
-    let mut read = |addr: u64| match s.stack_word(addr) {
-        Some(w) => Ok(w),
-        None => {
-            out_of_copy = true;
-            Err(())
-        }
-    };
-    let mut frames = vec![Frame {
-        addr: s.ip,
-        is_return: false,
-    }];
-    let mut clean = false;
-    let mut regs = UnwindRegsX86_64::new(s.ip, s.sp, s.bp);
-    let mut address = FrameAddress::from_instruction_pointer(s.ip);
-    while frames.len() < MAX_USER_FRAMES {
-        let at = address.address();
-        let next = if address.is_return_address()
-            && process.mapping(at).is_none()
-            && process.is_cpython_trampoline_return(at)
-        {
-            // `sub $8, %rsp; call *%rcx`: its caller's return address is
-            // one word above the stack pointer, its frame two words.
-            let sp = regs.sp();
-            read(sp.wrapping_add(8)).map(|ra| {
-                regs.set_sp(sp.wrapping_add(16));
-                Some(ra)
-            })
-        } else {
-            process
-                .unwinder
-                .unwind_frame(address, &mut regs, cache, &mut read)
-                .map_err(|_| ())
-        };
-        match next {
-            Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
-                Some(a) => {
-                    address = a;
-                    frames.push(Frame {
-                        addr: ra,
-                        is_return: true,
-                    });
-                }
-                None => break,
-            },
-            Ok(None) => {
-                clean = true;
-                break;
-            }
-            Err(()) => break,
-        }
-    }
-    if clean && !out_of_copy {
-        (frames, Unwound::Complete)
-    } else if frames.len() >= fp.len() {
-        (frames, Unwound::Truncated)
-    } else {
-        (fp, Unwound::FramePointers)
     }
 }
 
@@ -334,8 +210,9 @@ impl Collector {
         if process.labels.is_none() {
             return Err(Dropped::Filtered);
         }
-        let (native, how) = user_stack(&mut *process, &mut self.cache, s);
+        let (native, how, java) = user_stack(&mut *process, &mut self.cache, s);
         let user = with_interpreter_frames(process.runtime.as_mut(), native, s);
+        let user = with_java_frames(user, java);
         self.unwound[Unwound::ALL.iter().position(|&u| u == how).unwrap_or(3)] += 1;
         let Some((labels, series_key)) = &process.labels else {
             return Err(Dropped::Filtered);
@@ -558,6 +435,29 @@ fn with_interpreter_frames(
         }
         _ => native.into_iter().map(Merged::Native).collect(),
     }
+}
+
+/// The stack with each frame of a JVM's code in place of its native frame
+/// (`java`: by index in it; a compiled frame's inlined methods share one).
+/// A JVM has no interpreter frames from the BPF program, so the stack is
+/// still one frame a native frame.
+fn with_java_frames(user: Vec<Merged>, java: Vec<(usize, InterpFrame)>) -> Vec<Merged> {
+    if java.is_empty() {
+        return user;
+    }
+    let mut java = java.into_iter().peekable();
+    let mut out = Vec::with_capacity(user.len() + java.len());
+    for (i, m) in user.into_iter().enumerate() {
+        let mut replaced = false;
+        while let Some((_, f)) = java.next_if(|&(j, _)| j == i) {
+            out.push(Merged::Interp(f));
+            replaced = true;
+        }
+        if !replaced {
+            out.push(m);
+        }
+    }
+    out
 }
 
 /// A Go sample's pprof labels as text (a key or value cut by the BPF

@@ -134,6 +134,17 @@ pub struct EbpfReceiverConfig {
     /// `ruby` tracer).
     #[serde(default = "default_ruby")]
     pub ruby: bool,
+    /// Walk the Java frames of HotSpot JVMs (`libjvm.so`; Java 17 and 25
+    /// tested; no flag, agent or perf map of theirs needed), in every
+    /// thread, from HotSpot's own description of its structs: compiled and
+    /// interpreted methods named `package/Class.method` with their source
+    /// file, an interpreted frame at its line. Methods a compiled frame
+    /// inlined are not yet told apart (their samples are the outer
+    /// method's). Where the JVM also writes a perf map, these names win.
+    /// Default true (as the OpenTelemetry eBPF profiler's `hotspot`
+    /// tracer).
+    #[serde(default = "default_jvm")]
+    pub jvm: bool,
     /// Read the pprof labels of the goroutine each sample of a Go program
     /// (Go 1.24 to 1.26) ran, set by `runtime/pprof.Do` or
     /// `pprof.SetGoroutineLabels` (as the Go OpenTelemetry profiling
@@ -226,6 +237,9 @@ fn default_perl() -> bool {
     true
 }
 fn default_ruby() -> bool {
+    true
+}
+fn default_jvm() -> bool {
     true
 }
 fn default_go_labels() -> bool {
@@ -344,6 +358,7 @@ mod tests {
         assert!(c.go_labels);
         assert!(c.perl);
         assert!(c.ruby);
+        assert!(c.jvm);
         assert!(!parse("php: false").php);
         assert_eq!(c.off_cpu, None);
         let on = parse("off_cpu: {}").off_cpu.unwrap();

@@ -102,6 +102,7 @@ pub mod config;
 pub mod frame;
 pub mod golang;
 pub mod interp;
+pub mod jvm;
 pub mod perfmap;
 pub mod perl;
 pub mod php;
@@ -116,6 +117,7 @@ pub mod sample;
 pub mod state_budget;
 pub mod symbols;
 pub mod telemetry;
+pub mod unwind;
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
@@ -553,6 +555,7 @@ fn new_collector(
         php: config.php,
         perl: config.perl,
         ruby: config.ruby,
+        jvm: config.jvm,
         go_labels: config.go_labels,
     };
     if let Some(maps) = loaded

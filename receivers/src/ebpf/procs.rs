@@ -341,11 +341,8 @@ impl Processes {
                     _ => Self::runtime_change(&mut self.runtime_sink, RuntimeChange::Remove(key)),
                 }
             }
-            if let Some(py) = &p.runtime {
-                Self::runtime_change(
-                    &mut self.runtime_sink,
-                    RuntimeChange::Put(key.pid, py.bpf_value(key.start_time)),
-                );
+            if let Some(v) = p.runtime.as_ref().and_then(|r| r.bpf_value(key.start_time)) {
+                Self::runtime_change(&mut self.runtime_sink, RuntimeChange::Put(key.pid, v));
             }
             self.procs.insert(key, p);
         }

@@ -1,6 +1,8 @@
-//! The runtime of one process whose state the BPF program reads at each
-//! sample: an interpreter whose frames it walks ([`super::interp`]), or a Go
-//! program whose goroutines' pprof labels it reads ([`super::golang`]).
+//! The runtime of one process whose state is read at each sample: an
+//! interpreter whose frames the BPF program walks ([`super::interp`]), a Go
+//! program whose goroutines' pprof labels it reads ([`super::golang`]), or
+//! a JVM whose Java frames user space walks in the stack it copies
+//! ([`super::jvm`]).
 //! Lives here: which runtime a mapped file is ([`RuntimeBinary`]), the
 //! process's ([`Runtime`]), and what its entry in the BPF program's maps is
 //! ([`BpfValue`]).
@@ -10,6 +12,7 @@ use std::sync::Arc;
 
 use super::golang::{GoBinary, GoProcValue};
 use super::interp::{Code, InterpFrame, InterpProcValue};
+use super::jvm::{JvmBinary, JvmProcess};
 use super::perl::{PerlBinary, PerlProcess};
 use super::php::{PhpBinary, PhpProcess};
 use super::python::{PyBinary, PyProcess};
@@ -18,7 +21,7 @@ use super::sample::RawInterpFrame;
 use super::state_budget::StateBudget;
 
 /// Which runtimes' state is read (the receiver's `python`, `php`, `perl`,
-/// `ruby` and `go_labels` keys).
+/// `ruby`, `go_labels` and `jvm` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Runtimes {
     pub python: bool,
@@ -26,6 +29,7 @@ pub struct Runtimes {
     pub perl: bool,
     pub ruby: bool,
     pub go_labels: bool,
+    pub jvm: bool,
 }
 
 /// What a runtime's file gives (as file addresses), when the file is one.
@@ -36,6 +40,7 @@ pub enum RuntimeBinary {
     Perl(PerlBinary),
     Ruby(RubyBinary),
     Go(GoBinary),
+    Jvm(JvmBinary),
 }
 
 /// What the BPF program is given for one process, and in which map.
@@ -64,6 +69,9 @@ impl RuntimeBinary {
         if super::ruby::is_ruby(path) {
             return super::ruby::read_symbols(elf).map(RuntimeBinary::Ruby);
         }
+        if super::jvm::is_jvm(path) {
+            return super::jvm::read_symbols(elf).map(RuntimeBinary::Jvm);
+        }
         super::golang::read(elf).map(RuntimeBinary::Go)
     }
 }
@@ -76,6 +84,7 @@ pub enum Runtime {
     Perl(PerlProcess),
     Ruby(RubyProcess),
     Go(GoBinary),
+    Jvm(Box<JvmProcess>),
 }
 
 impl Runtime {
@@ -102,6 +111,9 @@ impl Runtime {
                 Some(Runtime::Ruby(RubyProcess::new(pid, b, bias, budget)))
             }
             RuntimeBinary::Go(b) if on.go_labels => Some(Runtime::Go(b.clone())),
+            RuntimeBinary::Jvm(b) if on.jvm => Some(Runtime::Jvm(Box::new(JvmProcess::new(
+                pid, b, bias, budget,
+            )))),
             _ => None,
         }
     }
@@ -115,18 +127,21 @@ impl Runtime {
             Runtime::Perl(p) => p.curinterp,
             Runtime::Ruby(p) => p.vm_ptr,
             Runtime::Go(_) => 0,
+            Runtime::Jvm(p) => p.id(),
         }
     }
 
-    /// What the BPF program needs to walk its frames or read its labels.
-    pub fn bpf_value(&self, start_time: u64) -> BpfValue {
-        match self {
+    /// What the BPF program needs to walk its frames or read its labels
+    /// (nothing for a JVM: its frames are walked in user space).
+    pub fn bpf_value(&self, start_time: u64) -> Option<BpfValue> {
+        Some(match self {
             Runtime::Python(p) => BpfValue::Interp(p.bpf_value(start_time)),
             Runtime::Php(p) => BpfValue::Interp(p.bpf_value(start_time)),
             Runtime::Perl(p) => BpfValue::Interp(p.bpf_value(start_time)),
             Runtime::Ruby(p) => BpfValue::Interp(p.bpf_value(start_time)),
             Runtime::Go(b) => BpfValue::Go(b.bpf_value(start_time)),
-        }
+            Runtime::Jvm(_) => return None,
+        })
     }
 
     /// Whether the evaluation function's callee is the VM's loop, to leave
@@ -142,7 +157,7 @@ impl Runtime {
             Runtime::Php(p) => std::slice::from_ref(&p.execute_ex),
             Runtime::Perl(p) => std::slice::from_ref(&p.runops),
             Runtime::Ruby(p) => std::slice::from_ref(&p.vm_exec),
-            Runtime::Go(_) => &[],
+            Runtime::Go(_) | Runtime::Jvm(_) => &[],
         };
         ranges.iter().any(|r| r.contains(&addr))
     }
@@ -156,7 +171,7 @@ impl Runtime {
             Runtime::Php(p) => p.frames(raw),
             Runtime::Perl(p) => p.frames(raw),
             Runtime::Ruby(p) => p.frames(raw),
-            Runtime::Go(_) => Vec::new(),
+            Runtime::Go(_) | Runtime::Jvm(_) => Vec::new(),
         }
     }
 
@@ -168,6 +183,7 @@ impl Runtime {
             Runtime::Perl(p) => p.frame(f),
             Runtime::Ruby(p) => p.frame(f),
             Runtime::Go(_) => None,
+            Runtime::Jvm(p) => p.frame(f),
         }
     }
 
@@ -179,6 +195,7 @@ impl Runtime {
             Runtime::Perl(_) => "[unknown Perl frame]",
             Runtime::Ruby(_) => "[unknown Ruby frame]",
             Runtime::Go(_) => "[unknown frame]",
+            Runtime::Jvm(_) => "[unknown Java frame]",
         }
     }
 }
