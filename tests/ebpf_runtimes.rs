@@ -85,7 +85,9 @@ fn pyenv_python(minor: &str) -> Option<std::path::PathBuf> {
 }
 
 /// Node with `--perf-basic-prof`: its optimized functions are named from
-/// `/tmp/perf-PID.map`, at the program's 2:1 split.
+/// `/tmp/perf-PID.map`, at the program's 2:1 split (with the receiver's own
+/// naming of JavaScript frames off, `node: false`: where it is on, its
+/// names win).
 #[test]
 fn node_jit_code_named_from_its_perf_map() {
     let _one_at_a_time = require_root();
@@ -99,7 +101,7 @@ fn node_jit_code_named_from_its_perf_map() {
     let (child, pid) = ebpf_targets::spawn_command(cmd);
     let _map = PerfMapFile::of(pid);
     let _child = KillOnDrop(child);
-    let proflow = proflow_for(&[pid], "2s");
+    let proflow = proflow_for_with(&[pid], "2s", "    node: false\n");
     let stacks = stacks_of(&proflow, pid, 4000);
     check_split(&stacks, "proflow_hot_two /", "proflow_hot_one /");
     // Named with their file, as Node writes them.
@@ -731,6 +733,54 @@ fn jvm_25_frames_without_a_flag() {
     java_frames_without_a_flag(java, "Java 25");
 }
 
+/// Node 20 with no flag and no perf map: the receiver names each frame V8
+/// runs from the `v8dbg_*` metadata in the binary, and the 2:1 split of
+/// `hot.js` is named; at least 95% of hot samples read, root first, Node's
+/// `node::Start`, V8's entry into JavaScript (`Builtins_JSEntry`), the
+/// module loader (`Module._compile`), `run` and the hot function, each
+/// function of `hot.js` with its file.
+#[test]
+fn node_frames_without_a_flag() {
+    let _one_at_a_time = require_root();
+    let source = ebpf_targets::source("hot.js");
+    let mut cmd = Command::new(std::env::var_os("NODE").unwrap_or_else(|| "node".into()));
+    cmd.arg(&source).arg("30");
+    let (child, pid) = ebpf_targets::spawn_command(cmd);
+    let _child = KillOnDrop(child);
+    let proflow = proflow_for(&[pid], "2s");
+    let stacks = stacks_of(&proflow, pid, 4000);
+    let (two, one) = ("proflow_hot_two", "proflow_hot_one");
+    check_runtime_stacks(
+        &stacks,
+        [two, one],
+        &["node::Start", "Builtins_JSEntry", "Module._compile", "run"],
+        "Node",
+    );
+    let files = files_of(&proflow, pid, &["run", two, one]);
+    assert_eq!(
+        files,
+        [source.to_string_lossy().into_owned()].into(),
+        "the files of run and the hot functions"
+    );
+}
+
+/// The files of the functions named `names` in `pid`'s profiles.
+fn files_of(proflow: &Proflow, pid: u32, names: &[&str]) -> std::collections::BTreeSet<String> {
+    let mut files = std::collections::BTreeSet::new();
+    for e in common::read_index(&proflow.profiles) {
+        if e.label("pid") != Some(pid.to_string().as_str()) || !e.path.is_file() {
+            continue;
+        }
+        let p = common::read_profile(&e.path);
+        for f in &p.function {
+            if names.contains(&p.string(f.name)) {
+                files.insert(p.string(f.filename).to_owned());
+            }
+        }
+    }
+    files
+}
+
 /// Methods the JIT inlined into the loop that calls them, in Java 17 and
 /// 25: their samples land in the caller's compiled code, and are named from
 /// the compiled method's scopes (`Inline.main → Inline.run →
@@ -778,21 +828,7 @@ fn jvm_inlined_methods_named_from_the_compiled_scopes() {
         );
         let proflow = proflow_for(&[pid], "2s");
         let stacks = stacks_of(&proflow, pid, 4000);
-        let dump = check_split(&stacks, two, one);
-        let (mut hot, mut whole) = (0, 0);
-        for (frames, n) in &stacks {
-            let Some(leaf) = frames.iter().position(|f| f == two || f == one) else {
-                continue;
-            };
-            hot += n;
-            if holds_chain(&frames[..leaf], &["Inline.main", "Inline.run"]) {
-                whole += n;
-            }
-        }
-        assert!(
-            whole as f64 >= 0.95 * hot as f64,
-            "{name}: only {whole} of {hot} hot samples read Inline.main → Inline.run → inlined method: {dump:#?}"
-        );
+        check_runtime_stacks(&stacks, [two, one], &["Inline.main", "Inline.run"], name);
         let lines = java_lines(&proflow, pid, "Inline.", "Inline.java", name);
         for (hot, def) in [
             (two, at("static long proflow_inlined_two(")),
@@ -815,6 +851,34 @@ fn jvm_inlined_methods_named_from_the_compiled_scopes() {
             lines["Inline.run"]
         );
     }
+}
+
+/// Checks the 2:1 split between `two` and `one` (frames named exactly so)
+/// and that at least 95% of their samples' stacks hold `chain`, root first,
+/// its last the hot function's caller; returns the hot samples.
+fn check_runtime_stacks(
+    stacks: &[(Vec<String>, i64)],
+    [two, one]: [&str; 2],
+    chain: &[&str],
+    name: &str,
+) -> i64 {
+    let dump = check_split(stacks, two, one);
+    let caller = chain.last().copied().unwrap_or_default();
+    let (mut hot, mut whole) = (0, 0);
+    for (frames, n) in stacks {
+        let Some(leaf) = frames.iter().position(|f| f == two || f == one) else {
+            continue;
+        };
+        hot += n;
+        if holds_chain(&frames[..leaf], chain) && frames[leaf - 1] == caller {
+            whole += n;
+        }
+    }
+    assert!(
+        whole as f64 >= 0.95 * hot as f64,
+        "{name}: only {whole} of {hot} hot samples read {chain:?} → hot function: {dump:#?}"
+    );
+    hot
 }
 
 /// The lines each function named `prefix…` of `pid`'s profiles was at,
@@ -869,21 +933,11 @@ fn java_frames_without_a_flag(java: &Path, name: &str) {
     let proflow = proflow_for(&[pid], "2s");
     let stacks = stacks_of(&proflow, pid, 4000);
     let (two, one) = ("Hot.proflow_hot_two", "Hot.proflow_hot_one");
-    let dump = check_split(&stacks, two, one);
-    let chain = ["JavaMain", "JavaCalls::call_helper", "Hot.main", "Hot.run"];
-    let (mut hot, mut whole) = (0, 0);
-    for (frames, n) in &stacks {
-        let Some(leaf) = frames.iter().position(|f| f == two || f == one) else {
-            continue;
-        };
-        hot += n;
-        if holds_chain(&frames[..leaf], &chain) && frames[leaf - 1] == "Hot.run" {
-            whole += n;
-        }
-    }
-    assert!(
-        whole as f64 >= 0.95 * hot as f64,
-        "{name}: only {whole} of {hot} hot samples read {chain:?} → hot method: {dump:#?}"
+    let hot = check_runtime_stacks(
+        &stacks,
+        [two, one],
+        &["JavaMain", "JavaCalls::call_helper", "Hot.main", "Hot.run"],
+        name,
     );
     eprintln!("{name}: {hot} hot samples");
     let lines = java_lines(&proflow, pid, "Hot.", "Hot.java", name);
@@ -931,7 +985,8 @@ fn final_compilation_of(line: &str, method: &str) -> bool {
 
 /// A process in its own mount and PID namespaces with a /tmp of its own,
 /// as in a container: its perf map is `/tmp/perf-1.map` there, found
-/// through `/proc/PID/root` and its pid in its namespace.
+/// through `/proc/PID/root` and its pid in its namespace (Node's own
+/// naming off, so that the map names its functions).
 #[test]
 fn a_containers_perf_map_is_read_inside_its_root() {
     let _one_at_a_time = require_root();
@@ -971,7 +1026,7 @@ fn a_containers_perf_map_is_read_inside_its_root() {
                 .contains("proflow_hot_two"),
         "the map is in the namespace's own /tmp only"
     );
-    let proflow = proflow_for(&[pid], "2s");
+    let proflow = proflow_for_with(&[pid], "2s", "    node: false\n");
     let stacks = stacks_of(&proflow, pid, 2000);
     check_split(&stacks, "proflow_hot_two /", "proflow_hot_one /");
 }

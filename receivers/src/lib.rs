@@ -25,6 +25,12 @@
 
 #[cfg(all(feature = "ebpf", target_os = "linux"))]
 pub mod ebpf;
+/// HotSpot's line-table decoders of the ebpf receiver, without the
+/// receiver (feature `perf-map`: no aya), for the fuzz targets in `fuzz/`.
+#[cfg(all(feature = "perf-map", not(feature = "ebpf"), target_os = "linux"))]
+#[doc(hidden)]
+#[path = "ebpf/jvmlines.rs"]
+pub mod jvmlines;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 /// The kafka receiver's record decoder without the receiver (feature

@@ -145,6 +145,16 @@ pub struct EbpfReceiverConfig {
     /// tracer).
     #[serde(default = "default_jvm")]
     pub jvm: bool,
+    /// Name the JavaScript frames of Node processes (`node`, `nodejs`,
+    /// `libnode.so`; Node 20 tested; no flag or perf map of theirs needed)
+    /// from V8's post-mortem metadata in the binary: each frame V8 runs
+    /// (interpreted, baseline or optimized) named by its function (or the
+    /// name V8 inferred for an anonymous one) and its script. Lines are not
+    /// read yet, nor functions the optimizing compiler inlined. Where Node
+    /// also writes a perf map (`--perf-basic-prof`), these names win.
+    /// Default true (as the OpenTelemetry eBPF profiler's `v8` tracer).
+    #[serde(default = "default_node")]
+    pub node: bool,
     /// Read the pprof labels of the goroutine each sample of a Go program
     /// (Go 1.24 to 1.26) ran, set by `runtime/pprof.Do` or
     /// `pprof.SetGoroutineLabels` (as the Go OpenTelemetry profiling
@@ -240,6 +250,9 @@ fn default_ruby() -> bool {
     true
 }
 fn default_jvm() -> bool {
+    true
+}
+fn default_node() -> bool {
     true
 }
 fn default_go_labels() -> bool {
@@ -359,6 +372,7 @@ mod tests {
         assert!(c.perl);
         assert!(c.ruby);
         assert!(c.jvm);
+        assert!(c.node);
         assert!(!parse("php: false").php);
         assert_eq!(c.off_cpu, None);
         let on = parse("off_cpu: {}").off_cpu.unwrap();

@@ -17,7 +17,7 @@
 //!   share: the walk's offsets, functions read from the process, their
 //!   frames merged into the native stack.
 //! - [`runtime`]: which runtime a process runs (an interpreter, a Go
-//!   program), and its entry in the BPF program's maps.
+//!   program, a JVM), and its entry in the BPF program's maps.
 //! - [`python`]: CPython 3.8–3.13 processes: their interpreter found from
 //!   its symbols, the offsets of each version, code objects read and named.
 //! - [`golang`]: Go programs: the offsets to the running goroutine's
@@ -29,6 +29,13 @@
 //!   line tables decoded.
 //! - [`php`]: PHP 8.2 processes: `executor_globals` and `execute_ex`, the
 //!   offsets, functions read and named.
+//! - [`jvm`]: HotSpot JVMs: their own struct tables read, the code cache,
+//!   Java frames stepped in the copied stack and named (compiled scopes,
+//!   line tables); [`jvmlines`]: their line tables and integers decoded.
+//! - [`v8`]: Node (V8): the `v8dbg_*` metadata, JavaScript frames found
+//!   by their frame pointers in V8's code and named.
+//! - [`unwind`]: a sample's user stack (framehop, frame pointers, CPython's
+//!   trampolines, Java frames).
 //! - [`collector`]: samples → stacks → one profile per process (or
 //!   service) per interval.
 //! - [`symbols`]: addresses → functions, files and lines (blazesym).
@@ -103,6 +110,7 @@ pub mod frame;
 pub mod golang;
 pub mod interp;
 pub mod jvm;
+pub mod jvmlines;
 pub mod perfmap;
 pub mod perl;
 pub mod php;
@@ -118,6 +126,7 @@ pub mod state_budget;
 pub mod symbols;
 pub mod telemetry;
 pub mod unwind;
+pub mod v8;
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
@@ -556,6 +565,7 @@ fn new_collector(
         perl: config.perl,
         ruby: config.ruby,
         jvm: config.jvm,
+        node: config.node,
         go_labels: config.go_labels,
     };
     if let Some(maps) = loaded

@@ -1,8 +1,8 @@
 //! The runtime of one process whose state is read at each sample: an
 //! interpreter whose frames the BPF program walks ([`super::interp`]), a Go
 //! program whose goroutines' pprof labels it reads ([`super::golang`]), or
-//! a JVM whose Java frames user space walks in the stack it copies
-//! ([`super::jvm`]).
+//! a JVM or a Node whose frames user space walks in the stack it copies
+//! ([`super::jvm`], [`super::v8`]).
 //! Lives here: which runtime a mapped file is ([`RuntimeBinary`]), the
 //! process's ([`Runtime`]), and what its entry in the BPF program's maps is
 //! ([`BpfValue`]).
@@ -19,9 +19,10 @@ use super::python::{PyBinary, PyProcess};
 use super::ruby::{RubyBinary, RubyProcess};
 use super::sample::RawInterpFrame;
 use super::state_budget::StateBudget;
+use super::v8::{V8Binary, V8Process};
 
 /// Which runtimes' state is read (the receiver's `python`, `php`, `perl`,
-/// `ruby`, `go_labels` and `jvm` keys).
+/// `ruby`, `go_labels`, `jvm` and `node` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Runtimes {
     pub python: bool,
@@ -30,6 +31,7 @@ pub struct Runtimes {
     pub ruby: bool,
     pub go_labels: bool,
     pub jvm: bool,
+    pub node: bool,
 }
 
 /// What a runtime's file gives (as file addresses), when the file is one.
@@ -41,6 +43,7 @@ pub enum RuntimeBinary {
     Ruby(RubyBinary),
     Go(GoBinary),
     Jvm(JvmBinary),
+    V8(V8Binary),
 }
 
 /// What the BPF program is given for one process, and in which map.
@@ -72,6 +75,9 @@ impl RuntimeBinary {
         if super::jvm::is_jvm(path) {
             return super::jvm::read_symbols(elf).map(RuntimeBinary::Jvm);
         }
+        if super::v8::is_node(path) {
+            return super::v8::read_symbols(elf).map(RuntimeBinary::V8);
+        }
         super::golang::read(elf).map(RuntimeBinary::Go)
     }
 }
@@ -85,6 +91,7 @@ pub enum Runtime {
     Ruby(RubyProcess),
     Go(GoBinary),
     Jvm(Box<JvmProcess>),
+    V8(Box<V8Process>),
 }
 
 impl Runtime {
@@ -111,6 +118,9 @@ impl Runtime {
                 Some(Runtime::Ruby(RubyProcess::new(pid, b, bias, budget)))
             }
             RuntimeBinary::Go(b) if on.go_labels => Some(Runtime::Go(b.clone())),
+            RuntimeBinary::V8(b) if on.node => {
+                Some(Runtime::V8(Box::new(V8Process::new(pid, b, bias, budget))))
+            }
             RuntimeBinary::Jvm(b) if on.jvm => Some(Runtime::Jvm(Box::new(JvmProcess::new(
                 pid, b, bias, budget,
             )))),
@@ -128,6 +138,7 @@ impl Runtime {
             Runtime::Ruby(p) => p.vm_ptr,
             Runtime::Go(_) => 0,
             Runtime::Jvm(p) => p.id(),
+            Runtime::V8(p) => p.id(),
         }
     }
 
@@ -140,7 +151,7 @@ impl Runtime {
             Runtime::Perl(p) => BpfValue::Interp(p.bpf_value(start_time)),
             Runtime::Ruby(p) => BpfValue::Interp(p.bpf_value(start_time)),
             Runtime::Go(b) => BpfValue::Go(b.bpf_value(start_time)),
-            Runtime::Jvm(_) => return None,
+            Runtime::Jvm(_) | Runtime::V8(_) => return None,
         })
     }
 
@@ -157,7 +168,7 @@ impl Runtime {
             Runtime::Php(p) => std::slice::from_ref(&p.execute_ex),
             Runtime::Perl(p) => std::slice::from_ref(&p.runops),
             Runtime::Ruby(p) => std::slice::from_ref(&p.vm_exec),
-            Runtime::Go(_) | Runtime::Jvm(_) => &[],
+            Runtime::Go(_) | Runtime::Jvm(_) | Runtime::V8(_) => &[],
         };
         ranges.iter().any(|r| r.contains(&addr))
     }
@@ -171,7 +182,7 @@ impl Runtime {
             Runtime::Php(p) => p.frames(raw),
             Runtime::Perl(p) => p.frames(raw),
             Runtime::Ruby(p) => p.frames(raw),
-            Runtime::Go(_) | Runtime::Jvm(_) => Vec::new(),
+            Runtime::Go(_) | Runtime::Jvm(_) | Runtime::V8(_) => Vec::new(),
         }
     }
 
@@ -184,6 +195,7 @@ impl Runtime {
             Runtime::Ruby(p) => p.frame(f),
             Runtime::Go(_) => None,
             Runtime::Jvm(p) => p.frame(f),
+            Runtime::V8(p) => p.frame(f),
         }
     }
 
@@ -196,6 +208,7 @@ impl Runtime {
             Runtime::Ruby(_) => "[unknown Ruby frame]",
             Runtime::Go(_) => "[unknown frame]",
             Runtime::Jvm(_) => "[unknown Java frame]",
+            Runtime::V8(_) => "[unknown JavaScript frame]",
         }
     }
 }

@@ -102,6 +102,9 @@ pub fn user_stack(
     let mut in_java: Option<jvm::Regs> = None;
     while frames.len() < MAX_USER_FRAMES {
         let at = address.address();
+        if let Some(f) = js_function(process, at, regs.bp(), &mut read) {
+            java.push((frames.len() - 1, f));
+        }
         if let Some(blob) = java_blob(process, at) {
             let r = in_java.unwrap_or(jvm::Regs {
                 pc: at,
@@ -172,6 +175,22 @@ pub fn user_stack(
         (frames, Unwound::Truncated, java)
     } else {
         (fp, Unwound::FramePointers, Vec::new())
+    }
+}
+
+/// The JavaScript function of the frame at `at` whose frame pointer is
+/// `fp`, when the process runs V8 and `at` is in its code (code no file
+/// maps, or the builtins in its binary).
+fn js_function(
+    process: &mut Process,
+    at: u64,
+    fp: u64,
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+) -> Option<InterpFrame> {
+    let anonymous = process.mapping(at).is_none();
+    match process.runtime.as_mut()? {
+        Runtime::V8(v) if anonymous || v.in_builtins(at) => v.function_at(fp, |a| read(a).ok()),
+        _ => None,
     }
 }
 

@@ -12,8 +12,8 @@
 //! next one's, as HotSpot answers an approximate lookup.
 
 use super::super::interp::{read_mem, read_u64};
+use super::super::jvmlines::unsigned5;
 use super::codecache::{Compiled, read_u32};
-use super::unsigned5;
 use super::vmstructs::Layout;
 
 /// Scopes of one pc read at most (inlining depth).
