@@ -3,9 +3,8 @@
 //! the input's first byte picks the integer encoding (JDK 17's, or the one
 //! without the zero byte of later versions), the rest is a method's
 //! compressed line table. Whatever the bytes, decoding ends without a
-//! panic, gives at most one entry a byte read, every bytecode index and
-//! line it gives is one the deltas reach without overflow, and a line is
-//! found for any bytecode index.
+//! panic (overflow checks on), gives at most one entry a byte read, and
+//! the line found for a bytecode the table names is one of its lines.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use proflow_receivers::jvmlines::{decode_lines, line_at, unsigned5};

@@ -178,8 +178,8 @@ fn a_users_perf_maps_and_debug_frames_stay_within_the_state_budget() {
         children.push(user(&copy));
     }
 
-    // At least 30 s of both attacks, and until the agent has met both (its
-    // state charged, something refused): on a machine as busy as this one
+    // At least 30 s of both attacks, and until the agent has met them (its
+    // state charged, and something refused): on a machine as busy as this one
     // (17 busy loops on the test machine's two cores) the agent gets only
     // its share of the CPU, and reading the attackers' files takes it
     // longer; what is bounded here is its memory, not its speed.

@@ -138,9 +138,10 @@ pub struct EbpfReceiverConfig {
     /// tested; no flag, agent or perf map of theirs needed), in every
     /// thread, from HotSpot's own description of its structs: compiled and
     /// interpreted methods named `package/Class.method` with their source
-    /// file, an interpreted frame at its line. Methods a compiled frame
-    /// inlined are not yet told apart (their samples are the outer
-    /// method's). Where the JVM also writes a perf map, these names win.
+    /// file at the line of their bytecode, a compiled frame as every
+    /// method it was running (those the JIT inlined, where it recorded
+    /// their scope). Where the JVM also writes a perf map, these names
+    /// win.
     /// Default true (as the OpenTelemetry eBPF profiler's `hotspot`
     /// tracer).
     #[serde(default = "default_jvm")]

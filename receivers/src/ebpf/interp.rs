@@ -161,6 +161,26 @@ impl<V: Clone> ReadCache<V> {
         v
     }
 
+    /// [`ReadCache::get`], but an entry kept is used only if `valid` says
+    /// it still holds (the address may hold something else by now), and an
+    /// unreadable one is read again. An entry read again is charged again
+    /// (the cache's charge errs high until it starts over).
+    pub fn get_valid(
+        &mut self,
+        addr: u64,
+        valid: impl Fn(&V) -> bool,
+        read: impl FnOnce() -> Option<V>,
+        size: impl Fn(&V) -> usize,
+    ) -> Option<V> {
+        if let Some(Some(v)) = self.entries.get(&addr)
+            && valid(v)
+        {
+            return Some(v.clone());
+        }
+        self.entries.remove(&addr);
+        self.get(addr, read, size)
+    }
+
     /// The line at `key` (an entry's address and where in it), `find` the
     /// first time.
     pub fn line(&mut self, key: (u64, u64), find: impl FnOnce() -> u32) -> u32 {
@@ -195,6 +215,18 @@ pub(super) fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> bool {
     // length; the remote side is only read by the kernel, which checks it.
     let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
     n >= 0 && n as usize == buf.len()
+}
+
+/// The 4 bytes at `addr` of process `pid`; `None` when unreadable.
+pub(super) fn read_u32(pid: u32, addr: u64) -> Option<u32> {
+    let mut b = [0u8; 4];
+    read_mem(pid, addr, &mut b).then(|| u32::from_le_bytes(b))
+}
+
+/// The 2 bytes at `addr` of process `pid`; `None` when unreadable.
+pub(super) fn read_u16(pid: u32, addr: u64) -> Option<u16> {
+    let mut b = [0u8; 2];
+    read_mem(pid, addr, &mut b).then(|| u16::from_le_bytes(b))
 }
 
 /// The little-endian 4 bytes at `off` of `b` (0 past its end).

@@ -26,16 +26,18 @@ mod codecache;
 mod scopes;
 mod vmstructs;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use codecache::Named;
 pub use codecache::{Blob, Frame as JavaFrame, Regs, step};
 
-use super::interp::{Code, InterpFrame, ReadCache, read_mem, read_u64};
+use super::interp::{Code, InterpFrame, ReadCache, read_mem, read_u16, read_u32, read_u64};
 use super::jvmlines::{decode_lines, line_at};
 use super::state_budget::StateBudget;
 use codecache::Heap;
-use vmstructs::{Layout, SYMBOLS, Tables};
+use vmstructs::{Layout, NoLayout, SYMBOLS, Tables};
 
 /// Methods (and blobs) kept per process at most, and their bytes.
 const MAX_METHODS: usize = 8192;
@@ -47,6 +49,8 @@ const RETRY: Duration = Duration::from_secs(1);
 /// index plus one (0: at the method's entry); an interpreted frame's is its
 /// bytecode pointer.
 const COMPILED: u64 = 1 << 63;
+/// Blob names kept per process at most (libjvm has a few dozen).
+const MAX_NAMES: usize = 256;
 /// The longest class or method name read.
 const MAX_SYMBOL: usize = 512;
 /// The most bytes of a line number table read.
@@ -79,6 +83,10 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Op
         .then_some(JvmBinary { tables })
 }
 
+/// The methods (`Method*`) at a compiled frame's pc, innermost first, each
+/// with its bytecode index plus one.
+type Scopes = Arc<[(u64, u32)]>;
+
 /// A method as read: its name and file, and its line number table.
 #[derive(Debug, Clone)]
 struct Method {
@@ -91,19 +99,25 @@ struct Method {
 }
 
 /// A JVM process: its layout once read, its code cache's heaps, and the
-/// blobs and methods read (charged to the state budget).
+/// methods and scopes read (charged to the state budget).
 #[derive(Debug)]
 pub struct JvmProcess {
     pid: u32,
     tables: Tables,
     layout: Option<Layout>,
+    /// Its tables lack a field the walker needs: not read again.
+    unknown: bool,
     heaps: Vec<Heap>,
     /// When the layout or the heaps may be read again after a failure.
     retry_at: Option<Instant>,
-    blobs: ReadCache<Blob>,
+    /// What each blob name (a static string of libjvm) says, by address.
+    names: HashMap<u64, Named>,
     methods: ReadCache<Method>,
-    /// The methods and bytecode indices at a compiled frame's pc.
-    scopes: ReadCache<Arc<[(u64, i32)]>>,
+    /// The methods and bytecode indices plus one at a compiled frame's pc,
+    /// with the `PcDesc`s' address of the nmethod they were read from (the
+    /// code cache reuses its blocks: a pc of another nmethod is read
+    /// again).
+    scopes: ReadCache<(u64, Scopes)>,
 }
 
 impl JvmProcess {
@@ -113,9 +127,10 @@ impl JvmProcess {
             pid,
             tables: Tables(binary.tables.map(|a| a.wrapping_add(bias))),
             layout: None,
+            unknown: false,
             heaps: Vec::new(),
             retry_at: None,
-            blobs: ReadCache::new(budget, MAX_METHODS, MAX_METHOD_BYTES),
+            names: HashMap::new(),
             methods: ReadCache::new(budget, MAX_METHODS, MAX_METHOD_BYTES),
             scopes: ReadCache::new(budget, MAX_METHODS, MAX_METHOD_BYTES),
         }
@@ -132,11 +147,18 @@ impl JvmProcess {
     fn ready(&mut self) -> Option<&Layout> {
         if self.layout.is_none() || self.heaps.is_empty() {
             let now = Instant::now();
-            if self.retry_at.is_some_and(|at| now < at) {
+            if self.unknown || self.retry_at.is_some_and(|at| now < at) {
                 return None;
             }
             if self.layout.is_none() {
-                self.layout = vmstructs::read(self.pid, &self.tables);
+                match vmstructs::read(self.pid, &self.tables) {
+                    Ok(l) => self.layout = Some(l),
+                    Err(NoLayout::Unknown) => {
+                        self.unknown = true;
+                        return None;
+                    }
+                    Err(NoLayout::Unreadable) => {}
+                }
             }
             if let Some(l) = &self.layout {
                 self.heaps = codecache::heaps(self.pid, l);
@@ -149,16 +171,24 @@ impl JvmProcess {
         self.layout.as_ref()
     }
 
-    /// The blob of the code cache holding `pc`, when one does.
+    /// The blob of the code cache holding `pc`, when one does: read at
+    /// each frame (blocks are freed and reused as code is compiled again or
+    /// unloaded), in two reads, the segment map's and the blob's header.
     pub fn blob(&mut self, pc: u64) -> Option<Blob> {
         let pid = self.pid;
         self.ready()?;
         let heap = *self.heaps.iter().find(|h| (h.low..h.high).contains(&pc))?;
+        let block = heap.block_at(pid, pc)?;
         let l = self.layout.as_ref()?;
-        let at = heap.blob_at(pid, l, pc)?;
-        let l = l.clone();
-        self.blobs
-            .get(at, || codecache::read_blob(pid, &l, at), |_| 0)
+        let names = &mut self.names;
+        codecache::read_blob(pid, l, block, |name| {
+            if names.len() >= MAX_NAMES {
+                names.clear();
+            }
+            *names
+                .entry(name)
+                .or_insert_with(|| codecache::named(pid, name))
+        })
     }
 
     /// The Java frames of one frame of the stack, innermost first: a
@@ -186,12 +216,13 @@ impl JvmProcess {
                 let key = pc ^ (u64::from(return_address) << 63);
                 let found = self
                     .scopes
-                    .get(
+                    .get_valid(
                         key,
-                        || Some(scopes::at(pid, &l, &c, pc, return_address).into()),
-                        |s: &Arc<[(u64, i32)]>| s.len() * 16,
+                        |&(pcs, _)| pcs == c.pcs,
+                        || Some((c.pcs, scopes::at(pid, &l, &c, pc, return_address).into())),
+                        |(_, s)| s.len() * 16,
                     )
-                    .unwrap_or_else(|| Arc::from([]));
+                    .map_or_else(|| Arc::from([]), |(_, s)| s);
                 if found.is_empty() {
                     // No scope at the pc (its code's entry or exit, or a
                     // table that could not be read): the method, at its
@@ -200,7 +231,7 @@ impl JvmProcess {
                 }
                 found
                     .iter()
-                    .map(|&(method, bci)| frame_of(method, COMPILED | (bci + 1) as u32 as u64))
+                    .map(|&(method, bci1)| frame_of(method, COMPILED | u64::from(bci1)))
                     .collect()
             }
         }
@@ -228,11 +259,6 @@ impl JvmProcess {
     }
 }
 
-fn read_u16(pid: u32, addr: u64) -> Option<u16> {
-    let mut b = [0u8; 2];
-    read_mem(pid, addr, &mut b).then(|| u16::from_le_bytes(b))
-}
-
 /// A `Symbol`'s text, at most [`MAX_SYMBOL`] bytes.
 fn symbol(pid: u32, l: &Layout, addr: u64) -> Option<String> {
     let len = usize::from(read_u16(
@@ -240,7 +266,7 @@ fn symbol(pid: u32, l: &Layout, addr: u64) -> Option<String> {
         addr.checked_add(u64::from(l.symbol_length))?,
     )?);
     let mut buf = vec![0u8; len.min(MAX_SYMBOL)];
-    read_mem(pid, addr + u64::from(l.symbol_body), &mut buf)
+    read_mem(pid, addr.wrapping_add(u64::from(l.symbol_body)), &mut buf)
         .then(|| String::from_utf8_lossy(&buf).into_owned())
 }
 
@@ -249,12 +275,21 @@ fn symbol(pid: u32, l: &Layout, addr: u64) -> Option<String> {
 fn read_method(pid: u32, l: &Layout, method: u64) -> Option<Method> {
     let cm = read_u64(pid, method.checked_add(u64::from(l.method_const))?)?;
     let pool = read_u64(pid, cm.checked_add(u64::from(l.const_constants))?)?;
-    let entry = |index: u16| read_u64(pid, pool + u64::from(l.pool_size) + 8 * u64::from(index));
+    let entry = |index: u16| {
+        read_u64(
+            pid,
+            pool.wrapping_add(u64::from(l.pool_size) + 8 * u64::from(index)),
+        )
+    };
     let holder = read_u64(pid, pool.checked_add(u64::from(l.pool_holder))?)?;
-    let class = symbol(pid, l, read_u64(pid, holder + u64::from(l.klass_name))?)?;
-    let name_index = read_u16(pid, cm + u64::from(l.const_name_index))?;
+    let class = symbol(
+        pid,
+        l,
+        read_u64(pid, holder.wrapping_add(u64::from(l.klass_name)))?,
+    )?;
+    let name_index = read_u16(pid, cm.wrapping_add(u64::from(l.const_name_index)))?;
     let name = symbol(pid, l, entry(name_index)?)?;
-    let source = match read_u16(pid, pool + u64::from(l.pool_source_file)) {
+    let source = match read_u16(pid, pool.wrapping_add(u64::from(l.pool_source_file))) {
         Some(i) if i != 0 => entry(i).and_then(|s| symbol(pid, l, s)),
         _ => None,
     };
@@ -263,17 +298,19 @@ fn read_method(pid: u32, l: &Layout, method: u64) -> Option<Method> {
         (Some(src), None) => src,
         (None, _) => format!("{class}.java"),
     };
-    let code_size = u64::from(read_u16(pid, cm + u64::from(l.const_code_size))?);
+    let code_size = u64::from(read_u16(
+        pid,
+        cm.wrapping_add(u64::from(l.const_code_size)),
+    )?);
     let flags = if l.const_flags_u4 {
-        let mut b = [0u8; 4];
-        read_mem(pid, cm + u64::from(l.const_flags), &mut b).then(|| u32::from_le_bytes(b))?
+        read_u32(pid, cm.wrapping_add(u64::from(l.const_flags)))?
     } else {
-        u32::from(read_u16(pid, cm + u64::from(l.const_flags))?)
+        u32::from(read_u16(pid, cm.wrapping_add(u64::from(l.const_flags)))?)
     };
-    let bytecodes = cm + u64::from(l.const_size);
+    let bytecodes = cm.wrapping_add(u64::from(l.const_size));
     let lines: Arc<[(u32, u32)]> = if flags & l.has_line_table != 0 {
         let mut table = vec![0u8; MAX_LINE_TABLE];
-        let at = bytecodes + code_size;
+        let at = bytecodes.wrapping_add(code_size);
         // To the end of its page first: the table may end near one.
         let first = (0x1000 - (at & 0xfff) as usize).min(table.len());
         let n = if read_mem(pid, at, &mut table) {

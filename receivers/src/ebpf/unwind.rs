@@ -26,7 +26,9 @@ pub enum Unwound {
     /// framehop stopped early and the kernel's frame-pointer walk, longer,
     /// was taken.
     FramePointers,
-    /// framehop stopped early and was still the longer of the two.
+    /// framehop stopped early and was still the longer of the two (or
+    /// found a JVM's or Node's frames, which the kernel's walk cannot
+    /// name).
     Truncated,
     /// No user part (a kernel thread), or no registers to start from.
     None,
@@ -58,9 +60,11 @@ impl Unwound {
 /// frame), that is the stack.
 /// If it stops early (the stack copy ran out, or no rule applied), the
 /// kernel's frame-pointer walk is taken instead when it has more frames:
-/// code with frame pointers and a stack deeper than the copy.
+/// code with frame pointers and a stack deeper than the copy; not where
+/// it found a runtime's frames, which that walk would leave unnamed.
 /// In a JVM, a frame in its code cache is stepped by HotSpot's layout
-/// ([`super::jvm::step`]); the Java frames found are returned beside the
+/// ([`super::jvm::step`]); in Node, a frame in V8's code is named by its
+/// function ([`super::v8`]). The frames found are returned beside the
 /// stack, by their index in it.
 pub fn user_stack(
     process: &mut Process,
@@ -120,6 +124,10 @@ pub fn user_stack(
                 let frames = j.java_frames(frame, at, address.is_return_address());
                 java.extend(frames.into_iter().map(|f| (i, f)));
             }
+            // The frame is named even where its caller is past the copy.
+            let Some(caller) = caller else {
+                break;
+            };
             regs.set_sp(caller.sp);
             regs.set_bp(caller.fp);
             in_java = Some(caller);

@@ -28,7 +28,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::interp::{Code, InterpFrame, ReadCache, read_mem, read_u64};
+use super::interp::{Code, InterpFrame, ReadCache, read_mem, read_u16, read_u32, read_u64};
 use super::state_budget::StateBudget;
 
 /// The `v8dbg_` symbols read (each an `int`), in this order.
@@ -159,11 +159,7 @@ impl V8Process {
         if self.meta.is_none() {
             let mut values = [0i64; N];
             for (v, &addr) in values.iter_mut().zip(&self.symbols) {
-                let mut b = [0u8; 4];
-                if !read_mem(self.pid, addr, &mut b) {
-                    return None;
-                }
-                *v = i64::from(i32::from_le_bytes(b));
+                *v = i64::from(read_u32(self.pid, addr)? as i32);
             }
             self.meta = Some(Meta(values));
         }
@@ -228,9 +224,8 @@ fn instance_type(pid: u32, m: &Meta, object: u64) -> Option<i64> {
     if !is_object(map) {
         return None;
     }
-    let mut b = [0u8; 2];
     let at = (map - 1).checked_add_signed(m.get("v8dbg_class_Map__instance_type__uint16_t"))?;
-    read_mem(pid, at, &mut b).then(|| i64::from(u16::from_le_bytes(b)))
+    read_u16(pid, at).map(i64::from)
 }
 
 /// The text of the string `s` (sequential, cons or thin), at most
@@ -243,12 +238,10 @@ fn string(pid: u32, m: &Meta, s: u64, depth: usize) -> Option<String> {
     if t >= m.get("v8dbg_FirstNonstringType") {
         return None;
     }
-    let mut b = [0u8; 4];
     let len_at = (s - 1).checked_add_signed(m.get("v8dbg_class_String__length__int32_t"))?;
-    if !read_mem(pid, len_at, &mut b) {
-        return None;
-    }
-    let len = usize::try_from(i32::from_le_bytes(b)).ok()?.min(MAX_CHARS);
+    let len = usize::try_from(read_u32(pid, len_at)? as i32)
+        .ok()?
+        .min(MAX_CHARS);
     let repr = t & m.get("v8dbg_StringRepresentationMask");
     if repr == m.get("v8dbg_SeqStringTag") {
         let one_byte = t & m.get("v8dbg_StringEncodingMask") == m.get("v8dbg_OneByteStringTag");
@@ -289,7 +282,7 @@ fn string(pid: u32, m: &Meta, s: u64, depth: usize) -> Option<String> {
 /// after the context locals' names (or their table) and details: the
 /// function's own name, else the one V8 inferred.
 fn scope_info_name(pid: u32, m: &Meta, info: u64) -> Option<String> {
-    let slot = |i: u64| read_u64(pid, info - 1 + 8 + 8 * i);
+    let slot = |i: u64| read_u64(pid, info.wrapping_add(7).wrapping_add(8 * i));
     let first = u64::try_from(m.get("v8dbg_scopeinfo_idx_first_vars")).ok()?;
     let count_slot = u64::try_from(m.get("v8dbg_scopeinfo_idx_ncontextlocals")).ok()?;
     // A Smi: the value in the upper half.

@@ -18,7 +18,7 @@
 //! above it. A stub with no frame size (the call stub that enters Java from
 //! C++) keeps a frame pointer too. ([`step`].)
 
-use super::super::interp::{read_mem, read_u64};
+use super::super::interp::{read_mem, read_u32, read_u64, u32_at, u64_at};
 use super::vmstructs::{Layout, Nmethod};
 
 /// Heaps read at most (JDK 17 and 25 have three: non-nmethods, profiled
@@ -56,10 +56,11 @@ pub struct Compiled {
     pub metadata: u64,
 }
 
-/// Reads the nmethod at `blob` whose `Method*` is `method`.
-fn read_compiled(pid: u32, l: &Layout, blob: u64, method: u64) -> Option<Compiled> {
-    let int = |field: u32| read_u32(pid, blob + u64::from(field)).map(u64::from);
-    let ptr = |field: u32| read_u64(pid, blob + u64::from(field));
+/// The nmethod at `blob`, from its header `h` (read whole), whose
+/// `Method*` is `method`.
+fn compiled(l: &Layout, blob: u64, h: &[u8], method: u64) -> Option<Compiled> {
+    let int = |field: u32| u64::from(u32_at(h, field));
+    let ptr = |field: u32| u64_at(h, field);
     let c = match l.nmethod {
         Nmethod::Blob {
             code_begin,
@@ -69,11 +70,11 @@ fn read_compiled(pid: u32, l: &Layout, blob: u64, method: u64) -> Option<Compile
             metadata,
         } => Compiled {
             method,
-            code_begin: ptr(code_begin)?,
-            pcs: blob + int(pcs)?,
-            pcs_end: blob + int(pcs_end)?,
-            scopes: ptr(scopes_data)?,
-            metadata: blob + int(metadata)?,
+            code_begin: ptr(code_begin),
+            pcs: blob.wrapping_add(int(pcs)),
+            pcs_end: blob.wrapping_add(int(pcs_end)),
+            scopes: ptr(scopes_data),
+            metadata: blob.wrapping_add(int(metadata)),
         },
         Nmethod::Split {
             code_offset,
@@ -83,15 +84,15 @@ fn read_compiled(pid: u32, l: &Layout, blob: u64, method: u64) -> Option<Compile
             mutable,
             relocation_size,
         } => {
-            let immutable = ptr(immutable)?;
-            let scopes = immutable + int(scopes_data)?;
+            let immutable = ptr(immutable);
+            let scopes = immutable.wrapping_add(int(scopes_data));
             Compiled {
                 method,
-                code_begin: blob + int(code_offset)?,
-                pcs: immutable + int(pcs)?,
+                code_begin: blob.wrapping_add(int(code_offset)),
+                pcs: immutable.wrapping_add(int(pcs)),
                 pcs_end: scopes,
                 scopes,
-                metadata: ptr(mutable)? + int(relocation_size)?,
+                metadata: ptr(mutable).wrapping_add(int(relocation_size)),
             }
         }
     };
@@ -112,21 +113,25 @@ pub fn heaps(pid: u32, l: &Layout) -> Vec<Heap> {
     let Some(array) = read_u64(pid, l.heaps) else {
         return out;
     };
-    let len = read_u32(pid, array + u64::from(l.array_len)).unwrap_or(0);
-    let Some(data) = read_u64(pid, array + u64::from(l.array_data)) else {
+    let len = read_u32(pid, array.wrapping_add(u64::from(l.array_len))).unwrap_or(0);
+    let Some(data) = read_u64(pid, array.wrapping_add(u64::from(l.array_data))) else {
         return out;
     };
     for i in 0..u64::from(len).min(MAX_HEAPS) {
-        let Some(heap) = read_u64(pid, data + i * 8) else {
+        let Some(heap) = read_u64(pid, data.wrapping_add(i * 8)) else {
             continue;
         };
-        let space =
-            |space: u32, field: u32| read_u64(pid, heap + u64::from(space) + u64::from(field));
+        let space = |space: u32, field: u32| {
+            read_u64(pid, heap.wrapping_add(u64::from(space) + u64::from(field)))
+        };
+        // The whole reserved range: the heap commits more of it as it
+        // fills, and a segment not in use yet reads as free (or not at
+        // all).
         let (Some(low), Some(high), Some(segmap), Some(log2)) = (
-            space(l.heap_memory, l.space_low),
-            space(l.heap_memory, l.space_high),
-            space(l.heap_segmap, l.space_low),
-            read_u32(pid, heap + u64::from(l.heap_log2_segment)),
+            space(l.heap_memory, l.space_low_boundary),
+            space(l.heap_memory, l.space_high_boundary),
+            space(l.heap_segmap, l.space_low_boundary),
+            read_u32(pid, heap.wrapping_add(u64::from(l.heap_log2_segment))),
         ) else {
             continue;
         };
@@ -143,9 +148,9 @@ pub fn heaps(pid: u32, l: &Layout) -> Vec<Heap> {
 }
 
 impl Heap {
-    /// The address of the blob that holds `pc` (in this heap), when a block
-    /// in use holds it.
-    pub fn blob_at(&self, pid: u32, l: &Layout, pc: u64) -> Option<u64> {
+    /// The address of the block that holds `pc` (in this heap), when one
+    /// does (in use or not: [`read_blob`] tells).
+    pub fn block_at(&self, pid: u32, pc: u64) -> Option<u64> {
         if !(self.low..self.high).contains(&pc) {
             return None;
         }
@@ -156,7 +161,7 @@ impl Heap {
         'read: loop {
             let first = seg.saturating_sub(window.len() as u64 - 1);
             let n = (seg - first + 1) as usize;
-            if !read_mem(pid, self.segmap + first, &mut window[..n]) {
+            if !read_mem(pid, self.segmap.wrapping_add(first), &mut window[..n]) {
                 return None;
             }
             loop {
@@ -177,38 +182,59 @@ impl Heap {
                 }
             }
         }
-        let block = self.low + (seg << self.log2_segment);
-        let mut used = [0u8];
-        if !read_mem(pid, block + u64::from(l.block_used), &mut used) || used[0] == 0 {
-            return None;
-        }
-        Some(block + u64::from(l.block_size))
+        Some(self.low + (seg << self.log2_segment))
     }
 }
 
-/// Reads the blob at `blob`.
-pub fn read_blob(pid: u32, l: &Layout, blob: u64) -> Option<Blob> {
-    let name = read_u64(pid, blob + u64::from(l.blob_name))?;
-    let mut text = [0u8; 12];
-    // Names are in libjvm's read-only data; a short read past a page's end
-    // is only a name that matches neither.
-    let read = read_mem(pid, name, &mut text);
-    let words = read_u32(pid, blob + u64::from(l.blob_frame_size))? as i32;
-    let frame_bytes = u64::try_from(words).ok().filter(|&w| w <= 1 << 16)? * 8;
-    let kind = if read && text.starts_with(b"nmethod\0") {
-        let method = read_u64(pid, blob + u64::from(l.nmethod_method))?;
-        Kind::Compiled(read_compiled(pid, l, blob, method)?)
-    } else if read && text.starts_with(b"Interpreter\0") {
-        Kind::Interpreter
-    } else {
-        Kind::Stub
-    };
-    Some(Blob { kind, frame_bytes })
+/// What a blob's name (a pointer to one of libjvm's strings) says it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Named {
+    /// `nmethod` or `native nmethod`: a compiled Java method (or a native
+    /// method's wrapper).
+    Nmethod,
+    Interpreter,
+    Other,
 }
 
-pub(super) fn read_u32(pid: u32, addr: u64) -> Option<u32> {
-    let mut b = [0u8; 4];
-    read_mem(pid, addr, &mut b).then(|| u32::from_le_bytes(b))
+/// What the name at `name` says (one read of its first bytes).
+pub fn named(pid: u32, name: u64) -> Named {
+    let mut text = [0u8; 16];
+    // A short read near a page's end is only a name that matches neither.
+    if !read_mem(pid, name, &mut text) {
+        return Named::Other;
+    }
+    if text.starts_with(b"nmethod\0") || text.starts_with(b"native nmethod\0") {
+        Named::Nmethod
+    } else if text.starts_with(b"Interpreter\0") {
+        Named::Interpreter
+    } else {
+        Named::Other
+    }
+}
+
+/// Reads the blob in the block at `block` (its header, the blob's header
+/// after it, in one read), when the block is in use; `name` tells what a
+/// blob's name says (kept by the caller: a few static strings).
+pub fn read_blob(
+    pid: u32,
+    l: &Layout,
+    block: u64,
+    mut name: impl FnMut(u64) -> Named,
+) -> Option<Blob> {
+    let mut h = vec![0u8; (l.block_size + l.nmethod_size) as usize];
+    if !read_mem(pid, block, &mut h) || h.get(l.block_used as usize) == Some(&0) {
+        return None;
+    }
+    let blob = block.wrapping_add(u64::from(l.block_size));
+    let h = &h[l.block_size as usize..];
+    let words = u32_at(h, l.blob_frame_size) as i32;
+    let frame_bytes = u64::try_from(words).ok().filter(|&w| w <= 1 << 16)? * 8;
+    let kind = match name(u64_at(h, l.blob_name)) {
+        Named::Nmethod => Kind::Compiled(compiled(l, blob, h, u64_at(h, l.nmethod_method))?),
+        Named::Interpreter => Kind::Interpreter,
+        Named::Other => Kind::Stub,
+    };
+    Some(Blob { kind, frame_bytes })
 }
 
 /// A Java thread's registers as its stack is walked: the instruction,
@@ -231,13 +257,14 @@ pub enum Frame {
     Stub,
 }
 
-/// The frame at `r` in `blob`, and its caller's registers; `read` reads a
-/// word of the thread's stack. `None` when a word it needs is not there.
+/// The frame at `r` in `blob` (`None` when a word it needs is not
+/// there), and its caller's registers (`None` likewise); `read` reads a
+/// word of the thread's stack.
 pub fn step(
     blob: Blob,
     r: Regs,
     mut read: impl FnMut(u64) -> Option<u64>,
-) -> Option<(Frame, Regs)> {
+) -> Option<(Frame, Option<Regs>)> {
     let frame = match blob.kind {
         Kind::Interpreter => {
             let method = read(r.fp.checked_sub(3 * 8)?)?;
@@ -247,30 +274,35 @@ pub fn step(
         Kind::Compiled(method) => Frame::Compiled(method),
         Kind::Stub => Frame::Stub,
     };
+    Some((frame, caller(blob, r, read)))
+}
+
+/// The caller's registers of the frame at `r` in `blob`.
+fn caller(blob: Blob, r: Regs, mut read: impl FnMut(u64) -> Option<u64>) -> Option<Regs> {
     let caller = if blob.kind == Kind::Interpreter || blob.frame_bytes == 0 {
         // A frame pointer: the caller's is saved at it, the return address
         // above; an interpreted frame also saved its caller's stack pointer.
         let unextended_sp = if blob.kind == Kind::Interpreter {
             read(r.fp.checked_sub(8)?)?
         } else {
-            r.fp + 16
+            r.fp.checked_add(16)?
         };
         Regs {
             pc: read(r.fp.checked_add(8)?)?,
-            sp: r.fp + 16,
+            sp: r.fp.checked_add(16)?,
             fp: read(r.fp)?,
             unextended_sp,
         }
     } else {
         let sender_sp = r.unextended_sp.checked_add(blob.frame_bytes)?;
         Regs {
-            pc: read(sender_sp - 8)?,
+            pc: read(sender_sp.checked_sub(8)?)?,
             sp: sender_sp,
             fp: read(sender_sp.checked_sub(16)?)?,
             unextended_sp: sender_sp,
         }
     };
-    (caller.pc != 0).then_some((frame, caller))
+    (caller.pc != 0).then_some(caller)
 }
 
 #[cfg(test)]
@@ -319,6 +351,7 @@ mod tests {
             unextended_sp: base,
         };
         let (f, caller) = step(compiled, r, stack(base, &words)).unwrap();
+        let caller = caller.unwrap();
         assert_eq!(f, Frame::Compiled(method));
         assert_eq!(
             caller,
@@ -334,6 +367,7 @@ mod tests {
             frame_bytes: 0,
         };
         let (f, caller) = step(interp, caller, stack(base, &words)).unwrap();
+        let caller = caller.unwrap();
         assert_eq!(f, Frame::Interpreted(0xbc00, 0xbc40));
         assert_eq!(
             caller,
@@ -344,11 +378,14 @@ mod tests {
                 unextended_sp: 0x1030
             }
         );
-        // A word past the stack copy: no step.
+        // A word past the stack copy: the frame, and no caller.
         let far = Regs {
             unextended_sp: base + 0x1000,
             ..r
         };
-        assert!(step(compiled, far, stack(base, &words)).is_none());
+        assert_eq!(
+            step(compiled, far, stack(base, &words)),
+            Some((Frame::Compiled(method), None))
+        );
     }
 }

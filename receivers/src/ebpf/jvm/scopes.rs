@@ -11,9 +11,9 @@
 //! address has a `PcDesc` of its own; a sample's pc between two takes the
 //! next one's, as HotSpot answers an approximate lookup.
 
-use super::super::interp::{read_mem, read_u64};
+use super::super::interp::{read_mem, read_u32, read_u64};
 use super::super::jvmlines::unsigned5;
-use super::codecache::{Compiled, read_u32};
+use super::codecache::Compiled;
 use super::vmstructs::Layout;
 
 /// Scopes of one pc read at most (inlining depth).
@@ -22,10 +22,10 @@ const MAX_DEPTH: usize = 32;
 const MAX_PC_DESCS: u64 = 1 << 20;
 
 /// The methods at `pc` of `c`, innermost first, each with its bytecode
-/// index (-1: at its entry); `return_address` for a caller's frame (an
-/// exact `PcDesc`), else a sample's pc. Empty when the scopes cannot be
+/// index plus one (0: at its entry); `return_address` for a caller's frame
+/// (an exact `PcDesc`), else a sample's pc. Empty when the scopes cannot be
 /// read.
-pub fn at(pid: u32, l: &Layout, c: &Compiled, pc: u64, return_address: bool) -> Vec<(u64, i32)> {
+pub fn at(pid: u32, l: &Layout, c: &Compiled, pc: u64, return_address: bool) -> Vec<(u64, u32)> {
     let mut out = Vec::new();
     let Some(offset) = pc.checked_sub(c.code_begin) else {
         return out;
@@ -36,7 +36,7 @@ pub fn at(pid: u32, l: &Layout, c: &Compiled, pc: u64, return_address: bool) -> 
     let mut at = u64::from(scope);
     while at != 0 && out.len() < MAX_DEPTH {
         let mut b = [0u8; 15];
-        if !read_mem(pid, c.scopes + at, &mut b) {
+        if !read_mem(pid, c.scopes.wrapping_add(at), &mut b) {
             break;
         }
         let mut pos = 0;
@@ -46,12 +46,12 @@ pub fn at(pid: u32, l: &Layout, c: &Compiled, pc: u64, return_address: bool) -> 
         };
         let method = match index {
             0 => c.method,
-            i => match read_u64(pid, c.metadata + 8 * (u64::from(i) - 1)) {
+            i => match read_u64(pid, c.metadata.wrapping_add(8 * (u64::from(i) - 1))) {
                 Some(m) => m,
                 None => break,
             },
         };
-        out.push((method, bci as i32 - 1));
+        out.push((method, bci));
         if u64::from(sender) >= at && sender != 0 {
             // A caller's scope is written before its callee's.
             break;
@@ -62,7 +62,7 @@ pub fn at(pid: u32, l: &Layout, c: &Compiled, pc: u64, return_address: bool) -> 
 }
 
 /// The scope offset of the `PcDesc` at code offset `offset` (a return
-/// address's), or of the first one past it (a sample's pc).
+/// address's), or of the first one at or past it (a sample's pc).
 fn pc_desc(pid: u32, l: &Layout, c: &Compiled, offset: u64, exact: bool) -> Option<u32> {
     let size = u64::from(l.pc_desc_size);
     if size < 8 {
@@ -70,16 +70,16 @@ fn pc_desc(pid: u32, l: &Layout, c: &Compiled, offset: u64, exact: bool) -> Opti
     }
     let n = ((c.pcs_end - c.pcs) / size).min(MAX_PC_DESCS);
     let pc_of = |i: u64| {
-        read_u32(pid, c.pcs + i * size + u64::from(l.pc_desc_pc)).map(|v| i64::from(v as i32))
+        let at = c.pcs.wrapping_add(i * size + u64::from(l.pc_desc_pc));
+        read_u32(pid, at).map(|v| i64::from(v as i32))
     };
     let target = i64::try_from(offset).ok()?;
-    // The first whose offset is past `target` (at or past it for an exact
-    // lookup).
+    // The first whose offset is at or past `target`.
     let (mut lo, mut hi) = (0, n);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
         let at = pc_of(mid)?;
-        if at < target || (!exact && at == target) {
+        if at < target {
             lo = mid + 1;
         } else {
             hi = mid;
@@ -88,5 +88,8 @@ fn pc_desc(pid: u32, l: &Layout, c: &Compiled, offset: u64, exact: bool) -> Opti
     if lo == n || (exact && pc_of(lo)? != target) {
         return None;
     }
-    read_u32(pid, c.pcs + lo * size + u64::from(l.pc_desc_scope))
+    read_u32(
+        pid,
+        c.pcs.wrapping_add(lo * size + u64::from(l.pc_desc_scope)),
+    )
 }

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use super::super::interp::read_mem;
+use super::super::interp::{read_mem, read_u64, u64_at};
 
 /// The symbols of `libjvm.so` that describe the tables, in this order.
 pub const SYMBOLS: [&str; 15] = [
@@ -54,9 +54,10 @@ pub struct Layout {
     pub heap_memory: u32,
     pub heap_segmap: u32,
     pub heap_log2_segment: u32,
-    /// `VirtualSpace::_low`, `_high`.
-    pub space_low: u32,
-    pub space_high: u32,
+    /// `VirtualSpace::_low_boundary`, `_high_boundary` (what is reserved;
+    /// `_low`, `_high` is what is committed so far).
+    pub space_low_boundary: u32,
+    pub space_high_boundary: u32,
     /// `sizeof(HeapBlock)` (a `CodeBlob` follows its block's header) and
     /// `HeapBlock::Header::_used`.
     pub block_size: u32,
@@ -65,8 +66,10 @@ pub struct Layout {
     /// names) and `_frame_size` (in words).
     pub blob_name: u32,
     pub blob_frame_size: u32,
-    /// `nmethod::_method` (JDK 23 on) or `CompiledMethod::_method`.
+    /// `nmethod::_method` (JDK 23 on) or `CompiledMethod::_method`, and
+    /// `sizeof(nmethod)` (a blob's header is read whole, at most that).
     pub nmethod_method: u32,
+    pub nmethod_size: u32,
     /// Where an nmethod's code, `PcDesc`s, scopes and metadata are.
     pub nmethod: Nmethod,
     /// `sizeof(PcDesc)`, `PcDesc::_pc_offset`, `_scope_decode_offset`.
@@ -138,16 +141,10 @@ impl Tables {
     fn values(&self, pid: u32) -> Option<[u64; SYMBOLS.len()]> {
         let mut out = [0; SYMBOLS.len()];
         for (o, &addr) in out.iter_mut().zip(&self.0) {
-            *o = read_u64_or_zero(pid, addr)?;
+            *o = read_u64(pid, addr)?;
         }
         Some(out)
     }
-}
-
-/// 8 bytes at `addr` (0 is a value here); `None` when unreadable.
-fn read_u64_or_zero(pid: u32, addr: u64) -> Option<u64> {
-    let mut b = [0u8; 8];
-    read_mem(pid, addr, &mut b).then(|| u64::from_le_bytes(b))
 }
 
 /// The C string at `addr`, at most [`MAX_NAME`] bytes; `None` at 0.
@@ -166,7 +163,10 @@ fn c_string(pid: u32, addr: u64, seen: &mut HashMap<u64, Option<String>>) -> Opt
     let mut n = 0;
     if read_mem(pid, addr, &mut buf[..first]) {
         n = first;
-        if n < MAX_NAME && !buf[..n].contains(&0) && read_mem(pid, addr + n as u64, &mut buf[n..]) {
+        if n < MAX_NAME
+            && !buf[..n].contains(&0)
+            && read_mem(pid, addr.wrapping_add(n as u64), &mut buf[n..])
+        {
             n = MAX_NAME;
         }
     }
@@ -186,8 +186,12 @@ struct Table {
 
 impl Table {
     fn new(at: u64, stride: u64, offsets: &[u64]) -> Option<Self> {
-        (at != 0 && (8..=MAX_STRIDE).contains(&stride) && offsets.iter().all(|&o| o + 8 <= stride))
-            .then_some(Table { at, stride })
+        (at != 0
+            && (8..=MAX_STRIDE).contains(&stride)
+            && offsets
+                .iter()
+                .all(|&o| o.checked_add(8).is_some_and(|end| end <= stride)))
+        .then_some(Table { at, stride })
     }
 
     /// Reads entries until one whose first field (a name) is null, each
@@ -196,7 +200,7 @@ impl Table {
         let stride = self.stride as usize;
         let mut chunk = vec![0u8; stride * 64];
         for i in 0..MAX_ENTRIES / 64 {
-            let at = self.at + (i * chunk.len()) as u64;
+            let at = self.at.wrapping_add((i * chunk.len()) as u64);
             if !read_mem(pid, at, &mut chunk) {
                 // The table's end may be near its mapping's end: one entry
                 // at a time.
@@ -220,7 +224,7 @@ impl Table {
     ) -> Option<()> {
         let mut e = vec![0u8; self.stride as usize];
         for i in from..MAX_ENTRIES {
-            if !read_mem(pid, self.at + i as u64 * self.stride, &mut e) {
+            if !read_mem(pid, self.at.wrapping_add(i as u64 * self.stride), &mut e) {
                 return None;
             }
             if word(&e, name_offset) == 0 || !f(&e) {
@@ -231,11 +235,10 @@ impl Table {
     }
 }
 
-/// The 8 bytes at `off` of `b` (0 past its end).
+/// The 8 bytes at `off` of `b` (0 past its end; offsets are within a
+/// stride, checked by [`Table::new`]).
 fn word(b: &[u8], off: u64) -> u64 {
-    let off = off as usize;
-    b.get(off..off + 8)
-        .map_or(0, |s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
+    u64_at(b, u32::try_from(off).unwrap_or(u32::MAX))
 }
 
 /// The fields, types and constants the unwinder looks for.
@@ -273,11 +276,19 @@ impl Found {
     }
 }
 
-/// Reads process `pid`'s tables (at `tables`) and picks out its [`Layout`];
-/// `None` when they cannot be read or lack a field.
-pub fn read(pid: u32, tables: &Tables) -> Option<Layout> {
-    let found = read_tables(pid, tables)?;
-    layout(&found)
+/// Why no [`Layout`] was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoLayout {
+    /// The tables could not be read (yet: a JVM starting up).
+    Unreadable,
+    /// They lack a field the unwinder needs: a version it does not know.
+    Unknown,
+}
+
+/// Reads process `pid`'s tables (at `tables`) and picks out its [`Layout`].
+pub fn read(pid: u32, tables: &Tables) -> Result<Layout, NoLayout> {
+    let found = read_tables(pid, tables).ok_or(NoLayout::Unreadable)?;
+    layout(&found).ok_or(NoLayout::Unknown)
 }
 
 fn read_tables(pid: u32, tables: &Tables) -> Option<Found> {
@@ -374,8 +385,8 @@ fn layout(f: &Found) -> Option<Layout> {
         heap_memory: f.field("CodeHeap::_memory")?,
         heap_segmap: f.field("CodeHeap::_segmap")?,
         heap_log2_segment: f.field("CodeHeap::_log2_segment_size")?,
-        space_low: f.field("VirtualSpace::_low")?,
-        space_high: f.field("VirtualSpace::_high")?,
+        space_low_boundary: f.field("VirtualSpace::_low_boundary")?,
+        space_high_boundary: f.field("VirtualSpace::_high_boundary")?,
         block_size: size("HeapBlock")?,
         block_used: f.field("HeapBlock::Header::_used")?,
         blob_name: f.field("CodeBlob::_name")?,
@@ -384,6 +395,7 @@ fn layout(f: &Found) -> Option<Layout> {
             .field("nmethod::_method")
             .or_else(|| f.field("CompiledMethod::_method"))?,
         nmethod,
+        nmethod_size: size("nmethod").filter(|&n| n <= 4096)?,
         pc_desc_size: size("PcDesc")?,
         pc_desc_pc: f.field("PcDesc::_pc_offset")?,
         pc_desc_scope: f.field("PcDesc::_scope_decode_offset")?,

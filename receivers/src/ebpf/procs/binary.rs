@@ -320,20 +320,25 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
     let eh_frame = section(".eh_frame");
     // Compressed in Go binaries (SHF_COMPRESSED): inflated here, if the
     // size its header states is within bound (checked, and charged, before
-    // inflating, and nothing past it is written); else used in place.
+    // inflating, and nothing past it is written); else left out.
     let debug_frame = if eh_frame.is_none() {
         section(".debug_frame").map(|(_, d)| d).or_else(|| {
             let c = elf
                 .section_by_name(".debug_frame")?
-                .compressed_data()
+                .compressed_file_range()
                 .ok()?;
             // Only a compressed one: an uncompressed one `section` left out
-            // (too large, or refused by the budget) stays out.
-            if c.format == object::CompressionFormat::None || c.uncompressed_size > MAX_SECTION {
+            // (too large, or refused by the budget) stays out. Read from the
+            // file a buffer at a time, never whole.
+            if c.format == object::CompressionFormat::None
+                || c.uncompressed_size > MAX_SECTION
+                || c.compressed_size > MAX_SECTION
+            {
                 return None;
             }
             let charge = charge(c.uncompressed_size)?;
-            Copied::inflate(c.format, c.data, c.uncompressed_size, charge)
+            let compressed = (file, c.offset, c.compressed_size);
+            Copied::inflate(c.format, compressed, c.uncompressed_size, charge)
                 .inspect_err(|e| tracing::debug!(path, error = %e, ".debug_frame not inflated"))
                 .ok()
                 .map(|c| Section::Copied(Arc::new(c)))

@@ -2,9 +2,10 @@
 //! a file a user may change, or inflated from a compressed section. They go
 //! to a private unlinked file in the temporary directory (`$TMPDIR`, the
 //! chart's `/tmp` volume), written a bounded buffer at a time and mapped
-//! read-only: their pages are the kernel's page cache, which it can write
-//! back and drop, and only the pages the unwinder reads are in this
-//! process's memory. Where no such file can be made (no writable temporary
+//! read-only: only the pages the unwinder reads are in this process's
+//! memory, and the rest are the kernel's page cache, which it can write
+//! back and drop where `$TMPDIR` is on a disk (on a tmpfs they are shared
+//! memory, still out of the agent's RSS but not droppable). Where no such file can be made (no writable temporary
 //! directory) they go to the heap as before. Either way they stay charged to
 //! the state budget at their full size while kept ([`super::binary`]
 //! charges them before anything is written).
@@ -22,6 +23,9 @@ use super::super::state_budget::Charge;
 
 /// How much is read and written at once.
 const BUFFER: usize = 64 << 10;
+/// The largest zstd window taken beyond a section's size: zstd's own
+/// levels use at most 8 MiB (window log 23) without `--long`.
+const MAX_ZSTD_WINDOW: u64 = 8 << 20;
 
 /// A copied or inflated section's bytes and their charge.
 #[derive(Debug)]
@@ -76,17 +80,26 @@ impl Copied {
         Self::keep(len, charge, |to| pump(&mut from, to))
     }
 
-    /// The section `data` compressed as `format` (zlib or zstd), inflated to
+    /// The section compressed as `format` (zlib or zstd) in `compressed`
+    /// bytes of `file` from `offset`, read a buffer at a time, inflated to
     /// exactly `len` bytes.
     pub(super) fn inflate(
         format: CompressionFormat,
-        data: &[u8],
+        (file, offset, compressed): (&File, u64, u64),
         len: u64,
         charge: Charge,
     ) -> std::io::Result<Self> {
+        let mut from = ReadAt {
+            file,
+            at: offset,
+            end: offset.saturating_add(compressed),
+        };
         Self::keep(len, charge, |to| match format {
-            CompressionFormat::Zlib => pump(&mut flate2::read::ZlibDecoder::new(data), to),
-            CompressionFormat::Zstandard => zstd_frames(data, to),
+            CompressionFormat::Zlib => {
+                let mut z = flate2::read::ZlibDecoder::new_with_buf(from, vec![0; BUFFER]);
+                pump(&mut z, to)
+            }
+            CompressionFormat::Zstandard => zstd_frames(&mut from, to),
             _ => Err(invalid("a compression other than zlib or zstd")),
         })
     }
@@ -167,8 +180,12 @@ impl Bounded<'_> {
 /// Copies all of `from` into `to`, a buffer at a time.
 fn pump(from: &mut dyn Read, to: &mut Bounded<'_>) -> std::io::Result<()> {
     let mut buf = vec![0; BUFFER];
+    pump_with(from, to, &mut buf)
+}
+
+fn pump_with(from: &mut dyn Read, to: &mut Bounded<'_>, buf: &mut [u8]) -> std::io::Result<()> {
     loop {
-        match from.read(&mut buf) {
+        match from.read(buf) {
             Ok(0) => return Ok(()),
             Ok(n) => to.write_all(&buf[..n])?,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -177,21 +194,38 @@ fn pump(from: &mut dyn Read, to: &mut Bounded<'_>) -> std::io::Result<()> {
     }
 }
 
-/// Inflates the zstd frames of `data` one after another (skippable frames
-/// passed over), as a section compressed with zstd may hold several.
-fn zstd_frames(mut data: &[u8], to: &mut Bounded<'_>) -> std::io::Result<()> {
+/// Inflates the zstd frames of `from` one after another (skippable frames
+/// passed over), as a section compressed with zstd may hold several. A
+/// frame's decoder holds up to its window in memory before it gives out a
+/// byte, and the window is what the frame's header says: a frame whose
+/// window is larger than what may still be written (and than
+/// [`MAX_ZSTD_WINDOW`], which encoders' own windows stay within) is refused
+/// before it is decoded: what the decoder holds is within the section's
+/// charge, or that much.
+fn zstd_frames(from: &mut ReadAt<'_>, to: &mut Bounded<'_>) -> std::io::Result<()> {
     use ruzstd::decoding::StreamingDecoder;
     use ruzstd::decoding::errors::{FrameDecoderError, ReadFrameHeaderError};
-    while !data.is_empty() {
-        match StreamingDecoder::new(&mut data) {
-            Ok(mut frame) => pump(&mut frame, to)?,
+    let mut buf = vec![0; BUFFER];
+    while from.at < from.end {
+        let mut header = [0u8; 18];
+        let n = from.peek(&mut header)?;
+        if let Some(window) = zstd_window(&header[..n])
+            && window > to.left.max(MAX_ZSTD_WINDOW)
+        {
+            return Err(invalid(
+                "a zstd frame whose window is larger than the section",
+            ));
+        }
+        match StreamingDecoder::new(&mut *from) {
+            Ok(mut frame) => pump_with(&mut frame, to, &mut buf)?,
             Err(FrameDecoderError::ReadFrameHeaderError(ReadFrameHeaderError::SkipFrame {
                 length,
                 ..
             })) => {
-                data = usize::try_from(length)
-                    .ok()
-                    .and_then(|l| data.get(l..))
+                from.at = from
+                    .at
+                    .checked_add(u64::from(length))
+                    .filter(|&at| at <= from.end)
                     .ok_or_else(|| invalid("a skippable zstd frame past the section's end"))?;
             }
             Err(e) => return Err(invalid(&format!("zstd: {e}"))),
@@ -200,11 +234,45 @@ fn zstd_frames(mut data: &[u8], to: &mut Bounded<'_>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The window of the zstd frame whose header starts `b` (its magic, the
+/// frame header descriptor, then the window descriptor, or with a single
+/// segment the content size after the dictionary id); `None` for anything
+/// else (a skippable frame, garbage: the decoder says what it is).
+fn zstd_window(b: &[u8]) -> Option<u64> {
+    if b.get(..4)? != [0x28, 0xb5, 0x2f, 0xfd] {
+        return None;
+    }
+    let descriptor = *b.get(4)?;
+    if descriptor & 0x20 == 0 {
+        let w = *b.get(5)?;
+        let log = 10 + u32::from(w >> 3);
+        let base = 1u64 << log;
+        return Some(base + (base / 8) * u64::from(w & 7));
+    }
+    let dictionary = [0, 1, 2, 4][usize::from(descriptor & 3)];
+    let size = [1, 2, 4, 8][usize::from(descriptor >> 6)];
+    let at = 5 + dictionary;
+    let mut v = [0u8; 8];
+    v[..size].copy_from_slice(b.get(at..at + size)?);
+    let content = u64::from_le_bytes(v);
+    Some(if size == 2 { content + 256 } else { content })
+}
+
 /// Reads a file's range `at..end` with positioned reads.
 struct ReadAt<'f> {
     file: &'f File,
     at: u64,
     end: u64,
+}
+
+impl ReadAt<'_> {
+    /// Reads what is at `at` into `buf` without moving on; the bytes read.
+    fn peek(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let want = usize::try_from(self.end - self.at)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        self.file.read_at(&mut buf[..want], self.at)
+    }
 }
 
 impl Read for ReadAt<'_> {
@@ -228,6 +296,18 @@ mod tests {
 
     use super::super::super::state_budget::{StateBudget, Use};
     use super::*;
+
+    /// [`Copied::inflate`] of `data`, put in a file first.
+    fn inflate(
+        format: CompressionFormat,
+        data: &[u8],
+        len: u64,
+        charge: Charge,
+    ) -> std::io::Result<Copied> {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(data).unwrap();
+        Copied::inflate(format, (&f, 0, data.len() as u64), len, charge)
+    }
 
     fn charge(budget: &Arc<StateBudget>, n: u64) -> Charge {
         Charge::take(budget, Use::UnwindSection, n as usize).expect("room")
@@ -257,7 +337,7 @@ mod tests {
         let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
         z.write_all(&zeros).unwrap();
         let z = z.finish().unwrap();
-        let c = Copied::inflate(
+        let c = inflate(
             CompressionFormat::Zlib,
             &z,
             3 << 20,
@@ -271,14 +351,12 @@ mod tests {
         // States less than it holds: refused before more than stated is
         // written; states more: refused at its end.
         for stated in [1 << 20, 4 << 20] {
-            let e = Copied::inflate(CompressionFormat::Zlib, &z, stated, charge(&budget, stated))
-                .unwrap_err();
+            let e =
+                inflate(CompressionFormat::Zlib, &z, stated, charge(&budget, stated)).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidData, "{e}");
         }
         // Not zlib at all.
-        assert!(
-            Copied::inflate(CompressionFormat::Zlib, b"garbage", 7, charge(&budget, 7)).is_err()
-        );
+        assert!(inflate(CompressionFormat::Zlib, b"garbage", 7, charge(&budget, 7)).is_err());
         assert_eq!(budget.used_bytes(), 0);
     }
 
@@ -292,7 +370,7 @@ mod tests {
         let mut z = ruzstd::encoding::compress_to_vec(&a[..], level);
         z.extend_from_slice(&[0x50, 0x2a, 0x4d, 0x18, 3, 0, 0, 0, 1, 2, 3]);
         z.extend(ruzstd::encoding::compress_to_vec(&b[..], level));
-        let c = Copied::inflate(
+        let c = inflate(
             CompressionFormat::Zstandard,
             &z,
             120_000,
@@ -302,13 +380,50 @@ mod tests {
         assert_eq!(&c.bytes()[..70_000], &a[..]);
         assert_eq!(&c.bytes()[70_000..], &b[..]);
         assert!(
-            Copied::inflate(
+            inflate(
                 CompressionFormat::Zstandard,
                 &z,
                 119_999,
                 charge(&budget, 1)
             )
             .is_err()
+        );
+    }
+
+    #[test]
+    fn a_zstd_frame_whose_window_is_larger_than_the_section_is_not_decoded() {
+        let budget = StateBudget::new(1 << 20);
+        // A window of 2 TiB (descriptor 0xf8), then a raw block of one byte.
+        let huge = [0x28, 0xb5, 0x2f, 0xfd, 0x00, 0xf8, 0x09, 0x00, 0x00, 0x7a];
+        assert_eq!(zstd_window(&huge), Some(1 << 41));
+        // One segment of 2^40 bytes (an 8-byte content size).
+        let mut single = vec![0x28, 0xb5, 0x2f, 0xfd, 0xe0];
+        single.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        assert_eq!(zstd_window(&single), Some(1 << 40));
+        for frame in [&huge[..], &single[..]] {
+            let e = inflate(
+                CompressionFormat::Zstandard,
+                frame,
+                1000,
+                charge(&budget, 1000),
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("window"), "{e}");
+        }
+        // A frame as ruzstd writes it: its window within the section.
+        let z = ruzstd::encoding::compress_to_vec(
+            &[5u8; 1000][..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        );
+        assert!(zstd_window(&z).is_some_and(|w| w <= 1 << 20));
+        assert!(
+            inflate(
+                CompressionFormat::Zstandard,
+                &z,
+                1000,
+                charge(&budget, 1000)
+            )
+            .is_ok()
         );
     }
 }
