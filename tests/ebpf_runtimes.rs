@@ -830,17 +830,15 @@ fn jvm_inlined_methods_named_from_the_compiled_scopes() {
         let stacks = stacks_of(&proflow, pid, 4000);
         check_runtime_stacks(&stacks, [two, one], &["Inline.main", "Inline.run"], name);
         let lines = java_lines(&proflow, pid, "Inline.", "Inline.java", name);
-        for (hot, def) in [
-            (two, at("static long proflow_inlined_two(")),
-            (one, at("static long proflow_inlined_one(")),
-        ] {
-            let body = def..=def + 2;
-            assert!(
-                !lines[hot].is_empty() && lines[hot].iter().all(|l| body.contains(l)),
-                "{name}: {hot}'s lines {:?}, its body {body:?}",
-                lines[hot]
-            );
-        }
+        check_bodies(
+            &lines,
+            [
+                (two, at("static long proflow_inlined_two(")),
+                (one, at("static long proflow_inlined_one(")),
+            ],
+            2,
+            name,
+        );
         let calls = [
             at("s = proflow_inlined_two(s);"),
             at("s = proflow_inlined_one(s);"),
@@ -879,6 +877,24 @@ fn check_runtime_stacks(
         "{name}: only {whole} of {hot} hot samples read {chain:?} → hot function: {dump:#?}"
     );
     hot
+}
+
+/// Checks that each of `hot` (a method and the line it starts at) was at
+/// lines, all within its body (its first line and the `body` after it).
+fn check_bodies(
+    lines: &std::collections::BTreeMap<String, std::collections::BTreeSet<i64>>,
+    hot: [(&str, i64); 2],
+    body: i64,
+    name: &str,
+) {
+    for (method, def) in hot {
+        let within = def..=def + body;
+        let got = &lines[method];
+        assert!(
+            !got.is_empty() && got.iter().all(|l| within.contains(l)),
+            "{name}: {method}'s lines {got:?}, its body {within:?}"
+        );
+    }
 }
 
 /// The lines each function named `prefix…` of `pid`'s profiles was at,
@@ -957,17 +973,15 @@ fn java_frames_without_a_flag(java: &Path, name: &str) {
     );
     // A hot method, interpreted or compiled (its scope at the pc), at lines
     // of its body.
-    for (hot, def) in [
-        (two, at("static void proflow_hot_two(")),
-        (one, at("static void proflow_hot_one(")),
-    ] {
-        let body = def..=def + 4;
-        assert!(
-            !lines[hot].is_empty() && lines[hot].iter().all(|l| body.contains(l)),
-            "{name}: {hot}'s lines {:?}, its body {body:?}",
-            lines[hot]
-        );
-    }
+    check_bodies(
+        &lines,
+        [
+            (two, at("static void proflow_hot_two(")),
+            (one, at("static void proflow_hot_one(")),
+        ],
+        4,
+        name,
+    );
 }
 
 /// Whether `line` of the JVM's `jit+compilation` log is `method`'s

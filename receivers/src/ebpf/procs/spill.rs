@@ -72,11 +72,7 @@ impl Copied {
         len: u64,
         charge: Charge,
     ) -> std::io::Result<Self> {
-        let mut from = ReadAt {
-            file,
-            at: offset,
-            end: offset.saturating_add(len),
-        };
+        let mut from = ReadAt::new(file, offset, len);
         Self::keep(len, charge, |to| pump(&mut from, to))
     }
 
@@ -89,11 +85,7 @@ impl Copied {
         len: u64,
         charge: Charge,
     ) -> std::io::Result<Self> {
-        let mut from = ReadAt {
-            file,
-            at: offset,
-            end: offset.saturating_add(compressed),
-        };
+        let mut from = ReadAt::new(file, offset, compressed);
         Self::keep(len, charge, |to| match format {
             CompressionFormat::Zlib => {
                 let mut z = flate2::read::ZlibDecoder::new_with_buf(from, vec![0; BUFFER]);
@@ -265,7 +257,16 @@ struct ReadAt<'f> {
     end: u64,
 }
 
-impl ReadAt<'_> {
+impl<'f> ReadAt<'f> {
+    /// `len` bytes of `file` from `offset`.
+    fn new(file: &'f File, offset: u64, len: u64) -> Self {
+        ReadAt {
+            file,
+            at: offset,
+            end: offset.saturating_add(len),
+        }
+    }
+
     /// Reads what is at `at` into `buf` without moving on; the bytes read.
     fn peek(&self, buf: &mut [u8]) -> std::io::Result<usize> {
         let want = usize::try_from(self.end - self.at)
