@@ -388,30 +388,14 @@ fn interpreter_split(
         with_eval as f64 <= 0.05 * hot as f64,
         "{name}: {with_eval} of {hot} hot samples still show {eval}: {dump:#?}"
     );
-    let mut lines: std::collections::BTreeMap<String, std::collections::BTreeSet<i64>> =
-        Default::default();
-    for e in common::read_index(&proflow.profiles) {
-        if e.label("pid") != Some(pid.to_string().as_str()) || !e.path.is_file() {
-            continue;
-        }
-        let p = common::read_profile(&e.path);
-        for loc in &p.location {
-            for line in &loc.line {
-                let Some(f) = p.function.iter().find(|f| f.id == line.function_id) else {
-                    continue;
-                };
-                let fname = p.string(f.name);
-                if chain.contains(&fname) || run.hot.contains(&fname) {
-                    assert_eq!(
-                        p.string(f.filename),
-                        run.source.to_string_lossy(),
-                        "{name}: the file of {fname}"
-                    );
-                    lines.entry(fname.to_owned()).or_default().insert(line.line);
-                }
-            }
-        }
-    }
+    let source = run.source.to_string_lossy();
+    let lines = lines_of(
+        &proflow,
+        pid,
+        |f| chain.contains(&f) || run.hot.contains(&f),
+        &source,
+        name,
+    );
     eprintln!("{name}: {hot} hot samples; lines {lines:?}");
     lines
 }
@@ -829,7 +813,13 @@ fn jvm_inlined_methods_named_from_the_compiled_scopes() {
         let proflow = proflow_for(&[pid], "2s");
         let stacks = stacks_of(&proflow, pid, 4000);
         check_runtime_stacks(&stacks, [two, one], &["Inline.main", "Inline.run"], name);
-        let lines = java_lines(&proflow, pid, "Inline.", "Inline.java", name);
+        let lines = lines_of(
+            &proflow,
+            pid,
+            |f| f.starts_with("Inline."),
+            "Inline.java",
+            name,
+        );
         check_bodies(
             &lines,
             [
@@ -897,12 +887,12 @@ fn check_bodies(
     }
 }
 
-/// The lines each function named `prefix…` of `pid`'s profiles was at,
+/// The lines each function of `pid`'s profiles that `keep` takes was at,
 /// checking each is in `file`.
-fn java_lines(
+fn lines_of(
     proflow: &Proflow,
     pid: u32,
-    prefix: &str,
+    keep: impl Fn(&str) -> bool,
     file: &str,
     name: &str,
 ) -> std::collections::BTreeMap<String, std::collections::BTreeSet<i64>> {
@@ -918,7 +908,7 @@ fn java_lines(
                 continue;
             };
             let fname = p.string(f.name);
-            if fname.starts_with(prefix) {
+            if keep(fname) {
                 assert_eq!(p.string(f.filename), file, "{name}: the file of {fname}");
                 lines.entry(fname.to_owned()).or_default().insert(line.line);
             }
@@ -956,7 +946,7 @@ fn java_frames_without_a_flag(java: &Path, name: &str) {
         name,
     );
     eprintln!("{name}: {hot} hot samples");
-    let lines = java_lines(&proflow, pid, "Hot.", "Hot.java", name);
+    let lines = lines_of(&proflow, pid, |f| f.starts_with("Hot."), "Hot.java", name);
     // `Hot.run` at its two calls, and at lines of its own where what it
     // calls between them (`nanoTime`, `nextLong`) ran.
     let calls = [at("proflow_hot_two(k);"), at("proflow_hot_one(k);")];
