@@ -722,7 +722,7 @@ fn jvm_25_frames_without_a_flag() {
 /// `hot.js` is named; at least 95% of hot samples read, root first, Node's
 /// `node::Start`, V8's entry into JavaScript (`Builtins_JSEntry`), the
 /// module loader (`Module._compile`), `run` and the hot function, each
-/// function of `hot.js` with its file.
+/// function of `hot.js` with its file and at lines of its body.
 #[test]
 fn node_frames_without_a_flag() {
     let _one_at_a_time = require_root();
@@ -745,6 +745,95 @@ fn node_frames_without_a_flag() {
         files,
         [source.to_string_lossy().into_owned()].into(),
         "the files of run and the hot functions"
+    );
+    // Lines: the hot functions (optimized, sampled in their loops) within
+    // their bodies, `run` within its own and at both calls.
+    let text = std::fs::read_to_string(&source).unwrap();
+    let at = |needle: &str| line_of(&text, needle);
+    let lines = lines_of(
+        &proflow,
+        pid,
+        |f| [two, one, "run"].contains(&f),
+        &source.to_string_lossy(),
+        "Node",
+    );
+    check_bodies(
+        &lines,
+        [
+            (two, at("function proflow_hot_two")),
+            (one, at("function proflow_hot_one")),
+        ],
+        4,
+        "Node",
+    );
+    let within = at("function run(")..=at("return rounds;");
+    let calls = [at("    proflow_hot_two(k);"), at("    proflow_hot_one(k);")];
+    assert!(
+        lines["run"].iter().all(|l| within.contains(l))
+            && calls.iter().all(|c| lines["run"].contains(c)),
+        "run's lines {:?}: its calls {calls:?}, its body {within:?}",
+        lines["run"]
+    );
+}
+
+/// Functions V8's optimizing compiler inlined are frames of their own:
+/// `inline.js`'s two hot functions, inlined into `step` (as
+/// `--trace-turbo-inlining` prints; the flag only traces, it changes
+/// nothing), are named from the optimized code's inlining positions, each
+/// at a line of its body, and `step` at its calls.
+#[test]
+fn node_inlined_functions_named_from_the_optimized_code() {
+    let _one_at_a_time = require_root();
+    let source = ebpf_targets::source("inline.js");
+    let text = std::fs::read_to_string(&source).unwrap();
+    let at = |needle: &str| line_of(&text, needle);
+    let mut cmd = Command::new(std::env::var_os("NODE").unwrap_or_else(|| "node".into()));
+    cmd.arg("--trace-turbo-inlining").arg(&source).arg("40");
+    let (child, pid, out) = ebpf_targets::spawn_with_output(cmd);
+    let _child = KillOnDrop(child);
+    let (two, one) = ("proflow_inlined_two", "proflow_inlined_one");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut inlined = std::collections::BTreeSet::new();
+    while inlined.len() < 2 {
+        let line = out
+            .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            .unwrap_or_else(|_| panic!("V8 did not inline both into step in 60 s: {inlined:?}"));
+        for f in [two, one] {
+            if line.starts_with("Inlining")
+                && line.contains(&format!("<SharedFunctionInfo {f}>"))
+                && line.contains("<SharedFunctionInfo step>")
+            {
+                inlined.insert(f);
+            }
+        }
+    }
+    let proflow = proflow_for(&[pid], "2s");
+    let stacks = stacks_of(&proflow, pid, 4000);
+    check_runtime_stacks(&stacks, [two, one], &["run", "step"], "Node");
+    let lines = lines_of(
+        &proflow,
+        pid,
+        |f| [two, one, "step"].contains(&f),
+        &source.to_string_lossy(),
+        "Node",
+    );
+    check_bodies(
+        &lines,
+        [
+            (two, at("function proflow_inlined_two(")),
+            (one, at("function proflow_inlined_one(")),
+        ],
+        3,
+        "Node",
+    );
+    let calls = [
+        at("s = proflow_inlined_two(s);"),
+        at("s = proflow_inlined_one(s);"),
+    ];
+    assert!(
+        calls.iter().all(|c| lines["step"].contains(c)),
+        "step's lines {:?} hold its calls {calls:?}",
+        lines["step"]
     );
 }
 

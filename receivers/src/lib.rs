@@ -69,6 +69,13 @@ pub mod scrape;
 #[doc(hidden)]
 #[path = "ebpf/state_budget.rs"]
 pub mod state_budget;
+/// V8's source position tables and line ends, as the ebpf receiver
+/// decodes them, without the receiver (feature `perf-map`: no aya), for
+/// the fuzz targets in `fuzz/`.
+#[cfg(all(feature = "perf-map", not(feature = "ebpf"), target_os = "linux"))]
+#[doc(hidden)]
+#[path = "ebpf/v8lines.rs"]
+pub mod v8lines;
 
 use proflow_core::registry::Factory;
 #[cfg(any(

@@ -33,7 +33,9 @@
 //!   Java frames stepped in the copied stack and named (compiled scopes,
 //!   line tables); [`jvmlines`]: their line tables and integers decoded.
 //! - [`v8`]: Node (V8): the `v8dbg_*` metadata, JavaScript frames found
-//!   by their frame pointers in V8's code and named.
+//!   by their frame pointers in V8's code, named and at their lines (with
+//!   what optimized code inlined); [`v8lines`]: source position tables
+//!   and line ends decoded.
 //! - [`unwind`]: a sample's user stack (framehop, frame pointers, CPython's
 //!   trampolines, Java frames).
 //! - [`collector`]: samples → stacks → one profile per process (or
@@ -127,6 +129,7 @@ pub mod symbols;
 pub mod telemetry;
 pub mod unwind;
 pub mod v8;
+pub mod v8lines;
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;

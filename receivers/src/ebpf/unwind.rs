@@ -106,9 +106,15 @@ pub fn user_stack(
     let mut in_java: Option<jvm::Regs> = None;
     while frames.len() < MAX_USER_FRAMES {
         let at = address.address();
-        if let Some(f) = js_function(process, at, regs.bp(), &mut read) {
-            java.push((frames.len() - 1, f));
-        }
+        let i = frames.len() - 1;
+        let js = js_functions(
+            process,
+            at,
+            address.is_return_address(),
+            regs.bp(),
+            &mut read,
+        );
+        java.extend(js.into_iter().map(|f| (i, f)));
         if let Some(blob) = java_blob(process, at) {
             let r = in_java.unwrap_or(jvm::Regs {
                 pc: at,
@@ -186,19 +192,23 @@ pub fn user_stack(
     }
 }
 
-/// The JavaScript function of the frame at `at` whose frame pointer is
-/// `fp`, when the process runs V8 and `at` is in its code (code no file
-/// maps, or the builtins in its binary).
-fn js_function(
+/// The JavaScript functions of the frame at `at` (a return address when
+/// `is_return`) whose frame pointer is `fp`, innermost first, when the
+/// process runs V8 and `at` is in its code (code no file maps, or the
+/// builtins in its binary).
+fn js_functions(
     process: &mut Process,
     at: u64,
+    is_return: bool,
     fp: u64,
     read: &mut impl FnMut(u64) -> Result<u64, ()>,
-) -> Option<InterpFrame> {
+) -> Vec<InterpFrame> {
     let anonymous = process.mapping(at).is_none();
-    match process.runtime.as_mut()? {
-        Runtime::V8(v) if anonymous || v.in_builtins(at) => v.function_at(fp, |a| read(a).ok()),
-        _ => None,
+    match process.runtime.as_mut() {
+        Some(Runtime::V8(v)) if anonymous || v.in_builtins(at) => {
+            v.functions_at(fp, at, is_return, |a| read(a).ok())
+        }
+        _ => Vec::new(),
     }
 }
 

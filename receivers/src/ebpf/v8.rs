@@ -11,28 +11,45 @@
 //!
 //! Where the slot and the fields are comes from V8's post-mortem metadata,
 //! the `v8dbg_*` symbols the `node` binary exports (as llnode reads them):
-//! offsets of fields, instance types, string tags. A function's name sits in
-//! its scope info after the context locals' names and details; a function
-//! with none is named `(anonymous)`, as Node's own profiler names it.
+//! offsets of fields, instance types, string tags ([`names`]).
 //!
-//! Not yet: lines (0), and functions the optimizing compiler inlined (their
-//! samples are the outer function's). Objects are read from the process's
-//! memory after the sample, and kept by address: a function moved by the
-//! garbage collector is read again at its new address, and one whose old
-//! address a new function takes shows the old name until the cache starts
-//! over.
+//! Lines ([`code`], [`source`], [`super::v8lines`]): an interpreted frame
+//! is at its bytecode's line, an optimized one (Maglev, TurboFan) at its
+//! pc's, with the functions the compiler inlined there as frames of their
+//! own; a baseline frame, and any frame whose position is not found, at its
+//! function's first line. Positions become lines by the script's line
+//! ends, found by reading its source once. Four offsets are not in the
+//! metadata ([`Layout`]); they are known for V8 11.3 (Node 20), read from
+//! its version symbols, and every object they lead to is checked to be of
+//! the type expected. Another V8 is named with every frame at line 0.
+//!
+//! Objects are read from the process's memory after the sample (the bytecode
+//! offset of an interpreted frame, and the optimized code's header, at the
+//! sample), and kept by address: a function moved by the garbage collector
+//! is read again at its new address, and one whose old address a new
+//! function takes shows the old name until the cache starts over. An
+//! interpreted function's slot holds the bytecode offset of its last call,
+//! so the innermost frame, if interpreted and in a loop without calls, is
+//! at that call's line.
 //!
 //! What may depend on this: [`super::runtime`], and the unwinder, which
-//! asks [`V8Process::function_at`] for frames in V8's code.
+//! asks [`V8Process::functions_at`] for frames in V8's code.
 
+mod code;
+mod names;
+mod source;
+
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::interp::{Code, InterpFrame, ReadCache, read_mem, read_u16, read_u32, read_u64};
+use super::interp::{Code, InterpFrame, ReadCache, read_u16, read_u32, read_u64};
 use super::state_budget::StateBudget;
+use super::v8lines::{FUNCTION_ENTRY, line_of, script_offset};
+use code::{Optimized, Table};
 
-/// The `v8dbg_` symbols read (each an `int`), in this order.
-const SYMBOLS: [&str; 22] = [
+/// The `v8dbg_` symbols every process needs (each an `int`), in this order.
+const SYMBOLS: [&str; 25] = [
     "v8dbg_off_fp_function",
     "v8dbg_type_JSFunction__JS_FUNCTION_TYPE",
     "v8dbg_type_ScopeInfo__SCOPE_INFO_TYPE",
@@ -55,24 +72,60 @@ const SYMBOLS: [&str; 22] = [
     "v8dbg_SeqStringTag",
     "v8dbg_ConsStringTag",
     "v8dbg_ThinStringTag",
-];
-/// Also read: one-byte strings' tag, and the scope info's slots.
-const MORE: [&str; 3] = [
     "v8dbg_OneByteStringTag",
     "v8dbg_scopeinfo_idx_first_vars",
     "v8dbg_scopeinfo_idx_ncontextlocals",
 ];
-const N: usize = SYMBOLS.len() + MORE.len();
+/// Read when there, for lines: without them frames are at line 0.
+const LINE_SYMBOLS: [&str; 25] = [
+    "v8dbg_off_fp_bytecode_offset",
+    "v8dbg_type_BytecodeArray__BYTECODE_ARRAY_TYPE",
+    "v8dbg_type_ByteArray__BYTE_ARRAY_TYPE",
+    "v8dbg_type_Code__CODE_TYPE",
+    "v8dbg_type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE",
+    "v8dbg_class_BytecodeArray__data__uintptr_t",
+    "v8dbg_class_SharedFunctionInfo__function_data__Object",
+    "v8dbg_class_Script__source__Object",
+    "v8dbg_class_Code__source_position_table__ByteArray",
+    "v8dbg_class_Code__deoptimization_data__FixedArray",
+    "v8dbg_class_Code__bytecode_or_interpreter_data__HeapObject",
+    "v8dbg_class_FixedArray__data__uintptr_t",
+    "v8dbg_class_FixedArrayBase__length__SMI",
+    "v8dbg_CodeKindFieldMask",
+    "v8dbg_CodeKindFieldShift",
+    "v8dbg_CodeKindBaseline",
+    "v8dbg_DeoptimizationDataInliningPositionsIndex",
+    "v8dbg_DeoptimizationDataLiteralArrayIndex",
+    "v8dbg_class_SlicedString__parent__String",
+    "v8dbg_class_SlicedString__offset__SMI",
+    "v8dbg_SlicedStringTag",
+    "v8dbg_ExternalStringTag",
+    "v8dbg_class_ExternalString__resource__Object",
+    // Not metadata: V8's version, `v8::internal::Version::major_`, `minor_`.
+    "_ZN2v88internal7Version6major_E",
+    "_ZN2v88internal7Version6minor_E",
+];
+const N: usize = SYMBOLS.len() + LINE_SYMBOLS.len();
 
-/// Functions kept per process at most, and their bytes.
+/// Functions kept per process at most, and their bytes; the same for
+/// optimized code objects and for scripts' line ends.
 const MAX_FUNCTIONS: usize = 8192;
 const MAX_FUNCTION_BYTES: usize = 8 << 20;
-/// The longest name read, in characters, and the deepest cons string.
-const MAX_CHARS: usize = 256;
-const MAX_CONS_DEPTH: usize = 8;
-/// V8 keeps at most this many context locals' names in the scope info
-/// itself (more go to a hash table in one slot).
-const MAX_INLINED_LOCAL_NAMES: u64 = 75;
+const MAX_CODES: usize = 4096;
+const MAX_CODE_BYTES: usize = 8 << 20;
+/// The largest optimized function believed, in bytes of instructions.
+const MAX_CODE_SIZE: u64 = 64 << 20;
+const MAX_SCRIPTS: usize = 1024;
+const MAX_SCRIPT_BYTES: usize = 8 << 20;
+/// `JS_FUNCTION_TYPE` and the types after it that are functions too (class
+/// and built-in constructors), in V8 11.
+const FUNCTION_TYPES: i64 = 16;
+
+/// A frame's `instr`: where in its function the frame is. 0: not known
+/// (the function's first line); else this tag and a script offset, or the
+/// other tag and a bytecode offset (resolved by the function's table).
+const AT_SCRIPT_OFFSET: u64 = 1 << 62;
+const AT_BYTECODE: u64 = 1 << 61;
 
 /// Whether `path` is Node's executable (or its shared library).
 pub fn is_node(path: &str) -> bool {
@@ -81,15 +134,15 @@ pub fn is_node(path: &str) -> bool {
 }
 
 /// Where a `node` binary's metadata and embedded builtins are (file
-/// addresses).
+/// addresses; 0 for a line symbol it lacks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct V8Binary {
-    symbols: [u64; N],
+    symbols: Box<[u64; N]>,
     builtins: Range<u64>,
 }
 
 /// Reads the metadata's symbols and the builtins' range (from the
-/// `Builtins_*` symbols); `None` when one is missing.
+/// `Builtins_*` symbols); `None` when one every process needs is missing.
 pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<V8Binary> {
     use object::{Object, ObjectSymbol};
     let mut symbols = [0u64; N];
@@ -99,36 +152,101 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Op
         if name.starts_with("Builtins_") && sym.address() != 0 {
             low = low.min(sym.address());
             high = high.max(sym.address().saturating_add(sym.size().max(1)));
-        } else if let Some(i) = SYMBOLS.iter().chain(&MORE).position(|&s| s == name) {
+        } else if let Some(i) = SYMBOLS.iter().chain(&LINE_SYMBOLS).position(|&s| s == name) {
             symbols[i] = sym.address();
         }
     }
-    (symbols.iter().all(|&a| a != 0) && low < high).then_some(V8Binary {
-        symbols,
+    let needed = symbols[..SYMBOLS.len()].iter().all(|&a| a != 0);
+    (needed && low < high).then_some(V8Binary {
+        symbols: Box::new(symbols),
         builtins: low..high,
     })
 }
 
-/// The metadata's values, as read from the process.
+/// The metadata's values, as read from the process (`None`: a line symbol
+/// the binary lacks).
 #[derive(Debug, Clone, Copy)]
-struct Meta([i64; N]);
+struct Meta([Option<i64>; N]);
 
 impl Meta {
+    fn index(name: &str) -> Option<usize> {
+        SYMBOLS.iter().chain(&LINE_SYMBOLS).position(|&s| s == name)
+    }
+
+    /// A symbol every process has (0 if not, which no caller reaches).
     fn get(&self, name: &str) -> i64 {
-        let i = SYMBOLS.iter().chain(&MORE).position(|&s| s == name);
-        i.map_or(0, |i| self.0[i])
+        self.opt(name).unwrap_or(0)
+    }
+
+    /// A line symbol, when the binary has it.
+    fn opt(&self, name: &str) -> Option<i64> {
+        self.0[Meta::index(name)?]
     }
 }
 
-/// A Node process: where its metadata and builtins are, and the functions
-/// read (charged to the state budget).
+/// The offsets lines need that the metadata does not give, known for one
+/// V8 (11.3) and checked against the metadata's neighbours; `None` for
+/// another.
+#[derive(Debug, Clone, Copy, Default)]
+struct Layout {
+    /// `JSFunction::code`: right after `shared`, its feedback cell and
+    /// context.
+    function_code: Option<i64>,
+    /// `Code`'s instruction start (then its flags, builtin id and
+    /// instruction size), 16 bytes after its source position table.
+    code_entry: Option<u64>,
+    /// `BytecodeArray::source_position_table`.
+    bytecode_positions: Option<i64>,
+    /// An external string's cached pointer to its characters, after its
+    /// resource.
+    external_data: Option<u64>,
+}
+
+impl Layout {
+    fn of(m: &Meta) -> Layout {
+        let is = |name: &str, v: i64| m.opt(name) == Some(v);
+        let v11_3 = is("_ZN2v88internal7Version6major_E", 11)
+            && is("_ZN2v88internal7Version6minor_E", 3)
+            && is("v8dbg_class_JSFunction__shared__SharedFunctionInfo", 24)
+            && is("v8dbg_class_Code__source_position_table__ByteArray", 24)
+            && is("v8dbg_class_Code__deoptimization_data__FixedArray", 16)
+            && is("v8dbg_class_BytecodeArray__data__uintptr_t", 54)
+            && is("v8dbg_class_ExternalString__resource__Object", 16);
+        if !v11_3 {
+            return Layout::default();
+        }
+        Layout {
+            function_code: Some(48),
+            code_entry: Some(40),
+            bytecode_positions: Some(32),
+            external_data: Some(24),
+        }
+    }
+}
+
+/// A function as kept: its name and file, its script, its bytecode's
+/// positions.
+#[derive(Debug)]
+struct Function {
+    code: Arc<Code>,
+    script: u64,
+    bytecode: Table,
+}
+
+/// A Node process: where its metadata and builtins are, and the functions,
+/// optimized code and scripts read (charged to the state budget).
 #[derive(Debug)]
 pub struct V8Process {
     pid: u32,
     symbols: [u64; N],
     builtins: Range<u64>,
-    meta: Option<Meta>,
-    functions: ReadCache<Arc<Code>>,
+    meta: Option<(Meta, Layout)>,
+    functions: ReadCache<Arc<Function>>,
+    codes: ReadCache<Arc<Optimized>>,
+    /// Optimized code by where its instructions start: (their end, its
+    /// `Code`), at most [`MAX_CODES`] (24 bytes each, not charged).
+    code_ranges: BTreeMap<u64, (u64, u64)>,
+    scripts: ReadCache<Arc<[u32]>>,
 }
 
 impl V8Process {
@@ -137,10 +255,15 @@ impl V8Process {
         let b = &binary.builtins;
         V8Process {
             pid,
-            symbols: binary.symbols.map(|a| a.wrapping_add(bias)),
+            symbols: binary
+                .symbols
+                .map(|a| if a == 0 { 0 } else { a.wrapping_add(bias) }),
             builtins: b.start.wrapping_add(bias)..b.end.wrapping_add(bias),
             meta: None,
             functions: ReadCache::new(budget, MAX_FUNCTIONS, MAX_FUNCTION_BYTES),
+            codes: ReadCache::new(budget, MAX_CODES, MAX_CODE_BYTES),
+            code_ranges: BTreeMap::new(),
+            scripts: ReadCache::new(budget, MAX_SCRIPTS, MAX_SCRIPT_BYTES),
         }
     }
 
@@ -155,63 +278,225 @@ impl V8Process {
         self.builtins.contains(&pc)
     }
 
-    fn meta(&mut self) -> Option<Meta> {
+    fn meta(&mut self) -> Option<(Meta, Layout)> {
         if self.meta.is_none() {
-            let mut values = [0i64; N];
-            for (v, &addr) in values.iter_mut().zip(&self.symbols) {
-                *v = i64::from(read_u32(self.pid, addr)? as i32);
+            let mut values = [None; N];
+            for (i, (v, &addr)) in values.iter_mut().zip(&self.symbols).enumerate() {
+                let read = if addr == 0 {
+                    None
+                } else {
+                    read_u32(self.pid, addr)
+                };
+                if read.is_none() && i < SYMBOLS.len() {
+                    return None;
+                }
+                *v = read.map(|r| i64::from(r as i32));
             }
-            self.meta = Some(Meta(values));
+            let m = Meta(values);
+            self.meta = Some((m, Layout::of(&m)));
         }
         self.meta
     }
 
-    /// The JavaScript frame whose frame pointer is `fp`, when the slot
-    /// below it holds a function (`read` reads the copied stack): its
-    /// `SharedFunctionInfo`'s address as the frame's code.
-    pub fn function_at(
+    /// The JavaScript frames of the frame whose frame pointer is `fp` and
+    /// whose pc is `pc` (a return address when `is_return`), when the slot
+    /// below it holds a function (`read` reads the copied stack): one, or
+    /// with the functions optimized code inlined at `pc`, innermost first.
+    /// Each has a `SharedFunctionInfo`'s address as its code.
+    pub fn functions_at(
         &mut self,
         fp: u64,
-        read: impl FnOnce(u64) -> Option<u64>,
-    ) -> Option<InterpFrame> {
-        let m = self.meta()?;
-        let slot = fp.checked_add_signed(m.get("v8dbg_off_fp_function"))?;
-        let function = read(slot)?;
-        if !is_object(function)
-            || instance_type(self.pid, &m, function)?
-                != m.get("v8dbg_type_JSFunction__JS_FUNCTION_TYPE")
-        {
-            return None;
-        }
-        let shared = field(
-            self.pid,
-            function,
-            m.get("v8dbg_class_JSFunction__shared__SharedFunctionInfo"),
-        )?;
-        is_object(shared).then_some(InterpFrame {
-            code: shared,
-            instr: 0,
+        pc: u64,
+        is_return: bool,
+        mut read: impl FnMut(u64) -> Option<u64>,
+    ) -> Vec<InterpFrame> {
+        let Some((m, layout)) = self.meta() else {
+            return Vec::new();
+        };
+        let pid = self.pid;
+        let Some((function, shared)) = fp
+            .checked_add_signed(m.get("v8dbg_off_fp_function"))
+            .and_then(&mut read)
+            .and_then(|f| function_and_shared(pid, &m, f))
+        else {
+            return Vec::new();
+        };
+        let frame = |code, instr| InterpFrame {
+            code,
+            instr,
             last: false,
-        })
+        };
+        if self.in_builtins(pc) {
+            // The interpreter's: the bytecode offset is in its slot.
+            let offset = m
+                .opt("v8dbg_off_fp_bytecode_offset")
+                .and_then(|o| fp.checked_add_signed(o))
+                .and_then(&mut read)
+                .and_then(smi)
+                .and_then(|v| {
+                    v.checked_sub(m.opt("v8dbg_class_BytecodeArray__data__uintptr_t")? - 1)
+                })
+                .and_then(|o| u64::try_from(o).ok())
+                .filter(|&o| o < AT_BYTECODE);
+            return vec![frame(shared, offset.map_or(0, |o| AT_BYTECODE | o))];
+        }
+        let Some(optimized) = self.optimized(&m, &layout, function, pc) else {
+            return vec![frame(shared, 0)];
+        };
+        let offset = (pc - optimized.entry) as i64 - i64::from(is_return);
+        optimized
+            .frames(offset, shared)
+            .into_iter()
+            .map(|(code, position)| {
+                let at = script_offset(position).map_or(0, |o| AT_SCRIPT_OFFSET | u64::from(o));
+                frame(code, at)
+            })
+            .collect()
     }
 
-    /// The function of `f` (its name and script), at line 0 (lines are not
-    /// read yet).
-    pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
-        let m = self.meta()?;
+    /// The optimized code `pc` is in: found by its instructions' range
+    /// once read, else read from `function` (whose code it must be).
+    fn optimized(
+        &mut self,
+        m: &Meta,
+        layout: &Layout,
+        function: u64,
+        pc: u64,
+    ) -> Option<Arc<Optimized>> {
         let pid = self.pid;
-        let code = self.functions.get(
-            f.code,
-            || read_function(pid, &m, f.code),
-            |c| c.name.len() + c.file.len(),
-        )?;
-        Some((code, 0))
+        let known = self
+            .code_ranges
+            .range(..=pc)
+            .next_back()
+            .filter(|&(_, &(end, _))| pc < end)
+            .map(|(&entry, &(end, code))| (code, entry, end - entry));
+        let (code, entry, size) = match known {
+            Some(known) => known,
+            None => {
+                let (code, entry, size) = code::code_of(pid, m, layout, function)?;
+                let end = entry.checked_add(size).filter(|_| size <= MAX_CODE_SIZE)?;
+                if !(entry..end).contains(&pc) {
+                    return None;
+                }
+                if self.code_ranges.len() >= MAX_CODES {
+                    self.code_ranges.clear();
+                }
+                self.code_ranges.insert(entry, (end, code));
+                (code, entry, size)
+            }
+        };
+        self.codes.get_valid(
+            code,
+            |o| o.entry == entry && o.size == size,
+            || code::read_optimized(pid, m, code, entry, size).map(Arc::new),
+            |o| o.size_of(),
+        )
     }
+
+    /// The function of `f` (its name and script) and its line.
+    pub fn frame(&mut self, f: InterpFrame) -> Option<(Arc<Code>, u32)> {
+        let (m, layout) = self.meta()?;
+        let pid = self.pid;
+        let scripts = &mut self.scripts;
+        let function = self.functions.get(
+            f.code,
+            || read_function(pid, &m, &layout, f.code, scripts),
+            |c| c.code.name.len() + c.code.file.len() + c.bytecode.len() * 16,
+        )?;
+        let offset = if f.instr & AT_SCRIPT_OFFSET != 0 {
+            u32::try_from(f.instr & !AT_SCRIPT_OFFSET).ok()
+        } else if f.instr & AT_BYTECODE != 0 {
+            let at = (f.instr & !AT_BYTECODE) as i64;
+            code::position_in(&function.bytecode, at).and_then(script_offset)
+        } else {
+            None
+        };
+        let Some(offset) = offset else {
+            return Some((function.code.clone(), function.code.first_line));
+        };
+        let script = function.script;
+        let scripts = &mut self.scripts;
+        let line = self.functions.line((f.code, f.instr), || {
+            script_line(pid, &m, &layout, scripts, script, offset)
+        });
+        Some((function.code.clone(), line))
+    }
+}
+
+/// The function `f` (checked to be one) and its `SharedFunctionInfo`.
+fn function_and_shared(pid: u32, m: &Meta, f: u64) -> Option<(u64, u64)> {
+    let first = m.get("v8dbg_type_JSFunction__JS_FUNCTION_TYPE");
+    if !is_object(f) || !(first..first + FUNCTION_TYPES).contains(&instance_type(pid, m, f)?) {
+        return None;
+    }
+    let shared = field(
+        pid,
+        f,
+        m.get("v8dbg_class_JSFunction__shared__SharedFunctionInfo"),
+    )?;
+    let sfi = m.opt("v8dbg_type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE");
+    // Past `JS_FUNCTION_TYPE`, only with the type of what it points to.
+    let checked = match sfi {
+        Some(t) => instance_type(pid, m, shared) == Some(t),
+        None => instance_type(pid, m, f) == Some(first),
+    };
+    (is_object(shared) && checked).then_some((f, shared))
+}
+
+/// Reads the `SharedFunctionInfo` at `shared`: its name, its script, its
+/// bytecode's positions and first line.
+fn read_function(
+    pid: u32,
+    m: &Meta,
+    layout: &Layout,
+    shared: u64,
+    scripts: &mut ReadCache<Arc<[u32]>>,
+) -> Option<Arc<Function>> {
+    let (code, script) = names::read_names(pid, m, shared)?;
+    let bytecode = code::bytecode_table(pid, m, layout, shared).unwrap_or_default();
+    // The function's entry is the table's first position.
+    let first_line = code::position_in(&bytecode, FUNCTION_ENTRY)
+        .and_then(script_offset)
+        .map_or(0, |offset| {
+            script_line(pid, m, layout, scripts, script, offset)
+        });
+    Some(Arc::new(Function {
+        code: names::with_first_line(code, first_line),
+        script,
+        bytecode,
+    }))
+}
+
+/// The line of `offset` in the script at `script` (0: none, or its source
+/// unreadable), its line ends read once.
+fn script_line(
+    pid: u32,
+    m: &Meta,
+    layout: &Layout,
+    scripts: &mut ReadCache<Arc<[u32]>>,
+    script: u64,
+    offset: u32,
+) -> u32 {
+    if script == 0 {
+        return 0;
+    }
+    scripts
+        .get(
+            script,
+            || source::line_ends(pid, m, layout, script).map(Arc::from),
+            |ends| ends.len() * 4,
+        )
+        .map_or(0, |ends| line_of(&ends, offset))
 }
 
 /// Whether `v` is a tagged pointer to a heap object.
 fn is_object(v: u64) -> bool {
     v & 3 == 1
+}
+
+/// The value of a small integer (a tagged word whose low half is 0).
+fn smi(v: u64) -> Option<i64> {
+    (v & 0xffff_ffff == 0).then_some((v as i64) >> 32)
 }
 
 /// The tagged field at `offset` of the heap object `object`.
@@ -226,111 +511,4 @@ fn instance_type(pid: u32, m: &Meta, object: u64) -> Option<i64> {
     }
     let at = (map - 1).checked_add_signed(m.get("v8dbg_class_Map__instance_type__uint16_t"))?;
     read_u16(pid, at).map(i64::from)
-}
-
-/// The text of the string `s` (sequential, cons or thin), at most
-/// [`MAX_CHARS`] characters; `None` for anything else.
-fn string(pid: u32, m: &Meta, s: u64, depth: usize) -> Option<String> {
-    if !is_object(s) || depth > MAX_CONS_DEPTH {
-        return None;
-    }
-    let t = instance_type(pid, m, s)?;
-    if t >= m.get("v8dbg_FirstNonstringType") {
-        return None;
-    }
-    let len_at = (s - 1).checked_add_signed(m.get("v8dbg_class_String__length__int32_t"))?;
-    let len = usize::try_from(read_u32(pid, len_at)? as i32)
-        .ok()?
-        .min(MAX_CHARS);
-    let repr = t & m.get("v8dbg_StringRepresentationMask");
-    if repr == m.get("v8dbg_SeqStringTag") {
-        let one_byte = t & m.get("v8dbg_StringEncodingMask") == m.get("v8dbg_OneByteStringTag");
-        if one_byte {
-            let mut chars = vec![0u8; len];
-            let at =
-                (s - 1).checked_add_signed(m.get("v8dbg_class_SeqOneByteString__chars__char"))?;
-            read_mem(pid, at, &mut chars).then(|| chars.iter().map(|&c| char::from(c)).collect())
-        } else {
-            let mut chars = vec![0u8; len * 2];
-            let at =
-                (s - 1).checked_add_signed(m.get("v8dbg_class_SeqTwoByteString__chars__char"))?;
-            read_mem(pid, at, &mut chars).then(|| {
-                let units: Vec<u16> = chars
-                    .chunks_exact(2)
-                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                    .collect();
-                String::from_utf16_lossy(&units)
-            })
-        }
-    } else if repr == m.get("v8dbg_ConsStringTag") {
-        let first = field(pid, s, m.get("v8dbg_class_ConsString__first__String"))?;
-        let second = field(pid, s, m.get("v8dbg_class_ConsString__second__String"))?;
-        let mut text = string(pid, m, first, depth + 1)?;
-        if text.chars().count() < MAX_CHARS {
-            text.push_str(&string(pid, m, second, depth + 1).unwrap_or_default());
-        }
-        Some(text.chars().take(MAX_CHARS).collect())
-    } else if repr == m.get("v8dbg_ThinStringTag") {
-        let actual = field(pid, s, m.get("v8dbg_class_ThinString__actual__String"))?;
-        string(pid, m, actual, depth + 1)
-    } else {
-        None
-    }
-}
-
-/// A function's name from its scope info: the first non-empty string
-/// after the context locals' names (or their table) and details: the
-/// function's own name, else the one V8 inferred.
-fn scope_info_name(pid: u32, m: &Meta, info: u64) -> Option<String> {
-    let slot = |i: u64| read_u64(pid, info.wrapping_add(7).wrapping_add(8 * i));
-    let first = u64::try_from(m.get("v8dbg_scopeinfo_idx_first_vars")).ok()?;
-    let count_slot = u64::try_from(m.get("v8dbg_scopeinfo_idx_ncontextlocals")).ok()?;
-    // A Smi: the value in the upper half.
-    let locals = slot(count_slot)? >> 32;
-    if locals > 1 << 16 {
-        return None;
-    }
-    let names = if locals < MAX_INLINED_LOCAL_NAMES {
-        locals
-    } else {
-        1
-    };
-    let start = first + names + locals;
-    (start..start + 4).find_map(|i| {
-        let v = slot(i)?;
-        string(pid, m, v, 0).filter(|s| !s.is_empty())
-    })
-}
-
-/// Reads the `SharedFunctionInfo` at `shared`: its name and its script's.
-fn read_function(pid: u32, m: &Meta, shared: u64) -> Option<Arc<Code>> {
-    let name_or_info = field(
-        pid,
-        shared,
-        m.get("v8dbg_class_SharedFunctionInfo__name_or_scope_info__Object"),
-    )?;
-    let name = if !is_object(name_or_info) {
-        None
-    } else if instance_type(pid, m, name_or_info)? == m.get("v8dbg_type_ScopeInfo__SCOPE_INFO_TYPE")
-    {
-        scope_info_name(pid, m, name_or_info)
-    } else {
-        string(pid, m, name_or_info, 0).filter(|s| !s.is_empty())
-    };
-    let script = field(
-        pid,
-        shared,
-        m.get("v8dbg_class_SharedFunctionInfo__script_or_debug_info__HeapObject"),
-    )
-    .filter(|&s| {
-        is_object(s) && instance_type(pid, m, s) == Some(m.get("v8dbg_type_Script__SCRIPT_TYPE"))
-    })
-    .and_then(|s| field(pid, s, m.get("v8dbg_class_Script__name__Object")))
-    .and_then(|n| string(pid, m, n, 0));
-    Some(Arc::new(Code {
-        name: name.unwrap_or_else(|| "(anonymous)".into()).into(),
-        file: script.unwrap_or_default().into(),
-        first_line: 0,
-        lines: Box::new([]),
-    }))
 }
