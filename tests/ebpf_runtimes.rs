@@ -766,6 +766,17 @@ fn node_frames_without_a_flag() {
         4,
         "Node",
     );
+    // Their loops' lines, not the first-line fallback.
+    for (f, l) in [
+        (two, at("i < 2 * k * N; i++) s += i;")),
+        (one, at("i < k * N; i++) s += i;")),
+    ] {
+        assert!(
+            lines[f].contains(&l),
+            "{f}'s lines {:?} hold its loop, {l}",
+            lines[f]
+        );
+    }
     let within = at("function run(")..=at("return rounds;");
     let calls = [at("    proflow_hot_two(k);"), at("    proflow_hot_one(k);")];
     assert!(
@@ -826,6 +837,13 @@ fn node_inlined_functions_named_from_the_optimized_code() {
         3,
         "Node",
     );
+    for (f, l) in [(two, at("i < 200; i++)")), (one, at("i < 100; i++)"))] {
+        assert!(
+            lines[f].contains(&l),
+            "{f}'s lines {:?} hold its loop, {l}",
+            lines[f]
+        );
+    }
     let calls = [
         at("s = proflow_inlined_two(s);"),
         at("s = proflow_inlined_one(s);"),

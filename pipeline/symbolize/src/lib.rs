@@ -17,7 +17,8 @@
 //!   for them by path, and open what it finds plainly).
 //! - [`resident`]: the pages of the files read in place, handed back to the
 //!   page cache, for a caller that looks up in bursts (the `ebpf`
-//!   receiver, at the end of each interval).
+//!   receiver, at the end of each interval, and within it at most once a
+//!   second after lookups in files, [`Symbols::file_lookups`]).
 //!
 //! DWARF costs memory about its own size while a file is open (more when
 //! it is compressed, as Go compresses it; without `.debug_aranges`, as Rust
@@ -194,6 +195,8 @@ pub struct Symbols {
     names: FastMap<Arc<str>, ()>,
     /// Lookups answered from the cache since [`Symbols::take_hits`].
     hits: u64,
+    /// Lookups that read a file (not answered from the cache), ever.
+    file_lookups: u64,
 }
 
 /// blazesym's default debug directories, where separate debug files are
@@ -236,6 +239,7 @@ impl Symbols {
             empty: Arc::from(Vec::new()),
             names: FastMap::default(),
             hits: 0,
+            file_lookups: 0,
         }
     }
 
@@ -249,6 +253,12 @@ impl Symbols {
     /// Lookups answered from the cache since the last call.
     pub fn take_hits(&mut self) -> u64 {
         std::mem::take(&mut self.hits)
+    }
+
+    /// Lookups of user addresses that read a file (or tried to), ever:
+    /// when it grows, file pages were mapped.
+    pub fn file_lookups(&self) -> u64 {
+        self.file_lookups
     }
 
     /// Addresses cached.
@@ -310,6 +320,7 @@ impl Symbols {
             return l.clone();
         }
         self.make_room();
+        self.file_lookups += 1;
         let lines = if !self.opened(file) {
             self.empty.clone()
         } else {

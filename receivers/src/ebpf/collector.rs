@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use framehop::x86_64::CacheX86_64;
 use proflow_model::model::{Envelope, Labels, Payload, ValueType};
@@ -96,6 +97,9 @@ struct Series {
 /// samples of new label sets past it are kept without their labels.
 const MAX_LABELLED_STACKS: usize = 1024;
 
+/// How often file pages read within an interval are released, at most.
+const RELEASE_EVERY: Duration = Duration::from_secs(1);
+
 /// A sample's own pprof labels (key, value), as the goroutine had them.
 type SampleLabels = Box<[(Box<str>, Box<str>)]>;
 /// A stack's locations (leaf first) and its sample's own labels.
@@ -167,6 +171,9 @@ pub struct Collector {
     /// User stacks by how they were found (indexed as [`Unwound::ALL`]),
     /// since [`Collector::take_unwound`].
     unwound: [u64; 4],
+    /// When file pages were last released, and the symbolizer's file
+    /// lookups then ([`Collector::release_pages_read`]).
+    released: (Instant, u64),
 }
 
 impl Collector {
@@ -192,7 +199,27 @@ impl Collector {
             interval: 1,
             period_ns: (1_000_000_000 / sample_rate.max(1)) as i64,
             unwound: [0; 4],
+            released: (Instant::now(), 0),
         }
+    }
+
+    /// Within an interval, at most every [`RELEASE_EVERY`] and only after
+    /// addresses were looked up in files: the file pages read since go back
+    /// to the page cache (as at each flush). The first interval reads every
+    /// binary, symbol table and debug file of the node; released only at
+    /// its end, their pages were mapped all at once, the receiver's peak
+    /// RSS.
+    fn release_pages_read(&mut self) {
+        let lookups = self.file_lookups();
+        if lookups != self.released.1 && self.released.0.elapsed() >= RELEASE_EVERY {
+            let released = proflow_symbolize::resident::release_file_pages();
+            tracing::trace!(mappings = released, "file pages released");
+            self.released = (Instant::now(), lookups);
+        }
+    }
+
+    fn file_lookups(&self) -> u64 {
+        self.symbols.as_ref().map_or(0, Symbols::file_lookups)
     }
 
     pub fn symbol_entries(&self) -> usize {
@@ -201,6 +228,7 @@ impl Collector {
 
     /// Counts one sample.
     pub fn add(&mut self, s: &Sample<'_>) -> Result<(), Dropped> {
+        self.release_pages_read();
         let key = ProcKey {
             pid: s.tgid,
             start_time: s.start_time,
@@ -324,6 +352,7 @@ impl Collector {
         // holds what the next interval touches, not every page ever read.
         let released = proflow_symbolize::resident::release_file_pages();
         tracing::trace!(mappings = released, "file pages released");
+        self.released = (Instant::now(), self.file_lookups());
         self.interval += 1;
         let symbolized = self.symbols.is_some();
         series

@@ -16,21 +16,27 @@
 //! Lines ([`code`], [`source`], [`super::v8lines`]): an interpreted frame
 //! is at its bytecode's line, an optimized one (Maglev, TurboFan) at its
 //! pc's, with the functions the compiler inlined there as frames of their
-//! own; a baseline frame, and any frame whose position is not found, at its
-//! function's first line. Positions become lines by the script's line
-//! ends, found by reading its source once. Four offsets are not in the
-//! metadata ([`Layout`]); they are known for V8 11.3 (Node 20), read from
-//! its version symbols, and every object they lead to is checked to be of
-//! the type expected. Another V8 is named with every frame at line 0.
+//! own; a baseline frame, code replaced on the stack, and any frame whose
+//! position is not found, at its function's first line. Positions become
+//! lines by the script's line ends, found by reading its source once
+//! (at most 64 Mi characters a minute per process). Four offsets are not in
+//! the metadata ([`Layout`]); they are known for V8 11.3 (Node 20), read
+//! from its version symbols. What they lead to is checked before it is
+//! used: the pc must be inside the instructions a function's code header
+//! gives, and the tables, bytecode, deoptimization data, literal array and
+//! functions read must be of the type expected. Another V8 is named with
+//! every frame at line 0.
 //!
-//! Objects are read from the process's memory after the sample (the bytecode
-//! offset of an interpreted frame, and the optimized code's header, at the
-//! sample), and kept by address: a function moved by the garbage collector
-//! is read again at its new address, and one whose old address a new
-//! function takes shows the old name until the cache starts over. An
-//! interpreted function's slot holds the bytecode offset of its last call,
-//! so the innermost frame, if interpreted and in a loop without calls, is
-//! at that call's line.
+//! At the sample, the function's slot and its bytecode offset are read from
+//! the copied stack, and, the first time a pc is seen in a function's code,
+//! that code's header from the process. The rest is read from the
+//! process's memory after the sample, and kept by address (functions,
+//! optimized code, scripts' line ends, code ranges): a function moved by the
+//! garbage collector is read again at its new address, and one whose old
+//! address a new function (or script, or code) takes is shown as the old
+//! one until the cache starts over. An interpreted function's slot holds
+//! the bytecode offset of its last call, so the innermost frame, if
+//! interpreted and in a loop without calls, is at that call's line.
 //!
 //! What may depend on this: [`super::runtime`], and the unwinder, which
 //! asks [`V8Process::functions_at`] for frames in V8's code.
@@ -44,9 +50,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::interp::{Code, InterpFrame, ReadCache, read_u16, read_u32, read_u64};
-use super::state_budget::StateBudget;
-use super::v8lines::{FUNCTION_ENTRY, line_of, script_offset};
-use code::{Optimized, Table};
+use super::state_budget::{CacheCharge, StateBudget};
+use super::v8lines::{FUNCTION_ENTRY, Table, position_in, script_offset};
+use code::Optimized;
+use source::Scripts;
 
 /// The `v8dbg_` symbols every process needs (each an `int`), in this order.
 const SYMBOLS: [&str; 25] = [
@@ -77,12 +84,14 @@ const SYMBOLS: [&str; 25] = [
     "v8dbg_scopeinfo_idx_ncontextlocals",
 ];
 /// Read when there, for lines: without them frames are at line 0.
-const LINE_SYMBOLS: [&str; 25] = [
+const LINE_SYMBOLS: [&str; 27] = [
     "v8dbg_off_fp_bytecode_offset",
     "v8dbg_type_BytecodeArray__BYTECODE_ARRAY_TYPE",
     "v8dbg_type_ByteArray__BYTE_ARRAY_TYPE",
     "v8dbg_type_Code__CODE_TYPE",
     "v8dbg_type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE",
+    "v8dbg_type_FixedArray__FIXED_ARRAY_TYPE",
+    "v8dbg_type_WeakFixedArray__WEAK_FIXED_ARRAY_TYPE",
     "v8dbg_class_BytecodeArray__data__uintptr_t",
     "v8dbg_class_SharedFunctionInfo__function_data__Object",
     "v8dbg_class_Script__source__Object",
@@ -115,8 +124,9 @@ const MAX_CODES: usize = 4096;
 const MAX_CODE_BYTES: usize = 8 << 20;
 /// The largest optimized function believed, in bytes of instructions.
 const MAX_CODE_SIZE: u64 = 64 << 20;
-const MAX_SCRIPTS: usize = 1024;
-const MAX_SCRIPT_BYTES: usize = 8 << 20;
+/// Bytes a known code range is charged.
+const RANGE_BYTES: usize = 64;
+
 /// `JS_FUNCTION_TYPE` and the types after it that are functions too (class
 /// and built-in constructors), in V8 11.
 const FUNCTION_TYPES: i64 = 16;
@@ -243,10 +253,21 @@ pub struct V8Process {
     meta: Option<(Meta, Layout)>,
     functions: ReadCache<Arc<Function>>,
     codes: ReadCache<Arc<Optimized>>,
-    /// Optimized code by where its instructions start: (their end, its
-    /// `Code`), at most [`MAX_CODES`] (24 bytes each, not charged).
-    code_ranges: BTreeMap<u64, (u64, u64)>,
-    scripts: ReadCache<Arc<[u32]>>,
+    /// Functions' code by where its instructions start, as read:
+    /// at most [`MAX_CODES`], charged.
+    code_ranges: BTreeMap<u64, CodeRange>,
+    ranges_charge: CacheCharge,
+    scripts: Scripts,
+}
+
+/// A function's code as read: where its instructions end, its `Code`,
+/// the function's `SharedFunctionInfo`, whether it is optimized.
+#[derive(Debug, Clone, Copy)]
+struct CodeRange {
+    end: u64,
+    code: u64,
+    shared: u64,
+    optimized: bool,
 }
 
 impl V8Process {
@@ -263,7 +284,8 @@ impl V8Process {
             functions: ReadCache::new(budget, MAX_FUNCTIONS, MAX_FUNCTION_BYTES),
             codes: ReadCache::new(budget, MAX_CODES, MAX_CODE_BYTES),
             code_ranges: BTreeMap::new(),
-            scripts: ReadCache::new(budget, MAX_SCRIPTS, MAX_SCRIPT_BYTES),
+            ranges_charge: CacheCharge::new(budget),
+            scripts: Scripts::new(budget),
         }
     }
 
@@ -340,7 +362,7 @@ impl V8Process {
                 .filter(|&o| o < AT_BYTECODE);
             return vec![frame(shared, offset.map_or(0, |o| AT_BYTECODE | o))];
         }
-        let Some(optimized) = self.optimized(&m, &layout, function, pc) else {
+        let Some(optimized) = self.optimized(&m, &layout, function, shared, pc) else {
             return vec![frame(shared, 0)];
         };
         let offset = (pc - optimized.entry) as i64 - i64::from(is_return);
@@ -354,13 +376,15 @@ impl V8Process {
             .collect()
     }
 
-    /// The optimized code `pc` is in: found by its instructions' range
-    /// once read, else read from `function` (whose code it must be).
+    /// The optimized code `pc` is in, of the function whose
+    /// `SharedFunctionInfo` is `shared`: found by its instructions' range
+    /// once read (no read), else read from `function` (two reads).
     fn optimized(
         &mut self,
         m: &Meta,
         layout: &Layout,
         function: u64,
+        shared: u64,
         pc: u64,
     ) -> Option<Arc<Optimized>> {
         let pid = self.pid;
@@ -368,23 +392,36 @@ impl V8Process {
             .code_ranges
             .range(..=pc)
             .next_back()
-            .filter(|&(_, &(end, _))| pc < end)
-            .map(|(&entry, &(end, code))| (code, entry, end - entry));
-        let (code, entry, size) = match known {
+            .filter(|&(_, r)| pc < r.end && r.shared == shared)
+            .map(|(&entry, &r)| (entry, r));
+        let (entry, range) = match known {
             Some(known) => known,
             None => {
-                let (code, entry, size) = code::code_of(pid, m, layout, function)?;
+                let (code, entry, size, optimized) = code::code_of(pid, m, layout, function)?;
                 let end = entry.checked_add(size).filter(|_| size <= MAX_CODE_SIZE)?;
                 if !(entry..end).contains(&pc) {
                     return None;
                 }
                 if self.code_ranges.len() >= MAX_CODES {
                     self.code_ranges.clear();
+                    self.ranges_charge.clear();
                 }
-                self.code_ranges.insert(entry, (end, code));
-                (code, entry, size)
+                let range = CodeRange {
+                    end,
+                    code,
+                    shared,
+                    optimized,
+                };
+                if self.ranges_charge.take(RANGE_BYTES) {
+                    self.code_ranges.insert(entry, range);
+                }
+                (entry, range)
             }
         };
+        if !range.optimized {
+            return None;
+        }
+        let (code, size) = (range.code, range.end - entry);
         self.codes.get_valid(
             code,
             |o| o.entry == entry && o.size == size,
@@ -407,7 +444,7 @@ impl V8Process {
             u32::try_from(f.instr & !AT_SCRIPT_OFFSET).ok()
         } else if f.instr & AT_BYTECODE != 0 {
             let at = (f.instr & !AT_BYTECODE) as i64;
-            code::position_in(&function.bytecode, at).and_then(script_offset)
+            position_in(&function.bytecode, at).and_then(script_offset)
         } else {
             None
         };
@@ -417,7 +454,7 @@ impl V8Process {
         let script = function.script;
         let scripts = &mut self.scripts;
         let line = self.functions.line((f.code, f.instr), || {
-            script_line(pid, &m, &layout, scripts, script, offset)
+            scripts.line(pid, &m, &layout, script, offset)
         });
         Some((function.code.clone(), line))
     }
@@ -426,7 +463,8 @@ impl V8Process {
 /// The function `f` (checked to be one) and its `SharedFunctionInfo`.
 fn function_and_shared(pid: u32, m: &Meta, f: u64) -> Option<(u64, u64)> {
     let first = m.get("v8dbg_type_JSFunction__JS_FUNCTION_TYPE");
-    if !is_object(f) || !(first..first + FUNCTION_TYPES).contains(&instance_type(pid, m, f)?) {
+    let t = instance_type(pid, m, f)?;
+    if !(first..first + FUNCTION_TYPES).contains(&t) {
         return None;
     }
     let shared = field(
@@ -434,13 +472,15 @@ fn function_and_shared(pid: u32, m: &Meta, f: u64) -> Option<(u64, u64)> {
         f,
         m.get("v8dbg_class_JSFunction__shared__SharedFunctionInfo"),
     )?;
-    let sfi = m.opt("v8dbg_type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE");
-    // Past `JS_FUNCTION_TYPE`, only with the type of what it points to.
-    let checked = match sfi {
-        Some(t) => instance_type(pid, m, shared) == Some(t),
-        None => instance_type(pid, m, f) == Some(first),
-    };
-    (is_object(shared) && checked).then_some((f, shared))
+    if !is_object(shared) {
+        return None;
+    }
+    // Past `JS_FUNCTION_TYPE` (class and built-in constructors), only with
+    // the type of what it points to (two reads more).
+    let checked = t == first
+        || m.opt("v8dbg_type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE")
+            .is_some_and(|sfi| instance_type(pid, m, shared) == Some(sfi));
+    checked.then_some((f, shared))
 }
 
 /// Reads the `SharedFunctionInfo` at `shared`: its name, its script, its
@@ -450,43 +490,19 @@ fn read_function(
     m: &Meta,
     layout: &Layout,
     shared: u64,
-    scripts: &mut ReadCache<Arc<[u32]>>,
+    scripts: &mut Scripts,
 ) -> Option<Arc<Function>> {
     let (code, script) = names::read_names(pid, m, shared)?;
     let bytecode = code::bytecode_table(pid, m, layout, shared).unwrap_or_default();
     // The function's entry is the table's first position.
-    let first_line = code::position_in(&bytecode, FUNCTION_ENTRY)
+    let first_line = position_in(&bytecode, FUNCTION_ENTRY)
         .and_then(script_offset)
-        .map_or(0, |offset| {
-            script_line(pid, m, layout, scripts, script, offset)
-        });
+        .map_or(0, |offset| scripts.line(pid, m, layout, script, offset));
     Some(Arc::new(Function {
         code: names::with_first_line(code, first_line),
         script,
         bytecode,
     }))
-}
-
-/// The line of `offset` in the script at `script` (0: none, or its source
-/// unreadable), its line ends read once.
-fn script_line(
-    pid: u32,
-    m: &Meta,
-    layout: &Layout,
-    scripts: &mut ReadCache<Arc<[u32]>>,
-    script: u64,
-    offset: u32,
-) -> u32 {
-    if script == 0 {
-        return 0;
-    }
-    scripts
-        .get(
-            script,
-            || source::line_ends(pid, m, layout, script).map(Arc::from),
-            |ends| ends.len() * 4,
-        )
-        .map_or(0, |ends| line_of(&ends, offset))
 }
 
 /// Whether `v` is a tagged pointer to a heap object.
@@ -499,8 +515,12 @@ fn smi(v: u64) -> Option<i64> {
     (v & 0xffff_ffff == 0).then_some((v as i64) >> 32)
 }
 
-/// The tagged field at `offset` of the heap object `object`.
+/// The tagged field at `offset` of the heap object `object`; `None` when
+/// `object` is not one.
 fn field(pid: u32, object: u64, offset: i64) -> Option<u64> {
+    if !is_object(object) {
+        return None;
+    }
     read_u64(pid, (object - 1).checked_add_signed(offset)?)
 }
 

@@ -58,13 +58,59 @@ pub fn entries(table: &[u8]) -> impl Iterator<Item = (i64, u64)> + '_ {
     })
 }
 
-/// The position of the last entry at or before `code_offset` (entries
-/// ascend); `None` when the table has none there.
-pub fn position_at(table: &[u8], code_offset: i64) -> Option<u64> {
-    entries(table)
-        .take_while(|&(code, _)| code <= code_offset)
-        .last()
-        .map(|(_, p)| p)
+/// A decoded table: (code offset, position), in the table's order (V8
+/// writes them ascending).
+pub type Table = Box<[(i64, u64)]>;
+
+/// Decodes `bytes` (at most one entry per two bytes).
+pub fn table(bytes: &[u8]) -> Table {
+    entries(bytes).take(bytes.len() / 2).collect()
+}
+
+/// The position of the last entry at or before `code_offset` (a binary
+/// search: for a table whose offsets do not ascend, one of the entries
+/// before the first greater one); `None` when the table has none there.
+pub fn position_in(table: &[(i64, u64)], code_offset: i64) -> Option<u64> {
+    let i = table.partition_point(|&(c, _)| c <= code_offset);
+    i.checked_sub(1).map(|i| table[i].1)
+}
+
+/// Where an optimized function's code inlined other functions: per
+/// inlined function, where its caller called it and its index in
+/// `functions`; `functions` the `SharedFunctionInfo`s of its literal array
+/// (0 where a slot holds none).
+#[derive(Debug, Default)]
+pub struct Inlining {
+    pub inlined: Box<[(u64, u32)]>,
+    pub functions: Box<[u64]>,
+}
+
+/// The frames at `position` of optimized code whose own function is
+/// `outer`, innermost first: (function, position), each inlined function
+/// then its caller at the position of the call, until the outer one; at
+/// most 64. A position whose inlined function is not known gives the outer
+/// function alone, at no position (0).
+pub fn inlined_frames(inlining: &Inlining, mut position: u64, outer: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for _ in 0..64 {
+        let id = inlining_id(position) as usize;
+        if id == 0 {
+            out.push((outer, position));
+            return out;
+        }
+        let Some(&(caller, function)) = inlining.inlined.get(id - 1) else {
+            break;
+        };
+        match inlining.functions.get(function as usize) {
+            Some(&shared) if shared != 0 => out.push((shared, position)),
+            _ => break,
+        }
+        position = caller;
+    }
+    // Unknown (or a cycle): the outer function, at its first line.
+    out.clear();
+    out.push((outer, 0));
+    out
 }
 
 /// The script offset of a position; `None` for none, or for a position
@@ -124,7 +170,8 @@ impl LineEnds {
         }
     }
 
-    /// The line ends, the source's length last (V8's own table is so).
+    /// The line ends, the source's length last (V8's own table is so;
+    /// not when `max_lines` were kept before the end).
     pub fn finish(mut self) -> Vec<u32> {
         if self.after_cr {
             self.end(self.at.wrapping_sub(1));
@@ -161,7 +208,7 @@ mod tests {
     }
 
     /// A table of (code offset, statement, script offset, inlining id).
-    fn table(rows: &[(i64, bool, u32, u32)]) -> Vec<u8> {
+    fn encode(rows: &[(i64, bool, u32, u32)]) -> Vec<u8> {
         let mut out = Vec::new();
         let (mut code, mut pos) = (FUNCTION_ENTRY, 0i64);
         for &(c, statement, offset, inlined) in rows {
@@ -176,13 +223,14 @@ mod tests {
 
     #[test]
     fn positions_are_found_by_code_offset() {
-        let t = table(&[
+        let t = encode(&[
             (-1, false, 100, 0),
             (0, true, 120, 0),
             (7, false, 95, 0),
             (300, true, 70_000, 2),
         ]);
-        let at = |c| position_at(&t, c);
+        let t = table(&t);
+        let at = |c| position_in(&t, c);
         assert_eq!(at(-1).and_then(script_offset), Some(100));
         assert_eq!(at(0).and_then(script_offset), Some(120));
         assert_eq!(at(6).and_then(script_offset), Some(120));
@@ -196,8 +244,8 @@ mod tests {
         assert_eq!(script_offset(last), Some(70_000));
         assert_eq!(inlining_id(last), 2);
         assert_eq!(inlining_id(at(0).unwrap()), 0);
-        assert_eq!(position_at(&t, -2), None);
-        assert_eq!(position_at(&[], 5), None);
+        assert_eq!(position_in(&t, -2), None);
+        assert_eq!(position_in(&[], 5), None);
     }
 
     #[test]
@@ -209,10 +257,38 @@ mod tests {
 
     #[test]
     fn a_broken_table_ends_where_it_breaks() {
-        let mut t = table(&[(-1, false, 10, 0), (4, true, 20, 0)]);
+        let mut t = encode(&[(-1, false, 10, 0), (4, true, 20, 0)]);
         t.push(0x80);
         assert_eq!(entries(&t).count(), 2);
         assert_eq!(zigzag(&[0xff; 11], &mut 0), None, "over ten bytes");
+    }
+
+    #[test]
+    fn inlined_functions_are_frames_innermost_first() {
+        // Function 7 (literal 1) inlined at the outer's offset 50; function 8
+        // (literal 0) inlined into it at its offset 60.
+        let inlining = Inlining {
+            inlined: Box::new([((50 + 1) << 1, 1), ((60 + 1) << 1 | 1 << 31, 0)]),
+            functions: Box::new([8, 7]),
+        };
+        let at = |offset: u64, id: u64| (offset + 1) << 1 | id << 31;
+        let frames = inlined_frames(&inlining, at(70, 2), 1);
+        let offsets: Vec<(u64, Option<u32>)> =
+            frames.iter().map(|&(f, p)| (f, script_offset(p))).collect();
+        assert_eq!(offsets, [(8, Some(70)), (7, Some(60)), (1, Some(50))]);
+        assert_eq!(inlined_frames(&inlining, at(5, 0), 1), [(1, at(5, 0))]);
+        // An id past the table, or a cycle: the outer function alone.
+        assert_eq!(inlined_frames(&inlining, at(5, 9), 1), [(1, 0)]);
+        let cycle = Inlining {
+            inlined: Box::new([(at(3, 1), 0)]),
+            functions: Box::new([8]),
+        };
+        assert_eq!(inlined_frames(&cycle, at(5, 1), 1), [(1, 0)]);
+        let unknown = Inlining {
+            inlined: Box::new([(at(3, 0), 0)]),
+            functions: Box::new([0]),
+        };
+        assert_eq!(inlined_frames(&unknown, at(5, 1), 1), [(1, 0)]);
     }
 
     #[test]

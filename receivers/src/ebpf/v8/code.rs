@@ -16,28 +16,18 @@
 //!   table; its frames are at their function's first line for now.
 
 use super::{Layout, Meta, field, instance_type, is_object, smi};
-use crate::ebpf::interp::{read_mem, read_u64};
-use crate::ebpf::v8lines::{entries, inlining_id};
+use crate::ebpf::interp::read_mem;
+use crate::ebpf::v8lines::{Inlining, Table, inlined_frames, position_in, table};
 
 /// The largest table read, in bytes, and the most inlined functions one
 /// optimized function's positions name.
 const MAX_TABLE: usize = 1 << 20;
 const MAX_INLINED: usize = 4096;
 
-/// A decoded source position table: (code offset, position), ascending.
-pub type Table = Box<[(i64, u64)]>;
-
-/// The position of the last entry at or before `code_offset`.
-pub fn position_in(table: &[(i64, u64)], code_offset: i64) -> Option<u64> {
-    let i = table.partition_point(|&(c, _)| c <= code_offset);
-    i.checked_sub(1).map(|i| table[i].1)
-}
-
-/// The bytes of the byte array `array` (checked to be one), decoded as a
-/// source position table.
-fn table(pid: u32, m: &Meta, array: u64) -> Option<Table> {
-    let bytes = byte_array(pid, m, array)?;
-    Some(entries(&bytes).take(bytes.len()).collect())
+/// The source position table in the byte array `array` (checked to be
+/// one), decoded.
+fn read_table(pid: u32, m: &Meta, array: u64) -> Option<Table> {
+    Some(table(&byte_array(pid, m, array)?))
 }
 
 /// The bytes of the byte array `array`, at most [`MAX_TABLE`].
@@ -77,7 +67,7 @@ pub fn bytecode_table(pid: u32, m: &Meta, layout: &Layout, shared: u64) -> Optio
     {
         return None;
     }
-    table(pid, m, field(pid, data, layout.bytecode_positions?)?)
+    read_table(pid, m, field(pid, data, layout.bytecode_positions?)?)
 }
 
 /// An optimized function's code: where its instructions are, its table,
@@ -88,49 +78,36 @@ pub struct Optimized {
     pub entry: u64,
     pub size: u64,
     table: Table,
-    /// Per inlined function: where its caller called it, and its index in
-    /// `functions`.
-    inlined: Box<[(u64, u32)]>,
-    /// The literal array's functions (0 where a slot holds none).
-    functions: Box<[u64]>,
+    inlining: Inlining,
 }
 
 impl Optimized {
     /// Bytes held.
     pub fn size_of(&self) -> usize {
-        self.table.len() * 16 + self.inlined.len() * 12 + self.functions.len() * 8
+        self.table.len() * 16 + self.inlining.inlined.len() * 16 + self.inlining.functions.len() * 8
     }
 
     /// The frames at `code_offset`, innermost first: (the function's
     /// `SharedFunctionInfo`, its position), the outer one as `outer`.
     pub fn frames(&self, code_offset: i64, outer: u64) -> Vec<(u64, u64)> {
-        let Some(mut position) = position_in(&self.table, code_offset) else {
-            return vec![(outer, 0)];
-        };
-        let mut out = Vec::new();
-        while out.len() < 64 {
-            let id = inlining_id(position) as usize;
-            let Some(&(caller, function)) = id.checked_sub(1).and_then(|i| self.inlined.get(i))
-            else {
-                out.push((outer, position));
-                return out;
-            };
-            match self.functions.get(function as usize) {
-                Some(&shared) if shared != 0 => out.push((shared, position)),
-                _ => {}
-            }
-            position = caller;
+        match position_in(&self.table, code_offset) {
+            Some(position) => inlined_frames(&self.inlining, position, outer),
+            None => vec![(outer, 0)],
         }
-        out
     }
 }
 
-/// Where the code of the function at `function` is and what it is, when
-/// it is optimized code (Maglev or TurboFan): its `Code`'s address and its
-/// header (instructions' start and size), in two reads. Its type is not
-/// read: the caller checks the pc is inside the instructions, and
-/// [`read_optimized`] checks the table's type.
-pub fn code_of(pid: u32, m: &Meta, layout: &Layout, function: u64) -> Option<(u64, u64, u64)> {
+/// The code of the function at `function`: its `Code`'s address, its
+/// instructions' start and size from its header, and whether it is
+/// optimized (Maglev or TurboFan), in two reads. Its type is not read: the
+/// caller checks the pc is inside the instructions, and [`read_optimized`]
+/// checks the table's type.
+pub fn code_of(
+    pid: u32,
+    m: &Meta,
+    layout: &Layout,
+    function: u64,
+) -> Option<(u64, u64, u64, bool)> {
     let code = field(pid, function, layout.function_code?)?;
     if !is_object(code) {
         return None;
@@ -144,45 +121,39 @@ pub fn code_of(pid: u32, m: &Meta, layout: &Layout, function: u64) -> Option<(u6
     let entry = word(0);
     let flags = word(8) & 0xffff_ffff;
     let size = word(16) & 0xffff_ffff;
-    let kind = (flags >> m.opt("v8dbg_CodeKindFieldShift")?)
-        & u64::try_from(m.opt("v8dbg_CodeKindFieldMask")?).ok()?;
-    (kind > u64::try_from(m.opt("v8dbg_CodeKindBaseline")?).ok()?).then_some((code, entry, size))
+    let shift = u32::try_from(m.opt("v8dbg_CodeKindFieldShift")?).ok()?;
+    let kind = flags.checked_shr(shift)? & u64::try_from(m.opt("v8dbg_CodeKindFieldMask")?).ok()?;
+    let optimized = kind > u64::try_from(m.opt("v8dbg_CodeKindBaseline")?).ok()?;
+    Some((code, entry, size, optimized))
 }
 
 /// Reads the optimized `Code` at `code` (whose header [`code_of`] read).
 pub fn read_optimized(pid: u32, m: &Meta, code: u64, entry: u64, size: u64) -> Option<Optimized> {
-    let table = table(
+    let positions = field(
         pid,
-        m,
-        field(
-            pid,
-            code,
-            m.opt("v8dbg_class_Code__source_position_table__ByteArray")?,
-        )?,
+        code,
+        m.opt("v8dbg_class_Code__source_position_table__ByteArray")?,
     )?;
+    let table = read_table(pid, m, positions)?;
     let deopt = field(
         pid,
         code,
         m.opt("v8dbg_class_Code__deoptimization_data__FixedArray")?,
     )?;
-    let (inlined, functions) = inlining(pid, m, deopt).unwrap_or_default();
     Some(Optimized {
         entry,
         size,
         table,
-        inlined,
-        functions,
+        inlining: inlining(pid, m, deopt).unwrap_or_default(),
     })
 }
 
-/// Per inlined function, where its caller called it and its index in the
-/// literal functions; the literal functions.
-type Inlining = (Box<[(u64, u32)]>, Box<[u64]>);
-
 /// The inlining positions and literal functions of deoptimization data
-/// `deopt` (empty for code that inlined nothing).
+/// `deopt` (`None` for code that inlined nothing, or unreadable data:
+/// then a position in an inlined function is the outer one's first line).
 fn inlining(pid: u32, m: &Meta, deopt: u64) -> Option<Inlining> {
-    if !is_object(deopt) {
+    let fixed = m.opt("v8dbg_type_FixedArray__FIXED_ARRAY_TYPE")?;
+    if !is_object(deopt) || instance_type(pid, m, deopt)? != fixed {
         return None;
     }
     let data = m.opt("v8dbg_class_FixedArray__data__uintptr_t")?;
@@ -207,7 +178,13 @@ fn inlining(pid: u32, m: &Meta, deopt: u64) -> Option<Inlining> {
     if inlined.is_empty() {
         return None;
     }
+    // The literal array (a weak fixed array): its slots up to the highest
+    // one named, in one read; only the slots named are checked.
     let literals = slot(deopt, m.opt("v8dbg_DeoptimizationDataLiteralArrayIndex")?)?;
+    let weak = m.opt("v8dbg_type_WeakFixedArray__WEAK_FIXED_ARRAY_TYPE")?;
+    if !is_object(literals) || ![weak, fixed].contains(&instance_type(pid, m, literals)?) {
+        return None;
+    }
     let length_at = m.opt("v8dbg_class_FixedArrayBase__length__SMI")?;
     let count = usize::try_from(smi(field(pid, literals, length_at)?)?).ok()?;
     let wanted = inlined
@@ -215,20 +192,27 @@ fn inlining(pid: u32, m: &Meta, deopt: u64) -> Option<Inlining> {
         .map(|&(_, f)| f as usize + 1)
         .max()
         .unwrap_or(0);
+    let n = count.min(wanted).min(MAX_INLINED);
+    let mut raw = vec![0u8; n * 8];
+    if !read_mem(pid, (literals - 1).checked_add_signed(data)?, &mut raw) {
+        return None;
+    }
     let sfi_type = m.opt("v8dbg_type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE")?;
-    let functions = (0..count.min(wanted).min(MAX_INLINED))
-        .map(|i| {
-            // A weak reference has bit 1 set as well.
-            let v = read_u64(
-                pid,
-                (literals - 1)
-                    .wrapping_add_signed(data)
-                    .wrapping_add(8 * i as u64),
-            )
-            .map_or(0, |v| v & !2);
-            let is_function = is_object(v) && instance_type(pid, m, v) == Some(sfi_type);
-            if is_function { v } else { 0 }
-        })
+    let mut functions: Box<[u64]> = raw
+        .chunks_exact(8)
+        // A weak reference has bit 1 set as well.
+        .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")) & !2)
         .collect();
-    Some((inlined, functions))
+    let mut named: Vec<usize> = inlined.iter().map(|&(_, f)| f as usize).collect();
+    named.sort_unstable();
+    named.dedup();
+    for (i, f) in functions.iter_mut().enumerate() {
+        let checked = named.binary_search(&i).is_ok()
+            && is_object(*f)
+            && instance_type(pid, m, *f) == Some(sfi_type);
+        if !checked {
+            *f = 0;
+        }
+    }
+    Some(Inlining { inlined, functions })
 }

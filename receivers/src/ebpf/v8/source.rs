@@ -6,31 +6,89 @@
 //! sliced (part of another) or external (characters outside the heap,
 //! such as Node's own modules in its binary).
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use super::{Layout, Meta, field, instance_type, is_object, smi};
-use crate::ebpf::interp::{read_mem, read_u32, read_u64};
-use crate::ebpf::v8lines::LineEnds;
+use crate::ebpf::interp::{ReadCache, read_mem, read_u32, read_u64};
+use crate::ebpf::state_budget::StateBudget;
+use crate::ebpf::v8lines::{LineEnds, line_of};
 
 /// The most characters of one script read, and its most lines kept.
 pub const MAX_SOURCE_UNITS: u32 = 16 << 20;
 pub const MAX_LINES: usize = 1 << 20;
-/// The deepest string inside another followed, and the bytes read at once.
+/// Characters of sources read per process per minute at most: a script is
+/// read once while its line ends are kept, and this bounds the reading
+/// when the state budget has no room to keep them.
+const UNITS_PER_MINUTE: u64 = 64 << 20;
+/// Scripts kept per process at most, and their bytes.
+const MAX_SCRIPTS: usize = 1024;
+const MAX_SCRIPT_BYTES: usize = 8 << 20;
+/// The deepest string inside another followed, the most strings one
+/// source is read from, and the bytes read at once.
 const MAX_DEPTH: usize = 32;
+const MAX_PIECES: usize = 4096;
 const CHUNK: usize = 16 << 10;
 
-/// The line ends of the script at `script`; `None` when its source cannot
-/// be read (or is longer than [`MAX_SOURCE_UNITS`]).
-pub(super) fn line_ends(pid: u32, m: &Meta, layout: &Layout, script: u64) -> Option<Vec<u32>> {
+/// A process's scripts' line ends, by the script's address (charged to
+/// the state budget), and what may still be read this minute.
+#[derive(Debug)]
+pub(super) struct Scripts {
+    ends: ReadCache<Arc<[u32]>>,
+    allowance: (Instant, u64),
+}
+
+impl Scripts {
+    pub fn new(budget: &Arc<StateBudget>) -> Self {
+        Scripts {
+            ends: ReadCache::new(budget, MAX_SCRIPTS, MAX_SCRIPT_BYTES),
+            allowance: (Instant::now(), UNITS_PER_MINUTE),
+        }
+    }
+
+    /// The line of `offset` in the script at `script` (0: none, its source
+    /// unreadable, or this minute's reading spent), its line ends read once.
+    pub fn line(&mut self, pid: u32, m: &Meta, layout: &Layout, script: u64, offset: u32) -> u32 {
+        if script == 0 {
+            return 0;
+        }
+        if self.allowance.0.elapsed() >= Duration::from_secs(60) {
+            self.allowance = (Instant::now(), UNITS_PER_MINUTE);
+        }
+        let allowance = &mut self.allowance.1;
+        self.ends
+            .get(
+                script,
+                || line_ends(pid, m, layout, script, allowance).map(Arc::from),
+                |ends| ends.len() * 4,
+            )
+            .map_or(0, |ends| line_of(&ends, offset))
+    }
+}
+
+/// The line ends of the script at `script`, its length taken from
+/// `allowance`; `None` when its source cannot be read, or is longer than
+/// [`MAX_SOURCE_UNITS`] or what is allowed.
+fn line_ends(
+    pid: u32,
+    m: &Meta,
+    layout: &Layout,
+    script: u64,
+    allowance: &mut u64,
+) -> Option<Vec<u32>> {
     let source = field(pid, script, m.get("v8dbg_class_Script__source__Object"))?;
     let len = length(pid, m, source)?;
-    if len > MAX_SOURCE_UNITS {
+    if len > MAX_SOURCE_UNITS || u64::from(len) > *allowance {
         return None;
     }
+    *allowance -= u64::from(len);
     let mut ends = LineEnds::new(MAX_LINES);
     let mut reader = Reader {
         pid,
         m,
         layout,
         buf: vec![0u8; CHUNK],
+        pieces: 0,
     };
     reader.scan(source, 0, len, 0, &mut ends)?;
     Some(ends.finish())
@@ -38,6 +96,9 @@ pub(super) fn line_ends(pid: u32, m: &Meta, layout: &Layout, script: u64) -> Opt
 
 /// The length of the string `s`, in code units.
 fn length(pid: u32, m: &Meta, s: u64) -> Option<u32> {
+    if !is_object(s) {
+        return None;
+    }
     let at = (s - 1).checked_add_signed(m.get("v8dbg_class_String__length__int32_t"))?;
     u32::try_from(read_u32(pid, at)? as i32).ok()
 }
@@ -47,6 +108,8 @@ struct Reader<'a> {
     m: &'a Meta,
     layout: &'a Layout,
     buf: Vec<u8>,
+    /// Strings read so far, at most [`MAX_PIECES`].
+    pieces: usize,
 }
 
 impl Reader<'_> {
@@ -60,7 +123,11 @@ impl Reader<'_> {
         ends: &mut LineEnds,
     ) -> Option<()> {
         let (pid, m) = (self.pid, self.m);
-        if !is_object(s) || depth > MAX_DEPTH || start.checked_add(len)? > length(pid, m, s)? {
+        self.pieces += 1;
+        if depth > MAX_DEPTH
+            || self.pieces > MAX_PIECES
+            || start.checked_add(len)? > length(pid, m, s)?
+        {
             return None;
         }
         if len == 0 {
