@@ -17,8 +17,9 @@
 //!   for them by path, and open what it finds plainly).
 //! - [`resident`]: the pages of the files read in place, handed back to the
 //!   page cache, for a caller that looks up in bursts (the `ebpf`
-//!   receiver, at the end of each interval, and within it at most once a
-//!   second after lookups in files, [`Symbols::file_lookups`]).
+//!   receiver, at the end of each interval, and within it after a file
+//!   is opened or many lookups read files: [`Symbols::files_opened`],
+//!   [`Symbols::file_lookups`]).
 //!
 //! DWARF costs memory about its own size while a file is open (more when
 //! it is compressed, as Go compresses it; without `.debug_aranges`, as Rust
@@ -195,8 +196,10 @@ pub struct Symbols {
     names: FastMap<Arc<str>, ()>,
     /// Lookups answered from the cache since [`Symbols::take_hits`].
     hits: u64,
-    /// Lookups that read a file (not answered from the cache), ever.
+    /// Lookups that read a file (not answered from the cache), and files
+    /// opened, ever.
     file_lookups: u64,
+    files_opened: u64,
 }
 
 /// blazesym's default debug directories, where separate debug files are
@@ -240,6 +243,7 @@ impl Symbols {
             names: FastMap::default(),
             hits: 0,
             file_lookups: 0,
+            files_opened: 0,
         }
     }
 
@@ -259,6 +263,12 @@ impl Symbols {
     /// when it grows, file pages were mapped.
     pub fn file_lookups(&self) -> u64 {
         self.file_lookups
+    }
+
+    /// Files opened, ever: when it grows, a file's symbol table (and its
+    /// DWARF, if read) was read all at once.
+    pub fn files_opened(&self) -> u64 {
+        self.files_opened
     }
 
     /// Addresses cached.
@@ -433,6 +443,7 @@ impl Symbols {
             self.evict(old);
         }
         self.open.push_back(o);
+        self.files_opened += 1;
         true
     }
 
@@ -651,6 +662,8 @@ mod tests {
         let vaddr = info.vaddr_of_offset(file_offset).unwrap();
         assert_eq!(symbols.file(file, Addr::Virtual(vaddr)), lines);
         assert_eq!(symbols.open_files(), 1);
+        // Two lookups read the file (the cached one did not); it was opened once.
+        assert_eq!((symbols.file_lookups(), symbols.files_opened()), (2, 1));
 
         // A file idle long enough is closed; its cached addresses are still
         // answered, and a new address opens it again.
@@ -662,6 +675,7 @@ mod tests {
         assert_eq!(symbols.open_files(), 0, "answered from the cache");
         let _ = symbols.file(file, Addr::FileOffset(file_offset + 2));
         assert_eq!(symbols.open_files(), 1, "a new address opens it again");
+        assert_eq!((symbols.file_lookups(), symbols.files_opened()), (3, 2));
 
         // Another file than the caller read: not used.
         let other = FileRef {

@@ -97,8 +97,10 @@ struct Series {
 /// samples of new label sets past it are kept without their labels.
 const MAX_LABELLED_STACKS: usize = 1024;
 
-/// How often file pages read within an interval are released, at most.
-const RELEASE_EVERY: Duration = Duration::from_secs(1);
+/// File lookups within an interval after which the pages read are
+/// released, and how often at most.
+const RELEASE_AFTER: u64 = 256;
+const RELEASE_EVERY: Duration = Duration::from_millis(100);
 
 /// A sample's own pprof labels (key, value), as the goroutine had them.
 type SampleLabels = Box<[(Box<str>, Box<str>)]>;
@@ -171,9 +173,9 @@ pub struct Collector {
     /// User stacks by how they were found (indexed as [`Unwound::ALL`]),
     /// since [`Collector::take_unwound`].
     unwound: [u64; 4],
-    /// When file pages were last released, and the symbolizer's file
-    /// lookups then ([`Collector::release_pages_read`]).
-    released: (Instant, u64),
+    /// When file pages were last released, and the symbolizer's files
+    /// opened and file lookups then ([`Collector::release_pages_read`]).
+    released: (Instant, (u64, u64)),
 }
 
 impl Collector {
@@ -199,23 +201,32 @@ impl Collector {
             interval: 1,
             period_ns: (1_000_000_000 / sample_rate.max(1)) as i64,
             unwound: [0; 4],
-            released: (Instant::now(), 0),
+            released: (Instant::now(), (0, 0)),
         }
     }
 
-    /// Within an interval, at most every [`RELEASE_EVERY`] and only after
-    /// addresses were looked up in files: the file pages read since go back
-    /// to the page cache (as at each flush). The first interval reads every
-    /// binary, symbol table and debug file of the node; released only at
-    /// its end, their pages were mapped all at once, the receiver's peak
-    /// RSS.
+    /// Within an interval, after a file was opened to be symbolized or
+    /// [`RELEASE_AFTER`] lookups read files, at most every
+    /// [`RELEASE_EVERY`]: the file pages read since go back to the page
+    /// cache (as at each flush). The first interval opens every binary and
+    /// debug file of the node (as does a burst of new programs); released
+    /// only at its end, their pages were mapped all at once, the receiver's
+    /// peak RSS. In the steady state, files are open already and few
+    /// addresses new: pages are released at the flush only (the unwinder's
+    /// sections read in place are not faulted in again and again).
     fn release_pages_read(&mut self) {
-        let lookups = self.file_lookups();
-        if lookups != self.released.1 && self.released.0.elapsed() >= RELEASE_EVERY {
+        let now = (self.files_opened(), self.file_lookups());
+        let (at, (opened, lookups)) = self.released;
+        let due = now.0 != opened || now.1.saturating_sub(lookups) >= RELEASE_AFTER;
+        if due && at.elapsed() >= RELEASE_EVERY {
             let released = proflow_symbolize::resident::release_file_pages();
             tracing::trace!(mappings = released, "file pages released");
-            self.released = (Instant::now(), lookups);
+            self.released = (Instant::now(), now);
         }
+    }
+
+    fn files_opened(&self) -> u64 {
+        self.symbols.as_ref().map_or(0, Symbols::files_opened)
     }
 
     fn file_lookups(&self) -> u64 {
@@ -352,7 +363,7 @@ impl Collector {
         // holds what the next interval touches, not every page ever read.
         let released = proflow_symbolize::resident::release_file_pages();
         tracing::trace!(mappings = released, "file pages released");
-        self.released = (Instant::now(), self.file_lookups());
+        self.released = (Instant::now(), (self.files_opened(), self.file_lookups()));
         self.interval += 1;
         let symbolized = self.symbols.is_some();
         series

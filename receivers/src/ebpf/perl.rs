@@ -113,11 +113,14 @@ pub fn is_perl(path: &str) -> bool {
 
 /// Reads a Perl file's symbols and version; `None` unless it is Perl 5.36
 /// built with threads.
-pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<PerlBinary> {
-    use object::{Object, ObjectSymbol};
+pub fn read_symbols<'d, R: object::ReadRef<'d>>(
+    elf: &object::File<'d, R>,
+    release: &dyn Fn(),
+) -> Option<PerlBinary> {
+    use object::ObjectSymbol;
     let (mut curinterp, mut runops, mut threads) = (None, None, false);
     let (mut revision, mut version) = (None, None);
-    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+    for sym in super::runtime::symbols(elf, release, true) {
         let Ok(name) = sym.name() else { continue };
         if sym.address() == 0 {
             continue;
@@ -484,7 +487,7 @@ mod tests {
             .status()
             .unwrap()
             .success();
-        let b = read_symbols(&elf);
+        let b = read_symbols(&elf, &|| {});
         assert_eq!(b.is_some(), is_536, "{b:?}");
         if let Some(b) = b {
             assert!(b.runops.end > b.runops.start && b.curinterp != 0);

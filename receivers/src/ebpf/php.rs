@@ -93,11 +93,14 @@ pub struct PhpBinary {
 /// Reads a PHP file's two symbols (dynamic symbols: Debian's binaries are
 /// stripped, and both are exported for extensions); `None` when either is
 /// missing (a build with threads has no `executor_globals`).
-pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<PhpBinary> {
-    use object::{Object, ObjectSymbol};
+pub fn read_symbols<'d, R: object::ReadRef<'d>>(
+    elf: &object::File<'d, R>,
+    release: &dyn Fn(),
+) -> Option<PhpBinary> {
+    use object::ObjectSymbol;
     let mut globals = None;
     let mut execute_ex = None;
-    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+    for sym in super::runtime::symbols(elf, release, true) {
         let Ok(name) = sym.name() else { continue };
         if sym.address() == 0 {
             continue;

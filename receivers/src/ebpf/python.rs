@@ -238,12 +238,13 @@ pub struct PyBinary {
 pub fn read_symbols<'d, R: object::ReadRef<'d>>(
     elf: &object::File<'d, R>,
     path: &str,
+    release: &dyn Fn(),
 ) -> Option<PyBinary> {
-    use object::{Object, ObjectSymbol};
+    use object::ObjectSymbol;
     let minor = version_of(path)?;
     let mut runtime = None;
     let mut eval = Vec::new();
-    for sym in elf.symbols().chain(elf.dynamic_symbols()) {
+    for sym in super::runtime::symbols(elf, release, false) {
         let Ok(name) = sym.name() else { continue };
         if name == "_PyRuntime" && sym.address() != 0 {
             runtime = Some(sym.address());

@@ -102,10 +102,13 @@ pub fn is_ruby(path: &str) -> bool {
 }
 
 /// Reads a Ruby file's two symbols; `None` when either is missing.
-pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<RubyBinary> {
-    use object::{Object, ObjectSymbol};
+pub fn read_symbols<'d, R: object::ReadRef<'d>>(
+    elf: &object::File<'d, R>,
+    release: &dyn Fn(),
+) -> Option<RubyBinary> {
+    use object::ObjectSymbol;
     let (mut vm_ptr, mut vm_exec) = (None, None);
-    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+    for sym in super::runtime::symbols(elf, release, true) {
         let Ok(name) = sym.name() else { continue };
         if sym.address() == 0 {
             continue;

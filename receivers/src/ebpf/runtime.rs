@@ -59,27 +59,60 @@ impl RuntimeBinary {
     /// Reads a runtime's symbols from a file named like an interpreter of
     /// a known version, or from a Go program of a known version; `None`
     /// for any other file.
-    pub fn read<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>, path: &str) -> Option<Self> {
+    /// `release` is called as the symbol tables are read (see [`symbols`]).
+    pub fn read<'d, R: object::ReadRef<'d>>(
+        elf: &object::File<'d, R>,
+        path: &str,
+        release: &dyn Fn(),
+    ) -> Option<Self> {
         if super::python::version_of(path).is_some() {
-            return super::python::read_symbols(elf, path).map(RuntimeBinary::Python);
+            return super::python::read_symbols(elf, path, release).map(RuntimeBinary::Python);
         }
         if super::php::is_php(path) {
-            return super::php::read_symbols(elf).map(RuntimeBinary::Php);
+            return super::php::read_symbols(elf, release).map(RuntimeBinary::Php);
         }
         if super::perl::is_perl(path) {
-            return super::perl::read_symbols(elf).map(RuntimeBinary::Perl);
+            return super::perl::read_symbols(elf, release).map(RuntimeBinary::Perl);
         }
         if super::ruby::is_ruby(path) {
-            return super::ruby::read_symbols(elf).map(RuntimeBinary::Ruby);
+            return super::ruby::read_symbols(elf, release).map(RuntimeBinary::Ruby);
         }
         if super::jvm::is_jvm(path) {
             return super::jvm::read_symbols(elf).map(RuntimeBinary::Jvm);
         }
         if super::v8::is_node(path) {
-            return super::v8::read_symbols(elf).map(RuntimeBinary::V8);
+            return super::v8::read_symbols(elf, release).map(RuntimeBinary::V8);
         }
         super::golang::read(elf).map(RuntimeBinary::Go)
     }
+}
+
+/// Symbols read between two calls of [`symbols`]' `release`.
+const RELEASE_SYMBOLS: usize = 8192;
+
+/// The symbols of `elf`: its dynamic ones then its full table (or the other
+/// way round), calling `release` every [`RELEASE_SYMBOLS`]. A runtime's
+/// symbols are found by reading every name (node's tables are 17 MB, a
+/// Python built with debug information's 8 MB); the file is mapped, and
+/// `release` hands the pages read so far back to the page cache, so they
+/// are not all in this process's memory at once.
+pub fn symbols<'d, 'f, R: object::ReadRef<'d>>(
+    elf: &'f object::File<'d, R>,
+    release: &'f dyn Fn(),
+    dynamic_first: bool,
+) -> impl Iterator<Item = object::Symbol<'d, 'f, R>> + 'f {
+    use object::Object;
+    let (first, then) = if dynamic_first {
+        (elf.dynamic_symbols(), elf.symbols())
+    } else {
+        (elf.symbols(), elf.dynamic_symbols())
+    };
+    first.chain(then).enumerate().map(move |(i, sym)| {
+        if i % RELEASE_SYMBOLS == RELEASE_SYMBOLS - 1 {
+            release();
+        }
+        sym
+    })
 }
 
 /// The runtime of one process, with what was read of its functions.

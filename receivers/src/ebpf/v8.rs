@@ -153,11 +153,14 @@ pub struct V8Binary {
 
 /// Reads the metadata's symbols and the builtins' range (from the
 /// `Builtins_*` symbols); `None` when one every process needs is missing.
-pub fn read_symbols<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<V8Binary> {
-    use object::{Object, ObjectSymbol};
+pub fn read_symbols<'d, R: object::ReadRef<'d>>(
+    elf: &object::File<'d, R>,
+    release: &dyn Fn(),
+) -> Option<V8Binary> {
+    use object::ObjectSymbol;
     let mut symbols = [0u64; N];
     let (mut low, mut high) = (u64::MAX, 0);
-    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+    for sym in super::runtime::symbols(elf, release, true) {
         let Ok(name) = sym.name() else { continue };
         if name.starts_with("Builtins_") && sym.address() != 0 {
             low = low.min(sym.address());

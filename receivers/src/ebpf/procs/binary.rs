@@ -280,7 +280,14 @@ fn read_elf<'d, R: object::ReadRef<'d>>(
             b.exec_segments.push((seg.address(), seg.file_range().0));
         }
     }
-    b.runtime = RuntimeBinary::read(&elf, path);
+    // SAFETY: a private read-only file mapping: its pages are dropped and
+    // read again from the file on the next access (as after the parse).
+    let release = || {
+        if let Some(map) = map {
+            let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
+    };
+    b.runtime = RuntimeBinary::read(&elf, path, &release);
     // Whether the state budget refused a section (the binary is then read
     // again by the next process that maps it, when there may be room).
     let refused = std::cell::Cell::new(false);
