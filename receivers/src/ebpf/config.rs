@@ -150,9 +150,11 @@ pub struct EbpfReceiverConfig {
     /// `libnode.so`; Node 20 tested; no flag or perf map of theirs needed)
     /// from V8's post-mortem metadata in the binary: each frame V8 runs
     /// (interpreted, baseline or optimized) named by its function (or the
-    /// name V8 inferred for an anonymous one) and its script. Lines are not
-    /// read yet, nor functions the optimizing compiler inlined. Where Node
-    /// also writes a perf map (`--perf-basic-prof`), these names win.
+    /// name V8 inferred for an anonymous one) and its script, at its line
+    /// (V8 11.3, Node 20; baseline frames at their function's first line),
+    /// with the functions the optimizing compiler inlined as frames of their
+    /// own. Where Node also writes a perf map (`--perf-basic-prof`), these
+    /// names win.
     /// Default true (as the OpenTelemetry eBPF profiler's `v8` tracer).
     #[serde(default = "default_node")]
     pub node: bool,
