@@ -757,26 +757,22 @@ fn node_frames_without_a_flag() {
         &source.to_string_lossy(),
         "Node",
     );
-    check_bodies(
+    check_node_lines(
         &lines,
         [
-            (two, at("function proflow_hot_two")),
-            (one, at("function proflow_hot_one")),
+            (
+                two,
+                at("function proflow_hot_two"),
+                at("i < 2 * k * N; i++) s += i;"),
+            ),
+            (
+                one,
+                at("function proflow_hot_one"),
+                at("i < k * N; i++) s += i;"),
+            ),
         ],
         4,
-        "Node",
     );
-    // Their loops' lines, not the first-line fallback.
-    for (f, l) in [
-        (two, at("i < 2 * k * N; i++) s += i;")),
-        (one, at("i < k * N; i++) s += i;")),
-    ] {
-        assert!(
-            lines[f].contains(&l),
-            "{f}'s lines {:?} hold its loop, {l}",
-            lines[f]
-        );
-    }
     let within = at("function run(")..=at("return rounds;");
     let calls = [at("    proflow_hot_two(k);"), at("    proflow_hot_one(k);")];
     assert!(
@@ -828,22 +824,22 @@ fn node_inlined_functions_named_from_the_optimized_code() {
         &source.to_string_lossy(),
         "Node",
     );
-    check_bodies(
+    check_node_lines(
         &lines,
         [
-            (two, at("function proflow_inlined_two(")),
-            (one, at("function proflow_inlined_one(")),
+            (
+                two,
+                at("function proflow_inlined_two("),
+                at("i < 200; i++)"),
+            ),
+            (
+                one,
+                at("function proflow_inlined_one("),
+                at("i < 100; i++)"),
+            ),
         ],
         3,
-        "Node",
     );
-    for (f, l) in [(two, at("i < 200; i++)")), (one, at("i < 100; i++)"))] {
-        assert!(
-            lines[f].contains(&l),
-            "{f}'s lines {:?} hold its loop, {l}",
-            lines[f]
-        );
-    }
     let calls = [
         at("s = proflow_inlined_two(s);"),
         at("s = proflow_inlined_one(s);"),
@@ -853,6 +849,24 @@ fn node_inlined_functions_named_from_the_optimized_code() {
         "step's lines {:?} hold its calls {calls:?}",
         lines["step"]
     );
+}
+
+/// Checks that each of Node's two hot functions (name, first line, loop
+/// line) is at lines of its body (its first line and the `body` after) and
+/// at its loop's line: where it ran, not only the first-line fallback.
+fn check_node_lines(
+    lines: &std::collections::BTreeMap<String, std::collections::BTreeSet<i64>>,
+    hot: [(&str, i64, i64); 2],
+    body: i64,
+) {
+    check_bodies(lines, hot.map(|(f, def, _)| (f, def)), body, "Node");
+    for (f, _, l) in hot {
+        assert!(
+            lines[f].contains(&l),
+            "{f}'s lines {:?} hold its loop, {l}",
+            lines[f]
+        );
+    }
 }
 
 /// The files of the functions named `names` in `pid`'s profiles.
