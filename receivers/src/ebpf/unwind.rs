@@ -148,24 +148,7 @@ pub fn user_stack(
             continue;
         }
         in_java = None;
-        let next = if address.is_return_address()
-            && process.mapping(at).is_none()
-            && process.is_cpython_trampoline_return(at)
-        {
-            // `sub $8, %rsp; call *%rcx`: its caller's return address is
-            // one word above the stack pointer, its frame two words.
-            let sp = regs.sp();
-            read(sp.wrapping_add(8)).map(|ra| {
-                regs.set_sp(sp.wrapping_add(16));
-                Some(ra)
-            })
-        } else {
-            process
-                .unwinder
-                .unwind_frame(address, &mut regs, cache, &mut read)
-                .map_err(|_| ())
-        };
-        match next {
+        match native_step(process, address, &mut regs, cache, &mut read) {
             Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
                 Some(a) => {
                     address = a;
@@ -189,6 +172,36 @@ pub fn user_stack(
         (frames, Unwound::Truncated, java)
     } else {
         (fp, Unwound::FramePointers, Vec::new())
+    }
+}
+
+/// The return address of the native frame at `address` (`None`: the
+/// stack's end), its caller's registers set in `regs`: CPython's
+/// trampolines by their layout, any other frame by its unwind rules.
+fn native_step(
+    process: &mut Process,
+    address: FrameAddress,
+    regs: &mut UnwindRegsX86_64,
+    cache: &mut CacheX86_64,
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+) -> Result<Option<u64>, ()> {
+    let at = address.address();
+    if address.is_return_address()
+        && process.mapping(at).is_none()
+        && process.is_cpython_trampoline_return(at)
+    {
+        // `sub $8, %rsp; call *%rcx`: its caller's return address is
+        // one word above the stack pointer, its frame two words.
+        let sp = regs.sp();
+        read(sp.wrapping_add(8)).map(|ra| {
+            regs.set_sp(sp.wrapping_add(16));
+            Some(ra)
+        })
+    } else {
+        process
+            .unwinder
+            .unwind_frame(address, regs, cache, read)
+            .map_err(|_| ())
     }
 }
 
