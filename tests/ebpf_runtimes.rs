@@ -844,10 +844,20 @@ fn node_inlined_functions_named_from_the_optimized_code() {
         at("s = proflow_inlined_two(s);"),
         at("s = proflow_inlined_one(s);"),
     ];
+    check_calls(&lines, "step", calls, "Node");
+}
+
+/// Checks that `caller`'s lines hold both its calls of the hot functions.
+fn check_calls(
+    lines: &std::collections::BTreeMap<String, std::collections::BTreeSet<i64>>,
+    caller: &str,
+    calls: [i64; 2],
+    name: &str,
+) {
     assert!(
-        calls.iter().all(|c| lines["step"].contains(c)),
-        "step's lines {:?} hold its calls {calls:?}",
-        lines["step"]
+        calls.iter().all(|c| lines[caller].contains(c)),
+        "{name}: {caller}'s lines {:?} hold its calls {calls:?}",
+        lines[caller]
     );
 }
 
@@ -954,11 +964,7 @@ fn jvm_inlined_methods_named_from_the_compiled_scopes() {
             at("s = proflow_inlined_two(s);"),
             at("s = proflow_inlined_one(s);"),
         ];
-        assert!(
-            calls.iter().all(|c| lines["Inline.run"].contains(c)),
-            "{name}: Inline.run's lines {:?} hold its calls {calls:?}",
-            lines["Inline.run"]
-        );
+        check_calls(&lines, "Inline.run", calls, name);
     }
 }
 
