@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use proflow_config::{Document, LogFormat};
 use proflow_core::registry::Registry;
-use proflow_core::telemetry::Telemetry;
+use proflow_core::telemetry::{ConfigSource, Telemetry};
 use proflow_core::topology::{self, Plan};
 use tokio_util::sync::CancellationToken;
 
@@ -225,11 +225,11 @@ async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
             _ = receiver_failed.cancelled() => break true,
             _ = hangup.recv() => {
                 tracing::info!(config = %path.display(), "SIGHUP: reloading the config");
-                let _ = reload(&path, &mut running, &started_telemetry).await;
+                let _ = reload(&path, &mut running, &started_telemetry, &telemetry).await;
             }
             Some(reply) = reload_rx.recv() => {
                 tracing::info!(config = %path.display(), "POST /-/reload: reloading the config");
-                let _ = reply.send(reload(&path, &mut running, &started_telemetry).await);
+                let _ = reply.send(reload(&path, &mut running, &started_telemetry, &telemetry).await);
             }
         }
     };
@@ -275,8 +275,20 @@ async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
 }
 
 /// Reads the config again and applies it to the running collector; the
-/// summary, or every problem (the running config then stays).
+/// summary, or every problem (the running config then stays). Counted in
+/// `proflow_config_reloads_total` by result.
 async fn reload(
+    path: &Path,
+    running: &mut topology::Running,
+    started_telemetry: &str,
+    telemetry: &Telemetry,
+) -> Result<String, String> {
+    let result = reload_file(path, running, started_telemetry).await;
+    telemetry.config_reloaded(ConfigSource::File, result.is_ok());
+    result
+}
+
+async fn reload_file(
     path: &Path,
     running: &mut topology::Running,
     started_telemetry: &str,

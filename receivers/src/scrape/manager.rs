@@ -100,12 +100,10 @@ pub async fn run_job(
                 next.insert(key, r);
                 continue;
             }
-            let status = Arc::new(TargetStatus::new(
-                target,
-                &job.name,
-                job.interval,
-                job.timeout,
-            ));
+            let status = Arc::new(
+                TargetStatus::new(target, &job.name, job.interval, job.timeout)
+                    .counted_in(shared.scrape.health_gauge(&job.name)),
+            );
             let cancel = shutdown.child_token();
             tasks.spawn(scrape_loop::run(
                 shared.clone(),

@@ -10,6 +10,7 @@ use proflow_model::model::Labels;
 use serde_json::{Map, Value, json};
 
 use super::targets::{Dropped, Target};
+use super::telemetry::HealthGauge;
 
 /// A target's health, as Prometheus names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub struct TargetStatus {
     pub interval: Duration,
     pub timeout: Duration,
     state: Mutex<State>,
+    /// Counts the job's targets by health, this one included while it runs.
+    health_gauge: Option<HealthGauge>,
 }
 
 /// What the caller should log after recording a scrape.
@@ -78,6 +81,22 @@ impl TargetStatus {
                 scrapes: 0,
                 failures: 0,
             }),
+            health_gauge: None,
+        }
+    }
+
+    /// Counted in `gauge` (as `unknown` until its first scrape) until it
+    /// is dropped.
+    pub fn counted_in(mut self, gauge: HealthGauge) -> Self {
+        gauge.count(Health::Unknown.as_str(), true);
+        self.health_gauge = Some(gauge);
+        self
+    }
+
+    fn health_moved(&self, was: Health, now: Health) {
+        if let (Some(g), true) = (&self.health_gauge, was != now) {
+            g.count(was.as_str(), false);
+            g.count(now.as_str(), true);
         }
     }
 
@@ -94,6 +113,12 @@ impl TargetStatus {
         s.last_duration = took;
         s.scrapes += 1;
         let was = s.health;
+        let now = if result.is_ok() {
+            Health::Up
+        } else {
+            Health::Down
+        };
+        self.health_moved(was, now);
         match result {
             Ok(()) => {
                 s.health = Health::Up;
@@ -147,6 +172,15 @@ impl TargetStatus {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .health
+    }
+}
+
+impl Drop for TargetStatus {
+    fn drop(&mut self) {
+        if let Some(g) = &self.health_gauge {
+            let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            g.count(s.health.as_str(), false);
+        }
     }
 }
 
@@ -235,5 +269,37 @@ mod tests {
         assert_eq!(j["lastError"], "");
         assert_eq!(j["labels"]["job"], "j");
         assert_eq!(j["discoveredLabels"]["__address__"], "h:1");
+    }
+
+    #[test]
+    fn the_health_gauge_follows_each_target_until_it_stops() {
+        let t = proflow_core::telemetry::Telemetry::new();
+        let gauge = crate::scrape::telemetry::ScrapeTelemetry::new(&t, "scrape").health_gauge("j");
+        let value = |health: &str| {
+            let text = t.render();
+            let line = format!(
+                "proflow_scrape_targets_health{{receiver=\"scrape\",job=\"j\",health=\"{health}\"}} "
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(line.as_str()))
+                .map(|v| v.parse::<i64>().expect("a number"))
+        };
+        let (a, b) = (
+            status().counted_in(gauge.clone()),
+            status().counted_in(gauge),
+        );
+        assert_eq!(value("unknown"), Some(2));
+        let (now, d) = (SystemTime::now(), Duration::from_millis(5));
+        a.record(now, d, Ok(()));
+        b.record(now, d, Err(("connection", "refused".to_owned())));
+        b.record(now, d, Err(("connection", "refused".to_owned())));
+        assert_eq!(
+            (value("unknown"), value("up"), value("down")),
+            (Some(0), Some(1), Some(1))
+        );
+        drop(b);
+        assert_eq!(value("down"), Some(0));
+        drop(a);
+        assert_eq!(value("up"), Some(0));
     }
 }

@@ -12,6 +12,7 @@ pub struct ScrapeTelemetry {
     attempts: Counters,
     failures: Counters,
     targets: Gauges,
+    targets_health: Gauges,
     delta_state_bytes: Gauges,
     delta_series: Gauges,
     duration: Histograms,
@@ -34,6 +35,10 @@ impl ScrapeTelemetry {
             targets: telemetry.gauges(
                 "scrape_targets",
                 "Targets of a pull receiver, by job and state (active: scraped; dropped: by relabelling)",
+            ),
+            targets_health: telemetry.gauges(
+                "scrape_targets_health",
+                "Active targets of a pull receiver by job and the health of their last scrape (up, down; unknown: not scraped yet), as /targets shows them",
             ),
             delta_state_bytes: telemetry.gauges(
                 "scrape_delta_state_bytes",
@@ -73,11 +78,41 @@ impl ScrapeTelemetry {
         }
     }
 
+    /// The gauge that counts `job`'s active targets by health.
+    pub fn health_gauge(&self, job: &str) -> HealthGauge {
+        HealthGauge {
+            family: self.targets_health.clone(),
+            labels: with_label(&self.id, "job", job),
+        }
+    }
+
     /// What the delta state holds now.
     pub fn delta_state(&self, bytes: usize, series: usize) {
         self.delta_state_bytes
             .get_or_create(&self.id)
             .set(bytes as i64);
         self.delta_series.get_or_create(&self.id).set(series as i64);
+    }
+}
+
+/// One job's count of active targets by health: a target adds itself as
+/// `unknown` when it starts, moves when its health changes and takes
+/// itself off when it stops.
+#[derive(Clone, Debug)]
+pub struct HealthGauge {
+    family: Gauges,
+    labels: LabelSet,
+}
+
+impl HealthGauge {
+    /// One target more (`add`) or less with health `health`.
+    pub fn count(&self, health: &str, add: bool) {
+        let labels = with_label(&self.labels, "health", health);
+        let gauge = self.family.get_or_create(&labels);
+        if add {
+            gauge.inc();
+        } else {
+            gauge.dec();
+        }
     }
 }

@@ -214,6 +214,8 @@ impl ExporterQueue {
         retry: RetrySettings,
         telemetry: ExporterTelemetry,
     ) -> Arc<Self> {
+        telemetry.queue_capacity(settings.queue_size, settings.max_bytes.bytes());
+        telemetry.queue_level(0, 0);
         Arc::new(ExporterQueue {
             id: id.into(),
             settings,
@@ -255,6 +257,7 @@ impl ExporterQueue {
                 tenant: None,
             });
         }
+        telemetry.queue_capacity(settings.queue_size, settings.max_bytes.bytes());
         telemetry.queue_level(state.profiles, state.bytes);
         Ok(Arc::new(ExporterQueue {
             id,

@@ -9,8 +9,11 @@
 //! own `receiver`/`processor`/`exporter` label.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
 use std::sync::{Mutex, PoisonError};
+
+use prometheus_client::metrics::MetricType;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -45,7 +48,15 @@ pub fn with_label(id: &LabelSet, k: &'static str, v: &str) -> LabelSet {
 /// The registry `/metrics` shows and every family declared in it by name.
 pub(super) struct Families {
     registry: Mutex<Registry>,
-    declared: Mutex<HashMap<&'static str, Box<dyn Any + Send + Sync>>>,
+    declared: Mutex<HashMap<&'static str, Declared>>,
+}
+
+/// A family as declared: itself, and what `/metrics` says of it while it
+/// has no series yet.
+struct Declared {
+    family: Box<dyn Any + Send + Sync>,
+    help: &'static str,
+    kind: &'static str,
 }
 
 impl Families {
@@ -69,7 +80,7 @@ impl Families {
     ) -> M {
         let mut declared = self.declared.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(found) = declared.get(name) {
-            if let Some(family) = found.downcast_ref::<M>() {
+            if let Some(family) = found.family.downcast_ref::<M>() {
                 return family.clone();
             }
             tracing::error!(
@@ -83,14 +94,58 @@ impl Families {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .register(name, help, family.clone());
-        declared.insert(name, Box::new(family.clone()));
+        let kind = match family.metric_type() {
+            MetricType::Counter => "counter",
+            MetricType::Gauge => "gauge",
+            MetricType::Histogram => "histogram",
+            MetricType::Info => "info",
+            MetricType::Unknown => "unknown",
+        };
+        declared.insert(
+            name,
+            Declared {
+                family: Box::new(family.clone()),
+                help,
+                kind,
+            },
+        );
         family
     }
 
-    /// Every family in Prometheus text exposition format.
-    pub(super) fn render(&self, out: &mut String) {
-        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
-        // Encoding into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(out, &registry);
+    /// Every family in OpenMetrics text format, ending with `# EOF`.
+    /// A declared family with no series yet (a reason nothing was refused
+    /// for, an exporter that has sent nothing) is listed by its `# HELP` and
+    /// `# TYPE` lines alone, so `/metrics` names every metric a running
+    /// component can report (the dashboards and alerts are checked against
+    /// these names) and `extra` (text of whole families) goes before the end.
+    pub(super) fn render(&self, out: &mut String, extra: &str) {
+        let start = out.len();
+        {
+            let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+            // Encoding into a String cannot fail.
+            let _ = prometheus_client::encoding::text::encode(out, &registry);
+        }
+        if out.ends_with("# EOF\n") {
+            out.truncate(out.len() - "# EOF\n".len());
+        }
+        let shown: HashSet<&str> = out[start..]
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE proflow_"))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let declared = self.declared.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut missing: Vec<(&&str, &Declared)> = declared
+            .iter()
+            .filter(|(name, _)| !shown.contains(**name))
+            .collect();
+        missing.sort_by_key(|(name, _)| **name);
+        let mut tail = String::new();
+        for (name, d) in missing {
+            let _ = writeln!(tail, "# HELP proflow_{name} {}.", d.help);
+            let _ = writeln!(tail, "# TYPE proflow_{name} {}", d.kind);
+        }
+        out.push_str(&tail);
+        out.push_str(extra);
+        out.push_str("# EOF\n");
     }
 }

@@ -338,6 +338,20 @@ impl ExporterTelemetry {
         self.gauges_muted.store(true, Ordering::Relaxed);
     }
 
+    /// What the queue holds at most (its `queue_size` and `max_bytes`).
+    pub fn queue_capacity(&self, profiles: usize, bytes: u64) {
+        if self.gauges_muted.load(Ordering::Relaxed) {
+            return;
+        }
+        let e = &self.t.exporters;
+        e.queue_capacity_profiles
+            .get_or_create(&self.id)
+            .set(i64::try_from(profiles).unwrap_or(i64::MAX));
+        e.queue_capacity_bytes
+            .get_or_create(&self.id)
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
     pub fn queue_level(&self, profiles: usize, bytes: usize) {
         if self.gauges_muted.load(Ordering::Relaxed) {
             return;

@@ -18,6 +18,8 @@ use prometheus_client::metrics::gauge::Gauge;
 
 mod families;
 mod handles;
+mod process;
+mod service;
 mod tenants;
 #[cfg(test)]
 mod tests;
@@ -29,6 +31,8 @@ pub use families::{
     Counters, FloatGauges, Gauges, Histograms, LabelSet, new_histograms, with_label,
 };
 pub use handles::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry};
+pub use service::ConfigSource;
+use service::ServiceFamilies;
 
 /// All metric families of one running collector.
 pub struct Telemetry {
@@ -36,6 +40,7 @@ pub struct Telemetry {
     receivers: ReceiverFamilies,
     processors: ProcessorFamilies,
     exporters: ExporterFamilies,
+    service: ServiceFamilies,
     ready: AtomicBool,
     memory_in_flight_bytes: Gauge,
     memory_limit_bytes: Gauge,
@@ -163,6 +168,8 @@ impl ProcessorFamilies {
 
 /// The families every exporter and its queue report (`proflow_exporter_*`).
 struct ExporterFamilies {
+    queue_capacity_profiles: Gauges,
+    queue_capacity_bytes: Gauges,
     enqueued_profiles: Counters,
     sent_profiles: Counters,
     sent_bytes: Counters,
@@ -227,6 +234,16 @@ impl ExporterFamilies {
             queue_bytes: families.family(
                 "exporter_queue_bytes",
                 "Payload bytes waiting in an exporter's queue",
+                Gauges::default,
+            ),
+            queue_capacity_profiles: families.family(
+                "exporter_queue_capacity_profiles",
+                "Most profiles an exporter's queue holds (sending_queue.queue_size)",
+                Gauges::default,
+            ),
+            queue_capacity_bytes: families.family(
+                "exporter_queue_capacity_bytes",
+                "Most payload bytes an exporter's queue holds (sending_queue.max_bytes)",
                 Gauges::default,
             ),
             send_duration: families.family(
@@ -298,6 +315,7 @@ impl Telemetry {
             receivers: ReceiverFamilies::declare(&families),
             processors: ProcessorFamilies::declare(&families),
             exporters: ExporterFamilies::declare(&families),
+            service: ServiceFamilies::declare(&families),
             memory_in_flight_bytes: family!(
                 "memory_in_flight_bytes",
                 "Bytes of request bodies and decompressed data receivers hold now (bounded by service.limits.max_in_flight_bytes)",
@@ -374,6 +392,11 @@ impl Telemetry {
         self.conversion_failures
             .get_or_create(&vec![("to", to.to_string())])
             .inc();
+    }
+
+    /// Counts a config reload from `source` and whether it applied in full.
+    pub fn config_reloaded(&self, source: ConfigSource, ok: bool) {
+        self.service.reloaded(source, ok);
     }
 
     /// The collector's in-flight memory budget, reporting through
@@ -523,7 +546,7 @@ impl Telemetry {
                 .set(row.bytes_per_second);
         }
         let mut out = String::new();
-        self.families.render(&mut out);
+        self.families.render(&mut out, &process::render());
         out
     }
 }
