@@ -420,7 +420,7 @@ fn bad_targets_are_counted_and_logged_once_and_do_not_disturb_good_ones() {
                 common::metric_sum(
                     &metrics,
                     "proflow_scrape_failures_total",
-                    &[("job", job), ("reason", reason)],
+                    &[("scrape_job", job), ("reason", reason)],
                 ) >= 2.0
             })
             .then_some(())
@@ -459,7 +459,7 @@ fn bad_targets_are_counted_and_logged_once_and_do_not_disturb_good_ones() {
         common::metric_sum(
             &metrics,
             "proflow_scrape_failures_total",
-            &[("job", "good")]
+            &[("scrape_job", "good")]
         ),
         0.0,
         "{metrics}"

@@ -127,8 +127,11 @@ fn tls_client_certificates_and_credentials_against_a_target_that_demands_them() 
         metrics = proflow.metrics();
         bad.iter()
             .all(|job| {
-                common::metric_sum(&metrics, "proflow_scrape_failures_total", &[("job", job)])
-                    >= 1.0
+                common::metric_sum(
+                    &metrics,
+                    "proflow_scrape_failures_total",
+                    &[("scrape_job", job)],
+                ) >= 1.0
             })
             .then_some(())
     });

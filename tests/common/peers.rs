@@ -154,6 +154,17 @@ pub fn deploy_tools() -> Result<(PathBuf, PathBuf), String> {
     Ok((helm, podman))
 }
 
+/// Prometheus's promtool (built from the Go module proxy):
+/// `PROFLOW_PROMTOOL`, else what `tests/peers/install-clients` prints.
+/// `Err` says why it is not available.
+pub fn promtool() -> Result<PathBuf, String> {
+    let promtool = client_path("PROFLOW_PROMTOOL")?;
+    if !promtool.is_file() {
+        return Err(format!("{} does not exist", promtool.display()));
+    }
+    Ok(promtool)
+}
+
 /// `key` from the environment, else from the `KEY=value` lines of
 /// `tests/peers/install-clients` (run once per test binary; a fast no-op once
 /// the clients are installed).

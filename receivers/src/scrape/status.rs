@@ -278,7 +278,7 @@ mod tests {
         let value = |health: &str| {
             let text = t.render();
             let line = format!(
-                "proflow_scrape_targets_health{{receiver=\"scrape\",job=\"j\",health=\"{health}\"}} "
+                "proflow_scrape_targets_health{{receiver=\"scrape\",scrape_job=\"j\",health=\"{health}\"}} "
             );
             text.lines()
                 .find_map(|l| l.strip_prefix(line.as_str()))

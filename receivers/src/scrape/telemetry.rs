@@ -1,6 +1,9 @@
 //! The scrape receiver's own metrics (`proflow_scrape_*`): scrapes and their
 //! failures by job, target counts, delta state. Declared here through the
 //! collector's [`Telemetry`]; the metrics every receiver has are the core's.
+//! The job is the label `scrape_job`, as Prometheus's own metrics name it: a
+//! `job` label would clash with the one Prometheus sets on what it scrapes
+//! (it would become `exported_job`).
 
 use proflow_core::telemetry::{Counters, Gauges, Histograms, LabelSet, Telemetry, with_label};
 
@@ -26,7 +29,7 @@ impl ScrapeTelemetry {
             id: vec![("receiver", id.to_owned())],
             attempts: telemetry.counters(
                 "scrape_attempts",
-                "Scrapes a pull receiver attempted, by job",
+                "Scrapes a pull receiver attempted, by scrape_job (the job's job_name: Prometheus renames a job label of a scraped service)",
             ),
             failures: telemetry.counters(
                 "scrape_failures",
@@ -57,14 +60,14 @@ impl ScrapeTelemetry {
 
     /// One scrape of `job` that took `seconds`.
     pub fn scraped(&self, job: &str, seconds: f64) {
-        let labels = with_label(&self.id, "job", job);
+        let labels = with_label(&self.id, "scrape_job", job);
         self.attempts.get_or_create(&labels).inc();
         self.duration.get_or_create(&labels).observe(seconds);
     }
 
     /// A scrape of `job` that gave no profile, for `reason`.
     pub fn failed(&self, job: &str, reason: &str) {
-        let mut labels = with_label(&self.id, "job", job);
+        let mut labels = with_label(&self.id, "scrape_job", job);
         labels.push(("reason", reason.to_owned()));
         self.failures.get_or_create(&labels).inc();
     }
@@ -72,7 +75,7 @@ impl ScrapeTelemetry {
     /// How many targets `job` has now, active and dropped.
     pub fn targets(&self, job: &str, active: usize, dropped: usize) {
         for (state, n) in [("active", active), ("dropped", dropped)] {
-            let mut labels = with_label(&self.id, "job", job);
+            let mut labels = with_label(&self.id, "scrape_job", job);
             labels.push(("state", state.to_owned()));
             self.targets.get_or_create(&labels).set(n as i64);
         }
@@ -82,7 +85,7 @@ impl ScrapeTelemetry {
     pub fn health_gauge(&self, job: &str) -> HealthGauge {
         HealthGauge {
             family: self.targets_health.clone(),
-            labels: with_label(&self.id, "job", job),
+            labels: with_label(&self.id, "scrape_job", job),
         }
     }
 

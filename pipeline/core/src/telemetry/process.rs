@@ -164,7 +164,11 @@ mod tests {
                 .parse()
                 .unwrap();
             // A test process may not have used 10 ms of CPU yet.
-            let least = if name.starts_with("process_cpu") { 0.0 } else { 1.0 };
+            let least = if name.starts_with("process_cpu") {
+                0.0
+            } else {
+                1.0
+            };
             assert!(value >= least, "{name}{value}");
         }
     }
