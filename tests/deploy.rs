@@ -852,3 +852,156 @@ fn the_image_runs_the_charts_node_agent_which_names_the_pod_of_every_profiled_pr
     );
     drop(child);
 }
+
+/// With `monitoring.enabled=true` each mode ships a PodMonitor (the gateway
+/// a ServiceMonitor on its Service instead, when asked), the alerting rules
+/// as a PrometheusRule and the dashboards in a ConfigMap for Grafana's
+/// sidecar; the API server, given the Prometheus Operator's CRDs as the
+/// operator publishes them, takes them all and keeps every field (its
+/// schemas prune what they do not know, so a field the chart got wrong
+/// would be missing from the answer).
+#[test]
+fn the_charts_monitoring_is_taken_by_a_real_api_server_with_the_operators_crds() {
+    let Some(tools) = Tools::get() else { return };
+    let crds = match common::monitoring_crds() {
+        Ok(c) => c,
+        Err(e) => {
+            common::missing_peer::<()>(&format!("the Prometheus Operator's CRDs: {e}"));
+            return;
+        }
+    };
+    // Cluster-wide and the same for every test: applied server-side, again
+    // by whichever test comes next.
+    for crd in &crds {
+        tools.kubectl(
+            &[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                crd.to_str().expect("utf-8"),
+            ],
+            "",
+        );
+    }
+    tools.kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/podmonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+        ],
+        "",
+    );
+    let ns = peer_env::unique("monitoring");
+    tools.kubectl(&["create", "namespace", &ns], "");
+    let monitoring = Tools::chart().join("monitoring");
+    let alerts: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(monitoring.join("alerts.yaml")).expect("alerts.yaml"),
+    )
+    .expect("alerts.yaml is YAML");
+    for mode in ["agent", "gateway", "scraper"] {
+        let objects = tools.render_and_dry_run(
+            mode,
+            &ns,
+            &[
+                "--set",
+                &format!("mode={mode}"),
+                "--set",
+                "monitoring.enabled=true",
+                "--set",
+                "monitoring.labels.release=kps",
+            ],
+        );
+        let monitor = object(&objects, "PodMonitor");
+        assert_eq!(monitor["metadata"]["labels"]["release"], "kps");
+        let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+        assert_eq!(
+            (&endpoint["port"], &endpoint["path"], &endpoint["interval"]),
+            (
+                &Value::from("telemetry"),
+                &Value::from("/metrics"),
+                &Value::from("30s")
+            ),
+            "{monitor:#}"
+        );
+        assert_eq!(
+            monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
+            mode
+        );
+        // The pods it selects serve that port.
+        let workload = objects
+            .iter()
+            .find(|o| o["kind"] == "DaemonSet" || o["kind"] == "Deployment")
+            .expect("a workload");
+        let ports = &container(workload)["ports"];
+        assert!(
+            ports
+                .as_array()
+                .expect("ports")
+                .iter()
+                .any(|p| p["name"] == "telemetry"),
+            "{ports:#}"
+        );
+        let rule = object(&objects, "PrometheusRule");
+        assert_eq!(rule["metadata"]["labels"]["release"], "kps");
+        assert_eq!(
+            rule["spec"]["groups"], alerts["groups"],
+            "the rules as the API server keeps them are not monitoring/alerts.yaml"
+        );
+        let dashboards = objects
+            .iter()
+            .find(|o| {
+                o["kind"] == "ConfigMap" && o["metadata"]["labels"]["grafana_dashboard"] == "1"
+            })
+            .expect("the dashboards' ConfigMap");
+        for file in [
+            "proflow-agent.json",
+            "proflow-gateway.json",
+            "proflow-scraper.json",
+        ] {
+            let want = std::fs::read_to_string(monitoring.join("dashboards").join(file)).unwrap();
+            assert_eq!(
+                dashboards["data"][file].as_str().map(str::trim_end),
+                Some(want.trim_end()),
+                "{file} in the ConfigMap"
+            );
+        }
+        assert!(
+            !objects.iter().any(|o| o["kind"] == "ServiceMonitor"),
+            "{:?}",
+            kinds(&objects)
+        );
+    }
+    // The gateway on its Service, which then serves the telemetry port.
+    let gateway = tools.render_and_dry_run(
+        "gateway",
+        &ns,
+        &[
+            "--set",
+            "mode=gateway",
+            "--set",
+            "monitoring.enabled=true",
+            "--set",
+            "monitoring.scrape.kind=ServiceMonitor",
+        ],
+    );
+    let monitor = object(&gateway, "ServiceMonitor");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "telemetry");
+    let service = object(&gateway, "Service");
+    assert!(
+        service["spec"]["ports"]
+            .as_array()
+            .expect("ports")
+            .iter()
+            .any(|p| p["name"] == "telemetry" && p["port"] == 8888),
+        "{service:#}"
+    );
+    // Off by default: none of it.
+    let plain = tools.render_only("gateway", &ns, &["--set", "mode=gateway"]);
+    for kind in ["PodMonitor", "ServiceMonitor", "PrometheusRule"] {
+        assert!(!plain.iter().any(|o| o["kind"] == kind), "{kind}");
+    }
+}

@@ -165,6 +165,21 @@ pub fn promtool() -> Result<PathBuf, String> {
     Ok(promtool)
 }
 
+/// The Prometheus Operator's published CRDs (ServiceMonitor, PodMonitor,
+/// PrometheusRule), a file each: `PROFLOW_MONITORING_CRDS`, else what
+/// `tests/peers/install-clients` prints. `Err` says why they are not there.
+pub fn monitoring_crds() -> Result<Vec<PathBuf>, String> {
+    let dir = client_path("PROFLOW_MONITORING_CRDS")?;
+    let files: Vec<PathBuf> = ["servicemonitors", "podmonitors", "prometheusrules"]
+        .iter()
+        .map(|k| dir.join(format!("monitoring.coreos.com_{k}.yaml")))
+        .collect();
+    match files.iter().find(|f| !f.is_file()) {
+        Some(f) => Err(format!("{} does not exist", f.display())),
+        None => Ok(files),
+    }
+}
+
 /// `key` from the environment, else from the `KEY=value` lines of
 /// `tests/peers/install-clients` (run once per test binary; a fast no-op once
 /// the clients are installed).
