@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use proflow_config::{Document, LogFormat};
 use proflow_core::registry::Registry;
-use proflow_core::telemetry::{ConfigSource, Telemetry};
+use proflow_core::telemetry::{ConfigInfo, ConfigSource, Telemetry};
 use proflow_core::topology::{self, Plan};
 use tokio_util::sync::CancellationToken;
 
@@ -82,7 +82,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             };
             match load(&path) {
-                Ok(plan) => {
+                Ok((plan, _)) => {
                     for w in &plan.warnings {
                         eprintln!("warning: {w}");
                     }
@@ -102,8 +102,8 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::from(2);
             };
-            let plan = match load(&path) {
-                Ok(plan) => plan,
+            let (plan, hash) = match load(&path) {
+                Ok(loaded) => loaded,
                 Err(e) => {
                     eprintln!("{e:#}");
                     return ExitCode::from(1);
@@ -123,7 +123,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match runtime.block_on(run(path, plan)) {
+            match runtime.block_on(run(path, plan, hash)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e:#}");
@@ -136,13 +136,30 @@ fn main() -> ExitCode {
 }
 
 /// Reads, parses and checks a config file; the error lists every problem.
-fn load(path: &Path) -> anyhow::Result<Plan> {
+/// With the plan, the SHA-256 of the file's bytes in hex.
+fn load(path: &Path) -> anyhow::Result<(Plan, String)> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read config file {}", path.display()))?;
     let doc = Document::parse(&text)
         .map_err(|e| anyhow::anyhow!("{}: {} problem(s):\n{e}", path.display(), e.len()))?;
-    topology::plan(&doc, &registry())
-        .map_err(|e| anyhow::anyhow!("{}: {} problem(s):\n{e}", path.display(), e.len()))
+    let plan = topology::plan(&doc, &registry())
+        .map_err(|e| anyhow::anyhow!("{}: {} problem(s):\n{e}", path.display(), e.len()))?;
+    Ok((plan, sha256_hex(text.as_bytes())))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Tells the status page which config runs now.
+fn applied(telemetry: &Telemetry, path: &Path, hash: String) {
+    telemetry.config_applied(ConfigInfo {
+        hash,
+        source: ConfigSource::File,
+        origin: path.display().to_string(),
+        applied_at: std::time::SystemTime::now(),
+    });
 }
 
 fn init_logging(level: &str, format: LogFormat) -> anyhow::Result<()> {
@@ -162,7 +179,7 @@ fn init_logging(level: &str, format: LogFormat) -> anyhow::Result<()> {
     result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))
 }
 
-async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
+async fn run(path: PathBuf, plan: Plan, hash: String) -> anyhow::Result<()> {
     for w in &plan.warnings {
         tracing::warn!("{w}");
     }
@@ -213,6 +230,7 @@ async fn run(path: PathBuf, plan: Plan) -> anyhow::Result<()> {
         .start(telemetry.clone())
         .await
         .context("cannot start")?;
+    applied(&telemetry, &path, hash);
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "proflow is running");
     // Start-up code (config, TLS, component set-up) is not called again:
     // its pages go back to the page cache (see `heap`).
@@ -283,7 +301,7 @@ async fn reload(
     started_telemetry: &str,
     telemetry: &Telemetry,
 ) -> Result<String, String> {
-    let result = reload_file(path, running, started_telemetry).await;
+    let result = reload_file(path, running, started_telemetry, telemetry).await;
     telemetry.config_reloaded(ConfigSource::File, result.is_ok());
     result
 }
@@ -292,9 +310,10 @@ async fn reload_file(
     path: &Path,
     running: &mut topology::Running,
     started_telemetry: &str,
+    telemetry: &Telemetry,
 ) -> Result<String, String> {
-    let plan = match load(path) {
-        Ok(plan) => plan,
+    let (plan, hash) = match load(path) {
+        Ok(loaded) => loaded,
         Err(e) => {
             tracing::error!("the new config is refused; the running config stays:\n{e:#}");
             return Err(format!("not reloaded; the running config stays:\n{e:#}"));
@@ -323,6 +342,7 @@ async fn reload_file(
                     report.errors.join("\n")
                 ));
             }
+            applied(telemetry, path, hash);
             tracing::info!(started = ?report.started, stopped = ?report.stopped, kept = ?report.kept, "config reloaded");
             Ok(summary)
         }

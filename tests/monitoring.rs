@@ -399,3 +399,148 @@ fn metric_names(expr: &str) -> Vec<String> {
     }
     names
 }
+
+/// The status page of a proflow with a working exporter and a failing one,
+/// after three pushes: what it says, and what headless Chromium draws of it
+/// (the failing exporter's row in its warning colour, no script needed).
+#[test]
+fn the_status_page_shows_what_flows_and_what_fails_and_chromium_draws_it() {
+    let proflow = Proflow::start(|ports, profiles| {
+        format!(
+            "receivers:\n  pprof_push: {{endpoint: \"{}\"}}\n\
+             exporters:\n  file: {{directory: \"{}\"}}\n  pyroscope/down:\n    endpoint: \"http://127.0.0.1:9\"\n    \
+             retry_on_failure: {{initial_interval: 100ms, max_interval: 100ms, max_elapsed_time: 1s}}\n\
+             service:\n  telemetry: {{address: \"{}\"}}\n  pipelines:\n    profiles: {{receivers: [pprof_push], exporters: [file, pyroscope/down]}}\n",
+            ports.receiver,
+            profiles.display(),
+            ports.telemetry
+        )
+    });
+    for i in 0..3 {
+        proflow
+            .post(
+                &common::ingest_query(&format!("status{{seq={i}}}"), Some("pprof")),
+                &[("content-type", "application/octet-stream")],
+                common::cpu_profile(),
+            )
+            .expect_status(200, "push");
+    }
+    // Until the failing exporter has given up on all three.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while common::metric_sum(
+        &proflow.metrics(),
+        "proflow_exporter_failed_profiles_total",
+        &[("exporter", "pyroscope/down")],
+    ) < 3.0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            proflow.metrics()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let url = format!("http://{}/", proflow.ports.telemetry);
+    let page = proflow.http().get(&url).send().expect("GET /");
+    assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
+    let page = page.text().expect("the page");
+    let config = std::fs::read(proflow.dir.path().join("proflow.yaml")).expect("config");
+    let hash: String = ring::digest::digest(&ring::digest::SHA256, &config)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    for want in [
+        format!("<h1>proflow {}</h1>", env!("CARGO_PKG_VERSION")),
+        format!("Config <code>{hash}</code> (SHA-256) from file"),
+        "<tr><td>profiles</td><td>pprof_push</td><td>none</td><td>file → pyroscope/down</td></tr>"
+            .to_owned(),
+        "<tr class=\"ok\"><td>pprof_push</td><td class=\"n\">3</td>".to_owned(),
+        "<tr class=\"ok\"><td>file</td><td class=\"n\">3</td>".to_owned(),
+        "<tr class=\"bad\"><td>pyroscope/down</td><td class=\"n\">0</td>".to_owned(),
+        "<a href=\"/targets\">/targets</a>".to_owned(),
+        "<a href=\"/metrics\">/metrics</a>".to_owned(),
+    ] {
+        assert!(page.contains(&want), "no {want:?} in:\n{page}");
+    }
+    let failing = page
+        .lines()
+        .find(|l| l.contains("<td>pyroscope/down</td>"))
+        .unwrap();
+    assert!(
+        failing.contains("127.0.0.1:9") && failing.contains(" ago)"),
+        "the last error names the peer: {failing}"
+    );
+    assert!(!page.contains("<script"), "{page}");
+    assert_eq!(
+        proflow
+            .http()
+            .get(format!("{url}status"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap()
+            .lines()
+            .count(),
+        page.lines().count()
+    );
+
+    // Headless Chromium, scripts off: the page as a person sees it.
+    let shot = proflow.dir.path().join("status.png");
+    let (width, height) = (1280u32, 1000u32);
+    let chromium = match common::chromium() {
+        Ok(c) => c,
+        Err(e) => {
+            common::missing_peer::<()>(&format!("chromium: {e}"));
+            return;
+        }
+    };
+    let profile_dir = proflow.dir.path().join("chromium");
+    run(Command::new(&chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-javascript",
+            "--hide-scrollbars",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile_dir.display()))
+        .arg(format!("--window-size={width},{height}"))
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(&url));
+    let decoder = png::Decoder::new(std::io::BufReader::new(
+        std::fs::File::open(&shot).expect("the screenshot"),
+    ));
+    let mut reader = decoder.read_info().expect("a PNG");
+    let mut pixels = vec![0; reader.output_buffer_size().expect("size")];
+    let frame = reader.next_frame(&mut pixels).expect("its pixels");
+    assert_eq!((frame.width, frame.height), (width, height));
+    let channels = frame.color_type.samples();
+    let pixels = &pixels[..frame.buffer_size()];
+    let count = |rgb: [u8; 3]| {
+        pixels
+            .chunks_exact(channels)
+            .filter(|p| p[..3].iter().zip(rgb).all(|(a, b)| a.abs_diff(b) <= 2))
+            .count()
+    };
+    // The failing row's background (#fde2e1) and its red edge (#cc3333),
+    // the working rows' green edge (#33aa77), and dark text.
+    let (warning, red, green) = (
+        count([0xfd, 0xe2, 0xe1]),
+        count([0xcc, 0x33, 0x33]),
+        count([0x33, 0xaa, 0x77]),
+    );
+    let dark = pixels
+        .chunks_exact(channels)
+        .filter(|p| p[..3].iter().all(|&c| c < 80))
+        .count();
+    assert!(
+        warning > 5_000 && red > 50 && green > 100 && dark > 2_000,
+        "the screenshot ({}) shows {warning} warning, {red} red, {green} green and {dark} dark pixels",
+        shot.display()
+    );
+    eprintln!(
+        "status page drawn at {width}x{height}: {warning} warning-row pixels, {red} red, {green} green, {dark} dark"
+    );
+}

@@ -297,6 +297,27 @@ fn a_directory_never_gets_two_writers_and_a_refused_reload_changes_nothing() {
         body.contains("restart") && body.contains("file/renamed"),
         "{body}"
     );
+    // Counted, for the reload-failed alert and the status page.
+    let metrics = p.metrics();
+    for (metric, labels, want) in [
+        (
+            "proflow_config_reloads_total",
+            &[("result", "failure"), ("source", "file")][..],
+            1.0,
+        ),
+        (
+            "proflow_config_reloads_total",
+            &[("result", "success")][..],
+            0.0,
+        ),
+        ("proflow_config_last_reload_successful", &[][..], 0.0),
+    ] {
+        assert_eq!(
+            common::metric_sum(&metrics, metric, labels),
+            want,
+            "{metric} {labels:?}"
+        );
+    }
     // Still the first config: pushes are written by `file` with team=core.
     p.post(
         &common::ingest_query("after-refusal", Some("pprof")),

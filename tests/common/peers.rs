@@ -180,6 +180,21 @@ pub fn monitoring_crds() -> Result<Vec<PathBuf>, String> {
     }
 }
 
+/// Headless Chromium (Debian's `chromium`): `PROFLOW_CHROMIUM`, else
+/// `chromium` on the PATH (`scripts/test` installs it). `Err` says why it
+/// is not available.
+pub fn chromium() -> Result<PathBuf, String> {
+    if let Some(c) = std::env::var_os("PROFLOW_CHROMIUM") {
+        return Ok(PathBuf::from(c));
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("chromium"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| "chromium is not on the PATH (apt-get install chromium)".to_owned())
+}
+
 /// `key` from the environment, else from the `KEY=value` lines of
 /// `tests/peers/install-clients` (run once per test binary; a fast no-op once
 /// the clients are installed).

@@ -1,4 +1,5 @@
-//! The admin HTTP server on `service.telemetry.address`: `/metrics`
+//! The admin HTTP server on `service.telemetry.address`: the status page
+//! (`/`, `/status`: [`crate::status_page`]), `/metrics`
 //! (Prometheus text), `/healthz`, `/readyz`, `/tenants` (each tenant's volume
 //! and refusals), `/targets` and `/api/v1/targets`
 //! (the pull receivers' targets, as Prometheus's targets API answers) and, when enabled, `POST /-/reload`. What it shows lives in
@@ -27,7 +28,8 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
     tokio::net::TcpListener::bind(addr).await
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz`, `/tenants` and `/targets` on `listener`
+/// Serves the status page (`/`, `/status`), `/metrics`, `/healthz`,
+/// `/readyz`, `/tenants` and `/targets` on `listener`
 /// until `shutdown`, over TLS when `tls` is set.
 pub async fn serve(
     telemetry: Arc<Telemetry>,
@@ -39,7 +41,21 @@ pub async fn serve(
     let t = telemetry.clone();
     let t2 = telemetry.clone();
     let t3 = telemetry.clone();
-    let t4 = telemetry;
+    let t4 = telemetry.clone();
+    let t5 = telemetry;
+    // The status page, at `/` and `/status`.
+    let status = get(move || {
+        let t = t5.clone();
+        async move {
+            (
+                [
+                    ("content-type", "text/html; charset=utf-8"),
+                    ("cache-control", "no-store"),
+                ],
+                crate::status_page::render(&t),
+            )
+        }
+    });
     // Prometheus's targets API, at its own path too, for the tools that read it.
     let targets = get(
         move |axum::extract::Query(q): axum::extract::Query<Vec<(String, String)>>| {
@@ -66,6 +82,8 @@ pub async fn serve(
                 }
             }),
         )
+        .route("/", status.clone())
+        .route("/status", status)
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/tenants",

@@ -3,7 +3,7 @@
 //! component types ([`registry`]), the running graph ([`topology`]: plan,
 //! fan-out, reload, shutdown), exporter queues with retry and disk storage
 //! ([`queue`]), self-telemetry ([`telemetry`]) and the admin HTTP server that
-//! shows it ([`admin`]).
+//! shows it ([`admin`]), with the status page a person reads ([`status_page`]).
 //!
 //! It depends on `proflow-config`, `proflow-model` and `proflow-net`.
 //! Components depend on it, on those two directly for the data model and
@@ -15,5 +15,6 @@ pub mod admin;
 pub mod component;
 pub mod queue;
 pub mod registry;
+pub mod status_page;
 pub mod telemetry;
 pub mod topology;

@@ -233,6 +233,10 @@ async fn serve(shared: Arc<Shared>, receiver: KafkaReceiver, ctx: ReceiverContex
         let message = match message {
             Ok(m) => m,
             Err(e) => {
+                serving
+                    .shared
+                    .telemetry
+                    .error(&format!("Kafka consumer: {e}"));
                 counts.consumer_error(&serving.shared.id, &e);
                 tokio::time::sleep(StdDuration::from_millis(100)).await;
                 continue;

@@ -176,6 +176,11 @@ pub async fn run(shared: Arc<JobShared>, status: Arc<TargetStatus>, cancel: Canc
             }
         };
         let error = recorded.as_ref().err().map(|(_, m)| m.clone());
+        if let Some(e) = &error {
+            shared
+                .receiver
+                .error(&format!("scraping {}: {e}", status.target.shown_url()));
+        }
         match status.record(wall, took, recorded) {
             Transition::Same => {}
             Transition::Failing => tracing::warn!(

@@ -35,6 +35,7 @@ impl ExporterQueue {
                 Ok(()) => return Sent::All,
                 Err(e) => e,
             };
+            self.telemetry.attempt_failed(&err.to_string());
             let retry_after = match err.class {
                 ErrorClass::Permanent => {
                     return match err.refused.clone() {

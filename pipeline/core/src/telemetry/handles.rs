@@ -218,7 +218,18 @@ impl ReceiverTelemetry {
 
     /// A request refused for `reason` (a short snake_case word such as `bad_request`,
     /// `too_large`, `backpressure`), with the profiles it carried if known.
+    /// Something went wrong that the status page should show as this
+    /// receiver's last error (a refused request is recorded already).
+    pub fn error(&self, message: &str) {
+        self.t.status.error("receiver", &self.id[0].1, message);
+    }
+
     pub fn refused(&self, reason: &str, profiles: u64) {
+        self.t.status.error(
+            "receiver",
+            &self.id[0].1,
+            &format!("refused a request: {reason}"),
+        );
         self.t
             .receivers
             .refused_requests
@@ -289,6 +300,12 @@ impl ExporterTelemetry {
             .sent_bytes
             .get_or_create(&self.id)
             .inc_by(bytes);
+    }
+
+    /// An export attempt failed with `message` (retried or not): the
+    /// status page shows the last.
+    pub fn attempt_failed(&self, message: &str) {
+        self.t.status.error("exporter", &self.id[0].1, message);
     }
 
     pub fn failed(&self, reason: &str, profiles: u64) {

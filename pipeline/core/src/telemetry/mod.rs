@@ -20,6 +20,7 @@ mod families;
 mod handles;
 mod process;
 mod service;
+mod status;
 mod tenants;
 #[cfg(test)]
 mod tests;
@@ -33,6 +34,8 @@ pub use families::{
 pub use handles::{ExporterTelemetry, ProcessorTelemetry, ReceiverTelemetry};
 pub use service::ConfigSource;
 use service::ServiceFamilies;
+use status::StatusBook;
+pub use status::{ConfigInfo, LastError, PipelineView};
 
 /// All metric families of one running collector.
 pub struct Telemetry {
@@ -41,6 +44,7 @@ pub struct Telemetry {
     processors: ProcessorFamilies,
     exporters: ExporterFamilies,
     service: ServiceFamilies,
+    status: StatusBook,
     ready: AtomicBool,
     memory_in_flight_bytes: Gauge,
     memory_limit_bytes: Gauge,
@@ -316,6 +320,7 @@ impl Telemetry {
             processors: ProcessorFamilies::declare(&families),
             exporters: ExporterFamilies::declare(&families),
             service: ServiceFamilies::declare(&families),
+            status: StatusBook::new(),
             memory_in_flight_bytes: family!(
                 "memory_in_flight_bytes",
                 "Bytes of request bodies and decompressed data receivers hold now (bounded by service.limits.max_in_flight_bytes)",
@@ -397,6 +402,36 @@ impl Telemetry {
     /// Counts a config reload from `source` and whether it applied in full.
     pub fn config_reloaded(&self, source: ConfigSource, ok: bool) {
         self.service.reloaded(source, ok);
+    }
+
+    /// The config running from now on (the status page shows it).
+    pub fn config_applied(&self, info: ConfigInfo) {
+        self.status.set_config(info);
+    }
+
+    /// The config running now, if one was reported.
+    pub fn config(&self) -> Option<ConfigInfo> {
+        self.status.config()
+    }
+
+    /// The pipelines running from now on.
+    pub fn set_pipelines(&self, pipelines: Vec<PipelineView>) {
+        self.status.set_pipelines(pipelines);
+    }
+
+    pub fn pipelines(&self) -> Vec<PipelineView> {
+        self.status.pipelines()
+    }
+
+    /// How long the collector has run, and since when.
+    pub fn uptime(&self) -> (std::time::Duration, std::time::SystemTime) {
+        (self.status.started.elapsed(), self.status.started_at)
+    }
+
+    /// The last error of the `kind` (`receiver`, `processor`, `exporter`)
+    /// `id`, if it had one.
+    pub fn last_error(&self, kind: &'static str, id: &str) -> Option<LastError> {
+        self.status.last_error(kind, id)
     }
 
     /// The collector's in-flight memory budget, reporting through

@@ -151,11 +151,13 @@ impl Plan {
             memory: telemetry.memory_budget(self.max_in_flight_bytes),
             telemetry: telemetry.clone(),
         };
+        let pipelines = pipeline_views(&self.pipelines);
         if let Err(e) = running.apply(self).await {
             running.abort.cancel();
             running.receivers_stop.cancel();
             return Err(e);
         }
+        telemetry.set_pipelines(pipelines);
         running.started = true;
         telemetry.set_ready(true);
         Ok(running)
@@ -176,8 +178,10 @@ impl Running {
             tracing::warn!("service.limits.max_in_flight_bytes changes only at a restart");
         }
         let timeout = plan.shutdown_timeout;
+        let pipelines = pipeline_views(&plan.pipelines);
         let report = self.apply(plan).await?;
         self.shutdown_timeout = timeout;
+        self.telemetry.set_pipelines(pipelines);
         Ok(report)
     }
 
@@ -273,4 +277,17 @@ impl Running {
             })
             .collect()
     }
+}
+
+/// The pipelines as the status page lists them.
+fn pipeline_views(pipelines: &[super::PipelinePlan]) -> Vec<crate::telemetry::PipelineView> {
+    pipelines
+        .iter()
+        .map(|p| crate::telemetry::PipelineView {
+            id: p.id.clone(),
+            receivers: p.receivers.clone(),
+            processors: p.processors.clone(),
+            exporters: p.exporters.clone(),
+        })
+        .collect()
 }
