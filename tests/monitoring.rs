@@ -124,6 +124,22 @@ fn every_metric_the_dashboards_and_rules_name_is_one_proflow_exports() {
     let proflow = every_component();
     let text = proflow.metrics();
     let exported = exported_names(&text);
+    // Prometheus asks for OpenMetrics first, and is told that is what it
+    // gets (so it types each family by its `# TYPE` line).
+    let answer = proflow
+        .http()
+        .get(format!("http://{}/metrics", proflow.ports.telemetry))
+        .header(
+            "accept",
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+        )
+        .send()
+        .unwrap();
+    assert_eq!(
+        answer.headers()["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert!(answer.text().unwrap().ends_with("# EOF\n"));
     assert!(
         !exported.contains("proflow_not_a_metric_total"),
         "the exported set is not everything"

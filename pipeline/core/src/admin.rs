@@ -72,13 +72,23 @@ pub async fn serve(
     let app = Router::new()
         .route(
             "/metrics",
-            get(move || {
+            get(move |headers: axum::http::HeaderMap| {
                 let t = t.clone();
                 async move {
-                    (
-                        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-                        t.render(),
-                    )
+                    // The text is OpenMetrics (a counter's family without
+                    // `_total`, `# EOF`): said so to whoever accepts it, as
+                    // Prometheus does by default, so it types each family.
+                    let open_metrics = headers
+                        .get_all("accept")
+                        .iter()
+                        .filter_map(|v| v.to_str().ok())
+                        .any(|v| v.contains("application/openmetrics-text"));
+                    let content_type = if open_metrics {
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+                    } else {
+                        "text/plain; version=0.0.4; charset=utf-8"
+                    };
+                    ([("content-type", content_type)], t.render())
                 }
             }),
         )
