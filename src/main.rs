@@ -14,6 +14,7 @@ use proflow_core::topology::{self, Plan};
 use tokio_util::sync::CancellationToken;
 
 mod heap;
+mod opamp;
 
 /// With `alloc-jemalloc`, Rust's allocations go to jemalloc (glibc's malloc
 /// stays for C libraries; [`heap`] tunes and trims that one only). Off by
@@ -102,7 +103,7 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::from(2);
             };
-            let (plan, hash) = match load(&path) {
+            let (plan, text) = match load(&path) {
                 Ok(loaded) => loaded,
                 Err(e) => {
                     eprintln!("{e:#}");
@@ -123,7 +124,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match runtime.block_on(run(path, plan, hash)) {
+            let start = opamp::start_with(plan, text, &path);
+            match runtime.block_on(run(path, start)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e:#}");
@@ -136,15 +138,18 @@ fn main() -> ExitCode {
 }
 
 /// Reads, parses and checks a config file; the error lists every problem.
-/// With the plan, the SHA-256 of the file's bytes in hex.
+/// With the plan, the file's text.
 fn load(path: &Path) -> anyhow::Result<(Plan, String)> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read config file {}", path.display()))?;
-    let doc = Document::parse(&text)
-        .map_err(|e| anyhow::anyhow!("{}: {} problem(s):\n{e}", path.display(), e.len()))?;
-    let plan = topology::plan(&doc, &registry())
-        .map_err(|e| anyhow::anyhow!("{}: {} problem(s):\n{e}", path.display(), e.len()))?;
-    Ok((plan, sha256_hex(text.as_bytes())))
+    let plan = plan_of(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok((plan, text))
+}
+
+/// Parses and checks a config's text as `proflow validate` does.
+fn plan_of(text: &str) -> Result<Plan, String> {
+    let doc = Document::parse(text).map_err(|e| format!("{} problem(s):\n{e}", e.len()))?;
+    topology::plan(&doc, &registry()).map_err(|e| format!("{} problem(s):\n{e}", e.len()))
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -153,11 +158,11 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// Tells the status page which config runs now.
-fn applied(telemetry: &Telemetry, path: &Path, hash: String) {
+fn applied(telemetry: &Telemetry, text: &str, source: ConfigSource, origin: String) {
     telemetry.config_applied(ConfigInfo {
-        hash,
-        source: ConfigSource::File,
-        origin: path.display().to_string(),
+        hash: sha256_hex(text.as_bytes()),
+        source,
+        origin,
         applied_at: std::time::SystemTime::now(),
     });
 }
@@ -179,7 +184,15 @@ fn init_logging(level: &str, format: LogFormat) -> anyhow::Result<()> {
     result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))
 }
 
-async fn run(path: PathBuf, plan: Plan, hash: String) -> anyhow::Result<()> {
+async fn run(path: PathBuf, start: opamp::Start) -> anyhow::Result<()> {
+    let opamp::Start {
+        plan,
+        text,
+        source,
+        origin,
+        opamp,
+        remote_hash,
+    } = start;
     for w in &plan.warnings {
         tracing::warn!("{w}");
     }
@@ -230,7 +243,25 @@ async fn run(path: PathBuf, plan: Plan, hash: String) -> anyhow::Result<()> {
         .start(telemetry.clone())
         .await
         .context("cannot start")?;
-    applied(&telemetry, &path, hash);
+    applied(&telemetry, &text, source, origin);
+    let (effective, _) = tokio::sync::watch::channel(text);
+    let stop_opamp = CancellationToken::new();
+    let opamp_origin = opamp.as_ref().map(opamp::endpoint).unwrap_or_default();
+    let (opamp_task, mut remote_configs) = match &opamp {
+        Some(settings) => {
+            let (task, requests) = proflow_opamp::start(
+                settings,
+                proflow_opamp::Identity::of_this_process(opamp::mode(&telemetry)),
+                telemetry.clone(),
+                effective.subscribe(),
+                remote_hash,
+                stop_opamp.clone(),
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            (Some(task), Some(requests))
+        }
+        None => (None, None),
+    };
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "proflow is running");
     // Start-up code (config, TLS, component set-up) is not called again:
     // its pages go back to the page cache (see `heap`).
@@ -243,16 +274,26 @@ async fn run(path: PathBuf, plan: Plan, hash: String) -> anyhow::Result<()> {
             _ = receiver_failed.cancelled() => break true,
             _ = hangup.recv() => {
                 tracing::info!(config = %path.display(), "SIGHUP: reloading the config");
-                let _ = reload(&path, &mut running, &started_telemetry, &telemetry).await;
+                let _ = reload(&path, &mut running, &started_telemetry, &telemetry, &effective).await;
             }
             Some(reply) = reload_rx.recv() => {
                 tracing::info!(config = %path.display(), "POST /-/reload: reloading the config");
-                let _ = reply.send(reload(&path, &mut running, &started_telemetry, &telemetry).await);
+                let _ = reply.send(reload(&path, &mut running, &started_telemetry, &telemetry, &effective).await);
+            }
+            Some(request) = opamp::next(&mut remote_configs) => {
+                tracing::info!("the OpAMP server sent a config: validating and applying it");
+                let result = opamp::apply(&request.config, &mut running, &started_telemetry, &telemetry, &effective, &opamp_origin).await;
+                let _ = request.reply.send(result);
             }
         }
     };
     // A reload asked for from now on gets "stopping" instead of waiting.
     drop(reload_rx);
+    stop_opamp.cancel();
+    if let Some(task) = opamp_task {
+        // It says goodbye to the server; bounded, as the server may be gone.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), task).await;
+    }
     tracing::info!(
         ?shutdown_timeout,
         "stopping: receivers first, then draining exporter queues"
@@ -300,8 +341,9 @@ async fn reload(
     running: &mut topology::Running,
     started_telemetry: &str,
     telemetry: &Telemetry,
+    effective: &tokio::sync::watch::Sender<String>,
 ) -> Result<String, String> {
-    let result = reload_file(path, running, started_telemetry, telemetry).await;
+    let result = reload_file(path, running, started_telemetry, telemetry, effective).await;
     telemetry.config_reloaded(ConfigSource::File, result.is_ok());
     result
 }
@@ -311,14 +353,33 @@ async fn reload_file(
     running: &mut topology::Running,
     started_telemetry: &str,
     telemetry: &Telemetry,
+    effective: &tokio::sync::watch::Sender<String>,
 ) -> Result<String, String> {
-    let (plan, hash) = match load(path) {
+    let (plan, text) = match load(path) {
         Ok(loaded) => loaded,
         Err(e) => {
             tracing::error!("the new config is refused; the running config stays:\n{e:#}");
             return Err(format!("not reloaded; the running config stays:\n{e:#}"));
         }
     };
+    let summary = apply_plan(plan, running, started_telemetry).await?;
+    applied(
+        telemetry,
+        &text,
+        ConfigSource::File,
+        path.display().to_string(),
+    );
+    effective.send_replace(text);
+    Ok(summary)
+}
+
+/// Applies a checked config to the running collector; the summary, or
+/// every problem (what could not be applied; the rest runs).
+async fn apply_plan(
+    plan: Plan,
+    running: &mut topology::Running,
+    started_telemetry: &str,
+) -> Result<String, String> {
     for w in &plan.warnings {
         tracing::warn!("{w}");
     }
@@ -342,7 +403,6 @@ async fn reload_file(
                     report.errors.join("\n")
                 ));
             }
-            applied(telemetry, path, hash);
             tracing::info!(started = ?report.started, stopped = ?report.stopped, kept = ?report.kept, "config reloaded");
             Ok(summary)
         }

@@ -191,6 +191,8 @@ pub struct ServiceConfig {
     pub shutdown_timeout: Duration,
     /// Memory bounds.
     pub limits: LimitsConfig,
+    /// Remote management over OpAMP (off when absent).
+    pub opamp: Option<crate::opamp::OpampSettings>,
 }
 
 #[derive(Deserialize)]
@@ -207,6 +209,9 @@ struct RawService {
     /// See [`ServiceConfig::limits`].
     #[serde(default)]
     limits: LimitsConfig,
+    /// See [`ServiceConfig::opamp`].
+    #[serde(default)]
+    opamp: Option<crate::opamp::OpampSettings>,
 }
 
 fn default_shutdown() -> Duration {
@@ -355,6 +360,12 @@ fn parse_service(node: &Node, errors: &mut Errors) -> Option<ServiceConfig> {
     if let Err(e) = raw.telemetry.socket_addr() {
         errors.push(e);
     }
+    if let Some(opamp) = &raw.opamp {
+        let at = node.get("opamp").unwrap_or(node);
+        for problem in opamp.problems() {
+            errors.push(Error::new("service.opamp", at.line, at.column, problem));
+        }
+    }
     let mut pipelines = Vec::new();
     let missing = Node::new(NodeValue::Null, node.line, node.column);
     let pipelines_node = node.get("pipelines").unwrap_or(&missing);
@@ -398,6 +409,7 @@ fn parse_service(node: &Node, errors: &mut Errors) -> Option<ServiceConfig> {
         pipelines,
         shutdown_timeout: raw.shutdown_timeout,
         limits: raw.limits,
+        opamp: raw.opamp,
     })
 }
 

@@ -13,6 +13,7 @@ mod document;
 mod env;
 mod error;
 mod node;
+mod opamp;
 mod sending;
 mod tls;
 mod validate;
@@ -26,6 +27,7 @@ pub use document::{
 pub use env::expand_env;
 pub use error::{Error, Errors};
 pub use node::{Node, NodeValue};
+pub use opamp::{OpampConnection, OpampServer, OpampSettings, OpampTransport};
 pub use sending::{
     BatchSettings, Fsync, MIN_STORAGE_SIZE, QueueSettings, RetrySettings, SendingSettings,
     StorageSettings, WhenFull, queue_problems,

@@ -103,6 +103,9 @@ containers:
         valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
       - name: POD_NAMESPACE
         valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+      # The pod an OpAMP server sees this proflow as (service.opamp).
+      - name: POD_NAME
+        valueFrom: {fieldRef: {fieldPath: metadata.name}}
     ports:
       - {name: telemetry, containerPort: {{ .Values.telemetryPort }}, protocol: TCP}
       {{- if and (eq .Values.mode "gateway") (not .Component) }}

@@ -66,6 +66,8 @@ pub struct Plan {
     exporters: BTreeMap<String, Arc<dyn crate::component::ExporterConfig>>,
     pub pipelines: Vec<PipelinePlan>,
     pub telemetry: TelemetryConfig,
+    /// `service.opamp`: read at the start only, as `telemetry` is.
+    pub opamp: Option<proflow_config::OpampSettings>,
     pub shutdown_timeout: Duration,
     /// `service.limits.max_in_flight_bytes`.
     pub max_in_flight_bytes: usize,

@@ -53,6 +53,7 @@ pub fn plan(doc: &Document, registry: &Registry) -> Result<Plan, Errors> {
         exporters: components.exporters,
         pipelines,
         telemetry: doc.service.telemetry.clone(),
+        opamp: doc.service.opamp.clone(),
         shutdown_timeout: doc.service.shutdown_timeout.get(),
         max_in_flight_bytes: max_in_flight,
         warnings,
