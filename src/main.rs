@@ -148,7 +148,13 @@ fn load(path: &Path) -> anyhow::Result<(Plan, String)> {
 
 /// Parses and checks a config's text as `proflow validate` does.
 fn plan_of(text: &str) -> Result<Plan, String> {
-    let doc = Document::parse(text).map_err(|e| format!("{} problem(s):\n{e}", e.len()))?;
+    plan_of_with_env(text, &|k| std::env::var(k).ok())
+}
+
+/// [`plan_of`], with `${env:...}` read from `env`.
+fn plan_of_with_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Plan, String> {
+    let doc =
+        Document::parse_with_env(text, env).map_err(|e| format!("{} problem(s):\n{e}", e.len()))?;
     topology::plan(&doc, &registry()).map_err(|e| format!("{} problem(s):\n{e}", e.len()))
 }
 
@@ -355,6 +361,14 @@ async fn reload_file(
     telemetry: &Telemetry,
     effective: &tokio::sync::watch::Sender<String>,
 ) -> Result<String, String> {
+    if telemetry
+        .config()
+        .is_some_and(|c| c.source == ConfigSource::OpAmp)
+    {
+        let why = "not reloaded: the running config is the OpAMP server's; change it there, or set service.opamp.accepts_remote_config: false in the file and restart (a local reload would leave the server believing its config runs)";
+        tracing::error!("{why}");
+        return Err(why.to_owned());
+    }
     let (plan, text) = match load(path) {
         Ok(loaded) => loaded,
         Err(e) => {

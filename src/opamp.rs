@@ -9,7 +9,8 @@
 //! checks a file and never applied when it does not pass. Once applied it
 //! is kept in `service.opamp.storage`, and proflow starts with it while
 //! `accepts_remote_config` is on, whether or not the server can be reached
-//! then. SIGHUP and `POST /-/reload` still load the local file.
+//! then. While it runs, SIGHUP and `POST /-/reload` are refused (a local
+//! reload would leave the server believing its config runs).
 
 use std::path::Path;
 
@@ -81,10 +82,12 @@ pub fn start_with(plan: Plan, text: String, path: &Path) -> Start {
     }
 }
 
-/// A remote config checked as `proflow validate` checks a file, and
-/// without `service.opamp`.
+/// A remote config checked as `proflow validate` checks a file, without
+/// `service.opamp`, and with no `${env:...}` read from this process's
+/// environment (a server must not be able to make proflow send it the
+/// pod's secrets): only a reference's `:-default` counts.
 fn remote_plan(text: &str) -> Result<Plan, String> {
-    let plan = crate::plan_of(text)?;
+    let plan = crate::plan_of_with_env(text, &|_| None)?;
     if plan.opamp.is_some() {
         return Err("service.opamp: a remote config cannot change how proflow reaches its OpAMP server (that stays the local file's); remove the section".to_owned());
     }

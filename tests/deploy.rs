@@ -180,7 +180,13 @@ fn kinds(objects: &[Value]) -> Vec<String> {
 /// `proflow validate` of every ConfigMap's config.yaml among `objects`.
 fn validate_configs(objects: &[Value]) -> usize {
     let mut n = 0;
-    for cm in objects.iter().filter(|o| o["kind"] == "ConfigMap") {
+    // Every ConfigMap but the dashboards' holds a config.
+    for cm in objects.iter().filter(|o| {
+        o["kind"] == "ConfigMap"
+            && !o["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("-dashboards"))
+    }) {
         let config = cm["data"]["config.yaml"].as_str().expect("config.yaml");
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("config.yaml");
@@ -998,6 +1004,39 @@ fn the_charts_monitoring_is_taken_by_a_real_api_server_with_the_operators_crds()
             .iter()
             .any(|p| p["name"] == "telemetry" && p["port"] == 8888),
         "{service:#}"
+    );
+    // With monitoring, the release's config is still one proflow takes.
+    assert_eq!(validate_configs(&gateway), 1);
+    // OpAMP from the chart's values, its storage on the data volume.
+    let managed = tools.render_only(
+        "gateway",
+        &ns,
+        &[
+            "--set",
+            "mode=gateway",
+            "--set",
+            "opamp.server.ws.endpoint=wss://opamp.example.com/v1/opamp",
+            "--set",
+            "opamp.accepts_remote_config=true",
+        ],
+    );
+    assert_eq!(validate_configs(&managed), 1);
+    let config = object(&managed, "ConfigMap")["data"]["config.yaml"]
+        .as_str()
+        .unwrap();
+    assert!(
+        config.contains("storage: /var/lib/proflow/opamp")
+            && config.contains("endpoint: wss://opamp.example.com/v1/opamp"),
+        "{config}"
+    );
+    let env = &container(object(&managed, "Deployment"))["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "POD_NAME"
+                && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"),
+        "{env:#}"
     );
     // Off by default: none of it.
     let plain = tools.render_only("gateway", &ns, &["--set", "mode=gateway"]);

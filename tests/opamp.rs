@@ -7,11 +7,15 @@
 //! reports its identity, health per component and effective config; a
 //! valid config from the server is applied through the hot reload (a push
 //! then carries its label) and reported applied; an invalid one is refused
-//! with its problems, reported failed, and the config before it runs on;
+//! with its problems, reported failed, and the config before it runs on
+//! (as is one that reads proflow's environment, whose values never reach
+//! the server); a local SIGHUP is refused while the server's config runs;
 //! a restarted server is reconnected to; a proflow restarted while the
 //! server is down starts with the last config the server sent, under the
 //! same instance uid. Over plain HTTP: the same report and an applied
 //! config by polling, and a proflow without the header is turned away.
+//! Over TLS (`wss`, `https`): reached with the CA given in `tls`, refused
+//! with another CA's.
 
 mod common;
 #[allow(clippy::duplicate_mod)]
@@ -34,10 +38,16 @@ struct Server {
     control: u16,
     child: Option<Child>,
     log: PathBuf,
+    /// More flags (`-cert`, `-key`).
+    extra: Vec<String>,
 }
 
 impl Server {
     fn start(dir: &Path) -> Option<Server> {
+        Server::start_with(dir, Vec::new())
+    }
+
+    fn start_with(dir: &Path, extra: Vec<String>) -> Option<Server> {
         let bin = peer_env::go_app("goopamp")?;
         let mut s = Server {
             bin,
@@ -45,6 +55,7 @@ impl Server {
             control: free_port(),
             child: None,
             log: dir.join("goopamp.log"),
+            extra,
         };
         s.run();
         Some(s)
@@ -60,6 +71,7 @@ impl Server {
             .args(["-listen", &format!("127.0.0.1:{}", self.opamp)])
             .args(["-control", &format!("127.0.0.1:{}", self.control)])
             .args(["-require-header", &format!("Authorization: {TOKEN}")])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -297,8 +309,36 @@ fn a_websocket_server_sees_reconfigures_and_is_refused_by_proflow() {
             .map(String::as_str),
         Some("remote")
     );
+    // A config that reads proflow's environment: refused, and the value
+    // never reaches the server.
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let reads_env = remote.replace(
+        &format!("directory: \"{}\"", files.display()),
+        "directory: \"${env:HOME}/profiles\"",
+    );
+    assert_ne!(reads_env, remote);
+    let env_hash = server.offer(&reads_env);
+    let agent = server.wait_for("refusing a config that reads the environment", |a| {
+        a["remote_status"] == "RemoteConfigStatuses_FAILED" && a["remote_hash"] == env_hash.as_str()
+    });
+    let error = agent["remote_error"].as_str().unwrap();
+    assert!(error.contains("HOME") && !error.contains(&home), "{error}");
+    // A local reload while the server's config runs: refused, with why.
+    let hup = Command::new("kill")
+        .args(["-HUP", &proflow.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !proflow
+        .log_text()
+        .contains("the running config is the OpAMP server's")
+    {
+        assert!(Instant::now() < deadline, "{}", proflow.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let metrics = proflow.metrics();
-    for (result, want) in [("success", 1.0), ("failure", 1.0)] {
+    for (result, want) in [("success", 1.0), ("failure", 2.0)] {
         assert_eq!(
             common::metric_sum(
                 &metrics,
@@ -316,7 +356,7 @@ fn a_websocket_server_sees_reconfigures_and_is_refused_by_proflow() {
     let again = server.wait_for("connected again after the server's restart", |a| {
         a["connected"] == true && a["identifying"]["service.instance.id"] == uid
     });
-    assert_eq!(again["remote_hash"], bad_hash.as_str());
+    assert_eq!(again["remote_hash"], env_hash.as_str());
     assert_eq!(again["effective_config"], remote.as_str());
 
     // proflow stopped says goodbye; started again while the server is
@@ -428,5 +468,53 @@ fn a_plain_http_server_is_polled_and_a_proflow_without_its_header_is_turned_away
             .iter()
             .any(|a| a["identifying"]["service.instance.id"] == uid.trim()),
         "the server took an agent without its header"
+    );
+}
+
+#[test]
+fn a_tls_server_is_reached_with_its_ca_and_refused_with_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = common::pki::Pki::new();
+    let flags = vec![
+        "-cert".to_owned(),
+        pki.file("server.pem").display().to_string(),
+        "-key".to_owned(),
+        pki.file("server-key.pem").display().to_string(),
+    ];
+    let Some(server) = Server::start_with(dir.path(), flags) else {
+        return;
+    };
+    let files = dir.path().join("files");
+    for (scheme, transport) in [("wss", "ws"), ("https", "http")] {
+        let ca = format!(", tls: {{ca_file: \"{}\"}}", pki.file("ca.pem").display());
+        let storage = dir.path().join(format!("opamp-{transport}"));
+        let section = opamp_section(transport, &server.endpoint(scheme), &storage, true, &ca);
+        let _proflow = start_local(&files, &section);
+        let uid = std::fs::read_to_string(storage.join("instance_uid")).unwrap();
+        server.wait_for(&format!("connected over {scheme}"), |a| {
+            a["identifying"]["service.instance.id"] == uid.trim() && a["transport"] == transport
+        });
+    }
+    // A certificate of another CA: refused by proflow, never seen by the server.
+    let other = format!(
+        ", tls: {{ca_file: \"{}\"}}",
+        pki.file("other-ca.pem").display()
+    );
+    let storage = dir.path().join("opamp-other");
+    let section = opamp_section("ws", &server.endpoint("wss"), &storage, true, &other);
+    let refused = start_local(&files, &section);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !refused.log_text().contains("UnknownIssuer") {
+        assert!(Instant::now() < deadline, "{}", refused.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let uid = std::fs::read_to_string(storage.join("instance_uid")).unwrap();
+    assert!(
+        !server
+            .agents_now()
+            .unwrap()
+            .iter()
+            .any(|a| a["identifying"]["service.instance.id"] == uid.trim()),
+        "the server saw a proflow that should not trust it"
     );
 }

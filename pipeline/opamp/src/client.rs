@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use proflow_config::OpampTransport;
 use proflow_core::telemetry::Telemetry;
@@ -25,6 +25,12 @@ use crate::{ApplyRequest, Identity};
 
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LAST_RETRY: Duration = Duration::from_secs(30);
+/// A connection that lasted this long starts the retries from the first
+/// wait again (a server that accepts and drops at once does not).
+const STABLE: Duration = Duration::from_secs(30);
+/// The least time between two messages the server's answers ask for: a
+/// server that asks for a report in every answer gets one a second.
+const MIN_GAP: Duration = Duration::from_secs(1);
 /// How often health is looked at; a change is reported at once.
 const HEALTH_EVERY: Duration = Duration::from_secs(5);
 /// A component whose last error is younger than this is reported unhealthy.
@@ -285,7 +291,7 @@ impl Client {
             match result {
                 Ok(()) => return,
                 Err((e, connected)) => {
-                    if connected {
+                    if connected.is_some_and(|at| at.elapsed() >= STABLE) {
                         wait = FIRST_RETRY;
                     }
                     if failing_since.as_deref() != Some(e.as_str()) {
@@ -303,14 +309,19 @@ impl Client {
     }
 
     /// One WebSocket connection until it ends: `Ok` at shutdown, else the
-    /// error and whether the connection had been made.
-    async fn websocket(&mut self, shutdown: &CancellationToken) -> Result<(), (String, bool)> {
+    /// error and when the connection had been made, if it had.
+    async fn websocket(
+        &mut self,
+        shutdown: &CancellationToken,
+    ) -> Result<(), (String, Option<Instant>)> {
         let mut conn = WsConnection::connect(&self.endpoint, &self.headers, &self.tls)
             .await
-            .map_err(|e| (e, false))?;
+            .map_err(|e| (e, None))?;
+        let connected = Some(Instant::now());
         tracing::info!(endpoint = %self.endpoint, uid = %format_uuid(&self.uid), "connected to the OpAMP server (WebSocket)");
         let first = self.message();
-        conn.send(&first).await.map_err(|e| (e, true))?;
+        conn.send(&first).await.map_err(|e| (e, connected))?;
+        let mut last_sent = Instant::now();
         let mut health = tokio::time::interval(HEALTH_EVERY);
         let mut last_health = self.health_summary();
         loop {
@@ -326,7 +337,7 @@ impl Client {
                     conn.close().await;
                     return Ok(());
                 }
-                msg = conn.recv() => self.handle(msg.map_err(|e| (e, true))?).await,
+                msg = conn.recv() => self.handle(msg.map_err(|e| (e, connected))?).await,
                 changed = self.effective.changed() => changed.is_ok(),
                 _ = health.tick() => {
                     let now = self.health_summary();
@@ -334,32 +345,41 @@ impl Client {
                 }
             };
             if report {
+                tokio::time::sleep_until((last_sent + MIN_GAP).into()).await;
                 last_health = self.health_summary();
                 let msg = self.message();
-                conn.send(&msg).await.map_err(|e| (e, true))?;
+                conn.send(&msg).await.map_err(|e| (e, connected))?;
+                last_sent = Instant::now();
             }
         }
     }
 
     /// Plain HTTP: a POST now, then every polling interval, and at once
     /// after anything the agent must report.
-    async fn poll(&mut self, shutdown: &CancellationToken) -> Result<(), (String, bool)> {
+    async fn poll(
+        &mut self,
+        shutdown: &CancellationToken,
+    ) -> Result<(), (String, Option<Instant>)> {
         let http = HttpTransport::new(&self.endpoint, self.headers.clone(), (*self.tls).clone())
-            .map_err(|e| (e, false))?;
-        let mut connected = false;
+            .map_err(|e| (e, None))?;
+        let mut connected = None;
         loop {
             let msg = self.message();
             let answer = http.exchange(&msg).await.map_err(|e| (e, connected))?;
-            if !connected {
+            if connected.is_none() {
                 tracing::info!(endpoint = %self.endpoint, uid = %format_uuid(&self.uid), "reached the OpAMP server (plain HTTP)");
-                connected = true;
+                connected = Some(Instant::now());
             }
-            if self.handle(answer).await {
-                continue;
-            }
+            // What the answer asks for is reported after MIN_GAP, else at
+            // the next poll.
+            let next = if self.handle(answer).await {
+                MIN_GAP
+            } else {
+                self.polling_interval
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                _ = tokio::time::sleep(self.polling_interval) => {}
+                _ = tokio::time::sleep(next) => {}
                 _ = self.effective.changed() => {}
             }
         }

@@ -39,12 +39,21 @@ impl Storage {
         })
     }
 
+    /// Writes `name` whole: a temporary file, synced, renamed over it, and
+    /// the directory synced, so a crash or a power loss leaves the old file
+    /// or the new one.
     fn write(&self, name: &str, bytes: &[u8]) -> Result<(), String> {
+        use std::io::Write as _;
         let path = self.dir.join(name);
         let tmp = self.dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, bytes)
+        let written = std::fs::File::create(&tmp)
+            .and_then(|mut f| {
+                f.write_all(bytes)?;
+                f.sync_all()
+            })
             .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+            .and_then(|()| std::fs::File::open(&self.dir)?.sync_all());
+        written.map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
 
     /// The instance uid kept here, or a new one (UUIDv7) written here.
@@ -87,12 +96,12 @@ impl Storage {
         Some(RemoteConfig { body, hash })
     }
 
-    /// Keeps `config` as the last applied: the hash first, so a crash
-    /// between the two leaves a body with the hash of the one before, which
-    /// the server then sends again.
+    /// Keeps `config` as the last applied: the body first, so a crash
+    /// between the two leaves the new body under the old hash; proflow then
+    /// reports the old hash, and the server sends the new config again.
     pub fn set_remote_config(&self, config: &RemoteConfig) -> Result<(), String> {
-        self.write("remote_config.hash", hex(&config.hash).as_bytes())?;
-        self.write("remote_config.yaml", config.body.as_bytes())
+        self.write("remote_config.yaml", config.body.as_bytes())?;
+        self.write("remote_config.hash", hex(&config.hash).as_bytes())
     }
 }
 

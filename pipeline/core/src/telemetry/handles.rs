@@ -216,14 +216,14 @@ impl ReceiverTelemetry {
         logged.insert(key)
     }
 
-    /// A request refused for `reason` (a short snake_case word such as `bad_request`,
-    /// `too_large`, `backpressure`), with the profiles it carried if known.
     /// Something went wrong that the status page should show as this
     /// receiver's last error (a refused request is recorded already).
     pub fn error(&self, message: &str) {
         self.t.status.error("receiver", &self.id[0].1, message);
     }
 
+    /// A request refused for `reason` (a short snake_case word such as `bad_request`,
+    /// `too_large`, `backpressure`), with the profiles it carried if known.
     pub fn refused(&self, reason: &str, profiles: u64) {
         self.t.status.error(
             "receiver",

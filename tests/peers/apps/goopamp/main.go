@@ -8,12 +8,13 @@
 //	               next poll over plain HTTP
 //
 // With -require-header "Name: value" it refuses (401) a connection
-// without that header.
+// without that header; with -cert and -key it serves OpAMP over TLS.
 package main
 
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"flag"
@@ -36,20 +37,20 @@ type component struct {
 }
 
 type agent struct {
-	UID             string               `json:"uid"`
-	Transport       string               `json:"transport"`
-	Connected       bool                 `json:"connected"`
-	Connections     int                  `json:"connections"`
-	Messages        int                  `json:"messages"`
-	Identifying     map[string]string    `json:"identifying"`
-	NonIdentifying  map[string]string    `json:"non_identifying"`
-	Capabilities    uint64               `json:"capabilities"`
-	Health          *component           `json:"health"`
-	EffectiveConfig string               `json:"effective_config"`
-	RemoteStatus    string               `json:"remote_status"`
-	RemoteHash      string               `json:"remote_hash"`
-	RemoteError     string               `json:"remote_error"`
-	Disconnected    bool                 `json:"said_goodbye"`
+	UID             string            `json:"uid"`
+	Transport       string            `json:"transport"`
+	Connected       bool              `json:"connected"`
+	Connections     int               `json:"connections"`
+	Messages        int               `json:"messages"`
+	Identifying     map[string]string `json:"identifying"`
+	NonIdentifying  map[string]string `json:"non_identifying"`
+	Capabilities    uint64            `json:"capabilities"`
+	Health          *component        `json:"health"`
+	EffectiveConfig string            `json:"effective_config"`
+	RemoteStatus    string            `json:"remote_status"`
+	RemoteHash      string            `json:"remote_hash"`
+	RemoteError     string            `json:"remote_error"`
+	Disconnected    bool              `json:"said_goodbye"`
 	conn            types.Connection
 }
 
@@ -128,6 +129,8 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:4320", "OpAMP address")
 	control := flag.String("control", "127.0.0.1:4321", "control address")
 	require := flag.String("require-header", "", "Name: value every connection must carry")
+	certFile := flag.String("cert", "", "PEM certificate: serve OpAMP over TLS (wss, https)")
+	keyFile := flag.String("key", "", "PEM key of -cert")
 	flag.Parse()
 
 	srv := server.New(nil)
@@ -161,6 +164,13 @@ func main() {
 				}}
 			},
 		}},
+	}
+	if *certFile != "" {
+		cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
+		if err != nil {
+			log.Fatalf("TLS: %v", err)
+		}
+		settings.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}}
 	}
 	if err := srv.Start(settings); err != nil {
 		log.Fatalf("start: %v", err)
