@@ -101,6 +101,14 @@ impl Server {
         serde_json::from_str(&body).ok()
     }
 
+    /// Whether an agent with instance uid `uid` ever reported.
+    fn knows(&self, uid: &str) -> bool {
+        self.agents_now()
+            .unwrap_or_default()
+            .iter()
+            .any(|a| a["identifying"]["service.instance.id"] == uid)
+    }
+
     /// Waits until some agent's state satisfies `ok`; that state.
     fn wait_for(&self, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -175,6 +183,27 @@ fn opamp_section(
     )
 }
 
+/// Waits until `p`'s log says `text`.
+fn wait_for_log(p: &Proflow, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !p.log_text().contains(text) {
+        assert!(
+            Instant::now() < deadline,
+            "no {text:?} in:\n{}",
+            p.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The instance uid kept in `storage`.
+fn uid_in(storage: &Path) -> String {
+    std::fs::read_to_string(storage.join("instance_uid"))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
 /// proflow with the local file: no processor, `section` as `service.opamp`.
 fn start_local(files: &Path, section: &str) -> Proflow {
     Proflow::start(|ports, _| {
@@ -238,8 +267,8 @@ fn a_websocket_server_sees_reconfigures_and_is_refused_by_proflow() {
     let agent = server.wait_for("connected over WebSocket with its health", |a| {
         a["connected"] == true && a["transport"] == "ws" && a["health"]["healthy"] == true
     });
-    let uid = std::fs::read_to_string(storage.join("instance_uid")).unwrap();
-    let uid = uid.trim();
+    let uid = uid_in(&storage);
+    let uid = uid.as_str();
     assert_eq!(agent["uid"], uid.replace('-', ""));
     assert_eq!(agent["identifying"]["service.name"], "proflow");
     assert_eq!(agent["identifying"]["service.instance.id"], uid);
@@ -329,14 +358,7 @@ fn a_websocket_server_sees_reconfigures_and_is_refused_by_proflow() {
         .status()
         .unwrap();
     assert!(hup.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !proflow
-        .log_text()
-        .contains("the running config is the OpAMP server's")
-    {
-        assert!(Instant::now() < deadline, "{}", proflow.log_text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_log(&proflow, "the running config is the OpAMP server's");
     let metrics = proflow.metrics();
     for (result, want) in [("success", 1.0), ("failure", 2.0)] {
         assert_eq!(
@@ -455,18 +477,9 @@ fn a_plain_http_server_is_polled_and_a_proflow_without_its_header_is_turned_away
             &section,
         )
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !turned_away.log_text().contains("401") {
-        assert!(Instant::now() < deadline, "{}", turned_away.log_text());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let uid = std::fs::read_to_string(other.join("instance_uid")).unwrap();
+    wait_for_log(&turned_away, "401");
     assert!(
-        !server
-            .agents_now()
-            .unwrap()
-            .iter()
-            .any(|a| a["identifying"]["service.instance.id"] == uid.trim()),
+        !server.knows(&uid_in(&other)),
         "the server took an agent without its header"
     );
 }
@@ -490,9 +503,9 @@ fn a_tls_server_is_reached_with_its_ca_and_refused_with_another() {
         let storage = dir.path().join(format!("opamp-{transport}"));
         let section = opamp_section(transport, &server.endpoint(scheme), &storage, true, &ca);
         let _proflow = start_local(&files, &section);
-        let uid = std::fs::read_to_string(storage.join("instance_uid")).unwrap();
+        let uid = uid_in(&storage);
         server.wait_for(&format!("connected over {scheme}"), |a| {
-            a["identifying"]["service.instance.id"] == uid.trim() && a["transport"] == transport
+            a["identifying"]["service.instance.id"] == uid.as_str() && a["transport"] == transport
         });
     }
     // A certificate of another CA: refused by proflow, never seen by the server.
@@ -503,18 +516,9 @@ fn a_tls_server_is_reached_with_its_ca_and_refused_with_another() {
     let storage = dir.path().join("opamp-other");
     let section = opamp_section("ws", &server.endpoint("wss"), &storage, true, &other);
     let refused = start_local(&files, &section);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !refused.log_text().contains("UnknownIssuer") {
-        assert!(Instant::now() < deadline, "{}", refused.log_text());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let uid = std::fs::read_to_string(storage.join("instance_uid")).unwrap();
+    wait_for_log(&refused, "UnknownIssuer");
     assert!(
-        !server
-            .agents_now()
-            .unwrap()
-            .iter()
-            .any(|a| a["identifying"]["service.instance.id"] == uid.trim()),
+        !server.knows(&uid_in(&storage)),
         "the server saw a proflow that should not trust it"
     );
 }
