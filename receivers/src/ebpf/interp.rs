@@ -1,5 +1,5 @@
 //! Interpreters whose frames the BPF program walks: what every one of them
-//! shares. The interpreters' modules ([`super::python`], [`super::php`],
+//! shares (and [`symbols`], the symbol scan V8's module uses too). The interpreters' modules ([`super::python`], [`super::php`],
 //! [`super::perl`], [`super::ruby`]) build on it, and [`super::runtime`]
 //! picks one per process.
 //!
@@ -297,6 +297,34 @@ pub fn merge(
         take_group(&mut rest, &mut out);
     }
     out
+}
+
+/// Symbols read between two calls of [`symbols`]' `release`.
+const RELEASE_SYMBOLS: usize = 8192;
+
+/// The symbols of `elf`: its dynamic ones then its full table (or the other
+/// way round), calling `release` every [`RELEASE_SYMBOLS`]. A runtime's
+/// symbols are found by reading every name (node's tables are 17 MB, a
+/// Python built with debug information's 8 MB); the file is mapped, and
+/// `release` hands the pages read so far back to the page cache, so they
+/// are not all in this process's memory at once.
+pub fn symbols<'d, 'f, R: object::ReadRef<'d>>(
+    elf: &'f object::File<'d, R>,
+    release: &'f dyn Fn(),
+    dynamic_first: bool,
+) -> impl Iterator<Item = object::Symbol<'d, 'f, R>> + 'f {
+    use object::Object;
+    let (first, then) = if dynamic_first {
+        (elf.dynamic_symbols(), elf.symbols())
+    } else {
+        (elf.symbols(), elf.dynamic_symbols())
+    };
+    first.chain(then).enumerate().map(move |(i, sym)| {
+        if i % RELEASE_SYMBOLS == RELEASE_SYMBOLS - 1 {
+            release();
+        }
+        sym
+    })
 }
 
 #[cfg(test)]

@@ -120,7 +120,7 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(
     use object::ObjectSymbol;
     let (mut curinterp, mut runops, mut threads) = (None, None, false);
     let (mut revision, mut version) = (None, None);
-    for sym in super::runtime::symbols(elf, release, true) {
+    for sym in super::interp::symbols(elf, release, true) {
         let Ok(name) = sym.name() else { continue };
         if sym.address() == 0 {
             continue;

@@ -244,7 +244,7 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(
     let minor = version_of(path)?;
     let mut runtime = None;
     let mut eval = Vec::new();
-    for sym in super::runtime::symbols(elf, release, false) {
+    for sym in super::interp::symbols(elf, release, false) {
         let Ok(name) = sym.name() else { continue };
         if name == "_PyRuntime" && sym.address() != 0 {
             runtime = Some(sym.address());

@@ -108,7 +108,7 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(
 ) -> Option<RubyBinary> {
     use object::ObjectSymbol;
     let (mut vm_ptr, mut vm_exec) = (None, None);
-    for sym in super::runtime::symbols(elf, release, true) {
+    for sym in super::interp::symbols(elf, release, true) {
         let Ok(name) = sym.name() else { continue };
         if sym.address() == 0 {
             continue;

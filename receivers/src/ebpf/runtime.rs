@@ -59,7 +59,7 @@ impl RuntimeBinary {
     /// Reads a runtime's symbols from a file named like an interpreter of
     /// a known version, or from a Go program of a known version; `None`
     /// for any other file.
-    /// `release` is called as the symbol tables are read (see [`symbols`]).
+    /// `release` is called as the symbol tables are read (see [`super::interp::symbols`]).
     pub fn read<'d, R: object::ReadRef<'d>>(
         elf: &object::File<'d, R>,
         path: &str,
@@ -85,34 +85,6 @@ impl RuntimeBinary {
         }
         super::golang::read(elf).map(RuntimeBinary::Go)
     }
-}
-
-/// Symbols read between two calls of [`symbols`]' `release`.
-const RELEASE_SYMBOLS: usize = 8192;
-
-/// The symbols of `elf`: its dynamic ones then its full table (or the other
-/// way round), calling `release` every [`RELEASE_SYMBOLS`]. A runtime's
-/// symbols are found by reading every name (node's tables are 17 MB, a
-/// Python built with debug information's 8 MB); the file is mapped, and
-/// `release` hands the pages read so far back to the page cache, so they
-/// are not all in this process's memory at once.
-pub fn symbols<'d, 'f, R: object::ReadRef<'d>>(
-    elf: &'f object::File<'d, R>,
-    release: &'f dyn Fn(),
-    dynamic_first: bool,
-) -> impl Iterator<Item = object::Symbol<'d, 'f, R>> + 'f {
-    use object::Object;
-    let (first, then) = if dynamic_first {
-        (elf.dynamic_symbols(), elf.symbols())
-    } else {
-        (elf.symbols(), elf.dynamic_symbols())
-    };
-    first.chain(then).enumerate().map(move |(i, sym)| {
-        if i % RELEASE_SYMBOLS == RELEASE_SYMBOLS - 1 {
-            release();
-        }
-        sym
-    })
 }
 
 /// The runtime of one process, with what was read of its functions.

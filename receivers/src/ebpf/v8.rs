@@ -160,7 +160,7 @@ pub fn read_symbols<'d, R: object::ReadRef<'d>>(
     use object::ObjectSymbol;
     let mut symbols = [0u64; N];
     let (mut low, mut high) = (u64::MAX, 0);
-    for sym in super::runtime::symbols(elf, release, true) {
+    for sym in super::interp::symbols(elf, release, true) {
         let Ok(name) = sym.name() else { continue };
         if name.starts_with("Builtins_") && sym.address() != 0 {
             low = low.min(sym.address());
