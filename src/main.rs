@@ -160,7 +160,7 @@ fn plan_of_with_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<
 
 fn sha256_hex(bytes: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    proflow_model::otlp::hex(digest.as_ref())
 }
 
 /// Tells the status page which config runs now.

@@ -54,7 +54,7 @@ pub(crate) struct Client {
     pub(crate) started_nanos: u64,
 }
 
-fn unix_nanos(t: SystemTime) -> u64 {
+pub(crate) fn unix_nanos(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
         .unwrap_or(0)

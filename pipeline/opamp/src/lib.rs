@@ -150,10 +150,7 @@ pub fn start(
             status: proto::remote_config_status::APPLIED,
             error_message: String::new(),
         }),
-        started_nanos: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-            .unwrap_or(0),
+        started_nanos: client::unix_nanos(std::time::SystemTime::now()),
     };
     Ok((tokio::spawn(client.run(shutdown)), requests))
 }

@@ -8,6 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub use proflow_model::otlp::hex;
+
 /// The largest remote config read back (a config is a few kilobytes).
 const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
@@ -103,10 +105,6 @@ impl Storage {
         self.write("remote_config.yaml", config.body.as_bytes())?;
         self.write("remote_config.hash", hex(&config.hash).as_bytes())
     }
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn from_hex(text: &str) -> Option<Vec<u8>> {
